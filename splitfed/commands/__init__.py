@@ -1,0 +1,1 @@
+"""CLI subcommands; each module is discovered by :mod:`splitfed.cli`."""

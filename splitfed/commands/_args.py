@@ -1,0 +1,40 @@
+"""Argument parsers shared by several commands (one place to validate shapes and cut lists)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"3,7"`` -> ``(3, 7)``; a clear argparse error otherwise."""
+    try:
+        vals = tuple(int(p) for p in text.split(",") if p.strip() != "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return vals
+
+
+def shape(text: str) -> tuple[int, ...]:
+    vals = int_list(text)
+    if any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"shape dimensions must be positive, got {text!r}")
+    return vals
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="zoo name (mlp, cnn, vgg11, resnet18, mobilenetv2, "
+                   "transformer) or module.path:factory")
+    p.add_argument("--input-shape", type=shape, default=None, help="input shape without batch, e.g. 3,32,32")
+    p.add_argument("--num-classes", type=positive_int, default=None)

@@ -1,0 +1,263 @@
+"""Datasets that feed zoo models, all from local files: splitfed never downloads.
+
+Every loader returns ``(train, test)`` ``TensorDataset``s of (float32 or int64 inputs,
+int64 labels), so a partition, a batch order and a model see plain tensors.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from splitfed.data._seed import derive_seed
+from splitfed.errors import ConfigError
+from splitfed.models.zoo import ModelSpec
+
+Layout = Literal["image", "flat", "tokens"]
+Split = tuple[TensorDataset, TensorDataset]
+
+DIGITS_SHAPE = (1, 8, 8)
+DIGITS_VOCAB = 17  # pixel intensities 0..16
+MNIST_SHAPE = (1, 28, 28)
+CIFAR10_SHAPE = (3, 32, 32)
+_MNIST_MEAN, _MNIST_STD = 0.1307, 0.3081
+_CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+_CIFAR_STD = (0.2470, 0.2435, 0.2616)
+_NEVER = "splitfed never downloads: put the files there yourself"
+_FORMS = "'digits', 'synthetic', 'mnist:PATH' or 'cifar10:PATH'"
+
+
+# ---------------------------------------------------------------- digits
+
+
+@lru_cache(maxsize=1)
+def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits  # ships with scikit-learn; no network
+
+    d = load_digits()
+    return d.data.astype(np.int64), d.target.astype(np.int64)
+
+
+def digits(test_fraction: float = 0.2, seed: int = 0, layout: Layout = "image") -> Split:
+    """scikit-learn's 8x8 digits (1797 samples, 10 classes): the offline dataset for tests.
+
+    image: float32 (N, 1, 8, 8) in [0, 1]; flat: float32 (N, 64) in [0, 1]; tokens: int64
+    (N, 64) pixel intensities 0..16 (vocab 17). The train/test split is stratified and seeded.
+    """
+    from sklearn.model_selection import train_test_split
+
+    if layout not in ("image", "flat", "tokens"):
+        raise ConfigError(f"unknown digits layout {layout!r}: use 'image', 'flat' or 'tokens'")
+    if not 0 < test_fraction < 1:
+        raise ConfigError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    x, y = _digits_raw()
+    try:
+        xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, stratify=y,
+                                              random_state=derive_seed(seed) % 2**32)
+    except ValueError as e:  # too few samples on one side for a stratified split
+        raise ConfigError(f"cannot split digits with test_fraction={test_fraction}: {e}") from None
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        if layout == "tokens":
+            return torch.from_numpy(a.copy())
+        t = torch.from_numpy(a.astype(np.float32) / 16.0)
+        return t.reshape(-1, *DIGITS_SHAPE) if layout == "image" else t
+
+    return (TensorDataset(tensor(xtr), torch.from_numpy(ytr.copy())),
+            TensorDataset(tensor(xte), torch.from_numpy(yte.copy())))
+
+
+# ---------------------------------------------------------------- synthetic
+
+
+def synthetic(spec: ModelSpec, n: int, seed: int, part: int = 0) -> TensorDataset:
+    """``n`` random inputs for ``spec`` labelled by a fixed random linear teacher.
+
+    The teacher depends on ``seed`` only and ``part`` picks an independent draw of inputs,
+    so ``part=0`` and ``part=1`` are a train and a test set of the same learnable task.
+    Float inputs are N(0, 1) and the teacher is linear in the flattened input. Token inputs
+    are uniform in [0, vocab) and the teacher is linear in the token counts (a bag of
+    tokens), which a pooled embedding model can learn. Teacher columns are centred and
+    scaled alike so that no class dominates.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"synthetic dataset size must be a non-negative integer, got {n!r}")
+    if spec.num_classes < 1:
+        raise ConfigError(f"model {spec.name!r} has {spec.num_classes} classes; need at least 1")
+    if part < 0:
+        raise ConfigError(f"part must be >= 0, got {part}")
+    teacher = torch.Generator().manual_seed(derive_seed(seed, 0))
+    draw = torch.Generator().manual_seed(derive_seed(seed, part + 1))
+    c, d = spec.num_classes, math.prod(spec.input_shape)
+    if spec.vocab:
+        w = torch.randn(spec.vocab, c, generator=teacher)
+        w = w - w.mean(dim=0)
+        x = torch.randint(0, spec.vocab, (n, *spec.input_shape), generator=draw)
+        counts = torch.zeros(n, spec.vocab).scatter_add_(1, x.reshape(n, d), torch.ones(n, d))
+        logits = counts @ (w / w.norm(dim=0).clamp_min(1e-12))
+    else:
+        w = torch.randn(d, c, generator=teacher)
+        x = torch.randn(n, *spec.input_shape, generator=draw)
+        logits = x.reshape(n, d) @ (w / w.norm(dim=0).clamp_min(1e-12))
+    return TensorDataset(x, logits.argmax(dim=1))
+
+
+# ---------------------------------------------------------------- MNIST (IDX files)
+
+_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _find(root: Path, name: str, dataset: str) -> Path:
+    """``root/name`` or ``root/name.gz``, also under torchvision's ``MNIST/raw`` layout."""
+    for folder in (root, root / "MNIST" / "raw"):
+        for candidate in (folder / name, folder / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    raise ConfigError(f"{dataset}: missing {root / name}[.gz]; {_NEVER}")
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """An IDX array of unsigned bytes (the MNIST format), gzipped or not."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:  # also gzip.BadGzipFile
+        raise ConfigError(f"cannot read IDX file {path}: {e}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise ConfigError(f"{path} is not an IDX file (bad magic number)")
+    if raw[2] != 0x08:
+        raise ConfigError(f"{path}: IDX data type 0x{raw[2]:02x} is not unsigned byte (0x08)")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ConfigError(f"{path}: IDX header truncated")
+    shape = tuple(int(v) for v in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    if len(raw) - header != math.prod(shape):
+        raise ConfigError(f"{path}: IDX header says shape {shape} ({math.prod(shape)} bytes), "
+                          f"file holds {len(raw) - header} data bytes")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+
+
+def mnist(root: str | Path) -> Split:
+    """MNIST from the four standard IDX files in ``root``: float32 (N, 1, 28, 28), normalised."""
+    root = Path(root)
+    out = []
+    for split, (images_name, labels_name) in _MNIST_FILES.items():
+        images = read_idx(_find(root, images_name, "mnist"))
+        labels = read_idx(_find(root, labels_name, "mnist"))
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise ConfigError(f"mnist {split}: images {images.shape} and labels {labels.shape} "
+                              f"do not match (want (N, H, W) and (N,))")
+        if labels.size and labels.max() > 9:
+            raise ConfigError(f"mnist {split}: label {labels.max()} out of range 0..9")
+        x = (torch.from_numpy(images.astype(np.float32) / 255.0) - _MNIST_MEAN) / _MNIST_STD
+        out.append(TensorDataset(x.unsqueeze(1), torch.from_numpy(labels.astype(np.int64))))
+    return out[0], out[1]
+
+
+# ---------------------------------------------------------------- CIFAR-10 (binary version)
+
+_CIFAR_RECORD = 1 + 3 * 32 * 32  # label byte, then R, G, B planes of 32x32
+
+
+def _read_cifar_bin(paths: list[Path]) -> TensorDataset:
+    chunks = []
+    for path in paths:
+        raw = np.fromfile(path, dtype=np.uint8)
+        if raw.size == 0 or raw.size % _CIFAR_RECORD:
+            raise ConfigError(f"{path}: {raw.size} bytes is not a whole number of "
+                              f"{_CIFAR_RECORD}-byte CIFAR-10 records")
+        chunks.append(raw.reshape(-1, _CIFAR_RECORD))
+    records = np.concatenate(chunks)
+    labels = records[:, 0].astype(np.int64)
+    if labels.max() > 9:
+        raise ConfigError(f"{paths[0].parent}: CIFAR-10 label {labels.max()} out of range 0..9")
+    x = torch.from_numpy(records[:, 1:].reshape(-1, *CIFAR10_SHAPE).astype(np.float32) / 255.0)
+    mean = torch.tensor(_CIFAR_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(_CIFAR_STD).view(1, 3, 1, 1)
+    return TensorDataset((x - mean) / std, torch.from_numpy(labels))
+
+
+def cifar10(root: str | Path) -> Split:
+    """CIFAR-10 from the *binary* files (never pickle): float32 (N, 3, 32, 32), normalised.
+
+    ``root`` is the folder holding ``cifar-10-batches-bin/`` or that folder itself.
+    """
+    root = Path(root)
+    folder = root if root.name == "cifar-10-batches-bin" else root / "cifar-10-batches-bin"
+    train = sorted(folder.glob("data_batch_*.bin"))
+    test = folder / "test_batch.bin"
+    if not train:
+        raise ConfigError(f"cifar10: missing {folder / 'data_batch_1.bin'} "
+                          f"(want data_batch_1..5.bin and test_batch.bin); {_NEVER}")
+    if not test.is_file():
+        raise ConfigError(f"cifar10: missing {test}; {_NEVER}")
+    return _read_cifar_bin(train), _read_cifar_bin([test])
+
+
+# ---------------------------------------------------------------- choosing for a model
+
+
+def _fit(data: Split, native: tuple[int, ...], spec: ModelSpec, dataset: str) -> Split:
+    """Use the native shape, or its flattening for a model that wants a vector."""
+    want = tuple(spec.input_shape)
+    if spec.vocab:
+        raise ConfigError(f"dataset {dataset!r} gives float32 inputs of shape {native}; model "
+                          f"{spec.name!r} wants int64 tokens of shape {want} (vocab {spec.vocab})")
+    if want == native:
+        return data
+    if want == (math.prod(native),):
+        (xtr, ytr), (xte, yte) = (d.tensors for d in data)
+        return TensorDataset(xtr.flatten(1), ytr), TensorDataset(xte.flatten(1), yte)
+    raise ConfigError(f"dataset {dataset!r} gives inputs of shape {native} (or flat "
+                      f"({math.prod(native)},)); model {spec.name!r} wants {want}")
+
+
+def _check_classes(spec: ModelSpec, dataset: str, classes: int) -> None:
+    if spec.num_classes < classes:
+        raise ConfigError(f"dataset {dataset!r} has {classes} classes; model {spec.name!r} "
+                          f"has only {spec.num_classes} outputs")
+
+
+def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048) -> Split:
+    """The (train, test) pair of ``dataset`` in the layout ``spec`` takes.
+
+    ``digits`` becomes images, flat vectors or tokens by the model's input; ``synthetic``
+    fits any spec (``n_synthetic`` train samples, a quarter as many test samples);
+    ``mnist:PATH`` and ``cifar10:PATH`` read local files.
+    """
+    name, sep, path = dataset.strip().partition(":")
+    name = name.lower()
+    if name == "synthetic" and not sep:
+        return (synthetic(spec, n_synthetic, seed, part=0),
+                synthetic(spec, max(1, n_synthetic // 4), seed, part=1))
+    if name == "digits" and not sep:
+        _check_classes(spec, dataset, 10)
+        want = tuple(spec.input_shape)
+        if spec.vocab:
+            if want != (64,) or spec.vocab < DIGITS_VOCAB:
+                raise ConfigError(f"dataset 'digits' gives int64 tokens of shape (64,) with vocab "
+                                  f"{DIGITS_VOCAB}; model {spec.name!r} wants tokens of shape "
+                                  f"{want} with vocab {spec.vocab}")
+            return digits(seed=seed, layout="tokens")
+        return _fit(digits(seed=seed, layout="image"), DIGITS_SHAPE, spec, dataset)
+    if name in ("mnist", "cifar10"):
+        if not path.strip():
+            raise ConfigError(f"dataset {name!r} needs a local folder: '{name}:PATH'; {_NEVER}")
+        _check_classes(spec, dataset, 10)
+        if name == "mnist":
+            return _fit(mnist(path.strip()), MNIST_SHAPE, spec, dataset)
+        return _fit(cifar10(path.strip()), CIFAR10_SHAPE, spec, dataset)
+    raise ConfigError(f"unknown dataset {dataset!r}: use {_FORMS}")

@@ -1,0 +1,1 @@
+"""The split engine: tiers, the device runner, links, rounds per variant, and verification."""

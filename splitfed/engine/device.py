@@ -1,0 +1,82 @@
+"""The device tier of one client: it holds the head (and, U-shaped, the tail) and drives each step."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from splitfed.engine import template
+from splitfed.engine.link import Link
+from splitfed.engine.types import OptimConfig, State, StepKey
+from splitfed.models.blocks import Segment, segment_bounds, step_rng
+from splitfed.models.zoo import ModelSpec
+
+
+class Device:
+    """Runs one client's local training through its link; labels stay here in U-shape."""
+
+    def __init__(self, model: ModelSpec, link: Link, *, run_id: str, client_id: str, round: int,
+                 cuts: tuple[int, ...], state: State, u_shape: bool = False,
+                 optim: OptimConfig | None = None, seed: int = 0) -> None:
+        n = template.num_blocks(model)
+        bounds = segment_bounds(cuts, n, u_shape)
+        self.head_bounds = bounds[0]
+        self.tail_bounds = bounds[-1] if u_shape else (n, n)
+        blocks = {**template.copy_blocks(model, *self.head_bounds), **template.copy_blocks(model, *self.tail_bounds)}
+        self.head = Segment({str(i): blocks[i] for i in range(*self.head_bounds)}, *self.head_bounds)
+        self.tail = Segment({str(i): blocks[i] for i in range(*self.tail_bounds)}, *self.tail_bounds)
+        own = {**self.head.state_dict(), **self.tail.state_dict()}
+        with torch.no_grad():
+            self.head.load_state_dict({k: state[k] for k in self.head.state_dict()}, strict=True)
+            self.tail.load_state_dict({k: state[k] for k in self.tail.state_dict()}, strict=True)
+        assert set(own) <= set(state)
+        self.head.train()
+        self.tail.train()
+        self.link, self.u_shape, self.seed = link, u_shape, seed
+        self.run_id, self.client_id, self.round = run_id, client_id, round
+        self.optim = (optim or OptimConfig()).build([*self.head.parameters(), *self.tail.parameters()])
+        self.seq = 0
+        self.compute_s = 0.0
+        self.link_s = 0.0
+        self.samples = 0
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+        """One step across the whole chain; returns (loss, correct predictions)."""
+        key = StepKey(self.run_id, self.client_id, self.round, self.seq)
+        rng = step_rng(self.seed, self.client_id, self.round, self.seq)
+        t0 = time.perf_counter()
+        out = self.head(x, rng=rng)
+        t1 = time.perf_counter()
+        if not self.u_shape:
+            reply = self.link.step(key, out.detach(), y)
+            t2 = time.perf_counter()
+            if out.requires_grad and reply.grad is not None:
+                out.backward(reply.grad)
+            loss, correct = reply.loss, reply.correct
+        else:
+            mid = self.link.forward(key, out.detach()).detach()
+            t2 = time.perf_counter()
+            mid.requires_grad_(True)
+            logits = self.tail(mid, rng=rng)
+            lt = F.cross_entropy(logits, y)
+            lt.backward()
+            loss, correct = float(lt.detach()), int((logits.detach().argmax(1) == y).sum())
+            t3 = time.perf_counter()
+            g = self.link.backward(key, mid.grad)  # type: ignore[arg-type]
+            t2 += time.perf_counter() - t3
+            if out.requires_grad and g is not None:
+                out.backward(g)
+        if self.optim is not None:
+            self.optim.step()
+            self.optim.zero_grad(set_to_none=True)
+        t4 = time.perf_counter()
+        self.link_s += t2 - t1
+        self.compute_s += (t4 - t0) - (t2 - t1)
+        self.seq += 1
+        self.samples += int(x.shape[0])
+        return loss, correct
+
+    def state(self) -> State:
+        return {k: v.detach().clone() for k, v in {**self.head.state_dict(), **self.tail.state_dict()}.items()}

@@ -1,0 +1,108 @@
+"""The ``Link`` contract between neighbouring tiers, and its in-process implementation.
+
+A link moves a boundary tensor to the next tier and its gradient back. The
+gRPC link implements the same two protocols, so the engine never knows which
+transport it runs on. Optional lossy compression is applied here (by the
+transport's codec), never in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
+
+if TYPE_CHECKING:
+    from splitfed.engine.tier import Tier
+
+Compress = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
+"""Lossy round trip of a tensor: returns what the receiver sees and the bytes on the wire."""
+
+
+@runtime_checkable
+class Link(Protocol):
+    """Data path to the next tier (one call per step and direction)."""
+
+    def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
+        """Forward ``activation`` down the chain, loss at its end, return the gradient."""
+        ...
+
+    def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
+        """U-shape: run the rest of the server chain, return its output activation."""
+        ...
+
+    def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
+        """U-shape: gradient of the server chain's output in, gradient of its input out."""
+        ...
+
+
+@runtime_checkable
+class TierControl(Protocol):
+    """Control path of one tier for a round: bind, collect, forget."""
+
+    def load(self, spec: SegmentLoad) -> None: ...
+
+    def fetch(self, run_id: str, client_id: str) -> State: ...
+
+    def release(self, run_id: str, client_id: str) -> None: ...
+
+
+def nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+class InProcessLink:
+    """Calls the next tier directly; counts bytes as they would cross a wire."""
+
+    def __init__(self, tier: Tier, compress_up: Compress | None = None,
+                 compress_down: Compress | None = None) -> None:
+        self.tier = tier
+        self.compress_up = compress_up
+        self.compress_down = compress_down
+        self.bytes_up = 0
+        self.bytes_down = 0
+
+    def _up(self, t: torch.Tensor) -> torch.Tensor:
+        if self.compress_up is not None and t.is_floating_point():
+            t, n = self.compress_up(t)
+        else:
+            n = nbytes(t)
+        self.bytes_up += n
+        return t
+
+    def _down(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        if self.compress_down is not None:
+            t, n = self.compress_down(t)
+        else:
+            n = nbytes(t)
+        self.bytes_down += n
+        return t
+
+    def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
+        self.bytes_up += nbytes(labels)
+        reply = self.tier.step(key, self._up(activation), labels)
+        reply.grad = self._down(reply.grad)
+        return reply
+
+    def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
+        out = self._down(self.tier.forward(key, self._up(activation)))
+        assert out is not None
+        return out
+
+    def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
+        return self._down(self.tier.backward(key, self._up(grad)))
+
+    # control passes straight through
+    def load(self, spec: SegmentLoad) -> None:
+        self.tier.load(spec)
+
+    def fetch(self, run_id: str, client_id: str) -> State:
+        return self.tier.fetch(run_id, client_id)
+
+    def release(self, run_id: str, client_id: str) -> None:
+        self.tier.release(run_id, client_id)

@@ -1,0 +1,293 @@
+"""A server tier (edge, cloud, ...): holds many clients' segments and runs their steps.
+
+It talks only to its next tier through a :class:`~splitfed.engine.link.Link`.
+Every incoming message is checked before anything changes; a refused message
+raises a :class:`~splitfed.errors.TierError` whose ``code`` the gRPC server
+turns into a status. Steps are idempotent: a repeated sequence number returns
+the cached reply, an older one is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from splitfed.engine import template
+from splitfed.engine.link import Link
+from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
+from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from splitfed.models.blocks import Segment, step_rng
+
+SHARED_WAIT_S = 60.0
+
+
+@dataclass
+class _Replica:
+    """Weights of one replica: block index -> module (a subset of the model's blocks)."""
+
+    blocks: dict[int, nn.Module] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Binding:
+    spec: SegmentLoad
+    replica: _Replica
+    segment: Segment
+    optim: torch.optim.Optimizer | None
+    in_shape: tuple[int, ...]
+    in_dtype: torch.dtype
+    out_shape: tuple[int, ...]
+    last_seq: int = -1
+    last_phase: str = ""
+    cached: object = None
+    pending: tuple[torch.Tensor, torch.Tensor] | None = None
+    holds_lock: bool = False
+
+
+def check_tensor(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, what: str,
+                 max_batch: int) -> None:
+    """The one check of an incoming boundary tensor (shape, dtype, batch bound, finiteness)."""
+    if t.dtype != dtype:
+        raise InvalidArgument(f"{what}: dtype {str(t.dtype).removeprefix('torch.')} does not match the "
+                              f"segment's {str(dtype).removeprefix('torch.')}")
+    if tuple(t.shape[1:]) != tuple(shape) or t.dim() != len(shape) + 1:
+        raise InvalidArgument(f"{what}: shape {list(t.shape)} does not match the segment's [B, "
+                              f"{', '.join(map(str, shape))}]")
+    if not 0 < t.shape[0] <= max_batch:
+        raise InvalidArgument(f"{what}: batch size {t.shape[0]} is outside 1..{max_batch}")
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise InvalidArgument(f"{what}: contains NaN or infinite values")
+
+
+class Tier:
+    """One tier of the chain for many clients and runs."""
+
+    def __init__(self, name: str = "edge", next: Link | None = None, *, max_batch: int = 4096,
+                 max_clients: int = 10_000) -> None:
+        self.name = name
+        self.next = next
+        self.max_batch = max_batch
+        self.max_clients = max_clients
+        self._lock = threading.Lock()
+        self._replicas: dict[tuple[str, str], _Replica] = {}
+        self._bindings: dict[tuple[str, str], _Binding] = {}
+
+    # ------------------------------------------------------------ control
+
+    def load(self, spec: SegmentLoad) -> None:
+        """Bind a client to ``[start, stop)`` of a replica, writing ``state`` if given."""
+        n = template.num_blocks(spec.model)
+        if not 0 <= spec.start <= spec.stop <= n:
+            raise InvalidArgument(f"segment [{spec.start}, {spec.stop}) is outside the model's {n} blocks")
+        rkey = (spec.run_id, spec.replica)
+        with self._lock:
+            bkey = (spec.run_id, spec.client_id)
+            if bkey not in self._bindings and len(self._bindings) >= self.max_clients:
+                raise ResourceExhausted(f"tier {self.name} already serves {self.max_clients} clients")
+            replica = self._replicas.get(rkey) or _Replica()
+        with replica.lock:
+            missing = [i for i in range(spec.start, spec.stop) if i not in replica.blocks]
+            new = template.copy_blocks(spec.model, spec.start, spec.stop) if missing else {}
+            segment = Segment(
+                {str(i): replica.blocks.get(i, new.get(i)) for i in range(spec.start, spec.stop)},  # type: ignore[arg-type]
+                spec.start, spec.stop)
+            self._check_state(segment, spec.state or {}, missing, spec.replica)
+            # nothing has changed yet: now commit
+            if spec.state:
+                with torch.no_grad():
+                    segment.load_state_dict(spec.state, strict=False)
+            for i in missing:
+                replica.blocks[i] = new[i]
+            segment.train()
+            in_shape, in_dtype = template.boundary(spec.model, spec.start)
+            out_shape, _ = template.boundary(spec.model, spec.stop)
+            binding = _Binding(spec, replica, segment, spec.optim.build(list(segment.parameters())),
+                               in_shape, in_dtype, out_shape)
+        with self._lock:
+            old = self._bindings.get(bkey)
+            if old is not None:
+                self._unbind(bkey, old)
+            replica.users.add(spec.client_id)
+            self._replicas[rkey] = replica
+            self._bindings[bkey] = binding
+
+    @staticmethod
+    def _check_state(segment: Segment, state: State, missing: list[int], replica: str) -> None:
+        """A load writes whole blocks; blocks it leaves out must already be in the replica."""
+        own = segment.state_dict()
+        extra = sorted(set(state) - set(own))
+        if extra:
+            raise InvalidArgument(f"state keys outside blocks [{segment.start}, {segment.stop}): {extra[:3]}")
+        for i in range(segment.start, segment.stop):
+            keys = [k for k in own if k.split(".", 1)[0] == str(i)]
+            have = [k for k in keys if k in state]
+            if have and len(have) != len(keys):
+                raise InvalidArgument(f"state of block {i} is partial: missing {sorted(set(keys) - set(have))[:3]}")
+            if not have and i in missing and keys:
+                raise FailedPrecondition(f"replica {replica!r} holds no weights for block {i}: "
+                                         "the load must carry its state")
+        for k, v in state.items():
+            if v.shape != own[k].shape or v.dtype != own[k].dtype:
+                raise InvalidArgument(f"state {k!r}: {str(v.dtype)} {list(v.shape)} does not match "
+                                      f"{str(own[k].dtype)} {list(own[k].shape)}")
+            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise InvalidArgument(f"state {k!r} contains NaN or infinite values")
+
+    def fetch(self, run_id: str, client_id: str) -> State:
+        b = self._binding(run_id, client_id)
+        with b.replica.lock:
+            return {k: v.detach().clone() for k, v in b.segment.state_dict().items()}
+
+    def release(self, run_id: str, client_id: str) -> None:
+        with self._lock:
+            b = self._bindings.get((run_id, client_id))
+            if b is not None:
+                self._unbind((run_id, client_id), b)
+
+    def _unbind(self, bkey: tuple[str, str], b: _Binding) -> None:
+        if b.holds_lock:
+            b.holds_lock = False
+            b.replica.lock.release()
+        del self._bindings[bkey]
+        b.replica.users.discard(bkey[1])
+        rkey = (bkey[0], b.spec.replica)
+        if not b.replica.users and self._replicas.get(rkey) is b.replica:
+            del self._replicas[rkey]
+
+    def clients(self) -> int:
+        with self._lock:
+            return len(self._bindings)
+
+    # ------------------------------------------------------------ data path
+
+    def _binding(self, run_id: str, client_id: str) -> _Binding:
+        with self._lock:
+            b = self._bindings.get((run_id, client_id))
+        if b is None:
+            raise NotFound(f"tier {self.name}: no segment loaded for client {client_id!r} in run {run_id!r}")
+        return b
+
+    def _admit(self, b: _Binding, key: StepKey, phase: str) -> object | None:
+        """Sequence check; returns the cached reply of a retried call."""
+        if key.round != b.spec.round:
+            raise FailedPrecondition(f"step for round {key.round}, but round {b.spec.round} is loaded")
+        if key.seq == b.last_seq and phase == b.last_phase and b.cached is not None:
+            return b.cached
+        expect_same = phase == "backward"
+        want = b.last_seq if expect_same else b.last_seq + 1
+        if expect_same and b.last_phase != "forward":
+            raise FailedPrecondition(f"backward of step {key.seq} without its forward")
+        if not expect_same and b.last_phase == "forward":
+            raise FailedPrecondition(f"step {key.seq} before the backward of step {b.last_seq}")
+        if key.seq < want:
+            raise FailedPrecondition(f"stale step {key.seq}: step {b.last_seq} was already applied")
+        if key.seq != want:
+            raise FailedPrecondition(f"out-of-order step {key.seq}: expected {want}")
+        return None
+
+    def _labels(self, b: _Binding, y: torch.Tensor, batch: int) -> None:
+        if y.dtype != torch.int64 or y.dim() != 1 or y.shape[0] != batch:
+            raise InvalidArgument(f"labels must be int64 of shape [{batch}], got {str(y.dtype)} {list(y.shape)}")
+        k = b.spec.model.num_classes
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= k):
+            raise InvalidArgument(f"labels must lie in 0..{k - 1}")
+
+    def _input(self, b: _Binding, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, b.in_shape, b.in_dtype, "activation", self.max_batch)
+        x = x.detach()
+        if b.spec.start > 0 and x.is_floating_point():
+            x.requires_grad_(True)
+        return x
+
+    def _finish(self, b: _Binding, key: StepKey, phase: str, reply: object) -> None:
+        if b.optim is not None:
+            b.optim.step()
+            b.optim.zero_grad(set_to_none=True)
+        b.last_seq, b.last_phase, b.cached = key.seq, phase, reply
+
+    def _rng(self, b: _Binding, key: StepKey) -> int:
+        return step_rng(b.spec.seed, key.client_id, key.round, key.seq)
+
+    def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
+        b = self._binding(key.run_id, key.client_id)
+        with b.replica.lock:
+            cached = self._admit(b, key, "step")
+            if cached is not None:
+                return cached  # type: ignore[return-value]
+            x = self._input(b, activation)
+            self._labels(b, labels, x.shape[0])
+            try:
+                reply = self._step(b, key, x, labels)
+            except BaseException:
+                if b.optim is not None:
+                    b.optim.zero_grad(set_to_none=True)  # a failed step leaves no gradient behind
+                raise
+            self._finish(b, key, "step", reply)
+            return reply
+
+    def _step(self, b: _Binding, key: StepKey, x: torch.Tensor, labels: torch.Tensor) -> StepReply:
+        out = b.segment(x, rng=self._rng(b, key))
+        if b.spec.loss_here or self.next is None:
+            loss = F.cross_entropy(out, labels)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise InvalidArgument("loss is not finite (diverged); the step was not applied")
+            if loss.requires_grad:
+                loss.backward()
+            correct = int((out.detach().argmax(1) == labels).sum())
+        else:
+            down = self.next.step(key, out.detach(), labels)
+            if out.requires_grad and down.grad is not None:
+                out.backward(down.grad)
+            value, correct = down.loss, down.correct
+        return StepReply(x.grad if x.requires_grad else None, value, correct)
+
+    def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
+        b = self._binding(key.run_id, key.client_id)
+        if not b.holds_lock and not b.replica.lock.acquire(timeout=SHARED_WAIT_S):
+            raise Unavailable(f"tier {self.name}: replica {b.spec.replica!r} busy for {SHARED_WAIT_S:.0f}s")
+        b.holds_lock = True
+        try:
+            if key.seq == b.last_seq and b.last_phase == "forward" and b.cached is not None:
+                return b.cached  # type: ignore[return-value]
+            self._admit(b, key, "forward")
+            x = self._input(b, activation)
+            out = b.segment(x, rng=self._rng(b, key))
+            result = self.next.forward(key, out.detach()) if self.next is not None else out.detach()
+        except BaseException:
+            b.holds_lock = False
+            b.replica.lock.release()
+            raise
+        b.pending = (x, out)
+        b.last_seq, b.last_phase, b.cached = key.seq, "forward", result
+        return result
+
+    def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
+        b = self._binding(key.run_id, key.client_id)
+        if key.seq == b.last_seq and b.last_phase == "backward" and b.cached is not None:
+            return b.cached[0]  # type: ignore[index]
+        if not b.holds_lock or b.pending is None:
+            raise FailedPrecondition(f"backward of step {key.seq} without its forward")
+        self._admit(b, key, "backward")
+        x, out = b.pending
+        want = b.out_shape if self.next is None else None
+        if want is not None:
+            check_tensor(grad, want, out.dtype, "gradient", self.max_batch)
+            if grad.shape[0] != out.shape[0]:
+                raise InvalidArgument(f"gradient batch {grad.shape[0]} does not match the forward's {out.shape[0]}")
+        g = self.next.backward(key, grad) if self.next is not None else grad
+        if out.requires_grad and g is not None:
+            out.backward(g)
+        gx = x.grad if x.requires_grad else None
+        b.pending = None
+        self._finish(b, key, "backward", (gx,))
+        b.holds_lock = False
+        b.replica.lock.release()
+        return gx

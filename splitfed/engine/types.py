@@ -1,0 +1,91 @@
+"""Plain typed records exchanged by tiers, links and the round orchestrator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from splitfed.errors import ConfigError
+from splitfed.models.zoo import ModelSpec
+
+State = dict[str, torch.Tensor]
+"""A (partial) model state: keys ``"<block index>.<key in block>"``."""
+
+MODES = ("sl", "sflv1", "sflv2")
+
+
+@dataclass(frozen=True)
+class StepKey:
+    """Identifies one training step of one client; ``seq`` grows by one per step in a round."""
+
+    run_id: str
+    client_id: str
+    round: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Each tier builds its own optimizer from this; per-parameter rules keep splits exact."""
+
+    name: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.name not in ("sgd", "adam"):
+            raise ConfigError(f"optimizer must be sgd or adam, got {self.name!r}")
+        if not self.lr > 0:
+            raise ConfigError(f"learning rate must be > 0, got {self.lr}")
+        if self.momentum < 0 or self.weight_decay < 0:
+            raise ConfigError("momentum and weight_decay must be >= 0")
+
+    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+        if not params:
+            return None
+        if self.name == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> OptimConfig:
+        return cls(str(d.get("name", "sgd")), float(d.get("lr", 0.05)), float(d.get("momentum", 0.0)),
+                   float(d.get("weight_decay", 0.0)))
+
+
+@dataclass
+class SegmentLoad:
+    """Control message: bind a client to blocks ``[start, stop)`` on a tier for one round.
+
+    ``replica`` names the weights the client trains: its own id (SplitFed v1:
+    one replica per client) or a shared name (SplitFed v2 / vanilla SL: one
+    server-side model, clients in turn). ``state`` (keys of blocks in range)
+    overwrites those weights; ``None`` keeps what the replica holds.
+    ``loss_here``: this tier ends the chain and computes the loss.
+    """
+
+    run_id: str
+    client_id: str
+    round: int
+    model: ModelSpec
+    start: int
+    stop: int
+    replica: str
+    state: State | None
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 0
+    loss_here: bool = True
+
+
+@dataclass
+class StepReply:
+    """What comes back from one forward+backward round trip down the chain."""
+
+    grad: torch.Tensor | None  # gradient w.r.t. the activation sent (None if it needs none)
+    loss: float
+    correct: int  # correct predictions in the batch (for training accuracy)

@@ -1,0 +1,166 @@
+"""The invariance law as a user tool: split training must equal unsplit training.
+
+The reference trains whole models (one autograd graph, one optimizer, no
+detach, no link) on the same batches from the same seed:
+
+- ``sflv1``: FedAvg of the unsplit model (each client trains a whole copy);
+- ``sl``: one whole model trained by the clients in turn;
+- ``sflv2``: each client trains a whole model assembled from its own device
+  copy and the tiers' shared blocks, which it updates in place.
+
+Tolerance: 1e-5 absolute on float32 weights. Split and whole training run the
+same kernels in the same order, so the difference is normally exactly 0; the
+tolerance leaves room for reduction-order changes in kernels (e.g. a
+different thread count on another tier) while still catching any real error,
+which shows up at 1e-3 or above after one step.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from splitfed.aggregate import aggregate
+from splitfed.engine import template
+from splitfed.engine.rounds import Batches, Chain, RoundConfig, inprocess_chain, run_round, select, server_bounds
+from splitfed.engine.types import OptimConfig, State
+from splitfed.models.blocks import Segment, segment_bounds, step_rng
+from splitfed.models.zoo import ModelSpec
+
+TOLERANCE = 1e-5
+
+
+def _whole(model: ModelSpec, blocks: dict[int, torch.nn.Module]) -> Segment:
+    n = template.num_blocks(model)
+    return Segment({str(i): blocks[i] for i in range(n)}, 0, n)
+
+
+def _train_whole(cfg: RoundConfig, cid: str, whole: Segment, batches: Batches) -> None:
+    whole.train()
+    opt = cfg.optim.build(list(whole.parameters()))
+    for seq, (x, y) in enumerate(batches):
+        out = whole(x, rng=step_rng(cfg.seed, cid, cfg.round, seq))
+        F.cross_entropy(out, y).backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def _load(model: ModelSpec, state: State) -> dict[int, torch.nn.Module]:
+    n = template.num_blocks(model)
+    blocks = template.copy_blocks(model, 0, n)
+    seg = Segment({str(i): blocks[i] for i in range(n)}, 0, n)
+    with torch.no_grad():
+        seg.load_state_dict(state, strict=True)
+    return blocks
+
+
+def reference_round(cfg: RoundConfig, global_state: State, assignment: dict[str, tuple[int, ...]],
+                    data: dict[str, Batches], n_tiers: int) -> State:
+    """The same round computed on whole models."""
+    model = cfg.model
+    n = template.num_blocks(model)
+    if cfg.mode == "sflv1":
+        contributions = []
+        for cid in assignment:
+            whole = _whole(model, _load(model, global_state))
+            _train_whole(cfg, cid, whole, data[cid])
+            contributions.append((whole.state_dict(), sum(int(x.shape[0]) for x, _ in data[cid])))
+        return aggregate(contributions, previous=global_state)
+    if cfg.mode == "sl":
+        whole = _whole(model, _load(model, global_state))
+        for cid in assignment:
+            _train_whole(cfg, cid, whole, data[cid])
+        return {k: v.detach().clone() for k, v in whole.state_dict().items()}
+    # sflv2: per-tier shared banks of blocks, device copies per client
+    banks = [_load(model, global_state) for _ in range(n_tiers - 1)]
+    trained: list[dict[int, float]] = [{} for _ in banks]
+    contributions = []
+    for cid, cuts in assignment.items():
+        own = _load(model, global_state)
+        blocks = dict(own)
+        for t, (a, z) in enumerate(server_bounds(cuts, n, cfg.u_shape)):
+            for i in range(a, z):
+                blocks[i] = banks[t][i]
+                trained[t][i] = trained[t].get(i, 0.0) + sum(int(x.shape[0]) for x, _ in data[cid])
+        _train_whole(cfg, cid, _whole(model, blocks), data[cid])
+        b = segment_bounds(cuts, n, cfg.u_shape)
+        dev = select(_whole(model, own).state_dict(), *b[0])
+        if cfg.u_shape:
+            dev.update(select(_whole(model, own).state_dict(), *b[-1]))
+        contributions.append((dev, sum(int(x.shape[0]) for x, _ in data[cid])))
+    for t, bank in enumerate(banks):
+        state = _whole(model, bank).state_dict()
+        for i, w in trained[t].items():
+            contributions.append((select(state, i, i + 1), w))
+    return aggregate(contributions, previous=global_state)
+
+
+def max_abs_diff(a: State, b: State) -> float:
+    if set(a) != set(b):
+        raise AssertionError(f"state keys differ: {sorted(set(a) ^ set(b))[:5]}")
+    worst = 0.0
+    for k in a:
+        d = (a[k].to(torch.float64) - b[k].to(torch.float64)).abs()
+        worst = max(worst, float(d.max()) if d.numel() else 0.0)
+    return worst
+
+
+@dataclass
+class VerifyResult:
+    model: str
+    cuts: list[list[int]]
+    mode: str
+    tiers: int
+    u_shape: bool
+    rounds: int
+    clients: int
+    steps: int
+    max_abs_diff: float
+    tolerance: float
+    transport: str
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["ok"] = self.ok
+        return d
+
+
+def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv1", u_shape: bool = False,
+           steps: int = 2, batch: int = 4, rounds: int = 1, seed: int = 0, optim: OptimConfig | None = None,
+           chain: Chain | None = None, transport: str = "inproc",
+           data_fn: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> VerifyResult:
+    """Train split (one cut vector per client) and whole; compare the final global weights."""
+    from splitfed.data import synthetic
+
+    from splitfed.engine.rounds import initial_state
+
+    n_tiers = len(cuts[0]) + 1 - (1 if u_shape else 0)
+    chain = chain or inprocess_chain(n_tiers - 1)
+    optim = optim or OptimConfig(lr=0.05, momentum=0.9)
+    assignment = {f"client{i}": tuple(int(k) for k in c) for i, c in enumerate(cuts)}
+    data: dict[str, Batches] = {}
+    for i, cid in enumerate(assignment):
+        if data_fn is not None:
+            x, y = data_fn(steps * batch, seed * 1000 + i)
+        else:
+            ds = synthetic(model, steps * batch, seed * 1000 + i)
+            x, y = ds.tensors
+        data[cid] = [(x[s * batch:(s + 1) * batch], y[s * batch:(s + 1) * batch]) for s in range(steps)]
+    split = initial_state(model, seed)
+    whole = {k: v.clone() for k, v in split.items()}
+    run_id = f"verify-{uuid.uuid4().hex[:8]}"
+    for r in range(rounds):
+        cfg = RoundConfig(run_id, r, model, mode, u_shape, optim, seed)
+        split, _ = run_round(cfg, chain, split, assignment, data)
+        whole = reference_round(cfg, whole, assignment, data, n_tiers)
+    return VerifyResult(model.name, [list(c) for c in assignment.values()], mode, n_tiers, u_shape, rounds,
+                        len(assignment), steps, max_abs_diff(split, whole), TOLERANCE, transport)

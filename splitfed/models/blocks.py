@@ -1,0 +1,274 @@
+"""Model -> blocks -> segments.
+
+A *block* is the unit between two legal cut positions. Sequential models give
+their children. Other models are traced with ``torch.fx``; a position between
+two graph nodes is a legal cut only if exactly one value is live across it (so
+no cut ever falls inside a residual block or between a layer and a skip that
+uses its input), and no module or parameter is used on both sides of it.
+Parameter-free blocks of a traced model are merged into the block before them,
+which keeps the cut *after* a pool or activation (the smaller tensor).
+
+A *segment* is the contiguous run of blocks ``[start, stop)`` one tier holds.
+Its ``state_dict`` keys are ``"<block index>.<key inside block>"``, the same keys
+as the whole model's, so replicas of a block are averaged by key wherever they
+were trained.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+
+from splitfed.errors import CutError
+
+_STOCHASTIC_FUNCS = {
+    torch.nn.functional.dropout,
+    torch.nn.functional.dropout1d,
+    torch.nn.functional.dropout2d,
+    torch.nn.functional.dropout3d,
+    torch.nn.functional.alpha_dropout,
+    torch.dropout,
+}
+
+
+@dataclass
+class Blocks:
+    """The ordered blocks of one model; ``modules[i]`` shares parameters with the model."""
+
+    modules: list[nn.Module]
+    names: list[str]
+    traced: bool
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def whole(self) -> Segment:
+        return make_segment(self, 0, len(self))
+
+
+def _is_stochastic(block: nn.Module) -> bool:
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) for m in block.modules()):
+        return True
+    if isinstance(block, fx.GraphModule):
+        return any(n.op == "call_function" and n.target in _STOCHASTIC_FUNCS for n in block.graph.nodes)
+    return False
+
+
+class Segment(nn.Sequential):
+    """Blocks ``[start, stop)`` of one model, keyed by their global index.
+
+    ``forward(x, rng=...)`` re-seeds torch's generator before every block with
+    dropout from ``(rng, block index)``, so the same block draws the same mask
+    whichever tier or process runs it.
+    """
+
+    def __init__(self, blocks: Mapping[str, nn.Module], start: int, stop: int) -> None:
+        super().__init__(OrderedDict(blocks))
+        self.start, self.stop = start, stop
+        self._stochastic = {name: _is_stochastic(b) for name, b in blocks.items()}
+
+    def forward(self, x: torch.Tensor, rng: int | None = None) -> torch.Tensor:  # type: ignore[override]
+        for name, block in self._modules.items():
+            if rng is not None and self._stochastic[name]:
+                torch.manual_seed(_mix(rng, int(name)))
+            x = block(x)
+        return x
+
+
+def _mix(rng: int, block: int) -> int:
+    """A 63-bit seed from a step key and a block index (splitmix64 finaliser)."""
+    z = (rng * 0x9E3779B97F4A7C15 + block + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
+
+
+def step_rng(seed: int, client: str, round_: int, seq: int) -> int:
+    """The dropout key of one training step: equal on every tier that runs the step."""
+    h = seed & 0xFFFFFFFF
+    for ch in client.encode():
+        h = (h * 1000003 + ch) & 0xFFFFFFFFFFFFFFFF
+    return _mix(_mix(h, round_), seq)
+
+
+def make_segment(blocks: Blocks, start: int, stop: int) -> Segment:
+    if not 0 <= start <= stop <= len(blocks):
+        raise CutError(f"segment [{start}, {stop}) is outside the model's {len(blocks)} blocks")
+    return Segment(OrderedDict((str(i), blocks.modules[i]) for i in range(start, stop)), start, stop)
+
+
+# ---------------------------------------------------------------- cutting
+
+
+def to_blocks(model: nn.Module) -> Blocks:
+    """The model's blocks: children of a Sequential, else cut points found by tracing."""
+    if isinstance(model, nn.Sequential):
+        mods = list(model.children())
+        if len(mods) < 2:
+            raise CutError(f"Sequential model has {len(mods)} child; it needs at least 2 to be cut")
+        names = [f"{n}:{type(m).__name__}" for n, m in model.named_children()]
+        return Blocks(mods, names, traced=False)
+    return _trace_blocks(model)
+
+
+def _trace_blocks(model: nn.Module) -> Blocks:
+    name = type(model).__name__
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as e:  # noqa: BLE001 - tracing failures come in many types
+        raise CutError(f"model {name} cannot be traced by torch.fx, so no cut point can be found: "
+                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    nodes = list(gm.graph.nodes)
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    if len(inputs) != 1:
+        raise CutError(f"model {name} takes {len(inputs)} inputs; splitfed cuts single-input models")
+    compute = [n for n in nodes if n.op in ("call_module", "call_function", "call_method")]
+    if len(compute) < 2:
+        raise CutError(f"model {name} has {len(compute)} operation(s): nothing to cut")
+    pos = {n: i for i, n in enumerate(compute)}
+    pos[inputs[0]] = -1
+    end = len(compute)
+    output = next(n for n in nodes if n.op == "output")
+    pos[output] = end
+
+    # last use of every value, and the span of uses of every module / attribute
+    last_use: dict[fx.Node, int] = {}
+    for n in [inputs[0], *compute]:
+        last_use[n] = max((_use_pos(u, pos) for u in n.users), default=pos[n])
+    spans: dict[str, list[int]] = {}
+    for n in nodes:
+        if n.op == "call_module":
+            spans.setdefault(_root(n.target), []).append(pos[n])
+        elif n.op == "get_attr":
+            for u in n.users:
+                spans.setdefault(_root(n.target), []).append(_use_pos(u, pos))
+    forbidden = set()
+    for uses in spans.values():
+        forbidden.update(range(min(uses), max(uses)))
+
+    cuts = []  # cut after compute[i]
+    for i in range(end - 1):
+        if i in forbidden:
+            continue
+        live = [n for n in [inputs[0], *compute[: i + 1]] if last_use[n] > i]
+        if len(live) == 1:
+            cuts.append((i, live[0]))
+    if not cuts:
+        raise CutError(f"model {name} has no legal cut: no point in its graph where a single tensor "
+                       "carries the whole state (every position has a skip connection or shared layer across it)")
+
+    # ranges [a, b] of compute nodes; merge parameter-free ranges into the previous one
+    ranges: list[tuple[int, int, fx.Node]] = []  # (first, last, value out)
+    a = 0
+    for i, live in cuts:
+        ranges.append((a, i, live))
+        a = i + 1
+    ranges.append((a, end - 1, output.args[0]))
+    merged: list[tuple[int, int, fx.Node]] = []
+    for r in ranges:
+        if merged and not _has_state(gm, compute[r[0]: r[1] + 1]):
+            merged[-1] = (merged[-1][0], r[1], r[2])
+        else:
+            merged.append(r)
+    if len(merged) < 2:
+        raise CutError(f"model {name} has no legal cut that leaves parameters on both sides")
+
+    modules, names = [], []
+    value_in: fx.Node = inputs[0]
+    for first, last, out in merged:
+        block_nodes = compute[first: last + 1]
+        modules.append(_extract(gm, value_in, block_nodes, out))
+        names.append(_describe(block_nodes))
+        value_in = out  # type: ignore[assignment]
+    return Blocks(modules, names, traced=True)
+
+
+def _use_pos(u: fx.Node, pos: dict[fx.Node, int]) -> int:
+    return pos[u] if u in pos else max((_use_pos(x, pos) for x in u.users), default=0)
+
+
+def _root(target: object) -> str:
+    return str(target)
+
+
+def _has_state(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> bool:
+    for n in nodes:
+        if n.op == "call_module":
+            m = gm.get_submodule(str(n.target))
+            if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
+                return True
+        for a in n.all_input_nodes:
+            if a.op == "get_attr":
+                return True
+    return False
+
+
+def _extract(gm: fx.GraphModule, value_in: fx.Node, block_nodes: list[fx.Node], out: object) -> fx.GraphModule:
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {value_in: g.placeholder("x")}
+
+    def lookup(n: fx.Node) -> fx.Node:
+        if n not in env:
+            if n.op != "get_attr":
+                raise CutError(f"internal: value {n.name} crosses a cut")
+            env[n] = g.node_copy(n, lookup)
+        return env[n]
+
+    for n in block_nodes:
+        env[n] = g.node_copy(n, lookup)
+    g.output(fx.node.map_arg(out, lookup))
+    block = fx.GraphModule(gm, g)
+    block.graph.lint()
+    return block
+
+
+def _describe(nodes: list[fx.Node]) -> str:
+    parts: list[str] = []
+    for n in nodes:
+        if n.op == "call_module":
+            p = str(n.target).split(".")
+            label = ".".join(p[:2]) if len(p) > 2 else str(n.target)
+        elif n.op == "call_function":
+            label = getattr(n.target, "__name__", str(n.target))
+            if n.target in (operator.add, operator.getitem):
+                continue
+        else:
+            label = str(n.target)
+        if not parts or parts[-1] != label:
+            parts.append(label)
+    return "+".join(parts[:4]) + ("+..." if len(parts) > 4 else "")
+
+
+def validate_cuts(cuts: Sequence[int], n_blocks: int, tiers: int | None = None, u_shape: bool = False,
+                  model: str = "model") -> tuple[int, ...]:
+    """Check a cut vector; the U-shape adds a last cut where the device's tail begins."""
+    cuts = tuple(int(k) for k in cuts)
+    if tiers is not None:
+        want = tiers - 1 + (1 if u_shape else 0)
+        if len(cuts) != want:
+            raise CutError(f"{tiers} tiers{' in U-shape' if u_shape else ''} need {want} cut(s), got {len(cuts)}: "
+                           f"{','.join(map(str, cuts)) or '(none)'}")
+    if not cuts:
+        raise CutError("at least one cut is needed (2 tiers)")
+    for k in cuts:
+        if not 0 <= k <= n_blocks:
+            raise CutError(f"cut {k} is out of range: {model} has {n_blocks} blocks, cuts lie in 0..{n_blocks}")
+    if any(b < a for a, b in zip(cuts, cuts[1:], strict=False)):
+        raise CutError(f"cuts must be non-decreasing, got {','.join(map(str, cuts))}")
+    return cuts
+
+
+def segment_bounds(cuts: Sequence[int], n_blocks: int, u_shape: bool = False) -> list[tuple[int, int]]:
+    """``[start, stop)`` per tier in chain order; with U-shape the device's tail comes last."""
+    ks = list(cuts)
+    tail = ks.pop() if u_shape else n_blocks
+    edges = [0, *ks, tail]
+    bounds = [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+    if u_shape:
+        bounds.append((tail, n_blocks))
+    return bounds

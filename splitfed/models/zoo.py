@@ -1,0 +1,331 @@
+"""The model zoo and user factories, resolved by one name: ``cnn`` or ``pkg.mod:factory``.
+
+Every zoo model knows its input (shape, dtype) and class count so that synthetic
+data can feed it; a user factory gets those from the command line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from splitfed.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How any process (device, tier server, reference) builds the same model."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    vocab: int = 0  # > 0: inputs are int64 token ids in [0, vocab)
+    kwargs: dict = field(default_factory=dict)
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        return torch.int64 if self.vocab else torch.float32
+
+    def example_input(self, batch: int = 2) -> torch.Tensor:
+        g = torch.Generator().manual_seed(0)
+        if self.vocab:
+            return torch.randint(0, self.vocab, (batch, *self.input_shape), generator=g)
+        return torch.randn(batch, *self.input_shape, generator=g)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "vocab": self.vocab,
+            "kwargs": dict(self.kwargs),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelSpec:
+        return cls(
+            name=str(d["name"]),
+            input_shape=tuple(int(x) for x in d["input_shape"]),
+            num_classes=int(d["num_classes"]),
+            vocab=int(d.get("vocab", 0)),
+            kwargs=dict(d.get("kwargs", {})),
+        )
+
+
+# ---------------------------------------------------------------- zoo models
+
+
+def mlp(input_shape: tuple[int, ...] = (64,), num_classes: int = 10, hidden: int = 128) -> nn.Module:
+    n_in = math.prod(input_shape)
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU()),
+        nn.Dropout(0.1),
+        nn.Sequential(nn.Linear(hidden, hidden // 2), nn.ReLU()),
+        nn.Linear(hidden // 2, num_classes),
+    )
+
+
+def cnn(input_shape: tuple[int, ...] = (1, 8, 8), num_classes: int = 10, width: int = 16) -> nn.Module:
+    """LeNet-style: two conv stages, two dense layers; sized for digits (8x8) or MNIST (28x28)."""
+    c, h, w = input_shape
+    flat = 2 * width * (h // 4) * (w // 4)
+    return nn.Sequential(
+        nn.Sequential(nn.Conv2d(c, width, 3, padding=1), nn.ReLU()),
+        nn.MaxPool2d(2),
+        nn.Sequential(nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU()),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Sequential(nn.Linear(flat, 64), nn.ReLU(), nn.Dropout(0.25)),
+        nn.Linear(64, num_classes),
+    )
+
+
+_VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+
+
+def vgg11(input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, width: float = 1.0) -> nn.Module:
+    """CIFAR VGG-11 with BatchNorm; every conv stage and every pool is one block."""
+    layers: list[nn.Module] = []
+    c, h, w = input_shape
+    for v in _VGG11:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+            h, w = h // 2, w // 2
+        else:
+            out = max(1, int(v * width))
+            layers.append(nn.Sequential(nn.Conv2d(c, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU()))
+            c = out
+    layers.append(nn.Flatten())
+    layers.append(nn.Linear(c * h * w, num_classes))
+    return nn.Sequential(*layers)
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """CIFAR ResNet-18. Not sequential: its blocks come from tracing, never inside a residual."""
+
+    def __init__(self, in_ch: int = 3, num_classes: int = 10, width: int = 64) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        cin = width
+        stages = []
+        for i, stride in enumerate((1, 2, 2, 2)):
+            cout = width * 2**i
+            stages.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
+            cin = cout
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
+        out = torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1)
+        return self.fc(out)
+
+
+def resnet18(input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, width: int = 64) -> nn.Module:
+    return ResNet18(input_shape[0], num_classes, width)
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        self.use_res = stride == 1 and cin == cout
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()]
+        layers += [
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_res:
+            return x + self.conv(x)
+        return self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    """CIFAR MobileNetV2 (stride 1 stem), width-scaled; traced for its cut points."""
+
+    _CFG = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+
+    def __init__(self, in_ch: int = 3, num_classes: int = 10, width: float = 0.25) -> None:
+        super().__init__()
+
+        def ch(c: int) -> int:
+            return max(8, int(round(c * width / 8)) * 8) if width < 1 else c
+
+        cin = ch(32)
+        self.stem = nn.Sequential(nn.Conv2d(in_ch, cin, 3, 1, 1, bias=False), nn.BatchNorm2d(cin), nn.ReLU6())
+        blocks: list[nn.Module] = []
+        for t, c, n, s in self._CFG:
+            cout = ch(c)
+            for i in range(n):
+                blocks.append(InvertedResidual(cin, cout, s if i == 0 else 1, t))
+                cin = cout
+        self.features = nn.Sequential(*blocks)
+        last = ch(1280)
+        self.head = nn.Sequential(nn.Conv2d(cin, last, 1, bias=False), nn.BatchNorm2d(last), nn.ReLU6())
+        self.dropout = nn.Dropout(0.2)
+        self.fc = nn.Linear(last, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.head(self.features(self.stem(x)))
+        out = torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1)
+        return self.fc(self.dropout(out))
+
+
+def mobilenetv2(input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, width: float = 0.25) -> nn.Module:
+    return MobileNetV2(input_shape[0], num_classes, width)
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm encoder layer with explicit attention so that torch.fx can trace it."""
+
+    def __init__(self, d: int, heads: int, ff: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm2 = nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, ff), nn.GELU(), nn.Linear(ff, d))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q = q.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+        k = k.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+        v = v.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // self.heads), dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.ff(self.norm2(x)))
+
+
+class TinyTransformer(nn.Module):
+    """A small encoder classifier over token ids (mean-pooled)."""
+
+    def __init__(self, vocab: int, seq_len: int, num_classes: int, d: int = 32, heads: int = 4,
+                 layers: int = 2, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(1, seq_len, d))
+        nn.init.normal_(self.pos, std=0.02)
+        self.layers = nn.ModuleList(EncoderLayer(d, heads, 2 * d, dropout) for _ in range(layers))
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos
+        for layer in self.layers:
+            h = layer(h)
+        return self.fc(self.norm(h).mean(dim=1))
+
+
+def transformer(input_shape: tuple[int, ...] = (64,), num_classes: int = 10, vocab: int = 17,
+                d: int = 32, layers: int = 2) -> nn.Module:
+    return TinyTransformer(vocab, input_shape[0], num_classes, d=d, layers=layers)
+
+
+@dataclass(frozen=True)
+class _ZooEntry:
+    factory: Callable[..., nn.Module]
+    input_shape: tuple[int, ...]
+    num_classes: int = 10
+    vocab: int = 0
+
+
+ZOO: dict[str, _ZooEntry] = {
+    "mlp": _ZooEntry(mlp, (64,)),
+    "cnn": _ZooEntry(cnn, (1, 8, 8)),
+    "vgg11": _ZooEntry(vgg11, (3, 32, 32)),
+    "resnet18": _ZooEntry(resnet18, (3, 32, 32)),
+    "mobilenetv2": _ZooEntry(mobilenetv2, (3, 32, 32)),
+    "transformer": _ZooEntry(transformer, (64,), vocab=17),
+}
+
+
+def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_classes: int | None = None,
+                 **kwargs: object) -> ModelSpec:
+    """A spec for a zoo name or a ``module:factory`` path; user paths need an input shape."""
+    if name in ZOO:
+        e = ZOO[name]
+        return ModelSpec(name, tuple(input_shape or e.input_shape), num_classes or e.num_classes,
+                         vocab=e.vocab, kwargs=dict(kwargs))
+    if ":" not in name:
+        raise ConfigError(
+            f"unknown model {name!r}: use one of {', '.join(sorted(ZOO))} or 'module.path:factory'"
+        )
+    _import_factory(name)  # fail early with a clear message
+    if input_shape is None:
+        raise ConfigError(f"model {name!r} is not in the zoo: give --input-shape (e.g. 3,32,32)")
+    return ModelSpec(name, tuple(input_shape), num_classes or 10, kwargs=dict(kwargs))
+
+
+def _import_factory(path: str) -> Callable[..., nn.Module]:
+    mod_name, _, attr = path.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's path
+        raise ConfigError(f"cannot import {mod_name!r} for model {path!r}: {type(e).__name__}: {e}") from None
+    try:
+        factory = getattr(mod, attr)
+    except AttributeError:
+        raise ConfigError(f"module {mod_name!r} has no attribute {attr!r} (model {path!r})") from None
+    if not callable(factory):
+        raise ConfigError(f"{path!r} is not callable")
+    return factory
+
+
+def build(spec: ModelSpec, seed: int | None = None) -> nn.Module:
+    """Build the model; with a seed, its initial weights are the same in every process."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    if spec.name in ZOO:
+        e = ZOO[spec.name]
+        kw = dict(spec.kwargs)
+        if e.vocab:
+            kw.setdefault("vocab", spec.vocab)
+        model = e.factory(spec.input_shape, spec.num_classes, **kw)
+    else:
+        model = _import_factory(spec.name)(**spec.kwargs)
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"factory {spec.name!r} returned {type(model).__name__}, not torch.nn.Module")
+    return model
+
+
+def with_kwargs(spec: ModelSpec, **kwargs: object) -> ModelSpec:
+    return replace(spec, kwargs={**spec.kwargs, **kwargs})
