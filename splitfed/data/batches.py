@@ -29,4 +29,5 @@ def batches(x: Tensor, y: Tensor, batch_size: int, seed: int, epoch: int = 0,
         raise ConfigError(f"inputs and labels differ in length: {len(x)} vs {len(y)}")
     order = batch_order(len(x), seed, epoch)
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
-    return [(x[idx], y[idx]) for idx in order[:stop].split(batch_size)]
+    # slices, not Tensor.split: split() of an empty tensor yields one empty batch
+    return [(x[idx], y[idx]) for idx in (order[i:i + batch_size] for i in range(0, stop, batch_size))]

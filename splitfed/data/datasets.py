@@ -210,19 +210,21 @@ def cifar10(root: str | Path) -> Split:
 # ---------------------------------------------------------------- choosing for a model
 
 
-def _fit(data: Split, native: tuple[int, ...], spec: ModelSpec, dataset: str) -> Split:
-    """Use the native shape, or its flattening for a model that wants a vector."""
+def _must_flatten(native: tuple[int, ...], spec: ModelSpec, dataset: str) -> bool:
+    """Whether ``spec`` takes ``native`` inputs flattened; checked before any file is read."""
     want = tuple(spec.input_shape)
     if spec.vocab:
         raise ConfigError(f"dataset {dataset!r} gives float32 inputs of shape {native}; model "
                           f"{spec.name!r} wants int64 tokens of shape {want} (vocab {spec.vocab})")
-    if want == native:
-        return data
-    if want == (math.prod(native),):
-        (xtr, ytr), (xte, yte) = (d.tensors for d in data)
-        return TensorDataset(xtr.flatten(1), ytr), TensorDataset(xte.flatten(1), yte)
+    if want in (native, (math.prod(native),)):
+        return want != native
     raise ConfigError(f"dataset {dataset!r} gives inputs of shape {native} (or flat "
                       f"({math.prod(native)},)); model {spec.name!r} wants {want}")
+
+
+def _flatten(data: Split) -> Split:
+    (xtr, ytr), (xte, yte) = (d.tensors for d in data)
+    return TensorDataset(xtr.flatten(1), ytr), TensorDataset(xte.flatten(1), yte)
 
 
 def _check_classes(spec: ModelSpec, dataset: str, classes: int) -> None:
@@ -238,6 +240,8 @@ def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048)
     fits any spec (``n_synthetic`` train samples, a quarter as many test samples);
     ``mnist:PATH`` and ``cifar10:PATH`` read local files.
     """
+    if not isinstance(dataset, str):
+        raise ConfigError(f"dataset must be a string ({_FORMS}), got {type(dataset).__name__}")
     name, sep, path = dataset.strip().partition(":")
     name = name.lower()
     if name == "synthetic" and not sep:
@@ -252,12 +256,14 @@ def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048)
                                   f"{DIGITS_VOCAB}; model {spec.name!r} wants tokens of shape "
                                   f"{want} with vocab {spec.vocab}")
             return digits(seed=seed, layout="tokens")
-        return _fit(digits(seed=seed, layout="image"), DIGITS_SHAPE, spec, dataset)
+        flat = _must_flatten(DIGITS_SHAPE, spec, dataset)
+        return digits(seed=seed, layout="flat" if flat else "image")
     if name in ("mnist", "cifar10"):
         if not path.strip():
             raise ConfigError(f"dataset {name!r} needs a local folder: '{name}:PATH'; {_NEVER}")
         _check_classes(spec, dataset, 10)
-        if name == "mnist":
-            return _fit(mnist(path.strip()), MNIST_SHAPE, spec, dataset)
-        return _fit(cifar10(path.strip()), CIFAR10_SHAPE, spec, dataset)
+        load, native = (mnist, MNIST_SHAPE) if name == "mnist" else (cifar10, CIFAR10_SHAPE)
+        flat = _must_flatten(native, spec, dataset)
+        data = load(path.strip())
+        return _flatten(data) if flat else data
     raise ConfigError(f"unknown dataset {dataset!r}: use {_FORMS}")

@@ -111,9 +111,14 @@ def to_blocks(model: nn.Module) -> Blocks:
         mods = list(model.children())
         if len(mods) < 2:
             raise CutError(f"Sequential model has {len(mods)} child; it needs at least 2 to be cut")
-        names = [f"{n}:{type(m).__name__}" for n, m in model.named_children()]
+        names = [_leaf_names(m) for m in mods]
         return Blocks(mods, names, traced=False)
     return _trace_blocks(model)
+
+
+def _leaf_names(m: nn.Module) -> str:
+    leaves = [type(x).__name__ for x in m.modules() if not any(True for _ in x.children())]
+    return "+".join(leaves) if leaves else type(m).__name__
 
 
 def _trace_blocks(model: nn.Module) -> Blocks:
@@ -228,20 +233,21 @@ def _extract(gm: fx.GraphModule, value_in: fx.Node, block_nodes: list[fx.Node], 
 
 
 def _describe(nodes: list[fx.Node]) -> str:
-    parts: list[str] = []
+    """A readable block name: the top-level modules it calls, else its functions."""
+    mods: list[str] = []
+    funcs: list[str] = []
     for n in nodes:
         if n.op == "call_module":
             p = str(n.target).split(".")
             label = ".".join(p[:2]) if len(p) > 2 else str(n.target)
-        elif n.op == "call_function":
+            if label not in mods:
+                mods.append(label)
+        elif n.op in ("call_function", "call_method"):
             label = getattr(n.target, "__name__", str(n.target))
-            if n.target in (operator.add, operator.getitem):
-                continue
-        else:
-            label = str(n.target)
-        if not parts or parts[-1] != label:
-            parts.append(label)
-    return "+".join(parts[:4]) + ("+..." if len(parts) > 4 else "")
+            if label not in funcs and label not in ("getitem", "getattr", "add", "size"):
+                funcs.append(label)
+    parts = mods or funcs or ["add"]
+    return "+".join(parts[:3]) + ("+..." if len(parts) > 3 else "")
 
 
 def validate_cuts(cuts: Sequence[int], n_blocks: int, tiers: int | None = None, u_shape: bool = False,

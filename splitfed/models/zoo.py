@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -297,6 +299,8 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
 
 def _import_factory(path: str) -> Callable[..., nn.Module]:
     mod_name, _, attr = path.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a user's own module, run from their project folder
     try:
         mod = importlib.import_module(mod_name)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's path

@@ -1,0 +1,44 @@
+# splitfed: `make run` (the main job) and `make test` (the whole suite) set everything up themselves.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+OUT ?= runs/main
+# CI has 2 cores: 2 pytest workers at most
+WORKERS ?= 2
+
+.PHONY: install run test test-fast lint bench clean proto
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# the pinned CPU wheel first: an unpinned torch would pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m splitfed.transport.protogen
+	touch $@
+
+proto: install
+	$(PY) -m splitfed.transport.protogen --force
+
+run: install
+	$(VENV)/bin/splitfed simulate --out $(OUT)
+
+test: install
+	$(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q
+
+test-fast: install
+	$(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	OMP_NUM_THREADS=1 $(PY) benchmarks/engine.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/transport.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/optimizer.py
+	$(PY) benchmarks/simulation.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis splitfed/transport/proto/splitfed

@@ -1,0 +1,41 @@
+"""``splitfed blocks``: the legal cut positions of a model, with shapes and parameter counts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from splitfed.commands._args import add_model_args
+from splitfed.engine import template
+from splitfed.models.zoo import resolve_spec
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("blocks", help="list a model's blocks (the places it can be cut)", description=__doc__)
+    add_model_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def describe(spec) -> list[dict]:  # type: ignore[no-untyped-def]
+    blocks = template.template(spec)
+    rows = []
+    for i, (m, name) in enumerate(zip(blocks.modules, blocks.names, strict=True)):
+        shape, dtype = template.boundary(spec, i + 1)
+        rows.append({"index": i, "name": name, "output_shape": list(shape),
+                     "params": sum(p.numel() for p in m.parameters()),
+                     "cut_after": i + 1})
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    rows = describe(spec)
+    if args.json:
+        print(json.dumps({"model": spec.name, "input_shape": list(spec.input_shape), "blocks": rows}))
+        return 0
+    print(f"{spec.name}: {len(rows)} blocks, input {list(spec.input_shape)}; cut k puts blocks < k on the earlier tier")
+    print(f"{'block':>5}  {'name':<28} {'output':<18} {'params':>10}")
+    for r in rows:
+        print(f"{r['index']:>5}  {r['name'][:28]:<28} {str(r['output_shape']):<18} {r['params']:>10,}")
+    return 0

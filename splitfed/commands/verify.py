@@ -1,0 +1,87 @@
+"""``splitfed verify``: train split and whole from one seed; exit 0 only if the weights agree."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+
+from splitfed.commands._args import add_model_args, positive_int
+from splitfed.engine import template
+from splitfed.engine.types import MODES
+from splitfed.errors import ConfigError
+from splitfed.models.blocks import validate_cuts
+from splitfed.models.zoo import resolve_spec
+
+
+def _cut_vectors(text: str) -> list[tuple[int, ...]]:
+    out = []
+    for part in text.split("/"):
+        try:
+            out.append(tuple(int(p) for p in part.split(",") if p.strip()))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"cuts must be integers like 3,7 (or 2,5/3,7 per client), got {text!r}") from None
+        if not out[-1]:
+            raise argparse.ArgumentTypeError(f"empty cut vector in {text!r}")
+    return out
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="check that training split at given cuts equals training the whole model",
+                       description=__doc__)
+    add_model_args(p)
+    p.add_argument("--cuts", type=_cut_vectors, required=True,
+                   help="cut vector K1,K2,... ; several separated by / are given to clients in turn")
+    p.add_argument("--tiers", type=positive_int, default=None, help="tiers in the chain (default: cuts + 1)")
+    p.add_argument("--steps", type=positive_int, default=2, help="training steps per client per round")
+    p.add_argument("--rounds", type=positive_int, default=1)
+    p.add_argument("--clients", type=positive_int, default=1)
+    p.add_argument("--batch", type=positive_int, default=4)
+    p.add_argument("--mode", choices=MODES, default="sflv1")
+    p.add_argument("--u-shape", action="store_true", help="the device also holds the last blocks and the loss")
+    p.add_argument("--transport", choices=("inproc", "grpc"), default="inproc",
+                   help="grpc: run the server tiers as real tier processes on 127.0.0.1")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from splitfed.engine.rounds import inprocess_chain
+    from splitfed.engine.verify import verify
+
+    spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    n = template.num_blocks(spec)
+    width = len(args.cuts[0])
+    tiers = args.tiers or width + 1 - (1 if args.u_shape else 0)
+    if tiers < 2:
+        raise ConfigError(f"a chain needs at least 2 tiers, got {tiers}")
+    for c in args.cuts:
+        validate_cuts(c, n, tiers, args.u_shape, model=spec.name)
+    cuts = [args.cuts[i % len(args.cuts)] for i in range(args.clients)]
+    with contextlib.ExitStack() as stack:
+        if args.transport == "grpc":
+            from splitfed.transport.chain import grpc_chain
+            from splitfed.transport.process import TierProcess
+
+            procs: list[TierProcess] = []
+            nxt = None
+            for i in reversed(range(tiers - 1)):
+                name = "cloud" if i == tiers - 2 else ("edge" if i == 0 else f"tier{i + 1}")
+                proc = stack.enter_context(TierProcess.start(name, next_address=nxt, insecure=True))
+                procs.insert(0, proc)
+                nxt = proc.address
+            chain = grpc_chain([p.address for p in procs], insecure=True)
+            stack.callback(getattr(chain, "close", lambda: None))
+        else:
+            chain = inprocess_chain(tiers - 1)
+        result = verify(spec, cuts, mode=args.mode, u_shape=args.u_shape, steps=args.steps, batch=args.batch,
+                        rounds=args.rounds, seed=args.seed, chain=chain, transport=args.transport)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        verdict = "OK" if result.ok else "MISMATCH"
+        print(f"verify {spec.name} mode={args.mode} tiers={tiers} cuts={'/'.join(','.join(map(str, c)) for c in args.cuts)}"
+              f"{' u-shape' if args.u_shape else ''} transport={args.transport}: max |w_split - w_whole| = "
+              f"{result.max_abs_diff:.3e} (tolerance {result.tolerance:.0e}) {verdict}")
+    return 0 if result.ok else 1

@@ -1,0 +1,409 @@
+"""THE cost model: what a round costs for each client and for the fleet, given the cuts.
+
+The optimizer, the adapter, the simulated clock and the benchmarks all call this
+module; nothing else predicts time.
+
+Notation. A chain of T tiers: tier 0 is the client's device, tiers 1..T-1 are
+servers shared by all clients (2 tiers: edge; 3 tiers: edge, cloud). Link j
+joins tier j-1 and tier j; link 1 is the client's own, links j >= 2 are shared.
+Blocks 0..L-1; per sample f_i (forward + backward FLOPs), p_i (parameter bytes),
+m_i (fixed bytes: params + grads + optimizer state), h_i (activation bytes kept
+for backward); a_k is the size of the tensor at boundary k (a_0 the input,
+a_k the output of block k-1). Cuts k_1 <= ... <= k_{T-1} <= E, where E = L, or
+E = u (the U-shape tail cut): tier t holds [k_t, k_{t+1}) with k_0 = 0 and
+k_T = E; with U-shape the device also holds the tail [u, L) and the loss.
+B is the batch size, S = samples x epochs, n = ceil(samples / B) x epochs.
+
+Per client, per round (prefix sums make each term O(1) per option):
+
+- compute on tier t:   C_t = S * sum_{i in tier t} f_i / F_t   (F_t its FLOP/s)
+- link j carries the boundary k_j up iff a server at or beyond tier j holds a
+  block (k_j < E); the gradient comes back down iff a block before it has
+  parameters (p[0, k_j) > 0). U-shape: the tail's input a_E comes back down over
+  every link the chain went up, and its gradient goes up again iff p[0, E) > 0.
+  Up time  U_j = S * up_bytes_j / up_j + n * up_msgs_j * rtt_j / 2, same down.
+- weight exchange of the device's segment(s), P = p[0, k_1) + p[u, L):
+  X = P / down_1 + P / up_1 + rtt_1  (only if P > 0; server replicas stay put)
+- round time (one client's batches run sequentially along the chain):
+  R = sum_t C_t + sum_j (U_j + D_j) + X;  one batch: the same with S = B, n = 1.
+- memory on tier t: sum_{i in tier t} (m_i + B h_i); the device adds B a_0 (its
+  input batch) and its tail.
+
+The fleet's round. Edge, cloud and the edge-cloud link are shared by every
+client, so their total work must fit in the round (a fluid bound: tight when
+many clients' batches interleave, which is the regime of a fleet):
+
+    makespan = max( max_i R_i,
+                    sum_i S_i * flops_i(tier t) / F_t            for each server t,
+                    sum_i bytes_i(link j, up) / up_j, same down  for each shared link j )
+
+Memory on a server is the sum over its clients (SplitFed v1 keeps one replica,
+and its activations, per client), bounded by the server's memory; each device's
+share is bounded by its own memory. Labels and control messages are not
+counted. Everything is linear in the choice of one option per client, so the
+optimizer can minimise it exactly as a MILP.
+
+Moving a client's cuts ships every block whose tier changes (parameters and
+optimizer state, p_i (1 + slots)) along the links between its old and new tier:
+``move_cost`` = sum over links and directions of bytes / bandwidth + rtt / 2.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property, reduce
+from operator import add
+
+import numpy as np
+
+from splitfed.errors import ConfigError, CutError
+from splitfed.models.blocks import validate_cuts
+from splitfed.profile.devices import LinkProfile, TierProfile
+from splitfed.profile.fleet import Client, Fleet
+from splitfed.profile.profiler import ModelProfile
+
+Cuts = tuple[int, ...]
+Assignment = Mapping[str, Sequence[int]]
+
+
+def cut_options(n_blocks: int, tiers: int, u_shape: bool = False, min_device_blocks: int = 0) -> np.ndarray:
+    """Every legal cut vector (rows, lexicographic): non-decreasing values in 0..L."""
+    n = tiers - 1 + (1 if u_shape else 0)
+    rows = [c for c in itertools.combinations_with_replacement(range(n_blocks + 1), n)
+            if c[0] >= min_device_blocks]
+    if not rows:
+        raise CutError(f"no legal cut keeps {min_device_blocks} block(s) on the device of a "
+                       f"{n_blocks}-block model")
+    return np.array(rows, dtype=np.int64).reshape(len(rows), n)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What a round runs on: the model's profile, the clients, the shared tiers, the batch."""
+
+    profile: ModelProfile
+    clients: tuple[Client, ...]
+    servers: tuple[TierProfile, ...]
+    server_links: tuple[LinkProfile, ...] = ()
+    batch: int = 32
+    u_shape: bool = False
+    epochs: int = 1
+    min_device_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ConfigError("a chain needs at least one server tier")
+        if len(self.server_links) != len(self.servers) - 1:
+            raise ConfigError(f"{len(self.servers)} server tiers need {len(self.servers) - 1} link(s) between them")
+        if self.batch < 1 or self.epochs < 1:
+            raise ConfigError(f"batch and epochs must be >= 1, got {self.batch}, {self.epochs}")
+        if not self.clients:
+            raise ConfigError("a scenario needs at least one client")
+
+    @classmethod
+    def from_fleet(cls, profile: ModelProfile, fleet: Fleet, tiers: int = 3, batch: int = 32,
+                   u_shape: bool = False, epochs: int = 1, min_device_blocks: int = 0) -> Scenario:
+        servers, links = fleet.servers(tiers)
+        return cls(profile, fleet.clients, servers, links, batch, u_shape, epochs, min_device_blocks)
+
+    def with_clients(self, clients: Sequence[Client]) -> Scenario:
+        return replace(self, clients=tuple(clients))
+
+    @property
+    def tiers(self) -> int:
+        return 1 + len(self.servers)
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        mid = tuple(f"tier{t}" for t in range(2, self.tiers - 1))
+        return ("device", "edge") if self.tiers == 2 else ("device", "edge", *mid, "cloud")
+
+    @property
+    def resource_names(self) -> tuple[str, ...]:
+        """Shared resources whose busy time bounds the makespan, in ``shared_load`` column order."""
+        n = self.tier_names
+        links = [f"{n[j - 1]}->{n[j]} link {d}" for d in ("up", "down") for j in range(2, self.tiers)]
+        return (*(f"{n[t]} compute" for t in range(1, self.tiers)), *links)
+
+    @cached_property
+    def capacities(self) -> np.ndarray:
+        """Capacity of each shared resource (FLOP/s or bytes/s), ``resource_names`` order."""
+        return np.array([*(s.flops for s in self.servers), *(lk.up for lk in self.server_links),
+                         *(lk.down for lk in self.server_links)], dtype=float)
+
+    @cached_property
+    def memory_caps(self) -> np.ndarray:
+        return np.array([s.memory for s in self.servers], dtype=float)
+
+    @cached_property
+    def options(self) -> np.ndarray:
+        return cut_options(self.profile.n_blocks, self.tiers, self.u_shape, self.min_device_blocks)
+
+    @cached_property
+    def _prefix(self) -> dict[str, np.ndarray]:
+        p = self.profile
+
+        def pre(v: Sequence[float]) -> np.ndarray:
+            return np.concatenate([[0.0], np.cumsum(np.asarray(v, dtype=float))])
+
+        work = np.asarray(p.fwd_flops) + np.asarray(p.bwd_flops)
+        return {"work": pre(work), "param": pre(p.param_bytes), "fixed": pre(p.fixed_bytes),
+                "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
+                "move": np.asarray(p.param_bytes, dtype=float) * (1 + p.optimizer_slots)}
+
+    def index(self, name: str) -> int:
+        for i, c in enumerate(self.clients):
+            if c.name == name:
+                return i
+        raise ConfigError(f"no client named {name!r}")
+
+    def check_cuts(self, cuts: Sequence[int]) -> Cuts:
+        c = validate_cuts(cuts, self.profile.n_blocks, self.tiers, self.u_shape, model=self.profile.model)
+        if c[0] < self.min_device_blocks:
+            raise CutError(f"cuts {','.join(map(str, c))} leave fewer than {self.min_device_blocks} block(s) "
+                           "on the device")
+        return c
+
+
+@dataclass(frozen=True)
+class OptionTable:
+    """Costs of one client for many cut vectors at once (row r: ``options[r]``); per round unless noted."""
+
+    options: np.ndarray      # (m, cuts)
+    round_s: np.ndarray      # (m,)  the client's own round time
+    batch_s: np.ndarray      # (m,)  one batch along the chain
+    exchange_s: np.ndarray   # (m,)  device segment weights down + up
+    compute_s: np.ndarray    # (m, T)
+    flops: np.ndarray        # (m, T)
+    up_bytes: np.ndarray     # (m, T-1) per link
+    down_bytes: np.ndarray   # (m, T-1)
+    up_s: np.ndarray         # (m, T-1) incl. latency
+    down_s: np.ndarray       # (m, T-1)
+    memory: np.ndarray       # (m, T) bytes
+    shared_load: np.ndarray  # (m, R) work on each shared resource (FLOPs or bytes)
+    fits_device: np.ndarray  # (m,) bool
+
+
+def _sum(cols: np.ndarray) -> np.ndarray:
+    """Row sums in a fixed left-to-right order, so one row costs the same alone or in a table."""
+    if cols.shape[1] == 0:
+        return np.zeros(cols.shape[0])
+    return reduce(add, (cols[:, j] for j in range(cols.shape[1])))
+
+
+def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None) -> OptionTable:
+    """The cost model for one client over cut vectors ``options`` (default: every legal one)."""
+    C = sc.options if options is None else np.asarray(options, dtype=np.int64).reshape(-1, sc.tiers - 1 + sc.u_shape)
+    P = sc._prefix
+    T, L, B = sc.tiers, sc.profile.n_blocks, sc.batch
+    m = C.shape[0]
+    k = C[:, : T - 1]
+    E = C[:, T - 1] if sc.u_shape else np.full(m, L)
+    edges = np.concatenate([np.zeros((m, 1), np.int64), k, E[:, None]], axis=1)
+    S = float(client.samples * sc.epochs)
+    n = math.ceil(client.samples / B) * sc.epochs
+
+    per_sample = P["work"][edges[:, 1:]] - P["work"][edges[:, :-1]]  # (m, T)
+    per_sample[:, 0] += P["work"][L] - P["work"][E]
+    speed = np.array([client.device.flops, *(s.flops for s in sc.servers)])
+    flops = per_sample * S
+    compute_s = flops / speed
+
+    links = (client.link, *sc.server_links)
+    up_bw = np.array([lk.up for lk in links])
+    down_bw = np.array([lk.down for lk in links])
+    half_rtt = np.array([lk.rtt / 2 for lk in links])
+    cross = (k < E[:, None]).astype(float)                  # (m, T-1)
+    grad = (P["param"][k] > 0).astype(float)
+    a_k = P["bound"][k]
+    if sc.u_shape:
+        a_e = P["bound"][E][:, None]
+        grad_e = (P["param"][E] > 0).astype(float)[:, None]
+        up_ps = cross * (a_k + grad_e * a_e)
+        down_ps = cross * (grad * a_k + a_e)
+        up_msgs, down_msgs = cross * (1 + grad_e), cross * (grad + 1)
+    else:
+        up_ps, down_ps = cross * a_k, cross * grad * a_k
+        up_msgs, down_msgs = cross, cross * grad
+    up_bytes, down_bytes = up_ps * S, down_ps * S
+    up_s = up_bytes / up_bw + n * up_msgs * half_rtt
+    down_s = down_bytes / down_bw + n * down_msgs * half_rtt
+
+    dev_params = P["param"][k[:, 0]] + (P["param"][L] - P["param"][E])
+    lk0 = client.link
+    exchange_s = np.where(dev_params > 0, dev_params / lk0.down + dev_params / lk0.up + lk0.rtt, 0.0)
+    round_s = _sum(compute_s) + _sum(up_s) + _sum(down_s) + exchange_s
+    batch_s = (_sum(per_sample * B / speed) + _sum(up_ps * B / up_bw + up_msgs * half_rtt)
+               + _sum(down_ps * B / down_bw + down_msgs * half_rtt))
+
+    def mem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (P["fixed"][b] - P["fixed"][a]) + B * (P["act"][b] - P["act"][a])
+
+    memory = mem(edges[:, :-1], edges[:, 1:])
+    memory[:, 0] += mem(E, np.full(m, L)) + B * P["bound"][0]
+    shared = np.concatenate([flops[:, 1:], up_bytes[:, 1:], down_bytes[:, 1:]], axis=1)
+    return OptionTable(C, round_s, batch_s, exchange_s, compute_s, flops, up_bytes, down_bytes, up_s, down_s,
+                       memory, shared, memory[:, 0] <= client.device.memory)
+
+
+def move_costs(sc: Scenario, client: Client, old: Sequence[int], options: np.ndarray | None = None) -> np.ndarray:
+    """Seconds to ship the blocks that change tier when ``client`` goes from ``old`` to each option."""
+    C = sc.options if options is None else np.asarray(options, dtype=np.int64).reshape(-1, sc.tiers - 1 + sc.u_shape)
+    old_t = _tier_of_blocks(sc, np.asarray([sc.check_cuts(old)]))  # (1, L)
+    new_t = _tier_of_blocks(sc, C)                                  # (m, L)
+    w = sc._prefix["move"]
+    links = (client.link, *sc.server_links)
+    out = np.zeros(C.shape[0])
+    for j, lk in enumerate(links, 1):
+        up = ((old_t < j) & (new_t >= j)).astype(float) @ w
+        down = ((old_t >= j) & (new_t < j)).astype(float) @ w
+        out = out + up / lk.up + (up > 0) * lk.rtt / 2 + down / lk.down + (down > 0) * lk.rtt / 2
+    return out
+
+
+def move_cost(sc: Scenario, client: Client, old: Sequence[int], new: Sequence[int]) -> float:
+    """Seconds to move ``client``'s weights from cuts ``old`` to cuts ``new`` (0 if unchanged)."""
+    return float(move_costs(sc, client, old, np.asarray([sc.check_cuts(new)]))[0])
+
+
+def _tier_of_blocks(sc: Scenario, C: np.ndarray) -> np.ndarray:
+    L, T = sc.profile.n_blocks, sc.tiers
+    i = np.arange(L)[None, :]
+    tier = np.zeros((C.shape[0], L), dtype=np.int64)
+    for j in range(T - 1):
+        tier += (C[:, j][:, None] <= i)
+    if sc.u_shape:
+        tier = np.where(C[:, T - 1][:, None] <= i, 0, tier)
+    return tier
+
+
+# ---------------------------------------------------------------- one client, one assignment
+
+
+@dataclass(frozen=True)
+class ClientCost:
+    """One client's round under its cuts (seconds, bytes; per round unless noted)."""
+
+    name: str
+    cuts: Cuts
+    samples: int
+    batches: int
+    round_s: float
+    batch_s: float
+    exchange_s: float
+    compute_s: tuple[float, ...]    # per tier (device first)
+    flops: tuple[float, ...]        # per tier
+    up_bytes: tuple[float, ...]     # per link (link 1 = the device's)
+    down_bytes: tuple[float, ...]
+    up_s: tuple[float, ...]         # per link, incl. latency
+    down_s: tuple[float, ...]
+    memory: tuple[float, ...]       # bytes per tier
+    fits_device: bool
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "cuts": list(self.cuts), "time_s": self.round_s, "batch_s": self.batch_s,
+                "exchange_s": self.exchange_s, "compute_s": list(self.compute_s), "up_s": list(self.up_s),
+                "down_s": list(self.down_s), "up_bytes": list(self.up_bytes), "down_bytes": list(self.down_bytes),
+                "memory_bytes": list(self.memory)}
+
+
+def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> ClientCost:
+    def tup(a: np.ndarray) -> tuple[float, ...]:
+        return tuple(float(x) for x in a[r])
+
+    return ClientCost(client.name, cuts, client.samples, math.ceil(client.samples / sc.batch) * sc.epochs,
+                      float(t.round_s[r]), float(t.batch_s[r]), float(t.exchange_s[r]), tup(t.compute_s),
+                      tup(t.flops), tup(t.up_bytes), tup(t.down_bytes), tup(t.up_s), tup(t.down_s),
+                      tup(t.memory), bool(t.fits_device[r]))
+
+
+def client_cost(sc: Scenario, client: Client | str, cuts: Sequence[int]) -> ClientCost:
+    """One client's round under ``cuts`` (alone: sharing is accounted for in :func:`evaluate`)."""
+    c = sc.clients[sc.index(client)] if isinstance(client, str) else client
+    cuts = sc.check_cuts(cuts)
+    return _row(sc, c, cuts, option_table(sc, c, np.asarray([cuts])), 0)
+
+
+@dataclass(frozen=True)
+class RoundCost:
+    """The fleet's round under an assignment: per-client costs, shared loads, makespan."""
+
+    clients: tuple[ClientCost, ...]
+    makespan_s: float
+    bottleneck: str                  # "client NAME" or a shared resource name
+    shared_s: dict[str, float]       # busy seconds of each shared resource
+    shared_memory: dict[str, float]  # bytes used on each server tier
+    violations: tuple[str, ...]      # memory limits exceeded (empty: feasible)
+
+    @property
+    def feasible(self) -> bool:
+        return not self.violations
+
+    def times(self) -> dict[str, float]:
+        return {c.name: c.round_s for c in self.clients}
+
+    def assignment(self) -> dict[str, Cuts]:
+        return {c.name: c.cuts for c in self.clients}
+
+    def to_dict(self) -> dict:
+        return {"makespan_s": self.makespan_s, "bottleneck": self.bottleneck, "feasible": self.feasible,
+                "violations": list(self.violations), "shared_s": self.shared_s,
+                "shared_memory_bytes": self.shared_memory,
+                "clients": [{"name": c.name, "cuts": list(c.cuts), "time_s": c.round_s} for c in self.clients]}
+
+
+def _client_key(c: Client) -> tuple:
+    return (c.device, c.link, c.samples)
+
+
+def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] | None = None) -> RoundCost:
+    """The round's cost under ``assignment`` (every client of ``sc`` needs cuts).
+
+    ``extra_s`` adds seconds to some clients' own time (e.g. moving their weights first).
+    Shared sums use ``math.fsum``: the makespan does not depend on client order.
+    """
+    missing = [c.name for c in sc.clients if c.name not in assignment]
+    if missing:
+        raise ConfigError(f"assignment has no cuts for client(s) {', '.join(missing[:5])}"
+                          f"{' ...' if len(missing) > 5 else ''}")
+    extra = extra_s or {}
+    groups: dict[tuple, list[int]] = {}
+    cuts_of: list[Cuts] = []
+    for i, c in enumerate(sc.clients):
+        try:
+            cuts = sc.check_cuts(assignment[c.name])
+        except CutError as e:
+            raise CutError(f"client {c.name}: {e}") from None
+        cuts_of.append(cuts)
+        groups.setdefault((_client_key(c), cuts), []).append(i)
+    costs: list[ClientCost | None] = [None] * len(sc.clients)
+    loads: list[np.ndarray | None] = [None] * len(sc.clients)
+    for (_, cuts), idx in groups.items():
+        t = option_table(sc, sc.clients[idx[0]], np.asarray([cuts]))
+        for i in idx:
+            costs[i] = _row(sc, sc.clients[i], cuts, t, 0)
+            loads[i] = t.shared_load[0]
+    cc = tuple(c for c in costs if c is not None)
+    load = np.array(loads, dtype=float).reshape(len(cc), -1)
+    shared_s = {name: math.fsum(load[:, r]) / sc.capacities[r] for r, name in enumerate(sc.resource_names)}
+    times = [c.round_s + extra.get(c.name, 0.0) for c in cc]
+    worst = max(range(len(cc)), key=lambda i: times[i])
+    makespan, bottleneck = times[worst], f"client {cc[worst].name}"
+    for name, s in shared_s.items():
+        if s > makespan:
+            makespan, bottleneck = s, name
+    names = sc.tier_names
+    shared_mem = {names[t]: math.fsum(c.memory[t] for c in cc) for t in range(1, sc.tiers)}
+    violations = [f"{c.name}: device memory {c.memory[0] / 2**20:.1f} MiB > {sc.clients[i].device.memory / 2**20:.1f} MiB"
+                  for i, c in enumerate(cc) if not c.fits_device]
+    violations += [f"{names[t]} memory {shared_mem[names[t]] / 2**20:.1f} MiB > {cap / 2**20:.1f} MiB"
+                   for t, cap in enumerate(sc.memory_caps, 1) if shared_mem[names[t]] > cap]
+    return RoundCost(cc, makespan, bottleneck, shared_s, shared_mem, tuple(violations))
+
+
+def round_time(sc: Scenario, assignment: Assignment) -> float:
+    """The round's makespan in seconds (the simulated clock's step)."""
+    return evaluate(sc, assignment).makespan_s

@@ -1,0 +1,171 @@
+"""The settings of one Flower run, from any of its three sources.
+
+``flwr run`` gives the ServerApp a ``run_config`` (pyproject's
+``[tool.flwr.app.config]``, hyphenated keys); ``splitfed simulate`` reads a TOML
+file and command-line flags. All three become one :class:`RunSettings`, checked
+once, so a bad value is refused with its key named whichever way it came in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from splitfed.engine.types import MODES, OptimConfig
+from splitfed.errors import ConfigError
+
+ALIASES = {"num_server_rounds": "rounds", "num_clients": "clients", "num_supernodes": "clients"}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything that decides what a run computes (and where its tiers and outputs are)."""
+
+    rounds: int = 3
+    clients: int = 4  # virtual clients in simulation; nodes to wait for in deployment
+    mode: str = "sflv1"
+    tiers: int = 3
+    model: str = "cnn"
+    dataset: str = "digits"
+    partition: str = "iid"
+    cuts: str = "static:2,5"
+    seed: int = 0
+    batch_size: int = 32
+    local_epochs: int = 1
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    u_shape: bool = False
+    fraction: float = 1.0  # share of the registered clients sampled each round
+    min_clients: int = 0  # fewest successful clients a round may end with; 0: all sampled
+    round_timeout_s: float = 600.0
+    node_wait_s: float = 120.0  # how long the query round waits for nodes to register
+    fleet: str = "reference"  # fleet file (or shipped fleet name) the device profiles come from
+    tier_addresses: str = ""  # "edge,cloud" in chain order; empty: the ServerApp starts its own
+    tls_ca: str = ""  # CA of the tier servers' certificates; empty: insecure (loopback only)
+    tls_cert: str = ""  # the tier servers' certificate and key (used when the app starts them)
+    tls_key: str = ""
+    token_file: str = ""  # shared secret the tier servers require (file holding it)
+    compress: str = "none"
+    out: str = ""  # run folder: metrics.jsonl, summary.json, checkpoint; empty: none written
+    resume: bool = False  # continue from ``out``'s checkpoint
+    run_name: str = ""  # names the run on the tier servers; default derived from the seed
+
+    def __post_init__(self) -> None:
+        positive = ("rounds", "clients", "batch_size", "local_epochs")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_key(name)} must be >= 1, got {getattr(self, name)}")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.tiers < 2:
+            raise ConfigError(f"tiers must be >= 2 (device + at least one server tier), got {self.tiers}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if not 0 < self.fraction <= 1:
+            raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
+        if self.min_clients < 0:
+            raise ConfigError(f"min-clients must be >= 0, got {self.min_clients}")
+        for name in ("round_timeout_s", "node_wait_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ConfigError(f"{_key(name)} must be a positive number of seconds, got {v}")
+        if self.resume and not self.out:
+            raise ConfigError("resume needs the run folder (out) holding the checkpoint")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls-cert and tls-key go together")
+        if self.tls_cert and not self.tls_ca:
+            raise ConfigError("tls-cert needs tls-ca (the CA clients verify the tier servers with)")
+        if self.addresses and len(self.addresses) != self.tiers - 1:
+            raise ConfigError(f"tier-addresses names {len(self.addresses)} tier server(s); "
+                              f"{self.tiers} tiers need {self.tiers - 1}")
+        self.optim  # validated by OptimConfig
+
+    # ------------------------------------------------------------ derived
+
+    @property
+    def optim(self) -> OptimConfig:
+        return OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(a.strip() for a in self.tier_addresses.split(",") if a.strip())
+
+    @property
+    def run_id(self) -> str:
+        """The tier servers' namespace for this run (not part of the math: dropout keys ignore it)."""
+        return self.run_name or f"splitfed-{self.seed}"
+
+    def with_(self, **changes: Any) -> RunSettings:
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------ (de)serialisation
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], base: RunSettings | None = None,
+                     source: str = "config") -> RunSettings:
+        """Settings from ``values`` (hyphen or underscore keys) over ``base``; unknown keys refused."""
+        types = {f.name: f.type for f in fields(cls)}
+        changes: dict[str, Any] = {}
+        for raw, v in values.items():
+            name = raw.replace("-", "_")
+            name = ALIASES.get(name, name)
+            if name not in types:
+                raise ConfigError(f"{source}: unknown key {raw!r} (known: {', '.join(sorted(map(_key, types)))})")
+            changes[name] = _coerce(v, str(types[name]), raw, source)
+        return dataclasses.replace(base or cls(), **changes)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, base: RunSettings | None = None) -> RunSettings:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config file {p}: {e}") from None
+        table = data.get("simulate", data)
+        if not isinstance(table, dict):
+            raise ConfigError(f"{p}: [simulate] must be a table")
+        return cls.from_mapping(table, base, source=str(p))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _coerce(v: Any, typ: str, key: str, source: str) -> Any:
+    """A config value as the field's type; TOML and flwr already give typed values, strings are parsed."""
+    try:
+        if typ == "bool":
+            if isinstance(v, bool):
+                return v
+            if isinstance(v, str) and v.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+                return v.strip().lower() in ("true", "1", "yes")
+            raise ValueError
+        if typ == "int":
+            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+                raise ValueError
+            return int(v)
+        if typ == "float":
+            if isinstance(v, bool):
+                raise ValueError
+            return float(v)
+        if isinstance(v, list):  # e.g. tier-addresses = ["a", "b"]
+            return ",".join(str(x) for x in v)
+        return str(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {key} must be {typ}, got {v!r}") from None

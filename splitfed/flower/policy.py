@@ -1,0 +1,131 @@
+"""Assignment policies: who gets which cuts each round.
+
+The ServerApp asks its policy for every sampled client's cuts before a round
+and tells it what was measured after. :class:`StaticPolicy` never changes its
+mind; the segment optimizer's adaptive and greedy policies (``splitfed.optimizer``)
+satisfy the same protocol and plug in through :func:`make_policy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from splitfed.errors import ConfigError
+from splitfed.flower.config import RunSettings
+
+Cuts = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """A registered client as the ServerApp knows it after the query round."""
+
+    client_id: str  # "client<partition id>": stable across runs, unlike Flower's node ids
+    node_id: int
+    partition_id: int
+    profile: str = ""  # device profile / fleet client name ("" when unknown)
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one client's round cost, as measured on the device and the wire."""
+
+    client_id: str
+    cuts: Cuts
+    samples: int
+    steps: int
+    compute_s: float  # device compute (forward + backward + optimizer)
+    link_s: float  # waiting on the chain: transfer plus the server tiers' compute
+    bytes_up: int
+    bytes_down: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cuts": list(self.cuts)}
+
+
+@runtime_checkable
+class AssignmentPolicy(Protocol):
+    """Chooses each sampled client's cuts; learns from measurements between rounds."""
+
+    def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]: ...
+
+    def observe(self, round: int, measurements: Sequence[Measurement]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state for the checkpoint (a resumed run must choose alike)."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+Clock = Callable[[int, Mapping[str, Cuts], Sequence[ClientInfo]], float]
+"""``clock(round, assignment, clients) -> simulated makespan (s)``: the cost model's
+prediction of a round, used as ``sim_round_s`` in simulation. Deployment has none."""
+
+
+class StaticPolicy:
+    """Fixed cuts: one option for everyone, or options dealt out by partition id.
+
+    Several options make a heterogeneous static assignment: client ``p`` gets
+    ``options[p % len(options)]``, the same in every round and every run.
+    """
+
+    def __init__(self, options: Sequence[Sequence[int]]) -> None:
+        if not options:
+            raise ConfigError("a static policy needs at least one cut vector")
+        self.options: list[Cuts] = [tuple(int(k) for k in o) for o in options]
+
+    def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:
+        return {c.client_id: self.options[c.partition_id % len(self.options)] for c in clients}
+
+    def observe(self, round: int, measurements: Sequence[Measurement]) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"options": [list(o) for o in self.options]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        return None  # the options come from the settings, which a resumed run keeps
+
+
+def parse_static(text: str) -> list[Cuts]:
+    """``"2,5"`` or ``"1,3;2,5"`` (options separated by ``;``) -> cut vectors."""
+    options = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            options.append(tuple(int(k) for k in part.split(",")))
+        except ValueError:
+            raise ConfigError(f"static cuts must be integers like 'static:2,5' or 'static:1,3;2,5', "
+                              f"got {text!r}") from None
+    if not options:
+        raise ConfigError("static cuts need at least one cut vector, e.g. 'static:2,5'")
+    return options
+
+
+PolicyFactory = Callable[[str, RunSettings], AssignmentPolicy]
+"""``factory(ARG, settings)`` for ``--cuts NAME[:ARG]``; settings name the model, tiers and fleet."""
+_FACTORIES: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    """Make ``--cuts NAME[:ARG]`` build ``factory(ARG, settings)`` (the optimizer's seam)."""
+    _FACTORIES[name] = factory
+
+
+def make_policy(settings: RunSettings) -> AssignmentPolicy:
+    """``static:K1,K2[;K1,K2...]`` or a registered name (``adaptive``, ``greedy``)."""
+    spec = settings.cuts
+    name, _, arg = spec.strip().partition(":")
+    if name == "static":
+        return StaticPolicy(parse_static(arg))
+    if name in _FACTORIES:
+        return _FACTORIES[name](arg, settings)
+    known = ["static:K1,K2", *sorted(_FACTORIES)]
+    hint = "" if _FACTORIES else " (adaptive and greedy need splitfed.optimizer wired in)"
+    raise ConfigError(f"unknown cut policy {spec!r}: use {' | '.join(known)}{hint}")

@@ -1,0 +1,165 @@
+"""What travels in Flower messages, as typed values with one conversion each way.
+
+- model states <-> ``ArrayRecord`` (keys ``"<block>.<key>"``, dtypes kept);
+- :class:`TrainInstruction` (server -> node): one node's cuts, round, model,
+  data and where its edge tier is; a fresh record per node;
+- :class:`TrainReport` (node -> server): samples, loss and the measured compute
+  time, link time and bytes of that node's round;
+- :class:`NodeInfo` (node -> server, query round): partition and device profile.
+
+A malformed record raises :class:`~splitfed.errors.ConfigError` naming the key,
+so a node that speaks another version fails clearly, not deep inside training.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+
+from splitfed.engine.types import OptimConfig, State
+from splitfed.errors import ConfigError
+from splitfed.models.zoo import ModelSpec
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+NODE = "node"
+
+
+def state_to_record(state: State) -> ArrayRecord:
+    """A (partial) model state as an ArrayRecord; ordered by key so messages are reproducible."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(state[k].detach().cpu().numpy())) for k in sorted(state)})
+
+
+def record_to_state(record: ArrayRecord) -> State:
+    return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
+
+
+def _get(record: Mapping[str, Any], key: str, what: str) -> Any:
+    try:
+        return record[key]
+    except KeyError:
+        raise ConfigError(f"{what}: missing {key!r}") from None
+
+
+@dataclass(frozen=True)
+class TrainInstruction:
+    """Everything one node needs to train its device segment for one round."""
+
+    run_id: str
+    round: int
+    client_id: str
+    cuts: tuple[int, ...]
+    mode: str
+    u_shape: bool
+    model: ModelSpec
+    optim: OptimConfig
+    seed: int
+    dataset: str
+    partition: str
+    batch_size: int
+    local_epochs: int
+    edge_address: str
+    tls_ca: str = ""  # path of the CA file on the node ("" : insecure)
+    token_file: str = ""  # path of the tier token on the node
+    compress: str = "none"
+    deadline_s: float = 60.0
+
+    def to_record(self) -> ConfigRecord:
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("model", "optim"):
+                v = json.dumps(v.to_dict(), sort_keys=True)
+            elif f.name == "cuts":
+                v = [int(k) for k in v]
+            d[f.name.replace("_", "-")] = v
+        return ConfigRecord(d)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> TrainInstruction:
+        what = "train instruction"
+        vals: dict[str, Any] = {}
+        try:
+            for f in fields(cls):
+                key = f.name.replace("_", "-")
+                if key not in record and f.default is not MISSING:
+                    continue  # optional field left out: keep its default
+                v = _get(record, key, what)
+                if f.name in ("model", "optim"):
+                    v = (ModelSpec if f.name == "model" else OptimConfig).from_dict(json.loads(v))
+                elif f.name == "cuts":
+                    v = tuple(int(k) for k in v)
+                vals[f.name] = v
+            return cls(**vals)
+        except (TypeError, ValueError, KeyError) as e:
+            raise ConfigError(f"{what}: malformed ({type(e).__name__}: {e})") from None
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """A node's measured round; ``num-examples`` is the weight Flower strategies expect."""
+
+    samples: int
+    steps: int
+    loss: float
+    correct: int
+    compute_s: float
+    link_s: float
+    bytes_up: int
+    bytes_down: int
+
+    @property
+    def throughput(self) -> float:
+        """Bytes per second of link time (both directions): what adaptation learns the link from."""
+        return (self.bytes_up + self.bytes_down) / self.link_s if self.link_s > 0 else 0.0
+
+    def to_record(self) -> MetricRecord:
+        d: dict[str, int | float] = {"num-examples": self.samples}
+        for k, v in asdict(self).items():
+            if k != "samples":
+                d[k.replace("_", "-")] = v
+        d["throughput"] = self.throughput
+        return MetricRecord(d)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> TrainReport:
+        what = "train report"
+        try:
+            vals = {f.name: _cast(f.type, _get(record, f.name.replace("_", "-"), what))
+                    for f in fields(cls) if f.name != "samples"}
+            return cls(samples=int(_get(record, "num-examples", what)), **vals)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{what}: malformed ({e})") from None
+
+
+def _cast(typ: Any, v: Any) -> Any:
+    return int(v) if str(typ) == "int" else float(v)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node's answer to the query round: which partition it holds, what device it is."""
+
+    partition_id: int
+    num_partitions: int
+    profile: str = ""  # device profile (fleet client) name from its node config
+    edge_address: str = ""  # its edge tier, when its node config names one
+
+    def to_record(self) -> ConfigRecord:
+        return ConfigRecord({k.replace("_", "-"): v for k, v in asdict(self).items()})
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> NodeInfo:
+        what = "node info"
+        try:
+            return cls(int(_get(record, "partition-id", what)), int(_get(record, "num-partitions", what)),
+                       str(record.get("profile", "")), str(record.get("edge-address", "")))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{what}: malformed ({e})") from None

@@ -1,0 +1,314 @@
+"""Fleets: the clients (devices, or device classes with counts) and the shared edge and cloud.
+
+A fleet file is TOML::
+
+    name = "small"              # optional
+    samples = 500               # optional default local dataset size
+    [edge]                      # shared by every client
+    profile = "edge-server"     # optional named profile; explicit keys override it
+    flops = 3.2e12              # effective FLOP/s
+    memory_mb = 16384           # MiB
+    up_mbps = 1000              # edge -> cloud link (needed when there is a [cloud])
+    down_mbps = 1000
+    rtt_ms = 20
+    [cloud]
+    profile = "cloud-gpu"       # or flops, memory_mb
+    [[device]]
+    name = "phone"
+    profile = "phone-mid"       # optional; flops, memory_mb, up_mbps, down_mbps, rtt_ms override
+    count = 10                  # optional: 10 clients "phone-0" .. "phone-9"
+    samples = 400               # optional local dataset size
+    [[device.drift]]            # optional: from round 5 on (rounds count from 1)
+    round = 5
+    up_scale = 0.1              # multiply (flops_scale, up_scale, down_scale, rtt_scale) ...
+    # rtt_ms = 200              # ... or set (flops, up_mbps, down_mbps, rtt_ms)
+
+Unknown keys and impossible values are refused with the file, entry and key named.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from splitfed.errors import ConfigError
+from splitfed.profile.devices import MIB, PROFILES, LinkProfile, TierProfile, mbps
+
+_LINK = ("up_mbps", "down_mbps", "rtt_ms")
+_TOP_KEYS = {"name", "description", "samples", "edge", "cloud", "device"}
+_EDGE_KEYS = {"profile", "flops", "memory_mb", *_LINK}
+_CLOUD_KEYS = {"profile", "flops", "memory_mb"}
+_DEVICE_KEYS = {"name", "profile", "flops", "memory_mb", *_LINK, "count", "samples", "drift"}
+_DRIFT_SET = ("flops", "up_mbps", "down_mbps", "rtt_ms")
+_DRIFT_SCALE = {"flops_scale": "flops", "up_scale": "up_mbps", "down_scale": "down_mbps", "rtt_scale": "rtt_ms"}
+_DRIFT_KEYS = {"round", *_DRIFT_SET, *_DRIFT_SCALE}
+DEFAULT_SAMPLES = 500
+
+
+@dataclass(frozen=True)
+class Drift:
+    """From ``round`` on, set some of a device's numbers (file units) and scale others."""
+
+    round: int
+    set: tuple[tuple[str, float], ...] = ()
+    scale: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Client:
+    """One device of the fleet; ``kind`` is the fleet entry (device class) it came from."""
+
+    name: str
+    kind: str
+    device: TierProfile
+    link: LinkProfile
+    samples: int
+    drift: tuple[Drift, ...] = ()
+
+    def at_round(self, r: int) -> Client:
+        """This client with every drift of rounds <= r applied (in round order)."""
+        vals = {"flops": self.device.flops, "up_mbps": self.link.up * 8 / 1e6,
+                "down_mbps": self.link.down * 8 / 1e6, "rtt_ms": self.link.rtt * 1e3}
+        changed = False
+        for d in sorted(self.drift, key=lambda d: d.round):
+            if d.round > r:
+                break
+            changed = True
+            for k, v in d.set:
+                vals[k] = v
+            for k, v in d.scale:
+                vals[k] *= v
+        if not changed:
+            return self
+        return replace(self, device=TierProfile(vals["flops"], self.device.memory),
+                       link=_link(vals), drift=tuple(d for d in self.drift if d.round > r))
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The clients and the shared server tiers; ``edge_link`` joins edge and cloud."""
+
+    name: str
+    edge: TierProfile
+    clients: tuple[Client, ...]
+    cloud: TierProfile | None = None
+    edge_link: LinkProfile | None = None
+    source: str = ""
+    description: str = ""
+    kinds: Mapping[str, int] = field(default_factory=dict)  # entry -> count, in file order
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for c in self.clients:
+            if c.name in seen:
+                raise ConfigError(f"{self.source or self.name}: two clients are named {c.name!r}")
+            seen.add(c.name)
+        if not self.clients:
+            raise ConfigError(f"{self.source or self.name}: the fleet has no [[device]]")
+
+    def servers(self, tiers: int) -> tuple[tuple[TierProfile, ...], tuple[LinkProfile, ...]]:
+        """The shared tiers of a chain of ``tiers`` (device first) and the links between them.
+
+        2 tiers: device -> edge (the device's link is its link to the edge).
+        3 tiers: device -> edge -> cloud.
+        """
+        if tiers == 2:
+            return (self.edge,), ()
+        if tiers == 3:
+            if self.cloud is None or self.edge_link is None:
+                raise ConfigError(f"fleet {self.name!r} has no [cloud] (and edge link): use 2 tiers")
+            return (self.edge, self.cloud), (self.edge_link,)
+        raise ConfigError(f"tiers must be 2 or 3, got {tiers}")
+
+    def at_round(self, r: int) -> Fleet:
+        """The fleet as it is in round ``r`` (drift applied)."""
+        return replace(self, clients=tuple(c.at_round(r) for c in self.clients))
+
+    def client(self, name: str) -> Client:
+        for c in self.clients:
+            if c.name == name:
+                return c
+        raise ConfigError(f"fleet {self.name!r} has no client {name!r}")
+
+    def sample(self, n: int, seed: int = 0) -> Fleet:
+        """``n`` clients drawn (with replacement, weighted by count) from the fleet's device classes."""
+        if n < 1:
+            raise ConfigError(f"sample size must be >= 1, got {n}")
+        templates: dict[str, Client] = {}
+        for c in self.clients:
+            templates.setdefault(c.kind, c)
+        kinds = list(templates)
+        weights = np.array([self.kinds.get(k, 1) for k in kinds], dtype=float)
+        draws = np.random.default_rng(seed).choice(len(kinds), size=n, p=weights / weights.sum())
+        counter = dict.fromkeys(kinds, 0)
+        out = []
+        for i in draws:
+            k = kinds[int(i)]
+            out.append(replace(templates[k], name=f"{k}-{counter[k]}"))
+            counter[k] += 1
+        return replace(self, clients=tuple(out), name=f"{self.name}[{n}]",
+                       kinds={k: v for k, v in counter.items() if v})
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def load_fleet(path: str | Path) -> Fleet:
+    """Read a fleet file, or a shipped fleet by name (``reference``, ``small``)."""
+    p = Path(path)
+    if not p.is_file():
+        shipped = resources.files("splitfed") / "fleets" / f"{path}.toml"
+        if not shipped.is_file():
+            raise ConfigError(f"fleet {str(path)!r}: no such file, and no shipped fleet of that name "
+                              f"(shipped: {', '.join(shipped_fleets())})")
+        return parse_fleet(shipped.read_text(), source=f"{path}.toml")
+    return parse_fleet(p.read_text(), source=str(p))
+
+
+def shipped_fleets() -> list[str]:
+    d = resources.files("splitfed") / "fleets"
+    return sorted(f.name[:-5] for f in d.iterdir() if f.name.endswith(".toml"))
+
+
+def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    _keys(doc, _TOP_KEYS, source, "top level")
+    default_samples = _int(doc, "samples", source, "top level", default=DEFAULT_SAMPLES)
+    name = doc.get("name", Path(source).stem)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{source}: top level: 'name' must be a non-empty string")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{source}: top level: 'description' must be a string")
+
+    if "edge" not in doc:
+        raise ConfigError(f"{source}: missing [edge] table")
+    edge_d = _table(doc["edge"], source, "[edge]")
+    _keys(edge_d, _EDGE_KEYS, source, "[edge]")
+    has_cloud = "cloud" in doc
+    edge_v = _resolved(edge_d, source, "[edge]", need_link=has_cloud)
+    edge = TierProfile(edge_v["flops"], edge_v["memory_mb"] * MIB)
+    cloud = edge_link = None
+    if has_cloud:
+        cloud_d = _table(doc["cloud"], source, "[cloud]")
+        _keys(cloud_d, _CLOUD_KEYS, source, "[cloud]")
+        cloud_v = _resolved(cloud_d, source, "[cloud]", need_link=False)
+        cloud = TierProfile(cloud_v["flops"], cloud_v["memory_mb"] * MIB)
+        edge_link = _link(edge_v)
+
+    devices = doc.get("device")
+    if devices is None:
+        raise ConfigError(f"{source}: no [[device]] entries")
+    if not isinstance(devices, list):
+        raise ConfigError(f"{source}: 'device' must be an array of tables ([[device]])")
+    clients: list[Client] = []
+    kinds: dict[str, int] = {}
+    for i, d in enumerate(devices, 1):
+        where = f"[[device]] #{i}"
+        d = _table(d, source, where)
+        if "name" not in d:
+            raise ConfigError(f"{source}: {where}: missing 'name'")
+        dname = d["name"]
+        if not isinstance(dname, str) or not dname or any(ch.isspace() for ch in dname):
+            raise ConfigError(f"{source}: {where}: 'name' must be a non-empty string without spaces")
+        where = f"[[device]] #{i} ({dname!r})"
+        if dname in kinds:
+            raise ConfigError(f"{source}: {where}: 'name' {dname!r} is used by an earlier device")
+        _keys(d, _DEVICE_KEYS, source, where)
+        v = _resolved(d, source, where, need_link=True)
+        count = _int(d, "count", source, where, default=1)
+        samples = _int(d, "samples", source, where, default=default_samples)
+        drift = _drifts(d.get("drift", []), source, where)
+        base = Client(dname, dname, TierProfile(v["flops"], v["memory_mb"] * MIB), _link(v), samples, drift)
+        kinds[dname] = count
+        if count == 1:
+            clients.append(base)
+        else:
+            clients.extend(replace(base, name=f"{dname}-{j}") for j in range(count))
+    try:
+        return Fleet(name, edge, tuple(clients), cloud, edge_link, source, description, kinds)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (device names with a count get -0, -1, ...)") from None
+
+
+def _link(v: Mapping[str, float]) -> LinkProfile:
+    return LinkProfile(mbps(v["up_mbps"]), mbps(v["down_mbps"]), v["rtt_ms"] / 1e3)
+
+
+def _table(d: Any, source: str, where: str) -> dict:
+    if not isinstance(d, dict):
+        raise ConfigError(f"{source}: {where} must be a table")
+    return d
+
+
+def _keys(d: Mapping[str, Any], allowed: set[str], source: str, where: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise ConfigError(f"{source}: {where}: unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _int(d: Mapping[str, Any], key: str, source: str, where: str, default: int) -> int:
+    if key not in d:
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{source}: {where}: {key!r} must be an integer >= 1, got {v!r}")
+    return v
+
+
+def _num(v: Any, key: str, source: str, where: str, zero_ok: bool = False) -> float:
+    ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)
+    if not ok:
+        want = ">= 0" if zero_ok else "> 0"
+        raise ConfigError(f"{source}: {where}: {key!r} must be a finite number {want}, got {v!r}")
+    return float(v)
+
+
+def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool) -> dict[str, float]:
+    """Profile fields overridden by explicit ones, every number checked."""
+    vals: dict[str, float] = {}
+    if "profile" in d:
+        pname = d["profile"]
+        if pname not in PROFILES:
+            raise ConfigError(f"{source}: {where}: 'profile' {pname!r} is unknown "
+                              f"(known: {', '.join(PROFILES)})")
+        vals.update(PROFILES[pname].fields())
+    for k in ("flops", "memory_mb", *_LINK):
+        if k in d:
+            vals[k] = _num(d[k], k, source, where, zero_ok=(k == "rtt_ms"))
+    need = ["flops", "memory_mb", *(_LINK if need_link else ())]
+    for k in need:
+        if k not in vals:
+            raise ConfigError(f"{source}: {where}: missing {k!r} (give it, or a 'profile' that has it)")
+    return vals
+
+
+def _drifts(items: Any, source: str, where: str) -> tuple[Drift, ...]:
+    if not isinstance(items, list):
+        raise ConfigError(f"{source}: {where}: 'drift' must be an array of tables ([[device.drift]])")
+    out = []
+    for j, d in enumerate(items, 1):
+        w = f"{where} drift #{j}"
+        d = _table(d, source, w)
+        _keys(d, _DRIFT_KEYS, source, w)
+        if "round" not in d:
+            raise ConfigError(f"{source}: {w}: missing 'round' (the first round it applies to, from 1)")
+        r = _int(d, "round", source, w, default=1)
+        sets = tuple((k, _num(d[k], k, source, w, zero_ok=(k == "rtt_ms"))) for k in _DRIFT_SET if k in d)
+        scales = tuple((f, _num(d[k], k, source, w, zero_ok=(k == "rtt_scale"))) for k, f in _DRIFT_SCALE.items()
+                       if k in d)
+        if not sets and not scales:
+            raise ConfigError(f"{source}: {w}: changes nothing (give one of "
+                              f"{', '.join(sorted(_DRIFT_KEYS - {'round'}))})")
+        out.append(Drift(r, sets, scales))
+    return tuple(out)

@@ -1,0 +1,235 @@
+"""Block profiler: what each block of a model costs to train, measured once per (model, batch).
+
+Per block and per sample: forward and backward FLOPs (``torch.utils.flop_counter``;
+it counts matmuls and convolutions, so a block of only pooling or activations
+costs ~0 FLOPs), the bytes of its output activation (what crosses a cut after
+it), the activation memory autograd keeps for backward (saved tensors, unique
+storages, parameters excluded). Per block: parameter bytes and fixed memory
+(parameters + gradients + optimizer state). Measured forward/backward seconds
+per batch on this host are kept beside the FLOPs so that predictions can be
+checked against measurement.
+
+Profiles are cached in memory per (model spec, batch, optimizer slots) and, when
+a cache directory is given (or ``SPLITFED_PROFILE_CACHE`` is set), on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from splitfed.errors import ConfigError
+from splitfed.models.blocks import to_blocks
+from splitfed.models.zoo import ModelSpec, build
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Per-block costs of one model (lists indexed by block; ``*_bytes`` per sample unless fixed)."""
+
+    model: str
+    batch: int
+    names: tuple[str, ...]
+    input_bytes: float            # one input sample
+    fwd_flops: tuple[float, ...]  # per sample
+    bwd_flops: tuple[float, ...]  # per sample
+    param_bytes: tuple[float, ...]
+    out_bytes: tuple[float, ...]  # output activation, per sample
+    act_bytes: tuple[float, ...]  # kept for backward, per sample
+    fixed_bytes: tuple[float, ...]  # params + grads + optimizer state
+    fwd_s: tuple[float, ...] = ()  # measured seconds per batch on ``host`` (may be empty)
+    bwd_s: tuple[float, ...] = ()
+    optimizer_slots: int = 1      # optimizer tensors per parameter (SGD momentum: 1, Adam: 2)
+    host: str = ""
+    spec: dict | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        for f in ("fwd_flops", "bwd_flops", "param_bytes", "out_bytes", "act_bytes", "fixed_bytes"):
+            v = getattr(self, f)
+            object.__setattr__(self, f, tuple(float(x) for x in v))
+            if len(v) != n:
+                raise ConfigError(f"profile of {self.model}: {f} has {len(v)} entries for {n} blocks")
+            if any(not x >= 0 for x in getattr(self, f)):
+                raise ConfigError(f"profile of {self.model}: {f} has a negative or NaN entry")
+        object.__setattr__(self, "names", tuple(self.names))
+        object.__setattr__(self, "fwd_s", tuple(float(x) for x in self.fwd_s))
+        object.__setattr__(self, "bwd_s", tuple(float(x) for x in self.bwd_s))
+        if n < 1:
+            raise ConfigError(f"profile of {self.model} has no blocks")
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.names)
+
+    def host_flops(self) -> float | None:
+        """This host's measured training FLOP/s over the whole model (None if not measured)."""
+        t = sum(self.fwd_s) + sum(self.bwd_s)
+        work = (sum(self.fwd_flops) + sum(self.bwd_flops)) * self.batch
+        return work / t if t > 0 and work > 0 else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        d["version"] = PROFILE_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelProfile:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def synthetic(cls, fwd_flops: Sequence[float], out_bytes: Sequence[float], param_bytes: Sequence[float],
+                  *, input_bytes: float, bwd_flops: Sequence[float] | None = None,
+                  act_bytes: Sequence[float] | None = None, optimizer_slots: int = 1,
+                  name: str = "synthetic") -> ModelProfile:
+        """A made-up profile (tests, what-if studies): backward = 2x forward, act = output by default."""
+        n = len(fwd_flops)
+        return cls(name, 1, tuple(f"b{i}" for i in range(n)), float(input_bytes), tuple(fwd_flops),
+                   tuple(bwd_flops if bwd_flops is not None else [2 * f for f in fwd_flops]),
+                   tuple(param_bytes), tuple(out_bytes),
+                   tuple(act_bytes if act_bytes is not None else out_bytes),
+                   tuple(p * (2 + optimizer_slots) for p in param_bytes), optimizer_slots=optimizer_slots)
+
+
+_MEMORY: dict[str, ModelProfile] = {}
+
+
+def _key(spec: ModelSpec, batch: int, optimizer_slots: int) -> str:
+    raw = json.dumps({"spec": spec.to_dict(), "batch": batch, "slots": optimizer_slots,
+                      "torch": torch.__version__, "host": platform.node(), "v": PROFILE_VERSION},
+                     sort_keys=True, default=str)
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1, reps: int = 3,
+                  cache_dir: str | Path | None = None, seed: int = 0) -> ModelProfile:
+    """The model's block profile; profiled once per (spec, batch, optimizer slots) and cached."""
+    if batch < 1:
+        raise ConfigError(f"batch must be >= 1, got {batch}")
+    key = _key(spec, batch, optimizer_slots)
+    if key in _MEMORY:
+        return _MEMORY[key]
+    cache_dir = cache_dir or os.environ.get("SPLITFED_PROFILE_CACHE")
+    path = Path(cache_dir) / f"{spec.name.replace(':', '_').replace('/', '_')}-{key}.json" if cache_dir else None
+    if path is not None and path.is_file():
+        try:
+            prof = ModelProfile.from_dict(json.loads(path.read_text()))
+            _MEMORY[key] = prof
+            return prof
+        except (ValueError, TypeError, ConfigError):
+            pass  # a stale or broken cache entry is re-measured
+    prof = _measure(spec, batch, optimizer_slots, max(1, reps), seed)
+    _MEMORY[key] = prof
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(prof.to_dict()))
+        tmp.replace(path)
+    return prof
+
+
+def _tensors(x: object) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, tuple | list):
+        return [t for v in x for t in _tensors(v)]
+    return []
+
+
+def _nbytes(x: object) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(x))
+
+
+def _detach(x: object, grad: bool) -> object:
+    if isinstance(x, torch.Tensor):
+        y = x.detach()
+        return y.requires_grad_(grad and y.is_floating_point())
+    if isinstance(x, tuple | list):
+        return type(x)(_detach(v, grad) for v in x)
+    return x
+
+
+def _backward(out: object) -> None:
+    outs = [t for t in _tensors(out) if t.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+
+def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int) -> ModelProfile:
+    model = build(spec, seed)
+    model.train()
+    blocks = to_blocks(model)
+    x: object = spec.example_input(batch)
+    input_bytes = _nbytes(x) / batch
+    names, fwd, bwd, pbytes, obytes, abytes, fixed, fwd_s, bwd_s = ([] for _ in range(9))
+    rng = torch.random.get_rng_state()
+    try:
+        for i, block in enumerate(blocks.modules):
+            xin = _detach(x, grad=i > 0)
+            params = list(block.parameters())
+            p_bytes = sum(p.numel() * p.element_size() for p in params)
+            own = {p.untyped_storage().data_ptr() for p in [*params, *block.buffers()]}
+            saved: dict[int, int] = {}
+
+            def pack(t: torch.Tensor, saved: dict[int, int] = saved, own: set[int] = own) -> torch.Tensor:
+                s = t.untyped_storage()
+                if s.data_ptr() not in own:
+                    saved[s.data_ptr()] = s.nbytes()
+                return t
+
+            with FlopCounterMode(display=False) as fc, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = block(xin)
+            f_flops = fc.get_total_flops()
+            with FlopCounterMode(display=False) as fc:
+                _backward(out)
+            b_flops = fc.get_total_flops()
+            tf, tb = [], []
+            for _ in range(reps):
+                xin = _detach(x, grad=i > 0)
+                t0 = time.perf_counter()
+                o = block(xin)
+                t1 = time.perf_counter()
+                _backward(o)
+                t2 = time.perf_counter()
+                tf.append(t1 - t0)
+                tb.append(t2 - t1)
+            block.zero_grad(set_to_none=True)
+            names.append(blocks.names[i])
+            fwd.append(f_flops / batch)
+            bwd.append(b_flops / batch)
+            pbytes.append(p_bytes)
+            obytes.append(_nbytes(out) / batch)
+            abytes.append(sum(saved.values()) / batch)
+            fixed.append(p_bytes * (2 + slots))
+            fwd_s.append(statistics.median(tf))
+            bwd_s.append(statistics.median(tb))
+            x = _detach(out, grad=False)
+    finally:
+        torch.random.set_rng_state(rng)
+    return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
+                        tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
+                        optimizer_slots=slots, host=platform.node(), spec=spec.to_dict())
+
+
+def clear_cache() -> None:
+    """Forget in-memory profiles (tests)."""
+    _MEMORY.clear()
+
+
+__all__ = ["ModelProfile", "clear_cache", "profile_model"]

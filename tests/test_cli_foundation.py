@@ -1,0 +1,54 @@
+"""The user-facing commands of the foundation: verify and blocks, run as real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def splitfed(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "splitfed.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_verify_json_ok() -> None:
+    p = splitfed("verify", "--model", "cnn", "--cuts", "2,5", "--clients", "2", "--mode", "sflv1", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["ok"] is True and out["max_abs_diff"] <= 1e-5
+    assert out["model"] == "cnn" and out["mode"] == "sflv1" and out["cuts"] == [[2, 5], [2, 5]]
+
+
+def test_verify_custom_factory_u_shape() -> None:
+    p = splitfed("verify", "--model", "tests.models_for_tests:small_sequential", "--input-shape", "6",
+                 "--num-classes", "3", "--cuts", "1,2,3", "--u-shape", "--mode", "sl", "--steps", "3")
+    assert p.returncode == 0, p.stderr
+    assert "OK" in p.stdout
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--model", "cnn", "--cuts", "5,2"], "non-decreasing"),
+        (["--model", "cnn", "--cuts", "2,50"], "out of range"),
+        (["--model", "cnn", "--cuts", "2,3", "--tiers", "4"], "need 3 cut"),
+        (["--model", "no_such.mod:f", "--cuts", "1", "--input-shape", "4"], "cannot import"),
+        (["--model", "tests.models_for_tests:skip_all", "--cuts", "1", "--input-shape", "4"], "no legal cut"),
+    ],
+)
+def test_verify_bad_input_is_one_line_exit_2(args: list[str], match: str) -> None:
+    p = splitfed("verify", *args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0], p.stderr
+
+
+def test_blocks_json() -> None:
+    p = splitfed("blocks", "--model", "resnet18", "--json")
+    assert p.returncode == 0, p.stderr
+    blocks = json.loads(p.stdout)["blocks"]
+    assert blocks[-1]["output_shape"] == [10]
+    assert all(b["params"] > 0 for b in blocks)
+    assert [b["index"] for b in blocks] == list(range(len(blocks)))

@@ -1,0 +1,118 @@
+"""A tier checks every message, refuses with a precise code, and changes nothing when it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
+from splitfed.engine.tier import Tier
+from splitfed.engine.types import StepKey
+from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, TierError
+from splitfed.models.zoo import resolve_spec
+
+SPEC = resolve_spec("cnn")
+
+
+@pytest.fixture
+def tier() -> Tier:
+    t = Tier("cloud")
+    cfg = RoundConfig("run", 0, SPEC)
+    state = initial_state(SPEC, 0)
+    for cid in ("a", "b"):
+        (load,) = tier_loads(cfg, cid, (2,), state)
+        t.load(load)
+    return t
+
+
+def act(batch: int = 4) -> torch.Tensor:
+    return torch.randn(batch, 16, 4, 4, generator=torch.Generator().manual_seed(batch))
+
+
+def y(batch: int = 4) -> torch.Tensor:
+    return torch.arange(batch) % 10
+
+
+def snapshot(t: Tier, cid: str = "a") -> dict[str, torch.Tensor]:
+    return t.fetch("run", cid)
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "make,code,match",
+    [
+        (lambda: (StepKey("run", "zz", 0, 0), act(), y()), "NOT_FOUND", "no segment loaded"),
+        (lambda: (StepKey("other", "a", 0, 0), act(), y()), "NOT_FOUND", "run 'other'"),
+        (lambda: (StepKey("run", "a", 0, 0), torch.randn(4, 16, 4, 5), y()), "INVALID_ARGUMENT", "shape"),
+        (lambda: (StepKey("run", "a", 0, 0), act().double(), y()), "INVALID_ARGUMENT", "dtype"),
+        (lambda: (StepKey("run", "a", 0, 0), act().index_fill(0, torch.tensor([1]), float("nan")), y()),
+         "INVALID_ARGUMENT", "NaN"),
+        (lambda: (StepKey("run", "a", 0, 0), act(), y(3)), "INVALID_ARGUMENT", "labels"),
+        (lambda: (StepKey("run", "a", 0, 0), act(), y() + 10), "INVALID_ARGUMENT", "labels must lie"),
+        (lambda: (StepKey("run", "a", 0, 5), act(), y()), "FAILED_PRECONDITION", "out-of-order"),
+        (lambda: (StepKey("run", "a", 3, 0), act(), y()), "FAILED_PRECONDITION", "round"),
+    ],
+)
+def test_bad_step_is_refused_and_changes_nothing(tier: Tier, make, code: str, match: str) -> None:  # type: ignore[no-untyped-def]
+    before = snapshot(tier)
+    with pytest.raises(TierError, match=match) as e:
+        tier.step(*make())
+    assert e.value.code == code
+    assert same(before, snapshot(tier))
+    # and the tier keeps serving: client b trains normally
+    reply = tier.step(StepKey("run", "b", 0, 0), act(), y())
+    assert reply.grad is not None and reply.grad.shape == act().shape
+
+
+def test_retried_step_is_applied_once_and_stale_is_refused(tier: Tier) -> None:
+    r0 = tier.step(StepKey("run", "a", 0, 0), act(), y())
+    after_one = snapshot(tier)
+    again = tier.step(StepKey("run", "a", 0, 0), act(), y())
+    assert again is r0 and same(after_one, snapshot(tier))
+    tier.step(StepKey("run", "a", 0, 1), act(), y())
+    with pytest.raises(FailedPrecondition, match="stale"):
+        tier.step(StepKey("run", "a", 0, 0), act(), y())
+
+
+def test_bad_load_changes_nothing(tier: Tier) -> None:
+    before = snapshot(tier)
+    cfg = RoundConfig("run", 0, SPEC)
+    state = initial_state(SPEC, 1)
+    (load,) = tier_loads(cfg, "a", (2,), state)
+    load.state["2.0.weight"] = torch.zeros(3)  # type: ignore[index]
+    with pytest.raises(InvalidArgument, match="2.0.weight"):
+        tier.load(load)
+    (load,) = tier_loads(cfg, "a", (2,), state)
+    load.state["2.0.weight"] = load.state["2.0.weight"] * float("inf")  # type: ignore[index]
+    with pytest.raises(InvalidArgument, match="NaN or infinite"):
+        tier.load(load)
+    (load,) = tier_loads(cfg, "a", (2,), state)
+    load.stop = 99
+    with pytest.raises(InvalidArgument, match="outside"):
+        tier.load(load)
+    assert same(before, snapshot(tier))
+
+
+def test_release_forgets_the_client(tier: Tier) -> None:
+    tier.release("run", "a")
+    with pytest.raises(NotFound):
+        tier.fetch("run", "a")
+    assert tier.clients() == 1
+
+
+def test_u_shape_backward_needs_its_forward() -> None:
+    t = Tier("edge")
+    cfg = RoundConfig("run", 0, SPEC, u_shape=True)
+    (load,) = tier_loads(cfg, "a", (2, 5), initial_state(SPEC, 0))
+    t.load(load)
+    with pytest.raises(FailedPrecondition, match="without its forward"):
+        t.backward(StepKey("run", "a", 0, 0), torch.randn(4, 128))
+    out = t.forward(StepKey("run", "a", 0, 0), act())
+    assert out.shape == (4, 128)
+    with pytest.raises(InvalidArgument, match="shape"):
+        t.backward(StepKey("run", "a", 0, 0), torch.randn(4, 127))
+    g = t.backward(StepKey("run", "a", 0, 0), torch.randn(4, 128))
+    assert g is not None and g.shape == act().shape
