@@ -176,6 +176,7 @@ class OptionTable:
     round_s: np.ndarray      # (m,)  the client's own round time
     batch_s: np.ndarray      # (m,)  one batch along the chain
     exchange_s: np.ndarray   # (m,)  device segment weights down + up
+    exchange_bytes: np.ndarray  # (m,)  device segment weights, each way
     compute_s: np.ndarray    # (m, T)
     flops: np.ndarray        # (m, T)
     up_bytes: np.ndarray     # (m, T-1) per link
@@ -245,7 +246,7 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     memory = mem(edges[:, :-1], edges[:, 1:])
     memory[:, 0] += mem(E, np.full(m, L)) + B * P["bound"][0]
     shared = np.concatenate([flops[:, 1:], up_bytes[:, 1:], down_bytes[:, 1:]], axis=1)
-    return OptionTable(C, round_s, batch_s, exchange_s, compute_s, flops, up_bytes, down_bytes, up_s, down_s,
+    return OptionTable(C, round_s, batch_s, exchange_s, dev_params, compute_s, flops, up_bytes, down_bytes, up_s, down_s,
                        memory, shared, memory[:, 0] <= client.device.memory)
 
 
@@ -294,6 +295,7 @@ class ClientCost:
     round_s: float
     batch_s: float
     exchange_s: float
+    exchange_bytes: float           # device segment weights, each way
     compute_s: tuple[float, ...]    # per tier (device first)
     flops: tuple[float, ...]        # per tier
     up_bytes: tuple[float, ...]     # per link (link 1 = the device's)
@@ -305,7 +307,7 @@ class ClientCost:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "cuts": list(self.cuts), "time_s": self.round_s, "batch_s": self.batch_s,
-                "exchange_s": self.exchange_s, "compute_s": list(self.compute_s), "up_s": list(self.up_s),
+                "exchange_s": self.exchange_s, "exchange_bytes": self.exchange_bytes, "compute_s": list(self.compute_s), "up_s": list(self.up_s),
                 "down_s": list(self.down_s), "up_bytes": list(self.up_bytes), "down_bytes": list(self.down_bytes),
                 "memory_bytes": list(self.memory)}
 
@@ -315,7 +317,8 @@ def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> Cl
         return tuple(float(x) for x in a[r])
 
     return ClientCost(client.name, cuts, client.samples, math.ceil(client.samples / sc.batch) * sc.epochs,
-                      float(t.round_s[r]), float(t.batch_s[r]), float(t.exchange_s[r]), tup(t.compute_s),
+                      float(t.round_s[r]), float(t.batch_s[r]), float(t.exchange_s[r]),
+                      float(t.exchange_bytes[r]), tup(t.compute_s),
                       tup(t.flops), tup(t.up_bytes), tup(t.down_bytes), tup(t.up_s), tup(t.down_s),
                       tup(t.memory), bool(t.fits_device[r]))
 

@@ -44,10 +44,11 @@ class RunSettings:
     weight_decay: float = 0.0
     u_shape: bool = False
     fraction: float = 1.0  # share of the registered clients sampled each round
-    min_clients: int = 0  # fewest successful clients a round may end with; 0: all sampled
+    min_clients: int = 1  # fewest clients that must finish a round; fewer and the round fails
     round_timeout_s: float = 600.0
     node_wait_s: float = 120.0  # how long the query round waits for nodes to register
     fleet: str = "reference"  # fleet file (or shipped fleet name) the device profiles come from
+    sim_clock: bool = True  # report the cost model's simulated round time (off in deployment)
     tier_addresses: str = ""  # "edge,cloud" in chain order; empty: the ServerApp starts its own
     tls_ca: str = ""  # CA of the tier servers' certificates; empty: insecure (loopback only)
     tls_cert: str = ""  # the tier servers' certificate and key (used when the app starts them)
@@ -71,8 +72,8 @@ class RunSettings:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
         if not 0 < self.fraction <= 1:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
-        if self.min_clients < 0:
-            raise ConfigError(f"min-clients must be >= 0, got {self.min_clients}")
+        if self.min_clients < 1:
+            raise ConfigError(f"min-clients must be >= 1, got {self.min_clients}")
         for name in ("round_timeout_s", "node_wait_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):

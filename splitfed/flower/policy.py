@@ -36,7 +36,6 @@ class Measurement:
     client_id: str
     cuts: Cuts
     samples: int
-    steps: int
     compute_s: float  # device compute (forward + backward + optimizer)
     link_s: float  # waiting on the chain: transfer plus the server tiers' compute
     bytes_up: int
@@ -61,7 +60,7 @@ class AssignmentPolicy(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-Clock = Callable[[int, Mapping[str, Cuts], Sequence[ClientInfo]], float]
+Clock = Callable[[int, Mapping[str, Cuts], Sequence[ClientInfo]], float | None]
 """``clock(round, assignment, clients) -> simulated makespan (s)``: the cost model's
 prediction of a round, used as ``sim_round_s`` in simulation. Deployment has none."""
 
@@ -92,16 +91,16 @@ class StaticPolicy:
 
 
 def parse_static(text: str) -> list[Cuts]:
-    """``"2,5"`` or ``"1,3;2,5"`` (options separated by ``;``) -> cut vectors."""
+    """``"2,5"`` or ``"1,3/2,5"`` (options separated by ``/``, as in ``splitfed verify``) -> cut vectors."""
     options = []
-    for part in text.split(";"):
+    for part in text.split("/"):
         part = part.strip()
         if not part:
             continue
         try:
             options.append(tuple(int(k) for k in part.split(",")))
         except ValueError:
-            raise ConfigError(f"static cuts must be integers like 'static:2,5' or 'static:1,3;2,5', "
+            raise ConfigError(f"static cuts must be integers like 'static:2,5' or 'static:1,3/2,5', "
                               f"got {text!r}") from None
     if not options:
         raise ConfigError("static cuts need at least one cut vector, e.g. 'static:2,5'")
@@ -119,7 +118,7 @@ def register_policy(name: str, factory: PolicyFactory) -> None:
 
 
 def make_policy(settings: RunSettings) -> AssignmentPolicy:
-    """``static:K1,K2[;K1,K2...]`` or a registered name (``adaptive``, ``greedy``)."""
+    """``static:K1,K2[/K1,K2...]`` or a registered name (``adaptive``, ``greedy``)."""
     spec = settings.cuts
     name, _, arg = spec.strip().partition(":")
     if name == "static":

@@ -34,7 +34,8 @@ NODE = "node"
 
 def state_to_record(state: State) -> ArrayRecord:
     """A (partial) model state as an ArrayRecord; ordered by key so messages are reproducible."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(state[k].detach().cpu().numpy())) for k in sorted(state)})
+    # np.array(order="C"), not np.ascontiguousarray: the latter turns 0-d buffers into shape (1,)
+    return ArrayRecord({k: Array(np.array(state[k].detach().cpu().numpy(), order="C")) for k in sorted(state)})
 
 
 def record_to_state(record: ArrayRecord) -> State:
@@ -66,7 +67,9 @@ class TrainInstruction:
     batch_size: int
     local_epochs: int
     edge_address: str
-    tls_ca: str = ""  # path of the CA file on the node ("" : insecure)
+    tls_ca: str = ""  # path of the CA file on the node ("": insecure)
+    tls_cert: str = ""  # the node's client certificate and key (mutual TLS)
+    tls_key: str = ""
     token_file: str = ""  # path of the tier token on the node
     compress: str = "none"
     deadline_s: float = 60.0
@@ -149,6 +152,7 @@ class NodeInfo:
 
     partition_id: int
     num_partitions: int
+    samples: int = 0  # size of its local training set
     profile: str = ""  # device profile (fleet client) name from its node config
     edge_address: str = ""  # its edge tier, when its node config names one
 
@@ -160,6 +164,7 @@ class NodeInfo:
         what = "node info"
         try:
             return cls(int(_get(record, "partition-id", what)), int(_get(record, "num-partitions", what)),
-                       str(record.get("profile", "")), str(record.get("edge-address", "")))
+                       int(record.get("samples", 0)), str(record.get("profile", "")),
+                       str(record.get("edge-address", "")))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{what}: malformed ({e})") from None

@@ -200,15 +200,16 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int) -> M
                 _backward(out)
             b_flops = fc.get_total_flops()
             tf, tb = [], []
-            for _ in range(reps):
+            for rep in range(reps + 1):  # the first run warms caches up and is not counted
                 xin = _detach(x, grad=i > 0)
                 t0 = time.perf_counter()
                 o = block(xin)
                 t1 = time.perf_counter()
                 _backward(o)
                 t2 = time.perf_counter()
-                tf.append(t1 - t0)
-                tb.append(t2 - t1)
+                if rep:
+                    tf.append(t1 - t0)
+                    tb.append(t2 - t1)
             block.zero_grad(set_to_none=True)
             names.append(blocks.names[i])
             fwd.append(f_flops / batch)

@@ -1,0 +1,269 @@
+"""gRPC transport vs in-process and vs bare gRPC, measured side by side in one run.
+
+(a) split training steps/s, gRPC loopback (the edge tier in its own process)
+    vs in-process: vgg11, batch 64, cut after the 2nd pool (block 4), device |
+    edge, one torch thread everywhere. Target: ratio >= 0.9.
+(b) the Step RPC's effective MB/s (activation up + gradient down) for 1, 8 and
+    32 MB activations, vs a bare gRPC bytes echo of the same size to the same
+    server process: unary (one message each way) and streamed (the same chunks,
+    reply after the whole request, as a step must). The tier answers with the
+    activation as its gradient, so (b) measures transport only: framing, codec,
+    validation of frames, gRPC. Also a chunk-size sweep for 32 MB. Target: >= 0.9.
+(c) payload and wire bytes of one vgg11 step (activation + labels up, gradient
+    down) with each codec.
+
+Rounds alternate between the compared sides so that machine noise hits both.
+Writes benchmarks/results/transport.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import torch
+
+MB = 1 << 20
+SIZES_MB = (1, 8, 32)
+SWEEP_CHUNKS = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
+CODECS = ("none", "fp16", "int8", "topk:0.1", "topk:0.01")
+
+
+# ---------------------------------------------------------------- the server side of (b) and (c)
+
+
+class EchoTier:
+    """A stand-in tier that answers a step with its activation as the gradient (transport only)."""
+
+    name = "echo"
+
+    def step(self, key, activation, labels):  # type: ignore[no-untyped-def]
+        from splitfed.engine.types import StepReply
+
+        return StepReply(activation, 0.0, 0)
+
+
+def serve() -> None:
+    """Child process: echo tiers (one per chunk size) and a bare bytes echo; prints their addresses."""
+    from splitfed.transport import wire
+    from splitfed.transport.server import serve_tier
+
+    torch.set_num_threads(1)
+    tiers = {c: serve_tier("echo", insecure=True, tier=EchoTier(), limits=wire.Limits(chunk_bytes=c), max_workers=4)
+             for c in SWEEP_CHUNKS}
+    big = 2 * max(SIZES_MB) * MB
+    opts = [("grpc.max_send_message_length", big), ("grpc.max_receive_message_length", big), ("grpc.so_reuseport", 0)]
+    server = grpc.server(futures.ThreadPoolExecutor(4), options=opts)
+
+    def stream(it, ctx):  # type: ignore[no-untyped-def]
+        chunks = list(it)  # the whole request first, as a step must
+        yield from chunks
+
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", {
+        "Unary": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),
+        "Stream": grpc.stream_stream_rpc_method_handler(stream),
+    }),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(json.dumps({"tiers": {str(c): s.address for c, s in tiers.items()}, "echo": f"127.0.0.1:{port}"}),
+          flush=True)
+    sys.stdin.read()  # until the parent closes our stdin
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def timed(fn, reps: int) -> list[float]:  # type: ignore[no-untyped-def]
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def bench_a(args: argparse.Namespace) -> dict:
+    from splitfed.engine.device import Device
+    from splitfed.engine.rounds import Chain, RoundConfig, initial_state, inprocess_chain, tier_loads
+    from splitfed.engine.types import OptimConfig
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.transport.chain import close_chain, grpc_chain
+    from splitfed.transport.process import TierProcess
+
+    spec = resolve_spec("vgg11")
+    cuts = (4,)
+    state = initial_state(spec, 0)
+    optim = OptimConfig(lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, *spec.input_shape, generator=g)
+    y = torch.randint(0, spec.num_classes, (args.batch,), generator=g)
+    cfg = RoundConfig("bench", 0, spec, optim=optim)
+
+    def device(chain: Chain, cid: str) -> Device:
+        for tier, load in zip(chain.tiers, tier_loads(cfg, cid, cuts, state), strict=True):
+            tier.load(load)
+        return Device(spec, chain.link, run_id="bench", client_id=cid, round=0, cuts=cuts, state=state, optim=optim)
+
+    with TierProcess.start("edge", insecure=True, threads=1) as edge:
+        remote = grpc_chain([edge.address])
+        local = inprocess_chain(1)
+        devs = {"inproc": device(local, "a"), "grpc": device(remote, "a")}
+        for d in devs.values():
+            d.train_step(x, y)  # warm up
+        times: dict[str, list[float]] = {k: [] for k in devs}
+        for _ in range(args.reps):
+            for k, d in devs.items():
+                times[k] += timed(lambda d=d: d.train_step(x, y), args.steps)
+        bytes_up, bytes_down = remote.bytes
+        close_chain(remote)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "model": "vgg11", "batch": args.batch, "cuts": list(cuts), "threads": 1,
+        "activation_bytes": int(devs["grpc"].head(x).numel() * 4),
+        "steps_per_s": {k: 1 / v for k, v in med.items()},
+        "step_s": times,
+        "ratio_grpc_over_inproc": med["inproc"] / med["grpc"],
+        "grpc_link_bytes_per_step": (bytes_up + bytes_down) / (1 + args.reps * args.steps),
+    }
+
+
+def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dict]]:
+    from splitfed.engine.types import StepKey
+    from splitfed.transport import codec as tc
+    from splitfed.transport import wire
+    from splitfed.transport.client import GrpcTierClient
+    from splitfed.transport.pb import pb
+
+    child = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert child.stdout is not None
+        info = json.loads(child.stdout.readline())
+        big = 2 * max(SIZES_MB) * MB
+        ch = grpc.insecure_channel(info["echo"], options=[("grpc.max_send_message_length", big),
+                                                          ("grpc.max_receive_message_length", big)])
+        unary, stream = ch.unary_unary("/bench.Echo/Unary"), ch.stream_stream("/bench.Echo/Stream")
+        clients = {int(c): GrpcTierClient(a, limits=wire.Limits(chunk_bytes=int(c)), deadline_s=120)
+                   for c, a in info["tiers"].items()}
+        default = wire.Limits().chunk_bytes
+        y = torch.arange(8) % 10
+        seq = [0]
+
+        def step(client: GrpcTierClient, act: torch.Tensor) -> None:
+            seq[0] += 1
+            r = client.step(StepKey("bench", "c", 0, seq[0]), act, y)
+            assert r.grad is not None and r.grad.shape == act.shape
+
+        b = []
+        for size in SIZES_MB:
+            act = torch.randn(8, size * MB // 32)
+            payload = act.numpy().tobytes()
+            chunks = [payload[i:i + default] for i in range(0, len(payload), default)]
+            sides = {
+                "step_rpc": lambda act=act: step(clients[default], act),
+                "echo_unary": lambda p=payload: unary(p, timeout=120),
+                "echo_stream": lambda c=chunks: list(stream(iter(c), timeout=120)),
+            }
+            for f in sides.values():
+                f()  # warm up
+            t: dict[str, list[float]] = {k: [] for k in sides}
+            for _ in range(args.reps_b):
+                for k, f in sides.items():
+                    t[k] += timed(f, 3)
+            mbs = {k: 2 * size / statistics.median(v) for k, v in t.items()}
+            best = max(mbs["echo_unary"], mbs["echo_stream"])
+            b.append({"activation_mb": size, "mb_per_s": mbs,
+                      "ratio_vs_best_echo": mbs["step_rpc"] / best,
+                      "ratio_vs_echo_unary": mbs["step_rpc"] / mbs["echo_unary"],
+                      "ratio_vs_echo_stream": mbs["step_rpc"] / mbs["echo_stream"]})
+        sweep = []
+        act = torch.randn(8, max(SIZES_MB) * MB // 32)
+        t = {c: [] for c in clients}
+        for c in clients:
+            step(clients[c], act)
+        for _ in range(args.reps_b):
+            for c, client in clients.items():
+                t[c] += timed(lambda client=client: step(client, act), 2)
+        for c in clients:
+            sweep.append({"chunk_bytes": c, "activation_mb": max(SIZES_MB),
+                          "mb_per_s": 2 * max(SIZES_MB) / statistics.median(t[c])})
+
+        # (c) one vgg11 step's tensors (batch 64, cut 4) with each codec
+        g = torch.Generator().manual_seed(0)
+        vgg_act = torch.relu(torch.randn(64, 128, 8, 8, generator=g))
+        labels = torch.randint(0, 10, (64,), generator=g)
+        c_rows = []
+        for name in CODECS:
+            with GrpcTierClient(info["tiers"][str(default)], compress=name) as client:
+                seq[0] += 1
+                client.step(StepKey("bench", "c", 0, seq[0]), vgg_act, labels)
+                head = pb.StepHeader(run_id="bench", client_id="c", seq=seq[0], phase=pb.PHASE_STEP,
+                                     reply_codec=wire.codec_pb(tc.Codec.parse(name)))
+                up = wire.frames(head, [("", tc.encode(vgg_act, name)), ("", tc.encode(labels))], default)
+                down = wire.frames(pb.StepResult(has_tensor=True), [("", tc.encode(vgg_act, name))], default)
+                rt, _ = tc.roundtrip(vgg_act, name)
+                c_rows.append({
+                    "codec": name, "payload_up": client.bytes_up, "payload_down": client.bytes_down,
+                    "messages_up": sum(map(len, up)), "messages_down": sum(map(len, down)),
+                    "ratio_to_none": (client.bytes_up + client.bytes_down) / (2 * vgg_act.numel() * 4 + 64 * 8),
+                    "max_abs_error": float((rt - vgg_act).abs().max()),
+                })
+        for client in clients.values():
+            client.close()
+        ch.close()
+        return b, sweep, c_rows
+    finally:
+        if child.stdin:
+            child.stdin.close()
+        child.wait(10)
+
+
+def main() -> None:
+    if "--serve" in sys.argv:
+        serve()
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3, help="(a): alternating rounds")
+    ap.add_argument("--steps", type=int, default=2, help="(a): steps per round and side")
+    ap.add_argument("--reps-b", type=int, default=5, help="(b): alternating rounds of 3 calls per side")
+    ap.add_argument("--skip-a", action="store_true", help="only (b) and (c) (no vgg11 training)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "transport.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    result: dict = {"torch_threads": 1, "grpc": grpc.__version__}
+    b, sweep, c = bench_bc(args)
+    result["b_step_rpc_vs_echo"] = b
+    result["b_chunk_sweep"] = sweep
+    result["c_bytes_per_codec"] = c
+    if not args.skip_a:
+        result["a_training"] = bench_a(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if "a_training" in result:
+        a = result["a_training"]
+        print(f"(a) vgg11 b{a['batch']} cut 4: {a['steps_per_s']['grpc']:.3f} steps/s over gRPC, "
+              f"{a['steps_per_s']['inproc']:.3f} in-process: ratio {a['ratio_grpc_over_inproc']:.3f} (target >= 0.9)")
+    for row in b:
+        m = row["mb_per_s"]
+        print(f"(b) {row['activation_mb']:>2} MB: step RPC {m['step_rpc']:.0f} MB/s, echo unary {m['echo_unary']:.0f}, "
+              f"echo stream {m['echo_stream']:.0f}: ratio vs best echo {row['ratio_vs_best_echo']:.3f} (target >= 0.9)")
+    for row in sweep:
+        print(f"    chunk {row['chunk_bytes'] >> 10:>6} KiB: {row['mb_per_s']:.0f} MB/s")
+    for row in c:
+        print(f"(c) {row['codec']:<9} up {row['payload_up']:>8} B  down {row['payload_down']:>8} B  "
+              f"wire {row['messages_up'] + row['messages_down']:>8} B  x{row['ratio_to_none']:.3f}  "
+              f"max error {row['max_abs_error']:.3g}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Device-side entry points: the Flower ClientApp (``clients.app:app``)."""

@@ -1,0 +1,115 @@
+"""The device tier as a Flower ClientApp (``clients.app:app``).
+
+A node holds one data partition (``partition-id`` / ``num-partitions`` from its
+node config; Flower's simulation sets them) and, optionally, a device profile
+and the address under which it reaches its edge tier (``device-profile``,
+``edge-address``; deployment sets them with ``--node-config``).
+
+- ``query``: answers the ServerApp's registration round with its partition,
+  sample count and device profile.
+- ``train``: trains its device segment for one round through a gRPC link to the
+  edge tier, and returns the segment's weights with what the round cost
+  (compute time, link time, bytes each way, samples).
+
+Everything a node remembers between messages lives in ``context.state``: one
+Ray actor serves many virtual nodes, so module globals would mix them up. The
+only process-wide thing is a cache of the (read-only) dataset tensors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from splitfed.engine.rounds import Chain, RoundConfig, _train
+from splitfed.errors import ConfigError
+from splitfed.flower.records import (
+    ARRAYS,
+    CONFIG,
+    METRICS,
+    NODE,
+    NodeInfo,
+    TrainInstruction,
+    TrainReport,
+    record_to_state,
+    state_to_record,
+)
+from splitfed.flower.transport import connect
+from splitfed.flower.workload import client_data, round_batches
+from splitfed.models.zoo import ModelSpec
+
+torch.set_num_threads(1)  # one CPU per virtual client
+
+STATS = "splitfed-stats"  # MetricRecord in context.state: this node's running totals
+
+app = ClientApp()
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    cfg = context.node_config
+    try:
+        return int(cfg["partition-id"]), int(cfg["num-partitions"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError("node config needs integer partition-id and num-partitions "
+                          "(flower-supernode --node-config 'partition-id=0 num-partitions=2')") from None
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Registration: partition, local sample count, device profile, own edge address."""
+    pid, n = _partition(context)
+    ask = msg.content.config_records.get(CONFIG, ConfigRecord())
+    samples = 0
+    if "model" in ask:
+        spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
+        x, _ = client_data(spec, str(ask["dataset"]), str(ask["partition"]), n, pid, int(ask["seed"]))
+        samples = len(x)
+    info = NodeInfo(pid, n, samples, str(context.node_config.get("device-profile", "")),
+                    str(context.node_config.get("edge-address", "")))
+    return Message(RecordDict({NODE: info.to_record()}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One round of split training of this node's device segment."""
+    ins = TrainInstruction.from_record(msg.content.config_records[CONFIG])
+    pid, n = _partition(context)
+    if ins.client_id != f"client{pid}":
+        raise ConfigError(f"instruction for {ins.client_id} reached the node holding partition {pid}")
+    weights = record_to_state(msg.content.array_records[ARRAYS])
+    x, y = client_data(ins.model, ins.dataset, ins.partition, n, pid, ins.seed)
+    data = round_batches(x, y, ins.batch_size, ins.seed, pid, ins.round, ins.local_epochs)
+    cfg = RoundConfig(ins.run_id, ins.round, ins.model, ins.mode, ins.u_shape, ins.optim, ins.seed)
+    edge = str(context.node_config.get("edge-address", "")) or ins.edge_address
+    node_cfg = context.node_config
+    link = connect(edge, tls_ca=str(node_cfg.get("tls-ca", "")) or ins.tls_ca,
+                   tls_cert=str(node_cfg.get("tls-cert", "")) or ins.tls_cert,
+                   tls_key=str(node_cfg.get("tls-key", "")) or ins.tls_key,
+                   token_file=str(node_cfg.get("token-file", "")) or ins.token_file,
+                   compress=ins.compress, deadline_s=ins.deadline_s)
+    try:
+        dev, res = _train(cfg, Chain([], link), ins.client_id, ins.cuts, weights, data)
+    finally:
+        link.close()
+    report = TrainReport(res.samples, len(data), res.loss, res.correct, res.compute_s, res.link_s,
+                         res.bytes_up, res.bytes_down)
+    _remember(context, report)
+    reply = RecordDict({ARRAYS: state_to_record(dev.state()), METRICS: report.to_record()})
+    return Message(reply, reply_to=msg)
+
+
+def _remember(context: Context, report: TrainReport) -> None:
+    """Running totals of this node, kept in its own context (not shared with other virtual nodes)."""
+    old = context.state.metric_records.get(STATS, MetricRecord())
+    stats = MetricRecord({
+        "rounds": int(old.get("rounds", 0)) + 1,
+        "bytes-up": int(old.get("bytes-up", 0)) + report.bytes_up,
+        "bytes-down": int(old.get("bytes-down", 0)) + report.bytes_down,
+        "compute-s": float(old.get("compute-s", 0.0)) + report.compute_s,
+        "link-s": float(old.get("link-s", 0.0)) + report.link_s,
+        "throughput": report.throughput,
+    })
+    context.state[STATS] = stats

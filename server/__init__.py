@@ -1,0 +1,1 @@
+"""Server-side entry points: the Flower ServerApp (``server.app:app``), its strategy, deployment."""

@@ -1,0 +1,167 @@
+"""The SplitFed ServerApp (``server.app:app``): registration, rounds, evaluation, checkpoints.
+
+One run, in order:
+
+1. settings from the run config (``flwr run``) or from the caller
+   (``splitfed simulate`` builds the app with :func:`build_app`);
+   with ``resume`` the checkpoint in ``out`` gives the model and the round to
+   continue from (and the settings that decide the math must match it);
+2. the tier servers: the addresses in ``tier-addresses``, or edge and cloud
+   processes this app starts on 127.0.0.1 (and stops at the end);
+3. the query round: every node says which partition and device it has;
+4. rounds through :class:`~server.strategy.SplitFedAvg`; after each, the
+   global model is evaluated on held-out data, a metrics row is appended to
+   ``out/metrics.jsonl`` and the checkpoint is replaced atomically;
+5. ``out/summary.json``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from logging import INFO
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, Context
+from flwr.common import log
+from flwr.serverapp import Grid, ServerApp
+
+from server.strategy import RoundRecord, SplitFedAvg
+from splitfed.engine.rounds import initial_state
+from splitfed.errors import ConfigError
+from splitfed.flower import checkpoint
+from splitfed.flower.config import RunSettings
+from splitfed.flower.metrics import MetricsWriter, summarise
+from splitfed.flower.policy import make_policy
+from splitfed.flower.records import record_to_state, state_to_record
+from splitfed.flower.workload import evaluate, test_data
+from splitfed.models.zoo import resolve_spec
+from splitfed.sim.clock import fleet_for, make_clock
+from splitfed.sim.tiers import tier_chain
+
+Progress = Callable[[str], None]
+
+# settings that may change between a run and its resumption (they do not change the math)
+RESUMABLE = {"rounds", "out", "resume", "tier_addresses", "round_timeout_s", "node_wait_s", "run_name",
+             "tls_ca", "tls_cert", "tls_key", "token_file", "sim_clock"}
+
+
+def build_app(settings: RunSettings | None = None, progress: Progress | None = None,
+              stop: threading.Event | None = None,
+              on_summary: Callable[[dict[str, Any]], None] | None = None) -> ServerApp:
+    """A ServerApp for ``settings``; without them it reads ``context.run_config`` (``flwr run``).
+
+    ``stop`` ends the run between polls (Ctrl-C in ``splitfed simulate``);
+    ``on_summary`` receives the run's summary (``run_simulation`` returns nothing).
+    """
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        s = settings or RunSettings.from_mapping(dict(context.run_config), source="run config")
+        summary = run(grid, s, progress, stop)
+        if on_summary is not None:
+            on_summary(summary)
+
+    return server_app
+
+
+app = build_app()
+
+
+def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
+        stop: threading.Event | None = None) -> dict[str, Any]:
+    """The whole run (see the module docstring); returns the summary."""
+    say = progress or (lambda line: log(INFO, "%s", line))
+    torch.set_num_threads(1)
+    ckpt = _resume(settings)
+    spec = resolve_spec(settings.model)
+    writer = MetricsWriter(settings.out) if settings.out else None
+    if writer is not None:
+        writer.truncate_after(ckpt.round if ckpt else 0)
+    policy = make_policy(settings)
+    if ckpt is not None:
+        policy.load_state_dict(ckpt.policy)
+        torch.set_rng_state(ckpt.rng)
+    fleet = fleet_for(settings)
+    test_x, test_y = test_data(spec, settings.dataset, settings.seed)
+
+    with tier_chain(settings) as chain:
+        clock = make_clock(settings, fleet) if settings.sim_clock else None
+        strategy = SplitFedAvg(settings, chain.controls, policy, clock=clock,
+                               edge_address=chain.addresses[0], stop=stop)
+        strategy.register(grid, profile_of=lambda info: fleet.clients[info.partition_id % len(fleet.clients)].name)
+        state = ckpt.state if ckpt is not None else initial_state(spec, settings.seed)
+        first = ckpt.round + 1 if ckpt is not None else 1
+        if first > settings.rounds:
+            say(f"nothing to do: the checkpoint already holds round {first - 1} of {settings.rounds}")
+        started = time.perf_counter()
+        profiles = {c.client_id: c.profile for c in strategy.clients.values()}
+
+        def on_round(rnd: int, arrays: ArrayRecord, rec: RoundRecord) -> None:
+            nonlocal started
+            state_now = record_to_state(arrays)
+            acc, loss = evaluate(spec, state_now, test_x, test_y)
+            row = _row(rec, acc, loss, time.perf_counter() - started, profiles)
+            if writer is not None:
+                writer.append(row)
+                checkpoint.save(settings.out, checkpoint.Checkpoint(
+                    rnd, state_now, settings.to_dict(), rec.assignment, policy.state_dict(),
+                    torch.get_rng_state()))
+            say(_progress_line(row, settings.rounds))
+            started = time.perf_counter()
+
+        strategy.start(grid, state_to_record(state), num_rounds=settings.rounds,
+                       timeout=settings.round_timeout_s, first_round=first, on_round=on_round)
+
+    rows = writer.rows() if writer is not None else []
+    summary = summarise(rows, settings.to_dict())
+    if writer is not None:
+        path = writer.write_summary(summary)
+        say(f"wrote {writer.path} and {path}")
+    return summary
+
+
+def _resume(settings: RunSettings) -> checkpoint.Checkpoint | None:
+    if not settings.resume:
+        return None
+    ckpt = checkpoint.load(settings.out)
+    before = RunSettings.from_mapping(ckpt.settings, source=f"{settings.out}/{checkpoint.FILENAME}")
+    changed = [k for k, v in settings.to_dict().items() if k not in RESUMABLE and before.to_dict()[k] != v]
+    if changed:
+        raise ConfigError("cannot resume with different " + ", ".join(
+            f"{k.replace('_', '-')} ({before.to_dict()[k]!r} -> {settings.to_dict()[k]!r})" for k in changed))
+    return ckpt
+
+
+def _row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str]) -> dict[str, Any]:
+    per_client = {m.client_id: {"profile": profiles.get(m.client_id, ""), "cuts": list(m.cuts),
+                                "samples": m.samples, "compute_s": m.compute_s, "link_s": m.link_s,
+                                "bytes_up": m.bytes_up, "bytes_down": m.bytes_down}
+                  for m in rec.measurements}
+    return {
+        "round": rec.round,
+        "accuracy": acc,
+        "loss": loss,
+        "train_loss": rec.train_loss,
+        "wall_s": wall_s,
+        "sim_round_s": rec.sim_round_s,
+        "measured_round_s": max((m.compute_s + m.link_s for m in rec.measurements), default=0.0),
+        "bytes_up": rec.bytes_up,
+        "bytes_down": rec.bytes_down,
+        "cuts": {cid: list(c) for cid, c in rec.assignment.items()},
+        "clients": len(rec.measurements),
+        "failed": rec.failed,
+        "per_client": per_client,
+    }
+
+
+def _progress_line(row: dict[str, Any], rounds: int) -> str:
+    sim = (f"  sim {row['sim_round_s']:.2f}s" if row["sim_round_s"] is not None
+           else f"  measured {row['measured_round_s']:.2f}s")
+    failed = f"  failed {len(row['failed'])}" if row["failed"] else ""
+    return (f"round {row['round']}/{rounds}  acc {row['accuracy']:.4f}  loss {row['loss']:.4f}  "
+            f"wall {row['wall_s']:.1f}s{sim}  up {row['bytes_up'] / 1e6:.2f} MB  "
+            f"down {row['bytes_down'] / 1e6:.2f} MB  clients {row['clients']}{failed}")

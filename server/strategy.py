@@ -1,0 +1,345 @@
+"""SplitFedAvg: Flower's FedAvg, with each client's model split across device, edge and cloud.
+
+A Flower user sees the strategy they know: ``configure_train`` builds the
+messages, ``aggregate_train`` turns replies into the new global ArrayRecord,
+``start`` runs the rounds. What differs is inside:
+
+- ``configure_train`` asks the assignment policy for each sampled client's cuts,
+  loads the server-side segments onto the tier servers, and sends each node a
+  fresh RecordDict holding only *its* device-segment weights and *its* config;
+- ``aggregate_train`` fetches the tier servers' replicas and averages every
+  block layer-wise over all its copies (device or server), sample-weighted.
+
+SplitFed v1 trains all sampled clients at once (one configure/aggregate pair
+per round). Vanilla SL and SplitFed v2 train clients one after another on a
+shared server-side model, so a round is one configure/aggregate pair per
+client; ``aggregate_train`` returns ``None`` arrays until the round is complete.
+Both are the same :class:`~splitfed.flower.orchestrate.SplitRound`.
+
+Failures: a node that returns an error, times out, or sends a malformed reply
+is dropped from the round; the round completes with the others as long as at
+least ``min_train_nodes`` finish, otherwise it raises ``RoundFailed`` and the
+global model stays as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.result import Result
+
+from splitfed.data._seed import derive_seed
+from splitfed.engine.link import TierControl
+from splitfed.engine.rounds import ClientResult, RoundConfig
+from splitfed.errors import ConfigError, SplitfedError
+from splitfed.flower.config import RunSettings
+from splitfed.flower.orchestrate import Outcome, SplitRound
+from splitfed.flower.policy import AssignmentPolicy, ClientInfo, Clock, Cuts, Measurement
+from splitfed.flower.records import (
+    ARRAYS,
+    CONFIG,
+    METRICS,
+    NODE,
+    NodeInfo,
+    TrainInstruction,
+    TrainReport,
+    record_to_state,
+    state_to_record,
+)
+from splitfed.models.zoo import resolve_spec
+
+_SAMPLE_STREAM = 211  # derive_seed purpose of client sampling
+POLL_S = 0.2
+
+
+class RunStopped(SplitfedError):
+    """The run was asked to stop (Ctrl-C) while waiting for nodes."""
+
+
+@dataclass
+class RoundRecord:
+    """What happened in one round, for the metrics file and the policy."""
+
+    round: int
+    assignment: dict[str, Cuts]
+    measurements: list[Measurement] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    sim_round_s: float | None = None
+    train_loss: float | None = None
+
+    @property
+    def bytes_up(self) -> int:
+        return sum(m.bytes_up for m in self.measurements)
+
+    @property
+    def bytes_down(self) -> int:
+        return sum(m.bytes_down for m in self.measurements)
+
+
+RoundHook = Callable[[int, ArrayRecord, RoundRecord], None]
+
+
+class SplitFedAvg(FedAvg):
+    """FedAvg over split models (see the module docstring)."""
+
+    def __init__(self, settings: RunSettings, tiers: Sequence[TierControl], policy: AssignmentPolicy, *,
+                 clock: Clock | None = None, edge_address: str = "",
+                 stop: threading.Event | None = None) -> None:
+        super().__init__(fraction_train=settings.fraction, fraction_evaluate=0.0,
+                         min_train_nodes=settings.min_clients, min_evaluate_nodes=0,
+                         min_available_nodes=1)
+        self.settings = settings
+        self.spec = resolve_spec(settings.model)
+        self.tiers = list(tiers)
+        self.policy = policy
+        self.clock = clock
+        self.stop = stop
+        self.edge_address = edge_address or (settings.addresses[0] if settings.addresses else "")
+        self.clients: dict[int, ClientInfo] = {}  # node id -> client
+        self.history: list[RoundRecord] = []
+        self._round: SplitRound | None = None
+        self._record: RoundRecord | None = None
+        self._groups: list[list[str]] = []
+        self._node_of: dict[str, int] = {}
+        self._expected: dict[str, set[str]] = {}
+
+    def summary(self) -> None:
+        s = self.settings
+        log(INFO, "\t├──> SplitFed: mode %s, %d tiers, model %s, cuts %s", s.mode, s.tiers, s.model, s.cuts)
+        log(INFO, "\t├──> Sampling: fraction %.2f, at least %d client(s) must finish a round",
+            self.fraction_train, self.min_train_nodes)
+        log(INFO, "\t└──> Data: %s, partition %s, batch %d x %d epoch(s)", s.dataset, s.partition,
+            s.batch_size, s.local_epochs)
+
+    # ------------------------------------------------------------ query round
+
+    def register(self, grid: Grid, profile_of: Callable[[NodeInfo], str] | None = None) -> list[ClientInfo]:
+        """Wait for the nodes (up to ``node_wait_s``), ask each for its partition and device profile."""
+        s = self.settings
+        deadline = time.monotonic() + s.node_wait_s
+        while len(nodes := sorted(grid.get_node_ids())) < s.clients and time.monotonic() < deadline:
+            log(INFO, "Waiting for nodes: %d of %d registered", len(nodes), s.clients)
+            time.sleep(1.0)
+        need = s.min_clients
+        if len(nodes) < need:
+            raise ConfigError(f"only {len(nodes)} node(s) registered within {s.node_wait_s:.0f}s; "
+                              f"at least {need} needed")
+        ask = ConfigRecord({"model": json.dumps(self.spec.to_dict(), sort_keys=True), "dataset": s.dataset,
+                            "partition": s.partition, "seed": s.seed})
+        msgs = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type=MessageType.QUERY)
+                for n in nodes]
+        replies = self.exchange(grid, msgs, s.node_wait_s)
+        clients: dict[int, ClientInfo] = {}
+        seen: dict[int, int] = {}
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                log(WARNING, "Node %d did not answer the query round: %s", node, msg.error.reason)
+                continue
+            try:
+                info = NodeInfo.from_record(msg.content.config_records[NODE])
+            except (ConfigError, KeyError) as e:
+                log(WARNING, "Node %d sent a malformed node record: %s", node, e)
+                continue
+            if info.partition_id in seen:
+                raise ConfigError(f"nodes {seen[info.partition_id]} and {node} both hold partition "
+                                  f"{info.partition_id}: give each node its own partition-id")
+            seen[info.partition_id] = node
+            profile = info.profile or (profile_of(info) if profile_of else "")
+            clients[node] = ClientInfo(f"client{info.partition_id}", node, info.partition_id, profile,
+                                       info.samples)
+        if len(clients) < need:
+            raise ConfigError(f"only {len(clients)} node(s) answered the query round; at least {need} needed")
+        self.clients = dict(sorted(clients.items(), key=lambda kv: kv[1].partition_id))
+        log(INFO, "Registered %d client(s): %s", len(self.clients),
+            ", ".join(f"{c.client_id}={c.profile or '?'}" for c in self.clients.values()))
+        return list(self.clients.values())
+
+    def sample(self, server_round: int) -> list[ClientInfo]:
+        """This round's clients: the same for a (seed, round) in every run, so resume is exact."""
+        pool = list(self.clients.values())
+        k = min(len(pool), max(math.ceil(self.fraction_train * len(pool)), self.min_train_nodes))
+        rng = np.random.default_rng(derive_seed(self.settings.seed, _SAMPLE_STREAM, server_round))
+        picked = sorted(rng.choice(len(pool), size=k, replace=False).tolist())
+        return [pool[i] for i in picked]
+
+    # ------------------------------------------------------------ Flower's hooks
+
+    @property
+    def round_open(self) -> bool:
+        """True while a round still has groups of clients to train."""
+        return self._round is not None
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The messages of the round's next group (all sampled nodes in SplitFed v1)."""
+        if self._round is None:
+            self._open(server_round, arrays)
+        assert self._round is not None
+        group = self._groups.pop(0)
+        weights = self._round.begin(group)
+        msgs = []
+        for cid in group:
+            self._expected[cid] = set(weights[cid])
+            content = RecordDict({ARRAYS: state_to_record(weights[cid]),
+                                  CONFIG: self._instruction(server_round, cid, config)})
+            msgs.append(Message(content, dst_node_id=self._node_of[cid], message_type=MessageType.TRAIN,
+                                group_id=str(server_round)))
+        return msgs
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Take a group's replies; after the round's last group, the new global model."""
+        assert self._round is not None and self._record is not None
+        outcomes = self._outcomes(replies)
+        self._round.end(outcomes)
+        for cid in self._round.failed:
+            if cid not in self._record.failed:
+                self._record.failed.append(cid)
+        if self._groups:
+            return None, None
+        rnd, record = self._round, self._record
+        self._round, self._record = None, None
+        state = rnd.finish()  # RoundFailed below the minimum: nothing changes
+        record.failed = list(rnd.failed)
+        record.measurements = [_measurement(r) for r in rnd.results]
+        total = sum(r.samples for r in rnd.results)
+        record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
+        self.policy.observe(server_round, record.measurements)
+        self.history.append(record)
+        metrics = MetricRecord({"num-examples": total, "clients": len(rnd.results), "failed": len(rnd.failed),
+                                "train-loss": record.train_loss or 0.0, "bytes-up": record.bytes_up,
+                                "bytes-down": record.bytes_down})
+        return state_to_record(state), metrics
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None, *,
+              first_round: int = 1, on_round: RoundHook | None = None) -> Result:
+        """Flower's round loop, plus ``first_round`` (resume) and ``on_round`` (metrics, checkpoint).
+
+        Federated evaluation is off (``fraction_evaluate = 0``): the server evaluates the
+        global model on held-out data through ``evaluate_fn``.
+        """
+        self.summary()
+        train_config = train_config or ConfigRecord()
+        result = Result(arrays=initial_arrays)
+        arrays = initial_arrays
+        if evaluate_fn is not None and first_round == 1 and (res := evaluate_fn(0, arrays)) is not None:
+            result.evaluate_metrics_serverapp[0] = res
+        for rnd in range(first_round, num_rounds + 1):
+            log(INFO, "[ROUND %d/%d]", rnd, num_rounds)
+            try:
+                new = None
+                while new is None:
+                    msgs = list(self.configure_train(rnd, arrays, train_config, grid))
+                    replies = self.exchange(grid, msgs, timeout)
+                    new, metrics = self.aggregate_train(rnd, replies)
+            finally:
+                self._abort()
+            arrays = result.arrays = new
+            if metrics is not None:
+                result.train_metrics_clientapp[rnd] = metrics
+            if evaluate_fn is not None and (res := evaluate_fn(rnd, arrays)) is not None:
+                result.evaluate_metrics_serverapp[rnd] = res
+            if on_round is not None:
+                on_round(rnd, arrays, self.history[-1])
+        return result
+
+    def exchange(self, grid: Grid, msgs: Sequence[Message], timeout: float) -> list[Message]:
+        """``grid.send_and_receive`` that polls every 0.2 s and gives up when ``stop`` is set.
+
+        Flower's HTTP grid sleeps 3 s between pulls; a SplitFed round of quick
+        clients (and every client turn of sl/sflv2) would mostly wait on that.
+        """
+        ids = set(grid.push_messages(msgs))
+        end = time.monotonic() + timeout
+        out: list[Message] = []
+        while ids and time.monotonic() < end:
+            if self.stop is not None and self.stop.is_set():
+                raise RunStopped("the run was stopped")
+            got = list(grid.pull_messages(ids))
+            out += got
+            ids -= {m.metadata.reply_to_message_id for m in got}
+            if ids:
+                time.sleep(POLL_S)
+        if ids:
+            log(WARNING, "%d node(s) did not answer within %.0fs", len(ids), timeout)
+        return out
+
+    # ------------------------------------------------------------ internals
+
+    def _open(self, server_round: int, arrays: ArrayRecord) -> None:
+        s = self.settings
+        sampled = self.sample(server_round)
+        assignment = self.policy.assign(server_round, sampled)
+        order = [c.client_id for c in sampled]
+        assignment = {cid: tuple(int(k) for k in assignment[cid]) for cid in order}
+        cfg = RoundConfig(s.run_id, server_round, self.spec, s.mode, s.u_shape, s.optim, s.seed)
+        self._node_of = {c.client_id: c.node_id for c in sampled}
+        self._round = SplitRound(cfg, self.tiers, record_to_state(arrays), assignment,
+                                 min_clients=min(self.min_train_nodes, len(order)))
+        self._groups = self._round.groups()
+        sim = self.clock(server_round, assignment, sampled) if self.clock is not None else None
+        self._record = RoundRecord(server_round, assignment, sim_round_s=sim)
+
+    def _abort(self) -> None:
+        """Release the tiers of a round that did not finish (error or RoundFailed)."""
+        if self._round is not None:
+            self._round.close()
+        self._round, self._record, self._groups = None, None, []
+
+    def _instruction(self, server_round: int, cid: str, extra: ConfigRecord) -> ConfigRecord:
+        s, rnd = self.settings, self._round
+        assert rnd is not None
+        rec = TrainInstruction(
+            run_id=s.run_id, round=server_round, client_id=cid, cuts=rnd.assignment[cid], mode=s.mode,
+            u_shape=s.u_shape, model=self.spec, optim=s.optim, seed=s.seed, dataset=s.dataset,
+            partition=s.partition, batch_size=s.batch_size, local_epochs=s.local_epochs,
+            edge_address=self.edge_address, tls_ca=s.tls_ca, tls_cert=s.tls_cert, tls_key=s.tls_key,
+            token_file=s.token_file, compress=s.compress,
+        ).to_record()
+        for k, v in extra.items():
+            rec.setdefault(k, v)
+        rec["server-round"] = server_round
+        return rec
+
+    def _outcomes(self, replies: Iterable[Message]) -> dict[str, Outcome]:
+        assert self._round is not None
+        by_node = {n: c for c, n in self._node_of.items()}
+        out: dict[str, Outcome] = {}
+        for msg in replies:
+            cid = by_node.get(msg.metadata.src_node_id)
+            if cid is None or cid not in self._expected:
+                continue
+            if msg.has_error():
+                log(WARNING, "%s failed: %s", cid, msg.error.reason)
+                continue
+            try:
+                state = record_to_state(msg.content.array_records[ARRAYS])
+                report = TrainReport.from_record(msg.content.metric_records[METRICS])
+                if set(state) != self._expected[cid]:
+                    raise ConfigError(f"returned weights for {sorted(set(state) ^ self._expected[cid])[:3]} "
+                                      "instead of its device segment")
+            except (ConfigError, KeyError) as e:
+                log(WARNING, "%s sent a malformed reply, dropped: %s", cid, e)
+                continue
+            out[cid] = Outcome(state, ClientResult(
+                cid, self._round.assignment[cid], report.samples, report.loss, report.correct,
+                report.compute_s, report.link_s, report.bytes_up, report.bytes_down))
+        return out
+
+
+def _measurement(r: ClientResult) -> Measurement:
+    return Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s, r.bytes_up, r.bytes_down)

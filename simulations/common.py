@@ -1,0 +1,412 @@
+"""What every experiment script shares: its command line, its config file, its output folder.
+
+Each script is ``python -m simulations.NAME --config FILE.toml --out DIR``. It
+declares its settings as a frozen dataclass; :func:`load_config` reads the TOML
+file into it (unknown keys and wrong types refused with the file and key named,
+so a typo never silently runs the default experiment). :func:`main` is the one
+entry point: it parses the command line, reads the config, makes the output
+folder, runs the experiment, and prints where the results are.
+
+Training goes through :func:`train`, the simulate runner's Python API with the
+run folder written by it (``metrics.jsonl``, ``summary.json``), read back with
+:mod:`splitfed.report.runs`; the cost-model-only scripts build a
+:class:`~splitfed.cost.Scenario` with :func:`scenario`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import sys
+import time
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from splitfed.errors import ConfigError, SplitfedError
+
+C = TypeVar("C")
+CONFIGS = Path(__file__).resolve().parent / "configs"
+RESULTS = "results.json"
+
+
+# ---------------------------------------------------------------- config files
+
+
+def load_config(path: str | Path, cls: type[C]) -> C:
+    """Read a TOML file into the dataclass ``cls`` (top-level keys are its fields)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {p}: {e}") from None
+    return config_from_mapping(data, cls, str(p))
+
+
+def config_from_mapping(data: Mapping[str, Any], cls: type[C], source: str = "config") -> C:
+    """``data`` (hyphen or underscore keys) as ``cls``; each value checked against the field's type."""
+    assert dataclasses.is_dataclass(cls)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for raw, v in data.items():
+        key = raw.replace("-", "_")
+        if key not in names:
+            raise ConfigError(f"{source}: unknown key {raw!r} (known: {', '.join(sorted(names))})")
+        values[key] = _coerce(v, hints[key], f"{source}: {raw}")
+    try:
+        return cls(**values)  # type: ignore[return-value]
+    except (TypeError, ValueError, ConfigError) as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _coerce(v: Any, typ: Any, where: str) -> Any:
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(v, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {v!r}")
+    if origin in (tuple, list):
+        if not isinstance(v, list):
+            raise ConfigError(f"{where}: expected a list, got {v!r}")
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(x, args[0], f"{where}[{i}]") for i, x in enumerate(v))
+        if origin is tuple:
+            if len(v) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} values, got {len(v)}")
+            return tuple(_coerce(x, a, f"{where}[{i}]") for i, (x, a) in enumerate(zip(v, args, strict=True)))
+        return [_coerce(x, args[0], f"{where}[{i}]") for i, x in enumerate(v)]
+    if origin is dict:
+        if not isinstance(v, dict):
+            raise ConfigError(f"{where}: expected a table, got {v!r}")
+        return dict(v)
+    if typ is bool:
+        if not isinstance(v, bool):
+            raise ConfigError(f"{where}: expected true or false, got {v!r}")
+        return v
+    if typ is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{where}: expected an integer, got {v!r}")
+        return v
+    if typ is float:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ConfigError(f"{where}: expected a number, got {v!r}")
+        return float(v)
+    if typ is str:
+        if not isinstance(v, str):
+            raise ConfigError(f"{where}: expected a string, got {v!r}")
+        return v
+    return v
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    return p
+
+
+def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Rows of flat dicts as CSV; the header is the union of keys in first-seen order."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    header: dict[str, None] = {}
+    for r in rows:
+        header.update(dict.fromkeys(r))
+    with p.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(header))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _csv_value(v) for k, v in r.items()})
+    return p
+
+
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, list | tuple):
+        return ",".join(map(str, v))
+    return "" if v is None else v
+
+
+def _jsonable(v: Any) -> Any:
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return dataclasses.asdict(v)
+    if isinstance(v, Path):
+        return str(v)
+    if hasattr(v, "item"):  # numpy scalars
+        return v.item()
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")
+
+
+# ---------------------------------------------------------------- shared building blocks
+
+
+def scenario(model: str, fleet: Any, tiers: int, batch: int) -> Any:
+    """The cost model's scenario of ``fleet`` (a :class:`~splitfed.profile.Fleet`) training ``model``."""
+    from splitfed.cost import Scenario
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.profile import profile_model
+
+    return Scenario.from_fleet(profile_model(resolve_spec(model), batch=batch), fleet, tiers=tiers, batch=batch)
+
+
+BACKENDS = ("flower", "inprocess")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What every training experiment's config has: ``[simulate]`` (the runs' shared
+    :class:`~splitfed.flower.config.RunSettings`) and the backend that trains them."""
+
+    simulate: dict[str, Any] = field(default_factory=dict)
+    backend: str = "flower"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        self.settings()  # a bad [simulate] key or value is refused when the file is read
+
+    def settings(self) -> Any:
+        """``[simulate]`` as :class:`~splitfed.flower.config.RunSettings`."""
+        return base_settings(self.simulate)
+
+
+def check_target(value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"target_accuracy must be in (0, 1], got {value}")
+
+
+def train(settings: Any, out: Path, label: str, backend: str = "flower") -> Any:
+    """One training run into run folder ``out``, read back as a :class:`~splitfed.report.runs.Run`.
+
+    ``settings`` is a :class:`splitfed.flower.config.RunSettings`. ``flower``: the simulate
+    runner (Flower's simulation engine, tier servers over gRPC), exactly what
+    ``splitfed simulate`` runs. ``inprocess``: the same rounds without Flower or
+    gRPC (:func:`train_inprocess`), for smoke tests and quick looks.
+    """
+    from splitfed.report.runs import load_run
+
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    settings = settings.with_(out=str(out))
+    print(f"  [{label}] {backend}: cuts={settings.cuts} mode={settings.mode} compress={settings.compress} "
+          f"-> {out}", flush=True)
+    if backend == "flower":
+        from splitfed.sim.runner import simulate, validate
+
+        validate(settings)
+        simulate(settings, progress=lambda line: print(f"  [{label}] {line}", flush=True))
+    else:
+        train_inprocess(settings)
+    return load_run(out, label=label)
+
+
+def train_inprocess(settings: Any) -> dict[str, Any]:
+    """The ServerApp's rounds in this process: in-process tiers and links, no Flower, no gRPC.
+
+    Built from the same pieces as the Flower run: the policy (:func:`make_policy`),
+    the simulated clock (:func:`make_clock`), the round bookkeeping
+    (:class:`SplitRound`), the clients' data and batches (``workload``), the
+    evaluation, and the metrics writer, so its ``metrics.jsonl`` has the same
+    fields. "A transport changes no number": its models equal the Flower run's;
+    its byte counts are tensor payloads (gRPC adds message framing).
+    Every client trains every round (``fraction`` must be 1).
+    """
+    import time
+
+    from server.app import _row
+    from server.strategy import RoundRecord
+    from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain
+    from splitfed.flower.metrics import MetricsWriter, summarise
+    from splitfed.flower.orchestrate import SplitRound, drive, local_trainer
+    from splitfed.flower.policy import Measurement, make_policy
+    from splitfed.flower.workload import client_data, evaluate, round_batches, test_data
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.sim.clock import fleet_for, make_clock
+    from splitfed.transport.compress import get as codec
+
+    s = settings
+    if s.fraction != 1.0:
+        raise ConfigError("the in-process backend trains every client each round: fraction must be 1")
+    spec = resolve_spec(s.model)
+    policy = make_policy(s)
+    fleet = fleet_for(s)
+    clock = make_clock(s, fleet)
+    data = {pid: client_data(spec, s.dataset, s.partition, s.clients, pid, s.seed) for pid in range(s.clients)}
+    clients = sim_clients(s, fleet)
+    test_x, test_y = test_data(spec, s.dataset, s.seed)
+    writer = MetricsWriter(s.out)
+    writer.truncate_after(0)
+    chain = inprocess_chain(s.tiers - 1, *codec(s.compress))
+    state = initial_state(spec, s.seed)
+    profiles = {c.client_id: c.profile for c in clients}
+    for rnd in range(1, s.rounds + 1):
+        t0 = time.perf_counter()
+        assignment = {cid: tuple(int(k) for k in cuts) for cid, cuts in policy.assign(rnd, clients).items()}
+        record = RoundRecord(rnd, assignment, sim_round_s=clock(rnd, assignment, clients))
+        batches = {f"client{pid}": round_batches(x, y, s.batch_size, s.seed, pid, rnd, s.local_epochs)
+                   for pid, (x, y) in data.items()}
+        cfg = RoundConfig(s.run_id, rnd, spec, s.mode, s.u_shape, s.optim, s.seed)
+        split = SplitRound(cfg, chain.tiers, state, assignment)
+        state = drive(split, local_trainer(chain, batches))
+        record.measurements = [Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s,
+                                           r.bytes_up, r.bytes_down) for r in split.results]
+        total = sum(r.samples for r in split.results)
+        record.train_loss = sum(r.loss * r.samples for r in split.results) / total if total else None
+        policy.observe(rnd, record.measurements)
+        acc, loss = evaluate(spec, state, test_x, test_y)
+        writer.append(_row(record, acc, loss, time.perf_counter() - t0, profiles))
+    summary = summarise(writer.rows(), s.to_dict())
+    writer.write_summary(summary)
+    return summary
+
+
+def base_settings(table: Mapping[str, Any], source: str = "") -> Any:
+    """A config's ``[simulate]`` table as :class:`~splitfed.flower.config.RunSettings` (keys as in ``splitfed simulate``).
+
+    A ``fleet`` path that is not a file from here is looked up under ``simulations/configs/``.
+    """
+    from splitfed.flower.config import RunSettings
+
+    fleet = table.get("fleet")
+    if isinstance(fleet, str) and not Path(fleet).is_file() and (CONFIGS / fleet).is_file():
+        table = {**table, "fleet": str(CONFIGS / fleet)}  # fleet files next to the configs
+    return RunSettings.from_mapping(table, source=f"{source} [simulate]".strip())
+
+
+def sim_clients(settings: Any, fleet: Any) -> list[Any]:
+    """The clients as the ServerApp registers simulated nodes: ``client<p>`` on the fleet's p-th device."""
+    from splitfed.flower.policy import ClientInfo
+    from splitfed.flower.workload import client_data
+    from splitfed.models.zoo import resolve_spec
+
+    s, spec = settings, resolve_spec(settings.model)
+    return [ClientInfo(f"client{p}", p, p, fleet.clients[p % len(fleet.clients)].name,
+                       len(client_data(spec, s.dataset, s.partition, s.clients, p, s.seed)[0]))
+            for p in range(s.clients)]
+
+
+def best_static_cuts(settings: Any) -> tuple[int, ...]:
+    """The single cut vector of least round-1 makespan for the run's clients (the optimizer's ``best_static``).
+
+    Priced on the same devices and sample counts as the simulated clock of the run.
+    """
+    from dataclasses import replace
+
+    from splitfed.cost import Scenario
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.optimizer import best_static
+    from splitfed.profile import profile_model
+    from splitfed.sim.clock import fleet_for
+
+    fleet = fleet_for(settings).at_round(1)
+    picked = [replace(fleet.client(c.profile), name=c.client_id, samples=c.samples)
+              for c in sim_clients(settings, fleet)]
+    profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
+    sc = Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked)), tiers=settings.tiers,
+                             batch=settings.batch_size, u_shape=settings.u_shape, epochs=settings.local_epochs)
+    sol = best_static(sc)
+    return sol.assignment[picked[0].name]
+
+
+def resolve_policy(policy: str, settings: Any) -> tuple[str, str]:
+    """(label, ``--cuts`` value) of a policy; ``static:best`` becomes the cost model's best single cut vector."""
+    if policy == "static:best":
+        cuts = ",".join(map(str, best_static_cuts(settings)))
+        return f"best static ({cuts})", f"static:{cuts}"
+    return policy, policy
+
+
+def run_cases(cases: Sequence[tuple[str, Any]], out: Path, backend: str) -> list[Any]:
+    """Train each ``(label, settings)`` into ``out/runs/<label>``; the runs, in order."""
+    from splitfed.report.plots import slug
+
+    runs = []
+    for label, settings in cases:
+        runs.append(train(settings, out / "runs" / slug(label), label, backend))
+    return runs
+
+
+def report_runs(runs: Sequence[Any], out: Path, target: float | None = None, title: str = "") -> dict[str, str]:
+    """The standard figures and ``summary.md`` of ``runs`` in ``out`` (what ``splitfed report`` makes)."""
+    from splitfed.report.plots import standard_plots
+    from splitfed.report.summary import summary_markdown, summary_rows
+    from splitfed.report.table import format_table
+
+    images = standard_plots(runs, out, target)
+    (out / "summary.md").write_text(summary_markdown(runs, target, {k: p.relative_to(out) for k, p in images.items()},
+                                                     title=title or "results"))
+    print(format_table(*summary_rows(runs, target)), flush=True)
+    return {k: str(p) for k, p in images.items()}
+
+
+def run_record(run: Any, target: float | None = None) -> dict[str, Any]:
+    """One run's headline numbers for ``results.json``."""
+    rec: dict[str, Any] = {
+        "label": run.label, "path": str(run.path), "rounds": len(run.rounds),
+        "final_accuracy": run.final.accuracy, "best_accuracy": max(r.accuracy for r in run.rounds),
+        "sim_time_s": run.sim_time[-1], "mean_round_s": run.sim_time[-1] / len(run.rounds),
+        "bytes_up": sum(r.bytes_up for r in run.rounds), "bytes_down": sum(r.bytes_down for r in run.rounds),
+        "accuracy": [r.accuracy for r in run.rounds], "sim_round_s": [r.sim_round_s for r in run.rounds],
+    }
+    if target is not None:
+        rec["time_to_target_s"] = run.time_to_target(target)
+        rec["rounds_to_target"] = run.rounds_to_target(target)
+    return rec
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping[str, Any]],
+         argv: Sequence[str] | None = None, doc: str | None = None) -> int:
+    """``python -m simulations.NAME [--config FILE] [--out DIR]``: run, write, print the folder."""
+    parser = argparse.ArgumentParser(prog=f"python -m simulations.{name}", description=doc)
+    parser.add_argument("--config", default=str(CONFIGS / f"{name}.toml"),
+                        help=f"TOML config (default: simulations/configs/{name}.toml)")
+    parser.add_argument("--out", default=None, help=f"output folder (default: runs/simulations/{name})")
+    args = parser.parse_args(argv)
+    _threads()
+    out = Path(args.out or Path("runs") / "simulations" / name)
+    try:
+        cfg = load_config(args.config, config_cls)
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"{name}: config {args.config}; writing to {out}", flush=True)
+        t0 = time.perf_counter()
+        results = experiment(cfg, out)
+        write_json(out / RESULTS, {"experiment": name, "config": dataclasses.asdict(cfg),  # type: ignore[call-overload]
+                                   "elapsed_s": time.perf_counter() - t0, **results})
+    except SplitfedError as e:
+        print(f"simulations.{name}: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{name}: results in {out.resolve()}")
+    return 0
+
+
+def _threads() -> None:
+    """One torch thread unless OMP_NUM_THREADS says otherwise: experiments share small machines."""
+    import torch
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))

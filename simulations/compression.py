@@ -1,0 +1,82 @@
+"""Accuracy vs bytes on the wire, for each link codec (none, fp16, int8, top-k).
+
+Compression acts on the boundary activations going up and their gradients
+coming down, on every link of the chain (:mod:`splitfed.transport.compress`),
+so it trades bytes for noise in training. Each codec trains the same run; the
+figure is test accuracy against the cumulative megabytes the devices sent and
+received, and the numbers are each codec's bytes, accuracy, and bytes until
+``target_accuracy`` (also relative to no compression).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulations.common import (
+    TrainingConfig,
+    check_target,
+    main,
+    report_runs,
+    run_cases,
+    run_record,
+    write_csv,
+)
+
+
+@dataclass(frozen=True)
+class Config(TrainingConfig):
+    codecs: tuple[str, ...] = ("none", "fp16", "int8", "topk:0.1")
+    target_accuracy: float = 0.9
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.codecs:
+            raise ValueError("codecs must name at least one codec")
+        check_target(self.target_accuracy)
+
+
+def bytes_to_target(run: Any, target: float) -> int | None:
+    """Bytes on the wire (up + down) until the global model first reaches ``target``."""
+    for b, r in zip(run.cum_bytes, run.rounds, strict=True):
+        if r.accuracy >= target:
+            return int(b)
+    return None
+
+
+def run(cfg: Config, out: Path) -> dict[str, Any]:
+    from splitfed.transport.codec import Codec
+
+    base = cfg.settings()
+    for c in cfg.codecs:
+        Codec.parse(c)  # a bad codec name fails before any training
+    runs = run_cases([(c, base.with_(compress=c)) for c in cfg.codecs], out, cfg.backend)
+    figures = report_runs(runs, out, cfg.target_accuracy, title="Link compression: accuracy vs bytes")
+    records = []
+    ref = None
+    for c, r in zip(cfg.codecs, runs, strict=True):
+        total = sum(x.bytes_total for x in r.rounds)
+        rec = {**run_record(r, cfg.target_accuracy), "codec": c, "bytes_total": total,
+               "bytes_to_target": bytes_to_target(r, cfg.target_accuracy)}
+        if c == "none":
+            ref = rec
+        records.append(rec)
+    for rec in records:
+        rec["bytes_vs_none"] = rec["bytes_total"] / ref["bytes_total"] if ref and ref["bytes_total"] else None
+        rec["accuracy_vs_none"] = rec["final_accuracy"] - ref["final_accuracy"] if ref else None
+        print(f"  {rec['codec']:<10} {rec['bytes_total'] / 1e6:8.2f} MB"
+              + (f" ({rec['bytes_vs_none']:.2f}x of none)" if rec["bytes_vs_none"] is not None else "")
+              + f"  final accuracy {rec['final_accuracy']:.4f}")
+    write_csv(out / "results.csv", [{k: v for k, v in r.items() if k not in ("accuracy", "sim_round_s")}
+                                    for r in records])
+    return {"codecs": records, "figures": figures}
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m simulations.compression [--config FILE] [--out DIR]``."""
+    return main("compression", Config, run, argv, doc=__doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

@@ -1,0 +1,114 @@
+"""A device slows down mid-training: do the cuts follow it, and does the round time recover?
+
+The fleet file declares the drift (``[[device.drift]]``: from round r on, a
+device class's FLOP/s or bandwidth is scaled or set). Each policy trains the
+same run; the figures are the cuts over rounds (client x round heatmap, one per
+policy) and the simulated makespan per round with the drift round marked. The
+numbers: each policy's mean makespan before the drift, right after it, and over
+the last rounds, and for the adaptive run which clients' cuts moved, and when.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from simulations.common import (
+    TrainingConfig,
+    main,
+    report_runs,
+    resolve_policy,
+    run_cases,
+    run_record,
+    sim_clients,
+    write_csv,
+)
+from splitfed.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Config(TrainingConfig):
+    policies: tuple[str, ...] = ("static:best", "adaptive")
+    tail_rounds: int = 3  # "after recovery": the mean makespan of the last this many rounds
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.policies:
+            raise ValueError("policies must name at least one --cuts value")
+        if self.tail_rounds < 1:
+            raise ValueError("tail_rounds must be >= 1")
+
+
+def drift_rounds(settings: Any) -> dict[str, list[int]]:
+    """Client id -> rounds at which its device drifts, for the devices this run draws."""
+    from splitfed.sim.clock import fleet_for
+
+    fleet = fleet_for(settings)
+    out = {}
+    for c in sim_clients(settings, fleet):
+        rounds = sorted({d.round for d in fleet.client(c.profile).drift})
+        if rounds:
+            out[c.client_id] = rounds
+    return out
+
+
+def moves(run: Any) -> list[dict[str, Any]]:
+    """Every change of a client's cuts between consecutive rounds."""
+    out = []
+    for prev, cur in zip(run.rounds, run.rounds[1:], strict=False):
+        for cid, cuts in cur.cuts.items():
+            if cid in prev.cuts and prev.cuts[cid] != cuts:
+                out.append({"client": cid, "class": run.class_of(cid), "round": cur.round,
+                            "from": list(prev.cuts[cid]), "to": list(cuts)})
+    return out
+
+
+def run(cfg: Config, out: Path) -> dict[str, Any]:
+    from splitfed.report.plots import makespan_plot
+
+    base = cfg.settings()
+    drifting = drift_rounds(base)
+    if not drifting:
+        raise ConfigError(f"no client of this run drifts: fleet {base.fleet!r} declares no [[device.drift]] for "
+                          f"the {base.clients} devices drawn with seed {base.seed} (add drift, raise clients, "
+                          "or change the seed)")
+    first = min(r for rs in drifting.values() for r in rs)
+    if first > base.rounds:
+        raise ConfigError(f"the drift starts at round {first}, after the run's {base.rounds} rounds")
+    cases = [(label, base.with_(cuts=cuts)) for label, cuts in (resolve_policy(p, base) for p in cfg.policies)]
+    runs = run_cases(cases, out, cfg.backend)
+    figures = report_runs(runs, out, title="Drift: a device slows down mid-training")
+    figures["makespan with drift"] = str(makespan_plot(
+        runs, out / "makespan_drift.png", mark_round=first,
+        title=f"Simulated round time; device(s) {', '.join(sorted(drifting))} change from round {first}"))
+    records = []
+    for (label, s), r in zip(cases, runs, strict=True):
+        ms = {x.round: x.sim_round_s for x in r.rounds}
+        before = [v for k, v in ms.items() if k < first]
+        after = [v for k, v in ms.items() if k >= first]
+        rec = {**run_record(r), "policy": label, "cuts": s.cuts,
+               "makespan_before_s": fmean(before) if before else None,
+               "makespan_drift_round_s": ms.get(first),
+               "makespan_tail_s": fmean(after[-cfg.tail_rounds:]) if after else None,
+               "moves": moves(r)}
+        records.append(rec)
+        print(f"  {label:<24} makespan before {_s(rec['makespan_before_s'])}, at drift {_s(rec['makespan_drift_round_s'])}, "
+              f"last {cfg.tail_rounds} rounds {_s(rec['makespan_tail_s'])}; {len(rec['moves'])} cut move(s)")
+    write_csv(out / "results.csv", [{k: v for k, v in r.items() if k not in ("accuracy", "sim_round_s", "moves")}
+                                    for r in records])
+    return {"drift_round": first, "drifting_clients": drifting, "policies": records, "figures": figures}
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}s"
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m simulations.drift [--config FILE] [--out DIR]``."""
+    return main("drift", Config, run, argv, doc=__doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

@@ -1,0 +1,169 @@
+"""Makespan of each cut policy as the fleet's spread of device speeds and bandwidths grows.
+
+Cost model only (no training), so it scales to fleets of 10,000 clients. The
+fleet is the reference fleet's device classes, drawn ``clients`` times by the
+seed, with their heterogeneity scaled by a factor ``s``: each class's FLOP/s and
+up/down bandwidth become ``g * (x / g) ** s``, ``g`` the fleet's geometric mean
+of that quantity. ``s = 0`` is a homogeneous fleet of average devices, ``s = 1``
+the reference fleet as it is, ``s = 2`` twice as spread on a log scale. Memory,
+latency and sample counts stay as they are. Scaling classes keeps the number of
+distinct devices (and so the exact optimizer's MILP) small at any fleet size.
+
+Every policy is priced by the one cost model: the exact optimizer
+(``splitfed.optimizer``), the best single static cut for everyone, per-device
+greedy, and all-on-server.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulations.common import main, scenario, write_csv
+from splitfed.errors import ConfigError
+
+POLICIES = ("optimizer", "best-static", "greedy", "all-on-server")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str = "vgg11"
+    fleet: str = "reference"
+    tiers: int = 3
+    batch: int = 32
+    clients: tuple[int, ...] = (100, 1000, 10000)
+    spreads: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)
+    policies: tuple[str, ...] = POLICIES
+    seed: int = 0
+    solve_time_limit_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.policies if p not in POLICIES]
+        if bad:
+            raise ValueError(f"unknown policies {bad} (known: {', '.join(POLICIES)})")
+        if not self.clients or min(self.clients) < 1:
+            raise ValueError("clients must list fleet sizes >= 1")
+        if not self.spreads or min(self.spreads) < 0:
+            raise ValueError("spreads must list factors >= 0")
+
+
+def spread_fleet(fleet: Any, s: float) -> Any:
+    """``fleet`` with every client's FLOP/s and bandwidths pulled to (s < 1) or pushed from (s > 1) the mean."""
+    from splitfed.profile import LinkProfile, TierProfile
+
+    cs = fleet.clients
+    g = {k: math.exp(float(np.mean([math.log(v) for v in vals])))
+         for k, vals in (("flops", [c.device.flops for c in cs]), ("up", [c.link.up for c in cs]),
+                         ("down", [c.link.down for c in cs]))}
+
+    def scale(x: float, key: str) -> float:
+        return g[key] * (x / g[key]) ** s
+
+    cache: dict[tuple, Any] = {}
+
+    def spread(c: Any) -> Any:
+        key = (c.device, c.link)
+        if key not in cache:
+            cache[key] = (TierProfile(scale(c.device.flops, "flops"), c.device.memory),
+                          LinkProfile(scale(c.link.up, "up"), scale(c.link.down, "down"), c.link.rtt))
+        dev, link = cache[key]
+        return replace(c, device=dev, link=link)
+
+    return replace(fleet, clients=tuple(spread(c) for c in cs))
+
+
+def _ratio(values: list[float]) -> float:
+    return max(values) / min(values)
+
+
+def _policy(name: str, sc: Any, time_limit: float) -> Any:
+    from splitfed.optimizer import all_on_server, best_static, greedy, solve
+
+    if name == "optimizer":
+        return solve(sc, time_limit=time_limit)
+    if name == "best-static":
+        return best_static(sc)
+    if name == "greedy":
+        return greedy(sc)
+    return all_on_server(sc)
+
+
+def run(cfg: Config, out: Path) -> dict[str, Any]:
+    from splitfed.profile import load_fleet
+    from splitfed.report.plots import Series, line_plot
+
+    base = load_fleet(cfg.fleet)
+    rows: list[dict[str, Any]] = []
+    for n in cfg.clients:
+        drawn = base.sample(n, seed=cfg.seed)
+        for s in cfg.spreads:
+            fleet = spread_fleet(drawn, s)
+            sc = scenario(cfg.model, fleet, cfg.tiers, cfg.batch)
+            flops_ratio = _ratio([c.device.flops for c in fleet.clients])
+            bw_ratio = _ratio([c.link.up for c in fleet.clients])
+            for p in cfg.policies:
+                try:
+                    sol = _policy(p, sc, cfg.solve_time_limit_s)
+                except ConfigError as e:  # e.g. no single static cut fits every device
+                    rows.append({"clients": n, "spread": s, "policy": p, "makespan_s": None, "error": str(e)})
+                    continue
+                rows.append({"clients": n, "spread": s, "policy": p, "makespan_s": sol.makespan_s,
+                             "solve_s": sol.solve_s, "bottleneck": sol.cost.bottleneck,
+                             "feasible": sol.cost.feasible, "optimal": sol.optimal,
+                             "flops_ratio": flops_ratio, "bandwidth_ratio": bw_ratio})
+            best = {r["policy"]: r["makespan_s"] for r in rows if r["clients"] == n and r["spread"] == s}
+            print(f"  clients={n:>6} spread={s:<5g} " + "  ".join(
+                f"{p}={best[p]:.1f}s" if best.get(p) is not None else f"{p}=n/a" for p in cfg.policies), flush=True)
+
+    speedups = _speedups(rows, cfg)
+    write_csv(out / "results.csv", rows)
+    figures = {}
+    for n in cfg.clients:
+        series = [Series(p, [r["spread"] for r in rows if r["clients"] == n and r["policy"] == p and r["makespan_s"]],
+                         [r["makespan_s"] for r in rows if r["clients"] == n and r["policy"] == p and r["makespan_s"]])
+                  for p in cfg.policies]
+        figures[f"makespan_{n}"] = str(line_plot(
+            series, out / f"makespan_vs_spread_{n}.png", logy=True,
+            title=f"Round makespan vs heterogeneity ({cfg.model}, {n} clients, {cfg.tiers} tiers)",
+            xlabel="spread factor s (0: identical devices, 1: reference fleet)",
+            ylabel="makespan (simulated s, log)"))
+    if "optimizer" in cfg.policies and len(cfg.policies) > 1:
+        series = [Series(f"{other} / optimizer, {n} clients",
+                         [r["spread"] for r in speedups if r["clients"] == n and r.get(other) is not None],
+                         [r[other] for r in speedups if r["clients"] == n and r.get(other) is not None],
+                         {"linestyle": ["-", "--", ":", "-."][i % 4], "color": f"C{j}"})
+                  for i, n in enumerate(cfg.clients)
+                  for j, other in enumerate(p for p in cfg.policies if p != "optimizer")]
+        figures["speedup"] = str(line_plot(
+            series, out / "speedup_vs_spread.png", hline=1.0, hline_label="no gain",
+            title=f"Optimizer's speed-up over each policy ({cfg.model}, {cfg.tiers} tiers)",
+            xlabel="spread factor s (0: identical devices, 1: reference fleet)",
+            ylabel="makespan ratio (policy / optimizer)"))
+    return {"rows": rows, "speedups": speedups, "figures": figures}
+
+
+def _speedups(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
+    """Per (clients, spread): each policy's makespan over the optimizer's."""
+    out = []
+    for n in cfg.clients:
+        for s in cfg.spreads:
+            ms = {r["policy"]: r["makespan_s"] for r in rows if r["clients"] == n and r["spread"] == s}
+            opt = ms.get("optimizer")
+            if not opt:
+                continue
+            out.append({"clients": n, "spread": s, **{p: (ms[p] / opt if ms.get(p) else None)
+                                                      for p in cfg.policies if p != "optimizer"}})
+    return out
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m simulations.heterogeneity_sweep [--config FILE] [--out DIR]``."""
+    return main("heterogeneity_sweep", Config, run, argv, doc=__doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

@@ -1,0 +1,83 @@
+"""Accuracy vs simulated wall-clock time: static cuts, per-device greedy, and adaptive cuts.
+
+Every policy trains the same model on the same clients, data and seeds; cuts
+do not change the math, so the accuracy per round is the same and what differs
+is how long each round takes on the fleet's devices (the simulated clock, i.e.
+the cost model's makespan). The headline is the simulated time until the
+global model first reaches ``target_accuracy``, per policy, and the ratio
+*best static / adaptive*: best static is the fastest of the static policies run
+(``static:best`` is the single cut vector the cost model rates best for these
+clients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulations.common import (
+    TrainingConfig,
+    check_target,
+    main,
+    report_runs,
+    resolve_policy,
+    run_cases,
+    run_record,
+    write_csv,
+)
+
+
+@dataclass(frozen=True)
+class Config(TrainingConfig):
+    policies: tuple[str, ...] = ("static:best", "static:2,5", "greedy", "adaptive")
+    target_accuracy: float = 0.9
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_target(self.target_accuracy)
+        if not self.policies:
+            raise ValueError("policies must name at least one --cuts value")
+
+
+def run(cfg: Config, out: Path) -> dict[str, Any]:
+    base = cfg.settings()
+    cases = []
+    for p in cfg.policies:
+        label, cuts = resolve_policy(p, base)
+        cases.append((label, base.with_(cuts=cuts)))
+    runs = run_cases(cases, out, cfg.backend)
+    figures = report_runs(runs, out, cfg.target_accuracy, title="Static vs adaptive cuts")
+    records = [{"policy": p, "cuts": s.cuts, **run_record(r, cfg.target_accuracy)}
+               for p, (_, s), r in zip(cfg.policies, cases, runs, strict=True)]
+    write_csv(out / "results.csv", [{k: v for k, v in r.items() if k not in ("accuracy", "sim_round_s")}
+                                    for r in records])
+    static = [r for r in records if r["cuts"].startswith("static:") and r["time_to_target_s"] is not None]
+    best = min(static, key=lambda r: r["time_to_target_s"]) if static else None
+    adaptive = next((r for r in records if r["policy"] == "adaptive"), None)
+    ratio = None
+    if best and adaptive and adaptive["time_to_target_s"]:
+        ratio = best["time_to_target_s"] / adaptive["time_to_target_s"]
+    headline = {
+        "target_accuracy": cfg.target_accuracy,
+        "best_static": best["label"] if best else None,
+        "best_static_time_to_target_s": best["time_to_target_s"] if best else None,
+        "adaptive_time_to_target_s": adaptive["time_to_target_s"] if adaptive else None,
+        "ratio_best_static_over_adaptive": ratio,
+    }
+    for r in records:
+        t, n = r["time_to_target_s"], r["rounds_to_target"]
+        reached = "never" if t is None else f"{t:.2f} s (round {n})"
+        print(f"  {r['label']:<28} time to {cfg.target_accuracy:g}: {reached}")
+    if ratio is not None:
+        print(f"  best static / adaptive = {ratio:.2f}x ({best['label']})")
+    return {"headline": headline, "policies": records, "figures": figures}
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m simulations.static_vs_adaptive [--config FILE] [--out DIR]``."""
+    return main("static_vs_adaptive", Config, run, argv, doc=__doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

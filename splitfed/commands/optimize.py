@@ -1,0 +1,96 @@
+"""``splitfed optimize``: choose every client's cuts for a fleet, or price a policy, in the cost model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from splitfed.commands._args import add_model_args, int_list, positive_int
+from splitfed.commands.profile import cache_dir
+from splitfed.cost.model import Scenario
+from splitfed.errors import ConfigError
+from splitfed.models.zoo import resolve_spec
+from splitfed.optimizer.solve import (
+    DEFAULT_GAP,
+    EXHAUSTIVE_LIMIT,
+    Solution,
+    all_on_server,
+    best_static,
+    exhaustive,
+    greedy,
+    solve,
+    static,
+)
+from splitfed.profile.fleet import load_fleet
+from splitfed.profile.profiler import profile_model
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("optimize", help="choose each client's cuts for a fleet (or price a policy)",
+                       description=__doc__.splitlines()[0])
+    add_model_args(p)
+    p.add_argument("--fleet", required=True, help="fleet TOML file, or a shipped fleet: reference, small")
+    p.add_argument("--tiers", type=int, choices=(2, 3), default=3)
+    p.add_argument("--batch", type=positive_int, default=32)
+    p.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round")
+    p.add_argument("--u-shape", action="store_true", help="the device also holds the last blocks and the loss")
+    p.add_argument("--min-device-blocks", type=int, default=0,
+                   help="blocks every device must keep (1: raw data never leaves the device)")
+    p.add_argument("--round", type=positive_int, default=1, help="price the fleet as it is in this round (drift)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--exhaustive", action="store_true",
+                   help=f"brute force (small fleets: at most {EXHAUSTIVE_LIMIT:,} assignments)")
+    g.add_argument("--static", type=int_list, metavar="K1,K2", help="the same cuts for every client")
+    g.add_argument("--best-static", action="store_true", help="the best single cut vector for all")
+    g.add_argument("--greedy", action="store_true", help="each device minimises its own time, ignoring sharing")
+    g.add_argument("--all-on-server", action="store_true", help="devices only send their data")
+    p.add_argument("--gap", type=float, default=DEFAULT_GAP, help="relative optimality gap the MILP must prove")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the MILP")
+    p.add_argument("--json", action="store_true", help="print a JSON object (makespan_s, clients, ...)")
+    p.set_defaults(func=run)
+
+
+def render(sc: Scenario, sol: Solution, header: str) -> str:
+    cost = sol.cost
+    w = max(6, *(len(c.name) for c in cost.clients))
+    rows = [header, f"{'client':<{w}}  {'cuts':<10} {'time_s':>10} {'device MiB':>11}"]
+    for c in cost.clients:
+        rows.append(f"{c.name:<{w}}  {','.join(map(str, c.cuts)):<10} {c.round_s:10.3f} {c.memory[0] / 2**20:11.1f}")
+    shared = ", ".join(f"{k} {v:.3f} s" for k, v in cost.shared_s.items())
+    rows.append(f"makespan {cost.makespan_s:.3f} s (bottleneck: {cost.bottleneck}); shared busy: {shared}")
+    rows.append(f"{sol.method}: solved in {sol.solve_s:.3f} s" + (f"; {sol.note}" if sol.note else ""))
+    for v in cost.violations:
+        rows.append(f"INFEASIBLE: {v}")
+    return "\n".join(rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.min_device_blocks < 0:
+        raise ConfigError("--min-device-blocks must be >= 0")
+    if not 0 <= args.gap < 1:
+        raise ConfigError(f"--gap must be in [0, 1), got {args.gap}")
+    spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    fleet = load_fleet(args.fleet).at_round(args.round)
+    prof = profile_model(spec, args.batch, reps=1, cache_dir=cache_dir())
+    sc = Scenario.from_fleet(prof, fleet, tiers=args.tiers, batch=args.batch, u_shape=args.u_shape,
+                             epochs=args.epochs, min_device_blocks=args.min_device_blocks)
+    if args.exhaustive:
+        sol = exhaustive(sc)
+    elif args.static is not None:
+        sol = static(sc, args.static)
+    elif args.best_static:
+        sol = best_static(sc)
+    elif args.greedy:
+        sol = greedy(sc)
+    elif args.all_on_server:
+        sol = all_on_server(sc)
+    else:
+        sol = solve(sc, gap=args.gap, time_limit=args.time_limit)
+    if args.json:
+        print(json.dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
+                          "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict()}, indent=1))
+    else:
+        header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({len(sc.clients)} clients), "
+                  f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}")
+        print(render(sc, sol, header))
+    return 0

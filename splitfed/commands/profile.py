@@ -1,0 +1,61 @@
+"""``splitfed profile``: per-block FLOPs, bytes, memory and measured time of a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from splitfed.commands._args import add_model_args, positive_int
+from splitfed.models.zoo import resolve_spec
+from splitfed.profile.profiler import ModelProfile, profile_model
+
+
+def cache_dir(no_cache: bool = False) -> Path | None:
+    """Where commands keep measured profiles (``SPLITFED_PROFILE_CACHE``, else the XDG cache)."""
+    if no_cache:
+        return None
+    env = os.environ.get("SPLITFED_PROFILE_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "splitfed" / "profiles"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="profile a model's blocks (FLOPs, bytes, memory, time)",
+                       description=__doc__.splitlines()[0])
+    add_model_args(p)
+    p.add_argument("--batch", type=positive_int, default=32)
+    p.add_argument("--reps", type=positive_int, default=3, help="timed repetitions per block (median)")
+    p.add_argument("--optimizer-slots", type=int, default=1, choices=(0, 1, 2),
+                   help="optimizer tensors per parameter (SGD 0, momentum 1, Adam 2)")
+    p.add_argument("--no-cache", action="store_true", help="measure again, keep nothing on disk")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.set_defaults(func=run)
+
+
+def render(prof: ModelProfile) -> str:
+    rows = [f"{prof.model}: {prof.n_blocks} blocks, batch {prof.batch}, input {prof.input_bytes / 1e3:.1f} kB/sample",
+            f"{'#':>3} {'block':<28} {'fwd MFLOP':>10} {'bwd MFLOP':>10} {'params kB':>10} {'out kB':>8} "
+            f"{'act kB':>8} {'fixed kB':>10} {'fwd ms':>8} {'bwd ms':>8}"]
+    times = prof.fwd_s and prof.bwd_s
+    for i, name in enumerate(prof.names):
+        fs = f"{prof.fwd_s[i] * 1e3:8.2f} {prof.bwd_s[i] * 1e3:8.2f}" if times else f"{'-':>8} {'-':>8}"
+        rows.append(f"{i:>3} {name[:28]:<28} {prof.fwd_flops[i] / 1e6:10.2f} {prof.bwd_flops[i] / 1e6:10.2f} "
+                    f"{prof.param_bytes[i] / 1e3:10.1f} {prof.out_bytes[i] / 1e3:8.1f} {prof.act_bytes[i] / 1e3:8.1f} "
+                    f"{prof.fixed_bytes[i] / 1e3:10.1f} {fs}")
+    rate = prof.host_flops()
+    rows.append(f"per sample: {sum(prof.fwd_flops) / 1e6:.1f} MFLOP forward, {sum(prof.bwd_flops) / 1e6:.1f} backward; "
+                f"{sum(prof.param_bytes) / 1e6:.2f} MB of parameters"
+                + (f"; this host trains at {rate / 1e9:.3g} GFLOP/s" if rate else ""))
+    return "\n".join(rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=args.reps,
+                         cache_dir=cache_dir(args.no_cache))
+    print(json.dumps(prof.to_dict(), indent=1) if args.json else render(prof))
+    return 0

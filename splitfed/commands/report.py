@@ -1,0 +1,60 @@
+"""``splitfed report``: turn run folders into the standard figures, ``summary.md`` and a terminal table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from splitfed.errors import ConfigError
+
+
+def _accuracy(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {v}")
+    return v
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="plots and a Markdown summary of one or more run folders",
+                       description=__doc__)
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (each with metrics.jsonl)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: RUN_DIR/report for one run, else COMMON_PARENT/report)")
+    p.add_argument("--target", type=_accuracy, default=None,
+                   help="target accuracy: adds simulated time and rounds to reach it")
+    p.set_defaults(func=run)
+
+
+def default_out(paths: list[Path]) -> Path:
+    if len(paths) == 1:
+        return paths[0] / "report"
+    return Path(os.path.commonpath([p.resolve() for p in paths])) / "report"
+
+
+def run(args: argparse.Namespace) -> int:
+    from splitfed.report.plots import standard_plots
+    from splitfed.report.runs import load_runs
+    from splitfed.report.summary import summary_markdown, summary_rows
+    from splitfed.report.table import class_table, format_table
+
+    paths = [Path(p) for p in args.runs]
+    runs = load_runs(paths)
+    out = Path(args.out) if args.out else default_out(paths)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a folder")
+    images = standard_plots(runs, out, args.target)
+    rel = {name: p.relative_to(out) for name, p in images.items()}
+    (out / "summary.md").write_text(summary_markdown(runs, args.target, rel))
+    headers, rows = summary_rows(runs, args.target)
+    print(format_table(headers, rows))
+    for r in runs:
+        if r.clients:
+            print()
+            print(class_table(r))
+    print(f"\nreport: {len(images)} figure(s) and summary.md in {out}")
+    return 0

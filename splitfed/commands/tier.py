@@ -1,0 +1,89 @@
+"""``splitfed tier``: serve one tier (edge or cloud) of the chain over gRPC until stopped.
+
+Prints ``listening on HOST:PORT`` once it serves (so a parent may ask for port
+0); stops on SIGTERM / SIGINT, and with ``--exit-with-stdin`` when its stdin
+closes (how :class:`~splitfed.transport.process.TierProcess` makes sure a tier
+never outlives the process that started it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from splitfed.commands._args import positive_int
+from splitfed.errors import ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tier", help="serve an edge or cloud tier over gRPC",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--role", choices=("edge", "cloud"), default=None,
+                   help="edge forwards to --next; cloud ends the chain (default: edge with --next, else cloud)")
+    p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to serve on (port 0: any)")
+    p.add_argument("--next", dest="next_address", metavar="HOST:PORT", help="the next tier of the chain")
+    p.add_argument("--name", default=None, help="tier name in messages and logs (default: the role)")
+    p.add_argument("--tls-cert", metavar="F", help="PEM certificate chain of this tier")
+    p.add_argument("--tls-key", metavar="F", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", metavar="F", help="PEM CA: require client certificates it signed (mutual TLS), "
+                   "and verify the next tier with it")
+    p.add_argument("--token-file", metavar="F", help="bearer token every caller must present (and that this "
+                   "tier presents to --next)")
+    p.add_argument("--insecure", action="store_true", help="serve without TLS (explicit choice)")
+    p.add_argument("--compress", default="none", help="codec towards --next: none, fp16, int8, topk:F")
+    p.add_argument("--deadline", type=float, default=60.0, help="seconds per call to --next")
+    p.add_argument("--max-workers", type=positive_int, default=32, help="concurrent calls served")
+    p.add_argument("--max-tensor-mb", type=positive_int, default=512, help="largest tensor accepted, MiB")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--allow-model", action="append", default=[], metavar="MODULE:FACTORY",
+                   help="serve this non-zoo model factory too (repeatable)")
+    p.add_argument("--exit-with-stdin", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from splitfed.transport import wire
+    from splitfed.transport.security import TlsConfig, read_token
+    from splitfed.transport.server import serve_tier
+
+    role = args.role or ("edge" if args.next_address else "cloud")
+    if role == "cloud" and args.next_address:
+        raise ConfigError("a cloud tier ends the chain: drop --next or use --role edge")
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_ca:
+        if args.insecure:
+            raise ConfigError("--insecure contradicts --tls-*: choose one")
+        if not (args.tls_cert and args.tls_key):
+            raise ConfigError("TLS needs --tls-cert and --tls-key (--tls-ca adds mutual TLS)")
+        tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+    token = read_token(args.token_file) if args.token_file else None
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"%(asctime)s {args.name or role} %(levelname)s %(message)s")
+    limits = wire.Limits(max_tensor_bytes=args.max_tensor_mb << 20,
+                         max_call_bytes=max(1 << 30, 2 * (args.max_tensor_mb << 20)))
+    server = serve_tier(args.name or role, args.listen, args.next_address, tls=tls, token=token,
+                        insecure=args.insecure, max_workers=args.max_workers, limits=limits,
+                        next_compress=args.compress, next_deadline_s=args.deadline,
+                        allowed_models=args.allow_model)
+    # the first optimizer built imports torch._dynamo (seconds): start that now rather than in a client's load
+    threading.Thread(target=lambda: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
+                     daemon=True).start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if args.exit_with_stdin:
+        threading.Thread(target=lambda: (sys.stdin.buffer.read(), stop.set()), daemon=True).start()
+    print(f"listening on {server.address}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop(grace=2.0)
+    return 0

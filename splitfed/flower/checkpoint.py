@@ -1,0 +1,79 @@
+"""The run's checkpoint: written atomically after every round, read by ``--resume``.
+
+One file, ``DIR/checkpoint.pt``, holding the global model, the last finished
+round, the last assignment, the policy's state, the settings and torch's RNG
+state. It is written to a temporary file in the same folder, flushed and
+fsynced, then moved over the old one with ``os.replace`` (atomic on POSIX), and
+the folder is fsynced: a crash at any moment leaves either the old or the new
+checkpoint, never half of one. It is read with ``torch.load(weights_only=True)``,
+so a checkpoint file can hold tensors and plain values, never code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from splitfed.engine.types import State
+from splitfed.errors import ConfigError
+
+FILENAME = "checkpoint.pt"
+FORMAT = 1
+
+
+@dataclass
+class Checkpoint:
+    round: int  # the last finished round (0: none yet)
+    state: State
+    settings: dict[str, Any]
+    assignment: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    policy: dict[str, Any] = field(default_factory=dict)
+    rng: torch.Tensor = field(default_factory=torch.get_rng_state)
+
+
+def save(folder: str | Path, ckpt: Checkpoint) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"settings": ckpt.settings, "policy": ckpt.policy,
+            "assignment": {k: list(v) for k, v in ckpt.assignment.items()}}
+    payload = {"format": FORMAT, "round": int(ckpt.round), "meta": json.dumps(meta, sort_keys=True),
+               "rng": ckpt.rng.clone(), "state": {k: v.detach().cpu().clone() for k, v in ckpt.state.items()}}
+    final = folder / FILENAME
+    tmp = folder / f".{FILENAME}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return final
+
+
+def load(folder: str | Path) -> Checkpoint:
+    path = Path(folder) / FILENAME
+    if not path.is_file():
+        raise ConfigError(f"cannot resume: {path} does not exist (no round of that run finished)")
+    try:
+        payload = torch.load(path, weights_only=True)
+        if payload.get("format") != FORMAT:
+            raise ConfigError(f"{path}: checkpoint format {payload.get('format')!r}, expected {FORMAT}")
+        meta = json.loads(payload["meta"])
+        return Checkpoint(round=int(payload["round"]), state=dict(payload["state"]), settings=meta["settings"],
+                          assignment={k: tuple(v) for k, v in meta["assignment"].items()},
+                          policy=meta["policy"], rng=payload["rng"])
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem
+        raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None

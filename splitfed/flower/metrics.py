@@ -1,0 +1,73 @@
+"""Per-round metrics as JSON lines, and the run's summary.
+
+``metrics.jsonl`` gets one object per finished round, flushed as it is written
+so a crashed run keeps every round it finished; a resumed run first drops rows
+after its checkpoint's round, so the file never holds a round twice.
+``summary.json`` is written (atomically) at the end of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+
+
+class MetricsWriter:
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path = self.folder / METRICS
+
+    def rows(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate_after(self, round: int) -> None:
+        """Keep only rows of rounds <= ``round`` (a resumed run redoes the rest)."""
+        keep = [r for r in self.rows() if int(r.get("round", 0)) <= round]
+        _atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in keep))
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(dict(row)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        path = self.folder / SUMMARY
+        _atomic_write(path, json.dumps(dict(summary), indent=2, sort_keys=True) + "\n")
+        return path
+
+
+def summarise(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The run in one object: final and best accuracy, totals of time and bytes."""
+    acc = [r["accuracy"] for r in rows if r.get("accuracy") is not None]
+    sim = [r["sim_round_s"] for r in rows if r.get("sim_round_s") is not None]
+    return {
+        "rounds": len(rows),
+        "final_accuracy": acc[-1] if acc else None,
+        "best_accuracy": max(acc) if acc else None,
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "wall_s": sum(r.get("wall_s", 0.0) for r in rows),
+        "sim_time_s": sum(sim) if sim else None,
+        "bytes_up": sum(r.get("bytes_up", 0) for r in rows),
+        "bytes_down": sum(r.get("bytes_down", 0) for r in rows),
+        "failed_clients": sum(len(r.get("failed", [])) for r in rows),
+        "settings": dict(settings),
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,94 @@
+"""Who trains on what: a client's partition, its batches in a round, and the held-out test.
+
+The ClientApp, the ServerApp's evaluation and the tests' unsplit reference all
+call these functions, so "the same client batches" is true by construction:
+a client's data depends only on (model, dataset, partition scheme, number of
+partitions, partition id, seed) and its batch order on (seed, partition id,
+round, epoch), never on which process or node runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from splitfed.data import batches, for_model, partition
+from splitfed.data._seed import derive_seed
+from splitfed.engine import template
+from splitfed.engine.rounds import Batches
+from splitfed.engine.types import State
+from splitfed.errors import ConfigError
+from splitfed.models.blocks import Segment
+from splitfed.models.zoo import ModelSpec
+
+_BATCH_STREAM = 101  # derive_seed purpose of the per-client batch order
+
+
+@lru_cache(maxsize=4)
+def _split(spec_json: str, dataset: str, seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """(train, test) tensors; cached because every virtual node of a process reads the same files."""
+    train, test = for_model(ModelSpec.from_dict(json.loads(spec_json)), dataset, seed)
+    return tuple(tuple(d.tensors) for d in (train, test))  # type: ignore[return-value]
+
+
+@lru_cache(maxsize=8)
+def _parts(spec_json: str, dataset: str, scheme: str, num_partitions: int, seed: int) -> tuple[np.ndarray, ...]:
+    (_, y), _ = _split(spec_json, dataset, seed)
+    return tuple(partition(y, num_partitions, scheme, seed))
+
+
+def _key(spec: ModelSpec) -> str:
+    return json.dumps(spec.to_dict(), sort_keys=True)
+
+
+def client_data(spec: ModelSpec, dataset: str, scheme: str, num_partitions: int, partition_id: int,
+                seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training samples of one partition."""
+    if not 0 <= partition_id < num_partitions:
+        raise ConfigError(f"partition id {partition_id} is outside 0..{num_partitions - 1}")
+    (x, y), _ = _split(_key(spec), dataset, seed)
+    idx = torch.from_numpy(_parts(_key(spec), dataset, scheme, num_partitions, seed)[partition_id])
+    return x[idx], y[idx]
+
+
+def round_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, partition_id: int,
+                  round: int, epochs: int) -> Batches:
+    """The batches a client trains on in ``round`` (1-based): ``epochs`` shuffled passes."""
+    stream = derive_seed(seed, _BATCH_STREAM, partition_id)
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for e in range(epochs):
+        out += batches(x, y, batch_size, seed=stream, epoch=(round - 1) * epochs + e)
+    return out
+
+
+def test_data(spec: ModelSpec, dataset: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _, (x, y) = _split(_key(spec), dataset, seed)
+    return x, y
+
+
+def whole_model(spec: ModelSpec, state: State) -> Segment:
+    """The unsplit model holding ``state`` (every block)."""
+    n = template.num_blocks(spec)
+    blocks = template.copy_blocks(spec, 0, n)
+    seg = Segment({str(i): blocks[i] for i in range(n)}, 0, n)
+    with torch.no_grad():
+        seg.load_state_dict(state, strict=True)
+    return seg
+
+
+@torch.no_grad()
+def evaluate(spec: ModelSpec, state: State, x: torch.Tensor, y: torch.Tensor,
+             batch_size: int = 512) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of the global model on held-out data."""
+    model = whole_model(spec, state).eval()
+    correct, loss = 0, 0.0
+    for i in range(0, len(x), batch_size):
+        out = model(x[i:i + batch_size])
+        loss += float(F.cross_entropy(out, y[i:i + batch_size], reduction="sum"))
+        correct += int((out.argmax(1) == y[i:i + batch_size]).sum())
+    n = max(1, len(x))
+    return correct / n, loss / n

@@ -1,0 +1,213 @@
+"""Online adaptation: after each round, learn the devices' real speeds and move cuts that pay off.
+
+After round r the :class:`Adapter` takes what each client measured (FLOPs and
+seconds on the device, bytes and seconds on its link; optionally the servers'
+FLOP/s) and updates its beliefs, one rate at a time:
+
+    belief <- measured                          if measured / belief > jump or < 1 / jump
+    belief <- (1 - alpha) belief + alpha measured  otherwise
+
+(smoothing absorbs noise; a jump beyond ``jump``x is a change of regime and is
+believed at once). It then re-solves (exact, :func:`~splitfed.optimizer.solve.solve`)
+under the new beliefs and prices, over the R rounds left:
+
+    J(keep) = R * M(current)
+    J(move) = M1(new) + (R - 1) * M(new)
+
+where M1 is the makespan of the next round with each moving client's
+:func:`~splitfed.cost.model.move_cost` added to its time. A move that does not
+lower J is undone client by client (most expensive first), so only clients
+whose move pays for itself move. The new cuts are adopted only if
+J(keep) - J(move) > hysteresis * J(keep): small predicted gains (noise) move nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from splitfed.cost.model import ClientCost, Cuts, Scenario, evaluate, move_cost, option_table
+from splitfed.errors import ConfigError
+from splitfed.optimizer.solve import DEFAULT_GAP, solve
+from splitfed.profile.devices import LinkProfile, TierProfile
+from splitfed.profile.fleet import Client
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One client's round as measured: work done and the seconds it took, per resource.
+
+    ``up_s``/``down_s`` are time on the wire (latency excluded). A resource with no
+    work or no seconds teaches nothing and leaves the belief as it was.
+    """
+
+    compute_flops: float = 0.0
+    compute_s: float = 0.0
+    up_bytes: float = 0.0
+    up_s: float = 0.0
+    down_bytes: float = 0.0
+    down_s: float = 0.0
+    round_s: float | None = None
+
+    @classmethod
+    def from_cost(cls, cost: ClientCost, true_client: Client) -> Measurement:
+        """What a client would measure if the world were ``true_client`` (the simulated clock)."""
+        up = cost.up_bytes[0] + cost.exchange_bytes
+        down = cost.down_bytes[0] + cost.exchange_bytes
+        return cls(cost.flops[0], cost.flops[0] / true_client.device.flops, up, up / true_client.link.up,
+                   down, down / true_client.link.down, cost.round_s)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the adapter did after a round."""
+
+    round: int
+    assignment: dict[str, Cuts]
+    moved: tuple[str, ...]
+    before_s: float   # predicted makespan of the old cuts, under the updated beliefs
+    after_s: float    # predicted makespan of the cuts now in force
+    move_s: float     # predicted extra time of the next round (moving weights)
+    reason: str
+
+
+def _smooth(belief: float, work: float, seconds: float, alpha: float, jump: float) -> float:
+    if work <= 0 or seconds <= 0:
+        return belief
+    seen = work / seconds
+    ratio = seen / belief
+    if ratio > jump or ratio < 1 / jump:
+        return seen
+    return (1 - alpha) * belief + alpha * seen
+
+
+class Adapter:
+    """Keeps the current assignment and the believed fleet; ``observe`` after every round."""
+
+    def __init__(self, scenario: Scenario, rounds: int, *, alpha: float = 0.5, jump: float = 3.0,
+                 hysteresis: float = 0.05, gap: float = DEFAULT_GAP, time_limit: float | None = 30.0,
+                 assignment: Mapping[str, Cuts] | None = None) -> None:
+        if not 0 < alpha <= 1:
+            raise ConfigError(f"alpha must be in (0, 1], got {alpha}")
+        if jump <= 1 or hysteresis < 0 or rounds < 1:
+            raise ConfigError("jump must be > 1, hysteresis >= 0 and rounds >= 1")
+        self.belief = scenario
+        self.rounds = rounds
+        self.alpha, self.jump, self.hysteresis = alpha, jump, hysteresis
+        self.gap, self.time_limit = gap, time_limit
+        if assignment is None:
+            assignment = solve(scenario, gap=gap, time_limit=time_limit).assignment
+        self.assignment: dict[str, Cuts] = {c.name: scenario.check_cuts(assignment[c.name]) for c in scenario.clients}
+        self.history: list[Decision] = []
+
+    # ------------------------------------------------------------ beliefs
+
+    def update(self, measured: Mapping[str, Measurement],
+               servers: Mapping[str, tuple[float, float]] | None = None) -> None:
+        """Smooth measured rates into the believed profiles (``servers``: tier name -> (FLOPs, s))."""
+        a, j = self.alpha, self.jump
+        clients = []
+        for c in self.belief.clients:
+            m = measured.get(c.name)
+            if m is None:
+                clients.append(c)
+                continue
+            dev = TierProfile(_smooth(c.device.flops, m.compute_flops, m.compute_s, a, j), c.device.memory)
+            link = LinkProfile(_smooth(c.link.up, m.up_bytes, m.up_s, a, j),
+                               _smooth(c.link.down, m.down_bytes, m.down_s, a, j), c.link.rtt)
+            clients.append(replace(c, device=dev, link=link))
+        srv = list(self.belief.servers)
+        for name, (work, secs) in (servers or {}).items():
+            if name not in self.belief.tier_names[1:]:
+                raise ConfigError(f"no server tier named {name!r} (tiers: {', '.join(self.belief.tier_names[1:])})")
+            t = self.belief.tier_names.index(name) - 1
+            srv[t] = TierProfile(_smooth(srv[t].flops, work, secs, a, j), srv[t].memory)
+        self.belief = replace(self.belief, clients=tuple(clients), servers=tuple(srv))
+
+    # ------------------------------------------------------------ decisions
+
+    def observe(self, round: int, measured: Mapping[str, Measurement],
+                servers: Mapping[str, tuple[float, float]] | None = None) -> Decision:
+        """After round ``round`` (1-based) of ``rounds``: update beliefs, maybe move cuts for the next."""
+        self.update(measured, servers)
+        left = self.rounds - round
+        sc = self.belief
+        current = evaluate(sc, self.assignment)
+        if left <= 0:
+            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "last round")
+        target = solve(sc, gap=self.gap, time_limit=self.time_limit).assignment
+        moves = {n: c for n, c in target.items() if c != self.assignment[n]}
+        if not moves:
+            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "already optimal")
+        new, J_new, M_new, M1_new = self._pay_off(moves, left)
+        J_keep = left * current.makespan_s
+        if not new:
+            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0,
+                                "no move pays for moving its weights")
+        if J_keep - J_new <= self.hysteresis * J_keep:
+            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0,
+                                f"gain {J_keep - J_new:.3g} s over {left} round(s) is within the hysteresis")
+        self.assignment.update(new)
+        return self._record(round, tuple(sorted(new)), current.makespan_s, M_new, M1_new - M_new,
+                            f"gain {J_keep - J_new:.3g} s over {left} round(s)")
+
+    def _pay_off(self, moves: dict[str, Cuts], left: int) -> tuple[dict[str, Cuts], float, float, float]:
+        """Undo moves that do not lower J = M1 + (left - 1) M; returns the moves kept and J, M, M1."""
+        sc = self.belief
+        n = len(sc.clients)
+        idx = {c.name: i for i, c in enumerate(sc.clients)}
+        R = len(sc.capacities)
+        T = np.zeros(n)
+        mv = np.zeros(n)
+        load = np.zeros((n, R))
+        mem = np.zeros((n, sc.tiers - 1))
+        rows: dict[tuple[str, Cuts], tuple[float, float, np.ndarray, np.ndarray]] = {}
+
+        def row(name: str, cuts: Cuts) -> tuple[float, float, np.ndarray, np.ndarray]:
+            if (name, cuts) not in rows:
+                c = sc.clients[idx[name]]
+                t = option_table(sc, c, np.asarray([cuts]))
+                m = move_cost(sc, c, self.assignment[name], cuts)
+                rows[(name, cuts)] = (float(t.round_s[0]), m, t.shared_load[0] / sc.capacities, t.memory[0, 1:])
+            return rows[(name, cuts)]
+
+        plan = {c.name: moves.get(c.name, self.assignment[c.name]) for c in sc.clients}
+        for name, cuts in plan.items():
+            i = idx[name]
+            T[i], mv[i], load[i], mem[i] = row(name, cuts)
+
+        def J() -> tuple[float, float, float]:
+            shared = float(load.sum(axis=0).max()) if R else 0.0
+            M = max(float(T.max()), shared)
+            M1 = max(float((T + mv).max()), shared)
+            fits = bool((mem.sum(axis=0) <= sc.memory_caps).all())
+            return (M1 + (left - 1) * M if fits else np.inf), M, M1
+
+        best = J()
+        for name in sorted(moves, key=lambda k: -row(k, moves[k])[1]):
+            i = idx[name]
+            saved = T[i], mv[i], load[i].copy(), mem[i].copy()
+            T[i], mv[i], load[i], mem[i] = row(name, self.assignment[name])
+            trial = J()
+            if trial[0] <= best[0]:
+                best = trial
+                plan[name] = self.assignment[name]
+            else:
+                T[i], mv[i], load[i], mem[i] = saved
+        kept = {k: v for k, v in plan.items() if v != self.assignment[k]}
+        if kept:  # price the kept plan with the cost model itself (exact sums)
+            cost = evaluate(sc, plan)
+            first = evaluate(sc, plan, extra_s={k: move_cost(sc, sc.clients[idx[k]], self.assignment[k], v)
+                                                for k, v in kept.items()})
+            if not cost.feasible:
+                return {}, np.inf, np.inf, np.inf
+            return kept, first.makespan_s + (left - 1) * cost.makespan_s, cost.makespan_s, first.makespan_s
+        return {}, best[0], best[1], best[2]
+
+    def _record(self, round: int, moved: tuple[str, ...], before: float, after: float, move_s: float,
+                reason: str) -> Decision:
+        d = Decision(round, dict(self.assignment), moved, before, after, move_s, reason)
+        self.history.append(d)
+        return d

@@ -1,0 +1,483 @@
+"""Choosing every client's cuts: the exact optimizer, brute force, and the policies it is compared to.
+
+Exact within the cost model (:mod:`splitfed.cost.model`). The makespan is the max
+of each client's own round time and the busy time of every shared resource,
+and memory limits are linear, so the problem is a MILP over one option per
+client (x_io = 1: client i uses cut vector o):
+
+    minimise M  s.t.  sum_o x_io = 1                           every client i
+                      M >= sum_o R_io x_io                     every client i
+                      M >= sum_io load_ior x_io / capacity_r   every shared resource r
+                      sum_io mem_ios x_io <= memory_s          every server tier s
+                      x_io in {0, 1}, only options o that fit device i's memory
+
+solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
+
+- *classes*: clients with identical inputs (device, link, samples) have identical
+  option costs; a class gets an integer count n_co per option instead of one
+  binary per client. Any per-client solution maps to counts and back with the
+  same makespan, so the optimum is unchanged and the MILP's size depends on the
+  number of classes, not of clients (10,000 clients of 7 kinds: 7 classes).
+- *dominance*: an option no better than another in every column (time, each
+  shared load, each server memory) is dropped: swapping it for the dominating
+  one never raises the makespan or breaks a limit.
+- *bisection on tau*, the largest client time (``_bisect``): with counts the
+  per-client rows M >= R_io need a weak big-M, so instead ask, for a candidate
+  tau (a distinct option time), "is there an assignment using only options with
+  R <= tau whose shared loads are <= tau?" (a yes/no MILP, monotone in tau).
+  The first tau_k that says yes and one optimising MILP below it give
+  M* = min(tau_k, S(tau_{k-1})); see ``_bisect`` for the argument.
+
+When every class is a single client, ``direct`` (the MILP above as written) is
+also available; both are checked against brute force in the tests. HiGHS proves
+the optimum to ``gap`` (relative; 0 = exact, the default 1e-5 avoids proofs that
+take minutes when shared tiers set the makespan: balancing loads is NP-hard).
+Every answer is re-priced by :func:`splitfed.cost.model.evaluate`, which is what
+every policy reports.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from splitfed.cost.model import Cuts, RoundCost, Scenario, evaluate, option_table
+from splitfed.errors import ConfigError, SplitfedError
+
+EXHAUSTIVE_LIMIT = 2_000_000
+_SCALE = 1e4  # the optimum's size in scaled units (see module docstring)
+DEFAULT_GAP = 1e-5
+
+
+@dataclass(frozen=True)
+class Solution:
+    """An assignment, priced by the cost model, and how it was found."""
+
+    method: str
+    cost: RoundCost
+    solve_s: float
+    optimal: bool
+    note: str = ""
+    gap: float = 0.0  # proven relative optimality gap (0 for exhaustive; unknown -> 0 for policies)
+
+    @property
+    def makespan_s(self) -> float:
+        return self.cost.makespan_s
+
+    @property
+    def assignment(self) -> dict[str, Cuts]:
+        return self.cost.assignment()
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "optimal": self.optimal, "gap": self.gap, "solve_s": self.solve_s,
+                "note": self.note,
+                **self.cost.to_dict()}
+
+
+@dataclass
+class _Class:
+    """Clients with identical option costs, and their (device-feasible, non-dominated) options."""
+
+    members: list[int]
+    options: np.ndarray
+    T: np.ndarray               # own round seconds
+    load: np.ndarray            # (m, R) seconds of each shared resource (work / capacity)
+    mem: np.ndarray             # (m, S) bytes on each server
+    all_options: int = 0
+
+
+def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np.ndarray) -> ConfigError:
+    c = sc.clients[members[0]]
+    best = int(np.argmin(t_mem))
+    more = f" (and {len(members) - 1} more like it)" if len(members) > 1 else ""
+    return ConfigError(
+        f"device {c.name!r}{more} cannot train any legal cut of {sc.profile.model} at batch {sc.batch}: "
+        f"its memory is {c.device.memory / 2**20:.1f} MiB and the smallest device share needs "
+        f"{t_mem[best] / 2**20:.1f} MiB (cuts {','.join(map(str, options[best]))})")
+
+
+def _pareto(V: np.ndarray) -> np.ndarray:
+    """Rows not dominated by another row (a <= b everywhere; among equal rows the first stays)."""
+    m = V.shape[0]
+    if m <= 1:
+        return np.ones(m, bool)
+    keep = np.ones(m, bool)
+    step = max(1, 4_000_000 // (m * max(1, V.shape[1])))
+    idx = np.arange(m)
+    for s in range(0, m, step):
+        b = slice(s, s + step)
+        le = (V[:, None, :] <= V[None, b, :]).all(-1)          # le[a, b]: a <= b
+        lt = (V[:, None, :] < V[None, b, :]).any(-1)
+        dom = le & (lt | (idx[:, None] < idx[None, b]))
+        keep[b] = ~dom.any(axis=0)
+    return keep
+
+
+def _classes(sc: Scenario) -> list[_Class]:
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(sc.clients):
+        groups.setdefault((c.device, c.link, c.samples), []).append(i)
+    out = []
+    for members in groups.values():
+        t = option_table(sc, sc.clients[members[0]])
+        ok = t.fits_device
+        if not ok.any():
+            raise _infeasible(sc, members, t.memory[:, 0], t.options)
+        T, load, mem = t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:]
+        keep = _pareto(np.concatenate([T[:, None], load, mem], axis=1))
+        out.append(_Class(members, t.options[ok][keep], T[keep], load[keep], mem[keep], len(ok)))
+    return out
+
+
+@dataclass
+class _Result:
+    counts: list[np.ndarray]   # per class, over that class's options
+    value: float               # objective in seconds (inf: infeasible)
+    bound: float               # proven lower bound in seconds
+    optimal: bool
+
+
+def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, time_rows: bool, scale: float,
+          gap: float, time_limit: float | None, mem_rhs: np.ndarray, m_max: float = math.inf,
+          minimize: bool = True) -> _Result:
+    """min M over counts of the ``allowed`` options: M >= every shared load (and, with ``time_rows``,
+    >= each client's time: valid only when every class is a single client), M <= ``m_max`` seconds.
+    ``minimize=False``: any feasible point (a yes/no question, far cheaper than a proof of optimality)."""
+    sizes = [len(a) for a in allowed]
+    nvar = sum(sizes) + 1
+    iM = nvar - 1
+    starts = np.cumsum([0, *sizes])
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def add(ci: np.ndarray, v: np.ndarray, lb: float, ub: float) -> None:
+        rows.append(np.full(len(ci), len(lo)))
+        cols.append(ci)
+        vals.append(v)
+        lo.append(lb)
+        hi.append(ub)
+
+    ones = np.ones(1)
+    for k, (c, a) in enumerate(zip(classes, allowed, strict=True)):
+        ni = np.arange(starts[k], starts[k + 1])
+        add(ni, np.ones(len(ni)), len(c.members), len(c.members))
+        if time_rows:
+            add(np.append(ni, iM), np.append(c.T[a] * scale, -ones), -np.inf, 0.0)
+    every = np.arange(nvar - 1)
+    for r in range(classes[0].load.shape[1]):
+        v = np.concatenate([c.load[a, r] for c, a in zip(classes, allowed, strict=True)]) * scale
+        if v.any():
+            add(np.append(every, iM), np.append(v, -ones), -np.inf, 0.0)
+    for s, cap in enumerate(sc.memory_caps):
+        v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / cap
+        if v.any() and math.isfinite(cap):
+            add(every, v, -np.inf, float(mem_rhs[s]))
+    A = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                  shape=(len(lo), nvar)).tocsr()
+    ub = np.full(nvar, np.inf)
+    ub[iM] = m_max * scale
+    integrality = np.ones(nvar)
+    integrality[iM] = 0
+    for k, c in enumerate(classes):
+        ub[starts[k]:starts[k + 1]] = len(c.members)
+    obj = np.zeros(nvar)
+    obj[iM] = 1.0 if minimize else 0.0
+    opts: dict = {"mip_rel_gap": gap, "disp": False}
+    if time_limit is not None:
+        opts["time_limit"] = max(0.1, time_limit)
+    res = milp(obj, integrality=integrality, bounds=Bounds(np.zeros(nvar), ub),
+               constraints=LinearConstraint(A, lo, hi), options=opts)
+    if res.status == 2:
+        return _Result([], math.inf, math.inf, True)
+    if res.x is None:
+        raise SplitfedError(f"the MILP solver stopped without a solution: {res.message}")
+    counts = [np.rint(res.x[starts[k]:starts[k + 1]]).astype(np.int64) for k in range(len(classes))]
+    for c, n in zip(classes, counts, strict=True):
+        if n.sum() != len(c.members) or (n < 0).any():
+            raise SplitfedError("the MILP solver returned counts that do not add up (numerical trouble)")
+    value = float(res.x[iM]) / scale
+    bound = getattr(res, "mip_dual_bound", None) if minimize else None
+    bound = float(bound) / scale if bound is not None and math.isfinite(bound) else 0.0
+    return _Result(counts, value, bound, res.status == 0)
+
+
+def _shared_infeasible(sc: Scenario) -> ConfigError:
+    caps = ", ".join(f"{n} {m / 2**20:.0f} MiB" for n, m in zip(sc.tier_names[1:], sc.memory_caps, strict=True))
+    return ConfigError(f"no assignment fits: the server tiers ({caps}) cannot hold the segments of all "
+                       f"{len(sc.clients)} clients of {sc.profile.model} at batch {sc.batch}, whatever the cuts")
+
+
+def _assign(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], counts: list[np.ndarray]
+            ) -> dict[str, Cuts]:
+    out: dict[str, Cuts] = {}
+    for c, a, k in zip(classes, allowed, counts, strict=True):
+        members = iter(c.members)
+        for o, n in zip(a, k, strict=True):
+            cuts = tuple(int(x) for x in c.options[o])
+            for _ in range(int(n)):
+                out[sc.clients[next(members)].name] = cuts
+    return out
+
+
+class _Solver:
+    """Runs MILPs and prices their answers with the cost model (one place for tolerances)."""
+
+    def __init__(self, sc: Scenario, classes: list[_Class], gap: float, deadline: float | None) -> None:
+        self.sc, self.classes, self.gap, self.deadline = sc, classes, gap, deadline
+        self.scale = _SCALE / max(float(c.T.min()) for c in classes)
+        self.calls = 0
+
+    def run(self, allowed: list[np.ndarray], time_rows: bool, m_max: float = math.inf,
+            minimize: bool = True) -> tuple[_Result, RoundCost | None]:
+        rhs = np.ones(len(self.sc.memory_caps))
+        for _ in range(4):
+            left = None if self.deadline is None else self.deadline - time.perf_counter()
+            self.calls += 1
+            r = _milp(self.sc, self.classes, allowed, time_rows=time_rows, scale=self.scale, gap=self.gap,
+                      time_limit=left, mem_rhs=rhs, m_max=m_max, minimize=minimize)
+            if not math.isfinite(r.value):
+                return r, None
+            cost = evaluate(self.sc, _assign(self.sc, self.classes, allowed, r.counts))
+            names = self.sc.tier_names
+            over = [(t, cost.shared_memory[names[t + 1]] / cap) for t, cap in enumerate(self.sc.memory_caps)]
+            over = [(t, u) for t, u in over if u > 1.0]
+            if not over:
+                return r, cost
+            for t, u in over:  # the solver's tolerance let a row overflow: tighten it and re-solve
+                rhs[t] -= (u - 1.0) + 1e-12
+        raise SplitfedError("the MILP solver's answers keep overflowing a server's memory (numerical trouble)")
+
+
+def _direct(s: _Solver) -> tuple[RoundCost, float, bool]:
+    """Every class is one client: M >= sum_o T_o x_o is exact, one MILP."""
+    allowed = [np.arange(len(c.T)) for c in s.classes]
+    r, cost = s.run(allowed, time_rows=True)
+    if cost is None:
+        raise _shared_infeasible(s.sc)
+    return cost, r.bound, r.optimal
+
+
+def _bisect(s: _Solver) -> tuple[RoundCost, float, bool]:
+    """Bisection on the largest client time tau; exact, and it works on classes.
+
+    Let S(tau) be the least shared-resource makespan using only options with T <= tau. Feasibility
+    of "S(tau) <= tau" is monotone in tau, so bisection over the distinct option times finds the
+    first tau_k where it holds (yes/no MILPs: no optimality proofs). Every assignment's makespan is
+    max(tau, S(tau)) for its own tau, so M* = min(tau_k, S(tau_{k-1})): one optimising MILP, capped
+    at tau_k. (If even tau_max fails, M* = S(tau_max).)
+    """
+    taus = np.unique(np.concatenate([c.T for c in s.classes]))
+    taus = taus[taus >= max(float(c.T.min()) for c in s.classes)]
+
+    def allowed(k: int) -> list[np.ndarray]:
+        out = []
+        for c in s.classes:
+            a = np.nonzero(c.T <= taus[k])[0]
+            out.append(a[_pareto(np.concatenate([c.load[a], c.mem[a]], axis=1))])
+        return out
+
+    memo: dict[int, RoundCost | None] = {}
+
+    def feasible(k: int) -> RoundCost | None:
+        if k not in memo:
+            memo[k] = s.run(allowed(k), time_rows=False, m_max=float(taus[k]), minimize=False)[1]
+        return memo[k]
+
+    last = len(taus) - 1
+    if feasible(0) is not None:  # the slowest class's best time: a lower bound, reached
+        cost = feasible(0)
+        assert cost is not None
+        return cost, float(taus[0]), True
+    if feasible(last) is None:  # shared resources dominate whatever the cuts
+        r, cost = s.run(allowed(last), time_rows=False)
+        if cost is None:
+            raise _shared_infeasible(s.sc)
+        return cost, r.bound, r.optimal
+    lo, hi = 0, last  # infeasible at lo, feasible at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if feasible(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    best = feasible(hi)
+    assert best is not None
+    r, cost = s.run(allowed(lo), time_rows=False, m_max=float(taus[hi]))
+    bound = float(taus[hi]) if cost is None else min(float(taus[hi]), r.bound)
+    if cost is not None and cost.makespan_s < best.makespan_s:
+        best = cost
+    return best, bound, r.optimal
+
+
+def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 60.0,
+          method: str = "auto") -> Solution:
+    """The assignment of least makespan within the cost model (MILP; classes + dominance; see module doc).
+
+    ``gap``: relative optimality gap HiGHS must prove (0: exact; the default 1e-5 is 10 us per second
+    of round, and spares a proof that can take minutes when shared tiers set the makespan). ``method``: ``direct``
+    (one MILP; needs every client distinct or is run per client), ``bisect`` (classes), ``auto``.
+    """
+    t0 = time.perf_counter()
+    classes = _classes(sc)
+    if method == "auto":
+        method = "direct" if all(len(c.members) == 1 for c in classes) else "bisect"
+    if method == "direct" and any(len(c.members) > 1 for c in classes):
+        classes = [_Class([i], c.options, c.T, c.load, c.mem, c.all_options) for c in classes for i in c.members]
+    if method not in ("direct", "bisect"):
+        raise ConfigError(f"method must be auto, direct or bisect, got {method!r}")
+    s = _Solver(sc, classes, gap, None if time_limit is None else t0 + time_limit)
+    cost, bound, optimal = (_direct if method == "direct" else _bisect)(s)
+    proven = max(0.0, (cost.makespan_s - bound) / cost.makespan_s) if cost.makespan_s > 0 else 0.0
+    groups = len({(c.device, c.link, c.samples) for c in sc.clients})
+    note = (f"{method}: {groups} class(es), {sum(len(c.T) for c in classes)} non-dominated option(s), "
+            f"{s.calls} MILP(s), proven gap {proven:.1e}")
+    return Solution("milp", cost, time.perf_counter() - t0, optimal, note, proven)
+
+
+# ---------------------------------------------------------------- reference and baseline policies
+
+
+def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
+    """Brute force over every combination of device-feasible cuts (small fleets only)."""
+    t0 = time.perf_counter()
+    tables = []
+    for i, c in enumerate(sc.clients):
+        t = option_table(sc, c)
+        if not t.fits_device.any():
+            raise _infeasible(sc, [i], t.memory[:, 0], t.options)
+        ok = t.fits_device
+        tables.append((t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:]))
+    sizes = [len(t[1]) for t in tables]
+    total = math.prod(sizes)
+    if total > limit:
+        raise ConfigError(f"exhaustive search over {len(sizes)} clients would check {total:.3g} assignments "
+                          f"(limit {limit:,}); use the default exact MILP instead")
+    caps = sc.memory_caps
+    best, cands = math.inf, []  # (value, flat index)
+    chunk = 250_000
+    for start in range(0, total, chunk):
+        idx = np.arange(start, min(total, start + chunk))
+        rem = idx.copy()
+        tmax = np.zeros(len(idx))
+        load = np.zeros((len(idx), tables[0][2].shape[1]))
+        mem = np.zeros((len(idx), len(caps)))
+        for (_, T, ld, mm), m in zip(tables, sizes, strict=True):
+            d = rem % m
+            rem //= m
+            tmax = np.maximum(tmax, T[d])
+            load += ld[d]
+            mem += mm[d]
+        val = np.maximum(tmax, load.max(axis=1) if load.shape[1] else 0.0)
+        ok = (mem <= caps).all(axis=1)
+        if not ok.any():
+            continue
+        vmin = float(val[ok].min())
+        if vmin <= best * (1 + 1e-9):
+            best = min(best, vmin)
+            sel = np.nonzero(ok & (val <= best * (1 + 1e-9)))[0]
+            cands = [(v, i) for v, i in cands if v <= best * (1 + 1e-9)] + [(float(val[s]), int(idx[s])) for s in sel]
+    if not cands:
+        raise _shared_infeasible(sc)
+    results = []
+    seen: set[float] = set()
+    for v, flat in sorted(cands):
+        if v in seen:  # equal sums in float: re-price one combination per value
+            continue
+        seen.add(v)
+        rem, assignment = flat, {}
+        for c, (opts, *_), m in zip(sc.clients, tables, sizes, strict=True):
+            assignment[c.name] = tuple(int(x) for x in opts[rem % m])
+            rem //= m
+        cost = evaluate(sc, assignment)
+        if cost.feasible:
+            results.append(cost)
+    if not results:
+        raise _shared_infeasible(sc)
+    cost = min(results, key=lambda c: c.makespan_s)
+    return Solution("exhaustive", cost, time.perf_counter() - t0, True, f"{total:,} assignments checked")
+
+
+def static(sc: Scenario, cuts: Sequence[int]) -> Solution:
+    """The same cuts for every client; a device they do not fit is named."""
+    t0 = time.perf_counter()
+    cuts = sc.check_cuts(cuts)
+    cost = evaluate(sc, {c.name: cuts for c in sc.clients})
+    for c, cc in zip(sc.clients, cost.clients, strict=True):
+        if not cc.fits_device:
+            raise ConfigError(f"cuts {','.join(map(str, cuts))} do not fit device {c.name!r}: they need "
+                              f"{cc.memory[0] / 2**20:.1f} MiB of its {c.device.memory / 2**20:.1f} MiB")
+    return Solution(f"static {','.join(map(str, cuts))}", cost, time.perf_counter() - t0, False)
+
+
+def best_static(sc: Scenario) -> Solution:
+    """The best single cut vector for all clients (every legal one tried in the cost model)."""
+    t0 = time.perf_counter()
+    ok = np.ones(len(sc.options), bool)
+    round_s = np.zeros(len(sc.options))
+    load = np.zeros((len(sc.options), len(sc.capacities)))
+    mem = np.zeros((len(sc.options), len(sc.memory_caps)))
+    groups: dict[tuple, int] = {}
+    for c in sc.clients:
+        k = (c.device, c.link, c.samples)
+        groups[k] = groups.get(k, 0) + 1
+    firsts = {}
+    for c in sc.clients:
+        firsts.setdefault((c.device, c.link, c.samples), c)
+    for k, n in groups.items():
+        t = option_table(sc, firsts[k])
+        ok &= t.fits_device
+        round_s = np.maximum(round_s, t.round_s)
+        load += n * t.shared_load
+        mem += n * t.memory[:, 1:]
+    ok &= (mem <= sc.memory_caps * (1 + 1e-9)).all(axis=1)
+    val = np.maximum(round_s, (load / sc.capacities).max(axis=1) if load.shape[1] else 0.0)
+    if not ok.any():
+        raise ConfigError(f"no single cut vector fits every device and server of the fleet for {sc.profile.model}")
+    order = np.argsort(np.where(ok, val, np.inf), kind="stable")
+    best: Solution | None = None
+    for o in order[:8]:  # re-price the few best with the exact cost model
+        if not ok[o]:
+            break
+        s = static(sc, sc.options[o])
+        if s.cost.feasible and (best is None or s.makespan_s < best.makespan_s):
+            best = s
+    if best is None:
+        raise ConfigError(f"no single cut vector fits every device and server of the fleet for {sc.profile.model}")
+    return Solution(f"best static {','.join(map(str, best.assignment[sc.clients[0].name]))}", best.cost,
+                    time.perf_counter() - t0, False)
+
+
+def greedy(sc: Scenario) -> Solution:
+    """Each device picks the cuts that minimise its own round time, as if the servers were its alone."""
+    t0 = time.perf_counter()
+    assignment: dict[str, Cuts] = {}
+    memo: dict[tuple, Cuts] = {}
+    for i, c in enumerate(sc.clients):
+        k = (c.device, c.link, c.samples)
+        if k not in memo:
+            t = option_table(sc, c)
+            if not t.fits_device.any():
+                raise _infeasible(sc, [i], t.memory[:, 0], t.options)
+            r = np.where(t.fits_device, t.round_s, np.inf)
+            memo[k] = tuple(int(x) for x in t.options[int(np.argmin(r))])
+        assignment[c.name] = memo[k]
+    cost = evaluate(sc, assignment)
+    return Solution("greedy", cost, time.perf_counter() - t0, False,
+                    "" if cost.feasible else "violates: " + "; ".join(cost.violations))
+
+
+def all_on_server(sc: Scenario) -> Solution:
+    """Everything on the last server (the device only sends its data; U-shape: and computes the loss)."""
+    L = sc.profile.n_blocks
+    cuts = (0,) * (sc.tiers - 1) + ((L,) if sc.u_shape else ())
+    s = static(sc, cuts)
+    return Solution("all-on-server", s.cost, s.solve_s, False)

@@ -1,0 +1,204 @@
+"""Figures of runs and experiments, as PNG files.
+
+Built on ``matplotlib.figure.Figure`` without pyplot: no global backend or
+figure state, so plotting is safe in servers, tests and worker processes, and
+needs no display (the Agg canvas is used for PNG output). Every figure has a
+title, labelled axes and a legend (the heatmap a colour bar instead), because
+these are meant to go into a paper or a README as they are.
+
+Two layers: :func:`line_plot` draws any set of named series (the experiment
+scripts use it for their own figures); the ``*_plot`` functions draw the
+standard views of runs (:class:`~splitfed.report.runs.Run`) with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.figure import Figure
+
+from splitfed.report.runs import Run
+from splitfed.report.table import MB
+
+DPI = 120
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line: its legend label, points, and optional matplotlib style (``marker``, ``linestyle``...)."""
+
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    style: dict[str, Any] = field(default_factory=dict)
+
+
+def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel: str, ylabel: str,
+              logx: bool = False, logy: bool = False, hline: float | None = None, hline_label: str = "",
+              vline: float | None = None, vline_label: str = "", size: tuple[float, float] = (7.0, 4.5)) -> Path:
+    """Draw ``series`` as lines on one labelled axes; optional horizontal and vertical reference lines."""
+    fig = Figure(figsize=size, dpi=DPI)
+    ax = fig.add_subplot()
+    for s in series:
+        style = {"marker": "o", "markersize": 3, "linewidth": 1.5, **s.style}
+        ax.plot(list(s.x), list(s.y), label=s.label, **style)
+    if hline is not None:
+        ax.axhline(hline, color="grey", linestyle=":", linewidth=1, label=hline_label or f"{hline:g}")
+    if vline is not None:
+        ax.axvline(vline, color="red", linestyle=":", linewidth=1, label=vline_label or f"{vline:g}")
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------- standard views of runs
+
+
+def accuracy_vs_time_plot(runs: Sequence[Run], path: str | Path, target: float | None = None,
+                          title: str = "Test accuracy vs simulated time") -> Path:
+    """Accuracy after each round against the simulated clock (cost-model makespans summed)."""
+    series = [Series(r.label, *_with_start(r, r.sim_time)) for r in runs]
+    return line_plot(series, path, title=title, xlabel="simulated time (s)", ylabel="test accuracy",
+                     hline=target, hline_label=f"target {target:g}" if target is not None else "")
+
+
+def accuracy_per_round_plot(runs: Sequence[Run], path: str | Path,
+                            title: str = "Test accuracy per round") -> Path:
+    series = [Series(r.label, [x.round for x in r.rounds], [x.accuracy for x in r.rounds]) for r in runs]
+    return line_plot(series, path, title=title, xlabel="round", ylabel="test accuracy")
+
+
+def makespan_plot(runs: Sequence[Run], path: str | Path, title: str = "Simulated round time (makespan)",
+                  mark_round: int | None = None) -> Path:
+    """Each round's simulated makespan; ``mark_round`` draws a vertical line (e.g. where drift starts)."""
+    series = [Series(r.label, [x.round for x in r.rounds], [x.sim_round_s for x in r.rounds]) for r in runs]
+    return line_plot(series, path, title=title, xlabel="round", ylabel="makespan (simulated s)",
+                     vline=None if mark_round is None else mark_round - 0.5,
+                     vline_label=f"change from round {mark_round}" if mark_round is not None else "")
+
+
+def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Bytes on the wire per round") -> Path:
+    """Uplink (solid) and downlink (dashed) megabytes per round, per run."""
+    series = []
+    for i, r in enumerate(runs):
+        color = f"C{i % 10}"
+        rounds = [x.round for x in r.rounds]
+        series.append(Series(f"{r.label} up", rounds, [x.bytes_up / MB for x in r.rounds], {"color": color}))
+        series.append(Series(f"{r.label} down", rounds, [x.bytes_down / MB for x in r.rounds],
+                             {"color": color, "linestyle": "--", "marker": "s"}))
+    return line_plot(series, path, title=title, xlabel="round", ylabel="MB per round")
+
+
+def accuracy_vs_bytes_plot(runs: Sequence[Run], path: str | Path,
+                           title: str = "Test accuracy vs bytes on the wire") -> Path:
+    series = [Series(r.label, *_with_start(r, [b / MB for b in r.cum_bytes])) for r in runs]
+    return line_plot(series, path, title=title, xlabel="cumulative MB on the wire (up + down)",
+                     ylabel="test accuracy")
+
+
+def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_labels: int = 40) -> Path:
+    """Client x round heatmap of each cut (one panel per cut); blank where a client sat out a round."""
+    clients = run.clients
+    rounds = [r.round for r in run.rounds]
+    width = max((len(c) for r in run.rounds for c in r.cuts.values()), default=1)
+    grid = np.full((width, max(1, len(clients)), max(1, len(rounds))), np.nan)
+    index = {c: i for i, c in enumerate(clients)}
+    for j, r in enumerate(run.rounds):
+        for c, cuts in r.cuts.items():
+            grid[: len(cuts), index[c], j] = cuts
+    finite = grid[np.isfinite(grid)]
+    lo, hi = (int(finite.min()), int(finite.max())) if finite.size else (0, 1)
+    levels = np.arange(lo, hi + 2) - 0.5
+    cmap = ListedColormap([_viridis(v) for v in np.linspace(0, 1, len(levels) - 1)]).with_extremes(bad="white")
+    norm = BoundaryNorm(levels, cmap.N)
+    fig = Figure(figsize=(min(14.0, 3.0 + 0.35 * len(rounds)) * (1 if width == 1 else 1.6),
+                          min(12.0, 1.8 + 0.22 * len(clients))), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, width, squeeze=False, sharey=True)[0]
+    im = None
+    for k, ax in enumerate(axes):
+        im = ax.imshow(np.ma.masked_invalid(grid[k]), aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
+                       extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(clients) - 0.5, -0.5) if rounds else None)
+        ax.set_title(_cut_name(k, width))
+        ax.set_xlabel("round")
+        if rounds:
+            step = max(1, math.ceil(len(rounds) / 15))
+            ax.set_xticks(rounds[::step])
+    axes[0].set_ylabel("client (device class)")
+    if len(clients) <= max_labels:
+        axes[0].set_yticks(range(len(clients)))
+        axes[0].set_yticklabels([f"{c} ({run.class_of(c)})" if run.class_of(c) != c else c for c in clients],
+                                fontsize="small")
+    else:
+        axes[0].set_yticks([])
+    fig.suptitle(title or f"Cuts over rounds: {run.label}")
+    assert im is not None
+    bar = fig.colorbar(im, ax=list(axes), ticks=range(lo, hi + 1))
+    bar.set_label("cut (blocks before it)")
+    return _save(fig, path)
+
+
+def standard_plots(runs: Sequence[Run], out: str | Path, target: float | None = None) -> dict[str, Path]:
+    """Every standard view of ``runs`` in folder ``out``; name -> PNG path."""
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    made = {
+        "accuracy vs simulated time": accuracy_vs_time_plot(runs, d / "accuracy_vs_time.png", target),
+        "accuracy per round": accuracy_per_round_plot(runs, d / "accuracy_per_round.png"),
+        "makespan per round": makespan_plot(runs, d / "makespan.png"),
+        "bytes per round": bytes_plot(runs, d / "bytes.png"),
+        "accuracy vs bytes": accuracy_vs_bytes_plot(runs, d / "accuracy_vs_bytes.png"),
+    }
+    for i, r in enumerate(runs):
+        if r.clients:
+            made[f"cuts: {r.label}"] = cuts_heatmap(r, d / f"cuts_{i + 1}_{slug(r.label)}.png")
+    return made
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _with_start(run: Run, x: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Points after each round, led by (0, accuracy before training) when the run recorded it.
+
+    The summary's ``initial_accuracy`` is used if present; nothing is made up otherwise.
+    """
+    xs, ys = list(x), [r.accuracy for r in run.rounds]
+    v = run.summary.get("initial_accuracy")
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return [0.0, *xs], [float(v), *ys]
+    return xs, ys
+
+
+def _cut_name(k: int, width: int) -> str:
+    names = {1: ["device | server"], 2: ["device | edge", "edge | cloud"]}.get(width)
+    return f"cut {k + 1}: {names[k]}" if names else f"cut {k + 1}"
+
+
+def _viridis(v: float) -> tuple[float, float, float, float]:
+    from matplotlib import colormaps
+
+    return colormaps["viridis"](v)
+
+
+def slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:60] or "run"
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, format="png", bbox_inches="tight")
+    return p

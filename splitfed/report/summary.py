@@ -1,0 +1,65 @@
+"""The Markdown summary of one or more runs: one row per run, the numbers a paper table needs.
+
+The same rows feed the terminal table (:func:`summary_rows` + ``table.format_table``)
+and ``summary.md`` (:func:`markdown_table`), so the two never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from splitfed.report.runs import Run
+from splitfed.report.table import MB, format_value
+
+HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
+           "MB on the wire", "wall s")
+
+
+def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list[str], list[list[Any]]]:
+    """Headers and one row per run (with time and rounds to ``target`` accuracy when given)."""
+    headers = list(HEADERS)
+    if target is not None:
+        headers += [f"sim s to {target:g}", f"rounds to {target:g}"]
+    rows = []
+    for r in runs:
+        n = len(r.rounds)
+        wall = [x.wall_s for x in r.rounds]
+        row: list[Any] = [r.label, n, r.final.accuracy, max(x.accuracy for x in r.rounds), r.sim_time[-1],
+                          r.sim_time[-1] / n, r.cum_bytes[-1] / MB, sum(wall)]
+        if target is not None:
+            row += [r.time_to_target(target), r.rounds_to_target(target)]
+        rows.append(row)
+    return headers, rows
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table (``|`` in text escaped; numbers right-aligned)."""
+    def esc(v: Any) -> str:
+        return format_value(v).replace("|", "\\|")
+
+    numeric = [all(isinstance(row[j], int | float) or row[j] is None for row in rows) and bool(rows)
+               for j in range(len(headers))]
+    out = ["| " + " | ".join(esc(h) for h in headers) + " |",
+           "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
+    out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def summary_markdown(runs: Sequence[Run], target: float | None = None,
+                     images: Mapping[str, str | Path] | None = None, title: str = "splitfed report") -> str:
+    """``summary.md``: the runs table, where each run came from, and the figures (relative links)."""
+    headers, rows = summary_rows(runs, target)
+    parts = [f"# {title}", "", markdown_table(headers, rows), ""]
+    if target is not None:
+        parts += [f"Time to target: simulated seconds (cost-model clock) until the global model's test "
+                  f"accuracy first reaches {target:g}; `-`: never.", ""]
+    sources = [f"- **{r.label}**: `{r.path}`" for r in runs if r.path is not None]
+    if sources:
+        parts += ["## Runs", "", *sources, ""]
+    if images:
+        parts += ["## Figures", ""]
+        parts += [f"![{name}]({Path(p).as_posix()})" for name, p in images.items()]
+        parts.append("")
+    return "\n".join(parts)

@@ -1,0 +1,112 @@
+"""Terminal tables: the end-of-run table of ``splitfed simulate`` and the one ``splitfed report`` prints.
+
+One formatter for every table printed to a terminal, so columns line up the
+same everywhere. :func:`end_of_run` is what the simulate runner calls with the
+metrics objects it wrote: a table of rounds (accuracy, simulated round time,
+bytes) and one of device classes (how many clients, which cuts they had in the
+first and in the last round), since with adaptive cuts "the" cut of a class is
+a distribution that moves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from splitfed.report.runs import Cuts, RoundRow, Run, rows_to_run
+
+MB = 1e6
+_FILLERS = ("", "...", None)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
+    """A plain-text table; numbers right-aligned, text left-aligned."""
+    cells = [[format_value(v) for v in row] for row in rows]
+    numeric = [all(_is_num(row[j]) for row in rows if j < len(row) and row[j] not in _FILLERS) and bool(rows)
+               for j in range(len(headers))]
+    widths = [max([len(h), *(len(r[j]) for r in cells if j < len(r))]) for j, h in enumerate(headers)]
+
+    def line(vals: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if numeric[j] else v.ljust(w) for j, (v, w) in enumerate(zip(vals, widths, strict=True))).rstrip()
+
+    out = [title] if title else []
+    out += [line(list(headers)), "  ".join("-" * w for w in widths)]
+    out += [line(r + [""] * (len(headers) - len(r))) for r in cells]
+    return "\n".join(out)
+
+
+def format_cuts(cuts: Cuts) -> str:
+    return ",".join(map(str, cuts)) if cuts else "-"
+
+
+def cut_mix(cuts: Sequence[Cuts]) -> str:
+    """``"2,5 x3; 1,4"``: the distinct cut vectors of a group, most common first."""
+    counts = Counter(cuts)
+    parts = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "; ".join(format_cuts(c) + (f" x{n}" if n > 1 else "") for c, n in parts) or "-"
+
+
+def round_table(run: Run, max_rows: int = 30) -> str:
+    """Per round: accuracy, loss, simulated round time and bytes (long runs: first and last rounds)."""
+    headers = ["round", "accuracy", "loss", "sim round s", "sim total s", "MB up", "MB down"]
+    rows = [[r.round, r.accuracy, r.loss, r.sim_round_s, t, r.bytes_up / MB, r.bytes_down / MB]
+            for r, t in zip(run.rounds, run.sim_time, strict=True)]
+    if len(rows) > max_rows:
+        half = max_rows // 2
+        rows = rows[:half] + [["..."] + [""] * (len(headers) - 1)] + rows[-half:]
+    return format_table(headers, rows, title=f"{run.label}: rounds")
+
+
+def class_table(run: Run) -> str:
+    """Per device class: clients, and the cuts they had in the first and the last round."""
+    first, last = run.rounds[0], run.rounds[-1]
+    classes: dict[str, list[str]] = {}
+    for c in run.clients:
+        classes.setdefault(run.class_of(c), []).append(c)
+    rows = [[k, len(v), _mix(first, v), _mix(last, v)] for k, v in classes.items()]
+    return format_table(["device class", "clients", f"cuts round {first.round}", f"cuts round {last.round}"],
+                        rows, title=f"{run.label}: cuts per device class")
+
+
+def end_of_run(rows: Sequence[Mapping[str, Any]], classes: Mapping[str, str] | None = None,
+               label: str = "run") -> str:
+    """The table ``splitfed simulate`` prints at the end: rounds, then cuts per device class.
+
+    ``rows`` are the metrics objects of ``metrics.jsonl``; ``classes`` maps client -> device class.
+    """
+    run = rows_to_run(rows, label, {"classes": dict(classes or {})})
+    if not run.rounds:
+        return f"{label}: no rounds"
+    parts = [round_table(run)]
+    if run.clients:
+        parts.append(class_table(run))
+    return "\n\n".join(parts)
+
+
+def _mix(row: RoundRow, clients: Sequence[str]) -> str:
+    return cut_mix([row.cuts[c] for c in clients if c in row.cuts])
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def format_value(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        if math.isinf(v):
+            return "inf"
+        a = abs(v)
+        if a == 0:
+            return "0"
+        if a >= 1e5 or a < 1e-3:
+            return f"{v:.3g}"
+        return f"{v:.4f}" if a < 1 else f"{v:.2f}"
+    return str(v)

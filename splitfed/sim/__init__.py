@@ -1,0 +1,1 @@
+"""Simulation: a fleet of virtual clients in Flower's simulation engine, real tier processes."""

@@ -1,0 +1,45 @@
+"""The simulated clock: what a round would take on the fleet's devices, from the one cost model.
+
+A simulation runs on one machine, so measured times say little about a Pi on a
+rural uplink. Each virtual client is given a device from the fleet (drawn once
+per run from the seed) and ``sim_round_s`` is the cost model's makespan of the
+round's assignment on those devices (:func:`splitfed.cost.round_time`, the same
+function the optimizer minimises), with each client's real sample count and the
+fleet's drift applied for the round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from splitfed.flower.config import RunSettings
+from splitfed.flower.policy import ClientInfo, Clock, Cuts
+from splitfed.profile.fleet import Fleet, load_fleet
+
+
+def fleet_for(settings: RunSettings) -> Fleet:
+    """The run's fleet: ``settings.clients`` devices drawn from the fleet file by the seed."""
+    return load_fleet(settings.fleet).sample(settings.clients, seed=settings.seed)
+
+
+def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
+    """``clock(round, assignment, clients)``; ``None`` for clients that name no fleet device."""
+    from splitfed.cost import Scenario, round_time
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.profile.profiler import profile_model
+
+    profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
+    base = Scenario.from_fleet(profile, fleet, tiers=settings.tiers, batch=settings.batch_size,
+                               u_shape=settings.u_shape, epochs=settings.local_epochs)
+    names = {c.name for c in fleet.clients}
+
+    def clock(round: int, assignment: Mapping[str, Cuts], clients: Sequence[ClientInfo]) -> float | None:
+        if not clients or any(c.profile not in names for c in clients):
+            return None  # deployment: devices are real, times are measured instead
+        now = fleet.at_round(round)
+        picked = [replace(now.client(c.profile), samples=c.samples or now.client(c.profile).samples)
+                  for c in clients]
+        return round_time(base.with_clients(picked), {c.profile: assignment[c.client_id] for c in clients})
+
+    return clock

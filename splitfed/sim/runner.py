@@ -1,0 +1,76 @@
+"""``splitfed simulate``: a fleet of virtual clients in Flower's simulation engine.
+
+The runner starts the tier servers (edge and cloud processes on 127.0.0.1, random
+free ports), then Flower's simulation engine with ``clients`` virtual nodes
+(Ray actors, 1 CPU each, at most one per core) running the ClientApp, and the
+ServerApp in this process. Every process it started is stopped on the way out:
+normal end, error or Ctrl-C (the ServerApp polls a stop flag, Ray is shut down,
+the tier processes are stopped by their context manager).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from splitfed.flower.config import RunSettings
+from splitfed.sim.tiers import start_tiers
+
+
+def simulate(settings: RunSettings, progress: Callable[[str], None] = print, verbose: bool = False,
+             cpus: int | None = None) -> dict[str, Any]:
+    """Run the simulation; returns the run's summary (also in ``out/summary.json``)."""
+    import ray
+    from flwr.simulation import run_simulation
+
+    from clients.app import app as client_app
+    from server.app import build_app
+
+    cpus = cpus or max(1, min(len(os.sched_getaffinity(0)), settings.clients))
+    if not verbose:
+        logging.getLogger("flwr").setLevel(logging.WARNING)
+    stop = threading.Event()
+    summary: dict[str, Any] = {}
+    try:
+        with start_tiers(settings) as chain:
+            run_settings = settings.with_(tier_addresses=",".join(chain.addresses))
+            progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
+            server_app = build_app(run_settings, progress, stop=stop, on_summary=summary.update)
+            backend = {
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
+                              "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose},
+            }
+            try:
+                run_simulation(server_app, client_app, num_supernodes=settings.clients, backend_config=backend,
+                               verbose_logging=verbose)
+            finally:
+                stop.set()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    return summary
+
+
+def validate(settings: RunSettings) -> None:
+    """Refuse bad settings before any process starts (one clear error, nothing started)."""
+    from splitfed.data import parse_partition
+    from splitfed.engine import template
+    from splitfed.flower.policy import StaticPolicy, make_policy
+    from splitfed.flower.workload import test_data
+    from splitfed.models.blocks import validate_cuts
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.sim.clock import fleet_for
+
+    spec = resolve_spec(settings.model)
+    parse_partition(settings.partition)
+    test_data(spec, settings.dataset, settings.seed)  # unknown dataset or shape mismatch
+    policy = make_policy(settings)
+    if isinstance(policy, StaticPolicy):
+        n = template.num_blocks(spec)
+        for cuts in policy.options:
+            validate_cuts(cuts, n, settings.tiers, settings.u_shape, model=spec.name)
+    fleet_for(settings)

@@ -1,0 +1,66 @@
+"""The server tiers of a run: connect to given addresses, or start edge and cloud processes.
+
+Started tiers listen on 127.0.0.1 at ports the OS picks (``:0``), the cloud
+first so the edge can be pointed at it; they are stopped when the ``with``
+block ends, whichever way it ends (return, error, Ctrl-C).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+from splitfed.engine.link import TierControl
+from splitfed.flower.config import RunSettings
+from splitfed.flower.transport import connect
+
+
+def tier_names(server_tiers: int) -> list[str]:
+    """Chain order: ``edge``, ``tier2`` ... , ``cloud`` (a single server tier is the edge)."""
+    if server_tiers == 1:
+        return ["edge"]
+    return ["edge", *[f"tier{i}" for i in range(2, server_tiers)], "cloud"]
+
+
+@dataclass
+class TierChain:
+    addresses: list[str]  # chain order, edge first
+    controls: list[TierControl] = field(default_factory=list)  # one control client per tier
+    pids: list[int] = field(default_factory=list)  # processes started here (empty: external tiers)
+
+
+@contextmanager
+def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
+    """Start ``settings.tiers - 1`` tier processes on 127.0.0.1 (or use ``tier-addresses``)."""
+    if settings.addresses:
+        yield TierChain(list(settings.addresses))
+        return
+    from splitfed.transport.process import TierProcess
+    from splitfed.transport.security import TlsConfig
+
+    tls = (TlsConfig(cert=settings.tls_cert, key=settings.tls_key, ca=settings.tls_ca or None)
+           if settings.tls_cert else None)
+    with ExitStack() as stack:
+        chain = TierChain([])
+        nxt = None
+        for name in reversed(tier_names(settings.tiers - 1)):
+            proc = TierProcess.start(name, listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
+                                     token_file=settings.token_file or None, insecure=tls is None)
+            stack.callback(proc.stop)
+            chain.addresses.insert(0, proc.address)
+            chain.pids.insert(0, proc.pid)
+            nxt = proc.address
+        yield chain
+
+
+@contextmanager
+def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
+    """The run's tiers (started if need be) with a control client connected to each."""
+    with start_tiers(settings) as chain, ExitStack() as stack:
+        for addr in chain.addresses:
+            c = connect(addr, tls_ca=settings.tls_ca, tls_cert=settings.tls_cert, tls_key=settings.tls_key,
+                        token_file=settings.token_file, deadline_s=settings.round_timeout_s)
+            stack.callback(c.close)
+            chain.controls.append(c)
+        yield chain

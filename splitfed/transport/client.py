@@ -1,0 +1,265 @@
+"""The gRPC link: a device's (or a tier's) client of the next tier, as ``Link`` and ``TierControl``.
+
+Every call has a deadline (``deadline_s``, shortened to what the caller of a
+forwarding tier has left). Calls that fail with UNAVAILABLE are retried here,
+with backoff, within that deadline: gRPC's own retry policy stops silently
+once a call has sent more than ``grpc.per_rpc_retry_buffer_size`` (256 KiB),
+which every real activation does, so it is switched off rather than relied
+on. Retrying is safe because every call is idempotent at the tier: a step
+with the same sequence number returns its cached reply and is applied once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
+from typing import TypeVar
+
+import grpc
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
+from splitfed.errors import ConfigError, NotFound, TierError
+from splitfed.transport import codec as tc
+from splitfed.transport import wire
+from splitfed.transport.errors import DeadlineExceeded, error_of
+from splitfed.transport.pb import SERVICE, method, pb
+from splitfed.transport.security import TlsConfig, bearer
+
+T = TypeVar("T")
+
+DEADLINE: ContextVar[float | None] = ContextVar("splitfed_deadline", default=None)
+"""Monotonic time by which the call being served must answer (set by the server for its next hop)."""
+
+HOP_MARGIN_S = 0.05  # a forwarding tier gives up on its next hop this much before its caller does
+
+_KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+def channel_options(limits: wire.Limits) -> list[tuple[str, int | str]]:
+    return [
+        *limits.grpc_options(),
+        ("grpc.enable_retries", 0),  # explicit retries instead (see module doc)
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        *_KEEPALIVE,
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def server_options(limits: wire.Limits) -> list[tuple[str, int | str]]:
+    return [
+        *limits.grpc_options(),
+        ("grpc.so_reuseport", 0),  # two tiers never share a port by accident
+        *_KEEPALIVE,
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+class GrpcTierClient:
+    """A tier at ``address`` as a ``Link`` (data path) and a ``TierControl`` (load/fetch/release).
+
+    Without ``tls`` the channel is plaintext (``insecure=True`` says so
+    explicitly; the server side refuses plaintext unless told). ``compress`` names the codec of the tensors sent (activations, gradients up)
+    and asked for in replies (gradients, outputs down). ``bytes_up`` /
+    ``bytes_down`` count tensor payload bytes exactly as ``InProcessLink`` does.
+    Thread-safe: many devices or a tier's many clients may share one client.
+    """
+
+    def __init__(self, address: str, *, tls: TlsConfig | None = None, token: str | None = None,
+                 insecure: bool = False, deadline_s: float = 60.0, compress: str = "none", retries: int = 5,
+                 backoff_s: float = 0.1, limits: wire.Limits | None = None,
+                 interceptors: Sequence[grpc.UnaryUnaryClientInterceptor | grpc.StreamStreamClientInterceptor
+                                        | grpc.StreamUnaryClientInterceptor | grpc.UnaryStreamClientInterceptor]
+                 = ()) -> None:
+        if deadline_s <= 0:
+            raise ConfigError(f"deadline_s must be > 0, got {deadline_s}")
+        if insecure and tls is not None:
+            raise ConfigError("insecure=True contradicts a TLS config: choose one")
+        self.address = address
+        self.deadline_s = float(deadline_s)
+        self.codec = tc.Codec.parse(compress)
+        self.retries = int(retries)
+        self.backoff_s = float(backoff_s)
+        self.limits = limits or wire.Limits()
+        opts = channel_options(self.limits) + (tls.channel_options() if tls else [])
+        channel = (grpc.secure_channel(address, tls.channel_credentials(), options=opts) if tls
+                   else grpc.insecure_channel(address, options=opts))
+        self._raw_channel = channel
+        self._tls = tls is not None
+        if interceptors:
+            channel = grpc.intercept_channel(channel, *interceptors)
+        self._metadata = (bearer(token),) if token else ()
+        self._step = channel.stream_stream(method("Step"))
+        self._load = channel.stream_unary(method("Load"))
+        self._fetch = channel.unary_stream(method("Fetch"))
+        self._release = channel.unary_unary(method("Release"))
+        self._health = health_pb2_grpc.HealthStub(channel)
+        self._lock = threading.Lock()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.retried = 0  # attempts repeated after UNAVAILABLE (for tests and logs)
+
+    # ------------------------------------------------------------ calls
+
+    def _budget(self) -> float:
+        """Seconds this call may take: our deadline, or less if our caller must answer sooner."""
+        budget = self.deadline_s
+        outer = DEADLINE.get()
+        if outer is not None:
+            budget = min(budget, outer - time.monotonic() - HOP_MARGIN_S)
+        return budget
+
+    def _call(self, what: str, attempt: Callable[[float], T]) -> T:
+        budget = self._budget()
+        if budget <= 0:
+            raise DeadlineExceeded(f"tier {self.address}: no time left for {what} (the caller's deadline passed)")
+        end = time.monotonic() + budget
+        tries = 0
+        while True:
+            left = end - time.monotonic()
+            try:
+                if left <= 0:
+                    raise DeadlineExceeded(f"tier {self.address}: {what}: deadline of {budget:.3g}s exceeded")
+                return attempt(left)
+            except grpc.RpcError as e:
+                code, details = _status(e)
+                if code == grpc.StatusCode.UNAVAILABLE and tries < self.retries:
+                    pause = self.backoff_s * (2 ** tries) * (0.5 + random.random() / 2)
+                    if time.monotonic() + pause < end:
+                        tries += 1
+                        with self._lock:
+                            self.retried += 1
+                        time.sleep(pause)
+                        continue
+                raise self._error(code, details, what, tries, budget) from None
+
+    def _error(self, code: grpc.StatusCode, details: str, what: str, tries: int, budget: float) -> TierError:
+        where = f"tier {self.address}: {what}"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return DeadlineExceeded(f"{where}: no answer within the deadline of {budget:.3g}s ({details})")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            hint = ""
+            if self._tls and ("closed" in details.lower() or "handshake" in details.lower()
+                              or "ssl" in details.lower()):
+                hint = (" (over TLS this is also how a refused handshake looks: check that the tier's CA "
+                        "signed this client's certificate, and that tls.ca signed the tier's)")
+            return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}{hint}")
+        if code == grpc.StatusCode.NOT_FOUND and tries:
+            return NotFound(f"{where}: {details} (the tier was unreachable before: it may have restarted and "
+                            "lost this client's segment; load it again)")
+        return error_of(code, f"{where}: {details}")
+
+    def _exchange(self, frames: list[bytes], what: str) -> tuple[pb.StepResult, wire.Received | None]:
+        def attempt(timeout: float) -> tuple[pb.StepResult, wire.Received | None]:
+            replies = self._step(iter(frames), timeout=timeout, metadata=self._metadata)
+            head, items = wire.read_all(replies, wire.F_RESULT, self.limits, what=f"{what} reply")
+            assert isinstance(head, pb.StepResult)
+            if len(items) != int(head.has_tensor):
+                raise TierError(f"tier {self.address}: {what}: reply carries {len(items)} tensors")
+            return head, (items[0] if items else None)
+
+        return self._call(what, attempt)
+
+    def _data(self, key: StepKey, phase: int, tensors: Iterable[tuple[torch.Tensor, tc.Codec]],
+              what: str) -> tuple[pb.StepResult, wire.Received | None, int]:
+        head = pb.StepHeader(run_id=key.run_id, client_id=key.client_id, round=key.round, seq=key.seq, phase=phase,
+                             reply_codec=wire.codec_pb(self.codec))
+        enc = [("", tc.encode(t, c)) for t, c in tensors]
+        result, out = self._exchange(wire.frames(head, enc, self.limits.chunk_bytes), what)
+        return result, out, sum(e.nbytes for _, e in enc)
+
+    def _count(self, up: int, down: wire.Received | None) -> None:
+        with self._lock:
+            self.bytes_up += up
+            self.bytes_down += 0 if down is None else down.nbytes
+
+    # ------------------------------------------------------------ Link
+
+    def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
+        result, out, up = self._data(key, pb.PHASE_STEP, [(activation, self.codec), (labels, tc.NONE)],
+                                     f"step {key.seq} of {key.client_id}")
+        self._count(up, out)
+        return StepReply(None if out is None else out.tensor, float(result.loss), int(result.correct))
+
+    def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
+        _, out, up = self._data(key, pb.PHASE_FORWARD, [(activation, self.codec)],
+                                f"forward {key.seq} of {key.client_id}")
+        if out is None:
+            raise TierError(f"tier {self.address}: forward {key.seq} returned no tensor")
+        self._count(up, out)
+        return out.tensor
+
+    def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
+        _, out, up = self._data(key, pb.PHASE_BACKWARD, [(grad, self.codec)], f"backward {key.seq} of {key.client_id}")
+        self._count(up, out)
+        return None if out is None else out.tensor
+
+    # ------------------------------------------------------------ TierControl
+
+    def load(self, spec: SegmentLoad) -> None:
+        m = spec.model
+        head = pb.LoadHeader(
+            run_id=spec.run_id, client_id=spec.client_id, round=spec.round,
+            model=pb.ModelSpec(name=m.name, input_shape=m.input_shape, num_classes=m.num_classes, vocab=m.vocab,
+                               kwargs_json=json.dumps(m.kwargs, sort_keys=True) if m.kwargs else ""),
+            start=spec.start, stop=spec.stop, replica=spec.replica,
+            optim=pb.OptimConfig(name=spec.optim.name, lr=spec.optim.lr, momentum=spec.optim.momentum,
+                                 weight_decay=spec.optim.weight_decay),
+            seed=spec.seed, loss_here=spec.loss_here, has_state=spec.state is not None)
+        tensors = [(k, tc.encode(v)) for k, v in sorted((spec.state or {}).items())]
+        frames = wire.frames(head, tensors, self.limits.chunk_bytes)
+        self._call(f"load of {spec.client_id}",
+                   lambda t: self._load(iter(frames), timeout=t, metadata=self._metadata))
+
+    def fetch(self, run_id: str, client_id: str) -> State:
+        req = pb.ClientRef(run_id=run_id, client_id=client_id).SerializeToString()
+
+        def attempt(timeout: float) -> State:
+            stream = self._fetch(req, timeout=timeout, metadata=self._metadata)
+            _, items = wire.read_all(stream, None, self.limits, writable=True, what="fetch reply")
+            return {it.name: it.tensor for it in items}
+
+        return self._call(f"fetch of {client_id}", attempt)
+
+    def release(self, run_id: str, client_id: str) -> None:
+        req = pb.ClientRef(run_id=run_id, client_id=client_id).SerializeToString()
+        self._call(f"release of {client_id}", lambda t: self._release(req, timeout=t, metadata=self._metadata))
+
+    # ------------------------------------------------------------ other
+
+    def health(self, timeout: float = 5.0, *, wait: bool = False) -> bool:
+        """Whether the tier reports SERVING (``wait``: wait for the connection up to ``timeout``)."""
+        try:
+            r = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout,
+                                   wait_for_ready=wait)
+        except grpc.RpcError:
+            return False
+        return r.status == health_pb2.HealthCheckResponse.SERVING
+
+    def close(self) -> None:
+        self._raw_channel.close()
+
+    def __enter__(self) -> GrpcTierClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _status(e: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = e.details() if hasattr(e, "details") else str(e)
+    return code, details or code.name

@@ -1,0 +1,256 @@
+"""The one tensor codec of splitfed: a tensor <-> (dtype, shape, codec, payload bytes).
+
+Payloads are little-endian and in C order. The exact codec (``none``) sends the
+tensor's own bytes: encoding returns a view (the one copy is made when the
+frame is built), decoding uses the received bytes in place when they are
+aligned. Lossy codecs shrink floating tensors only (integer tensors such as
+labels or token ids always travel exactly):
+
+- ``fp16``: float16 values;
+- ``int8``: affine per tensor: float32 scale and offset, then one uint8 per value;
+- ``topk:F``: the ceil(F * n) largest magnitudes: int32 indices (strictly
+  increasing), then their values in the tensor's dtype.
+
+Receivers check everything against the declared dtype, shape and codec before
+using a byte; a mismatch raises :class:`~splitfed.errors.InvalidArgument`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from splitfed.errors import ConfigError, InvalidArgument, ResourceExhausted
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("splitfed's wire format is little-endian; this host is big-endian")
+
+# Received bytes objects are immutable; tensors decoded in place from them are
+# only read (the tier detaches them and autograd never writes into its inputs).
+# torch warns once per process about such tensors: spend that warning here.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    torch.frombuffer(b"\0", dtype=torch.uint8)
+
+# Values of the DType enum in tier.proto (a test checks they agree).
+DTYPES: dict[int, torch.dtype] = {
+    1: torch.float32, 2: torch.float16, 3: torch.bfloat16, 4: torch.float64, 5: torch.int64,
+    6: torch.int32, 7: torch.int16, 8: torch.int8, 9: torch.uint8, 10: torch.bool,
+}
+DTYPE_CODES: dict[torch.dtype, int] = {v: k for k, v in DTYPES.items()}
+# Values of the CodecKind enum in tier.proto.
+KINDS = {"none": 0, "fp16": 1, "int8": 2, "topk": 3}
+KIND_NAMES = {v: k for k, v in KINDS.items()}
+MAX_DIMS = 16
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How a floating tensor is encoded on the wire; ``fraction`` is top-k's kept share."""
+
+    kind: str = "none"
+    fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"unknown codec {self.kind!r}: use none, fp16, int8 or topk:FRACTION")
+        if self.kind == "topk" and not (0.0 < self.fraction <= 1.0 and math.isfinite(self.fraction)):
+            raise ConfigError(f"top-k fraction must lie in (0, 1], got {self.fraction}")
+
+    @classmethod
+    def parse(cls, name: str | Codec | None) -> Codec:
+        """``none`` | ``fp16`` | ``int8`` | ``topk:0.1``."""
+        if isinstance(name, Codec):
+            return name
+        text = (name or "none").strip().lower()
+        kind, _, arg = text.partition(":")
+        if kind == "topk":
+            try:
+                return cls("topk", float(arg))
+            except ValueError:
+                raise ConfigError(f"top-k needs a fraction, e.g. topk:0.1, got {name!r}") from None
+        if arg:
+            raise ConfigError(f"codec {kind!r} takes no argument, got {name!r}")
+        return cls(kind)
+
+    @property
+    def name(self) -> str:
+        return f"topk:{self.fraction:g}" if self.kind == "topk" else self.kind
+
+    @property
+    def code(self) -> int:
+        return KINDS[self.kind]
+
+    @property
+    def lossy(self) -> bool:
+        return self.kind != "none"
+
+    def for_tensor(self, t: torch.Tensor) -> Codec:
+        """The codec actually used for ``t``: lossy codecs apply to floating tensors only."""
+        return self if self.lossy and t.is_floating_point() else NONE
+
+
+NONE = Codec()
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A tensor ready for the wire: ``payload`` is what travels (a view where possible)."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    codec: Codec
+    payload: memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return self.payload.nbytes
+
+
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def topk_count(numel: int, fraction: float) -> int:
+    return 0 if numel == 0 else min(numel, max(1, math.ceil(fraction * numel)))
+
+
+def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
+    codec = Codec.parse(codec).for_tensor(t)
+    if t.dtype not in DTYPE_CODES:
+        raise InvalidArgument(f"dtype {t.dtype} cannot travel (supported: "
+                              f"{', '.join(str(d).removeprefix('torch.') for d in DTYPE_CODES)})")
+    shape = tuple(t.shape)
+    if codec.kind == "none":
+        return Encoded(t.dtype, shape, codec, _bytes_view(t))
+    flat = t.detach().reshape(-1)
+    if codec.kind == "fp16":
+        return Encoded(t.dtype, shape, codec, _bytes_view(flat.to(torch.float16)))
+    if codec.kind == "int8":
+        x = flat.to(torch.float32)
+        if x.numel():
+            lo, hi = x.min(), x.max()
+        else:
+            lo = hi = torch.zeros((), dtype=torch.float32)
+        scale = (hi - lo) / 255.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # NaN stays NaN: the receiver refuses it
+        q = torch.round((x - lo) / scale).clamp_(0, 255).to(torch.uint8)
+        head = torch.stack([scale, lo]).view(torch.uint8)
+        return Encoded(t.dtype, shape, codec, _bytes_view(torch.cat([head, q])))
+    k = topk_count(flat.numel(), codec.fraction)
+    if flat.numel() >= 2**31:
+        raise InvalidArgument("top-k needs fewer than 2**31 values")
+    idx = flat.abs().topk(k, sorted=False).indices.sort().values if k else flat.new_zeros(0, dtype=torch.int64)
+    vals = flat[idx]
+    payload = torch.cat([idx.to(torch.int32).view(torch.uint8), vals.contiguous().view(torch.uint8)])
+    return Encoded(t.dtype, shape, codec, _bytes_view(payload))
+
+
+def payload_size(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec) -> int:
+    """The exact payload length that ``dtype``, ``shape`` and ``codec`` imply."""
+    numel = math.prod(shape)
+    if codec.kind == "none":
+        return numel * dtype.itemsize
+    if codec.kind == "fp16":
+        return numel * 2
+    if codec.kind == "int8":
+        return 8 + numel
+    return topk_count(numel, codec.fraction) * (4 + dtype.itemsize)
+
+
+def check_meta(dtype_code: int, shape: list[int] | tuple[int, ...], codec: Codec, nbytes: int, *,
+               max_bytes: int | None = None, what: str = "tensor") -> tuple[torch.dtype, tuple[int, ...]]:
+    """Validate a declared tensor before any of its bytes are used; returns (dtype, shape).
+
+    Too large for ``max_bytes`` (as decoded or as sent): ResourceExhausted; anything
+    inconsistent, including a payload length other than the one the meta implies:
+    InvalidArgument.
+    """
+    dtype = DTYPES.get(dtype_code)
+    if dtype is None:
+        raise InvalidArgument(f"{what}: unknown dtype code {dtype_code}")
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgument(f"{what}: {len(shape)} dimensions (at most {MAX_DIMS})")
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"{what}: negative dimension in shape {list(shape)}")
+    if codec.lossy and not dtype.is_floating_point:
+        raise InvalidArgument(f"{what}: codec {codec.name} applies to floating tensors, not "
+                              f"{str(dtype).removeprefix('torch.')}")
+    shape = tuple(int(d) for d in shape)
+    size = math.prod(shape) * dtype.itemsize
+    if max_bytes is not None and max(size, nbytes) > max_bytes:
+        raise ResourceExhausted(f"{what}: {max(size, nbytes)} bytes exceed the limit of {max_bytes}")
+    want = payload_size(dtype, shape, codec)
+    if nbytes != want:
+        raise InvalidArgument(f"{what}: payload is {nbytes} bytes, but {str(dtype).removeprefix('torch.')} "
+                              f"{list(shape)} with codec {codec.name} needs {want}")
+    return dtype, shape
+
+
+def _as_uint8(payload: memoryview | bytes | bytearray | torch.Tensor, align: int) -> torch.Tensor:
+    """A uint8 tensor over the payload: in place when aligned, else an aligned copy."""
+    if isinstance(payload, torch.Tensor):
+        u8 = payload.reshape(-1).view(torch.uint8)
+    else:
+        mv = memoryview(payload).cast("B")
+        if mv.nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        u8 = torch.frombuffer(mv, dtype=torch.uint8)
+    if u8.data_ptr() % align:
+        u8 = u8.clone()
+    return u8
+
+
+def decode(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec,
+           payload: memoryview | bytes | bytearray | torch.Tensor, *, writable: bool = False) -> torch.Tensor:
+    """Rebuild a tensor whose meta passed :func:`check_meta`.
+
+    The exact codec returns a view of ``payload`` when it can (read-only if the
+    payload is); ``writable=True`` guarantees memory the caller may modify.
+    """
+    n = len(payload) if not isinstance(payload, torch.Tensor) else payload.numel()
+    if n != payload_size(dtype, shape, codec):
+        raise InvalidArgument(f"payload is {n} bytes, expected {payload_size(dtype, shape, codec)}")
+    numel = math.prod(shape)
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    if codec.kind == "none":
+        u8 = _as_uint8(payload, dtype.itemsize)
+        readonly = isinstance(payload, bytes) or (isinstance(payload, memoryview) and payload.readonly)
+        if writable and readonly:
+            u8 = u8.clone()
+        return u8.view(dtype).reshape(shape)
+    if codec.kind == "fp16":
+        return _as_uint8(payload, 2).view(torch.float16).to(dtype).reshape(shape)
+    if codec.kind == "int8":
+        u8 = _as_uint8(payload, 4)
+        scale, lo = u8[:8].view(torch.float32)
+        return (u8[8:].to(torch.float32) * scale + lo).to(dtype).reshape(shape)
+    u8 = _as_uint8(payload, max(4, dtype.itemsize))
+    k = topk_count(numel, codec.fraction)
+    idx = u8[: 4 * k].view(torch.int32).to(torch.int64)
+    vals = u8[4 * k:].clone().view(dtype) if dtype.itemsize > 4 else u8[4 * k:].view(dtype)
+    if k and (int(idx[0]) < 0 or int(idx[-1]) >= numel or (k > 1 and not bool((idx[1:] > idx[:-1]).all()))):
+        raise InvalidArgument(f"top-k indices must be strictly increasing and lie in 0..{numel - 1}")
+    out = torch.zeros(numel, dtype=dtype)
+    out[idx] = vals
+    return out.reshape(shape)
+
+
+def roundtrip(t: torch.Tensor, codec: Codec | str) -> tuple[torch.Tensor, int]:
+    """What a receiver sees of ``t`` and the payload bytes it cost: the ``Compress`` contract."""
+    e = encode(t, codec)
+    if not e.codec.lossy:
+        return t.detach().clone(), e.nbytes
+    return decode(e.dtype, e.shape, e.codec, e.payload, writable=True), e.nbytes

@@ -1,0 +1,173 @@
+"""A tier as a real OS process (``python -m splitfed.cli tier ...``), for tests and local chains.
+
+The child holds a pipe on its stdin and exits when it closes, so a tier never
+outlives the process that started it, however that process ends; a normal
+exit or garbage collection also kills it.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+from splitfed.transport.security import TlsConfig
+
+READY = "listening on "
+
+
+def _reap(proc: subprocess.Popen, token_file: str | None) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+    if token_file:
+        Path(token_file).unlink(missing_ok=True)
+
+
+class TierProcess:
+    """A running ``splitfed tier`` child: ``.address``, ``.pid``, ``.stop()``, ``.kill()``."""
+
+    def __init__(self, proc: subprocess.Popen, name: str, log: collections.deque[str],
+                 token_file: str | None) -> None:
+        self.proc = proc
+        self.name = name
+        self.address = ""
+        self._log = log
+        self._finalizer = weakref.finalize(self, _reap, proc, token_file)
+
+    @classmethod
+    def start(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None, *,
+              role: str | None = None, tls: TlsConfig | None = None, token: str | None = None,
+              token_file: str | Path | None = None, insecure: bool = False, threads: int | None = 1,
+              compress: str = "none", extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+              client_tls: TlsConfig | None = None, startup_timeout: float = 120.0) -> TierProcess:
+        """Start the child and wait until it serves (its ``listening on`` line, then a health check).
+
+        ``token`` is handed over in a private temporary file (never on the
+        command line). Plaintext needs ``insecure=True``, as on the command line.
+        ``client_tls``: credentials for the health check of a mutual-TLS tier.
+        """
+        role = role or ("edge" if next_address else "cloud")
+        cmd = [sys.executable, "-m", "splitfed.cli", "tier", "--role", role, "--name", name, "--listen", listen,
+               "--exit-with-stdin", "--compress", compress]
+        if next_address:
+            cmd += ["--next", next_address]
+        if tls is not None:
+            for flag, v in (("--tls-cert", tls.cert), ("--tls-key", tls.key), ("--tls-ca", tls.ca)):
+                if v is not None:
+                    cmd += [flag, str(v)]
+        tmp_token = None
+        if token is not None:
+            fd, tmp_token = tempfile.mkstemp(prefix="splitfed-token-")
+            with os.fdopen(fd, "w") as f:
+                f.write(token)
+            token_file = tmp_token
+        if token_file is not None:
+            cmd += ["--token-file", str(token_file)]
+        if insecure:
+            cmd.append("--insecure")
+        if threads:
+            cmd += ["--threads", str(threads)]
+        cmd += list(extra_args)
+        child_env = dict(os.environ if env is None else env)
+        child_env["PYTHONUNBUFFERED"] = "1"
+        if threads:
+            child_env["OMP_NUM_THREADS"] = str(threads)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=child_env, text=True, bufsize=1)
+        log: collections.deque[str] = collections.deque(maxlen=200)
+        lines: queue.Queue[str | None] = queue.Queue()
+        tp = cls(proc, name, log, tmp_token)
+
+        def drain(stream, ready: bool) -> None:  # type: ignore[no-untyped-def]
+            for line in stream:
+                log.append(line.rstrip("\n"))
+                if ready:
+                    lines.put(line)
+            if ready:
+                lines.put(None)
+
+        assert proc.stdout is not None and proc.stderr is not None
+        threading.Thread(target=drain, args=(proc.stdout, True), daemon=True).start()
+        threading.Thread(target=drain, args=(proc.stderr, False), daemon=True).start()
+        end = time.monotonic() + startup_timeout
+        while not tp.address:
+            try:
+                line = lines.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                tp.kill()
+                raise TimeoutError(f"tier {name} did not start within {startup_timeout:.0f}s:\n{tp.output()}") from None
+            if line is None:
+                proc.wait(10)
+                tp.kill()
+                raise RuntimeError(f"tier {name} exited with code {proc.returncode} before serving:\n{tp.output()}")
+            if line.startswith(READY):
+                tp.address = line[len(READY):].strip()
+        tp._check_health(tls, client_tls, max(1.0, end - time.monotonic()))
+        return tp
+
+    def _check_health(self, tls: TlsConfig | None, client_tls: TlsConfig | None, timeout: float) -> None:
+        if tls is not None and client_tls is None:
+            return  # the child prints its address only once its server started; no credentials to probe with
+        from splitfed.transport.client import GrpcTierClient
+
+        with GrpcTierClient(self.address, tls=client_tls if tls is not None else None) as c:
+            if not c.health(timeout, wait=True):
+                self.kill()
+                raise RuntimeError(f"tier {self.name} at {self.address} does not report SERVING:\n{self.output()}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        """The last lines the child wrote (stdout and stderr)."""
+        return "\n".join(self._log)
+
+    def kill(self) -> None:
+        """SIGKILL: the tier vanishes without a word, as in a crash."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._finalizer()
+
+    def stop(self, grace: float = 2.0) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within ``grace`` + 5 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace + 5.0)
+            except subprocess.TimeoutExpired:
+                pass
+        self._finalizer()
+
+    def __enter__(self) -> TierProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

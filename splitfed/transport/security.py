@@ -1,0 +1,129 @@
+"""TLS / mutual TLS credentials and the bearer-token check of the tier service.
+
+One :class:`TlsConfig` serves both ends. As a server: present ``cert``/``key``,
+and with ``ca`` require every client to present a certificate signed by it
+(mutual TLS). As a client: verify the server against ``ca`` (the system roots
+without it) and present ``cert``/``key`` if given. A tier that forwards to a
+next tier uses its own config as a client of that tier.
+
+Tokens travel as ``authorization: Bearer <token>`` metadata and are compared in
+constant time by :class:`TokenInterceptor`; only the gRPC health service is
+exempt, so that orchestrators can probe a tier without the token.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from splitfed.errors import ConfigError
+
+AUTH_HEADER = "authorization"
+EXEMPT_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+def _read(path: str | Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror}") from None
+    if not data.strip():
+        raise ConfigError(f"{what} {path} is empty")
+    return data
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """PEM files: this party's certificate chain and key, and the CA that signs its peers."""
+
+    cert: str | Path | None = None
+    key: str | Path | None = None
+    ca: str | Path | None = None
+    server_name: str | None = None  # client only: the name to verify instead of the address's host
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ConfigError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
+
+    @property
+    def mutual(self) -> bool:
+        return self.ca is not None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        if self.cert is None:
+            raise ConfigError("a TLS server needs a certificate and key (--tls-cert, --tls-key)")
+        pair = (_read(self.key, "TLS key"), _read(self.cert, "TLS certificate"))
+        ca = _read(self.ca, "CA certificate")
+        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca, "CA certificate"),
+            private_key=_read(self.key, "TLS key"),
+            certificate_chain=_read(self.cert, "TLS certificate"),
+        )
+
+    def channel_options(self) -> list[tuple[str, str]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def read_token(path: str | Path) -> str:
+    """A bearer token from a file (surrounding whitespace ignored; empty refused)."""
+    data = _read(path, "token file")
+    assert data is not None
+    token = data.decode("utf-8", errors="strict").strip()
+    if any(c.isspace() for c in token) or not token.isprintable():
+        raise ConfigError(f"token file {path} must hold one token without spaces")
+    return token
+
+
+def bearer(token: str) -> tuple[str, str]:
+    return (AUTH_HEADER, f"Bearer {token}")
+
+
+def _wrap_abort(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that refuses every call."""
+
+    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(code, details)
+
+    kinds: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(refuse, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses any call without the right bearer token with UNAUTHENTICATED."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ConfigError("the bearer token is empty")
+        self._want = f"Bearer {token}".encode()
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(EXEMPT_PREFIXES):
+            return handler
+        got = None
+        for k, v in handler_call_details.invocation_metadata or ():
+            if k == AUTH_HEADER:
+                got = v.encode() if isinstance(v, str) else bytes(v)
+        if got is None:
+            return _wrap_abort(handler, grpc.StatusCode.UNAUTHENTICATED,
+                               "missing bearer token (authorization metadata)")
+        if not hmac.compare_digest(got, self._want):
+            return _wrap_abort(handler, grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
+        return handler

@@ -1,0 +1,269 @@
+"""The tier service over gRPC: decode, call the :class:`~splitfed.engine.tier.Tier`, encode.
+
+All step logic, checks and idempotency live in the ``Tier``; the servicer only
+turns frames into tensors (refusing malformed ones), maps each ``TierError`` to
+its status with the error's message, and never lets an unexpected exception
+take the server down (INTERNAL, logged). The gRPC health service is served
+beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from splitfed.engine.link import Link
+from splitfed.engine.tier import Tier
+from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey
+from splitfed.errors import ConfigError, InvalidArgument, SplitfedError, TierError
+from splitfed.models.zoo import ZOO, ModelSpec
+from splitfed.transport import codec as tc
+from splitfed.transport import wire
+from splitfed.transport.client import DEADLINE, GrpcTierClient, server_options
+from splitfed.transport.errors import PermissionDenied, status_of
+from splitfed.transport.pb import SERVICE, pb
+from splitfed.transport.security import TlsConfig, TokenInterceptor
+
+log = logging.getLogger(__name__)
+
+MAX_ID = 256
+PHASE_TENSORS = {pb.PHASE_STEP: ("activation", "labels"), pb.PHASE_FORWARD: ("activation",),
+                 pb.PHASE_BACKWARD: ("gradient",)}
+
+
+def _check_ids(run_id: str, client_id: str) -> None:
+    for what, v in (("run_id", run_id), ("client_id", client_id)):
+        if not v or len(v) > MAX_ID:
+            raise InvalidArgument(f"{what} must have 1..{MAX_ID} characters, got {len(v)}")
+
+
+class TierServicer:
+    """The four RPCs of ``splitfed.v1.Tier`` over one tier (raw-bytes handlers, parsed here)."""
+
+    def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = ()) -> None:
+        self.tier = tier
+        self.limits = limits
+        self.allowed = set(allowed_models)
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        # no (de)serializers: a message that does not parse must give INVALID_ARGUMENT, not INTERNAL
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "Step": grpc.stream_stream_rpc_method_handler(self.Step),
+            "Load": grpc.stream_unary_rpc_method_handler(self.Load),
+            "Fetch": grpc.unary_stream_rpc_method_handler(self.Fetch),
+            "Release": grpc.unary_unary_rpc_method_handler(self.Release),
+        })
+
+    # ------------------------------------------------------------ errors
+
+    @contextlib.contextmanager
+    def _guard(self, context: grpc.ServicerContext, what: str) -> Iterator[None]:
+        """Map refusals to their status; pass the caller's deadline on to the next tier."""
+        remaining = context.time_remaining()
+        token = DEADLINE.set(None if remaining is None else time.monotonic() + remaining)
+        try:
+            yield
+        except grpc.RpcError:
+            raise  # the caller went away while we read its stream
+        except TierError as e:
+            self._abort(context, status_of(e), str(e))
+        except SplitfedError as e:
+            self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:  # noqa: BLE001 - a bug must not take the server down
+            log.exception("tier %s: %s failed", self.tier.name, what)
+            self._abort(context, grpc.StatusCode.INTERNAL,
+                        f"tier {self.tier.name}: internal error in {what}: {type(e).__name__}: {e}")
+        finally:
+            DEADLINE.reset(token)
+
+    @staticmethod
+    def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+        context.abort(code, details[:2000])
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ------------------------------------------------------------ data path
+
+    def Step(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        with self._guard(context, "step"):
+            head, items = wire.read_all(request_iterator, wire.F_STEP, self.limits, what="step request")
+            assert isinstance(head, pb.StepHeader)
+            _check_ids(head.run_id, head.client_id)
+            names = PHASE_TENSORS.get(head.phase)
+            if names is None:
+                raise InvalidArgument(f"unknown phase {head.phase}")
+            if len(items) != len(names):
+                raise InvalidArgument(f"{pb.Phase.Name(head.phase)} carries {len(names)} tensor(s) "
+                                      f"({', '.join(names)}), got {len(items)}")
+            if head.round < 0 or head.seq < 0:
+                raise InvalidArgument(f"round and seq must be >= 0, got {head.round}, {head.seq}")
+            reply_codec = wire.codec_of(head.reply_codec)
+            key = StepKey(head.run_id, head.client_id, int(head.round), int(head.seq))
+            result = pb.StepResult()
+            if head.phase == pb.PHASE_STEP:
+                reply = self.tier.step(key, items[0].tensor, items[1].tensor)
+                out, result.loss, result.correct = reply.grad, reply.loss, reply.correct
+            elif head.phase == pb.PHASE_FORWARD:
+                out = self.tier.forward(key, items[0].tensor)
+            else:
+                out = self.tier.backward(key, items[0].tensor)
+            result.has_tensor = out is not None
+            tensors = [] if out is None else [("", tc.encode(out, reply_codec))]
+            reply_frames = wire.frames(result, tensors, self.limits.chunk_bytes)
+        yield from reply_frames
+
+    # ------------------------------------------------------------ control
+
+    def Load(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        with self._guard(context, "load"):
+            head, items = wire.read_all(request_iterator, wire.F_LOAD, self.limits, what="load request")
+            assert isinstance(head, pb.LoadHeader)
+            self.tier.load(self._segment_load(head, items))
+        return b""
+
+    def _segment_load(self, h: pb.LoadHeader, items: Sequence[wire.Received]) -> SegmentLoad:
+        _check_ids(h.run_id, h.client_id)
+        if not h.replica or len(h.replica) > MAX_ID:
+            raise InvalidArgument(f"replica must have 1..{MAX_ID} characters")
+        m = h.model
+        if m.name not in ZOO and m.name not in self.allowed:
+            raise PermissionDenied(f"tier {self.tier.name} does not serve model {m.name!r} "
+                                   "(zoo models only, unless started with --allow-model)")
+        try:
+            kwargs = json.loads(m.kwargs_json) if m.kwargs_json else {}
+            if not isinstance(kwargs, dict):
+                raise ValueError("kwargs must be a JSON object")
+            spec = ModelSpec(m.name, tuple(int(d) for d in m.input_shape), int(m.num_classes), int(m.vocab), kwargs)
+            optim = OptimConfig(h.optim.name or "sgd", h.optim.lr, h.optim.momentum, h.optim.weight_decay)
+        except (ValueError, ConfigError) as e:
+            raise InvalidArgument(f"load: {e}") from None
+        names = [it.name for it in items]
+        if len(set(names)) != len(names) or "" in names:
+            raise InvalidArgument("load: state tensors need distinct, non-empty names")
+        if items and not h.has_state:
+            raise InvalidArgument("load: tensors sent but has_state is false")
+        state = {it.name: it.tensor for it in items} if h.has_state else None
+        try:
+            from splitfed.engine import template
+
+            template.num_blocks(spec)  # build once here: a model that does not build is the caller's error
+        except SplitfedError:
+            raise
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise InvalidArgument(f"load: model {spec.name!r} does not build: {type(e).__name__}: {e}") from None
+        return SegmentLoad(h.run_id, h.client_id, int(h.round), spec, int(h.start), int(h.stop), h.replica, state,
+                           optim, int(h.seed), bool(h.loss_here))
+
+    def Fetch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        with self._guard(context, "fetch"):
+            ref = _client_ref(request)
+            state = self.tier.fetch(ref.run_id, ref.client_id)
+            out = wire.frames(None, [(k, tc.encode(v)) for k, v in sorted(state.items())], self.limits.chunk_bytes)
+        yield from out
+
+    def Release(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        with self._guard(context, "release"):
+            ref = _client_ref(request)
+            self.tier.release(ref.run_id, ref.client_id)
+        return b""
+
+
+def _client_ref(raw: bytes) -> pb.ClientRef:
+    try:
+        ref = pb.ClientRef.FromString(raw)
+    except Exception as e:  # noqa: BLE001 - DecodeError and friends
+        raise InvalidArgument(f"malformed ClientRef: {e}") from None
+    _check_ids(ref.run_id, ref.client_id)
+    return ref
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen address must be HOST:PORT, got {listen!r}")
+    return host, int(port)
+
+
+@dataclass
+class TierServer:
+    """A running tier service; ``stop`` it (or use ``with``)."""
+
+    server: grpc.Server
+    tier: Tier
+    port: int
+    address: str
+    health: health.HealthServicer
+    next_link: GrpcTierClient | None = None
+    stopped: bool = field(default=False)
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        if self.next_link is not None:
+            self.next_link.close()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.server.wait_for_termination(timeout)
+
+    def __enter__(self) -> TierServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(0)
+
+
+def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None, *,
+               tls: TlsConfig | None = None, token: str | None = None, insecure: bool = False,
+               max_workers: int = 32, max_concurrent_rpcs: int = 512, limits: wire.Limits | None = None,
+               next_compress: str = "none", next_deadline_s: float = 60.0, next_token: str | None = None,
+               allowed_models: Iterable[str] = (), tier: Any = None, max_batch: int = 4096) -> TierServer:
+    """Start a tier service on ``listen`` (port 0: any free port; see ``.port``/``.address``).
+
+    Serving in plaintext needs ``insecure=True``: TLS is the default, not an
+    option to forget. ``next_address`` makes this tier forward to the next one
+    (with the same TLS config and, unless ``next_token`` is given, the same token).
+    ``tier`` replaces the :class:`Tier` (tests, benchmarks).
+    """
+    if tls is None and not insecure:
+        raise ConfigError("refusing to serve without TLS: give a certificate and key (--tls-cert, --tls-key; "
+                          "--tls-ca for mutual TLS), or --insecure to serve in plaintext on purpose")
+    host, _ = parse_listen(listen)
+    limits = limits or wire.Limits()
+    next_link: Link | None = None
+    client = None
+    if next_address is not None:
+        client = GrpcTierClient(next_address, tls=tls, token=next_token if next_token is not None else token,
+                                deadline_s=next_deadline_s, compress=next_compress, limits=limits)
+        next_link = client
+    the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch)
+    servicer = TierServicer(the_tier, limits, allowed_models)
+    interceptors = [TokenInterceptor(token)] if token else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),
+                         interceptors=interceptors, options=server_options(limits),
+                         maximum_concurrent_rpcs=max_concurrent_rpcs)
+    server.add_generic_rpc_handlers((servicer.handler(),))
+    hs = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    try:
+        port = server.add_secure_port(listen, tls.server_credentials()) if tls else server.add_insecure_port(listen)
+    except RuntimeError as e:
+        if client:
+            client.close()
+        raise ConfigError(f"cannot listen on {listen}: {e}") from None
+    if not port:
+        raise ConfigError(f"cannot listen on {listen}")
+    server.start()
+    for service in ("", SERVICE):
+        hs.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return TierServer(server, the_tier, port, f"{host}:{port}", hs, client)

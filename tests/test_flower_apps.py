@@ -1,0 +1,126 @@
+"""The ServerApp and ClientApp end to end, in-process (FakeGrid, in-process tiers): fast and exact.
+
+The same checks over real Flower (simulation engine, SuperLink/SuperNodes) and
+real gRPC tier processes are in ``test_flower_sim.py`` and ``test_flower_deploy.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tests.flower_fixtures import FakeGrid, inprocess_tiers, reference_run
+
+import clients.app
+import server.app
+from splitfed.engine.rounds import device_state, initial_state
+from splitfed.engine.template import num_blocks
+from splitfed.engine.verify import TOLERANCE, max_abs_diff
+from splitfed.errors import ConfigError
+from splitfed.flower import checkpoint
+from splitfed.flower.config import RunSettings
+from splitfed.flower.orchestrate import RoundFailed
+from splitfed.flower.records import CONFIG, TrainInstruction
+from splitfed.models.zoo import resolve_spec
+
+BASE = RunSettings(rounds=2, clients=4, tiers=3, cuts="static:1,3/2,5/0,4/3,7", batch_size=32, lr=0.05,
+                   momentum=0.9, node_wait_s=5.0, round_timeout_s=30.0)
+
+
+def _run(monkeypatch, settings, grid=None):  # type: ignore[no-untyped-def]
+    grid = grid or FakeGrid(clients.app.app, settings.clients)
+    with inprocess_tiers(monkeypatch, settings.tiers - 1) as chain:
+        summary = server.app.run(grid, settings, progress=lambda line: None)
+        assert [t.clients() for t in chain.controls] == [0] * (settings.tiers - 1)  # all released
+    return summary, grid
+
+
+@pytest.mark.parametrize("mode", ["sflv1", "sflv2", "sl"])
+def test_run_equals_unsplit_reference(monkeypatch, tmp_path, mode):
+    s = BASE.with_(mode=mode, out=str(tmp_path), partition="dirichlet:0.5")
+    summary, grid = _run(monkeypatch, s)
+    got = checkpoint.load(tmp_path).state
+    assert max_abs_diff(got, reference_run(s)) <= TOLERANCE
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2] and summary["rounds"] == 2
+    assert rows[0]["cuts"]["client2"] == [0, 4] and rows[0]["bytes_up"] > 0
+    # per-node state lives in each node's own context
+    assert [int(c.state.metric_records[clients.app.STATS]["rounds"]) for c in grid.contexts.values()] == [2] * 4
+
+
+def test_accuracy_rises(monkeypatch, tmp_path):
+    _run(monkeypatch, BASE.with_(rounds=3, out=str(tmp_path), lr=0.1))
+    acc = [json.loads(line)["accuracy"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert acc[-1] > acc[0] and acc[-1] > 0.5
+
+
+def test_each_node_gets_only_its_own_segment(monkeypatch):
+    _, grid = _run(monkeypatch, BASE.with_(rounds=1))
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(train) == 4
+    full = initial_state(resolve_spec(BASE.model), BASE.seed)
+    for msg in train:
+        ins = TrainInstruction.from_record(msg.content.config_records[CONFIG])
+        want = device_state(full, ins.cuts, num_blocks(ins.model), False)  # device blocks only
+        assert set(msg.content.array_records["arrays"]) == set(want)
+    assert len({id(m.content) for m in train}) == 4  # a fresh RecordDict per node
+
+
+def test_resume_is_bit_identical(monkeypatch, tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    s = BASE.with_(rounds=3, partition="dirichlet:0.5")
+    _run(monkeypatch, s.with_(out=str(whole)))
+    _run(monkeypatch, s.with_(out=str(part), rounds=2))
+    assert checkpoint.load(part).round == 2
+    _run(monkeypatch, s.with_(out=str(part), resume=True))
+    a, b = checkpoint.load(whole), checkpoint.load(part)
+    assert a.round == b.round == 3
+    assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+    rows = lambda d: [json.loads(x)["accuracy"] for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert rows(whole) == rows(part)
+
+
+def test_crashed_round_resumes_bit_identical(monkeypatch, tmp_path):
+    """Round 3 fails (every node gone): the checkpoint keeps round 2 and the resumed run ends as if nothing happened."""
+    whole, crashed = tmp_path / "whole", tmp_path / "crashed"
+    s = BASE.with_(rounds=3, min_clients=2, round_timeout_s=1.0)
+    _run(monkeypatch, s.with_(out=str(whole)))
+    dead = FakeGrid(clients.app.app, 4, drop=lambda node, msg: msg.metadata.group_id == "3")
+    with pytest.raises(RoundFailed, match="round 3: 0 of 4"):
+        _run(monkeypatch, s.with_(out=str(crashed)), grid=dead)
+    assert checkpoint.load(crashed).round == 2
+    _run(monkeypatch, s.with_(out=str(crashed), resume=True))
+    a, b = checkpoint.load(whole), checkpoint.load(crashed)
+    assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+
+
+def test_failed_node_is_tolerated_down_to_the_minimum(monkeypatch, tmp_path):
+    def broken(node, msg):  # type: ignore[no-untyped-def]
+        return msg.metadata.message_type == "train" and node == grid.node_ids[1] and msg.metadata.group_id == "2"
+
+    grid = FakeGrid(clients.app.app, 4, drop=broken)
+    s = BASE.with_(out=str(tmp_path), min_clients=3, round_timeout_s=1.0)
+    _run(monkeypatch, s, grid=grid)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["failed"] == [] and rows[1]["failed"] == ["client1"] and rows[1]["clients"] == 3
+
+
+def test_client_exception_becomes_a_failure(monkeypatch, tmp_path):
+    """A ClientApp that raises (Flower's error reply) is dropped like a silent one."""
+    real = clients.app.app
+
+    def app(msg, ctx):  # type: ignore[no-untyped-def]
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 2:
+            raise RuntimeError("device out of memory")
+        return real(msg, ctx)
+
+    _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)), grid=FakeGrid(app, 4))
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row["failed"] == ["client2"] and row["clients"] == 3
+
+
+def test_resume_refuses_changed_math(monkeypatch, tmp_path):
+    _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"cannot resume with different lr \(0.05 -> 0.2\)"):
+        _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True, lr=0.2))

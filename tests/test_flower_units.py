@@ -1,0 +1,207 @@
+"""Unit tests of the Flower integration's plain parts: settings, policy, records, round, checkpoint."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from splitfed.data import synthetic
+from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, run_round
+from splitfed.engine.types import OptimConfig
+from splitfed.errors import ConfigError
+from splitfed.flower import checkpoint
+from splitfed.flower.config import RunSettings
+from splitfed.flower.metrics import MetricsWriter, summarise
+from splitfed.flower.orchestrate import RoundFailed, SplitRound, drive, local_trainer
+from splitfed.flower.policy import ClientInfo, StaticPolicy, make_policy, parse_static
+from splitfed.flower.records import NodeInfo, TrainInstruction, TrainReport, record_to_state, state_to_record
+from splitfed.models.zoo import resolve_spec
+
+SPEC = resolve_spec("cnn")
+ASSIGN = {"client0": (1, 3), "client1": (2, 5), "client2": (0, 7)}
+
+
+def _data(n_steps: int = 2, batch: int = 4) -> dict:
+    out = {}
+    for i, cid in enumerate(ASSIGN):
+        x, y = synthetic(SPEC, n_steps * batch, 100 + i).tensors
+        out[cid] = [(x[s * batch:(s + 1) * batch], y[s * batch:(s + 1) * batch]) for s in range(n_steps)]
+    return out
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_settings_from_run_config_and_toml(tmp_path):
+    s = RunSettings.from_mapping({"num-server-rounds": 7, "mode": "sflv2", "min-clients": "2", "u-shape": "true"})
+    assert (s.rounds, s.mode, s.min_clients, s.u_shape) == (7, "sflv2", 2, True)
+    f = tmp_path / "run.toml"
+    f.write_text('[simulate]\nclients = 10\npartition = "dirichlet:0.5"\ntier-addresses = ["a:1", "b:2"]\n')
+    s = RunSettings.from_toml(f)
+    assert s.clients == 10 and s.partition == "dirichlet:0.5" and s.addresses == ("a:1", "b:2")
+
+
+@pytest.mark.parametrize("values, words", [
+    ({"rounds": 0}, "rounds must be >= 1"),
+    ({"mode": "fedprox"}, "mode must be one of"),
+    ({"colour": "red"}, "unknown key 'colour'"),
+    ({"clients": "many"}, "clients must be int"),
+    ({"fraction": 1.5}, "fraction must be in"),
+    ({"tier-addresses": "a:1"}, "3 tiers need 2"),
+    ({"resume": True}, "resume needs the run folder"),
+    ({"lr": -1.0}, "learning rate"),
+])
+def test_settings_refuse_bad_values(values, words):
+    with pytest.raises(ConfigError, match=words):
+        RunSettings.from_mapping(values)
+
+
+# ---------------------------------------------------------------- policy
+
+
+def test_static_policy_deals_options_by_partition():
+    pol = make_policy(RunSettings(cuts="static:1,3/2,5"))
+    clients = [ClientInfo(f"client{i}", 100 + i, i) for i in range(4)]
+    assert pol.assign(1, clients) == {"client0": (1, 3), "client1": (2, 5), "client2": (1, 3), "client3": (2, 5)}
+    assert isinstance(pol, StaticPolicy) and pol.state_dict() == {"options": [[1, 3], [2, 5]]}
+
+
+@pytest.mark.parametrize("spec, words", [("static:a,b", "integers"), ("static:", "at least one"),
+                                         ("optimal", "unknown cut policy")])
+def test_policy_refuses_bad_specs(spec, words):
+    with pytest.raises(ConfigError, match=words):
+        make_policy(RunSettings(cuts=spec))
+
+
+def test_parse_static_matches_verify_syntax():
+    assert parse_static("2,5") == [(2, 5)]
+    assert parse_static("1,3/2,5") == [(1, 3), (2, 5)]
+
+
+# ---------------------------------------------------------------- records
+
+
+def test_state_record_round_trip_is_exact():
+    state = initial_state(SPEC, 3)
+    back = record_to_state(state_to_record(state))
+    assert set(back) == set(state)
+    for k, v in state.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v)
+
+
+def test_instruction_report_nodeinfo_round_trip():
+    ins = TrainInstruction("run", 2, "client1", (1, 3), "sflv1", False, SPEC, OptimConfig(lr=0.1, momentum=0.9),
+                           7, "digits", "dirichlet:0.5", 16, 2, "127.0.0.1:5000", token_file="/t")
+    assert TrainInstruction.from_record(ins.to_record()) == ins
+    rep = TrainReport(40, 3, 0.5, 30, 0.2, 0.3, 1000, 900)
+    assert TrainReport.from_record(rep.to_record()) == rep
+    assert rep.to_record()["num-examples"] == 40
+    info = NodeInfo(3, 10, 144, "rpi4", "10.0.0.2:5000")
+    assert NodeInfo.from_record(info.to_record()) == info
+
+
+def test_malformed_instruction_names_the_key():
+    rec = TrainInstruction("run", 1, "client0", (1, 3), "sflv1", False, SPEC, OptimConfig(), 0, "digits", "iid",
+                           8, 1, "x:1").to_record()
+    del rec["cuts"]
+    with pytest.raises(ConfigError, match="missing 'cuts'"):
+        TrainInstruction.from_record(rec)
+
+
+# ---------------------------------------------------------------- one round, cut open
+
+
+@pytest.mark.parametrize("mode", ["sflv1", "sflv2", "sl"])
+def test_split_round_equals_run_round_bitwise(mode):
+    data = _data()
+    cfg = RoundConfig("r", 1, SPEC, mode, optim=OptimConfig(lr=0.05, momentum=0.9))
+    s0 = initial_state(SPEC, 0)
+    want, _ = run_round(cfg, inprocess_chain(2), s0, ASSIGN, data)
+    chain = inprocess_chain(2)
+    got = drive(SplitRound(cfg, chain.tiers, s0, ASSIGN), local_trainer(chain, data))
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert [t.clients() for t in chain.tiers] == [0, 0]  # everything released
+
+
+@pytest.mark.parametrize("mode", ["sflv1", "sflv2", "sl"])
+def test_failed_client_is_left_out(mode):
+    """A client that never answers changes nothing: the round equals one without it."""
+    data = _data()
+    cfg = RoundConfig("r", 1, SPEC, mode, optim=OptimConfig(lr=0.05))
+    s0 = initial_state(SPEC, 0)
+    others = {c: k for c, k in ASSIGN.items() if c != "client1"}
+    want, _ = run_round(cfg, inprocess_chain(2), s0, others, data)
+    chain = inprocess_chain(2)
+    inner = local_trainer(chain, data)
+
+    def flaky(cfg, cuts, weights):  # type: ignore[no-untyped-def]
+        return inner(cfg, {c: k for c, k in cuts.items() if c != "client1"},
+                     {c: w for c, w in weights.items() if c != "client1"})
+
+    rnd = SplitRound(cfg, chain.tiers, s0, ASSIGN, min_clients=2)
+    got = drive(rnd, flaky)
+    assert rnd.failed == ["client1"]
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_round_below_minimum_fails_and_releases():
+    chain = inprocess_chain(2)
+    cfg = RoundConfig("r", 1, SPEC, "sflv1")
+    rnd = SplitRound(cfg, chain.tiers, initial_state(SPEC, 0), ASSIGN, min_clients=2)
+    with pytest.raises(RoundFailed, match="1 of 3 clients finished, fewer than the minimum 2"):
+        drive(rnd, lambda cfg, cuts, w: local_trainer(chain, _data())(cfg, {"client0": cuts["client0"]},
+                                                                      {"client0": w["client0"]}))
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+# ---------------------------------------------------------------- checkpoint and metrics
+
+
+def test_checkpoint_round_trip(tmp_path):
+    state = initial_state(SPEC, 1)
+    ck = checkpoint.Checkpoint(4, state, RunSettings().to_dict(), {"client0": (1, 3)}, {"options": [[1, 3]]})
+    checkpoint.save(tmp_path, ck)
+    back = checkpoint.load(tmp_path)
+    assert back.round == 4 and back.assignment == {"client0": (1, 3)} and back.policy == {"options": [[1, 3]]}
+    assert all(torch.equal(back.state[k], state[k]) for k in state)
+    assert torch.equal(back.rng, ck.rng) and back.settings == RunSettings().to_dict()
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    """A crash while writing leaves the previous checkpoint whole and no temporary file."""
+    state = initial_state(SPEC, 1)
+    checkpoint.save(tmp_path, checkpoint.Checkpoint(1, state, {}))
+
+    def crash(obj, f):  # type: ignore[no-untyped-def]
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(tmp_path, checkpoint.Checkpoint(2, state, {}))
+    monkeypatch.undo()
+    assert checkpoint.load(tmp_path).round == 1
+    assert os.listdir(tmp_path) == [checkpoint.FILENAME]
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot resume"):
+        checkpoint.load(tmp_path)
+    (tmp_path / checkpoint.FILENAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="cannot read checkpoint"):
+        checkpoint.load(tmp_path)
+
+
+def test_metrics_writer_truncates_on_resume(tmp_path):
+    w = MetricsWriter(tmp_path)
+    for r in (1, 2, 3):
+        w.append({"round": r, "accuracy": r / 10, "loss": 1.0, "wall_s": 1.0, "sim_round_s": 2.0,
+                  "bytes_up": 10, "bytes_down": 20, "failed": []})
+    w.truncate_after(2)
+    rows = w.rows()
+    assert [r["round"] for r in rows] == [1, 2]
+    s = summarise(rows, {"seed": 0})
+    assert s["final_accuracy"] == 0.2 and s["sim_time_s"] == 4.0 and s["bytes_up"] == 20

@@ -1,0 +1,202 @@
+"""Run folders, tables, figures and ``splitfed report``, on small hand-made runs (no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from splitfed.cli import main as cli
+from splitfed.errors import ConfigError
+from splitfed.report import plots
+from splitfed.report.runs import load_run, load_runs, parse_row, rows_to_run, write_run
+from splitfed.report.summary import markdown_table, summary_markdown, summary_rows
+from splitfed.report.table import cut_mix, end_of_run, format_table
+
+
+def make_rows(rounds: int = 5, step_s: float = 2.0, moving: bool = False) -> list[dict]:
+    """Rows as the ServerApp writes them (per_client profiles give the device classes)."""
+    profiles = {"client0": "pi-home-0", "client1": "pi-home-1", "client2": "phone-mid-0"}
+    rows = []
+    for r in range(1, rounds + 1):
+        cuts = {c: [1 + (r > 2 and moving and c == "client2"), 5] for c in profiles}
+        rows.append({"round": r, "accuracy": 1 - 0.5 ** r, "loss": 0.5 ** r, "wall_s": 0.25, "sim_round_s": step_s,
+                     "bytes_up": 1000 * r, "bytes_down": 500 * r, "cuts": cuts, "clients": 3, "failed": [],
+                     "per_client": {c: {"profile": p, "cuts": cuts[c]} for c, p in profiles.items()}})
+    return rows
+
+
+def valid_png(path: Path) -> tuple[int, int]:
+    assert path.is_file() and path.stat().st_size > 1000, path
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        return im.size
+
+
+# ---------------------------------------------------------------- reading
+
+
+def test_load_run_round_trip(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", make_rows(), {"label": "static"})
+    run = load_run(tmp_path / "a")
+    assert run.label == "static"
+    assert [r.round for r in run.rounds] == [1, 2, 3, 4, 5]
+    assert run.sim_time == pytest.approx([2, 4, 6, 8, 10])
+    assert run.cum_bytes == pytest.approx([1500, 4500, 9000, 15000, 22500])
+    assert run.rounds[0].cuts["client2"] == (1, 5)
+    assert run.classes == {"client0": "pi-home", "client1": "pi-home", "client2": "phone-mid"}
+    assert run.clients == ["client2", "client0", "client1"]  # grouped by class
+    assert run.rounds[0].extra["clients"] == 3  # unknown keys are kept
+
+
+def test_time_and_rounds_to_target() -> None:
+    run = rows_to_run(make_rows(), "r")
+    assert run.time_to_target(0.9) == pytest.approx(8.0)  # 1 - 0.5**4 = 0.9375 in round 4
+    assert run.rounds_to_target(0.9) == 4
+    assert run.time_to_target(0.999) is None and run.rounds_to_target(0.999) is None
+
+
+def test_rows_out_of_order_are_sorted_and_lists_of_cuts_accepted() -> None:
+    rows = [{"round": 2, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": [[1, 2], [3, 4]]},
+            {"round": 1, "accuracy": 0.4, "sim_round_s": 1.0, "cuts": [[1, 2], [3, 4]]}]
+    run = rows_to_run(rows)
+    assert [r.round for r in run.rounds] == [1, 2]
+    assert run.rounds[0].cuts == {"0": (1, 2), "1": (3, 4)}
+
+
+def test_deployment_rows_use_measured_round_time() -> None:
+    row = parse_row({"round": 1, "accuracy": 0.5, "sim_round_s": None, "measured_round_s": 3.5})
+    assert row.sim_round_s == 3.5
+
+
+@pytest.mark.parametrize("row,match", [
+    ({"accuracy": 0.5, "sim_round_s": 1.0}, "missing 'round'"),
+    ({"round": 1, "accuracy": "high", "sim_round_s": 1.0}, "'accuracy' must be a number"),
+    ({"round": 1.5, "accuracy": 0.5, "sim_round_s": 1.0}, "'round' must be a non-negative integer"),
+    ({"round": 1, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": {"c": ["a"]}}, "cuts of client 'c'"),
+])
+def test_bad_rows_are_named(row: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_row(row)
+
+
+def test_bad_files_name_file_and_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_run(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="not a run folder"):
+        load_run(tmp_path / "empty")
+    d = tmp_path / "broken"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text(json.dumps(make_rows(1)[0]) + "\n{not json\n")
+    with pytest.raises(ConfigError, match=r"metrics.jsonl:2: not valid JSON"):
+        load_run(d)
+
+
+def test_clashing_labels_are_made_unique(tmp_path: Path) -> None:
+    write_run(tmp_path / "x" / "run", make_rows(2))
+    write_run(tmp_path / "y" / "run", make_rows(2))
+    labels = [r.label for r in load_runs([tmp_path / "x" / "run", tmp_path / "y" / "run"])]
+    assert labels == ["x/run", "y/run"]
+
+
+# ---------------------------------------------------------------- tables
+
+
+def test_format_table_aligns_numbers_right() -> None:
+    text = format_table(["name", "value"], [["a", 1.5], ["bbb", 10.25], ["c", math.nan]])
+    lines = text.splitlines()
+    assert lines[0].split() == ["name", "value"]
+    assert lines[2].endswith(" 1.50") and lines[3].endswith("10.25") and lines[4].endswith("-")
+
+
+def test_cut_mix_counts_most_common_first() -> None:
+    assert cut_mix([(2, 5), (1, 3), (2, 5)]) == "2,5 x2; 1,3"
+    assert cut_mix([]) == "-"
+
+
+def test_end_of_run_table_has_rounds_and_classes() -> None:
+    text = end_of_run(make_rows(moving=True), label="main")
+    assert "main: rounds" in text and "main: cuts per device class" in text
+    assert "sim round s" in text and "MB up" in text
+    classes = text.split("cuts per device class")[1]
+    assert "pi-home" in classes and "1,5 x2" in classes
+    assert "phone-mid" in classes and "2,5" in classes  # moved by round 5
+
+
+def test_end_of_run_explicit_classes_win() -> None:
+    text = end_of_run(make_rows(2), classes={"client0": "laptop"})
+    assert "laptop" in text
+
+
+def test_markdown_summary() -> None:
+    runs = [rows_to_run(make_rows(step_s=2.0), "static"), rows_to_run(make_rows(step_s=1.0), "adaptive")]
+    headers, rows = summary_rows(runs, target=0.9)
+    assert headers[-2:] == ["sim s to 0.9", "rounds to 0.9"]
+    assert rows[0][-2:] == [pytest.approx(8.0), 4] and rows[1][-2:] == [pytest.approx(4.0), 4]
+    table = markdown_table(headers, rows)
+    assert table.splitlines()[1].startswith("|:---|---:")
+    md = summary_markdown(runs, 0.9, {"accuracy": "acc.png"})
+    assert "| static | 5 |" in md and "![accuracy](acc.png)" in md
+
+
+# ---------------------------------------------------------------- figures
+
+
+def test_standard_plots_are_valid_pngs(tmp_path: Path) -> None:
+    runs = [rows_to_run(make_rows(step_s=2.0), "static"), rows_to_run(make_rows(step_s=1.0, moving=True), "adaptive")]
+    made = plots.standard_plots(runs, tmp_path, target=0.9)
+    assert {"accuracy vs simulated time", "makespan per round", "bytes per round", "accuracy vs bytes",
+            "cuts: static", "cuts: adaptive"} <= set(made)
+    for p in made.values():
+        w, h = valid_png(p)
+        assert w > 300 and h > 200
+
+
+def test_heatmap_with_clients_missing_from_rounds(tmp_path: Path) -> None:
+    rows = make_rows(4)
+    del rows[1]["cuts"]["client1"]  # client1 sat out round 2
+    p = plots.cuts_heatmap(rows_to_run(rows, "partial"), tmp_path / "h.png")
+    valid_png(p)
+
+
+def test_line_plot_with_reference_lines(tmp_path: Path) -> None:
+    p = plots.line_plot([plots.Series("a", [1, 10, 100], [3, 2, 1])], tmp_path / "l.png", title="t",
+                        xlabel="x", ylabel="y", logx=True, logy=True, hline=1.5, vline=10)
+    valid_png(p)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_report_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_run(tmp_path / "runs" / "static", make_rows(step_s=2.0), {"label": "static"})
+    write_run(tmp_path / "runs" / "adaptive", make_rows(step_s=1.0, moving=True), {"label": "adaptive"})
+    rc = cli(["report", str(tmp_path / "runs" / "static"), str(tmp_path / "runs" / "adaptive"), "--target", "0.9"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "static" in out and "adaptive" in out and "sim s to 0.9" in out
+    report = tmp_path / "runs" / "report"  # common parent
+    md = (report / "summary.md").read_text()
+    assert "| adaptive |" in md
+    for name in ("accuracy_vs_time.png", "makespan.png", "bytes.png", "accuracy_vs_bytes.png"):
+        valid_png(report / name)
+        assert f"({name})" in md
+
+
+def test_report_command_single_run_default_out(tmp_path: Path) -> None:
+    write_run(tmp_path / "one", make_rows(3))
+    assert cli(["report", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "report" / "summary.md").is_file()
+
+
+def test_report_command_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["report", str(tmp_path), "--target", "2"])

@@ -1,0 +1,192 @@
+"""Smoke tests of every experiment script with its tiny config, and of the shared config reader.
+
+The tiny configs train in-process (2 clients, 1-3 rounds, seconds); one slow
+test runs a tiny config through Flower's simulation engine, as the full
+configs do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from simulations import common, compression, drift, heterogeneity_sweep, static_vs_adaptive, variants
+from splitfed.errors import ConfigError
+
+CONFIGS = Path(common.__file__).parent / "configs"
+
+
+def run_tiny(module, name: str, out: Path, capsys: pytest.CaptureFixture[str], config: Path | None = None) -> dict:
+    rc = module.cli(["--config", str(config or CONFIGS / f"{name}.tiny.toml"), "--out", str(out)])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert str(out.resolve()) in printed.out  # the script says where its results are
+    results = json.loads((out / "results.json").read_text())
+    assert results["experiment"] == name and "config" in results and "elapsed_s" in results
+    return results
+
+
+def check_pngs(paths) -> None:  # type: ignore[no-untyped-def]
+    paths = [Path(p) for p in paths]
+    assert paths
+    for p in paths:
+        assert p.is_file(), p
+        with Image.open(p) as im:
+            im.verify()
+        with Image.open(p) as im:
+            assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 200
+
+
+def test_every_script_has_a_config_and_a_tiny_config() -> None:
+    for name in ("static_vs_adaptive", "heterogeneity_sweep", "drift", "compression", "variants"):
+        for cfg in (CONFIGS / f"{name}.toml", CONFIGS / f"{name}.tiny.toml"):
+            assert cfg.is_file(), cfg
+            module = globals()[name]
+            common.load_config(cfg, module.Config)  # every shipped config parses
+
+
+def test_heterogeneity_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = run_tiny(heterogeneity_sweep, "heterogeneity_sweep", tmp_path, capsys)
+    rows = res["rows"]
+    assert {r["policy"] for r in rows} == set(heterogeneity_sweep.POLICIES)
+    assert {r["spread"] for r in rows} == {0.0, 1.0}
+    for r in rows:
+        assert {"clients", "spread", "policy", "makespan_s", "solve_s", "bottleneck", "feasible"} <= set(r)
+    for s in (0.0, 1.0):  # the exact optimizer is never beaten by a feasible policy
+        here = [r for r in rows if r["spread"] == s and r["feasible"]]
+        opt = next(r["makespan_s"] for r in here if r["policy"] == "optimizer")
+        assert all(opt <= r["makespan_s"] * (1 + 1e-9) for r in here)
+    assert res["speedups"] and (tmp_path / "results.csv").is_file()
+    check_pngs(res["figures"].values())
+
+
+def test_spread_fleet_scales_around_the_geometric_mean() -> None:
+    from splitfed.profile import load_fleet
+
+    fleet = load_fleet("reference").sample(30, seed=1)
+    flat = heterogeneity_sweep.spread_fleet(fleet, 0.0)
+    assert len({c.device.flops for c in flat.clients}) == 1 and len({c.link.up for c in flat.clients}) == 1
+    same = heterogeneity_sweep.spread_fleet(fleet, 1.0)
+    assert [c.device.flops for c in same.clients] == pytest.approx([c.device.flops for c in fleet.clients])
+    wide = heterogeneity_sweep.spread_fleet(fleet, 2.0)
+    ratio = max(c.device.flops for c in wide.clients) / min(c.device.flops for c in wide.clients)
+    base = max(c.device.flops for c in fleet.clients) / min(c.device.flops for c in fleet.clients)
+    assert ratio == pytest.approx(base ** 2)
+
+
+def test_static_vs_adaptive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = run_tiny(static_vs_adaptive, "static_vs_adaptive", tmp_path, capsys)
+    head = res["headline"]
+    assert {"target_accuracy", "best_static", "best_static_time_to_target_s", "adaptive_time_to_target_s",
+            "ratio_best_static_over_adaptive"} <= set(head)
+    pols = res["policies"]
+    assert [p["policy"] for p in pols] == ["static:best", "static:0,0"]
+    assert pols[0]["cuts"].startswith("static:") and pols[0]["cuts"] != "static:best"
+    for p in pols:
+        assert {"time_to_target_s", "rounds_to_target", "final_accuracy", "sim_time_s", "accuracy"} <= set(p)
+        assert (Path(p["path"]) / "metrics.jsonl").is_file()
+    # the cost model's best static cut is at least as fast as any other static cut
+    assert pols[0]["sim_time_s"] <= pols[1]["sim_time_s"] * (1 + 1e-9)
+    # cuts do not change the math: every policy's accuracy curve is the same
+    assert pols[0]["accuracy"] == pytest.approx(pols[1]["accuracy"], abs=1e-6)
+    assert (tmp_path / "summary.md").is_file() and (tmp_path / "results.csv").is_file()
+    check_pngs(res["figures"].values())
+    assert "accuracy vs simulated time" in res["figures"]
+
+
+def test_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = run_tiny(drift, "drift", tmp_path, capsys)
+    assert res["drift_round"] == 2 and res["drifting_clients"]
+    (pol,) = res["policies"]
+    assert {"makespan_before_s", "makespan_drift_round_s", "makespan_tail_s", "moves"} <= set(pol)
+    assert pol["makespan_drift_round_s"] > pol["makespan_before_s"]  # the device did slow down
+    assert pol["moves"] == []  # a static policy never moves
+    check_pngs(res["figures"].values())
+    assert any("cuts" in k for k in res["figures"]) and "makespan with drift" in res["figures"]
+
+
+def test_drift_refuses_a_fleet_without_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "nodrift.toml"
+    cfg.write_text('backend = "inprocess"\npolicies = ["static:2,5"]\n[simulate]\nclients = 2\nrounds = 2\n')
+    assert drift.cli(["--config", str(cfg), "--out", str(tmp_path / "out")]) == 2
+    assert "no client of this run drifts" in capsys.readouterr().err
+
+
+def test_compression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = run_tiny(compression, "compression", tmp_path, capsys)
+    recs = {r["codec"]: r for r in res["codecs"]}
+    assert set(recs) == {"none", "int8"}
+    for r in recs.values():
+        assert {"bytes_total", "bytes_to_target", "bytes_vs_none", "final_accuracy"} <= set(r)
+    assert recs["int8"]["bytes_total"] < 0.5 * recs["none"]["bytes_total"]
+    check_pngs(res["figures"].values())
+    assert "accuracy vs bytes" in res["figures"]
+
+
+def test_variants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = run_tiny(variants, "variants", tmp_path, capsys)
+    recs = {r["variant"]: r for r in res["variants"]}
+    assert set(recs) == set(variants.VARIANTS)
+    assert recs["fedavg"]["mode"] == "sflv1" and recs["fedavg"]["cuts"] == "static:7,7"
+    assert [recs[v]["mode"] for v in ("sl", "sflv1", "sflv2")] == ["sl", "sflv1", "sflv2"]
+    # SplitFed v1 is FedAvg of the unsplit model (the engine's law), whatever the cuts
+    assert recs["sflv1"]["accuracy"] == pytest.approx(recs["fedavg"]["accuracy"], abs=1e-6)
+    check_pngs(res["figures"].values())
+
+
+# ---------------------------------------------------------------- the config reader
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    name: str = "x"
+    sizes: tuple[int, ...] = (1,)
+    rate: float = 0.5
+    flag: bool = False
+    table: dict | None = None
+
+
+def test_config_reader_types_and_errors(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text('name = "y"\nsizes = [2, 3]\nrate = 1\nflag = true\n[table]\na = 1\n')
+    assert common.load_config(p, _Cfg) == _Cfg("y", (2, 3), 1.0, True, {"a": 1})
+    for text, match in [('nme = "y"', "unknown key 'nme'"), ("sizes = [1, 2.5]", r"sizes\[1\]: expected an integer"),
+                        ('rate = "fast"', "rate: expected a number"), ("flag = 1", "flag: expected true or false"),
+                        ("name = [", "cannot read config file")]:
+        p.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=match):
+            common.load_config(p, _Cfg)
+    with pytest.raises(ConfigError, match="does not exist"):
+        common.load_config(tmp_path / "none.toml", _Cfg)
+
+
+def test_training_config_checks_simulate_table_when_read(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text('backend = "inprocess"\n[simulate]\nclient = 3\n')
+    with pytest.raises(ConfigError, match=r"c.toml: \[simulate\]: unknown key 'client'"):
+        common.load_config(p, variants.Config)
+
+
+def test_fleet_paths_resolve_next_to_the_configs() -> None:
+    s = common.base_settings({"fleet": "fleets/iot.toml"})
+    assert Path(s.fleet) == CONFIGS / "fleets" / "iot.toml"
+    assert common.base_settings({"fleet": "reference"}).fleet == "reference"
+
+
+@pytest.mark.slow
+def test_static_vs_adaptive_through_flower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tiny config through Flower's simulation engine and gRPC tiers, as the full configs run."""
+    cfg = tmp_path / "flower.toml"
+    cfg.write_text((CONFIGS / "static_vs_adaptive.tiny.toml").read_text()
+                   .replace('backend = "inprocess"', 'backend = "flower"')
+                   .replace('policies = ["static:best", "static:0,0"]', 'policies = ["static:best"]')
+                   .replace("rounds = 2", "rounds = 1")
+                   .replace('fleet = "fleets/iot.toml"', f'fleet = "{CONFIGS / "fleets" / "iot.toml"}"'))
+    res = run_tiny(static_vs_adaptive, "static_vs_adaptive", tmp_path / "out", capsys, config=cfg)
+    (pol,) = res["policies"]
+    assert pol["rounds"] == 1 and pol["final_accuracy"] > 0.3
+    check_pngs(res["figures"].values())

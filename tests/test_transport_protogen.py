@@ -1,0 +1,51 @@
+"""The generated protobuf code is build output: current with proto/, regenerated when stale."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from splitfed.transport import protogen
+from splitfed.transport._codegen import GEN_DIR, PROTO_ROOT
+from splitfed.transport.pb import SERVICE, pb
+from splitfed.transport.server import TierServicer
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_generated_code_is_current() -> None:
+    assert protogen.stale_reason() is None
+
+
+def test_generated_code_is_what_protoc_makes_now(tmp_path: Path) -> None:
+    protogen.generate(PROTO_ROOT, tmp_path, force=True)
+    assert _files(tmp_path / "splitfed") == _files(GEN_DIR)
+
+
+def test_a_changed_proto_makes_the_code_stale_and_is_regenerated(tmp_path: Path) -> None:
+    root, out = tmp_path / "proto", tmp_path / "out"
+    shutil.copytree(PROTO_ROOT, root)
+    assert protogen.stale_reason(root, out) == "generated code is missing"
+    assert protogen.generate(root, out)
+    assert protogen.stale_reason(root, out) is None
+    assert not protogen.generate(root, out)  # current: nothing to do
+    proto = root / "splitfed" / "v1" / "tier.proto"
+    proto.write_text(proto.read_text().replace("message Ack {}", "message Ack { string note = 1; }"))
+    assert "changed" in (protogen.stale_reason(root, out) or "")
+    assert protogen.generate(root, out)
+    assert "string note" not in (GEN_DIR / "v1" / "tier_pb2.pyi").read_text()
+    assert "note" in (out / "splitfed" / "v1" / "tier_pb2.pyi").read_text()
+
+
+def test_the_servicer_serves_exactly_the_service_of_the_proto() -> None:
+    service = pb.DESCRIPTOR.services_by_name["Tier"]
+    handler = TierServicer(None, None).handler()  # type: ignore[arg-type]
+    for m in service.methods:
+        details = type("D", (), {"method": f"/{SERVICE}/{m.name}"})()
+        h = handler.service(details)
+        assert h is not None, m.name
+        assert (h.request_streaming, h.response_streaming) == (m.client_streaming, m.server_streaming), m.name
+    assert handler.service(type("D", (), {"method": f"/{SERVICE}/Nope"})()) is None

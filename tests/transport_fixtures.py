@@ -1,0 +1,131 @@
+"""Fixtures of the transport tests: certificates made here (``cryptography``), servers, helpers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
+from splitfed.engine.types import State
+from splitfed.models.zoo import resolve_spec
+from splitfed.transport.security import TlsConfig
+
+SPEC = resolve_spec("cnn")  # 1x8x8 digits CNN: 8 blocks, boundary after block 2 is 16x4x4
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[Path, Path]:
+    kp, cp = path.with_suffix(".key"), path.with_suffix(".pem")
+    kp.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption()))
+    cp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cp, kp
+
+
+def make_ca(cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn)).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    return key, cert
+
+
+def make_leaf(cn: str, ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate
+              ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A certificate good for both ends (serverAuth and clientAuth) on localhost / 127.0.0.1."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    return key, cert
+
+
+@dataclass(frozen=True)
+class Certs:
+    ca: Path
+    server: TlsConfig  # the tier: its cert and key, requiring clients signed by ca
+    client: TlsConfig  # a device with a cert from the same CA
+    no_cert: TlsConfig  # a device that verifies the server but presents no certificate
+    rogue: TlsConfig  # a device with a cert from another CA
+    server_tls_only: TlsConfig  # a tier with TLS but no client certificates required
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    d = tmp_path_factory.mktemp("pki")
+    ca_key, ca = make_ca("splitfed test CA")
+    ca_path = d / "ca.pem"
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    s_cert, s_key = _write(d / "server", *make_leaf("tier", ca_key, ca))
+    c_cert, c_key = _write(d / "client", *make_leaf("device", ca_key, ca))
+    r_ca_key, r_ca = make_ca("some other CA")
+    r_cert, r_key = _write(d / "rogue", *make_leaf("device", r_ca_key, r_ca))
+    return Certs(
+        ca=ca_path,
+        server=TlsConfig(s_cert, s_key, ca_path),
+        client=TlsConfig(c_cert, c_key, ca_path),
+        no_cert=TlsConfig(ca=ca_path),
+        rogue=TlsConfig(r_cert, r_key, ca_path),
+        server_tls_only=TlsConfig(s_cert, s_key, None),
+    )
+
+
+# ---------------------------------------------------------------- one cloud tier in this process
+
+CUT = 2  # device holds blocks [0, 2); the tier holds [2, 8) and computes the loss
+
+
+def load_client(tier, client_id: str, run_id: str = "run", round_: int = 0, cut: int = CUT) -> None:  # type: ignore[no-untyped-def]
+    cfg = RoundConfig(run_id, round_, SPEC)
+    (load,) = tier_loads(cfg, client_id, (cut,), initial_state(SPEC, 0))
+    tier.load(load)
+
+
+def activation(batch: int = 4, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, 16, 4, 4, generator=torch.Generator().manual_seed(seed))
+
+
+def labels(batch: int = 4) -> torch.Tensor:
+    return torch.arange(batch) % 10
+
+
+def same(a: State, b: State) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def plain_server() -> Iterator:  # type: ignore[type-arg]
+    from splitfed.transport.server import serve_tier
+
+    srv = serve_tier("cloud", insecure=True, max_workers=8)
+    try:
+        yield srv
+    finally:
+        srv.stop(0)
