@@ -70,8 +70,9 @@ def _cell(r: dict) -> str:
 
 
 def distinct(fleet: Fleet) -> Fleet:
-    """Every client different (its sample count + its index), so no two share a class."""
-    return replace(fleet, clients=tuple(replace(c, samples=c.samples + i) for i, c in enumerate(fleet.clients)))
+    """Every client different (FLOP/s nudged by i * 1e-9), so no two share a class; the problem is the same."""
+    return replace(fleet, clients=tuple(replace(c, device=replace(c.device, flops=c.device.flops * (1 + i * 1e-9)))
+                                        for i, c in enumerate(fleet.clients)))
 
 
 def main() -> int:

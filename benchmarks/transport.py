@@ -33,7 +33,8 @@ import torch
 
 MB = 1 << 20
 SIZES_MB = (1, 8, 32)
-SWEEP_CHUNKS = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
+# (chunk_bytes, unary_bytes): the default, and the alternatives it was chosen from
+SWEEP = ((4 << 20, 16 << 20), (1 << 20, 1 << 20), (4 << 20, 4 << 20), (8 << 20, 8 << 20), (16 << 20, 16 << 20))
 CODECS = ("none", "fp16", "int8", "topk:0.1", "topk:0.01")
 
 
@@ -54,11 +55,15 @@ class EchoTier:
 def serve() -> None:
     """Child process: echo tiers (one per chunk size) and a bare bytes echo; prints their addresses."""
     from splitfed.transport import wire
+    from splitfed.transport.memory import keep_freed_memory
     from splitfed.transport.server import serve_tier
 
+    if "--no-malloc-tuning" not in sys.argv:
+        keep_freed_memory()
+
     torch.set_num_threads(1)
-    tiers = {c: serve_tier("echo", insecure=True, tier=EchoTier(), limits=wire.Limits(chunk_bytes=c), max_workers=4)
-             for c in SWEEP_CHUNKS}
+    tiers = {f"{c}/{u}": serve_tier("echo", insecure=True, tier=EchoTier(), max_workers=4,
+                                    limits=wire.Limits(chunk_bytes=c, unary_bytes=u)) for c, u in SWEEP}
     big = 2 * max(SIZES_MB) * MB
     opts = [("grpc.max_send_message_length", big), ("grpc.max_receive_message_length", big), ("grpc.so_reuseport", 0)]
     server = grpc.server(futures.ThreadPoolExecutor(4), options=opts)
@@ -73,7 +78,7 @@ def serve() -> None:
     }),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    print(json.dumps({"tiers": {str(c): s.address for c, s in tiers.items()}, "echo": f"127.0.0.1:{port}"}),
+    print(json.dumps({"tiers": {k: s.address for k, s in tiers.items()}, "echo": f"127.0.0.1:{port}"}),
           flush=True)
     sys.stdin.read()  # until the parent closes our stdin
 
@@ -92,7 +97,13 @@ def timed(fn, reps: int) -> list[float]:  # type: ignore[no-untyped-def]
 
 def bench_a(args: argparse.Namespace) -> dict:
     from splitfed.engine.device import Device
-    from splitfed.engine.rounds import Chain, RoundConfig, initial_state, inprocess_chain, tier_loads
+    from splitfed.engine.rounds import (
+        Chain,
+        RoundConfig,
+        initial_state,
+        inprocess_chain,
+        tier_loads,
+    )
     from splitfed.engine.types import OptimConfig
     from splitfed.models.zoo import resolve_spec
     from splitfed.transport.chain import close_chain, grpc_chain
@@ -112,7 +123,8 @@ def bench_a(args: argparse.Namespace) -> dict:
             tier.load(load)
         return Device(spec, chain.link, run_id="bench", client_id=cid, round=0, cuts=cuts, state=state, optim=optim)
 
-    with TierProcess.start("edge", insecure=True, threads=1) as edge:
+    extra = ["--no-malloc-tuning"] if args.no_malloc_tuning else []
+    with TierProcess.start("edge", insecure=True, threads=1, extra_args=extra) as edge:
         remote = grpc_chain([edge.address])
         local = inprocess_chain(1)
         devs = {"inproc": device(local, "a"), "grpc": device(remote, "a")}
@@ -142,7 +154,7 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
     from splitfed.transport.client import GrpcTierClient
     from splitfed.transport.pb import pb
 
-    child = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, __file__, "--serve", *(["--no-malloc-tuning"] if args.no_malloc_tuning else [])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         assert child.stdout is not None
@@ -151,9 +163,10 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
         ch = grpc.insecure_channel(info["echo"], options=[("grpc.max_send_message_length", big),
                                                           ("grpc.max_receive_message_length", big)])
         unary, stream = ch.unary_unary("/bench.Echo/Unary"), ch.stream_stream("/bench.Echo/Stream")
-        clients = {int(c): GrpcTierClient(a, limits=wire.Limits(chunk_bytes=int(c)), deadline_s=120)
-                   for c, a in info["tiers"].items()}
-        default = wire.Limits().chunk_bytes
+        clients = {k: GrpcTierClient(a, deadline_s=120, limits=wire.Limits(
+            chunk_bytes=int(k.split("/")[0]), unary_bytes=int(k.split("/")[1]))) for k, a in info["tiers"].items()}
+        lim = wire.Limits()
+        default = f"{lim.chunk_bytes}/{lim.unary_bytes}"
         y = torch.arange(8) % 10
         seq = [0]
 
@@ -166,7 +179,7 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
         for size in SIZES_MB:
             act = torch.randn(8, size * MB // 32)
             payload = act.numpy().tobytes()
-            chunks = [payload[i:i + default] for i in range(0, len(payload), default)]
+            chunks = [payload[i:i + lim.chunk_bytes] for i in range(0, len(payload), lim.chunk_bytes)]
             sides = {
                 "step_rpc": lambda act=act: step(clients[default], act),
                 "echo_unary": lambda p=payload: unary(p, timeout=120),
@@ -175,26 +188,29 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
             for f in sides.values():
                 f()  # warm up
             t: dict[str, list[float]] = {k: [] for k in sides}
-            for _ in range(args.reps_b):
+            for _ in range(args.reps_b):  # one call per side in turn: noise hits all sides alike
                 for k, f in sides.items():
-                    t[k] += timed(f, 3)
-            mbs = {k: 2 * size / statistics.median(v) for k, v in t.items()}
-            best = max(mbs["echo_unary"], mbs["echo_stream"])
-            b.append({"activation_mb": size, "mb_per_s": mbs,
-                      "ratio_vs_best_echo": mbs["step_rpc"] / best,
-                      "ratio_vs_echo_unary": mbs["step_rpc"] / mbs["echo_unary"],
-                      "ratio_vs_echo_stream": mbs["step_rpc"] / mbs["echo_stream"]})
+                    t[k] += timed(f, 1)
+            med = {k: 2 * size / statistics.median(v) for k, v in t.items()}
+            best = {k: 2 * size / min(v) for k, v in t.items()}
+            b.append({"activation_mb": size, "mb_per_s": med, "mb_per_s_best": best,
+                      "ratio_vs_best_echo": med["step_rpc"] / max(med["echo_unary"], med["echo_stream"]),
+                      "ratio_vs_best_echo_best_runs": best["step_rpc"] / max(best["echo_unary"], best["echo_stream"]),
+                      "ratio_vs_echo_unary": med["step_rpc"] / med["echo_unary"],
+                      "ratio_vs_echo_stream": med["step_rpc"] / med["echo_stream"]})
         sweep = []
-        act = torch.randn(8, max(SIZES_MB) * MB // 32)
-        t = {c: [] for c in clients}
-        for c in clients:
-            step(clients[c], act)
-        for _ in range(args.reps_b):
-            for c, client in clients.items():
-                t[c] += timed(lambda client=client: step(client, act), 2)
-        for c in clients:
-            sweep.append({"chunk_bytes": c, "activation_mb": max(SIZES_MB),
-                          "mb_per_s": 2 * max(SIZES_MB) / statistics.median(t[c])})
+        for size in SIZES_MB:  # the chunk size: every size with every chunk, interleaved
+            act = torch.randn(8, size * MB // 32)
+            t = {c: [] for c in clients}
+            for c in clients:
+                step(clients[c], act)
+            for _ in range(max(3, args.reps_b // 2)):
+                for c, client in clients.items():
+                    t[c] += timed(lambda client=client, act=act: step(client, act), 1)
+            for c in clients:
+                chunk, unary = map(int, c.split("/"))
+                sweep.append({"chunk_bytes": chunk, "unary_bytes": unary, "activation_mb": size,
+                              "mb_per_s": 2 * size / statistics.median(t[c])})
 
         # (c) one vgg11 step's tensors (batch 64, cut 4) with each codec
         g = torch.Generator().manual_seed(0)
@@ -202,13 +218,13 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
         labels = torch.randint(0, 10, (64,), generator=g)
         c_rows = []
         for name in CODECS:
-            with GrpcTierClient(info["tiers"][str(default)], compress=name) as client:
+            with GrpcTierClient(info["tiers"][default], compress=name) as client:
                 seq[0] += 1
                 client.step(StepKey("bench", "c", 0, seq[0]), vgg_act, labels)
                 head = pb.StepHeader(run_id="bench", client_id="c", seq=seq[0], phase=pb.PHASE_STEP,
                                      reply_codec=wire.codec_pb(tc.Codec.parse(name)))
-                up = wire.frames(head, [("", tc.encode(vgg_act, name)), ("", tc.encode(labels))], default)
-                down = wire.frames(pb.StepResult(has_tensor=True), [("", tc.encode(vgg_act, name))], default)
+                up = wire.frames(head, [("", tc.encode(vgg_act, name)), ("", tc.encode(labels))], lim.unary_bytes)
+                down = wire.frames(pb.StepResult(has_tensor=True), [("", tc.encode(vgg_act, name))], lim.unary_bytes)
                 rt, _ = tc.roundtrip(vgg_act, name)
                 c_rows.append({
                     "codec": name, "payload_up": client.bytes_up, "payload_down": client.bytes_down,
@@ -234,12 +250,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3, help="(a): alternating rounds")
     ap.add_argument("--steps", type=int, default=2, help="(a): steps per round and side")
-    ap.add_argument("--reps-b", type=int, default=5, help="(b): alternating rounds of 3 calls per side")
+    ap.add_argument("--reps-b", type=int, default=15, help="(b): calls per side, one side after the other")
     ap.add_argument("--skip-a", action="store_true", help="only (b) and (c) (no vgg11 training)")
+    ap.add_argument("--no-malloc-tuning", action="store_true",
+                    help="leave glibc's malloc as it is in every process (see splitfed.transport.memory)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "transport.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    result: dict = {"torch_threads": 1, "grpc": grpc.__version__}
+    if not args.no_malloc_tuning:
+        from splitfed.transport.memory import keep_freed_memory
+
+        keep_freed_memory()
+    result: dict = {"torch_threads": 1, "grpc": grpc.__version__, "malloc_tuning": not args.no_malloc_tuning}
     b, sweep, c = bench_bc(args)
     result["b_step_rpc_vs_echo"] = b
     result["b_chunk_sweep"] = sweep
@@ -255,9 +277,12 @@ def main() -> None:
     for row in b:
         m = row["mb_per_s"]
         print(f"(b) {row['activation_mb']:>2} MB: step RPC {m['step_rpc']:.0f} MB/s, echo unary {m['echo_unary']:.0f}, "
-              f"echo stream {m['echo_stream']:.0f}: ratio vs best echo {row['ratio_vs_best_echo']:.3f} (target >= 0.9)")
-    for row in sweep:
-        print(f"    chunk {row['chunk_bytes'] >> 10:>6} KiB: {row['mb_per_s']:.0f} MB/s")
+              f"echo stream {m['echo_stream']:.0f}: ratio vs best echo {row['ratio_vs_best_echo']:.3f} "
+              f"(best runs {row['ratio_vs_best_echo_best_runs']:.3f}; target >= 0.9)")
+    for size in SIZES_MB:
+        rows = [r for r in sweep if r["activation_mb"] == size]
+        print(f"    sweep {size:>2} MB, chunk/unary MiB: " + ", ".join(
+            f"{r['chunk_bytes'] >> 20}/{r['unary_bytes'] >> 20} {r['mb_per_s']:.0f} MB/s" for r in rows))
     for row in c:
         print(f"(c) {row['codec']:<9} up {row['payload_up']:>8} B  down {row['payload_down']:>8} B  "
               f"wire {row['messages_up'] + row['messages_down']:>8} B  x{row['ratio_to_none']:.3f}  "

@@ -93,6 +93,8 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
         strategy = SplitFedAvg(settings, chain.controls, policy, clock=clock,
                                edge_address=chain.addresses[0], stop=stop)
         strategy.register(grid, profile_of=lambda info: fleet.clients[info.partition_id % len(fleet.clients)].name)
+        if ckpt is not None:
+            strategy.previous = dict(ckpt.assignment)
         state = ckpt.state if ckpt is not None else initial_state(spec, settings.seed)
         first = ckpt.round + 1 if ckpt is not None else 1
         if first > settings.rounds:
@@ -108,7 +110,7 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
             if writer is not None:
                 writer.append(row)
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
-                    rnd, state_now, settings.to_dict(), rec.assignment, policy.state_dict(),
+                    rnd, state_now, settings.to_dict(), dict(strategy.previous), policy.state_dict(),
                     torch.get_rng_state()))
             say(_progress_line(row, settings.rounds))
             started = time.perf_counter()

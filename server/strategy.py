@@ -108,6 +108,7 @@ class SplitFedAvg(FedAvg):
         self.edge_address = edge_address or (settings.addresses[0] if settings.addresses else "")
         self.clients: dict[int, ClientInfo] = {}  # node id -> client
         self.history: list[RoundRecord] = []
+        self.previous: dict[str, Cuts] = {}  # each client's cuts when it last trained (the clock's moves)
         self._round: SplitRound | None = None
         self._record: RoundRecord | None = None
         self._groups: list[list[str]] = []
@@ -217,6 +218,7 @@ class SplitFedAvg(FedAvg):
         total = sum(r.samples for r in rnd.results)
         record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
         self.policy.observe(server_round, record.measurements)
+        self.previous.update(record.assignment)
         self.history.append(record)
         metrics = MetricRecord({"num-examples": total, "clients": len(rnd.results), "failed": len(rnd.failed),
                                 "train-loss": record.train_loss or 0.0, "bytes-up": record.bytes_up,
@@ -291,7 +293,7 @@ class SplitFedAvg(FedAvg):
         self._round = SplitRound(cfg, self.tiers, record_to_state(arrays), assignment,
                                  min_clients=min(self.min_train_nodes, len(order)))
         self._groups = self._round.groups()
-        sim = self.clock(server_round, assignment, sampled) if self.clock is not None else None
+        sim = self.clock(server_round, assignment, sampled, self.previous) if self.clock is not None else None
         self._record = RoundRecord(server_round, assignment, sim_round_s=sim)
 
     def _abort(self) -> None:

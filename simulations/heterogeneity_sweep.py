@@ -92,9 +92,9 @@ def _policy(name: str, sc: Any, time_limit: float) -> Any:
     return all_on_server(sc)
 
 
-def run(cfg: Config, out: Path) -> dict[str, Any]:
+def sweep(cfg: Config) -> list[dict[str, Any]]:
+    """One row per (fleet size, spread, policy), priced by the cost model."""
     from splitfed.profile import load_fleet
-    from splitfed.report.plots import Series, line_plot
 
     base = load_fleet(cfg.fleet)
     rows: list[dict[str, Any]] = []
@@ -103,55 +103,61 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         for s in cfg.spreads:
             fleet = spread_fleet(drawn, s)
             sc = scenario(cfg.model, fleet, cfg.tiers, cfg.batch)
-            flops_ratio = _ratio([c.device.flops for c in fleet.clients])
-            bw_ratio = _ratio([c.link.up for c in fleet.clients])
+            where = {"clients": n, "spread": s, "flops_ratio": _ratio([c.device.flops for c in fleet.clients]),
+                     "bandwidth_ratio": _ratio([c.link.up for c in fleet.clients])}
+            line = []
             for p in cfg.policies:
                 try:
                     sol = _policy(p, sc, cfg.solve_time_limit_s)
                 except ConfigError as e:  # e.g. no single static cut fits every device
-                    rows.append({"clients": n, "spread": s, "policy": p, "makespan_s": None, "error": str(e)})
+                    rows.append({**where, "policy": p, "makespan_s": None, "feasible": False, "error": str(e)})
+                    line.append(f"{p}=n/a")
                     continue
-                rows.append({"clients": n, "spread": s, "policy": p, "makespan_s": sol.makespan_s,
-                             "solve_s": sol.solve_s, "bottleneck": sol.cost.bottleneck,
-                             "feasible": sol.cost.feasible, "optimal": sol.optimal,
-                             "flops_ratio": flops_ratio, "bandwidth_ratio": bw_ratio})
-            best = {r["policy"]: r["makespan_s"] for r in rows if r["clients"] == n and r["spread"] == s}
-            print(f"  clients={n:>6} spread={s:<5g} " + "  ".join(
-                f"{p}={best[p]:.1f}s" if best.get(p) is not None else f"{p}=n/a" for p in cfg.policies), flush=True)
+                rows.append({**where, "policy": p, "makespan_s": sol.makespan_s, "solve_s": sol.solve_s,
+                             "bottleneck": sol.cost.bottleneck, "feasible": sol.cost.feasible,
+                             "optimal": sol.optimal})
+                line.append(f"{p}={sol.makespan_s:.3g}s" + ("" if sol.cost.feasible else " (over memory)"))
+            print(f"  clients={n:>6} spread={s:<5g} " + "  ".join(line), flush=True)
+    return rows
 
+
+def run(cfg: Config, out: Path) -> dict[str, Any]:
+    from splitfed.report.plots import Series, line_plot
+
+    rows = sweep(cfg)
     speedups = _speedups(rows, cfg)
     write_csv(out / "results.csv", rows)
+    xlabel = "spread factor s (0: identical devices, 1: reference fleet)"
     figures = {}
     for n in cfg.clients:
-        series = [Series(p, [r["spread"] for r in rows if r["clients"] == n and r["policy"] == p and r["makespan_s"]],
-                         [r["makespan_s"] for r in rows if r["clients"] == n and r["policy"] == p and r["makespan_s"]])
+        ok = [r for r in rows if r["clients"] == n and r["feasible"]]
+        series = [Series(p, [r["spread"] for r in ok if r["policy"] == p], [r["makespan_s"] for r in ok if r["policy"] == p])
                   for p in cfg.policies]
         figures[f"makespan_{n}"] = str(line_plot(
-            series, out / f"makespan_vs_spread_{n}.png", logy=True,
+            series, out / f"makespan_vs_spread_{n}.png", logy=True, xlabel=xlabel,
             title=f"Round makespan vs heterogeneity ({cfg.model}, {n} clients, {cfg.tiers} tiers)",
-            xlabel="spread factor s (0: identical devices, 1: reference fleet)",
-            ylabel="makespan (simulated s, log)"))
-    if "optimizer" in cfg.policies and len(cfg.policies) > 1:
+            ylabel="makespan (simulated s, log)", note="points over a server's memory are left out"))
+    others = [p for p in cfg.policies if p != "optimizer"]
+    if "optimizer" in cfg.policies and others:
         series = [Series(f"{other} / optimizer, {n} clients",
                          [r["spread"] for r in speedups if r["clients"] == n and r.get(other) is not None],
                          [r[other] for r in speedups if r["clients"] == n and r.get(other) is not None],
                          {"linestyle": ["-", "--", ":", "-."][i % 4], "color": f"C{j}"})
-                  for i, n in enumerate(cfg.clients)
-                  for j, other in enumerate(p for p in cfg.policies if p != "optimizer")]
+                  for i, n in enumerate(cfg.clients) for j, other in enumerate(others)]
         figures["speedup"] = str(line_plot(
-            series, out / "speedup_vs_spread.png", hline=1.0, hline_label="no gain",
+            series, out / "speedup_vs_spread.png", hline=1.0, hline_label="no gain", xlabel=xlabel,
             title=f"Optimizer's speed-up over each policy ({cfg.model}, {cfg.tiers} tiers)",
-            xlabel="spread factor s (0: identical devices, 1: reference fleet)",
-            ylabel="makespan ratio (policy / optimizer)"))
+            ylabel="makespan ratio (policy / optimizer)", note="policies over a server's memory are left out"))
     return {"rows": rows, "speedups": speedups, "figures": figures}
 
 
 def _speedups(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
-    """Per (clients, spread): each policy's makespan over the optimizer's."""
+    """Per (clients, spread): each policy's makespan over the optimizer's (None: infeasible or failed)."""
     out = []
     for n in cfg.clients:
         for s in cfg.spreads:
-            ms = {r["policy"]: r["makespan_s"] for r in rows if r["clients"] == n and r["spread"] == s}
+            ms = {r["policy"]: r["makespan_s"] for r in rows
+                  if r["clients"] == n and r["spread"] == s and r.get("feasible")}
             opt = ms.get("optimizer")
             if not opt:
                 continue

@@ -73,7 +73,7 @@ def test_writable_decode_copies_out_of_the_message() -> None:
 
 def test_misaligned_payload_from_other_encoders_is_copied() -> None:
     t = torch.randn(5, dtype=torch.float64)
-    msg = pb.Frame(tensor=pb.TensorMeta(dtype=4, shape=[5], nbytes=40), data=t.numpy().tobytes())
+    msg = pb.Frame(tensors=[pb.TensorMeta(dtype=4, shape=[5], nbytes=40)], data=t.numpy().tobytes() + bytes(8))
     for k in range(8):  # an unknown field of 3 + k bytes first shifts the payload to every offset
         raw = b"\xaa\x01" + bytes([k]) + bytes(k) + msg.SerializeToString()
         _, (got,) = wire.read_all([raw], None, wire.Limits())
@@ -92,7 +92,8 @@ def test_frames_are_protobuf_frames_both_ways(data: st.DataObject) -> None:
     # ours -> generated parser
     parsed = [pb.Frame.FromString(f) for f in frames]
     assert parsed[0].step == head
-    assert b"".join(p.data for p in parsed) == t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    raw = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    assert b"".join(p.data for p in parsed) == raw + bytes(-len(raw) % 16)  # payload, zero-padded to 16
     # generated serializer -> ours
     regen = [p.SerializeToString() for p in parsed]
     h, (got,) = wire.read_all(regen, wire.F_STEP, wire.Limits())
@@ -162,7 +163,7 @@ def tc_key():  # type: ignore[no-untyped-def]
     ],
 )
 def test_bad_meta_is_refused_before_any_byte_is_used(meta: dict, exc: type, match: str) -> None:
-    frame = pb.Frame(tensor=pb.TensorMeta(**meta)).SerializeToString()
+    frame = pb.Frame(tensors=[pb.TensorMeta(**meta)]).SerializeToString()
     with pytest.raises(exc, match=match):
         wire.read_all([frame], None, wire.Limits())
 
@@ -172,11 +173,13 @@ def test_bad_meta_is_refused_before_any_byte_is_used(meta: dict, exc: type, matc
     [
         ([b"\xff\xff"], "malformed"),
         ([b"\x0a\x05ab"], "past the end"),
-        ([pb.Frame(data=b"abc").SerializeToString()], "outside a tensor"),
-        ([pb.Frame(tensor=pb.TensorMeta(dtype=1, shape=[2], nbytes=8), data=b"x" * 4).SerializeToString()],
+        ([pb.Frame(data=b"abc").SerializeToString()], "beyond the declared tensors"),
+        ([pb.Frame(tensors=[pb.TensorMeta(dtype=1, shape=[2], nbytes=8)], data=b"x" * 4).SerializeToString()],
          "ended inside"),
-        ([pb.Frame(tensor=pb.TensorMeta(dtype=1, shape=[1], nbytes=4), data=b"x" * 8).SerializeToString()],
-         "more than"),
+        ([pb.Frame(tensors=[pb.TensorMeta(dtype=1, shape=[1], nbytes=4)], data=b"x" * 20).SerializeToString()],
+         "beyond the declared tensors"),
+        ([pb.Frame(tensors=[pb.TensorMeta(dtype=1, shape=[1], nbytes=4)], data=b"x" * 4).SerializeToString()],
+         "and its padding"),
         ([pb.Frame(step=pb.StepHeader()).SerializeToString()], "unexpected header"),
         ([b"\xa0\x01\x01"], None),  # an unknown varint field: skipped
     ],
@@ -189,9 +192,29 @@ def test_malformed_frames(frames: list[bytes], match: str | None) -> None:
         wire.read_all(frames, None, wire.Limits())
 
 
+def test_counts_of_frames_and_tensors_are_bounded() -> None:
+    t = torch.randn(64)
+    frames = wire.frames(None, [("", tc.encode(t))], 16)  # 16 frames
+    with pytest.raises(ResourceExhausted, match="more than 8 messages"):
+        wire.read_all(frames, None, wire.Limits(max_frames=8))
+    many = wire.frames(None, [(str(i), tc.encode(torch.zeros(1))) for i in range(5)], 1 << 20)
+    with pytest.raises(ResourceExhausted, match="more than 4 tensors"):
+        wire.read_all(many, None, wire.Limits(max_tensors=4))
+    with pytest.raises(ResourceExhausted, match="exceed the limit of 10 bytes"):
+        wire.read_all(many, None, wire.Limits(max_call_bytes=10))
+
+
+def test_many_tensors_share_frames_and_metas_spill_over() -> None:
+    state = {f"{i}.weight": torch.full((3,), float(i)) for i in range(2000)}
+    frames = wire.frames(None, [(k, tc.encode(v)) for k, v in state.items()], 1 << 20)
+    assert 1 < len(frames) < 20 and max(map(len, frames)) < wire.Limits().max_message_bytes
+    _, got = wire.read_all(frames, None, wire.Limits())
+    assert [r.name for r in got] == list(state) and all(torch.equal(r.tensor, state[r.name]) for r in got)
+
+
 def test_topk_indices_are_checked() -> None:
     payload = torch.tensor([3, 1], dtype=torch.int32).view(torch.uint8).numpy().tobytes() + bytes(8)
-    frame = pb.Frame(tensor=pb.TensorMeta(dtype=1, shape=[4], nbytes=16, codec=pb.Codec(kind=3, topk_fraction=0.5)),
+    frame = pb.Frame(tensors=[pb.TensorMeta(dtype=1, shape=[4], nbytes=16, codec=pb.Codec(kind=3, topk_fraction=0.5))],
                      data=payload).SerializeToString()
     with pytest.raises(InvalidArgument, match="strictly increasing"):
         wire.read_all([frame], None, wire.Limits())

@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-from tests.flower_fixtures import FakeGrid, inprocess_tiers, reference_run
 
 import clients.app
 import server.app
@@ -23,6 +22,7 @@ from splitfed.flower.config import RunSettings
 from splitfed.flower.orchestrate import RoundFailed
 from splitfed.flower.records import CONFIG, TrainInstruction
 from splitfed.models.zoo import resolve_spec
+from tests.flower_fixtures import FakeGrid, inprocess_tiers, reference_run
 
 BASE = RunSettings(rounds=2, clients=4, tiers=3, cuts="static:1,3/2,5/0,4/3,7", batch_size=32, lr=0.05,
                    momentum=0.9, node_wait_s=5.0, round_timeout_s=30.0)

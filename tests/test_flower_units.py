@@ -16,7 +16,13 @@ from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import MetricsWriter, summarise
 from splitfed.flower.orchestrate import RoundFailed, SplitRound, drive, local_trainer
 from splitfed.flower.policy import ClientInfo, StaticPolicy, make_policy, parse_static
-from splitfed.flower.records import NodeInfo, TrainInstruction, TrainReport, record_to_state, state_to_record
+from splitfed.flower.records import (
+    NodeInfo,
+    TrainInstruction,
+    TrainReport,
+    record_to_state,
+    state_to_record,
+)
 from splitfed.models.zoo import resolve_spec
 
 SPEC = resolve_spec("cnn")

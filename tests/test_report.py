@@ -165,9 +165,18 @@ def test_heatmap_with_clients_missing_from_rounds(tmp_path: Path) -> None:
     valid_png(p)
 
 
+def test_heatmap_two_tiers_many_clients(tmp_path: Path) -> None:
+    rows = [{"round": r, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": {f"dev-{i}": [i % 4] for i in range(60)}}
+            for r in (1, 2, 3)]
+    valid_png(plots.cuts_heatmap(rows_to_run(rows, "fleet"), tmp_path / "h.png"))
+
+
 def test_line_plot_with_reference_lines(tmp_path: Path) -> None:
     p = plots.line_plot([plots.Series("a", [1, 10, 100], [3, 2, 1])], tmp_path / "l.png", title="t",
                         xlabel="x", ylabel="y", logx=True, logy=True, hline=1.5, vline=10)
+    valid_png(p)
+    p = plots.line_plot([plots.Series("a", [1, 2], [1, 2]), plots.Series("none", [], [])], tmp_path / "e.png",
+                        title="t", xlabel="x", ylabel="y", integer_x=True, note="a note")
     valid_png(p)
 
 

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from simulations import common, compression, drift, heterogeneity_sweep, static_vs_adaptive, variants
+from simulations import (
+    common,
+    compression,
+    drift,
+    heterogeneity_sweep,
+    static_vs_adaptive,
+    variants,
+)
 from splitfed.errors import ConfigError
 
 CONFIGS = Path(common.__file__).parent / "configs"
@@ -190,3 +197,8 @@ def test_static_vs_adaptive_through_flower(tmp_path: Path, capsys: pytest.Captur
     (pol,) = res["policies"]
     assert pol["rounds"] == 1 and pol["final_accuracy"] > 0.3
     check_pngs(res["figures"].values())
+    # the in-process backend computes the same run: same model (accuracy), same simulated clock
+    settings = common.load_config(cfg, static_vs_adaptive.Config).settings().with_(cuts=pol["cuts"])
+    local = common.train(settings, tmp_path / "local", "local", backend="inprocess")
+    assert [r.accuracy for r in local.rounds] == pytest.approx(pol["accuracy"], abs=1e-6)
+    assert [r.sim_round_s for r in local.rounds] == pytest.approx(pol["sim_round_s"], rel=1e-9)

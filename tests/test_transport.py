@@ -43,7 +43,7 @@ def served(plain_server: TierServer) -> Iterator[tuple[TierServer, GrpcTierClien
 @pytest.mark.parametrize("codec", ["none", "fp16", "int8", "topk:0.3"])
 @pytest.mark.parametrize("chunk", [1 << 20, 100])
 def test_grpc_link_gives_the_in_process_numbers(codec: str, chunk: int) -> None:
-    limits = wire.Limits(chunk_bytes=chunk)  # 100 B: every tensor travels in many frames
+    limits = wire.Limits(chunk_bytes=chunk, unary_bytes=chunk)  # 100 B: every tensor travels in many frames
     local = Tier("cloud")
     load_client(local, "a")
     link = InProcessLink(local, *compress.get(codec))
@@ -88,28 +88,35 @@ class _Lost(grpc.RpcError):
         return "connection lost (injected)"
 
 
-class LoseFirstReply(grpc.StreamStreamClientInterceptor):
+class LoseFirstReply(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """The first step reaches the tier and is applied; its reply is lost on the way back."""
 
     def __init__(self) -> None:
         self.lost = 0
 
-    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
-        call = continuation(client_call_details, request_iterator)
+    def _maybe_lose(self, call):  # type: ignore[no-untyped-def]
         if self.lost == 0:
             self.lost += 1
-            list(call)
+            call.result() if hasattr(call, "result") and not hasattr(call, "__iter__") else list(call)
             raise _Lost()
         return call
 
+    def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return self._maybe_lose(continuation(client_call_details, request))
 
-def test_a_retried_step_is_applied_once(plain_server: TierServer) -> None:  # noqa: F811
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return self._maybe_lose(continuation(client_call_details, request_iterator))
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 256])  # unary Step, StepStream
+def test_a_retried_step_is_applied_once(plain_server: TierServer, chunk: int) -> None:  # noqa: F811
     load_client(plain_server.tier, "a")
     ref = Tier("cloud")
     load_client(ref, "a")
     want = ref.step(key(0), activation(), labels())
     lose = LoseFirstReply()
-    with GrpcTierClient(plain_server.address, interceptors=[lose], backoff_s=0.01) as c:
+    with GrpcTierClient(plain_server.address, interceptors=[lose], backoff_s=0.01,
+                        limits=wire.Limits(chunk_bytes=chunk, unary_bytes=chunk)) as c:
         got = c.step(key(0), activation(), labels())
         assert lose.lost == 1 and c.retried == 1
         assert got.grad is not None and want.grad is not None and torch.equal(got.grad, want.grad)
@@ -177,15 +184,18 @@ def step_frames(seq: int = 0, cid: str = "a", run: str = "run", x: torch.Tensor 
 
 def meta_frame(**meta: object) -> bytes:
     return pb.Frame(step=pb.StepHeader(run_id="run", client_id="a", phase=pb.PHASE_STEP),
-                    tensor=pb.TensorMeta(**meta)).SerializeToString()  # type: ignore[arg-type]
+                    tensors=[pb.TensorMeta(**meta)]).SerializeToString()  # type: ignore[arg-type]
 
 
-def raw_step(address: str, frames: list[bytes], metadata: tuple = ()) -> tuple[grpc.StatusCode, str]:
+def raw_step(address: str, frames: list[bytes], unary: bool = False) -> tuple[grpc.StatusCode, str]:
+    """Send frames as they are (StepStream, or Step when ``unary``); the status that comes back."""
     with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", RAW_LIMIT),
                                                  ("grpc.max_receive_message_length", RAW_LIMIT)]) as ch:
-        call = ch.stream_stream(method("Step"))
         try:
-            list(call(iter(frames), timeout=20, metadata=metadata))
+            if unary:
+                ch.unary_unary(method("Step"))(frames[0] if frames else b"", timeout=20)
+            else:
+                list(ch.stream_stream(method("StepStream"))(iter(frames), timeout=20))
         except grpc.RpcError as e:
             return e.code(), e.details() or ""
     return grpc.StatusCode.OK, ""
@@ -208,12 +218,15 @@ CASES: dict[str, tuple[Callable[[], list[bytes]], grpc.StatusCode, str]] = {
                     grpc.StatusCode.FAILED_PRECONDITION, "round"),
     "declared too large": (lambda: [meta_frame(dtype=1, shape=[1 << 30], nbytes=4 << 30)],
                            grpc.StatusCode.RESOURCE_EXHAUSTED, "exceed the limit"),
-    "message too large": (lambda: [step_frames()[0] + pb.Frame(pad=bytes(5 << 20)).SerializeToString()],
+    "message too large": (lambda: [step_frames()[0] + pb.Frame(pad=bytes(wire.Limits().max_message_bytes)).SerializeToString()],
                           grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
     "garbage": (lambda: [b"\xff\x00\x13garbage"], grpc.StatusCode.INVALID_ARGUMENT, "malformed"),
-    "no header": (lambda: step_frames()[1:], grpc.StatusCode.INVALID_ARGUMENT, "no header"),
+    "no header": (lambda: wire.frames(None, [("", tc.encode(activation()))], 1 << 20),
+                  grpc.StatusCode.INVALID_ARGUMENT, "no header"),
     "no frames": (lambda: [], grpc.StatusCode.INVALID_ARGUMENT, "no header"),
-    "one tensor for STEP": (lambda: step_frames()[:1], grpc.StatusCode.INVALID_ARGUMENT, "carries 2 tensor"),
+    "one tensor for STEP": (lambda: wire.frames(pb.StepHeader(run_id="run", client_id="a", phase=1),
+                                                [("", tc.encode(activation()))], 1 << 20),
+                            grpc.StatusCode.INVALID_ARGUMENT, "carries 2 tensor"),
     "unknown phase": (lambda: step_frames(phase=9), grpc.StatusCode.INVALID_ARGUMENT, "phase"),
     "bad reply codec": (lambda: step_frames(reply_codec=pb.Codec(kind=3, topk_fraction=-1)),
                         grpc.StatusCode.INVALID_ARGUMENT, "fraction"),
@@ -224,19 +237,46 @@ CASES: dict[str, tuple[Callable[[], list[bytes]], grpc.StatusCode, str]] = {
 }
 
 
+@pytest.mark.parametrize("unary", [False, True], ids=["StepStream", "Step"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_malformed_step_is_refused_with_its_status_and_changes_nothing(
-        served: tuple[TierServer, GrpcTierClient], case: str) -> None:
+        served: tuple[TierServer, GrpcTierClient], case: str, unary: bool) -> None:
     srv, c = served
     make, code, match = CASES[case]
+    frames = make()
+    if unary and len(frames) > 1:
+        pytest.skip("more than one message")
+    if unary and case == "backward without forward":
+        code, match = grpc.StatusCode.INVALID_ARGUMENT, "use StepStream"
+    if unary and case == "no frames":
+        match = "no header"
     before = c.fetch("run", "a")
-    got, details = raw_step(srv.address, make())
+    got, details = raw_step(srv.address, frames, unary)
     assert got == code, details
     assert match in details
     assert same(c.fetch("run", "a"), before)
     # the tier keeps serving everyone, the refused client included
     assert c.step(key(0, "b"), activation(), labels()).grad is not None
     assert c.step(key(0, "a"), activation(), labels()).grad is not None
+
+
+def test_unary_step_refuses_a_reply_too_large_for_one_message_before_acting(
+        served: tuple[TierServer, GrpcTierClient]) -> None:
+    srv, c = served
+    small = wire.Limits(chunk_bytes=2048, unary_bytes=2048)
+
+    with serve_tier("cloud", insecure=True, limits=small) as tiny:
+        load_client(tiny.tier, "a")
+        before = tiny.tier.fetch("run", "a")
+        # an int8 activation fits one message, but a float32 gradient asked for in reply would not
+        h = pb.StepHeader(run_id="run", client_id="a", phase=pb.PHASE_STEP)
+        frames = wire.frames(h, [("", tc.encode(activation(), "int8")), ("", tc.encode(labels()))], 2048)
+        assert len(frames) == 1
+        code, details = raw_step(tiny.address, frames, unary=True)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "StepStream" in details
+        assert same(tiny.tier.fetch("run", "a"), before)
+        with GrpcTierClient(tiny.address, limits=small, compress="int8") as ic:  # the client picks the stream
+            assert ic.step(key(0), activation(), labels()).grad is not None
 
 
 def test_stale_seq_is_refused(served: tuple[TierServer, GrpcTierClient]) -> None:

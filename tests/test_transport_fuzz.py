@@ -19,7 +19,7 @@ from splitfed.transport.pb import method, pb
 from splitfed.transport.server import TierServer, serve_tier
 from tests.transport_fixtures import activation, labels, load_client, same
 
-LIMITS = wire.Limits(chunk_bytes=4096, max_tensor_bytes=1 << 20, max_call_bytes=2 << 20)
+LIMITS = wire.Limits(chunk_bytes=4096, unary_bytes=4096, max_tensor_bytes=1 << 20, max_call_bytes=2 << 20)
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -58,7 +58,7 @@ def garbled(draw: st.DrawFn) -> list[bytes]:
                          codec=pb.Codec(kind=draw(st.integers(0, 5)),
                                         topk_fraction=draw(st.floats(allow_nan=True, allow_infinity=True))),
                          nbytes=draw(st.integers(-5, 1 << 21)))
-    frames = [pb.Frame(tensor=meta, data=draw(st.binary(max_size=2048))).SerializeToString()]
+    frames = [pb.Frame(tensors=[meta], data=draw(st.binary(max_size=2048))).SerializeToString()]
     frames += draw(st.lists(st.binary(max_size=64).map(lambda b: pb.Frame(data=b).SerializeToString()), max_size=3))
     return frames
 
@@ -90,12 +90,16 @@ def step_calls(draw: st.DrawFn) -> list[bytes]:
 
 @settings(max_examples=120, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
           deadline=None)
-@given(frames=step_calls())
-def test_step_rpc_fuzz(fuzzed: tuple[TierServer, GrpcTierClient, grpc.Channel], frames: list[bytes]) -> None:
+@given(frames=step_calls(), unary=st.booleans())
+def test_step_rpc_fuzz(fuzzed: tuple[TierServer, GrpcTierClient, grpc.Channel], frames: list[bytes],
+                       unary: bool) -> None:
     srv, c, ch = fuzzed
     before = c.fetch("run", "a")
     try:
-        list(ch.stream_stream(method("Step"))(iter(frames), timeout=20))
+        if unary:  # Step takes one message: the first frame, or all frames glued into one
+            ch.unary_unary(method("Step"))(b"".join(frames), timeout=20)
+        else:
+            list(ch.stream_stream(method("StepStream"))(iter(frames), timeout=20))
         code = grpc.StatusCode.OK
     except grpc.RpcError as e:
         code = e.code()

@@ -162,7 +162,7 @@ def test_tier_killed_during_a_call_ends_the_call(tiers: tuple[TierProcess, TierP
         yield from frames[1:]
 
     with grpc.insecure_channel(lone.address) as ch:
-        call = ch.stream_stream(method("Step"))(requests(), timeout=120)
+        call = ch.stream_stream(method("StepStream"))(requests(), timeout=120)
         threading.Timer(1.0, lone.kill).start()
         with pytest.raises(grpc.RpcError) as e:
             list(call)

@@ -40,6 +40,11 @@ def test_a_changed_proto_makes_the_code_stale_and_is_regenerated(tmp_path: Path)
     assert "note" in (out / "splitfed" / "v1" / "tier_pb2.pyi").read_text()
 
 
+def test_an_installed_package_without_proto_sources_uses_its_built_code(tmp_path: Path) -> None:
+    assert protogen.stale_reason(tmp_path / "no-proto", GEN_DIR.parent) is None
+    assert "no generated code" in (protogen.stale_reason(tmp_path / "no-proto", tmp_path) or "")
+
+
 def test_the_servicer_serves_exactly_the_service_of_the_proto() -> None:
     service = pb.DESCRIPTOR.services_by_name["Tier"]
     handler = TierServicer(None, None).handler()  # type: ignore[arg-type]

@@ -57,7 +57,9 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
 
     base = RunSettings()
     if args.resume:
-        base = RunSettings.from_mapping(checkpoint.load(args.resume).settings, source=args.resume)
+        # the stopped run's tier processes are gone: this run starts its own (or --config names them)
+        saved = {**checkpoint.load(args.resume).settings, "tier_addresses": ""}
+        base = RunSettings.from_mapping(saved, source=args.resume)
     if args.config:
         base = RunSettings.from_toml(args.config, base)
     given = {f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}

@@ -40,14 +40,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODULE:FACTORY",
                    help="serve this non-zoo model factory too (repeatable)")
+    p.add_argument("--no-malloc-tuning", action="store_true",
+                   help="let glibc return freed buffers to the OS after each step (see splitfed.transport.memory)")
     p.add_argument("--exit-with-stdin", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitfed.transport import wire
     from splitfed.transport.security import TlsConfig, read_token
-    from splitfed.transport.server import serve_tier
 
     role = args.role or ("edge" if args.next_address else "cloud")
     if role == "cloud" and args.next_address:
@@ -59,9 +59,19 @@ def run(args: argparse.Namespace) -> int:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("TLS needs --tls-cert and --tls-key (--tls-ca adds mutual TLS)")
         tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+    elif not args.insecure:
+        raise ConfigError("refusing to serve without TLS: give --tls-cert and --tls-key (and --tls-ca for mutual "
+                          "TLS), or --insecure to serve in plaintext on purpose")
     token = read_token(args.token_file) if args.token_file else None
     import torch
 
+    from splitfed.transport import wire
+    from splitfed.transport.server import serve_tier
+
+    if not args.no_malloc_tuning:
+        from splitfed.transport.memory import keep_freed_memory
+
+        keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,

@@ -154,11 +154,16 @@ class Scenario:
                 "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "move": np.asarray(p.param_bytes, dtype=float) * (1 + p.optimizer_slots)}
 
+    @cached_property
+    def _index(self) -> dict[str, int]:
+        return {c.name: i for i, c in reversed(list(enumerate(self.clients)))}
+
     def index(self, name: str) -> int:
-        for i, c in enumerate(self.clients):
-            if c.name == name:
-                return i
-        raise ConfigError(f"no client named {name!r}")
+        """Position of the client called ``name`` (the first, if names repeat)."""
+        try:
+            return self._index[name]
+        except KeyError:
+            raise ConfigError(f"no client named {name!r}") from None
 
     def check_cuts(self, cuts: Sequence[int]) -> Cuts:
         c = validate_cuts(cuts, self.profile.n_blocks, self.tiers, self.u_shape, model=self.profile.model)
@@ -307,8 +312,9 @@ class ClientCost:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "cuts": list(self.cuts), "time_s": self.round_s, "batch_s": self.batch_s,
-                "exchange_s": self.exchange_s, "exchange_bytes": self.exchange_bytes, "compute_s": list(self.compute_s), "up_s": list(self.up_s),
-                "down_s": list(self.down_s), "up_bytes": list(self.up_bytes), "down_bytes": list(self.down_bytes),
+                "exchange_s": self.exchange_s, "exchange_bytes": self.exchange_bytes,
+                "compute_s": list(self.compute_s), "up_s": list(self.up_s), "down_s": list(self.down_s),
+                "up_bytes": list(self.up_bytes), "down_bytes": list(self.down_bytes),
                 "memory_bytes": list(self.memory)}
 
 
@@ -358,7 +364,8 @@ class RoundCost:
                 "clients": [{"name": c.name, "cuts": list(c.cuts), "time_s": c.round_s} for c in self.clients]}
 
 
-def _client_key(c: Client) -> tuple:
+def client_key(c: Client) -> tuple:
+    """What a client's costs depend on: clients with equal keys cost the same under every cut."""
     return (c.device, c.link, c.samples)
 
 
@@ -381,7 +388,7 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
         except CutError as e:
             raise CutError(f"client {c.name}: {e}") from None
         cuts_of.append(cuts)
-        groups.setdefault((_client_key(c), cuts), []).append(i)
+        groups.setdefault((client_key(c), cuts), []).append(i)
     costs: list[ClientCost | None] = [None] * len(sc.clients)
     loads: list[np.ndarray | None] = [None] * len(sc.clients)
     for (_, cuts), idx in groups.items():

@@ -87,7 +87,7 @@ class RunSettings:
         if self.addresses and len(self.addresses) != self.tiers - 1:
             raise ConfigError(f"tier-addresses names {len(self.addresses)} tier server(s); "
                               f"{self.tiers} tiers need {self.tiers - 1}")
-        self.optim  # validated by OptimConfig
+        OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
 
     # ------------------------------------------------------------ derived
 

@@ -60,9 +60,10 @@ class AssignmentPolicy(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-Clock = Callable[[int, Mapping[str, Cuts], Sequence[ClientInfo]], float | None]
-"""``clock(round, assignment, clients) -> simulated makespan (s)``: the cost model's
-prediction of a round, used as ``sim_round_s`` in simulation. Deployment has none."""
+Clock = Callable[[int, Mapping[str, Cuts], Sequence[ClientInfo], Mapping[str, Cuts]], float | None]
+"""``clock(round, assignment, clients, previous_assignment) -> simulated makespan (s)``:
+the cost model's prediction of a round (moving weights included), used as
+``sim_round_s`` in simulation. Deployment has none (``None``: times are measured)."""
 
 
 class StaticPolicy:
@@ -117,6 +118,21 @@ def register_policy(name: str, factory: PolicyFactory) -> None:
     _FACTORIES[name] = factory
 
 
+def _builtin(name: str) -> PolicyFactory:
+    def factory(arg: str, settings: RunSettings) -> AssignmentPolicy:
+        from splitfed.flower import adaptive
+
+        if arg:
+            raise ConfigError(f"--cuts {name} takes no argument, got {name}:{arg}")
+        return adaptive.AdaptivePolicy(settings) if name == "adaptive" else adaptive.GreedyPolicy(settings)
+
+    return factory
+
+
+register_policy("adaptive", _builtin("adaptive"))
+register_policy("greedy", _builtin("greedy"))
+
+
 def make_policy(settings: RunSettings) -> AssignmentPolicy:
     """``static:K1,K2[/K1,K2...]`` or a registered name (``adaptive``, ``greedy``)."""
     spec = settings.cuts
@@ -125,6 +141,4 @@ def make_policy(settings: RunSettings) -> AssignmentPolicy:
         return StaticPolicy(parse_static(arg))
     if name in _FACTORIES:
         return _FACTORIES[name](arg, settings)
-    known = ["static:K1,K2", *sorted(_FACTORIES)]
-    hint = "" if _FACTORIES else " (adaptive and greedy need splitfed.optimizer wired in)"
-    raise ConfigError(f"unknown cut policy {spec!r}: use {' | '.join(known)}{hint}")
+    raise ConfigError(f"unknown cut policy {spec!r}: use {' | '.join(['static:K1,K2', *sorted(_FACTORIES)])}")

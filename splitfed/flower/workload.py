@@ -65,6 +65,12 @@ def round_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, 
     return out
 
 
+def train_data(spec: ModelSpec, dataset: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All training samples (every partition together: the centralised baseline's data)."""
+    (x, y), _ = _split(_key(spec), dataset, seed)
+    return x, y
+
+
 def test_data(spec: ModelSpec, dataset: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     _, (x, y) = _split(_key(spec), dataset, seed)
     return x, y

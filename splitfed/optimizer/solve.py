@@ -28,8 +28,8 @@ solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
   The first tau_k that says yes and one optimising MILP below it give
   M* = min(tau_k, S(tau_{k-1})); see ``_bisect`` for the argument.
 
-When every class is a single client, ``direct`` (the MILP above as written) is
-also available; both are checked against brute force in the tests. HiGHS proves
+``direct`` (the MILP above as written, per client) is kept for cross-checks:
+both are checked against brute force in the tests. HiGHS proves
 the optimum to ``gap`` (relative; 0 = exact, the default 1e-5 avoids proofs that
 take minutes when shared tiers set the makespan: balancing loads is NP-hard).
 Every answer is re-priced by :func:`splitfed.cost.model.evaluate`, which is what
@@ -47,8 +47,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from splitfed.cost.model import Cuts, RoundCost, Scenario, evaluate, option_table
+from splitfed.cost.model import Cuts, RoundCost, Scenario, client_key, evaluate, option_table
 from splitfed.errors import ConfigError, SplitfedError
+from splitfed.profile.fleet import Client
 
 EXHAUSTIVE_LIMIT = 2_000_000
 _SCALE = 1e4  # the optimum's size in scaled units (see module docstring)
@@ -103,26 +104,31 @@ def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np
 
 
 def _pareto(V: np.ndarray) -> np.ndarray:
-    """Rows not dominated by another row (a <= b everywhere; among equal rows the first stays)."""
+    """Rows not dominated by another row (a <= b everywhere; among equal rows the first stays).
+
+    A dominating row sorts lexicographically no later than the row it dominates (stable for equal
+    rows), so one pass in that order, checking each row against the rows kept so far, suffices.
+    """
     m = V.shape[0]
-    if m <= 1:
-        return np.ones(m, bool)
-    keep = np.ones(m, bool)
-    step = max(1, 4_000_000 // (m * max(1, V.shape[1])))
-    idx = np.arange(m)
-    for s in range(0, m, step):
-        b = slice(s, s + step)
-        le = (V[:, None, :] <= V[None, b, :]).all(-1)          # le[a, b]: a <= b
-        lt = (V[:, None, :] < V[None, b, :]).any(-1)
-        dom = le & (lt | (idx[:, None] < idx[None, b]))
-        keep[b] = ~dom.any(axis=0)
+    keep = np.zeros(m, bool)
+    if m == 0:
+        return keep
+    order = np.lexsort(V.T[::-1]) if V.shape[1] else np.arange(m)
+    front = np.empty_like(V)
+    n = 0
+    for i in order:
+        if n and (front[:n] <= V[i]).all(axis=1).any():
+            continue
+        front[n] = V[i]
+        n += 1
+        keep[i] = True
     return keep
 
 
 def _classes(sc: Scenario) -> list[_Class]:
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(sc.clients):
-        groups.setdefault((c.device, c.link, c.samples), []).append(i)
+        groups.setdefault(client_key(c), []).append(i)
     out = []
     for members in groups.values():
         t = option_table(sc, sc.clients[members[0]])
@@ -199,6 +205,8 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
     if res.status == 2:
         return _Result([], math.inf, math.inf, True)
     if res.x is None:
+        if res.status == 1:  # time limit before any solution: unknown, treated as "no" (not proven)
+            return _Result([], math.inf, 0.0, False)
         raise SplitfedError(f"the MILP solver stopped without a solution: {res.message}")
     counts = [np.rint(res.x[starts[k]:starts[k + 1]]).astype(np.int64) for k in range(len(classes))]
     for c, n in zip(classes, counts, strict=True):
@@ -233,8 +241,12 @@ class _Solver:
 
     def __init__(self, sc: Scenario, classes: list[_Class], gap: float, deadline: float | None) -> None:
         self.sc, self.classes, self.gap, self.deadline = sc, classes, gap, deadline
-        self.scale = _SCALE / max(float(c.T.min()) for c in classes)
+        base = max(float(c.T.min()) for c in classes)  # a lower bound on the makespan
+        if base <= 0:
+            base = max(float(c.T.max()) for c in classes) or 1.0
+        self.scale = _SCALE / base
         self.calls = 0
+        self.proven = True  # every MILP so far finished (no time limit hit)
 
     def run(self, allowed: list[np.ndarray], time_rows: bool, m_max: float = math.inf,
             minimize: bool = True) -> tuple[_Result, RoundCost | None]:
@@ -244,6 +256,7 @@ class _Solver:
             self.calls += 1
             r = _milp(self.sc, self.classes, allowed, time_rows=time_rows, scale=self.scale, gap=self.gap,
                       time_limit=left, mem_rhs=rhs, m_max=m_max, minimize=minimize)
+            self.proven &= r.optimal
             if not math.isfinite(r.value):
                 return r, None
             cost = evaluate(self.sc, _assign(self.sc, self.classes, allowed, r.counts))
@@ -257,16 +270,16 @@ class _Solver:
         raise SplitfedError("the MILP solver's answers keep overflowing a server's memory (numerical trouble)")
 
 
-def _direct(s: _Solver) -> tuple[RoundCost, float, bool]:
+def _direct(s: _Solver) -> tuple[RoundCost, float]:
     """Every class is one client: M >= sum_o T_o x_o is exact, one MILP."""
     allowed = [np.arange(len(c.T)) for c in s.classes]
     r, cost = s.run(allowed, time_rows=True)
     if cost is None:
         raise _shared_infeasible(s.sc)
-    return cost, r.bound, r.optimal
+    return cost, r.bound
 
 
-def _bisect(s: _Solver) -> tuple[RoundCost, float, bool]:
+def _bisect(s: _Solver) -> tuple[RoundCost, float]:
     """Bisection on the largest client time tau; exact, and it works on classes.
 
     Let S(tau) be the least shared-resource makespan using only options with T <= tau. Feasibility
@@ -296,12 +309,12 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float, bool]:
     if feasible(0) is not None:  # the slowest class's best time: a lower bound, reached
         cost = feasible(0)
         assert cost is not None
-        return cost, float(taus[0]), True
+        return cost, float(taus[0])
     if feasible(last) is None:  # shared resources dominate whatever the cuts
         r, cost = s.run(allowed(last), time_rows=False)
         if cost is None:
             raise _shared_infeasible(s.sc)
-        return cost, r.bound, r.optimal
+        return cost, r.bound
     lo, hi = 0, last  # infeasible at lo, feasible at hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -315,7 +328,32 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float, bool]:
     bound = float(taus[hi]) if cost is None else min(float(taus[hi]), r.bound)
     if cost is not None and cost.makespan_s < best.makespan_s:
         best = cost
-    return best, bound, r.optimal
+    return best, bound
+
+
+def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost) -> RoundCost:
+    """Break float ties: options whose times are equal in exact arithmetic can differ in the last bit
+    (0.003 + 0.006 + 0.01 vs 0.009 + 0.01), below any MILP tolerance. Move a client that sets the
+    makespan to an option at most 1e-9 faster when that lowers the makespan as the cost model computes it.
+    """
+    by_client = {i: c for c in classes for i in c.members}
+    for _ in range(len(sc.clients)):
+        M = cost.makespan_s
+        if not cost.bottleneck.startswith("client "):
+            return cost
+        better = None
+        for i, cc in enumerate(cost.clients):
+            if cc.round_s < M:
+                continue
+            c = by_client[i]
+            for o in np.nonzero((c.T < cc.round_s) & (c.T >= cc.round_s * (1 - 1e-9)))[0]:
+                trial = evaluate(sc, {**cost.assignment(), cc.name: tuple(int(x) for x in c.options[o])})
+                if trial.feasible and trial.makespan_s < M and (better is None or trial.makespan_s < better.makespan_s):
+                    better = trial
+        if better is None:
+            return cost
+        cost = better
+    return cost
 
 
 def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 60.0,
@@ -323,24 +361,26 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     """The assignment of least makespan within the cost model (MILP; classes + dominance; see module doc).
 
     ``gap``: relative optimality gap HiGHS must prove (0: exact; the default 1e-5 is 10 us per second
-    of round, and spares a proof that can take minutes when shared tiers set the makespan). ``method``: ``direct``
-    (one MILP; needs every client distinct or is run per client), ``bisect`` (classes), ``auto``.
+    of round, and spares a proof that can take minutes when shared tiers set the makespan). ``method``:
+    ``bisect`` (``auto``: its yes/no MILPs are far cheaper than one big proof, even for distinct clients)
+    or ``direct`` (the MILP as written, one binary per client and option; kept for cross-checks).
     """
     t0 = time.perf_counter()
     classes = _classes(sc)
-    if method == "auto":
-        method = "direct" if all(len(c.members) == 1 for c in classes) else "bisect"
+    if method == "auto":  # direct's one big MILP is slower to prove than bisect's yes/no MILPs
+        method = "bisect"
     if method == "direct" and any(len(c.members) > 1 for c in classes):
         classes = [_Class([i], c.options, c.T, c.load, c.mem, c.all_options) for c in classes for i in c.members]
     if method not in ("direct", "bisect"):
         raise ConfigError(f"method must be auto, direct or bisect, got {method!r}")
     s = _Solver(sc, classes, gap, None if time_limit is None else t0 + time_limit)
-    cost, bound, optimal = (_direct if method == "direct" else _bisect)(s)
+    cost, bound = (_direct if method == "direct" else _bisect)(s)
+    cost = _polish(sc, classes, cost)
     proven = max(0.0, (cost.makespan_s - bound) / cost.makespan_s) if cost.makespan_s > 0 else 0.0
-    groups = len({(c.device, c.link, c.samples) for c in sc.clients})
+    groups = len({client_key(c) for c in sc.clients})
     note = (f"{method}: {groups} class(es), {sum(len(c.T) for c in classes)} non-dominated option(s), "
             f"{s.calls} MILP(s), proven gap {proven:.1e}")
-    return Solution("milp", cost, time.perf_counter() - t0, optimal, note, proven)
+    return Solution("milp", cost, time.perf_counter() - t0, s.proven, note, proven)
 
 
 # ---------------------------------------------------------------- reference and baseline policies
@@ -425,15 +465,12 @@ def best_static(sc: Scenario) -> Solution:
     round_s = np.zeros(len(sc.options))
     load = np.zeros((len(sc.options), len(sc.capacities)))
     mem = np.zeros((len(sc.options), len(sc.memory_caps)))
-    groups: dict[tuple, int] = {}
+    groups: dict[tuple, list[Client]] = {}
     for c in sc.clients:
-        k = (c.device, c.link, c.samples)
-        groups[k] = groups.get(k, 0) + 1
-    firsts = {}
-    for c in sc.clients:
-        firsts.setdefault((c.device, c.link, c.samples), c)
-    for k, n in groups.items():
-        t = option_table(sc, firsts[k])
+        groups.setdefault(client_key(c), []).append(c)
+    for members in groups.values():
+        n = len(members)
+        t = option_table(sc, members[0])
         ok &= t.fits_device
         round_s = np.maximum(round_s, t.round_s)
         load += n * t.shared_load
@@ -462,7 +499,7 @@ def greedy(sc: Scenario) -> Solution:
     assignment: dict[str, Cuts] = {}
     memo: dict[tuple, Cuts] = {}
     for i, c in enumerate(sc.clients):
-        k = (c.device, c.link, c.samples)
+        k = client_key(c)
         if k not in memo:
             t = option_table(sc, c)
             if not t.fits_device.any():

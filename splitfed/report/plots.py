@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from splitfed.report.runs import Run
 from splitfed.report.table import MB
@@ -41,17 +42,26 @@ class Series:
 
 def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel: str, ylabel: str,
               logx: bool = False, logy: bool = False, hline: float | None = None, hline_label: str = "",
-              vline: float | None = None, vline_label: str = "", size: tuple[float, float] = (7.0, 4.5)) -> Path:
-    """Draw ``series`` as lines on one labelled axes; optional horizontal and vertical reference lines."""
+              vline: float | None = None, vline_label: str = "", integer_x: bool = False, note: str = "",
+              size: tuple[float, float] = (7.0, 4.5)) -> Path:
+    """Draw ``series`` as lines on one labelled axes; optional reference lines and a footnote.
+
+    Series without points are left out of the plot and its legend, and named in the footnote.
+    """
     fig = Figure(figsize=size, dpi=DPI)
     ax = fig.add_subplot()
-    for s in series:
+    empty = [s.label for s in series if len(s.x) == 0]
+    if empty:
+        note = "; ".join(x for x in (note, f"no points: {', '.join(empty)}") if x)
+    for s in (s for s in series if len(s.x)):
         style = {"marker": "o", "markersize": 3, "linewidth": 1.5, **s.style}
         ax.plot(list(s.x), list(s.y), label=s.label, **style)
     if hline is not None:
         ax.axhline(hline, color="grey", linestyle=":", linewidth=1, label=hline_label or f"{hline:g}")
     if vline is not None:
         ax.axvline(vline, color="red", linestyle=":", linewidth=1, label=vline_label or f"{vline:g}")
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if logx:
         ax.set_xscale("log")
     if logy:
@@ -61,6 +71,9 @@ def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel:
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize="small")
+    if note:
+        fig.text(0.01, 0.005, note, fontsize="x-small", color="dimgrey", ha="left", va="bottom", wrap=True)
+        fig.subplots_adjust(bottom=0.18)
     return _save(fig, path)
 
 
@@ -78,14 +91,14 @@ def accuracy_vs_time_plot(runs: Sequence[Run], path: str | Path, target: float |
 def accuracy_per_round_plot(runs: Sequence[Run], path: str | Path,
                             title: str = "Test accuracy per round") -> Path:
     series = [Series(r.label, [x.round for x in r.rounds], [x.accuracy for x in r.rounds]) for r in runs]
-    return line_plot(series, path, title=title, xlabel="round", ylabel="test accuracy")
+    return line_plot(series, path, title=title, xlabel="round", ylabel="test accuracy", integer_x=True)
 
 
 def makespan_plot(runs: Sequence[Run], path: str | Path, title: str = "Simulated round time (makespan)",
                   mark_round: int | None = None) -> Path:
     """Each round's simulated makespan; ``mark_round`` draws a vertical line (e.g. where drift starts)."""
     series = [Series(r.label, [x.round for x in r.rounds], [x.sim_round_s for x in r.rounds]) for r in runs]
-    return line_plot(series, path, title=title, xlabel="round", ylabel="makespan (simulated s)",
+    return line_plot(series, path, title=title, xlabel="round", ylabel="makespan (simulated s)", integer_x=True,
                      vline=None if mark_round is None else mark_round - 0.5,
                      vline_label=f"change from round {mark_round}" if mark_round is not None else "")
 
@@ -99,7 +112,7 @@ def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Bytes on the
         series.append(Series(f"{r.label} up", rounds, [x.bytes_up / MB for x in r.rounds], {"color": color}))
         series.append(Series(f"{r.label} down", rounds, [x.bytes_down / MB for x in r.rounds],
                              {"color": color, "linestyle": "--", "marker": "s"}))
-    return line_plot(series, path, title=title, xlabel="round", ylabel="MB per round")
+    return line_plot(series, path, title=title, xlabel="round", ylabel="MB per round", integer_x=True)
 
 
 def accuracy_vs_bytes_plot(runs: Sequence[Run], path: str | Path,

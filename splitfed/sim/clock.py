@@ -24,8 +24,8 @@ def fleet_for(settings: RunSettings) -> Fleet:
 
 
 def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
-    """``clock(round, assignment, clients)``; ``None`` for clients that name no fleet device."""
-    from splitfed.cost import Scenario, round_time
+    """``clock(round, assignment, clients, previous)``; ``None`` for clients that name no fleet device."""
+    from splitfed.cost import Scenario, evaluate, move_cost
     from splitfed.models.zoo import resolve_spec
     from splitfed.profile.profiler import profile_model
 
@@ -34,12 +34,16 @@ def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
                                u_shape=settings.u_shape, epochs=settings.local_epochs)
     names = {c.name for c in fleet.clients}
 
-    def clock(round: int, assignment: Mapping[str, Cuts], clients: Sequence[ClientInfo]) -> float | None:
+    def clock(round: int, assignment: Mapping[str, Cuts], clients: Sequence[ClientInfo],
+              previous: Mapping[str, Cuts]) -> float | None:
         if not clients or any(c.profile not in names for c in clients):
             return None  # deployment: devices are real, times are measured instead
         now = fleet.at_round(round)
-        picked = [replace(now.client(c.profile), samples=c.samples or now.client(c.profile).samples)
+        picked = [replace(now.client(c.profile), name=c.client_id, samples=c.samples or now.client(c.profile).samples)
                   for c in clients]
-        return round_time(base.with_clients(picked), {c.profile: assignment[c.client_id] for c in clients})
+        sc = base.with_clients(picked)
+        moves = {c.name: move_cost(sc, c, previous[c.name], assignment[c.name]) for c in picked
+                 if c.name in previous and tuple(previous[c.name]) != tuple(assignment[c.name])}
+        return evaluate(sc, assignment, extra_s=moves).makespan_s
 
     return clock

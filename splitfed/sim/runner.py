@@ -16,8 +16,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from splitfed.errors import SplitfedError
 from splitfed.flower.config import RunSettings
 from splitfed.sim.tiers import start_tiers
+
+
+class SimulationError(SplitfedError):
+    """Flower's simulation engine (Ray) failed; the message names the root cause."""
 
 
 def simulate(settings: RunSettings, progress: Callable[[str], None] = print, verbose: bool = False,
@@ -47,6 +52,11 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
             try:
                 run_simulation(server_app, client_app, num_supernodes=settings.clients, backend_config=backend,
                                verbose_logging=verbose)
+            except RuntimeError as e:  # Flower wraps runtime failures (e.g. Ray not starting) in this
+                root = e
+                while root.__cause__ is not None:
+                    root = root.__cause__
+                raise SimulationError(f"the simulation engine failed: {type(root).__name__}: {root}") from e
             finally:
                 stop.set()
     finally:

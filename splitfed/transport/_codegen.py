@@ -50,8 +50,9 @@ def source_digest(root: Path = PROTO_ROOT) -> str:
 def stale_reason(root: Path = PROTO_ROOT, out: Path = OUT_ROOT) -> str | None:
     """Why the generated code must be (re)generated, or None when it is current."""
     stamp = out / "splitfed" / "STAMP.json"
-    if not root.is_dir():
-        return None if stamp.exists() else f"no generated code and no proto sources at {root}"
+    if not root.is_dir():  # an installed package: use the code it was built with
+        built = any((out / "splitfed").rglob("*_pb2.py")) if (out / "splitfed").is_dir() else False
+        return None if built else f"no generated code and no proto sources at {root}"
     if not stamp.exists():
         return "generated code is missing"
     try:

@@ -72,9 +72,12 @@ class GrpcTierClient:
     """A tier at ``address`` as a ``Link`` (data path) and a ``TierControl`` (load/fetch/release).
 
     Without ``tls`` the channel is plaintext (``insecure=True`` says so
-    explicitly; the server side refuses plaintext unless told). ``compress`` names the codec of the tensors sent (activations, gradients up)
-    and asked for in replies (gradients, outputs down). ``bytes_up`` /
-    ``bytes_down`` count tensor payload bytes exactly as ``InProcessLink`` does.
+    explicitly). ``compress`` names the codec of the tensors sent (activations,
+    gradients up) and asked for in replies (gradients, outputs down).
+    ``bytes_up`` / ``bytes_down`` count tensor payload bytes exactly as
+    ``InProcessLink`` does. A step whose request and reply each fit one message
+    goes as a unary ``Step`` call (one message each way, the cheapest gRPC
+    call); anything larger, and the U-shape halves, as ``StepStream``.
     Thread-safe: many devices or a tier's many clients may share one client.
     """
 
@@ -102,7 +105,8 @@ class GrpcTierClient:
         if interceptors:
             channel = grpc.intercept_channel(channel, *interceptors)
         self._metadata = (bearer(token),) if token else ()
-        self._step = channel.stream_stream(method("Step"))
+        self._step = channel.unary_unary(method("Step"))
+        self._step_stream = channel.stream_stream(method("StepStream"))
         self._load = channel.stream_unary(method("Load"))
         self._fetch = channel.unary_stream(method("Fetch"))
         self._release = channel.unary_unary(method("Release"))
@@ -162,14 +166,23 @@ class GrpcTierClient:
                             "lost this client's segment; load it again)")
         return error_of(code, f"{where}: {details}")
 
-    def _exchange(self, frames: list[bytes], what: str) -> tuple[pb.StepResult, wire.Received | None]:
+    def _exchange(self, head: pb.StepHeader, enc: list[tuple[str, tc.Encoded]], what: str,
+                  unary: bool) -> tuple[pb.StepResult, wire.Received | None]:
+        chunk = self.limits.chunk_bytes
+        first = wire.frames(head, enc, self.limits.unary_bytes) if unary else []
+        unary = len(first) == 1
+
         def attempt(timeout: float) -> tuple[pb.StepResult, wire.Received | None]:
-            replies = self._step(iter(frames), timeout=timeout, metadata=self._metadata)
-            head, items = wire.read_all(replies, wire.F_RESULT, self.limits, what=f"{what} reply")
-            assert isinstance(head, pb.StepResult)
-            if len(items) != int(head.has_tensor):
+            if unary:
+                replies: Iterable[bytes] = [self._step(first[0], timeout=timeout, metadata=self._metadata)]
+            else:
+                replies = self._step_stream(wire.iter_frames(head, enc, chunk), timeout=timeout,
+                                            metadata=self._metadata)
+            result, items = wire.read_all(replies, wire.F_RESULT, self.limits, what=f"{what} reply")
+            assert isinstance(result, pb.StepResult)
+            if len(items) != int(result.has_tensor):
                 raise TierError(f"tier {self.address}: {what}: reply carries {len(items)} tensors")
-            return head, (items[0] if items else None)
+            return result, (items[0] if items else None)
 
         return self._call(what, attempt)
 
@@ -178,7 +191,12 @@ class GrpcTierClient:
         head = pb.StepHeader(run_id=key.run_id, client_id=key.client_id, round=key.round, seq=key.seq, phase=phase,
                              reply_codec=wire.codec_pb(self.codec))
         enc = [("", tc.encode(t, c)) for t, c in tensors]
-        result, out = self._exchange(wire.frames(head, enc, self.limits.chunk_bytes), what)
+        # one message up and (the activation's gradient) one message down: a unary call
+        act = enc[0][1]
+        unary = (phase == pb.PHASE_STEP and wire.single_frame(enc, self.limits.unary_bytes)
+                 and wire.padded(tc.payload_size(act.dtype, act.shape, self.codec.for_dtype(act.dtype)))
+                 <= self.limits.unary_bytes)
+        result, out = self._exchange(head, enc, what, unary)
         return result, out, sum(e.nbytes for _, e in enc)
 
     def _count(self, up: int, down: wire.Received | None) -> None:
@@ -220,9 +238,9 @@ class GrpcTierClient:
                                  weight_decay=spec.optim.weight_decay),
             seed=spec.seed, loss_here=spec.loss_here, has_state=spec.state is not None)
         tensors = [(k, tc.encode(v)) for k, v in sorted((spec.state or {}).items())]
-        frames = wire.frames(head, tensors, self.limits.chunk_bytes)
+        chunk = self.limits.chunk_bytes
         self._call(f"load of {spec.client_id}",
-                   lambda t: self._load(iter(frames), timeout=t, metadata=self._metadata))
+                   lambda t: self._load(wire.iter_frames(head, tensors, chunk), timeout=t, metadata=self._metadata))
 
     def fetch(self, run_id: str, client_id: str) -> State:
         req = pb.ClientRef(run_id=run_id, client_id=client_id).SerializeToString()

@@ -91,7 +91,10 @@ class Codec:
 
     def for_tensor(self, t: torch.Tensor) -> Codec:
         """The codec actually used for ``t``: lossy codecs apply to floating tensors only."""
-        return self if self.lossy and t.is_floating_point() else NONE
+        return self.for_dtype(t.dtype)
+
+    def for_dtype(self, dtype: torch.dtype) -> Codec:
+        return self if self.lossy and dtype.is_floating_point else NONE
 
 
 NONE = Codec()

@@ -24,7 +24,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from splitfed.engine.link import Link
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey
-from splitfed.errors import ConfigError, InvalidArgument, SplitfedError, TierError
+from splitfed.errors import (
+    ConfigError,
+    InvalidArgument,
+    ResourceExhausted,
+    SplitfedError,
+    TierError,
+)
 from splitfed.models.zoo import ZOO, ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
@@ -47,7 +53,7 @@ def _check_ids(run_id: str, client_id: str) -> None:
 
 
 class TierServicer:
-    """The four RPCs of ``splitfed.v1.Tier`` over one tier (raw-bytes handlers, parsed here)."""
+    """The RPCs of ``splitfed.v1.Tier`` over one tier (raw-bytes handlers, parsed here)."""
 
     def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = ()) -> None:
         self.tier = tier
@@ -57,7 +63,8 @@ class TierServicer:
     def handler(self) -> grpc.GenericRpcHandler:
         # no (de)serializers: a message that does not parse must give INVALID_ARGUMENT, not INTERNAL
         return grpc.method_handlers_generic_handler(SERVICE, {
-            "Step": grpc.stream_stream_rpc_method_handler(self.Step),
+            "Step": grpc.unary_unary_rpc_method_handler(self.Step),
+            "StepStream": grpc.stream_stream_rpc_method_handler(self.StepStream),
             "Load": grpc.stream_unary_rpc_method_handler(self.Load),
             "Fetch": grpc.unary_stream_rpc_method_handler(self.Fetch),
             "Release": grpc.unary_unary_rpc_method_handler(self.Release),
@@ -92,33 +99,59 @@ class TierServicer:
 
     # ------------------------------------------------------------ data path
 
-    def Step(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+    def Step(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        with self._guard(context, "step"):
+            head, items = wire.read_all([request], wire.F_STEP, self.limits, what="step request")
+            assert isinstance(head, pb.StepHeader)
+            if head.phase != pb.PHASE_STEP:
+                raise InvalidArgument(f"Step carries PHASE_STEP only, got phase {head.phase}: use StepStream")
+            self._check(head, items)
+            # the reply (the activation's gradient) must fit one message: refuse before anything happens
+            act = items[0].tensor
+            reply_codec = wire.codec_of(head.reply_codec).for_tensor(act)
+            need = tc.payload_size(act.dtype, tuple(act.shape), reply_codec)
+            if wire.padded(need) > self.limits.unary_bytes:
+                raise ResourceExhausted(f"the reply of this step ({need} bytes) does not fit one message of "
+                                        f"{self.limits.unary_bytes}: send it with StepStream")
+            frames = list(self._run(head, items, self.limits.unary_bytes))
+            if len(frames) != 1:  # pragma: no cover - guarded above
+                raise ResourceExhausted("the reply does not fit one message: send the step with StepStream")
+        return frames[0]
+
+    def StepStream(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         with self._guard(context, "step"):
             head, items = wire.read_all(request_iterator, wire.F_STEP, self.limits, what="step request")
             assert isinstance(head, pb.StepHeader)
-            _check_ids(head.run_id, head.client_id)
-            names = PHASE_TENSORS.get(head.phase)
-            if names is None:
-                raise InvalidArgument(f"unknown phase {head.phase}")
-            if len(items) != len(names):
-                raise InvalidArgument(f"{pb.Phase.Name(head.phase)} carries {len(names)} tensor(s) "
-                                      f"({', '.join(names)}), got {len(items)}")
-            if head.round < 0 or head.seq < 0:
-                raise InvalidArgument(f"round and seq must be >= 0, got {head.round}, {head.seq}")
-            reply_codec = wire.codec_of(head.reply_codec)
-            key = StepKey(head.run_id, head.client_id, int(head.round), int(head.seq))
-            result = pb.StepResult()
-            if head.phase == pb.PHASE_STEP:
-                reply = self.tier.step(key, items[0].tensor, items[1].tensor)
-                out, result.loss, result.correct = reply.grad, reply.loss, reply.correct
-            elif head.phase == pb.PHASE_FORWARD:
-                out = self.tier.forward(key, items[0].tensor)
-            else:
-                out = self.tier.backward(key, items[0].tensor)
-            result.has_tensor = out is not None
-            tensors = [] if out is None else [("", tc.encode(out, reply_codec))]
-            reply_frames = wire.frames(result, tensors, self.limits.chunk_bytes)
-        yield from reply_frames
+            self._check(head, items)
+            frames = self._run(head, items)
+        yield from frames  # built lazily: each frame's copy overlaps the sending of the last
+
+    def _check(self, head: pb.StepHeader, items: Sequence[wire.Received]) -> None:
+        _check_ids(head.run_id, head.client_id)
+        names = PHASE_TENSORS.get(head.phase)
+        if names is None:
+            raise InvalidArgument(f"unknown phase {head.phase}")
+        if len(items) != len(names):
+            raise InvalidArgument(f"{pb.Phase.Name(head.phase)} carries {len(names)} tensor(s) "
+                                  f"({', '.join(names)}), got {len(items)}")
+        if head.round < 0 or head.seq < 0:
+            raise InvalidArgument(f"round and seq must be >= 0, got {head.round}, {head.seq}")
+
+    def _run(self, head: pb.StepHeader, items: Sequence[wire.Received], chunk: int = 0) -> Iterator[bytes]:
+        """Call the tier for the phase; the reply's frames."""
+        reply_codec = wire.codec_of(head.reply_codec)
+        key = StepKey(head.run_id, head.client_id, int(head.round), int(head.seq))
+        result = pb.StepResult()
+        if head.phase == pb.PHASE_STEP:
+            reply = self.tier.step(key, items[0].tensor, items[1].tensor)
+            out, result.loss, result.correct = reply.grad, reply.loss, reply.correct
+        elif head.phase == pb.PHASE_FORWARD:
+            out = self.tier.forward(key, items[0].tensor)
+        else:
+            out = self.tier.backward(key, items[0].tensor)
+        result.has_tensor = out is not None
+        tensors = [] if out is None else [("", tc.encode(out, reply_codec))]
+        return wire.iter_frames(result, tensors, chunk or self.limits.chunk_bytes)
 
     # ------------------------------------------------------------ control
 
@@ -166,7 +199,8 @@ class TierServicer:
         with self._guard(context, "fetch"):
             ref = _client_ref(request)
             state = self.tier.fetch(ref.run_id, ref.client_id)
-            out = wire.frames(None, [(k, tc.encode(v)) for k, v in sorted(state.items())], self.limits.chunk_bytes)
+            out = wire.iter_frames(None, [(k, tc.encode(v)) for k, v in sorted(state.items())],
+                                   self.limits.chunk_bytes)
         yield from out
 
     def Release(self, request: bytes, context: grpc.ServicerContext) -> bytes:

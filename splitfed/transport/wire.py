@@ -1,17 +1,18 @@
-"""Frames: how a call's head and tensors travel in the Tier service's streams.
+"""Frames: how a call's head and tensors travel in the Tier service's messages.
 
-A tensor's payload is cut into chunks of at most ``Limits.chunk_bytes``, one
-per :class:`Frame` message, so every gRPC message stays under an explicit
-bound however large the tensor. Frames are written and read here directly in
-protobuf's wire format (they are ordinary ``Frame`` messages; a test checks
-both directions against the generated code) because that lets the payload be
-copied once on send and used in place on receive: ``pad`` puts ``data`` on a
-16-byte boundary.
+The tensors of a call form one payload stream (each payload padded to a
+multiple of 16 bytes) cut into frames of at most ``Limits.chunk_bytes``, so
+every gRPC message stays under an explicit bound however large the tensors,
+and small calls (a step's activation and labels) fit in a single message.
+Frames are written and read here directly in protobuf's wire format (they are
+ordinary ``Frame`` messages; a test checks both directions against the
+generated code) because that lets a payload be copied once on send and used in
+place on receive: ``pad`` puts ``data`` on a 16-byte boundary of the message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,25 +34,33 @@ ALIGN = 16
 class Limits:
     """Size bounds of the transport, the same on both ends of a link.
 
-    ``chunk_bytes``: payload per message (4 MiB measured as fast as larger
-    chunks, see benchmarks/transport.py); gRPC's message limit is set to it
-    plus room for heads. ``max_tensor_bytes`` / ``max_call_bytes``: the most
-    one tensor / all tensors of one call may declare (RESOURCE_EXHAUSTED above).
+    ``unary_bytes``: a step whose tensors (and reply) fit this goes as one
+    message each way, decoded in place; larger calls stream in frames of
+    ``chunk_bytes``, which pipeline copying with sending. gRPC's message limit
+    is the larger of the two plus ``head_room`` for heads and metas (see
+    benchmarks/transport.py for the measurements behind the defaults).
+    ``max_tensor_bytes`` / ``max_call_bytes``: the most one tensor / all
+    tensors of one call may declare; ``max_tensors`` and ``max_frames`` bound a
+    call's count of each (RESOURCE_EXHAUSTED above any).
     """
 
     chunk_bytes: int = 4 << 20
+    unary_bytes: int = 16 << 20
     max_tensor_bytes: int = 512 << 20
     max_call_bytes: int = 1 << 30
     max_tensors: int = 10_000
+    max_frames: int = 1 << 16
     head_room: int = 64 << 10
 
     def __post_init__(self) -> None:
-        if not 0 < self.chunk_bytes <= 64 << 20:
-            raise ConfigError(f"chunk size must lie in 1 B..64 MiB, got {self.chunk_bytes}")
+        for name in ("chunk_bytes", "unary_bytes"):
+            v = getattr(self, name)
+            if not 0 < v <= 64 << 20:
+                raise ConfigError(f"{name} must lie in 1 B..64 MiB, got {v}")
 
     @property
     def max_message_bytes(self) -> int:
-        return self.chunk_bytes + self.head_room
+        return max(self.chunk_bytes, self.unary_bytes) + self.head_room
 
     def grpc_options(self) -> list[tuple[str, int]]:
         m = self.max_message_bytes
@@ -74,13 +83,6 @@ def _field(num: int, payload: bytes) -> bytes:
     return bytes([(num << 3) | 2]) + _varint(len(payload)) + payload
 
 
-def _frame(prefix: bytes, data: memoryview) -> bytes:
-    """``prefix`` fields, then pad and data such that data starts on an ALIGN boundary."""
-    dl = _TAG_DATA + _varint(data.nbytes)
-    pad = (-(len(prefix) + 2 + len(dl))) % ALIGN
-    return b"".join([prefix, _TAG_PAD, bytes([pad]), bytes(pad), dl, data])
-
-
 def codec_pb(c: tc.Codec) -> pb.Codec:
     return pb.Codec(kind=c.code, topk_fraction=c.fraction if c.kind == "topk" else 0.0)
 
@@ -95,28 +97,71 @@ def codec_of(m: pb.Codec) -> tc.Codec:
         raise InvalidArgument(str(e)) from None
 
 
-def frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]], chunk_bytes: int) -> list[bytes]:
-    """The messages of one call: ``head`` first, then each tensor's meta and payload chunks."""
-    out: list[bytes] = []
-    pending = b""
+def padded(n: int) -> int:
+    """A payload's length in the stream: rounded up to ALIGN."""
+    return n + (-n) % ALIGN
+
+
+def frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]], chunk_bytes: int,
+           meta_bytes: int = 32 << 10) -> list[bytes]:
+    """All messages of one call (see :func:`iter_frames`)."""
+    return list(iter_frames(head, tensors, chunk_bytes, meta_bytes))
+
+
+def single_frame(tensors: Sequence[tuple[str, tc.Encoded]], chunk_bytes: int, meta_bytes: int = 32 << 10) -> bool:
+    """Whether the call fits one message (then it may go as a unary call)."""
+    return sum(padded(e.nbytes) for _, e in tensors) <= chunk_bytes and len(tensors) * 64 <= meta_bytes
+
+
+def iter_frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]], chunk_bytes: int,
+                meta_bytes: int = 32 << 10) -> Iterator[bytes]:
+    """The messages of one call, built as they are sent: ``head`` first, then metas and payload stream.
+
+    A frame carries at most ``chunk_bytes`` of payload stream and about
+    ``meta_bytes`` of tensor metas (a state of many small tensors takes several
+    frames). Built lazily, a frame's copy overlaps the sending of the previous one.
+    """
+    prefix: list[bytes] = []
+    parts: list[memoryview | bytes] = []
+    used = metas = 0
+    sent = False
     if head is not None:
         num = next(k for k, v in HEADS.items() if isinstance(head, v))
-        pending = _field(num, head.SerializeToString())
+        prefix.append(_field(num, head.SerializeToString()))
     for name, e in tensors:
-        meta = pb.TensorMeta(name=name, dtype=tc.DTYPE_CODES[e.dtype], shape=e.shape, nbytes=e.nbytes,
-                             codec=codec_pb(e.codec) if e.codec.lossy else None)
-        prefix = pending + _field(F_TENSOR, meta.SerializeToString())
-        pending = b""
-        if e.nbytes == 0:
-            out.append(prefix)
-            continue
+        meta = _field(F_TENSOR, pb.TensorMeta(name=name, dtype=tc.DTYPE_CODES[e.dtype], shape=e.shape,
+                                              nbytes=e.nbytes,
+                                              codec=codec_pb(e.codec) if e.codec.lossy else None).SerializeToString())
+        if metas and metas + len(meta) > meta_bytes:
+            yield _frame(b"".join(prefix), parts)
+            sent = True
+            prefix, parts, used, metas = [], [], 0, 0
+        prefix.append(meta)
+        metas += len(meta)
         mv = e.payload.cast("B") if e.payload.format != "B" else e.payload
-        for off in range(0, e.nbytes, chunk_bytes):
-            out.append(_frame(prefix, mv[off:off + chunk_bytes]))
-            prefix = b""
-    if pending:
-        out.append(pending)
-    return out
+        for piece in (mv, bytes((-e.nbytes) % ALIGN)):
+            off = 0
+            while off < len(piece):
+                if used == chunk_bytes:
+                    yield _frame(b"".join(prefix), parts)
+                    sent = True
+                    prefix, parts, used, metas = [], [], 0, 0
+                take = min(chunk_bytes - used, len(piece) - off)
+                parts.append(piece[off:off + take])
+                used += take
+                off += take
+    if prefix or parts or not sent:
+        yield _frame(b"".join(prefix), parts)
+
+
+def _frame(prefix: bytes, parts: list[memoryview | bytes]) -> bytes:
+    """``prefix`` fields, then pad and data such that data starts on an ALIGN boundary."""
+    n = sum(len(p) for p in parts)
+    if n == 0:
+        return prefix
+    dl = _TAG_DATA + _varint(n)
+    pad = (-(len(prefix) + 2 + len(dl))) % ALIGN
+    return b"".join([prefix, _TAG_PAD, bytes([pad]), bytes(pad), dl, *parts])
 
 
 def _varint_at(buf: memoryview, i: int) -> tuple[int, int]:
@@ -187,11 +232,13 @@ class Received:
 
 @dataclass
 class _Pending:
+    index: int
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
     codec: tc.Codec
     nbytes: int
+    pad: int
     buffer: torch.Tensor | None = None
     filled: int = 0
 
@@ -209,8 +256,8 @@ class Reader:
     writable: bool = False
     what: str = "call"
     head_msg: Message | None = None
-    tensors: list[Received] = field(default_factory=list)
-    _cur: _Pending | None = None
+    _done: list[Received | None] = field(default_factory=list)
+    _queue: list[_Pending] = field(default_factory=list)  # declared, payload not complete
     _frames: int = 0
     _declared: int = 0
 
@@ -226,16 +273,15 @@ class Reader:
         elif self._frames == 0 and self.head is not None:
             raise InvalidArgument(f"{self.what}: the first frame carries no header")
         self._frames += 1
-        if F_TENSOR in fields:
-            self._start(_message(pb.TensorMeta, fields[F_TENSOR], "tensor meta"))  # type: ignore[arg-type]
+        if self._frames > self.limits.max_frames:
+            raise ResourceExhausted(f"{self.what}: more than {self.limits.max_frames} messages")
+        for seg in fields.get(F_TENSOR, ()):
+            self._declare(_message(pb.TensorMeta, [seg], "tensor meta"))  # type: ignore[arg-type]
         if data is not None and data.nbytes:
-            self._append(data)
+            self._consume(data)
 
-    def _start(self, meta: pb.TensorMeta) -> None:
-        i = len(self.tensors)
-        if self._cur is not None:
-            raise InvalidArgument(f"{self.what}: tensor {i} has {self._cur.filled} of {self._cur.nbytes} bytes "
-                                  "when the next tensor starts")
+    def _declare(self, meta: pb.TensorMeta) -> None:
+        i = len(self._done)
         if i >= self.limits.max_tensors:
             raise ResourceExhausted(f"{self.what}: more than {self.limits.max_tensors} tensors")
         label = f"{self.what}: tensor {meta.name or i}"
@@ -245,45 +291,57 @@ class Reader:
         self._declared += max(meta.nbytes, tc.payload_size(dtype, shape, tc.NONE))
         if self._declared > self.limits.max_call_bytes:
             raise ResourceExhausted(f"{self.what}: tensors exceed the limit of {self.limits.max_call_bytes} bytes")
-        self._cur = _Pending(meta.name, dtype, shape, codec, meta.nbytes)
-        if meta.nbytes == 0:
-            self._complete(b"")
+        self._done.append(None)
+        p = _Pending(i, meta.name, dtype, shape, codec, meta.nbytes, (-meta.nbytes) % ALIGN)
+        if not self._queue and p.nbytes == 0:
+            self._complete(p, b"")
+        else:
+            self._queue.append(p)
 
-    def _append(self, data: memoryview) -> None:
-        cur = self._cur
-        if cur is None:
-            raise InvalidArgument(f"{self.what}: data outside a tensor")
-        n = data.nbytes
-        if cur.filled + n > cur.nbytes:
-            raise InvalidArgument(f"{self.what}: tensor {cur.name or len(self.tensors)} gets more than its "
-                                  f"declared {cur.nbytes} bytes")
-        if cur.buffer is None and n == cur.nbytes:
-            self._complete(data)  # the whole payload in one frame: used in place
-            return
-        if cur.buffer is None:
-            cur.buffer = torch.empty(cur.nbytes, dtype=torch.uint8)
-        cur.buffer.numpy()[cur.filled:cur.filled + n] = np.frombuffer(data, dtype=np.uint8)
-        cur.filled += n
-        if cur.filled == cur.nbytes:
-            self._complete(cur.buffer)
+    def _consume(self, data: memoryview) -> None:
+        off, n = 0, data.nbytes
+        while off < n:
+            if not self._queue:
+                raise InvalidArgument(f"{self.what}: {n - off} payload bytes beyond the declared tensors")
+            cur = self._queue[0]
+            if cur.filled < cur.nbytes:
+                take = min(cur.nbytes - cur.filled, n - off)
+                if cur.filled == 0 and take == cur.nbytes:
+                    cur.filled = take
+                    self._complete(cur, data[off:off + take])  # the whole payload in this frame: in place
+                else:
+                    if cur.buffer is None:
+                        cur.buffer = torch.empty(cur.nbytes, dtype=torch.uint8)
+                    cur.buffer.numpy()[cur.filled:cur.filled + take] = np.frombuffer(data[off:off + take], np.uint8)
+                    cur.filled += take
+                    if cur.filled == cur.nbytes:
+                        self._complete(cur, cur.buffer)
+                off += take
+            if cur.filled == cur.nbytes:
+                skip = min(cur.pad, n - off)
+                cur.pad -= skip
+                off += skip
+                if cur.pad == 0:
+                    self._queue.pop(0)
+                    while self._queue and self._queue[0].nbytes == 0:  # empty tensors need no bytes
+                        self._complete(self._queue.pop(0), b"")
 
-    def _complete(self, payload: memoryview | bytes | torch.Tensor) -> None:
-        cur = self._cur
-        assert cur is not None
+    def _complete(self, cur: _Pending, payload: memoryview | bytes | torch.Tensor) -> None:
         t = tc.decode(cur.dtype, cur.shape, cur.codec, payload, writable=self.writable)
-        self.tensors.append(Received(cur.name, t, cur.nbytes))
-        self._cur = None
+        self._done[cur.index] = Received(cur.name, t, cur.nbytes)
+        cur.buffer = None
 
     def finish(self) -> tuple[Message | None, list[Received]]:
-        if self._cur is not None:
-            raise InvalidArgument(f"{self.what} ended inside tensor {self._cur.name or len(self.tensors)} "
-                                  f"({self._cur.filled} of {self._cur.nbytes} bytes)")
+        if self._queue:
+            cur = self._queue[0]
+            raise InvalidArgument(f"{self.what} ended inside tensor {cur.name or cur.index} "
+                                  f"({cur.filled} of {cur.nbytes} bytes and its padding)")
         if self.head is not None and self.head_msg is None:
             raise InvalidArgument(f"{self.what}: no header (empty call)")
-        return self.head_msg, self.tensors
+        return self.head_msg, [r for r in self._done if r is not None]
 
 
-def read_all(stream, head: int | None, limits: Limits, *, writable: bool = False,  # type: ignore[no-untyped-def]
+def read_all(stream: Iterable[bytes], head: int | None, limits: Limits, *, writable: bool = False,
              what: str = "call") -> tuple[Message | None, list[Received]]:
     r = Reader(head, limits, writable=writable, what=what)
     for raw in stream:

@@ -1,0 +1,175 @@
+"""Flower simulation at scale: seconds per round and peak memory for 10, 50 and 100 virtual clients.
+
+Each fleet size runs in its own child process (``splitfed simulate`` settings:
+cnn on digits, IID partition, SplitFed v1, 3 tiers over gRPC on 127.0.0.1,
+static cuts, 1 CPU per virtual client on this machine's cores). The child
+samples the resident memory of its whole process tree (itself with the
+ServerApp, Ray's processes and workers, the tier servers) every 0.2 s and
+reports the peak; seconds per round come from the run's ``metrics.jsonl``
+(round 1, which starts Ray's workers, is reported apart). No pass/fail.
+Writes ``benchmarks/results/simulation.json``.
+
+``--accuracy`` instead runs the issue's accuracy check, ``splitfed simulate
+--clients 10 --rounds 20 --dataset digits --partition dirichlet:0.5``, beside
+centralised training of the same model (same optimizer, batch size and number
+of passes over the same training data, one process), and writes
+``benchmarks/results/accuracy.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+
+def _tree_rss(root: psutil.Process) -> tuple[int, dict[str, int]]:
+    total, parts = 0, {}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            rss = p.memory_info().rss
+            name = " ".join(p.cmdline()[:3])
+        except psutil.Error:
+            continue
+        total += rss
+        kind = "tier" if " tier" in name or "splitfed.cli" in name else ("ray" if "ray" in name else "driver")
+        parts[kind] = parts.get(kind, 0) + rss
+    return total, parts
+
+
+def one(clients: int, rounds: int, out: Path) -> dict:
+    """One fleet size, in this process (the child)."""
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim.runner import simulate
+
+    me = psutil.Process()
+    peak = {"total": 0, "parts": {}}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            total, parts = _tree_rss(me)
+            if total > peak["total"]:
+                peak.update(total=total, parts=parts)
+            done.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    settings = RunSettings(rounds=rounds, clients=clients, cuts="static:2,5", dataset="digits", partition="iid",
+                           batch_size=16, out=str(out), node_wait_s=600, round_timeout_s=1800)
+    t0 = time.perf_counter()
+    simulate(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    total_s = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    later = [r["wall_s"] for r in rows[1:]]
+    return {
+        "clients": clients,
+        "rounds": rounds,
+        "first_round_s": rows[0]["wall_s"],
+        "seconds_per_round": statistics.mean(later) if later else rows[0]["wall_s"],
+        "round_s": [r["wall_s"] for r in rows],
+        "total_s": total_s,
+        "peak_rss_mb": peak["total"] / 2**20,
+        "peak_rss_mb_by_part": {k: v / 2**20 for k, v in peak["parts"].items()},
+        "final_accuracy": rows[-1]["accuracy"],
+    }
+
+
+def centralised(rounds: int, seed: int = 0) -> float:
+    """Test accuracy of the unsplit model trained on all of digits for ``rounds`` epochs."""
+    import torch
+    import torch.nn.functional as F
+
+    from splitfed.data import batches
+    from splitfed.engine.rounds import initial_state
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.workload import evaluate, test_data, train_data, whole_model
+    from splitfed.models.blocks import step_rng
+    from splitfed.models.zoo import resolve_spec
+
+    torch.set_num_threads(1)
+    s = RunSettings(seed=seed)
+    spec = resolve_spec(s.model)
+    model = whole_model(spec, initial_state(spec, seed)).train()
+    opt = s.optim.build(list(model.parameters()))
+    x, y = train_data(spec, s.dataset, seed)
+    step = 0
+    for epoch in range(rounds):
+        for xb, yb in batches(x, y, s.batch_size, seed=seed, epoch=epoch):
+            F.cross_entropy(model(xb, rng=step_rng(seed, "central", epoch, step)), yb).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    return evaluate(spec, state, *test_data(spec, s.dataset, seed))[0]
+
+
+def accuracy(out: Path) -> None:
+    """The 10-client, 20-round Dirichlet(0.5) run beside centralised training."""
+    from splitfed.cli import main as cli
+
+    with tempfile.TemporaryDirectory(prefix="splitfed-acc-") as tmp:
+        run = Path(tmp) / "run"
+        t0 = time.perf_counter()
+        rc = cli(["simulate", "--clients", "10", "--rounds", "20", "--dataset", "digits",
+                  "--partition", "dirichlet:0.5", "--out", str(run)])
+        wall = time.perf_counter() - t0
+        summary = json.loads((run / "summary.json").read_text()) if rc == 0 else {}
+    report = {"benchmark": "accuracy", "command": "splitfed simulate --clients 10 --rounds 20 --dataset digits "
+              "--partition dirichlet:0.5", "exit_code": rc, "wall_s": wall,
+              "federated_split_accuracy": summary.get("final_accuracy"),
+              "federated_split_best_accuracy": summary.get("best_accuracy"),
+              "centralised_accuracy": centralised(20), "target": 0.93}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", default="10,50,100", help="fleet sizes, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "simulation.json"))
+    ap.add_argument("--accuracy", action="store_true", help="run the accuracy check instead (see above)")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one fleet size
+    ap.add_argument("--run-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.accuracy:
+        accuracy(Path(args.out).with_name("accuracy.json"))
+        return
+    if args.one:
+        print(json.dumps(one(args.one, args.rounds, Path(args.run_dir))))
+        return
+    results = []
+    for n in (int(x) for x in args.clients.split(",")):
+        with tempfile.TemporaryDirectory(prefix="splitfed-bench-") as tmp:
+            cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--run-dir",
+                   str(Path(tmp) / "run")]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            if proc.returncode != 0:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                results.append({"clients": n, "error": proc.stderr.strip().splitlines()[-1:]})
+                continue
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(f"{n:4d} clients: {res['seconds_per_round']:.2f} s/round (first {res['first_round_s']:.1f} s), "
+                  f"peak RSS {res['peak_rss_mb']:.0f} MB", flush=True)
+            results.append(res)
+    report = {"benchmark": "simulation", "cpus": len(os.sched_getaffinity(0)), "model": "cnn", "dataset": "digits",
+              "mode": "sflv1", "tiers": 3, "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

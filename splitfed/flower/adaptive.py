@@ -1,0 +1,165 @@
+"""The segment optimizer as assignment policies: ``--cuts adaptive`` and ``--cuts greedy``.
+
+Both see the clients through the one cost model (:mod:`splitfed.cost`): a
+:class:`~splitfed.cost.Scenario` of the model's block profile, the shared
+tiers of the fleet, and one fleet client per registered node. A node's device
+is the fleet client its ``profile`` names (simulation: drawn from the fleet
+file) or a named device profile (deployment: ``--node-config
+device-profile=rpi4``), with the node's real sample count.
+
+- :class:`GreedyPolicy`: every device picks its own fastest cuts, as if the
+  shared tiers were its alone (:func:`splitfed.optimizer.greedy`); fixed for the run.
+- :class:`AdaptivePolicy`: the exact optimizer picks the first assignment; after
+  every round the :class:`~splitfed.optimizer.Adapter` learns the devices'
+  speeds from what was measured and moves cuts that pay for moving their weights.
+
+What "measured" means: in simulation (``sim-clock``) the world is the fleet
+file with its drift applied for the round, and a client measures what the cost
+model says it would take there; in deployment it is the node's own timings
+(its compute seconds, and its link seconds split between the directions by
+bytes: an approximation that also counts the server tiers' compute as link).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from splitfed.errors import ConfigError
+from splitfed.flower.config import RunSettings
+from splitfed.flower.policy import ClientInfo, Cuts, Measurement
+
+
+def _scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ignore[no-untyped-def]
+    """The cost model's view of the registered clients, named by client id."""
+    from splitfed.cost import Scenario
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.profile import (
+        MIB,
+        PROFILES,
+        Client,
+        LinkProfile,
+        TierProfile,
+        mbps,
+        profile_model,
+    )
+    from splitfed.sim.clock import fleet_for
+
+    fleet = fleet_for(settings)
+    names = {c.name: c for c in fleet.clients}
+    picked = []
+    for info in clients:
+        if info.profile in names:
+            base = names[info.profile]
+        elif info.profile in PROFILES and PROFILES[info.profile].up_mbps is not None:
+            p = PROFILES[info.profile]
+            base = Client(info.profile, info.profile, TierProfile(p.flops, p.memory_mb * MIB),
+                          LinkProfile(mbps(p.up_mbps), mbps(p.down_mbps or p.up_mbps), (p.rtt_ms or 0) / 1e3),
+                          info.samples or 1)
+        else:
+            raise ConfigError(f"{info.client_id}: device profile {info.profile!r} is neither a client of fleet "
+                              f"{fleet.name!r} nor a named device profile ({', '.join(PROFILES)})")
+        picked.append(replace(base, name=info.client_id, samples=info.samples or base.samples))
+    profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
+    return Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked), kinds={}), tiers=settings.tiers,
+                               batch=settings.batch_size, u_shape=settings.u_shape,
+                               epochs=settings.local_epochs)
+
+
+def _check(settings: RunSettings, name: str) -> None:
+    if settings.fraction < 1:
+        raise ConfigError(f"--cuts {name} plans for every client in every round: use fraction 1")
+
+
+class GreedyPolicy:
+    """Each device's own fastest cuts, ignoring that the edge and cloud are shared."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        _check(settings, "greedy")
+        self.settings = settings
+        self.assignment: dict[str, Cuts] = {}
+
+    def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:
+        if not self.assignment:
+            from splitfed.optimizer import greedy
+
+            self.assignment = dict(greedy(_scenario(self.settings, clients)).assignment)
+        return {c.client_id: self.assignment[c.client_id] for c in clients}
+
+    def observe(self, round: int, measurements: Sequence[Measurement]) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"assignment": {k: list(v) for k, v in self.assignment.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.assignment = {k: tuple(v) for k, v in state.get("assignment", {}).items()}
+
+
+class AdaptivePolicy:
+    """The exact optimizer's cuts, re-planned between rounds from what the clients measured."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        _check(settings, "adaptive")
+        self.settings = settings
+        self.adapter: Any = None
+        self._saved: Mapping[str, Any] | None = None
+        self._truth: Any = None  # the fleet as it really is (simulation), named by client id
+
+    def _start(self, clients: Sequence[ClientInfo]) -> None:
+        from splitfed.optimizer import Adapter
+
+        sc = _scenario(self.settings, clients)
+        saved = self._saved
+        self.adapter = Adapter(sc, self.settings.rounds,
+                               assignment={k: tuple(v) for k, v in saved["assignment"].items()} if saved else None)
+        if saved:
+            self.adapter.belief = replace(sc, clients=tuple(_with_belief(c, saved["beliefs"][c.name])
+                                                            for c in sc.clients))
+        self._truth = {c.client_id: c.profile for c in clients}
+
+    def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:
+        if self.adapter is None:
+            self._start(clients)
+        return {c.client_id: tuple(self.adapter.assignment[c.client_id]) for c in clients}
+
+    def observe(self, round: int, measurements: Sequence[Measurement]) -> None:
+        from splitfed.cost import client_cost
+        from splitfed.optimizer import Measurement as Seen
+
+        sc = self.adapter.belief
+        seen: dict[str, Seen] = {}
+        if self.settings.sim_clock:
+            from splitfed.sim.clock import fleet_for
+
+            world = fleet_for(self.settings).at_round(round)
+            for m in measurements:
+                mine = sc.clients[sc.index(m.client_id)]
+                true = replace(world.client(self._truth[m.client_id]), name=m.client_id, samples=mine.samples)
+                truth_sc = sc.with_clients([true])
+                seen[m.client_id] = Seen.from_cost(client_cost(truth_sc, true, m.cuts), true)
+        else:
+            for m in measurements:
+                flops = client_cost(sc, m.client_id, m.cuts).flops[0]
+                total = max(1, m.bytes_up + m.bytes_down)
+                seen[m.client_id] = Seen(flops, m.compute_s, m.bytes_up, m.link_s * m.bytes_up / total,
+                                         m.bytes_down, m.link_s * m.bytes_down / total)
+        self.adapter.observe(round, seen)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.adapter is None:
+            return dict(self._saved or {})
+        return {"assignment": {k: list(v) for k, v in self.adapter.assignment.items()},
+                "beliefs": {c.name: [c.device.flops, c.link.up, c.link.down] for c in self.adapter.belief.clients}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._saved = state if state.get("assignment") else None
+
+
+def _with_belief(client: Any, belief: Sequence[float]) -> Any:
+    from splitfed.profile import LinkProfile, TierProfile
+
+    flops, up, down = belief
+    return replace(client, device=TierProfile(flops, client.device.memory),
+                   link=LinkProfile(up, down, client.link.rtt))

@@ -1,0 +1,136 @@
+"""Online adaptation, driven by the simulated clock (the cost model under the fleet's true, drifting numbers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitfed.cost import Scenario, evaluate, move_cost
+from splitfed.errors import ConfigError
+from splitfed.optimizer import Adapter, Measurement, solve
+from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile, parse_fleet
+
+# A model whose activations shrink with depth: sending early activations costs uplink.
+PROF = ModelProfile.synthetic(fwd_flops=[40e6, 80e6, 80e6, 2e6], out_bytes=[48e3, 16e3, 4e3, 40],
+                              param_bytes=[8e3, 300e3, 1.2e6, 20e3], input_bytes=12e3)
+
+FLEET = """
+samples = 500
+[edge]
+profile = "edge-server"
+[cloud]
+profile = "cloud-gpu"
+[[device]]
+name = "phone"
+profile = "phone-flagship"
+count = 3
+[[device]]
+name = "laptop"
+profile = "laptop"
+samples = 1500
+[[device.drift]]
+round = 5
+up_scale = 0.1        # the laptop's uplink drops 10x from round 5 on
+"""
+
+
+def simulate(fleet_text: str, rounds: int, adapter_kw: dict | None = None):  # noqa: ANN201
+    """Run ``rounds`` rounds on the simulated clock; returns per-round makespans (adaptive, static) and the adapter."""
+    fleet = parse_fleet(fleet_text, "drift.toml")
+    belief = Scenario.from_fleet(PROF, fleet, tiers=3, batch=32)  # what the file says, drift unknown
+    adapter = Adapter(belief, rounds, **(adapter_kw or {}))
+    static = dict(adapter.assignment)
+    adaptive_s, static_s, oracle_s, cuts = [], [], [], []
+    moving: dict[str, float] = {}
+    for r in range(1, rounds + 1):
+        truth = Scenario.from_fleet(PROF, fleet.at_round(r), tiers=3, batch=32)
+        cost = evaluate(truth, adapter.assignment, extra_s=moving)
+        adaptive_s.append(cost.makespan_s)
+        static_s.append(evaluate(truth, static).makespan_s)
+        oracle_s.append(solve(truth).makespan_s)
+        cuts.append(dict(adapter.assignment))
+        measured = {cc.name: Measurement.from_cost(cc, truth.clients[truth.index(cc.name)]) for cc in cost.clients}
+        before = dict(adapter.assignment)
+        decision = adapter.observe(r, measured)
+        moving = {n: move_cost(truth, truth.clients[truth.index(n)], before[n], adapter.assignment[n])
+                  for n in decision.moved}
+    return adaptive_s, static_s, oracle_s, cuts, adapter
+
+
+def test_uplink_drop_moves_the_cut_and_the_makespan_recovers() -> None:
+    adaptive, static, oracle, cuts, adapter = simulate(FLEET, rounds=12)
+    start = cuts[0]["laptop"]
+    # rounds 1-4: beliefs are right, nothing moves
+    assert all(c == cuts[0] for c in cuts[:5])
+    assert all(not d.moved for d in adapter.history[:4])
+    # the uplink drops in round 5: the laptop's cut moves within 2 rounds
+    assert cuts[6]["laptop"] != start
+    moved_at = next(d.round for d in adapter.history if "laptop" in d.moved)
+    assert moved_at in (5, 6)
+    # ... and the makespan recovers to the optimum of the new world, while the static cuts stay slow
+    assert static[4] > 2 * static[3]
+    for r in range(7, 12):
+        assert adaptive[r] == pytest.approx(oracle[r], rel=1e-6)
+        assert adaptive[r] < 0.6 * static[r]
+    assert all(s == pytest.approx(static[4]) for s in static[5:])
+    # in total, adapting (including the round that moved weights) beats staying put
+    assert sum(adaptive) < sum(static)
+
+
+def test_no_churn_without_news() -> None:
+    quiet = FLEET.replace("[[device.drift]]\nround = 5\nup_scale = 0.1", "")
+    adaptive, static, _, cuts, adapter = simulate(quiet, rounds=6)
+    assert all(c == cuts[0] for c in cuts)
+    assert adaptive == static
+
+
+def test_a_move_must_repay_its_weights_over_the_rounds_left() -> None:
+    # block 1: 100 MFLOP/sample, 1.5 MB of weights. The edge (5 GFLOP/s) first beats the device (1 GFLOP/s);
+    # then the device turns out 10x faster: keeping block 1 saves ~1.5 s a round (after its weight
+    # exchange), but moving it down first (weights + momentum over a 1 MB/s downlink) costs 3 s.
+    prof = ModelProfile.synthetic([1e6, 1e8], [1e3, 10], [1e3, 1.5e6], input_bytes=1e3)
+    dev = Client("d", "d", TierProfile(1e9, 1e9), LinkProfile(1e8, 1e6, 0.0), samples=100)
+    sc = Scenario(prof, (dev,), (TierProfile(5e9, 1e10),), (), batch=10)
+    faster = {"d": Measurement(compute_flops=1e10, compute_s=1.0)}
+    decisions = {}
+    for rounds in (2, 11):
+        adapter = Adapter(sc, rounds=rounds, hysteresis=0.0)
+        assert adapter.assignment["d"] == (0,)  # all on the edge
+        d = adapter.observe(1, faster)
+        decisions[rounds] = d
+        better = solve(adapter.belief)
+        assert better.assignment["d"] == (2,) and better.makespan_s < d.before_s - 1.0
+    assert not decisions[2].moved and "no move pays" in decisions[2].reason       # 1 round left
+    assert decisions[11].moved == ("d",) and decisions[11].assignment["d"] == (2,)  # 10 rounds left
+    assert decisions[11].move_s == pytest.approx(2 * (1.5e6 + 1e3) / 1e6)
+
+
+def test_smoothing_and_jumps() -> None:
+    fleet = parse_fleet(FLEET, "f.toml")
+    sc = Scenario.from_fleet(PROF, fleet, tiers=3, batch=32)
+    adapter = Adapter(sc, rounds=10, alpha=0.5, jump=3.0)
+    phone = sc.clients[0]
+    # 20% slower compute: smoothed halfway
+    adapter.update({phone.name: Measurement(compute_flops=8e9, compute_s=8e9 / (0.8 * phone.device.flops))})
+    assert adapter.belief.clients[0].device.flops == pytest.approx(0.9 * phone.device.flops)
+    # 10x slower uplink: a change of regime, believed at once; downlink untouched (no bytes)
+    adapter.update({phone.name: Measurement(up_bytes=1e6, up_s=1e6 / (0.1 * phone.link.up))})
+    assert adapter.belief.clients[0].link.up == pytest.approx(0.1 * phone.link.up)
+    assert adapter.belief.clients[0].link.down == phone.link.down
+    # server tiers learn too
+    adapter.update({}, servers={"edge": (1e12, 1.0)})
+    assert adapter.belief.servers[0].flops == pytest.approx(1e12)
+    with pytest.raises(ConfigError, match="no server tier named 'fog'"):
+        adapter.update({}, servers={"fog": (1.0, 1.0)})
+
+
+def test_hysteresis_ignores_small_gains() -> None:
+    fleet = parse_fleet(FLEET, "f.toml")
+    sc = Scenario.from_fleet(PROF, fleet, tiers=3, batch=32)
+    adapter = Adapter(sc, rounds=10, hysteresis=10.0)  # nothing can gain 1000%
+    truth = Scenario.from_fleet(PROF, fleet.at_round(5), tiers=3, batch=32)
+    cost = evaluate(truth, adapter.assignment)
+    measured = {cc.name: Measurement.from_cost(cc, truth.clients[truth.index(cc.name)]) for cc in cost.clients}
+    d = adapter.observe(5, measured)
+    assert not d.moved and "hysteresis" in d.reason
+    with pytest.raises(ConfigError):
+        Adapter(sc, rounds=10, alpha=0)

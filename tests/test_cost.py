@@ -1,0 +1,175 @@
+"""The one cost model: formulas checked by hand, and its internal consistency."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from splitfed.cost import (
+    Scenario,
+    client_cost,
+    cut_options,
+    evaluate,
+    move_cost,
+    option_table,
+    round_time,
+)
+from splitfed.errors import ConfigError, CutError
+from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
+
+# Two blocks; per sample: forward 1 and 2 MFLOP (backward 2x), outputs 4000 and 100 bytes, input 800.
+PROF = ModelProfile.synthetic([1e6, 2e6], [4000, 100], [1000, 500], input_bytes=800)
+DEV = Client("c", "c", TierProfile(1e9, 1e9), LinkProfile(1e5, 2e5, 0.02), samples=10)
+EDGE, CLOUD = TierProfile(1e10, 1e9), TierProfile(1e11, 1e9)
+EDGE_LINK = LinkProfile(1e6, 1e6, 0.01)
+
+
+def scenario(clients=(DEV,), u_shape=False, tiers=3) -> Scenario:  # noqa: ANN001
+    servers = (EDGE, CLOUD) if tiers == 3 else (EDGE,)
+    return Scenario(PROF, tuple(clients), servers, (EDGE_LINK,) if tiers == 3 else (), batch=4, u_shape=u_shape)
+
+
+def test_cut_options_are_every_legal_vector() -> None:
+    assert cut_options(2, 2).tolist() == [[0], [1], [2]]
+    assert len(cut_options(15, 3)) == 16 * 17 // 2
+    assert len(cut_options(4, 3, u_shape=True)) == 35  # C(4 + 3, 3)
+    assert cut_options(3, 3, min_device_blocks=1).min() >= 0 and cut_options(3, 3, min_device_blocks=1)[:, 0].min() == 1
+    with pytest.raises(CutError):
+        cut_options(3, 3, min_device_blocks=4)
+
+
+def test_device_then_edge_by_hand() -> None:
+    c = client_cost(scenario(), "c", (1, 2))
+    # compute: device 10 samples x 3 MFLOP / 1 GFLOP/s; edge 10 x 6 MFLOP / 10 GFLOP/s
+    assert c.compute_s == pytest.approx((0.03, 0.006, 0.0))
+    # link 1 carries block 0's output up (40 kB at 100 kB/s) and its gradient down (200 kB/s);
+    # 3 batches, half an RTT per message
+    assert c.up_s == pytest.approx((0.4 + 3 * 0.01, 0.0))
+    assert c.down_s == pytest.approx((0.2 + 3 * 0.01, 0.0))
+    assert c.up_bytes == (40000, 0) and c.down_bytes == (40000, 0)
+    # device weights (1000 B) down and up once per round
+    assert c.exchange_s == pytest.approx(1000 / 2e5 + 1000 / 1e5 + 0.02)
+    assert c.round_s == pytest.approx(0.03 + 0.006 + 0.43 + 0.23 + 0.035)
+    assert c.batch_s == pytest.approx(4 * 3e6 / 1e9 + 4 * 6e6 / 1e10 + 16000 / 1e5 + 0.01 + 16000 / 2e5 + 0.01)
+    # memory: fixed (params, grads, momentum) + batch x activations; the device holds its input batch
+    assert c.memory == pytest.approx((3000 + 4 * 4000 + 4 * 800, 1500 + 4 * 100, 0))
+    assert c.batches == 3
+
+
+def test_all_on_the_cloud_sends_raw_data_and_no_gradient() -> None:
+    c = client_cost(scenario(), "c", (0, 0))
+    assert c.compute_s == pytest.approx((0, 0, 10 * 9e6 / 1e11))
+    assert c.up_bytes == (8000, 8000) and c.down_bytes == (0, 0)  # the edge relays; nothing comes back
+    assert c.up_s == pytest.approx((0.08 + 3 * 0.01, 0.008 + 3 * 0.005))
+    assert c.exchange_s == 0
+    assert c.round_s == pytest.approx(0.11 + 0.023 + 0.0009)
+
+
+def test_all_on_device_uses_no_link_during_the_round() -> None:
+    c = client_cost(scenario(), "c", (2, 2))
+    assert c.up_bytes == (0, 0) and c.down_bytes == (0, 0)
+    assert c.round_s == pytest.approx(0.09 + 1500 / 2e5 + 1500 / 1e5 + 0.02)
+
+
+def test_u_shape_returns_to_the_device() -> None:
+    sc = scenario(u_shape=True)
+    c = client_cost(sc, "c", (0, 1, 1))  # edge holds block 0, device the tail (block 1) and the loss
+    assert c.up_bytes == (10 * (800 + 4000), 0)   # input up; gradient of the tail's input back up
+    assert c.down_bytes == (10 * 4000, 0)         # the edge's output comes down; no gradient for raw data
+    assert c.up_s[0] == pytest.approx(0.48 + 3 * 2 * 0.01)
+    assert c.down_s[0] == pytest.approx(0.2 + 3 * 0.01)
+    assert c.compute_s == pytest.approx((0.06, 0.003, 0))
+    assert c.exchange_s == pytest.approx(500 / 2e5 + 500 / 1e5 + 0.02)
+    assert c.round_s == pytest.approx(0.54 + 0.23 + 0.063 + 0.0275)
+    local = client_cost(sc, "c", (1, 1, 1))
+    assert local.up_bytes == (0, 0) and local.round_s == pytest.approx(0.09 + 0.0425)
+
+
+def test_two_tiers_use_the_edge() -> None:
+    c = client_cost(scenario(tiers=2), "c", (1,))
+    assert c.compute_s == pytest.approx((0.03, 0.006))
+    assert len(c.up_s) == 1
+
+
+def test_makespan_counts_shared_tiers() -> None:
+    many = [Client(f"c{i}", "c", DEV.device, DEV.link, samples=10) for i in range(50)]
+    sc = scenario(many)
+    r = evaluate(sc, {c.name: (0, 0) for c in many})
+    cloud = 50 * 10 * 9e6 / 1e11
+    link = 50 * 8000 / 1e6
+    assert r.shared_s["cloud compute"] == pytest.approx(cloud)
+    assert r.shared_s["edge->cloud link up"] == pytest.approx(link)
+    assert r.makespan_s == pytest.approx(max(link, cloud, 0.1339))
+    assert r.bottleneck == "edge->cloud link up"
+    assert r.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100))
+    assert round_time(sc, r.assignment()) == r.makespan_s
+    assert r.times()["c3"] == pytest.approx(0.1339)
+
+
+def test_memory_violations_are_reported() -> None:
+    small = Client("tiny", "t", TierProfile(1e9, 10_000), DEV.link, samples=10)
+    sc = Scenario(PROF, (small,), (TierProfile(1e10, 1000), CLOUD), (EDGE_LINK,), batch=4)
+    r = evaluate(sc, {"tiny": (1, 2)})
+    assert not r.feasible
+    assert any(v.startswith("tiny: device memory") for v in r.violations)
+    assert any(v.startswith("edge memory") for v in r.violations)
+    assert evaluate(sc, {"tiny": (0, 0)}).feasible
+
+
+def test_every_option_priced_alone_equals_its_row() -> None:
+    rng = random.Random(0)
+    prof = ModelProfile.synthetic([rng.uniform(0, 1e7) for _ in range(5)], [rng.uniform(1, 1e5) for _ in range(5)],
+                                  [0, 3e4, 0, 1e6, 5e3], input_bytes=3e4)
+    for u in (False, True):
+        sc = Scenario(prof, (DEV,), (EDGE, CLOUD), (EDGE_LINK,), batch=7, u_shape=u)
+        t = option_table(sc, DEV)
+        for r, cuts in enumerate(t.options):
+            c = client_cost(sc, DEV, tuple(cuts))
+            assert c.round_s == t.round_s[r] and c.memory == tuple(t.memory[r]), cuts  # bit for bit
+
+
+def test_makespan_does_not_depend_on_client_order() -> None:
+    rng = random.Random(1)
+    clients = [Client(f"c{i}", "c", TierProfile(rng.uniform(1e9, 1e10), 1e9),
+                      LinkProfile(rng.uniform(1e5, 1e6), rng.uniform(1e5, 1e6), 0.01), rng.randint(1, 99))
+               for i in range(20)]
+    sc = scenario(clients)
+    opts = sc.options
+    assignment = {c.name: tuple(opts[rng.randrange(len(opts))]) for c in clients}
+    a = evaluate(sc, assignment)
+    b = evaluate(sc.with_clients(clients[::-1]), assignment)
+    assert a.makespan_s == b.makespan_s
+    assert a.shared_s == b.shared_s
+
+
+def test_move_cost_ships_the_blocks_that_change_tier() -> None:
+    sc = scenario()
+    assert move_cost(sc, DEV, (1, 2), (1, 2)) == 0
+    # both blocks, params + momentum (2 x 1500 B), device -> cloud: up link 1 and up link 2
+    assert move_cost(sc, DEV, (2, 2), (0, 0)) == pytest.approx(3000 / 1e5 + 0.01 + 3000 / 1e6 + 0.005)
+    assert move_cost(sc, DEV, (0, 0), (2, 2)) == pytest.approx(3000 / 2e5 + 0.01 + 3000 / 1e6 + 0.005)
+    # block 1 (1000 B with momentum) edge -> cloud only
+    assert move_cost(sc, DEV, (1, 2), (1, 1)) == pytest.approx(1000 / 1e6 + 0.005)
+
+
+def test_bad_cuts_and_assignments_are_refused() -> None:
+    sc = scenario()
+    with pytest.raises(CutError, match="need 2 cut"):
+        client_cost(sc, "c", (1,))
+    with pytest.raises(CutError, match="non-decreasing"):
+        client_cost(sc, "c", (2, 1))
+    with pytest.raises(ConfigError, match="no cuts for client"):
+        evaluate(sc, {})
+    with pytest.raises(ConfigError, match="link"):
+        Scenario(PROF, (DEV,), (EDGE, CLOUD), (), batch=4)
+    with pytest.raises(CutError, match="fewer than 1 block"):
+        client_cost(Scenario(PROF, (DEV,), (EDGE,), (), min_device_blocks=1), "c", (0,))
+
+
+def test_shared_load_columns_follow_resource_names() -> None:
+    sc = scenario()
+    assert sc.resource_names == ("edge compute", "cloud compute", "edge->cloud link up", "edge->cloud link down")
+    t = option_table(sc, DEV, np.array([[0, 1]]))
+    assert t.shared_load[0].tolist() == pytest.approx([10 * 3e6, 10 * 6e6, 40000, 40000 * 1.0])

@@ -1,0 +1,235 @@
+"""The optimizer: exact (== brute force), within memory, clear when infeasible; the baseline policies; the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitfed.cli import main
+from splitfed.cost import Scenario, cut_options, evaluate
+from splitfed.errors import ConfigError
+from splitfed.optimizer import all_on_server, best_static, exhaustive, greedy, solve, static
+from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
+
+MAX_ASSIGNMENTS = 20_000  # keeps brute force fast: every example enumerates them all
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> Scenario:
+    """A random small fleet: <= 6 clients (some identical), 3 tiers, a synthetic model, any U-shape."""
+    L = draw(st.integers(1, 4))
+    u = draw(st.booleans()) if L <= 3 else False
+    m = len(cut_options(L, 3, u))
+    most = max(k for k in range(1, 7) if m**k <= MAX_ASSIGNMENTS)
+    n = draw(st.integers(1, most))
+    ints = st.integers
+    prof = ModelProfile.synthetic(
+        [draw(ints(0, 50)) * 1e6 for _ in range(L)], [draw(ints(1, 60)) * 1e3 for _ in range(L)],
+        [draw(st.sampled_from([0, draw(ints(1, 400)) * 1e3])) for _ in range(L)],
+        input_bytes=draw(ints(1, 60)) * 1e3, optimizer_slots=draw(ints(0, 2)))
+    kinds = [Client(f"k{j}", f"k{j}", TierProfile(draw(ints(1, 30)) * 1e9, draw(ints(1, 60)) * 1e5),
+                    LinkProfile(draw(ints(1, 40)) * 1e5, draw(ints(1, 40)) * 1e5, draw(ints(0, 80)) / 1e3),
+                    draw(ints(1, 300)))
+             for j in range(draw(ints(1, n)))]
+    clients = tuple(Client(f"c{i}", k.kind, k.device, k.link, k.samples)
+                    for i, k in enumerate(draw(st.lists(st.sampled_from(kinds), min_size=n, max_size=n))))
+    servers = (TierProfile(draw(ints(1, 60)) * 1e9, draw(ints(1, 300)) * 1e5),
+               TierProfile(draw(ints(1, 300)) * 1e9, draw(ints(1, 600)) * 1e5))
+    link = LinkProfile(draw(ints(1, 60)) * 1e5, draw(ints(1, 60)) * 1e5, draw(ints(0, 30)) / 1e3)
+    return Scenario(prof, clients, servers, (link,), batch=draw(ints(1, 32)), u_shape=u)
+
+
+def _outcome(fn, sc: Scenario):  # noqa: ANN001, ANN202
+    try:
+        return fn(sc)
+    except ConfigError as e:
+        return e
+
+
+def _within_memory(sc: Scenario, assignment: dict) -> bool:
+    cost = evaluate(sc, assignment)
+    devices = all(c.memory[0] <= cl.device.memory for c, cl in zip(cost.clients, sc.clients, strict=True))
+    servers = all(cost.shared_memory[sc.tier_names[t]] <= sc.memory_caps[t - 1] for t in range(1, sc.tiers))
+    return devices and servers and cost.feasible
+
+
+@settings(max_examples=250)
+@given(instances())
+def test_optimizer_equals_brute_force(sc: Scenario) -> None:
+    truth = _outcome(exhaustive, sc)
+    for method in ("bisect", "direct"):
+        got = _outcome(lambda s, m=method: solve(s, gap=0.0, method=m), sc)
+        if isinstance(truth, ConfigError):
+            assert isinstance(got, ConfigError), (method, got)
+            assert str(got).split()[0] == str(truth).split()[0]  # same cause ("device ..." or "no assignment")
+            continue
+        assert not isinstance(got, ConfigError), (method, got)
+        assert got.makespan_s == truth.makespan_s, (method, got.assignment, truth.assignment)
+        assert got.optimal
+        assert _within_memory(sc, got.assignment)
+        # every policy is priced by the same cost model and can only be worse
+        for policy in (greedy, best_static):
+            p = _outcome(policy, sc)
+            if not isinstance(p, ConfigError) and p.cost.feasible:
+                assert p.makespan_s >= got.makespan_s
+
+
+PROF = ModelProfile.synthetic([20e6, 40e6, 40e6, 1e6], [48e3, 16e3, 4e3, 40], [8e3, 300e3, 1.2e6, 20e3],
+                              input_bytes=12e3)
+
+
+def _client(name: str, flops: float = 10e9, memory: float = 2**30, up: float = 1e6, samples: int = 500) -> Client:
+    return Client(name, name.rstrip("0123456789-"), TierProfile(flops, memory), LinkProfile(up, 4 * up, 0.03), samples)
+
+
+def _scenario(clients, edge_mem: float = 2**34, cloud_mem: float = 2**35) -> Scenario:  # noqa: ANN001
+    return Scenario(PROF, tuple(clients), (TierProfile(2e12, edge_mem), TierProfile(1e13, cloud_mem)),
+                    (LinkProfile(1.25e8, 1.25e8, 0.02),), batch=32)
+
+
+def test_infeasible_device_is_named() -> None:
+    sc = _scenario([_client("phone-1"), _client("watch", memory=1e5), _client("phone-2")])
+    for fn in (solve, exhaustive, greedy):
+        with pytest.raises(ConfigError, match="device 'watch' cannot train any legal cut .* 0.1 MiB"):
+            fn(sc)
+    with pytest.raises(ConfigError, match="do not fit device 'watch'"):
+        static(sc, (2, 4))
+
+
+def test_infeasible_class_is_named_with_its_count() -> None:
+    sc = _scenario([_client(f"w-{i}", memory=1e5) for i in range(40)])
+    with pytest.raises(ConfigError, match="device 'w-0' \\(and 39 more like it\\)"):
+        solve(sc)
+
+
+def test_servers_too_small_for_everyone() -> None:
+    # each client can keep at most 1.3 MB locally; the rest must fit the (tiny) servers
+    clients = [_client(f"c{i}", memory=1.3e6) for i in range(20)]
+    sc = _scenario(clients, edge_mem=1e6, cloud_mem=1e6)
+    with pytest.raises(ConfigError, match="server tiers .* cannot hold the segments of all 20 clients"):
+        solve(sc)
+
+
+def test_memory_limits_bind_and_hold_for_a_large_fleet() -> None:
+    # devices hold at most blocks 0-1 (4 MB); blocks 2-3 (~3.8 MB per client) must go to a server,
+    # and neither the edge nor the cloud can hold all 300 clients' share: the optimizer must split them
+    clients = [_client(f"c{i}", memory=4e6, up=1e7) for i in range(300)]
+    sc = _scenario(clients, edge_mem=0.6e9, cloud_mem=0.6e9)
+    sol = solve(sc)
+    assert _within_memory(sc, sol.assignment)
+    assert {c[1] for c in sol.assignment.values()} >= {2, 4} or {c[0] for c in sol.assignment.values()} >= {2}
+    assert sol.cost.shared_memory["edge"] > 0 and sol.cost.shared_memory["cloud"] > 0
+    assert not greedy(sc).cost.feasible  # greedy ignores sharing and overflows a server
+
+
+def test_classes_make_thousands_of_clients_cheap() -> None:
+    kinds = [dict(flops=4e9, up=2.5e5), dict(flops=60e9, up=6e6), dict(flops=8e9, up=1e6, samples=300)]
+    clients = [_client(f"k{i % 3}-{i}", **kinds[i % 3]) for i in range(3000)]
+    sol = solve(_scenario(clients))
+    assert len(sol.assignment) == 3000 and "3 class(es)" in sol.note
+    assert sol.makespan_s <= best_static(_scenario(clients)).makespan_s
+
+
+def test_policies() -> None:
+    clients = [_client("slow-link", up=1e5), _client("slow-cpu", flops=1e9, up=1e7), _client("mid")]
+    sc = _scenario(clients)
+    opt = solve(sc)
+    g, b, a = greedy(sc), best_static(sc), all_on_server(sc)
+    assert set(a.assignment.values()) == {(0, 0)}
+    assert len(set(b.assignment.values())) == 1
+    assert opt.makespan_s <= min(g.makespan_s, b.makespan_s, a.makespan_s)
+    assert opt.makespan_s == exhaustive(sc).makespan_s
+    for c in clients:  # greedy: each device alone picks its own fastest cuts
+        own = min(evaluate(sc.with_clients([c]), {c.name: tuple(o)}).clients[0].round_s
+                  for o in sc.options)
+        assert evaluate(sc, g.assignment).times()[c.name] == own
+
+
+def test_exhaustive_refuses_large_fleets() -> None:
+    sc = _scenario([_client(f"c{i}") for i in range(6)])
+    with pytest.raises(ConfigError, match="exhaustive search over 6 clients would check .* assignments "
+                                          "\\(limit 2,000,000\\); use the default exact MILP"):
+        exhaustive(sc)
+
+
+def test_gap_and_time_limit_are_reported() -> None:
+    sc = _scenario([_client(f"c{i}", up=1e5 * (1 + i)) for i in range(8)])
+    sol = solve(sc)
+    assert sol.optimal and sol.gap <= 1e-5 and sol.solve_s > 0
+    assert sol.to_dict()["makespan_s"] == sol.makespan_s
+    assert math.isfinite(sol.makespan_s)
+
+
+# ---------------------------------------------------------------- CLI
+
+FLEET = """
+[edge]
+profile = "edge-server"
+[cloud]
+profile = "cloud-gpu"
+[[device]]
+name = "phone"
+profile = "phone-mid"
+count = 2
+[[device]]
+name = "pi"
+profile = "rpi4"
+samples = 200
+"""
+
+
+@pytest.fixture()
+def fleet_file(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+    monkeypatch.setenv("SPLITFED_PROFILE_CACHE", str(tmp_path / "cache"))
+    p = tmp_path / "fleet.toml"
+    p.write_text(FLEET)
+    return str(p)
+
+
+def test_optimize_command_json(fleet_file: str, capsys) -> None:  # noqa: ANN001
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["makespan_s"] > 0 and out["feasible"]
+    assert [c["name"] for c in out["clients"]] == ["phone-0", "phone-1", "pi"]
+    assert all(len(c["cuts"]) == 2 and c["time_s"] > 0 for c in out["clients"])
+    assert max(c["time_s"] for c in out["clients"]) <= out["makespan_s"]
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--exhaustive", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan_s"] == pytest.approx(out["makespan_s"], rel=1e-5)
+
+
+def test_optimize_command_table_and_policies(fleet_file: str, capsys) -> None:  # noqa: ANN001
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--tiers", "2", "--static", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "phone-0" in out and "makespan" in out and "static 3" in out
+    for flag in ("--greedy", "--best-static", "--all-on-server"):
+        assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, flag]) == 0
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--u-shape", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{"):])["clients"][0]["cuts"].__len__() == 3
+
+
+def test_optimize_command_errors(fleet_file: str, tmp_path, capsys) -> None:  # noqa: ANN001
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--static", "1,2,3"]) == 2
+    assert "3 tiers need 2 cut(s)" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text(FLEET + "colour = 'red'\n")
+    assert main(["optimize", "--model", "cnn", "--fleet", str(bad)]) == 2
+    assert "unknown key 'colour'" in capsys.readouterr().err
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(FLEET.replace('samples = 200', 'samples = 200\nmemory_mb = 0.001'))
+    assert main(["optimize", "--model", "cnn", "--fleet", str(tiny)]) == 2
+    assert "device 'pi' cannot train any legal cut" in capsys.readouterr().err
+
+
+def test_shipped_reference_fleet_solves() -> None:
+    from splitfed.profile import load_fleet
+
+    f = load_fleet("reference")
+    sc = Scenario.from_fleet(PROF, f, tiers=3, batch=32)
+    sol = solve(sc)
+    assert sol.cost.feasible and len(sol.assignment) == len(f.clients)
+    assert sol.makespan_s <= best_static(sc).makespan_s

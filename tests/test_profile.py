@@ -1,0 +1,245 @@
+"""Block profiler, named device profiles and fleet files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from splitfed.cli import main
+from splitfed.errors import ConfigError
+from splitfed.models import build, resolve_spec, to_blocks
+from splitfed.profile import (
+    PROFILES,
+    ModelProfile,
+    load_fleet,
+    mbps,
+    parse_fleet,
+    profile_model,
+    shipped_fleets,
+)
+from splitfed.profile import profiler as profiler_mod
+from splitfed.profile.devices import MIB
+
+torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------- profiler
+
+
+def test_cnn_profile_matches_the_model() -> None:
+    spec = resolve_spec("cnn")
+    prof = profile_model(spec, batch=4, reps=1)
+    model = build(spec, 0)
+    blocks = to_blocks(model)
+    assert prof.n_blocks == len(blocks)
+    assert prof.input_bytes == 1 * 8 * 8 * 4
+    # block 0: Conv2d(1->16) at 8x8: output 16x8x8 fp32 per sample; params 16*9 + 16
+    assert prof.out_bytes[0] == 16 * 8 * 8 * 4
+    assert prof.param_bytes[0] == (16 * 9 + 16) * 4
+    assert sum(prof.param_bytes) == sum(p.numel() * 4 for p in model.parameters())
+    assert prof.fixed_bytes[0] == prof.param_bytes[0] * 3  # params + grads + momentum
+    assert prof.fwd_flops[1] == 0 and prof.fwd_flops[0] > 0  # a max-pool has no matmul FLOPs
+    assert prof.bwd_flops[2] == pytest.approx(2 * prof.fwd_flops[2])  # grad input + grad weight
+    assert prof.bwd_flops[0] == pytest.approx(prof.fwd_flops[0])  # the input needs no gradient
+    assert all(a > 0 for a in prof.act_bytes[:4])
+    assert len(prof.fwd_s) == prof.n_blocks and all(t > 0 for t in prof.fwd_s)
+
+
+def test_block_flops_add_up_to_the_whole_model() -> None:
+    spec = resolve_spec("cnn")
+    prof = profile_model(spec, batch=4, reps=1)
+    with FlopCounterMode(display=False) as fc:
+        build(spec, 0)(spec.example_input(4))
+    assert sum(prof.fwd_flops) * 4 == pytest.approx(fc.get_total_flops())
+
+
+def test_traced_model_with_token_input() -> None:
+    prof = profile_model(resolve_spec("transformer"), batch=2, reps=1)
+    assert prof.input_bytes == 64 * 8  # int64 token ids
+    assert sum(prof.fwd_flops) > 0 and prof.n_blocks == len(prof.out_bytes)
+
+
+def test_profile_is_cached_in_memory_and_on_disk(tmp_path, monkeypatch) -> None:
+    spec = resolve_spec("mlp")
+    first = profile_model(spec, batch=3, reps=1, cache_dir=tmp_path)
+    assert list(tmp_path.glob("mlp-*.json"))
+
+    def boom(*a, **k):  # noqa: ANN002, ANN003
+        raise AssertionError("profiled again")
+
+    monkeypatch.setattr(profiler_mod, "_measure", boom)
+    assert profile_model(spec, batch=3, cache_dir=tmp_path) is first
+    profiler_mod.clear_cache()
+    again = profile_model(spec, batch=3, cache_dir=tmp_path)
+    assert again == first
+    with pytest.raises(AssertionError):
+        profile_model(spec, batch=5)  # another batch is another profile
+
+
+def test_profile_json_round_trip() -> None:
+    prof = profile_model(resolve_spec("cnn"), batch=4, reps=1)
+    back = ModelProfile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert back == prof
+
+
+def test_profile_rejects_inconsistent_lists() -> None:
+    with pytest.raises(ConfigError, match="out_bytes has 1 entries for 2 blocks"):
+        ModelProfile("m", 1, ("a", "b"), 4, (1, 1), (1, 1), (1, 1), (1,), (1, 1), (1, 1))
+
+
+def test_profile_command_json(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SPLITFED_PROFILE_CACHE", str(tmp_path))
+    assert main(["profile", "--model", "cnn", "--batch", "4", "--reps", "1", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["model"] == "cnn" and len(d["fwd_flops"]) == 7 and d["batch"] == 4
+    assert main(["profile", "--model", "cnn", "--batch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "fwd MFLOP" in out and "Conv2d" in out
+
+
+# ---------------------------------------------------------------- named profiles and fleets
+
+
+def test_every_named_profile_says_where_its_numbers_come_from() -> None:
+    assert {"rpi4", "jetson-nano-cpu", "jetson-nano-gpu", "phone-mid", "phone-flagship", "laptop",
+            "edge-server", "cloud-gpu"} <= set(PROFILES)
+    for name, p in PROFILES.items():
+        assert p.source, name
+        assert p.flops > 0 and p.memory_mb > 0
+
+
+def test_reference_fleet_is_large_and_heterogeneous() -> None:
+    assert {"reference", "small"} <= set(shipped_fleets())
+    f = load_fleet("reference")
+    assert len(f.clients) >= 50
+    assert len(f.kinds) >= 5 and sum(f.kinds.values()) == len(f.clients)
+    assert len({c.device.flops for c in f.clients}) >= 4
+    assert len({c.link.up for c in f.clients}) >= 4
+    assert f.cloud is not None and f.edge_link is not None
+    field = f.client("pi-field-0")
+    assert field.device.flops == PROFILES["rpi4"].flops and field.link.up == mbps(2)  # override beats profile
+    assert field.samples == 600
+
+
+def test_counts_profiles_and_defaults() -> None:
+    f = parse_fleet("""
+samples = 123
+[edge]
+flops = 1e12
+memory_mb = 1024
+[[device]]
+name = "a"
+profile = "phone-mid"
+count = 3
+memory_mb = 512
+[[device]]
+name = "b"
+flops = 2e9
+memory_mb = 100
+up_mbps = 8
+down_mbps = 16
+rtt_ms = 0
+samples = 7
+""", "x.toml")
+    assert [c.name for c in f.clients] == ["a-0", "a-1", "a-2", "b"]
+    a = f.client("a-1")
+    assert a.samples == 123 and a.device.memory == 512 * MIB and a.device.flops == PROFILES["phone-mid"].flops
+    assert a.link.rtt == pytest.approx(0.05)
+    b = f.client("b")
+    assert b.samples == 7 and b.link.up == 1e6 and b.link.down == 2e6 and b.link.rtt == 0
+    assert f.cloud is None
+    f.servers(2)
+    with pytest.raises(ConfigError, match="no \\[cloud\\]"):
+        f.servers(3)
+
+
+def test_drift_changes_a_device_from_its_round_on() -> None:
+    f = load_fleet("small")
+    laptop = f.client("laptop")
+    assert f.at_round(4).client("laptop") == laptop
+    after = f.at_round(5).client("laptop")
+    assert after.link.up == pytest.approx(laptop.link.up * 0.1)
+    assert after.link.down == laptop.link.down and after.device == laptop.device
+    assert f.at_round(9).client("laptop").link.up == pytest.approx(after.link.up)
+    assert f.at_round(5).client("pi") == f.client("pi")
+
+
+def test_drift_sets_and_scales_in_round_order() -> None:
+    f = parse_fleet("""
+[edge]
+flops = 1e12
+memory_mb = 1024
+[[device]]
+name = "d"
+profile = "rpi4"
+[[device.drift]]
+round = 6
+flops_scale = 0.5
+[[device.drift]]
+round = 3
+flops = 1e9
+rtt_ms = 100
+""")
+    assert f.at_round(2).client("d").device.flops == PROFILES["rpi4"].flops
+    assert f.at_round(3).client("d").device.flops == 1e9
+    assert f.at_round(3).client("d").link.rtt == pytest.approx(0.1)
+    assert f.at_round(7).client("d").device.flops == 0.5e9
+
+
+def test_sample_draws_from_the_device_classes() -> None:
+    f = load_fleet("reference")
+    s = f.sample(500, seed=3)
+    assert len(s.clients) == 500 and len({c.name for c in s.clients}) == 500
+    assert s.clients == f.sample(500, seed=3).clients
+    assert s.clients != f.sample(500, seed=4).clients
+    assert {c.kind for c in s.clients} <= set(f.kinds)
+    assert sum(s.kinds.values()) == 500
+    tmpl = {c.kind: (c.device, c.link, c.samples) for c in f.clients}
+    assert all((c.device, c.link, c.samples) == tmpl[c.kind] for c in s.clients)
+    # weighted by count: phone-mid (16 of 60) is drawn more often than nano-cpu (4 of 60)
+    assert s.kinds["phone-mid"] > s.kinds["nano-cpu"]
+
+
+GOOD_EDGE = '[edge]\nflops = 1e12\nmemory_mb = 1024\n'
+GOOD_DEV = '[[device]]\nname = "d"\nprofile = "rpi4"\n'
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bogus = 1\n" + GOOD_EDGE + GOOD_DEV, "f.toml: top level: unknown key 'bogus'"),
+    ('[edge]\nflops = 1e12\nmemory_mb = 1024\nspeed = 3\n' + GOOD_DEV, "f.toml: \\[edge\\]: unknown key 'speed'"),
+    (GOOD_EDGE + GOOD_DEV + "upmbps = 3\n", "f.toml: \\[\\[device\\]\\] #1 \\('d'\\): unknown key 'upmbps'"),
+    (GOOD_EDGE + GOOD_DEV + "flops = -1\n", "#1 \\('d'\\): 'flops' must be a finite number > 0, got -1"),
+    (GOOD_EDGE + GOOD_DEV + "rtt_ms = -1\n", "'rtt_ms' must be a finite number >= 0"),
+    (GOOD_EDGE + GOOD_DEV + "up_mbps = 0\n", "'up_mbps' must be a finite number > 0, got 0"),
+    (GOOD_EDGE + GOOD_DEV + "memory_mb = nan\n", "'memory_mb' must be a finite number > 0"),
+    (GOOD_EDGE + GOOD_DEV + "count = 0\n", "'count' must be an integer >= 1, got 0"),
+    (GOOD_EDGE + GOOD_DEV + "count = true\n", "'count' must be an integer >= 1, got True"),
+    (GOOD_EDGE + GOOD_DEV + "samples = 2.5\n", "'samples' must be an integer >= 1"),
+    (GOOD_EDGE + GOOD_DEV + 'profile = "pi5"\n', None),  # duplicate key: TOML itself refuses
+    (GOOD_EDGE + '[[device]]\nname = "d"\nprofile = "pi5"\n', "'profile' 'pi5' is unknown"),
+    (GOOD_EDGE + '[[device]]\nname = "d"\nflops = 1e9\nmemory_mb = 10\n', "#1 \\('d'\\): missing 'up_mbps'"),
+    (GOOD_EDGE + '[[device]]\nprofile = "rpi4"\n', "\\[\\[device\\]\\] #1: missing 'name'"),
+    (GOOD_EDGE + GOOD_DEV + GOOD_DEV, "#2 \\('d'\\): 'name' 'd' is used by an earlier device"),
+    (GOOD_EDGE + GOOD_DEV + "count = 2\n" + '[[device]]\nname = "d-1"\nprofile = "rpi4"\n', "two clients are named 'd-1'"),
+    (GOOD_EDGE, "no \\[\\[device\\]\\] entries"),
+    (GOOD_DEV, "missing \\[edge\\] table"),
+    (GOOD_EDGE + '[cloud]\nflops = 1e13\nmemory_mb = 1\n' + GOOD_DEV, "\\[edge\\]: missing 'up_mbps'"),
+    (GOOD_EDGE.replace("flops = 1e12\n", "") + GOOD_DEV, "\\[edge\\]: missing 'flops'"),
+    (GOOD_EDGE + GOOD_DEV + "[[device.drift]]\nup_scale = 0.1\n", "drift #1: missing 'round'"),
+    (GOOD_EDGE + GOOD_DEV + "[[device.drift]]\nround = 0\nup_scale = 0.1\n", "drift #1: 'round' must be an integer >= 1"),
+    (GOOD_EDGE + GOOD_DEV + "[[device.drift]]\nround = 2\nup = 0.1\n", "drift #1: unknown key 'up'"),
+    (GOOD_EDGE + GOOD_DEV + "[[device.drift]]\nround = 2\nup_scale = -1\n", "'up_scale' must be a finite number > 0"),
+    (GOOD_EDGE + GOOD_DEV + "[[device.drift]]\nround = 2\n", "drift #1: changes nothing"),
+    ("[edge\n", "f.toml: not valid TOML"),
+])
+def test_fleet_errors_name_file_entry_and_key(text: str, message: str | None) -> None:
+    with pytest.raises(ConfigError, match=message or "not valid TOML"):
+        parse_fleet(text, "f.toml")
+
+
+def test_missing_fleet_file_lists_the_shipped_ones() -> None:
+    with pytest.raises(ConfigError, match="no such file.*reference"):
+        load_fleet("no/such/fleet.toml")
