@@ -4,8 +4,10 @@ Each fleet size runs in its own child process (``splitfed simulate`` settings:
 cnn on digits, IID partition, SplitFed v1, 3 tiers over gRPC on 127.0.0.1,
 static cuts, 1 CPU per virtual client on this machine's cores). The child
 samples the resident memory of its whole process tree (itself with the
-ServerApp, Ray's processes and workers, the tier servers) every 0.2 s and
-reports the peak; seconds per round come from the run's ``metrics.jsonl``
+ServerApp, Ray's processes and workers, the tier servers) every 0.5 s and
+reports the peak of the summed RSS (counts shared pages, e.g. torch's
+libraries, once per process: an upper bound) and of the summed PSS (shared
+pages split between their users: what the tree really costs); seconds per round come from the run's ``metrics.jsonl``
 (round 1, which starts Ray's workers, is reported apart). No pass/fail.
 Writes ``benchmarks/results/simulation.json``.
 
@@ -32,18 +34,21 @@ from pathlib import Path
 import psutil
 
 
-def _tree_rss(root: psutil.Process) -> tuple[int, dict[str, int]]:
-    total, parts = 0, {}
+def _tree_memory(root: psutil.Process) -> tuple[int, int, dict[str, int]]:
+    """(RSS sum, PSS sum, PSS by part) of ``root`` and all its descendants."""
+    rss_sum, pss_sum, parts = 0, 0, {}
     for p in [root, *root.children(recursive=True)]:
         try:
-            rss = p.memory_info().rss
-            name = " ".join(p.cmdline()[:3])
+            mem = p.memory_full_info()
+            name = " ".join(p.cmdline()[:4])
         except psutil.Error:
             continue
-        total += rss
-        kind = "tier" if " tier" in name or "splitfed.cli" in name else ("ray" if "ray" in name else "driver")
-        parts[kind] = parts.get(kind, 0) + rss
-    return total, parts
+        pss = getattr(mem, "pss", mem.rss)
+        rss_sum += mem.rss
+        pss_sum += pss
+        kind = "tiers" if "splitfed.cli tier" in name else ("driver" if p.pid == root.pid else "ray")
+        parts[kind] = parts.get(kind, 0) + pss
+    return rss_sum, pss_sum, parts
 
 
 def one(clients: int, rounds: int, out: Path) -> dict:
@@ -52,15 +57,16 @@ def one(clients: int, rounds: int, out: Path) -> dict:
     from splitfed.sim.runner import simulate
 
     me = psutil.Process()
-    peak = {"total": 0, "parts": {}}
+    peak = {"rss": 0, "pss": 0, "parts": {}}
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            total, parts = _tree_rss(me)
-            if total > peak["total"]:
-                peak.update(total=total, parts=parts)
-            done.wait(0.2)
+            rss, pss, parts = _tree_memory(me)
+            peak["rss"] = max(peak["rss"], rss)
+            if pss > peak["pss"]:
+                peak.update(pss=pss, parts=parts)
+            done.wait(0.5)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -80,8 +86,9 @@ def one(clients: int, rounds: int, out: Path) -> dict:
         "seconds_per_round": statistics.mean(later) if later else rows[0]["wall_s"],
         "round_s": [r["wall_s"] for r in rows],
         "total_s": total_s,
-        "peak_rss_mb": peak["total"] / 2**20,
-        "peak_rss_mb_by_part": {k: v / 2**20 for k, v in peak["parts"].items()},
+        "peak_rss_sum_mb": peak["rss"] / 2**20,
+        "peak_pss_mb": peak["pss"] / 2**20,
+        "peak_pss_mb_by_part": {k: v / 2**20 for k, v in peak["parts"].items()},
         "final_accuracy": rows[-1]["accuracy"],
     }
 
@@ -162,7 +169,7 @@ def main() -> None:
                 continue
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             print(f"{n:4d} clients: {res['seconds_per_round']:.2f} s/round (first {res['first_round_s']:.1f} s), "
-                  f"peak RSS {res['peak_rss_mb']:.0f} MB", flush=True)
+                  f"peak PSS {res['peak_pss_mb']:.0f} MB (RSS sum {res['peak_rss_sum_mb']:.0f} MB)", flush=True)
             results.append(res)
     report = {"benchmark": "simulation", "cpus": len(os.sched_getaffinity(0)), "model": "cnn", "dataset": "digits",
               "mode": "sflv1", "tiers": 3, "results": results}

@@ -7,9 +7,12 @@ so a typo never silently runs the default experiment). :func:`main` is the one
 entry point: it parses the command line, reads the config, makes the output
 folder, runs the experiment, and prints where the results are.
 
-Training goes through :func:`train`, the simulate runner's Python API with the
-run folder written by it (``metrics.jsonl``, ``summary.json``), read back with
-:mod:`splitfed.report.runs`; the cost-model-only scripts build a
+Training goes through :func:`train`: by default the simulate runner's Python
+API (Flower's simulation engine and gRPC tier servers, exactly ``splitfed
+simulate``), or ``backend = "inprocess"``, the same rounds in one process for
+smoke tests and quick looks. Either writes a run folder (``metrics.jsonl``,
+``summary.json``) that is read back with :mod:`splitfed.report.runs` and drawn
+with :mod:`splitfed.report.plots`. The cost-model-only scripts build a
 :class:`~splitfed.cost.Scenario` with :func:`scenario`.
 """
 
@@ -220,7 +223,17 @@ def train(settings: Any, out: Path, label: str, backend: str = "flower") -> Any:
         simulate(settings, progress=lambda line: print(f"  [{label}] {line}", flush=True))
     else:
         train_inprocess(settings)
+    _label_run(out, label)
     return load_run(out, label=label)
+
+
+def _label_run(out: Path, label: str) -> None:
+    """Name the run in its ``summary.json``, so ``splitfed report`` on the folder shows the label."""
+    from splitfed.report.runs import SUMMARY
+
+    path = out / SUMMARY
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**summary, "label": label}, indent=2, sort_keys=True) + "\n")
 
 
 def train_inprocess(settings: Any) -> dict[str, Any]:
@@ -234,8 +247,6 @@ def train_inprocess(settings: Any) -> dict[str, Any]:
     its byte counts are tensor payloads (gRPC adds message framing).
     Every client trains every round (``fraction`` must be 1).
     """
-    import time
-
     from server.app import _row
     from server.strategy import RoundRecord
     from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain
@@ -262,10 +273,11 @@ def train_inprocess(settings: Any) -> dict[str, Any]:
     chain = inprocess_chain(s.tiers - 1, *codec(s.compress))
     state = initial_state(spec, s.seed)
     profiles = {c.client_id: c.profile for c in clients}
+    previous: dict[str, tuple[int, ...]] = {}  # each client's cuts when it last trained (the clock prices moves)
     for rnd in range(1, s.rounds + 1):
         t0 = time.perf_counter()
         assignment = {cid: tuple(int(k) for k in cuts) for cid, cuts in policy.assign(rnd, clients).items()}
-        record = RoundRecord(rnd, assignment, sim_round_s=clock(rnd, assignment, clients))
+        record = RoundRecord(rnd, assignment, sim_round_s=clock(rnd, assignment, clients, previous))
         batches = {f"client{pid}": round_batches(x, y, s.batch_size, s.seed, pid, rnd, s.local_epochs)
                    for pid, (x, y) in data.items()}
         cfg = RoundConfig(s.run_id, rnd, spec, s.mode, s.u_shape, s.optim, s.seed)
@@ -275,6 +287,7 @@ def train_inprocess(settings: Any) -> dict[str, Any]:
                                            r.bytes_up, r.bytes_down) for r in split.results]
         total = sum(r.samples for r in split.results)
         record.train_loss = sum(r.loss * r.samples for r in split.results) / total if total else None
+        previous.update(assignment)
         policy.observe(rnd, record.measurements)
         acc, loss = evaluate(spec, state, test_x, test_y)
         writer.append(_row(record, acc, loss, time.perf_counter() - t0, profiles))
@@ -311,24 +324,15 @@ def sim_clients(settings: Any, fleet: Any) -> list[Any]:
 def best_static_cuts(settings: Any) -> tuple[int, ...]:
     """The single cut vector of least round-1 makespan for the run's clients (the optimizer's ``best_static``).
 
-    Priced on the same devices and sample counts as the simulated clock of the run.
+    Priced in the cost model's view of the registered clients that ``--cuts adaptive``
+    and ``--cuts greedy`` plan with: the same devices and sample counts as the run's clock.
     """
-    from dataclasses import replace
-
-    from splitfed.cost import Scenario
-    from splitfed.models.zoo import resolve_spec
+    from splitfed.flower.adaptive import _scenario
     from splitfed.optimizer import best_static
-    from splitfed.profile import profile_model
     from splitfed.sim.clock import fleet_for
 
-    fleet = fleet_for(settings).at_round(1)
-    picked = [replace(fleet.client(c.profile), name=c.client_id, samples=c.samples)
-              for c in sim_clients(settings, fleet)]
-    profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
-    sc = Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked)), tiers=settings.tiers,
-                             batch=settings.batch_size, u_shape=settings.u_shape, epochs=settings.local_epochs)
-    sol = best_static(sc)
-    return sol.assignment[picked[0].name]
+    clients = sim_clients(settings, fleet_for(settings))
+    return best_static(_scenario(settings, clients)).assignment[clients[0].client_id]
 
 
 def resolve_policy(policy: str, settings: Any) -> tuple[str, str]:

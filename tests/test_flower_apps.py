@@ -124,3 +124,17 @@ def test_resume_refuses_changed_math(monkeypatch, tmp_path):
     _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)))
     with pytest.raises(ConfigError, match=r"cannot resume with different lr \(0.05 -> 0.2\)"):
         _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True, lr=0.2))
+
+
+@pytest.mark.parametrize("cuts", ["adaptive", "greedy"])
+def test_optimizer_policies_run_and_resume_exactly(monkeypatch, tmp_path, cuts):
+    """--cuts adaptive/greedy: legal cuts from the optimizer; the adapter's state survives a resume."""
+    s = BASE.with_(rounds=3, clients=5, cuts=cuts, fleet="small")
+    _run(monkeypatch, s.with_(out=str(tmp_path / "whole")))
+    _run(monkeypatch, s.with_(out=str(tmp_path / "part"), rounds=2))
+    _run(monkeypatch, s.with_(out=str(tmp_path / "part"), resume=True))
+    a, b = checkpoint.load(tmp_path / "whole"), checkpoint.load(tmp_path / "part")
+    assert a.policy == b.policy and a.assignment == b.assignment and len(a.assignment) == 5
+    assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+    rows = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["sim_round_s"] > 0 for r in rows)

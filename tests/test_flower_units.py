@@ -211,3 +211,24 @@ def test_metrics_writer_truncates_on_resume(tmp_path):
     assert [r["round"] for r in rows] == [1, 2]
     s = summarise(rows, {"seed": 0})
     assert s["final_accuracy"] == 0.2 and s["sim_time_s"] == 4.0 and s["bytes_up"] == 20
+
+
+# ---------------------------------------------------------------- the simulate command refuses bad input early
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--cuts", "static:9,9"], "cut 9 is out of range"),
+    (["--tiers", "2"], "2 tiers need 1 cut"),
+    (["--partition", "dirichlet:-1"], "bad Dirichlet alpha"),
+    (["--dataset", "imagenet"], "unknown dataset"),
+    (["--cuts", "adaptive", "--fraction", "0.5"], "use fraction 1"),
+    (["--resume", "/nonexistent/run"], "cannot resume"),
+])
+def test_simulate_refuses_bad_input_before_starting_anything(argv, words, tmp_path, capsys, monkeypatch):
+    import splitfed.sim.runner
+    from splitfed.cli import main
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", lambda *a, **k: pytest.fail("simulate started"))
+    assert main(["simulate", "--out", str(tmp_path / "run"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from splitfed.cli import main
@@ -25,7 +25,7 @@ def instances(draw: st.DrawFn) -> Scenario:
     u = draw(st.booleans()) if L <= 3 else False
     m = len(cut_options(L, 3, u))
     most = max(k for k in range(1, 7) if m**k <= MAX_ASSIGNMENTS)
-    n = draw(st.integers(1, most))
+    n = most + 1 - draw(st.integers(1, most))  # hypothesis favours small draws: favour many clients
     ints = st.integers
     prof = ModelProfile.synthetic(
         [draw(ints(0, 50)) * 1e6 for _ in range(L)], [draw(ints(1, 60)) * 1e3 for _ in range(L)],
@@ -61,6 +61,8 @@ def _within_memory(sc: Scenario, assignment: dict) -> bool:
 @given(instances())
 def test_optimizer_equals_brute_force(sc: Scenario) -> None:
     truth = _outcome(exhaustive, sc)
+    event("infeasible" if isinstance(truth, ConfigError) else "feasible")
+    event(f"{len(sc.clients)} client(s), {len({c.kind for c in sc.clients})} kind(s)")
     for method in ("bisect", "direct"):
         got = _outcome(lambda s, m=method: solve(s, gap=0.0, method=m), sc)
         if isinstance(truth, ConfigError):

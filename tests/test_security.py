@@ -108,3 +108,27 @@ def test_token_file(tmp_path) -> None:  # noqa: ANN001
 def test_tls_config_needs_cert_and_key_together(certs: Certs) -> None:  # noqa: F811
     with pytest.raises(ConfigError, match="both"):
         TlsConfig(cert=certs.ca)
+
+
+def test_a_chain_of_mutual_tls_tiers_with_tokens_changes_no_number(certs: Certs) -> None:  # noqa: F811
+    """device -> edge -> cloud, every hop with mutual TLS and the token (the edge presents both onward)."""
+    from splitfed.engine.verify import verify
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.transport.chain import close_chain, grpc_chain
+
+    with serve_tier("cloud", tls=certs.server, token=TOKEN) as cloud, \
+            serve_tier("edge", next_address=cloud.address, tls=certs.server, token=TOKEN) as edge:
+        chain = grpc_chain([edge.address, cloud.address], tls=certs.client, token=TOKEN)
+        try:
+            result = verify(resolve_spec("cnn"), [(2, 5), (3, 6)], mode="sflv1", chain=chain, transport="grpc")
+        finally:
+            close_chain(chain)
+        assert result.ok and result.max_abs_diff == 0.0, result
+    with serve_tier("cloud", tls=certs.server, token=TOKEN) as cloud, \
+            serve_tier("edge", next_address=cloud.address, tls=certs.server, next_token="wrong") as edge:
+        chain = grpc_chain([edge.address, cloud.address], tls=certs.client, token=TOKEN, retries=0)
+        try:
+            with pytest.raises(Unauthenticated, match="invalid bearer token"):
+                verify(resolve_spec("cnn"), [(2, 5)], mode="sflv1", chain=chain, transport="grpc")
+        finally:
+            close_chain(chain)

@@ -116,3 +116,26 @@ def test_u_shape_backward_needs_its_forward() -> None:
         t.backward(StepKey("run", "a", 0, 0), torch.randn(4, 127))
     g = t.backward(StepKey("run", "a", 0, 0), torch.randn(4, 128))
     assert g is not None and g.shape == act().shape
+
+
+def test_vanished_u_shape_client_blocks_nobody_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    import splitfed.engine.tier as tier_mod
+
+    monkeypatch.setattr(tier_mod, "SHARED_WAIT_S", 0.2)
+    t = Tier("edge")
+    cfg = RoundConfig("run", 0, SPEC, mode="sflv2", u_shape=True)
+    state = initial_state(SPEC, 0)
+    (la,) = tier_loads(cfg, "a", (2, 5), state, replica="shared")
+    (lb,) = tier_loads(cfg, "b", (2, 5), None, replica="shared")
+    t.load(la)
+    t.load(lb)
+    t.forward(StepKey("run", "a", 0, 0), act())  # a never sends its backward
+    with pytest.raises(FailedPrecondition, match="waits for its backward"):
+        t.step(StepKey("run", "a", 0, 1), act(), y())
+    with pytest.raises(tier_mod.Unavailable, match="busy"):
+        t.forward(StepKey("run", "b", 0, 0), act())
+    with pytest.raises(tier_mod.Unavailable, match="busy"):
+        t.fetch("run", "b")
+    t.release("run", "a")  # the orchestrator gives up on a: b goes on
+    out = t.forward(StepKey("run", "b", 0, 0), act())
+    assert t.backward(StepKey("run", "b", 0, 0), torch.zeros_like(out)) is not None

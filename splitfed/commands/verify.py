@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     cuts = [args.cuts[i % len(args.cuts)] for i in range(args.clients)]
     with contextlib.ExitStack() as stack:
         if args.transport == "grpc":
-            from splitfed.transport.chain import grpc_chain
+            from splitfed.transport.chain import close_chain, grpc_chain
             from splitfed.transport.process import TierProcess
 
             procs: list[TierProcess] = []
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 procs.insert(0, proc)
                 nxt = proc.address
             chain = grpc_chain([p.address for p in procs], insecure=True)
-            stack.callback(getattr(chain, "close", lambda: None))
+            stack.callback(close_chain, chain)
         else:
             chain = inprocess_chain(tiers - 1)
         result = verify(spec, cuts, mode=args.mode, u_shape=args.u_shape, steps=args.steps, batch=args.batch,

@@ -9,8 +9,10 @@ the cached reply, an older one is refused.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +68,17 @@ def check_tensor(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, wh
         raise InvalidArgument(f"{what}: contains NaN or infinite values")
 
 
+@contextlib.contextmanager
+def _holding(replica: _Replica, tier: str, what: str) -> Iterator[None]:
+    """The replica's lock, or UNAVAILABLE: a client that vanished mid U-shape step blocks nobody forever."""
+    if not replica.lock.acquire(timeout=SHARED_WAIT_S):
+        raise Unavailable(f"tier {tier}: {what}: replica busy for {SHARED_WAIT_S:.0f}s")
+    try:
+        yield
+    finally:
+        replica.lock.release()
+
+
 class Tier:
     """One tier of the chain for many clients and runs."""
 
@@ -92,7 +105,7 @@ class Tier:
             if bkey not in self._bindings and len(self._bindings) >= self.max_clients:
                 raise ResourceExhausted(f"tier {self.name} already serves {self.max_clients} clients")
             replica = self._replicas.get(rkey) or _Replica()
-        with replica.lock:
+        with _holding(replica, self.name, "load"):
             missing = [i for i in range(spec.start, spec.stop) if i not in replica.blocks]
             new = template.copy_blocks(spec.model, spec.start, spec.stop) if missing else {}
             segment = Segment(
@@ -142,7 +155,10 @@ class Tier:
 
     def fetch(self, run_id: str, client_id: str) -> State:
         b = self._binding(run_id, client_id)
-        with b.replica.lock:
+        if b.holds_lock:
+            raise FailedPrecondition(f"fetch of client {client_id!r} while its U-shape step {b.last_seq} "
+                                     "waits for its backward")
+        with _holding(b.replica, self.name, "fetch"):
             return {k: v.detach().clone() for k, v in b.segment.state_dict().items()}
 
     def release(self, run_id: str, client_id: str) -> None:
@@ -217,7 +233,9 @@ class Tier:
 
     def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
         b = self._binding(key.run_id, key.client_id)
-        with b.replica.lock:
+        if b.holds_lock:
+            raise FailedPrecondition(f"step {key.seq} while U-shape step {b.last_seq} waits for its backward")
+        with _holding(b.replica, self.name, "step"):
             cached = self._admit(b, key, "step")
             if cached is not None:
                 return cached  # type: ignore[return-value]

@@ -91,6 +91,14 @@ class _Class:
     load: np.ndarray            # (m, R) seconds of each shared resource (work / capacity)
     mem: np.ndarray             # (m, S) bytes on each server
     all_options: int = 0
+    _dom: np.ndarray | None = None
+
+    def shared_front(self, tau: float) -> np.ndarray:
+        """Options with T <= tau not dominated in shared load and memory by another such option."""
+        if self._dom is None:
+            self._dom = _dominates(np.concatenate([self.load, self.mem], axis=1))
+        p = int(np.searchsorted(self.T, tau, side="right"))
+        return np.nonzero(~self._dom[:p, :p].any(axis=0))[0]
 
 
 def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np.ndarray) -> ConfigError:
@@ -103,16 +111,25 @@ def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np
         f"{t_mem[best] / 2**20:.1f} MiB (cuts {','.join(map(str, options[best]))})")
 
 
+def _dominates(V: np.ndarray) -> np.ndarray:
+    """D[a, b]: row a dominates row b (a <= b everywhere, and a < b somewhere or a comes first)."""
+    idx = np.arange(V.shape[0])
+    le = (V[:, None, :] <= V[None, :, :]).all(-1)
+    lt = (V[:, None, :] < V[None, :, :]).any(-1)
+    return le & (lt | (idx[:, None] < idx[None, :]))
+
+
 def _pareto(V: np.ndarray) -> np.ndarray:
     """Rows not dominated by another row (a <= b everywhere; among equal rows the first stays).
 
-    A dominating row sorts lexicographically no later than the row it dominates (stable for equal
-    rows), so one pass in that order, checking each row against the rows kept so far, suffices.
+    Few rows: all pairs at once. Many: a dominating row sorts lexicographically no later than the
+    row it dominates (stable for equal rows), so one pass in that order, checking each row against
+    the rows kept so far, suffices.
     """
     m = V.shape[0]
+    if m <= 256:
+        return ~_dominates(V).any(axis=0)
     keep = np.zeros(m, bool)
-    if m == 0:
-        return keep
     order = np.lexsort(V.T[::-1]) if V.shape[1] else np.arange(m)
     front = np.empty_like(V)
     n = 0
@@ -136,7 +153,8 @@ def _classes(sc: Scenario) -> list[_Class]:
         if not ok.any():
             raise _infeasible(sc, members, t.memory[:, 0], t.options)
         T, load, mem = t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:]
-        keep = _pareto(np.concatenate([T[:, None], load, mem], axis=1))
+        keep = np.nonzero(_pareto(np.concatenate([T[:, None], load, mem], axis=1)))[0]
+        keep = keep[np.argsort(T[keep], kind="stable")]  # by time: "T <= tau" is a prefix
         out.append(_Class(members, t.options[ok][keep], T[keep], load[keep], mem[keep], len(ok)))
     return out
 
@@ -249,7 +267,10 @@ class _Solver:
         self.proven = True  # every MILP so far finished (no time limit hit)
 
     def run(self, allowed: list[np.ndarray], time_rows: bool, m_max: float = math.inf,
-            minimize: bool = True) -> tuple[_Result, RoundCost | None]:
+            minimize: bool = True) -> tuple[_Result, list[np.ndarray] | None]:
+        """One MILP; returns its result and ``allowed`` (None when infeasible). Server memory is
+        re-added exactly (fsum, as :func:`evaluate` does); a row the solver's tolerance let overflow
+        is tightened and the MILP solved again."""
         rhs = np.ones(len(self.sc.memory_caps))
         for _ in range(4):
             left = None if self.deadline is None else self.deadline - time.perf_counter()
@@ -259,24 +280,30 @@ class _Solver:
             self.proven &= r.optimal
             if not math.isfinite(r.value):
                 return r, None
-            cost = evaluate(self.sc, _assign(self.sc, self.classes, allowed, r.counts))
-            names = self.sc.tier_names
-            over = [(t, cost.shared_memory[names[t + 1]] / cap) for t, cap in enumerate(self.sc.memory_caps)]
-            over = [(t, u) for t, u in over if u > 1.0]
+            over = []
+            for t, cap in enumerate(self.sc.memory_caps):
+                used = math.fsum(np.concatenate([np.repeat(c.mem[a, t], n) for c, a, n in
+                                                 zip(self.classes, allowed, r.counts, strict=True)]))
+                if used > cap:
+                    over.append((t, used / cap))
             if not over:
-                return r, cost
+                return r, allowed
             for t, u in over:  # the solver's tolerance let a row overflow: tighten it and re-solve
                 rhs[t] -= (u - 1.0) + 1e-12
         raise SplitfedError("the MILP solver's answers keep overflowing a server's memory (numerical trouble)")
+
+    def price(self, allowed: list[np.ndarray], r: _Result) -> RoundCost:
+        """The cost model's price of a MILP answer."""
+        return evaluate(self.sc, _assign(self.sc, self.classes, allowed, r.counts))
 
 
 def _direct(s: _Solver) -> tuple[RoundCost, float]:
     """Every class is one client: M >= sum_o T_o x_o is exact, one MILP."""
     allowed = [np.arange(len(c.T)) for c in s.classes]
-    r, cost = s.run(allowed, time_rows=True)
-    if cost is None:
+    r, ok = s.run(allowed, time_rows=True)
+    if ok is None:
         raise _shared_infeasible(s.sc)
-    return cost, r.bound
+    return s.price(allowed, r), r.bound
 
 
 def _bisect(s: _Solver) -> tuple[RoundCost, float]:
@@ -292,42 +319,44 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
     taus = taus[taus >= max(float(c.T.min()) for c in s.classes)]
 
     def allowed(k: int) -> list[np.ndarray]:
-        out = []
-        for c in s.classes:
-            a = np.nonzero(c.T <= taus[k])[0]
-            out.append(a[_pareto(np.concatenate([c.load[a], c.mem[a]], axis=1))])
-        return out
+        return [c.shared_front(float(taus[k])) for c in s.classes]
 
-    memo: dict[int, RoundCost | None] = {}
+    memo: dict[int, tuple[_Result, list[np.ndarray] | None]] = {}
 
-    def feasible(k: int) -> RoundCost | None:
+    def feasible(k: int) -> bool:
         if k not in memo:
-            memo[k] = s.run(allowed(k), time_rows=False, m_max=float(taus[k]), minimize=False)[1]
-        return memo[k]
+            memo[k] = s.run(allowed(k), time_rows=False, m_max=float(taus[k]), minimize=False)
+        return memo[k][1] is not None
+
+    def priced(k: int) -> RoundCost:
+        r, a = memo[k]
+        assert a is not None
+        return s.price(a, r)
 
     last = len(taus) - 1
-    if feasible(0) is not None:  # the slowest class's best time: a lower bound, reached
-        cost = feasible(0)
-        assert cost is not None
-        return cost, float(taus[0])
-    if feasible(last) is None:  # shared resources dominate whatever the cuts
-        r, cost = s.run(allowed(last), time_rows=False)
-        if cost is None:
+    if feasible(0):  # the slowest class's best time: a lower bound, reached
+        return priced(0), float(taus[0])
+    if not feasible(last):  # shared resources dominate whatever the cuts
+        a = allowed(last)
+        r, ok = s.run(a, time_rows=False)
+        if ok is None:
             raise _shared_infeasible(s.sc)
-        return cost, r.bound
+        return s.price(a, r), r.bound
     lo, hi = 0, last  # infeasible at lo, feasible at hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if feasible(mid) is None:
-            lo = mid
-        else:
+        if feasible(mid):
             hi = mid
-    best = feasible(hi)
-    assert best is not None
-    r, cost = s.run(allowed(lo), time_rows=False, m_max=float(taus[hi]))
-    bound = float(taus[hi]) if cost is None else min(float(taus[hi]), r.bound)
-    if cost is not None and cost.makespan_s < best.makespan_s:
-        best = cost
+        else:
+            lo = mid
+    best = priced(hi)
+    a = allowed(lo)
+    r, ok = s.run(a, time_rows=False, m_max=float(taus[hi]))
+    bound = float(taus[hi]) if ok is None else min(float(taus[hi]), r.bound)
+    if ok is not None:
+        cost = s.price(a, r)
+        if cost.makespan_s < best.makespan_s:
+            best = cost
     return best, bound
 
 

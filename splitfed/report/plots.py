@@ -28,6 +28,8 @@ from splitfed.report.runs import Run
 from splitfed.report.table import MB
 
 DPI = 120
+_MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
+_DASHES = ("-", "--", "-.", ":")
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,10 @@ def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel:
     empty = [s.label for s in series if len(s.x) == 0]
     if empty:
         note = "; ".join(x for x in (note, f"no points: {', '.join(empty)}") if x)
-    for s in (s for s in series if len(s.x)):
-        style = {"marker": "o", "markersize": 3, "linewidth": 1.5, **s.style}
+    for i, s in enumerate(s for s in series if len(s.x)):
+        # distinct markers and dashes, so that equal curves (e.g. two policies that agree) stay visible
+        style = {"marker": _MARKERS[i % len(_MARKERS)], "linestyle": _DASHES[(i // 2) % len(_DASHES)],
+                 "markersize": 3.5, "linewidth": 1.5, "markerfacecolor": "none" if i % 2 else None, **s.style}
         ax.plot(list(s.x), list(s.y), label=s.label, **style)
     if hline is not None:
         ax.axhline(hline, color="grey", linestyle=":", linewidth=1, label=hline_label or f"{hline:g}")
@@ -109,7 +113,8 @@ def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Bytes on the
     for i, r in enumerate(runs):
         color = f"C{i % 10}"
         rounds = [x.round for x in r.rounds]
-        series.append(Series(f"{r.label} up", rounds, [x.bytes_up / MB for x in r.rounds], {"color": color}))
+        series.append(Series(f"{r.label} up", rounds, [x.bytes_up / MB for x in r.rounds],
+                             {"color": color, "linestyle": "-", "marker": "o"}))
         series.append(Series(f"{r.label} down", rounds, [x.bytes_down / MB for x in r.rounds],
                              {"color": color, "linestyle": "--", "marker": "s"}))
     return line_plot(series, path, title=title, xlabel="round", ylabel="MB per round", integer_x=True)
