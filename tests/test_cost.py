@@ -56,6 +56,11 @@ def test_device_then_edge_by_hand() -> None:
     # memory: fixed (params, grads, momentum) + batch x activations; the device holds its input batch
     assert c.memory == pytest.approx((3000 + 4 * 4000 + 4 * 800, 1500 + 4 * 100, 0))
     assert c.batches == 3
+    one = c.batch()  # one batch of 4, part by part
+    assert one["forward_s"] == pytest.approx((4e6 / 1e9, 8e6 / 1e10, 0))
+    assert one["backward_s"] == pytest.approx((8e6 / 1e9, 16e6 / 1e10, 0))
+    assert one["up_s"] == pytest.approx((16000 / 1e5 + 0.01, 0)) and one["down_s"] == pytest.approx((0.09, 0))
+    assert sum(sum(v) for v in one.values()) == pytest.approx(c.batch_s)
 
 
 def test_all_on_the_cloud_sends_raw_data_and_no_gradient() -> None:

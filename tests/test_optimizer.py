@@ -34,9 +34,9 @@ def instances(draw: st.DrawFn) -> Scenario:
     kinds = [Client(f"k{j}", f"k{j}", TierProfile(draw(ints(1, 30)) * 1e9, draw(ints(1, 60)) * 1e5),
                     LinkProfile(draw(ints(1, 40)) * 1e5, draw(ints(1, 40)) * 1e5, draw(ints(0, 80)) / 1e3),
                     draw(ints(1, 300)))
-             for j in range(draw(ints(1, n)))]
+             for j in range(draw(ints(1, n)) if draw(st.booleans()) else n + 1 - draw(ints(1, n)))]
     clients = tuple(Client(f"c{i}", k.kind, k.device, k.link, k.samples)
-                    for i, k in enumerate(draw(st.lists(st.sampled_from(kinds), min_size=n, max_size=n))))
+                    for i, k in enumerate(kinds[i % len(kinds)] for i in range(n)))
     servers = (TierProfile(draw(ints(1, 60)) * 1e9, draw(ints(1, 300)) * 1e5),
                TierProfile(draw(ints(1, 300)) * 1e9, draw(ints(1, 600)) * 1e5))
     link = LinkProfile(draw(ints(1, 60)) * 1e5, draw(ints(1, 60)) * 1e5, draw(ints(0, 30)) / 1e3)

@@ -150,7 +150,7 @@ class Scenario:
             return np.concatenate([[0.0], np.cumsum(np.asarray(v, dtype=float))])
 
         work = np.asarray(p.fwd_flops) + np.asarray(p.bwd_flops)
-        return {"work": pre(work), "param": pre(p.param_bytes), "fixed": pre(p.fixed_bytes),
+        return {"work": pre(work), "fwd": pre(p.fwd_flops), "param": pre(p.param_bytes), "fixed": pre(p.fixed_bytes),
                 "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "move": np.asarray(p.param_bytes, dtype=float) * (1 + p.optimizer_slots)}
 
@@ -180,6 +180,8 @@ class OptionTable:
     options: np.ndarray      # (m, cuts)
     round_s: np.ndarray      # (m,)  the client's own round time
     batch_s: np.ndarray      # (m,)  one batch along the chain
+    batch_parts: np.ndarray  # (m, 3T-2) one batch: forward on each tier, backward on each tier,
+    #                          then each link's up and down (incl. latency): see ClientCost.batch
     exchange_s: np.ndarray   # (m,)  device segment weights down + up
     exchange_bytes: np.ndarray  # (m,)  device segment weights, each way
     compute_s: np.ndarray    # (m, T)
@@ -242,8 +244,13 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     lk0 = client.link
     exchange_s = np.where(dev_params > 0, dev_params / lk0.down + dev_params / lk0.up + lk0.rtt, 0.0)
     round_s = _sum(compute_s) + _sum(up_s) + _sum(down_s) + exchange_s
-    batch_s = (_sum(per_sample * B / speed) + _sum(up_ps * B / up_bw + up_msgs * half_rtt)
-               + _sum(down_ps * B / down_bw + down_msgs * half_rtt))
+    fwd_ps = P["fwd"][edges[:, 1:]] - P["fwd"][edges[:, :-1]]
+    fwd_ps[:, 0] += P["fwd"][L] - P["fwd"][E]
+    batch_up = up_ps * B / up_bw + up_msgs * half_rtt
+    batch_down = down_ps * B / down_bw + down_msgs * half_rtt
+    batch_s = _sum(per_sample * B / speed) + _sum(batch_up) + _sum(batch_down)
+    batch_parts = np.concatenate([fwd_ps * B / speed, (per_sample - fwd_ps) * B / speed, batch_up, batch_down],
+                                 axis=1)
 
     def mem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (P["fixed"][b] - P["fixed"][a]) + B * (P["act"][b] - P["act"][a])
@@ -251,8 +258,8 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     memory = mem(edges[:, :-1], edges[:, 1:])
     memory[:, 0] += mem(E, np.full(m, L)) + B * P["bound"][0]
     shared = np.concatenate([flops[:, 1:], up_bytes[:, 1:], down_bytes[:, 1:]], axis=1)
-    return OptionTable(C, round_s, batch_s, exchange_s, dev_params, compute_s, flops, up_bytes, down_bytes, up_s, down_s,
-                       memory, shared, memory[:, 0] <= client.device.memory)
+    return OptionTable(C, round_s, batch_s, batch_parts, exchange_s, dev_params, compute_s, flops, up_bytes,
+                       down_bytes, up_s, down_s, memory, shared, memory[:, 0] <= client.device.memory)
 
 
 def move_costs(sc: Scenario, client: Client, old: Sequence[int], options: np.ndarray | None = None) -> np.ndarray:
@@ -299,6 +306,7 @@ class ClientCost:
     batches: int
     round_s: float
     batch_s: float
+    batch_parts: tuple[float, ...]  # one batch: see ``batch``
     exchange_s: float
     exchange_bytes: float           # device segment weights, each way
     compute_s: tuple[float, ...]    # per tier (device first)
@@ -310,8 +318,14 @@ class ClientCost:
     memory: tuple[float, ...]       # bytes per tier
     fits_device: bool
 
+    def batch(self) -> dict[str, tuple[float, ...]]:
+        """One batch, part by part: forward and backward seconds per tier, up and down seconds per link."""
+        p, T = self.batch_parts, len(self.compute_s)
+        return {"forward_s": p[:T], "backward_s": p[T:2 * T], "up_s": p[2 * T:3 * T - 1], "down_s": p[3 * T - 1:]}
+
     def to_dict(self) -> dict:
         return {"name": self.name, "cuts": list(self.cuts), "time_s": self.round_s, "batch_s": self.batch_s,
+                "batch": {k: list(v) for k, v in self.batch().items()},
                 "exchange_s": self.exchange_s, "exchange_bytes": self.exchange_bytes,
                 "compute_s": list(self.compute_s), "up_s": list(self.up_s), "down_s": list(self.down_s),
                 "up_bytes": list(self.up_bytes), "down_bytes": list(self.down_bytes),
@@ -323,7 +337,7 @@ def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> Cl
         return tuple(float(x) for x in a[r])
 
     return ClientCost(client.name, cuts, client.samples, math.ceil(client.samples / sc.batch) * sc.epochs,
-                      float(t.round_s[r]), float(t.batch_s[r]), float(t.exchange_s[r]),
+                      float(t.round_s[r]), float(t.batch_s[r]), tup(t.batch_parts), float(t.exchange_s[r]),
                       float(t.exchange_bytes[r]), tup(t.compute_s),
                       tup(t.flops), tup(t.up_bytes), tup(t.down_bytes), tup(t.up_s), tup(t.down_s),
                       tup(t.memory), bool(t.fits_device[r]))
