@@ -17,6 +17,7 @@ were trained.
 from __future__ import annotations
 
 import operator
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ import torch
 from torch import fx, nn
 
 from splitfed.errors import CutError
+
+_RNG_LOCK = threading.RLock()
 
 _STOCHASTIC_FUNCS = {
     torch.nn.functional.dropout,
@@ -75,8 +78,12 @@ class Segment(nn.Sequential):
     def forward(self, x: torch.Tensor, rng: int | None = None) -> torch.Tensor:  # type: ignore[override]
         for name, block in self._modules.items():
             if rng is not None and self._stochastic[name]:
-                torch.manual_seed(_mix(rng, int(name)))
-            x = block(x)
+                # torch's generator is process-wide; a tier runs many clients' steps in threads
+                with _RNG_LOCK:
+                    torch.manual_seed(_mix(rng, int(name)))
+                    x = block(x)
+            else:
+                x = block(x)
         return x
 
 
