@@ -130,6 +130,8 @@ class SplitFedAvg(FedAvg):
         s = self.settings
         deadline = time.monotonic() + s.node_wait_s
         while len(nodes := sorted(grid.get_node_ids())) < s.clients and time.monotonic() < deadline:
+            if self.stop is not None and self.stop.is_set():
+                raise RunStopped("the run was stopped")
             log(INFO, "Waiting for nodes: %d of %d registered", len(nodes), s.clients)
             time.sleep(1.0)
         need = s.min_clients
@@ -177,11 +179,6 @@ class SplitFedAvg(FedAvg):
 
     # ------------------------------------------------------------ Flower's hooks
 
-    @property
-    def round_open(self) -> bool:
-        """True while a round still has groups of clients to train."""
-        return self._round is not None
-
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """The messages of the round's next group (all sampled nodes in SplitFed v1)."""
@@ -205,9 +202,6 @@ class SplitFedAvg(FedAvg):
         assert self._round is not None and self._record is not None
         outcomes = self._outcomes(replies)
         self._round.end(outcomes)
-        for cid in self._round.failed:
-            if cid not in self._record.failed:
-                self._record.failed.append(cid)
         if self._groups:
             return None, None
         rnd, record = self._round, self._record

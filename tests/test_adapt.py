@@ -33,16 +33,16 @@ up_scale = 0.1        # the laptop's uplink drops 10x from round 5 on
 """
 
 
-def simulate(fleet_text: str, rounds: int, adapter_kw: dict | None = None):  # noqa: ANN201
+def simulate(fleet_text: str, rounds: int, adapter_kw: dict | None = None, mode: str = "sflv1"):  # noqa: ANN201
     """Run ``rounds`` rounds on the simulated clock; returns per-round makespans (adaptive, static) and the adapter."""
     fleet = parse_fleet(fleet_text, "drift.toml")
-    belief = Scenario.from_fleet(PROF, fleet, tiers=3, batch=32)  # what the file says, drift unknown
+    belief = Scenario.from_fleet(PROF, fleet, tiers=3, batch=32, mode=mode)  # what the file says, drift unknown
     adapter = Adapter(belief, rounds, **(adapter_kw or {}))
     static = dict(adapter.assignment)
     adaptive_s, static_s, oracle_s, cuts = [], [], [], []
     moving: dict[str, float] = {}
     for r in range(1, rounds + 1):
-        truth = Scenario.from_fleet(PROF, fleet.at_round(r), tiers=3, batch=32)
+        truth = Scenario.from_fleet(PROF, fleet.at_round(r), tiers=3, batch=32, mode=mode)
         cost = evaluate(truth, adapter.assignment, extra_s=moving)
         adaptive_s.append(cost.makespan_s)
         static_s.append(evaluate(truth, static).makespan_s)
@@ -134,3 +134,60 @@ def test_hysteresis_ignores_small_gains() -> None:
     assert not d.moved and "hysteresis" in d.reason
     with pytest.raises(ConfigError):
         Adapter(sc, rounds=10, alpha=0)
+
+
+def test_ties_go_to_the_cheapest_move() -> None:
+    # S's device turns out 100x slower: it must take block 1 to the edge, whose memory holds ONE copy of
+    # block 1, so A's copy must leave the edge. A on its device or on the cloud gives the same makespan
+    # (S sets it), but shipping block 1 down A's 1 MB/s link costs 100x more than over the 100 MB/s
+    # edge->cloud link: the adapter must pick the cloud, although a plain re-solve picks the device.
+    prof = ModelProfile.synthetic([1e6, 1e8], [1e3, 10], [1e3, 1.5e5], input_bytes=1e3)
+    s = Client("S", "S", TierProfile(1e10, 1e9), LinkProfile(1e6, 1e6, 0.0), samples=300)
+    a = Client("A", "A", TierProfile(1e10, 1e9), LinkProfile(1e6, 1e6, 0.0), samples=10)
+    sc = Scenario(prof, (s, a), (TierProfile(1e11, 6e5), TierProfile(3e9, 1e10)), (LinkProfile(1e8, 1e8, 0.0),),
+                  batch=10)
+    adapter = Adapter(sc, rounds=20, hysteresis=0.0, assignment={"S": (2, 2), "A": (0, 2)})
+    d = adapter.observe(1, {"S": Measurement(compute_flops=1e10, compute_s=100.0)})
+    plain = solve(adapter.belief)
+    assert plain.assignment["A"] == (2, 2)  # what the adapter would pick without preferring cheap moves
+    assert d.moved == ("A", "S") and d.assignment == {"S": (0, 2), "A": (0, 1)}
+    assert d.after_s == pytest.approx(plain.makespan_s, rel=1e-9)
+    cheapest = min(move_cost(adapter.belief, a, (0, 2), tuple(int(x) for x in o)) for o in sc.options
+                   if evaluate(adapter.belief, {"S": (0, 2), "A": tuple(int(x) for x in o)}).feasible)
+    assert move_cost(adapter.belief, a, (0, 2), d.assignment["A"]) == cheapest
+
+
+def test_optimal_current_cuts_are_kept_among_ties() -> None:
+    # a straggler sets the makespan whatever the phones do: their (non-greedy) current cuts are optimal
+    fleet = parse_fleet(FLEET.replace("[[device.drift]]\nround = 5\nup_scale = 0.1", "") + """
+[[device]]
+name = "straggler"
+profile = "rpi4"
+up_mbps = 0.5
+samples = 3000
+""", "ties.toml")
+    sc = Scenario.from_fleet(PROF, fleet, tiers=3, batch=32)
+    plain = solve(sc)
+    current = dict(plain.assignment)
+    for c in sc.clients[:3]:  # the phones: another cut, slower for them but far from the slowest
+        ok = [tuple(int(x) for x in o) for o in sc.options
+              if evaluate(sc, {**current, c.name: tuple(int(x) for x in o)}).makespan_s == plain.makespan_s]
+        current[c.name] = next(o for o in ok if o != plain.assignment[c.name])
+    assert current != plain.assignment and evaluate(sc, current).makespan_s == plain.makespan_s
+    adapter = Adapter(sc, rounds=10, hysteresis=0.0, assignment=current)
+    for r in (1, 2):
+        d = adapter.observe(r, {})
+        assert not d.moved and d.reason == "already optimal" and adapter.assignment == current
+
+
+@pytest.mark.parametrize("mode", ["sflv2", "sl"])
+def test_adaptation_in_the_other_variants(mode: str) -> None:
+    adaptive, static, oracle, cuts, adapter = simulate(FLEET, rounds=10, mode=mode)
+    assert adapter.belief.mode == mode
+    assert cuts[7]["laptop"] != cuts[0]["laptop"]  # the uplink drop moves the laptop's cut here too
+    assert adaptive[8] == pytest.approx(oracle[8], rel=1e-6) and adaptive[8] < static[8]
+    assert sum(adaptive) < sum(static)
+    if mode == "sl":  # clients in turn: the round is the sum of their times
+        truth = Scenario.from_fleet(PROF, parse_fleet(FLEET, "f.toml").at_round(9), tiers=3, batch=32, mode=mode)
+        cost = evaluate(truth, cuts[8])
+        assert cost.makespan_s == pytest.approx(sum(cost.times().values()))

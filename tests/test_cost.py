@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -44,32 +45,32 @@ def test_device_then_edge_by_hand() -> None:
     c = client_cost(scenario(), "c", (1, 2))
     # compute: device 10 samples x 3 MFLOP / 1 GFLOP/s; edge 10 x 6 MFLOP / 10 GFLOP/s
     assert c.compute_s == pytest.approx((0.03, 0.006, 0.0))
-    # link 1 carries block 0's output up (40 kB at 100 kB/s) and its gradient down (200 kB/s);
-    # 3 batches, half an RTT per message
-    assert c.up_s == pytest.approx((0.4 + 3 * 0.01, 0.0))
+    # link 1 carries block 0's output up (40 kB at 100 kB/s) with the labels (10 x 8 B), and its
+    # gradient down (200 kB/s); 3 batches, half an RTT per message
+    assert c.up_s == pytest.approx((0.4008 + 3 * 0.01, 0.0))
     assert c.down_s == pytest.approx((0.2 + 3 * 0.01, 0.0))
-    assert c.up_bytes == (40000, 0) and c.down_bytes == (40000, 0)
+    assert c.up_bytes == (40080, 0) and c.down_bytes == (40000, 0)
     # device weights (1000 B) down and up once per round
     assert c.exchange_s == pytest.approx(1000 / 2e5 + 1000 / 1e5 + 0.02)
-    assert c.round_s == pytest.approx(0.03 + 0.006 + 0.43 + 0.23 + 0.035)
-    assert c.batch_s == pytest.approx(4 * 3e6 / 1e9 + 4 * 6e6 / 1e10 + 16000 / 1e5 + 0.01 + 16000 / 2e5 + 0.01)
+    assert c.round_s == pytest.approx(0.03 + 0.006 + 0.4308 + 0.23 + 0.035)
+    assert c.batch_s == pytest.approx(4 * 3e6 / 1e9 + 4 * 6e6 / 1e10 + 16032 / 1e5 + 0.01 + 16000 / 2e5 + 0.01)
     # memory: fixed (params, grads, momentum) + batch x activations; the device holds its input batch
     assert c.memory == pytest.approx((3000 + 4 * 4000 + 4 * 800, 1500 + 4 * 100, 0))
     assert c.batches == 3
     one = c.batch()  # one batch of 4, part by part
     assert one["forward_s"] == pytest.approx((4e6 / 1e9, 8e6 / 1e10, 0))
     assert one["backward_s"] == pytest.approx((8e6 / 1e9, 16e6 / 1e10, 0))
-    assert one["up_s"] == pytest.approx((16000 / 1e5 + 0.01, 0)) and one["down_s"] == pytest.approx((0.09, 0))
+    assert one["up_s"] == pytest.approx((16032 / 1e5 + 0.01, 0)) and one["down_s"] == pytest.approx((0.09, 0))
     assert sum(sum(v) for v in one.values()) == pytest.approx(c.batch_s)
 
 
 def test_all_on_the_cloud_sends_raw_data_and_no_gradient() -> None:
     c = client_cost(scenario(), "c", (0, 0))
     assert c.compute_s == pytest.approx((0, 0, 10 * 9e6 / 1e11))
-    assert c.up_bytes == (8000, 8000) and c.down_bytes == (0, 0)  # the edge relays; nothing comes back
-    assert c.up_s == pytest.approx((0.08 + 3 * 0.01, 0.008 + 3 * 0.005))
+    assert c.up_bytes == (8080, 8080) and c.down_bytes == (0, 0)  # the edge relays; nothing comes back
+    assert c.up_s == pytest.approx((0.0808 + 3 * 0.01, 0.00808 + 3 * 0.005))
     assert c.exchange_s == 0
-    assert c.round_s == pytest.approx(0.11 + 0.023 + 0.0009)
+    assert c.round_s == pytest.approx(0.1108 + 0.02308 + 0.0009)
 
 
 def test_all_on_device_uses_no_link_during_the_round() -> None:
@@ -103,14 +104,14 @@ def test_makespan_counts_shared_tiers() -> None:
     sc = scenario(many)
     r = evaluate(sc, {c.name: (0, 0) for c in many})
     cloud = 50 * 10 * 9e6 / 1e11
-    link = 50 * 8000 / 1e6
+    link = 50 * 8080 / 1e6
     assert r.shared_s["cloud compute"] == pytest.approx(cloud)
     assert r.shared_s["edge->cloud link up"] == pytest.approx(link)
-    assert r.makespan_s == pytest.approx(max(link, cloud, 0.1339))
+    assert r.makespan_s == pytest.approx(max(link, cloud, 0.13478))
     assert r.bottleneck == "edge->cloud link up"
     assert r.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100))
     assert round_time(sc, r.assignment()) == r.makespan_s
-    assert r.times()["c3"] == pytest.approx(0.1339)
+    assert r.times()["c3"] == pytest.approx(0.13478)
 
 
 def test_memory_violations_are_reported() -> None:
@@ -177,4 +178,150 @@ def test_shared_load_columns_follow_resource_names() -> None:
     sc = scenario()
     assert sc.resource_names == ("edge compute", "cloud compute", "edge->cloud link up", "edge->cloud link down")
     t = option_table(sc, DEV, np.array([[0, 1]]))
-    assert t.shared_load[0].tolist() == pytest.approx([10 * 3e6, 10 * 6e6, 40000, 40000 * 1.0])
+    assert t.shared_load[0].tolist() == pytest.approx([10 * 3e6, 10 * 6e6, 40080, 40000 * 1.0])
+
+
+# ---------------------------------------------------------------- variants (mode)
+
+
+def test_modes_match_the_engine_and_bad_ones_are_refused() -> None:
+    from splitfed.cost import MODES
+    from splitfed.engine.types import MODES as ENGINE_MODES
+
+    assert set(MODES) == set(ENGINE_MODES)
+    with pytest.raises(ConfigError, match="mode must be one of sl, sflv1, sflv2, got 'v3'"):
+        Scenario(PROF, (DEV,), (EDGE,), (), mode="v3")
+    assert scenario().mode == "sflv1" and scenario().resource_names[-1] == "edge->cloud link down"
+
+
+def _fleet(n: int = 3) -> list[Client]:
+    return [Client(f"c{i}", "c", TierProfile(1e9 * (i + 1), 1e9), LinkProfile(1e5, 2e5, 0.02), samples=10 + i)
+            for i in range(n)]
+
+
+def test_sl_runs_the_clients_in_turn() -> None:
+    clients = _fleet()
+    cuts = {"c0": (1, 2), "c1": (0, 0), "c2": (2, 2)}
+    v1 = evaluate(replace(scenario(clients), mode="sflv1"), cuts)
+    sl = evaluate(replace(scenario(clients), mode="sl"), cuts)
+    assert sl.times() == v1.times()  # each client's own round is the same
+    assert sl.makespan_s == pytest.approx(sum(v1.times().values())) and sl.bottleneck == "clients in turn"
+    assert v1.makespan_s == max(v1.times().values())
+    # one replica on each server: the largest client's segment, not the sum
+    assert sl.shared_memory["edge"] == max(c.memory[1] for c in sl.clients)
+    assert v1.shared_memory["edge"] == pytest.approx(sum(c.memory[1] for c in v1.clients))
+    # a client's extra time (moving weights) delays the whole round
+    sc = replace(scenario(clients), mode="sl")
+    assert evaluate(sc, cuts, extra_s={"c1": 2.0}).makespan_s == pytest.approx(sl.makespan_s + 2.0)
+    assert round_time(sc, cuts, {"c1": 2.0}) == evaluate(sc, cuts, extra_s={"c1": 2.0}).makespan_s
+
+
+def test_sflv2_serialises_the_shared_model_by_hand() -> None:
+    many = [Client(f"c{i}", "c", DEV.device, DEV.link, samples=10) for i in range(50)]
+    sc = replace(scenario(many), mode="sflv2")
+    assert sc.resource_names[-1] == "edge shared model (clients in turn)"
+    r = evaluate(sc, {c.name: (0, 0) for c in many})
+    # V per client: cloud compute 10 x 9 MFLOP / 100 GFLOP/s, plus the edge->cloud link inside the
+    # edge's step: (8000 B input + 80 B labels) / 1 MB/s + 3 messages x 5 ms
+    V = 10 * 9e6 / 1e11 + 8080 / 1e6 + 3 * 0.005
+    assert r.clients[0].server_s == pytest.approx(V)
+    assert r.shared_s["edge shared model (clients in turn)"] == pytest.approx(50 * V)
+    assert r.makespan_s == pytest.approx(50 * V) and r.bottleneck == "edge shared model (clients in turn)"
+    v1 = evaluate(replace(sc, mode="sflv1"), {c.name: (0, 0) for c in many})
+    assert v1.makespan_s == pytest.approx(max(50 * 8080 / 1e6, 0.13478))  # in parallel: far shorter
+    # ONE replica: both blocks' fixed bytes once (4500) + one batch of activations (4 x 4100)
+    assert r.shared_memory["cloud"] == pytest.approx(4500 + 4 * 4100)
+    assert v1.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100))
+
+
+def test_sflv2_memory_is_the_union_of_blocks() -> None:
+    a, b = _fleet(2)
+    sc = replace(scenario([a, b]), mode="sflv2")
+    r = evaluate(sc, {"c0": (0, 1), "c1": (1, 1)})  # edge: block 0 for c0, nothing for c1; cloud: block 1 both
+    assert r.shared_memory["edge"] == pytest.approx(3000 + 4 * 4000)
+    assert r.shared_memory["cloud"] == pytest.approx(1500 + 4 * 100)
+    r = evaluate(sc, {"c0": (0, 1), "c1": (0, 2)})  # edge: block 0 (both), block 1 (c1): the union
+    assert r.shared_memory["edge"] == pytest.approx(3000 + 1500 + 4 * 4100)
+
+
+def test_sflv2_u_shape_server_section_includes_the_trip_to_the_tail() -> None:
+    sc = scenario(u_shape=True)
+    sc = replace(sc, mode="sflv2")
+    c = client_cost(sc, "c", (0, 1, 1))
+    # edge forward+backward of block 0, then (lock held) a_1 down link 1, the tail on the device,
+    # the tail's input gradient up link 1
+    assert c.server_s == pytest.approx(10 * 3e6 / 1e10 + (0.2 + 0.03) + 10 * 6e6 / 1e9 + (0.4 + 0.03))
+    assert client_cost(sc, "c", (1, 1, 1)).server_s == 0  # the servers do nothing
+
+
+def test_shared_resources_per_mode_follow_resource_names() -> None:
+    for mode, extra in (("sflv1", 0), ("sflv2", 1), ("sl", 1)):
+        sc = replace(scenario(), mode=mode)
+        t = option_table(sc, DEV)
+        assert t.shared_load.shape[1] == len(sc.resource_names) == len(sc.capacities) == 4 + extra
+        if mode == "sflv2":
+            assert (t.shared_load[:, -1] == t.server_s).all()
+        if mode == "sl":
+            assert (t.shared_load[:, -1] == t.round_s).all() and sc.capacities[-1] == 1.0
+
+
+# ---------------------------------------------------------------- codecs
+
+
+def test_codec_bytes_on_the_wire_by_hand() -> None:
+    base = client_cost(scenario(), "c", (1, 2))
+    for codec, act in (("none", 40000), ("fp16", 20000),
+                       # int8: 3 messages (4, 4 and 2 samples of 1000 values): one byte a value + 8 B header
+                       ("int8", 3 * 8 + 10000),
+                       # top-k 10%: ceil(0.1 x values) x (4 B index + 4 B value) per message
+                       ("topk:0.1", (400 + 400 + 200) * 8)):
+        c = client_cost(replace(scenario(), codec=codec), "c", (1, 2))
+        assert c.up_bytes == (act + 80, 0) and c.down_bytes == (act, 0), codec  # labels: exact
+        assert c.exchange_s == base.exchange_s  # weights travel uncompressed
+        assert c.up_s[0] == pytest.approx((act + 80) / 1e5 + 3 * 0.01)
+    # per link: the device's link compressed, the edge->cloud link not
+    c = client_cost(replace(scenario(), codec=("fp16", "none")), "c", (0, 1))
+    assert c.up_bytes == (4000 + 80, 40000 + 80) and replace(scenario(), codec=("int8", "int8")).codec == "int8"
+    with pytest.raises(ConfigError, match="2 link\\(s\\) need 2 codec"):
+        replace(scenario(), codec=("fp16",))
+    with pytest.raises(ConfigError, match="unknown codec 'zip'"):
+        replace(scenario(), codec="zip")
+    with pytest.raises(ConfigError, match="top-k fraction"):
+        replace(scenario(), codec="topk:2")
+
+
+def test_integer_inputs_travel_exactly() -> None:
+    tokens = replace(PROF, spec={"name": "t", "vocab": 17})
+    sc = Scenario(tokens, (DEV,), (EDGE, CLOUD), (EDGE_LINK,), batch=4, codec="fp16")
+    assert client_cost(sc, "c", (0, 0)).up_bytes == (8000 + 80, 8000 + 80)  # token ids: no codec
+    assert client_cost(replace(sc, profile=PROF), "c", (0, 0)).up_bytes == (4000 + 80, 4000 + 80)
+
+
+@pytest.mark.parametrize("codec", ["none", "fp16", "int8", "topk:0.1"])
+def test_priced_bytes_equal_what_the_in_process_link_counts(codec: str) -> None:
+    """Two steps (a full batch and a short one) of a real model through a real 3-tier in-process chain:
+    the bytes each link counts are exactly the bytes the cost model prices, with and without U-shape."""
+    import torch
+
+    from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, run_round
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.profile.profiler import profile_model
+    from splitfed.transport import compress
+
+    spec, B = resolve_spec("cnn"), 6
+    prof = profile_model(spec, batch=B, reps=1)
+    state = initial_state(spec, 0)
+    g = torch.Generator().manual_seed(0)
+    x = spec.example_input(B + 2)
+    y = torch.randint(0, spec.num_classes, (B + 2,), generator=g)
+    batches = [(x[:B], y[:B]), (x[B:], y[B:])]
+    dev = Client("c", "c", TierProfile(1e9, 1e12), LinkProfile(1e6, 1e6, 0.01), samples=B + 2)
+    L = prof.n_blocks
+    for u, cuts in ((False, (1, 2)), (False, (0, 3)), (True, (1, 2, L - 1))):
+        chain = inprocess_chain(2, *compress.get(codec))
+        _, res = run_round(RoundConfig("r", 1, spec, "sflv1", u_shape=u), chain, state, {"c": cuts}, {"c": batches})
+        edge_link = chain.tiers[0].next
+        sc = Scenario(prof, (dev,), (EDGE, CLOUD), (EDGE_LINK,), batch=B, u_shape=u, codec=codec)
+        c = client_cost(sc, dev, cuts)
+        assert c.up_bytes == (res[0].bytes_up, edge_link.bytes_up), (u, cuts)
+        assert c.down_bytes == (res[0].bytes_down, edge_link.bytes_down), (u, cuts)

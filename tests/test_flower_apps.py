@@ -138,3 +138,10 @@ def test_optimizer_policies_run_and_resume_exactly(monkeypatch, tmp_path, cuts):
     assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
     rows = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["sim_round_s"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("tiers, u_shape, cuts", [(2, False, "static:2/4"), (3, True, "static:1,3,6/2,5,7")])
+def test_two_tiers_and_u_shape_equal_reference(monkeypatch, tmp_path, tiers, u_shape, cuts):
+    s = BASE.with_(rounds=1, tiers=tiers, u_shape=u_shape, cuts=cuts, out=str(tmp_path))
+    _run(monkeypatch, s)
+    assert max_abs_diff(checkpoint.load(tmp_path).state, reference_run(s)) <= TOLERANCE

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from splitfed.cli import main
-from splitfed.cost import Scenario, cut_options, evaluate
+from splitfed.cost import Scenario, cut_options, evaluate, option_table
 from splitfed.errors import ConfigError
 from splitfed.optimizer import all_on_server, best_static, exhaustive, greedy, solve, static
+from splitfed.optimizer.solve import _union_tiers
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 MAX_ASSIGNMENTS = 20_000  # keeps brute force fast: every example enumerates them all
 
 
 @st.composite
-def instances(draw: st.DrawFn) -> Scenario:
-    """A random small fleet: <= 6 clients (some identical), 3 tiers, a synthetic model, any U-shape."""
+def instances(draw: st.DrawFn, mode: str = "sflv1") -> Scenario:
+    """A random small fleet: <= 6 clients (some identical), 3 tiers, a synthetic model, any U-shape, any codec."""
     L = draw(st.integers(1, 4))
     u = draw(st.booleans()) if L <= 3 else False
     m = len(cut_options(L, 3, u))
@@ -37,10 +39,12 @@ def instances(draw: st.DrawFn) -> Scenario:
              for j in range(draw(ints(1, n)) if draw(st.booleans()) else n + 1 - draw(ints(1, n)))]
     clients = tuple(Client(f"c{i}", k.kind, k.device, k.link, k.samples)
                     for i, k in enumerate(kinds[i % len(kinds)] for i in range(n)))
-    servers = (TierProfile(draw(ints(1, 60)) * 1e9, draw(ints(1, 300)) * 1e5),
-               TierProfile(draw(ints(1, 300)) * 1e9, draw(ints(1, 600)) * 1e5))
+    tight = mode != "sflv1" and draw(st.booleans())  # one shared replica: make the servers small enough to bind
+    servers = (TierProfile(draw(ints(1, 60)) * 1e9, draw(ints(1, 40 if tight else 300)) * 1e5),
+               TierProfile(draw(ints(1, 300)) * 1e9, draw(ints(1, 40 if tight else 600)) * 1e5))
     link = LinkProfile(draw(ints(1, 60)) * 1e5, draw(ints(1, 60)) * 1e5, draw(ints(0, 30)) / 1e3)
-    return Scenario(prof, clients, servers, (link,), batch=draw(ints(1, 32)), u_shape=u)
+    codec = draw(st.sampled_from(["none", "none", "fp16", "int8", "topk:0.1"]))
+    return Scenario(prof, clients, servers, (link,), batch=draw(ints(1, 32)), u_shape=u, mode=mode, codec=codec)
 
 
 def _outcome(fn, sc: Scenario):  # noqa: ANN001, ANN202
@@ -57,13 +61,17 @@ def _within_memory(sc: Scenario, assignment: dict) -> bool:
     return devices and servers and cost.feasible
 
 
-@settings(max_examples=250)
-@given(instances())
-def test_optimizer_equals_brute_force(sc: Scenario) -> None:
+def _equals_brute_force(sc: Scenario, methods: tuple[str, ...]) -> None:
     truth = _outcome(exhaustive, sc)
     event("infeasible" if isinstance(truth, ConfigError) else "feasible")
     event(f"{len(sc.clients)} client(s), {len({c.kind for c in sc.clients})} kind(s)")
-    for method in ("bisect", "direct"):
+    if not isinstance(truth, ConfigError):
+        event(f"bottleneck: {'a client' if truth.cost.bottleneck.startswith('client ') else truth.cost.bottleneck}")
+        full = max(u / cap for u, cap in zip(truth.cost.shared_memory.values(), sc.memory_caps, strict=True))
+        event(f"server memory {'over' if full > 0.5 else 'under'} half full")
+        if sc.mode == "sflv2":
+            event(f"union memory rows: {bool(_union_tiers(sc).any())}")
+    for method in methods:
         got = _outcome(lambda s, m=method: solve(s, gap=0.0, method=m), sc)
         if isinstance(truth, ConfigError):
             assert isinstance(got, ConfigError), (method, got)
@@ -78,6 +86,26 @@ def test_optimizer_equals_brute_force(sc: Scenario) -> None:
             p = _outcome(policy, sc)
             if not isinstance(p, ConfigError) and p.cost.feasible:
                 assert p.makespan_s >= got.makespan_s
+
+
+@settings(max_examples=250)
+@given(instances())
+def test_optimizer_equals_brute_force(sc: Scenario) -> None:
+    _equals_brute_force(sc, ("bisect", "direct"))
+
+
+@settings(max_examples=200)
+@given(instances("sflv2"))
+def test_optimizer_equals_brute_force_sflv2(sc: Scenario) -> None:
+    """SplitFed v2: the shared server model serialises the clients; ONE replica (the union of blocks)."""
+    _equals_brute_force(sc, ("bisect", "direct"))
+
+
+@settings(max_examples=120)
+@given(instances("sl"))
+def test_optimizer_equals_brute_force_sl(sc: Scenario) -> None:
+    """Vanilla split learning: clients in turn; the round is the sum of their times."""
+    _equals_brute_force(sc, ("auto", "bisect", "direct"))
 
 
 PROF = ModelProfile.synthetic([20e6, 40e6, 40e6, 1e6], [48e3, 16e3, 4e3, 40], [8e3, 300e3, 1.2e6, 20e3],
@@ -235,3 +263,109 @@ def test_shipped_reference_fleet_solves() -> None:
     sol = solve(sc)
     assert sol.cost.feasible and len(sol.assignment) == len(f.clients)
     assert sol.makespan_s <= best_static(sc).makespan_s
+
+
+# ---------------------------------------------------------------- variants
+
+
+def test_sflv2_one_shared_replica_lets_small_servers_serve_a_large_fleet() -> None:
+    # the devices must send blocks 2-3 (~3.8 MB each) to a server; 300 sflv1 replicas do not fit
+    # 2 x 0.6 GB, but one shared sflv2 replica does
+    clients = [_client(f"c{i}", memory=4e6, up=1e7) for i in range(300)]
+    v1 = _scenario(clients, edge_mem=0.5e9, cloud_mem=0.5e9)
+    with pytest.raises(ConfigError, match="cannot hold the segments of all 300 clients"):
+        solve(v1)
+    v2 = replace(v1, mode="sflv2")
+    sol = solve(v2)
+    assert _within_memory(v2, sol.assignment) and sol.cost.mode == "sflv2"
+    assert max(sol.cost.shared_memory.values()) < 10e6
+    # the shared model serves 300 clients in turn: its busy time is what the optimizer balances
+    assert sol.makespan_s == pytest.approx(max(max(sol.cost.times().values()), *sol.cost.shared_s.values()))
+    assert sol.makespan_s <= best_static(v2).makespan_s
+
+
+def test_sflv2_union_memory_binds_exactly() -> None:
+    # the edge holds one copy of blocks 0-2 but not block 3 too: clients can differ only below that
+    clients = [_client("a", flops=1e9, up=1e5, samples=50), _client("b", flops=5e10, up=5e6, samples=80),
+               _client("c", flops=3e9, up=1e6, samples=60)]
+    sc = replace(_scenario(clients, edge_mem=4.7e6, cloud_mem=2.5e6), mode="sflv2")
+    assert _union_tiers(sc).all()
+    truth = exhaustive(sc)
+    for method in ("bisect", "direct"):
+        got = solve(sc, gap=0.0, method=method)
+        assert got.makespan_s == truth.makespan_s
+        assert _within_memory(sc, got.assignment)
+
+
+def test_sl_sequential_is_exact_on_a_large_fleet() -> None:
+    kinds = [dict(flops=4e9, up=2.5e5), dict(flops=60e9, up=6e6), dict(flops=8e9, up=1e6, samples=300)]
+    sc = replace(_scenario([_client(f"k{i % 3}-{i}", **kinds[i % 3]) for i in range(600)]), mode="sl")
+    fast = solve(sc)
+    assert "sl sequential" in fast.note and fast.cost.bottleneck == "clients in turn"
+    assert fast.makespan_s == pytest.approx(solve(sc, method="bisect").makespan_s, rel=1e-9)
+    assert fast.makespan_s == greedy(sc).makespan_s  # each client alone picks its fastest: optimal in sl
+    with pytest.raises(ConfigError, match="sequential is exact for mode sl only"):
+        solve(replace(sc, mode="sflv1"), method="sequential")
+
+
+# ---------------------------------------------------------------- ties: least move cost
+
+
+def _brute_ties(sc: Scenario, prefer: dict) -> tuple[float, float]:
+    """(optimal makespan, least total move cost among the assignments within 1e-9 of it), by enumeration."""
+    import itertools
+
+    from splitfed.cost import move_cost
+
+    opts = [tuple(int(x) for x in o) for o in sc.options]
+    results = []
+    for combo in itertools.product(opts, repeat=len(sc.clients)):
+        a = dict(zip((c.name for c in sc.clients), combo, strict=True))
+        r = evaluate(sc, a)
+        if r.feasible:
+            results.append((r.makespan_s, math.fsum(move_cost(sc, c, prefer[c.name], a[c.name]) for c in sc.clients)))
+    best = min(m for m, _ in results)
+    return best, min(mv for m, mv in results if m <= best * (1 + 1e-9))
+
+
+@settings(max_examples=36)
+@given(st.data())
+def test_prefer_returns_an_optimum_of_least_move_cost(data: st.DataObject) -> None:
+    mode = data.draw(st.sampled_from(["sflv1", "sflv2", "sl"]))
+    sc = data.draw(instances(mode))
+    if len(sc.options) ** len(sc.clients) > 250:  # brute force prices every assignment with the cost model
+        sc = sc.with_clients(sc.clients[:max(1, int(math.log(250) / math.log(len(sc.options))))])
+    prefer = {c.name: tuple(int(x) for x in sc.options[data.draw(st.integers(0, len(sc.options) - 1))])
+              for c in sc.clients}
+    try:
+        best, least = _brute_ties(sc, prefer)
+    except ValueError:  # nothing fits
+        return
+    got = solve(sc, gap=0.0, prefer=prefer)
+    assert got.makespan_s <= best * (1 + 1e-9)
+    from splitfed.cost import move_cost
+
+    moved = math.fsum(move_cost(sc, c, prefer[c.name], got.assignment[c.name]) for c in sc.clients)
+    assert moved <= least * (1 + 1e-6) + 1e-12
+    event(f"{mode}: {'keeps' if got.assignment == prefer else 'moves'}")
+
+
+def test_prefer_keeps_optimal_current_cuts() -> None:
+    # a straggler on a 10 kB/s uplink sets the makespan whatever the others do: many assignments tie
+    clients = [_client("straggler", flops=1e9, up=1e4), *(_client(f"f{i}", flops=5e10, up=1e7) for i in range(4))]
+    sc = _scenario(clients)
+    plain = solve(sc)
+    current = dict(plain.assignment)
+    for c in clients[1:]:  # another cut for every fast client: slower for it, but not the slowest
+        t = option_table(sc, c)
+        ok = (t.round_s < 0.5 * plain.makespan_s) & t.fits_device
+        current[c.name] = next(tuple(int(x) for x in o) for o in t.options[ok] if tuple(o) != plain.assignment[c.name])
+    assert evaluate(sc, current).makespan_s == plain.makespan_s
+    kept = solve(sc, prefer=current)
+    assert kept.assignment == current and kept.makespan_s == plain.makespan_s
+    # the straggler's cut is not optimal: it alone moves, the others keep theirs
+    worse = {**current, "straggler": (0, 0)}  # raw data over its 10 kB/s uplink
+    assert evaluate(sc, worse).makespan_s > plain.makespan_s
+    moved = solve(sc, prefer=worse)
+    assert moved.makespan_s == plain.makespan_s
+    assert {n for n in worse if moved.assignment[n] != worse[n]} == {"straggler"}

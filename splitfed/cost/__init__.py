@@ -1,6 +1,7 @@
 """The one cost model: per-client round times, shared-tier loads, memory and the makespan."""
 
 from splitfed.cost.model import (
+    MODES,
     Assignment,
     ClientCost,
     Cuts,
@@ -14,10 +15,15 @@ from splitfed.cost.model import (
     move_cost,
     move_costs,
     option_table,
+    parse_codec,
     round_time,
+    server_memory,
+    tier_of_blocks,
+    wire_bytes,
 )
 
 __all__ = [
+    "MODES",
     "Assignment",
     "ClientCost",
     "Cuts",
@@ -31,5 +37,9 @@ __all__ = [
     "move_cost",
     "move_costs",
     "option_table",
+    "parse_codec",
     "round_time",
+    "server_memory",
+    "tier_of_blocks",
+    "wire_bytes",
 ]

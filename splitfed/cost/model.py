@@ -12,40 +12,84 @@ for backward); a_k is the size of the tensor at boundary k (a_0 the input,
 a_k the output of block k-1). Cuts k_1 <= ... <= k_{T-1} <= E, where E = L, or
 E = u (the U-shape tail cut): tier t holds [k_t, k_{t+1}) with k_0 = 0 and
 k_T = E; with U-shape the device also holds the tail [u, L) and the loss.
-B is the batch size, S = samples x epochs, n = ceil(samples / B) x epochs.
+B is the batch size, S = samples x epochs, n = ceil(samples / B) x epochs
+messages per direction (the last batch of an epoch may be short: r = samples mod B).
 
 Per client, per round (prefix sums make each term O(1) per option):
 
 - compute on tier t:   C_t = S * sum_{i in tier t} f_i / F_t   (F_t its FLOP/s)
 - link j carries the boundary k_j up iff a server at or beyond tier j holds a
-  block (k_j < E); the gradient comes back down iff a block before it has
-  parameters (p[0, k_j) > 0). U-shape: the tail's input a_E comes back down over
-  every link the chain went up, and its gradient goes up again iff p[0, E) > 0.
-  Up time  U_j = S * up_bytes_j / up_j + n * up_msgs_j * rtt_j / 2, same down.
+  block (k_j < E), with the labels (int64, 8 bytes a sample, never compressed;
+  not with U-shape: labels stay on the device); the gradient comes back down iff
+  a block before it has parameters (p[0, k_j) > 0). U-shape: the tail's input
+  a_E comes back down over every link the chain went up, and its gradient goes
+  up again iff p[0, E) > 0.
+- bytes on the wire (``codec``, per link; what :mod:`splitfed.transport.compress`
+  sends for a float32 tensor of N = b * a / 4 values, b samples in the message):
+  none: 4N; fp16: 2N; int8: 8 + N (float32 scale and offset, one byte a value);
+  topk:F: min(N, max(1, ceil(F N))) * (4 + 4) (int32 index + float32 value).
+  Integer tensors (token-id inputs, labels) travel exactly. A round sends, per
+  epoch, floor(samples / B) full batches and one short batch of r samples.
+  Weights (the exchange below, and moves) always travel uncompressed.
+  Up time  U_j = up_bytes_j / up_j + n * up_msgs_j * rtt_j / 2, same down.
 - weight exchange of the device's segment(s), P = p[0, k_1) + p[u, L):
   X = P / down_1 + P / up_1 + rtt_1  (only if P > 0; server replicas stay put)
 - round time (one client's batches run sequentially along the chain):
   R = sum_t C_t + sum_j (U_j + D_j) + X;  one batch: the same with S = B, n = 1.
+- server section (SplitFed v2): V = sum_{t>=1} C_t + sum_{j>=2} (U_j + D_j), the
+  time the first server tier is busy with this client's steps; with U-shape
+  also the trip to the device's tail and back (a_E down link 1, the tail's
+  forward and backward, its gradient up link 1), because a server tier holds
+  its replica from a step's forward to its backward and calls the next tier
+  inside that (``splitfed.engine.tier.Tier``).
 - memory on tier t: sum_{i in tier t} (m_i + B h_i); the device adds B a_0 (its
   input batch) and its tail.
 
-The fleet's round. Edge, cloud and the edge-cloud link are shared by every
-client, so their total work must fit in the round (a fluid bound: tight when
-many clients' batches interleave, which is the regime of a fleet):
+The fleet's round, by variant (``mode``; one option per client, everything below
+is linear in that choice, so the optimizer minimises it exactly as a MILP):
+
+``sflv1`` (SplitFed v1: every client trains its own server-side replica, all in
+parallel). Edge, cloud and the edge-cloud link are shared by every client, so
+their total work must fit in the round (a fluid bound: tight when many clients'
+batches interleave, which is the regime of a fleet):
 
     makespan = max( max_i R_i,
                     sum_i S_i * flops_i(tier t) / F_t            for each server t,
                     sum_i bytes_i(link j, up) / up_j, same down  for each shared link j )
 
-Memory on a server is the sum over its clients (SplitFed v1 keeps one replica,
-and its activations, per client), bounded by the server's memory; each device's
-share is bounded by its own memory. Labels and control messages are not
-counted. Everything is linear in the choice of one option per client, so the
-optimizer can minimise it exactly as a MILP.
+Server memory: the sum over its clients (one replica, and its activations, per client).
+
+``sflv2`` (SplitFed v2: one shared server-side model; the devices compute in
+parallel, the server serves their steps one at a time). Three things must each
+fit in the round: every client's own chain (its batches are sequential: R_i);
+the shared model, which is busy V_i with client i and serves one client at a
+time, so sum_i V_i; and every shared resource (as in sflv1, implied by sum_i V_i
+but kept for the report):
+
+    makespan = max( max_i R_i,  sum_i V_i,  the sflv1 fluid bounds )
+
+It is a lower bound on any schedule, and reached up to the pipeline's fill and
+drain (one client's device-side part of one batch at either end) by a server
+that serves whichever client is waiting. Resource "<edge> shared model
+(clients in turn)", capacity 1 s/s. Server memory: ONE replica, the union of
+the blocks any client places on that tier (fixed bytes once each) plus one
+step's activations, the largest over its clients: sum_{i in union} m_i +
+max_c B h(segment_c). (Linear with a binary per block and tier; see the optimizer.)
+
+``sl`` (vanilla split learning: the clients train strictly in turn, the model
+handed on from one to the next). A client starts when the previous one has
+handed the weights on, so
+
+    makespan = sum_i R_i      (each R_i includes its own hand-over X_i)
+
+which bounds every shared resource too. Resource "clients in turn", capacity
+1 s/s. Server memory: ONE replica, the segment of the client training now: max_c
+memory_c (so each client's option must fit each server on its own).
 
 Moving a client's cuts ships every block whose tier changes (parameters and
 optimizer state, p_i (1 + slots)) along the links between its old and new tier:
 ``move_cost`` = sum over links and directions of bytes / bandwidth + rtt / 2.
+Control messages and framing are not counted.
 """
 
 from __future__ import annotations
@@ -68,6 +112,44 @@ from splitfed.profile.profiler import ModelProfile
 Cuts = tuple[int, ...]
 Assignment = Mapping[str, Sequence[int]]
 
+MODES = ("sl", "sflv1", "sflv2")  # the engine's variants (splitfed.engine.types.MODES)
+LABEL_BYTES = 8.0  # int64 label per sample (the tiers accept int64 labels only)
+FLOAT_BYTES = 4    # boundary tensors are float32 (every model of the zoo)
+WireCodec = tuple[str, float]  # (kind, top-k fraction)
+
+
+def parse_codec(name: object) -> WireCodec:
+    """``none`` | ``fp16`` | ``int8`` | ``topk:F`` -> (kind, fraction), validated by the transport's own parser."""
+    if name is None or (isinstance(name, str) and name.strip().lower() in ("", "none")):
+        return ("none", 1.0)
+    from splitfed.transport.codec import Codec  # lazy: the transport package generates protobuf code on import
+
+    c = Codec.parse(name)  # type: ignore[arg-type]
+    return (c.kind, c.fraction)
+
+
+def codec_name(c: WireCodec) -> str:
+    return f"topk:{c[1]:g}" if c[0] == "topk" else c[0]
+
+
+def wire_bytes(codec: WireCodec | str, per_sample: np.ndarray | float, samples: int,
+               floating: np.ndarray | bool = True) -> np.ndarray:
+    """Bytes one message carries for a float32 boundary tensor of ``samples`` x ``per_sample`` bytes
+    (exactly :func:`splitfed.transport.codec.payload_size`); integer tensors travel as they are."""
+    kind, f = parse_codec(codec) if isinstance(codec, str) else codec
+    raw = np.asarray(per_sample, dtype=float) * samples
+    if samples == 0 or kind == "none":
+        return raw
+    n = raw / FLOAT_BYTES
+    if kind == "fp16":
+        enc = 2.0 * n
+    elif kind == "int8":
+        enc = 8.0 + n
+    else:
+        k = np.where(n > 0, np.minimum(n, np.maximum(1.0, np.ceil(f * n))), 0.0)
+        enc = k * (4 + FLOAT_BYTES)
+    return np.where(floating, enc, raw)
+
 
 def cut_options(n_blocks: int, tiers: int, u_shape: bool = False, min_device_blocks: int = 0) -> np.ndarray:
     """Every legal cut vector (rows, lexicographic): non-decreasing values in 0..L."""
@@ -82,7 +164,9 @@ def cut_options(n_blocks: int, tiers: int, u_shape: bool = False, min_device_blo
 
 @dataclass(frozen=True)
 class Scenario:
-    """What a round runs on: the model's profile, the clients, the shared tiers, the batch."""
+    """What a round runs on: the model's profile, the clients, the shared tiers, the batch, the variant
+    (``mode``: sflv1 | sflv2 | sl) and the boundary codec (``codec``: none | fp16 | int8 | topk:F, one
+    for every link or a tuple with one per link, device's first)."""
 
     profile: ModelProfile
     clients: tuple[Client, ...]
@@ -92,6 +176,8 @@ class Scenario:
     u_shape: bool = False
     epochs: int = 1
     min_device_blocks: int = 0
+    mode: str = "sflv1"
+    codec: str | tuple[str, ...] = "none"
 
     def __post_init__(self) -> None:
         if not self.servers:
@@ -102,12 +188,26 @@ class Scenario:
             raise ConfigError(f"batch and epochs must be >= 1, got {self.batch}, {self.epochs}")
         if not self.clients:
             raise ConfigError("a scenario needs at least one client")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        links = len(self.servers)
+        raw = self.codec
+        if isinstance(raw, str) or raw is None or not isinstance(raw, Sequence):
+            names: tuple[str, ...] | str = codec_name(parse_codec(raw))
+        else:
+            if len(raw) != links:
+                raise ConfigError(f"codec: {links} link(s) need {links} codec(s), got {len(raw)}")
+            names = tuple(codec_name(parse_codec(c)) for c in raw)
+            if len(set(names)) == 1:
+                names = names[0]
+        object.__setattr__(self, "codec", names)
 
     @classmethod
     def from_fleet(cls, profile: ModelProfile, fleet: Fleet, tiers: int = 3, batch: int = 32,
-                   u_shape: bool = False, epochs: int = 1, min_device_blocks: int = 0) -> Scenario:
+                   u_shape: bool = False, epochs: int = 1, min_device_blocks: int = 0, mode: str = "sflv1",
+                   codec: str | tuple[str, ...] = "none") -> Scenario:
         servers, links = fleet.servers(tiers)
-        return cls(profile, fleet.clients, servers, links, batch, u_shape, epochs, min_device_blocks)
+        return cls(profile, fleet.clients, servers, links, batch, u_shape, epochs, min_device_blocks, mode, codec)
 
     def with_clients(self, clients: Sequence[Client]) -> Scenario:
         return replace(self, clients=tuple(clients))
@@ -121,18 +221,32 @@ class Scenario:
         mid = tuple(f"tier{t}" for t in range(2, self.tiers - 1))
         return ("device", "edge") if self.tiers == 2 else ("device", "edge", *mid, "cloud")
 
+    @cached_property
+    def link_codecs(self) -> tuple[WireCodec, ...]:
+        """The codec of each link (link 1, the device's, first)."""
+        names = (self.codec,) * len(self.servers) if isinstance(self.codec, str) else self.codec
+        return tuple(parse_codec(n) for n in names)
+
+    @property
+    def serial_resource(self) -> int | None:
+        """Column of the resource that serialises clients (sflv2: the shared model; sl: the round), else None."""
+        return None if self.mode == "sflv1" else len(self.resource_names) - 1
+
     @property
     def resource_names(self) -> tuple[str, ...]:
         """Shared resources whose busy time bounds the makespan, in ``shared_load`` column order."""
         n = self.tier_names
         links = [f"{n[j - 1]}->{n[j]} link {d}" for d in ("up", "down") for j in range(2, self.tiers)]
-        return (*(f"{n[t]} compute" for t in range(1, self.tiers)), *links)
+        serial = {"sflv1": (), "sflv2": (f"{n[1]} shared model (clients in turn)",),
+                  "sl": ("clients in turn",)}[self.mode]
+        return (*(f"{n[t]} compute" for t in range(1, self.tiers)), *links, *serial)
 
     @cached_property
     def capacities(self) -> np.ndarray:
-        """Capacity of each shared resource (FLOP/s or bytes/s), ``resource_names`` order."""
+        """Capacity of each shared resource (FLOP/s, bytes/s, or 1 s/s), ``resource_names`` order."""
+        serial = () if self.mode == "sflv1" else (1.0,)
         return np.array([*(s.flops for s in self.servers), *(lk.up for lk in self.server_links),
-                         *(lk.down for lk in self.server_links)], dtype=float)
+                         *(lk.down for lk in self.server_links), *serial], dtype=float)
 
     @cached_property
     def memory_caps(self) -> np.ndarray:
@@ -150,9 +264,12 @@ class Scenario:
             return np.concatenate([[0.0], np.cumsum(np.asarray(v, dtype=float))])
 
         work = np.asarray(p.fwd_flops) + np.asarray(p.bwd_flops)
+        token_input = bool(p.spec and p.spec.get("vocab"))
         return {"work": pre(work), "fwd": pre(p.fwd_flops), "param": pre(p.param_bytes), "fixed": pre(p.fixed_bytes),
                 "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
-                "move": np.asarray(p.param_bytes, dtype=float) * (1 + p.optimizer_slots)}
+                "floating": np.array([not token_input] + [True] * p.n_blocks),
+                "move": np.asarray(p.param_bytes, dtype=float) * (1 + p.optimizer_slots),
+                "block_fixed": np.asarray(p.fixed_bytes, dtype=float)}
 
     @cached_property
     def _index(self) -> dict[str, int]:
@@ -186,13 +303,15 @@ class OptionTable:
     exchange_bytes: np.ndarray  # (m,)  device segment weights, each way
     compute_s: np.ndarray    # (m, T)
     flops: np.ndarray        # (m, T)
-    up_bytes: np.ndarray     # (m, T-1) per link
+    up_bytes: np.ndarray     # (m, T-1) per link, on the wire (codec applied)
     down_bytes: np.ndarray   # (m, T-1)
     up_s: np.ndarray         # (m, T-1) incl. latency
     down_s: np.ndarray       # (m, T-1)
     memory: np.ndarray       # (m, T) bytes
-    shared_load: np.ndarray  # (m, R) work on each shared resource (FLOPs or bytes)
+    shared_load: np.ndarray  # (m, R) work on each shared resource (FLOPs, bytes or seconds)
     fits_device: np.ndarray  # (m,) bool
+    server_s: np.ndarray     # (m,)  V: seconds the first server tier is busy with this client (sflv2)
+    act_memory: np.ndarray   # (m, T) the activation part of ``memory`` (one step's)
 
 
 def _sum(cols: np.ndarray) -> np.ndarray:
@@ -213,9 +332,11 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     edges = np.concatenate([np.zeros((m, 1), np.int64), k, E[:, None]], axis=1)
     S = float(client.samples * sc.epochs)
     n = math.ceil(client.samples / B) * sc.epochs
+    full, short = divmod(client.samples, B)
 
     per_sample = P["work"][edges[:, 1:]] - P["work"][edges[:, :-1]]  # (m, T)
-    per_sample[:, 0] += P["work"][L] - P["work"][E]
+    tail_ps = P["work"][L] - P["work"][E]
+    per_sample[:, 0] += tail_ps
     speed = np.array([client.device.flops, *(s.flops for s in sc.servers)])
     flops = per_sample * S
     compute_s = flops / speed
@@ -226,17 +347,31 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     half_rtt = np.array([lk.rtt / 2 for lk in links])
     cross = (k < E[:, None]).astype(float)                  # (m, T-1)
     grad = (P["param"][k] > 0).astype(float)
-    a_k = P["bound"][k]
+    a_k, fl_k = P["bound"][k], P["floating"][k]
+    a_e, fl_e = P["bound"][E], P["floating"][E]
+    grad_e = (P["param"][E] > 0).astype(float)
+
+    def per_round(cd: WireCodec, a: np.ndarray, fl: np.ndarray) -> np.ndarray:
+        return sc.epochs * (full * wire_bytes(cd, a, B, fl) + wire_bytes(cd, a, short, fl))
+
+    up_r, down_r, up_b, down_b = (np.zeros((m, T - 1)) for _ in range(4))
+    tail_r1 = np.zeros(m)
+    for j, cd in enumerate(sc.link_codecs):
+        act_r, act_b = per_round(cd, a_k[:, j], fl_k[:, j]), wire_bytes(cd, a_k[:, j], B, fl_k[:, j])
+        if sc.u_shape:
+            tail_r, tail_b = per_round(cd, a_e, fl_e), wire_bytes(cd, a_e, B, fl_e)
+            up_r[:, j], up_b[:, j] = act_r + grad_e * tail_r, act_b + grad_e * tail_b
+            down_r[:, j], down_b[:, j] = grad[:, j] * act_r + tail_r, grad[:, j] * act_b + tail_b
+            if j == 0:
+                tail_r1 = tail_r
+        else:
+            up_r[:, j], up_b[:, j] = act_r + S * LABEL_BYTES, act_b + B * LABEL_BYTES
+            down_r[:, j], down_b[:, j] = grad[:, j] * act_r, grad[:, j] * act_b
     if sc.u_shape:
-        a_e = P["bound"][E][:, None]
-        grad_e = (P["param"][E] > 0).astype(float)[:, None]
-        up_ps = cross * (a_k + grad_e * a_e)
-        down_ps = cross * (grad * a_k + a_e)
-        up_msgs, down_msgs = cross * (1 + grad_e), cross * (grad + 1)
+        up_msgs, down_msgs = cross * (1 + grad_e[:, None]), cross * (grad + 1)
     else:
-        up_ps, down_ps = cross * a_k, cross * grad * a_k
         up_msgs, down_msgs = cross, cross * grad
-    up_bytes, down_bytes = up_ps * S, down_ps * S
+    up_bytes, down_bytes = cross * up_r, cross * down_r
     up_s = up_bytes / up_bw + n * up_msgs * half_rtt
     down_s = down_bytes / down_bw + n * down_msgs * half_rtt
 
@@ -244,29 +379,35 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     lk0 = client.link
     exchange_s = np.where(dev_params > 0, dev_params / lk0.down + dev_params / lk0.up + lk0.rtt, 0.0)
     round_s = _sum(compute_s) + _sum(up_s) + _sum(down_s) + exchange_s
+    server_s = _sum(compute_s[:, 1:]) + _sum(up_s[:, 1:]) + _sum(down_s[:, 1:])
+    if sc.u_shape:  # the server holds its replica while the device's tail runs (see the module docstring)
+        trip = (tail_ps * S / client.device.flops + tail_r1 / down_bw[0] + n * half_rtt[0]
+                + grad_e * (tail_r1 / up_bw[0] + n * half_rtt[0]))
+        server_s = server_s + cross[:, 0] * trip
     fwd_ps = P["fwd"][edges[:, 1:]] - P["fwd"][edges[:, :-1]]
     fwd_ps[:, 0] += P["fwd"][L] - P["fwd"][E]
-    batch_up = up_ps * B / up_bw + up_msgs * half_rtt
-    batch_down = down_ps * B / down_bw + down_msgs * half_rtt
+    batch_up = cross * up_b / up_bw + up_msgs * half_rtt
+    batch_down = cross * down_b / down_bw + down_msgs * half_rtt
     batch_s = _sum(per_sample * B / speed) + _sum(batch_up) + _sum(batch_down)
     batch_parts = np.concatenate([fwd_ps * B / speed, (per_sample - fwd_ps) * B / speed, batch_up, batch_down],
                                  axis=1)
 
-    def mem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return (P["fixed"][b] - P["fixed"][a]) + B * (P["act"][b] - P["act"][a])
-
-    memory = mem(edges[:, :-1], edges[:, 1:])
-    memory[:, 0] += mem(E, np.full(m, L)) + B * P["bound"][0]
-    shared = np.concatenate([flops[:, 1:], up_bytes[:, 1:], down_bytes[:, 1:]], axis=1)
+    act = B * (P["act"][edges[:, 1:]] - P["act"][edges[:, :-1]])
+    act[:, 0] += B * (P["act"][L] - P["act"][E]) + B * P["bound"][0]
+    memory = (P["fixed"][edges[:, 1:]] - P["fixed"][edges[:, :-1]]) + act
+    memory[:, 0] += P["fixed"][L] - P["fixed"][E]
+    serial = {"sflv1": [], "sflv2": [server_s[:, None]], "sl": [round_s[:, None]]}[sc.mode]
+    shared = np.concatenate([flops[:, 1:], up_bytes[:, 1:], down_bytes[:, 1:], *serial], axis=1)
     return OptionTable(C, round_s, batch_s, batch_parts, exchange_s, dev_params, compute_s, flops, up_bytes,
-                       down_bytes, up_s, down_s, memory, shared, memory[:, 0] <= client.device.memory)
+                       down_bytes, up_s, down_s, memory, shared, memory[:, 0] <= client.device.memory,
+                       server_s, act)
 
 
 def move_costs(sc: Scenario, client: Client, old: Sequence[int], options: np.ndarray | None = None) -> np.ndarray:
     """Seconds to ship the blocks that change tier when ``client`` goes from ``old`` to each option."""
     C = sc.options if options is None else np.asarray(options, dtype=np.int64).reshape(-1, sc.tiers - 1 + sc.u_shape)
-    old_t = _tier_of_blocks(sc, np.asarray([sc.check_cuts(old)]))  # (1, L)
-    new_t = _tier_of_blocks(sc, C)                                  # (m, L)
+    old_t = tier_of_blocks(sc, np.asarray([sc.check_cuts(old)]))  # (1, L)
+    new_t = tier_of_blocks(sc, C)                                  # (m, L)
     w = sc._prefix["move"]
     links = (client.link, *sc.server_links)
     out = np.zeros(C.shape[0])
@@ -282,8 +423,10 @@ def move_cost(sc: Scenario, client: Client, old: Sequence[int], new: Sequence[in
     return float(move_costs(sc, client, old, np.asarray([sc.check_cuts(new)]))[0])
 
 
-def _tier_of_blocks(sc: Scenario, C: np.ndarray) -> np.ndarray:
+def tier_of_blocks(sc: Scenario, C: np.ndarray) -> np.ndarray:
+    """(m, L): the tier (0 = device) that holds each block under each cut vector of ``C``."""
     L, T = sc.profile.n_blocks, sc.tiers
+    C = np.asarray(C, dtype=np.int64).reshape(-1, T - 1 + sc.u_shape)
     i = np.arange(L)[None, :]
     tier = np.zeros((C.shape[0], L), dtype=np.int64)
     for j in range(T - 1):
@@ -291,6 +434,28 @@ def _tier_of_blocks(sc: Scenario, C: np.ndarray) -> np.ndarray:
     if sc.u_shape:
         tier = np.where(C[:, T - 1][:, None] <= i, 0, tier)
     return tier
+
+
+_tier_of_blocks = tier_of_blocks  # the old private name
+
+
+def server_memory(sc: Scenario, cuts: np.ndarray, memory: np.ndarray, act: np.ndarray) -> np.ndarray:
+    """Bytes used on each server tier by clients with cut vectors ``cuts`` (n, .), their per-tier
+    ``memory`` (n, S) and its activation part ``act`` (n, S), S = server tiers, by ``sc.mode``:
+    sflv1 the sum (a replica each), sl the largest (one client at a time), sflv2 the union of the
+    blocks held (fixed bytes once) plus the largest step's activations."""
+    n_s = sc.tiers - 1
+    memory = np.asarray(memory, dtype=float).reshape(-1, n_s)
+    act = np.asarray(act, dtype=float).reshape(-1, n_s)
+    if memory.shape[0] == 0:
+        return np.zeros(n_s)
+    if sc.mode == "sflv1":
+        return np.array([math.fsum(memory[:, s]) for s in range(n_s)])
+    if sc.mode == "sl":
+        return memory.max(axis=0)
+    held = tier_of_blocks(sc, cuts)
+    fixed = sc._prefix["block_fixed"]
+    return np.array([math.fsum(fixed[(held == s + 1).any(axis=0)]) + float(act[:, s].max()) for s in range(n_s)])
 
 
 # ---------------------------------------------------------------- one client, one assignment
@@ -311,12 +476,14 @@ class ClientCost:
     exchange_bytes: float           # device segment weights, each way
     compute_s: tuple[float, ...]    # per tier (device first)
     flops: tuple[float, ...]        # per tier
-    up_bytes: tuple[float, ...]     # per link (link 1 = the device's)
+    up_bytes: tuple[float, ...]     # per link (link 1 = the device's), on the wire
     down_bytes: tuple[float, ...]
     up_s: tuple[float, ...]         # per link, incl. latency
     down_s: tuple[float, ...]
     memory: tuple[float, ...]       # bytes per tier
     fits_device: bool
+    server_s: float = 0.0           # V: the first server tier's busy time with this client (sflv2)
+    act_memory: tuple[float, ...] = ()  # the activation part of ``memory``, per tier
 
     def batch(self) -> dict[str, tuple[float, ...]]:
         """One batch, part by part: forward and backward seconds per tier, up and down seconds per link."""
@@ -329,7 +496,7 @@ class ClientCost:
                 "exchange_s": self.exchange_s, "exchange_bytes": self.exchange_bytes,
                 "compute_s": list(self.compute_s), "up_s": list(self.up_s), "down_s": list(self.down_s),
                 "up_bytes": list(self.up_bytes), "down_bytes": list(self.down_bytes),
-                "memory_bytes": list(self.memory)}
+                "memory_bytes": list(self.memory), "server_s": self.server_s}
 
 
 def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> ClientCost:
@@ -340,7 +507,7 @@ def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> Cl
                       float(t.round_s[r]), float(t.batch_s[r]), tup(t.batch_parts), float(t.exchange_s[r]),
                       float(t.exchange_bytes[r]), tup(t.compute_s),
                       tup(t.flops), tup(t.up_bytes), tup(t.down_bytes), tup(t.up_s), tup(t.down_s),
-                      tup(t.memory), bool(t.fits_device[r]))
+                      tup(t.memory), bool(t.fits_device[r]), float(t.server_s[r]), tup(t.act_memory))
 
 
 def client_cost(sc: Scenario, client: Client | str, cuts: Sequence[int]) -> ClientCost:
@@ -360,6 +527,7 @@ class RoundCost:
     shared_s: dict[str, float]       # busy seconds of each shared resource
     shared_memory: dict[str, float]  # bytes used on each server tier
     violations: tuple[str, ...]      # memory limits exceeded (empty: feasible)
+    mode: str = "sflv1"
 
     @property
     def feasible(self) -> bool:
@@ -372,8 +540,8 @@ class RoundCost:
         return {c.name: c.cuts for c in self.clients}
 
     def to_dict(self) -> dict:
-        return {"makespan_s": self.makespan_s, "bottleneck": self.bottleneck, "feasible": self.feasible,
-                "violations": list(self.violations), "shared_s": self.shared_s,
+        return {"makespan_s": self.makespan_s, "mode": self.mode, "bottleneck": self.bottleneck,
+                "feasible": self.feasible, "violations": list(self.violations), "shared_s": self.shared_s,
                 "shared_memory_bytes": self.shared_memory,
                 "clients": [{"name": c.name, "cuts": list(c.cuts), "time_s": c.round_s} for c in self.clients]}
 
@@ -384,10 +552,11 @@ def client_key(c: Client) -> tuple:
 
 
 def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] | None = None) -> RoundCost:
-    """The round's cost under ``assignment`` (every client of ``sc`` needs cuts).
+    """The round's cost under ``assignment`` (every client of ``sc`` needs cuts), for ``sc.mode``.
 
-    ``extra_s`` adds seconds to some clients' own time (e.g. moving their weights first).
-    Shared sums use ``math.fsum``: the makespan does not depend on client order.
+    ``extra_s`` adds seconds to some clients' own time (e.g. moving their weights first; in ``sl``
+    also to the round, whose clients run in turn). Shared sums use ``math.fsum``: the makespan does
+    not depend on client order.
     """
     missing = [c.name for c in sc.clients if c.name not in assignment]
     if missing:
@@ -413,6 +582,8 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
     cc = tuple(c for c in costs if c is not None)
     load = np.array(loads, dtype=float).reshape(len(cc), -1)
     shared_s = {name: math.fsum(load[:, r]) / sc.capacities[r] for r, name in enumerate(sc.resource_names)}
+    if sc.mode == "sl":  # the clients run in turn: a client's extra time delays everyone after it
+        shared_s[sc.resource_names[-1]] = math.fsum([*load[:, -1], *(extra.get(c.name, 0.0) for c in cc)])
     times = [c.round_s + extra.get(c.name, 0.0) for c in cc]
     worst = max(range(len(cc)), key=lambda i: times[i])
     makespan, bottleneck = times[worst], f"client {cc[worst].name}"
@@ -420,14 +591,16 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
         if s > makespan:
             makespan, bottleneck = s, name
     names = sc.tier_names
-    shared_mem = {names[t]: math.fsum(c.memory[t] for c in cc) for t in range(1, sc.tiers)}
+    used = server_memory(sc, np.asarray(cuts_of), np.array([c.memory[1:] for c in cc]),
+                         np.array([c.act_memory[1:] for c in cc]))
+    shared_mem = {names[t]: float(used[t - 1]) for t in range(1, sc.tiers)}
     violations = [f"{c.name}: device memory {c.memory[0] / 2**20:.1f} MiB > {sc.clients[i].device.memory / 2**20:.1f} MiB"
                   for i, c in enumerate(cc) if not c.fits_device]
     violations += [f"{names[t]} memory {shared_mem[names[t]] / 2**20:.1f} MiB > {cap / 2**20:.1f} MiB"
                    for t, cap in enumerate(sc.memory_caps, 1) if shared_mem[names[t]] > cap]
-    return RoundCost(cc, makespan, bottleneck, shared_s, shared_mem, tuple(violations))
+    return RoundCost(cc, makespan, bottleneck, shared_s, shared_mem, tuple(violations), sc.mode)
 
 
-def round_time(sc: Scenario, assignment: Assignment) -> float:
+def round_time(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] | None = None) -> float:
     """The round's makespan in seconds (the simulated clock's step)."""
-    return evaluate(sc, assignment).makespan_s
+    return evaluate(sc, assignment, extra_s).makespan_s

@@ -22,7 +22,13 @@ from torch import nn
 from splitfed.engine import template
 from splitfed.engine.link import Link
 from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
-from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from splitfed.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from splitfed.models.blocks import Segment, step_rng
 
 SHARED_WAIT_S = 60.0

@@ -26,7 +26,15 @@ import torch.nn.functional as F
 
 from splitfed.aggregate import aggregate
 from splitfed.engine import template
-from splitfed.engine.rounds import Batches, Chain, RoundConfig, inprocess_chain, run_round, select, server_bounds
+from splitfed.engine.rounds import (
+    Batches,
+    Chain,
+    RoundConfig,
+    inprocess_chain,
+    run_round,
+    select,
+    server_bounds,
+)
 from splitfed.engine.types import OptimConfig, State
 from splitfed.models.blocks import Segment, segment_bounds, step_rng
 from splitfed.models.zoo import ModelSpec
@@ -140,7 +148,6 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
            data_fn: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> VerifyResult:
     """Train split (one cut vector per client) and whole; compare the final global weights."""
     from splitfed.data import synthetic
-
     from splitfed.engine.rounds import initial_state
 
     n_tiers = len(cuts[0]) + 1 - (1 if u_shape else 0)

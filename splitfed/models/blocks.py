@@ -16,7 +16,6 @@ were trained.
 
 from __future__ import annotations
 
-import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence

@@ -19,6 +19,12 @@ where M1 is the makespan of the next round with each moving client's
 lower J is undone client by client (most expensive first), so only clients
 whose move pays for itself move. The new cuts are adopted only if
 J(keep) - J(move) > hysteresis * J(keep): small predicted gains (noise) move nothing.
+
+Ties: the re-solve prefers the current cuts (``solve(..., prefer=current)``): when
+several assignments have the optimal predicted makespan (within a relative 1e-9),
+the target is one of least total move cost, so clients whose cuts are already
+optimal stay where they are and the current assignment is kept whenever it is
+optimal. Every price follows the scenario's variant (``Scenario.mode``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from splitfed.cost.model import ClientCost, Cuts, Scenario, evaluate, move_cost, option_table
+from splitfed.cost.model import ClientCost, Cuts, Scenario, evaluate, move_cost, option_table, server_memory
 from splitfed.errors import ConfigError
 from splitfed.optimizer.solve import DEFAULT_GAP, solve
 from splitfed.profile.devices import LinkProfile, TierProfile
@@ -137,7 +143,7 @@ class Adapter:
         current = evaluate(sc, self.assignment)
         if left <= 0:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "last round")
-        target = solve(sc, gap=self.gap, time_limit=self.time_limit).assignment
+        target = solve(sc, gap=self.gap, time_limit=self.time_limit, prefer=self.assignment).assignment
         moves = {n: c for n, c in target.items() if c != self.assignment[n]}
         if not moves:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "already optimal")
@@ -159,43 +165,53 @@ class Adapter:
         n = len(sc.clients)
         idx = {c.name: i for i, c in enumerate(sc.clients)}
         R = len(sc.capacities)
+        S = sc.tiers - 1
         T = np.zeros(n)
         mv = np.zeros(n)
         load = np.zeros((n, R))
-        mem = np.zeros((n, sc.tiers - 1))
-        rows: dict[tuple[str, Cuts], tuple[float, float, np.ndarray, np.ndarray]] = {}
+        mem = np.zeros((n, S))
+        act = np.zeros((n, S))
+        cuts = np.zeros((n, S + sc.u_shape), dtype=np.int64)
+        Row = tuple[float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+        rows: dict[tuple[str, Cuts], Row] = {}
 
-        def row(name: str, cuts: Cuts) -> tuple[float, float, np.ndarray, np.ndarray]:
-            if (name, cuts) not in rows:
-                c = sc.clients[idx[name]]
-                t = option_table(sc, c, np.asarray([cuts]))
-                m = move_cost(sc, c, self.assignment[name], cuts)
-                rows[(name, cuts)] = (float(t.round_s[0]), m, t.shared_load[0] / sc.capacities, t.memory[0, 1:])
-            return rows[(name, cuts)]
+        def row(name: str, c: Cuts) -> Row:
+            if (name, c) not in rows:
+                cl = sc.clients[idx[name]]
+                t = option_table(sc, cl, np.asarray([c]))
+                m = move_cost(sc, cl, self.assignment[name], c)
+                rows[(name, c)] = (float(t.round_s[0]), m, t.shared_load[0] / sc.capacities, t.memory[0, 1:],
+                                   t.act_memory[0, 1:], np.asarray(c))
+            return rows[(name, c)]
+
+        def put(i: int, r: Row) -> None:
+            T[i], mv[i], load[i], mem[i], act[i], cuts[i] = r
 
         plan = {c.name: moves.get(c.name, self.assignment[c.name]) for c in sc.clients}
-        for name, cuts in plan.items():
-            i = idx[name]
-            T[i], mv[i], load[i], mem[i] = row(name, cuts)
+        for name, c in plan.items():
+            put(idx[name], row(name, c))
+        serial = sc.serial_resource
 
         def J() -> tuple[float, float, float]:
-            shared = float(load.sum(axis=0).max()) if R else 0.0
-            M = max(float(T.max()), shared)
-            M1 = max(float((T + mv).max()), shared)
-            fits = bool((mem.sum(axis=0) <= sc.memory_caps).all())
+            shared = load.sum(axis=0)
+            M = max(float(T.max()), float(shared.max()) if R else 0.0)
+            if sc.mode == "sl" and serial is not None:  # clients in turn: a move delays all after it
+                shared[serial] += mv.sum()
+            M1 = max(float((T + mv).max()), float(shared.max()) if R else 0.0)
+            fits = bool((server_memory(sc, cuts, mem, act) <= sc.memory_caps).all())
             return (M1 + (left - 1) * M if fits else np.inf), M, M1
 
         best = J()
         for name in sorted(moves, key=lambda k: -row(k, moves[k])[1]):
             i = idx[name]
-            saved = T[i], mv[i], load[i].copy(), mem[i].copy()
-            T[i], mv[i], load[i], mem[i] = row(name, self.assignment[name])
+            saved = (T[i], mv[i], load[i].copy(), mem[i].copy(), act[i].copy(), cuts[i].copy())
+            put(i, row(name, self.assignment[name]))
             trial = J()
             if trial[0] <= best[0]:
                 best = trial
                 plan[name] = self.assignment[name]
             else:
-                T[i], mv[i], load[i], mem[i] = saved
+                put(i, saved)
         kept = {k: v for k, v in plan.items() if v != self.assignment[k]}
         if kept:  # price the kept plan with the cost model itself (exact sums)
             cost = evaluate(sc, plan)

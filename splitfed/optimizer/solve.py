@@ -1,15 +1,24 @@
 """Choosing every client's cuts: the exact optimizer, brute force, and the policies it is compared to.
 
-Exact within the cost model (:mod:`splitfed.cost.model`). The makespan is the max
-of each client's own round time and the busy time of every shared resource,
-and memory limits are linear, so the problem is a MILP over one option per
-client (x_io = 1: client i uses cut vector o):
+Exact within the cost model (:mod:`splitfed.cost.model`), for every variant
+(``Scenario.mode``). The makespan is the max of each client's own round time and
+the busy time of every shared resource (sflv2 adds the shared server model,
+busy sum_i V_i; sl adds "clients in turn", busy sum_i R_i), and memory limits
+are linear, so the problem is a MILP over one option per client (x_io = 1:
+client i uses cut vector o):
 
     minimise M  s.t.  sum_o x_io = 1                           every client i
                       M >= sum_o R_io x_io                     every client i
                       M >= sum_io load_ior x_io / capacity_r   every shared resource r
-                      sum_io mem_ios x_io <= memory_s          every server tier s
+                      memory of every server tier s <= memory_s
                       x_io in {0, 1}, only options o that fit device i's memory
+
+Server memory by variant: sflv1 sum_io mem_ios x_io (a replica per client); sl
+one client at a time, so an option that does not fit a server alone is dropped;
+sflv2 one shared replica: binaries y_sb (block b is on tier s: y_sb >= x_io for
+every option placing b there), w_o (option o is used) and z_s >= act_os w_o (one
+step's activations, the largest), and sum_b m_b y_sb + z_s <= memory_s. These
+rows are added only for a tier the whole model could overflow.
 
 solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
 
@@ -19,8 +28,9 @@ solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
   same makespan, so the optimum is unchanged and the MILP's size depends on the
   number of classes, not of clients (10,000 clients of 7 kinds: 7 classes).
 - *dominance*: an option no better than another in every column (time, each
-  shared load, each server memory) is dropped: swapping it for the dominating
-  one never raises the makespan or breaks a limit.
+  shared load, each server memory; sflv2: its activations and the set of blocks
+  it puts on each server, so that the union can only shrink) is dropped:
+  swapping it for the dominating one never raises the makespan or breaks a limit.
 - *bisection on tau*, the largest client time (``_bisect``): with counts the
   per-client rows M >= R_io need a weak big-M, so instead ask, for a candidate
   tau (a distinct option time), "is there an assignment using only options with
@@ -28,12 +38,21 @@ solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
   The first tau_k that says yes and one optimising MILP below it give
   M* = min(tau_k, S(tau_{k-1})); see ``_bisect`` for the argument.
 
+``sl`` needs none of it: the makespan sum_i R_i is separable and every memory
+limit is per option, so each client's fastest option is optimal (``sequential``,
+the default there; the MILPs remain available for cross-checks).
+
 ``direct`` (the MILP above as written, per client) is kept for cross-checks:
 both are checked against brute force in the tests. HiGHS proves
 the optimum to ``gap`` (relative; 0 = exact, the default 1e-5 avoids proofs that
 take minutes when shared tiers set the makespan: balancing loads is NP-hard).
 Every answer is re-priced by :func:`splitfed.cost.model.evaluate`, which is what
 every policy reports.
+
+Ties: ``solve(..., prefer=current)`` returns, among the assignments whose makespan
+is within a relative ``tie_rel`` of the optimum, one of least total
+:func:`~splitfed.cost.model.move_cost` from ``current`` (one more MILP, with the
+move cost as objective); the current cuts themselves when they are optimal.
 """
 
 from __future__ import annotations
@@ -47,7 +66,18 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from splitfed.cost.model import Cuts, RoundCost, Scenario, client_key, evaluate, option_table
+from splitfed.cost.model import (
+    Assignment,
+    Cuts,
+    RoundCost,
+    Scenario,
+    client_key,
+    evaluate,
+    move_cost,
+    move_costs,
+    option_table,
+    tier_of_blocks,
+)
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.profile.fleet import Client
 
@@ -89,16 +119,24 @@ class _Class:
     options: np.ndarray
     T: np.ndarray               # own round seconds
     load: np.ndarray            # (m, R) seconds of each shared resource (work / capacity)
-    mem: np.ndarray             # (m, S) bytes on each server
+    mem: np.ndarray             # (m, S) bytes of this client on each server
+    act: np.ndarray             # (m, S) of which one step's activations
+    blocks: np.ndarray          # (m, S, L) block b on server s
+    dom: np.ndarray             # (m, K) further columns for dominance: memory (by mode), move cost
     all_options: int = 0
+    move: np.ndarray | None = None  # (m,) seconds to move here from the preferred cuts
     _dom: np.ndarray | None = None
 
     def shared_front(self, tau: float) -> np.ndarray:
         """Options with T <= tau not dominated in shared load and memory by another such option."""
         if self._dom is None:
-            self._dom = _dominates(np.concatenate([self.load, self.mem], axis=1))
+            self._dom = _dominates(np.concatenate([self.load, self.dom], axis=1))
         p = int(np.searchsorted(self.T, tau, side="right"))
         return np.nonzero(~self._dom[:p, :p].any(axis=0))[0]
+
+    def single(self, i: int) -> _Class:
+        return _Class([i], self.options, self.T, self.load, self.mem, self.act, self.blocks, self.dom,
+                      self.all_options, self.move)
 
 
 def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np.ndarray) -> ConfigError:
@@ -142,20 +180,65 @@ def _pareto(V: np.ndarray) -> np.ndarray:
     return keep
 
 
-def _classes(sc: Scenario) -> list[_Class]:
+def _union_tiers(sc: Scenario) -> np.ndarray:
+    """sflv2: the server tiers whose memory the whole model (all fixed bytes and every activation) could
+    overflow; only they need the union rows."""
+    if sc.mode != "sflv2":
+        return np.zeros(len(sc.memory_caps), bool)
+    P = sc._prefix
+    most = (P["fixed"][-1] + sc.batch * P["act"][-1]) * (1 + 1e-9)
+    return np.array([most > cap for cap in sc.memory_caps], dtype=bool)
+
+
+def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
+    """Group clients (by their inputs; with ``prefer``, also by their preferred cuts) and price each
+    group's legal options; raises for a device no cut fits (first), then, in sl, for a server no
+    option fits."""
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(sc.clients):
-        groups.setdefault(client_key(c), []).append(i)
-    out = []
+        pc = None if prefer is None or c.name not in prefer else sc.check_cuts(prefer[c.name])
+        groups.setdefault((client_key(c), pc), []).append(i)
+    tables = {}
     for members in groups.values():
-        t = option_table(sc, sc.clients[members[0]])
+        c = sc.clients[members[0]]
+        if client_key(c) not in tables:
+            t = option_table(sc, c)
+            if not t.fits_device.any():
+                raise _infeasible(sc, [i for i in range(len(sc.clients)) if client_key(sc.clients[i]) == client_key(c)],
+                                  t.memory[:, 0], t.options)
+            tables[client_key(c)] = t
+    fits = {}
+    for k, t in tables.items():
         ok = t.fits_device
-        if not ok.any():
-            raise _infeasible(sc, members, t.memory[:, 0], t.options)
-        T, load, mem = t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:]
-        keep = np.nonzero(_pareto(np.concatenate([T[:, None], load, mem], axis=1)))[0]
+        if sc.mode == "sl":  # one client at a time on the servers: its option must fit them alone
+            ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
+            if not ok.any():
+                raise _shared_infeasible(sc)
+        fits[k] = ok
+    union = np.nonzero(_union_tiers(sc))[0]
+    weighty = sc._prefix["block_fixed"] > 0
+    out = []
+    for (key, pc), members in groups.items():
+        t, ok = tables[key], fits[key]
+        opts = t.options[ok]
+        T, load, mem, act = t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:], t.act_memory[ok, 1:]
+        tiers = tier_of_blocks(sc, opts)
+        blocks = np.stack([tiers == s for s in range(1, sc.tiers)], axis=1)
+        if sc.mode == "sflv1":
+            dom = mem
+        else:
+            cols = [np.zeros((len(T), 0))]
+            for s in union:
+                cols += [act[:, s:s + 1], blocks[:, s][:, weighty].astype(float)]
+            dom = np.concatenate(cols, axis=1)
+        move = None
+        if pc is not None:
+            move = move_costs(sc, sc.clients[members[0]], pc, opts)
+            dom = np.concatenate([dom, move[:, None]], axis=1)
+        keep = np.nonzero(_pareto(np.concatenate([T[:, None], load, dom], axis=1)))[0]
         keep = keep[np.argsort(T[keep], kind="stable")]  # by time: "T <= tau" is a prefix
-        out.append(_Class(members, t.options[ok][keep], T[keep], load[keep], mem[keep], len(ok)))
+        out.append(_Class(members, opts[keep], T[keep], load[keep], mem[keep], act[keep], blocks[keep], dom[keep],
+                          len(ok), None if move is None else move[keep]))
     return out
 
 
@@ -169,14 +252,23 @@ class _Result:
 
 def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, time_rows: bool, scale: float,
           gap: float, time_limit: float | None, mem_rhs: np.ndarray, m_max: float = math.inf,
-          minimize: bool = True) -> _Result:
+          minimize: bool = True, objective: list[np.ndarray] | None = None) -> _Result:
     """min M over counts of the ``allowed`` options: M >= every shared load (and, with ``time_rows``,
     >= each client's time: valid only when every class is a single client), M <= ``m_max`` seconds.
-    ``minimize=False``: any feasible point (a yes/no question, far cheaper than a proof of optimality)."""
+    ``minimize=False``: any feasible point (a yes/no question, far cheaper than a proof of optimality).
+    ``objective`` (per class, per allowed option): minimise sum objective * count instead of M."""
     sizes = [len(a) for a in allowed]
-    nvar = sum(sizes) + 1
-    iM = nvar - 1
+    nc = sum(sizes)
+    iM = nc
     starts = np.cumsum([0, *sizes])
+    union = np.nonzero(_union_tiers(sc))[0]
+    fixed = sc._prefix["block_fixed"]
+    weighty = np.nonzero(fixed > 0)[0]
+    nb = len(weighty)
+    iw = nc + 1                                   # w_o: option o is used (sflv2 union rows only)
+    iy = iw + (nc if len(union) else 0)           # y_sb: block b on tier s
+    iz = iy + len(union) * nb                     # z_s: one step's activations on tier s
+    nvar = iz + len(union)
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     vals: list[np.ndarray] = []
@@ -196,25 +288,51 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         add(ni, np.ones(len(ni)), len(c.members), len(c.members))
         if time_rows:
             add(np.append(ni, iM), np.append(c.T[a] * scale, -ones), -np.inf, 0.0)
-    every = np.arange(nvar - 1)
+    every = np.arange(nc)
     for r in range(classes[0].load.shape[1]):
         v = np.concatenate([c.load[a, r] for c, a in zip(classes, allowed, strict=True)]) * scale
         if v.any():
             add(np.append(every, iM), np.append(v, -ones), -np.inf, 0.0)
-    for s, cap in enumerate(sc.memory_caps):
-        v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / cap
-        if v.any() and math.isfinite(cap):
-            add(every, v, -np.inf, float(mem_rhs[s]))
-    A = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                  shape=(len(lo), nvar)).tocsr()
+    if sc.mode == "sflv1":
+        for s, cap in enumerate(sc.memory_caps):
+            v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / cap
+            if v.any() and math.isfinite(cap):
+                add(every, v, -np.inf, float(mem_rhs[s]))
+    for u, s in enumerate(union):  # sflv2: one shared replica per tier (see the module docstring)
+        cap = float(sc.memory_caps[s])
+        for k, (c, a) in enumerate(zip(classes, allowed, strict=True)):
+            ni = np.arange(starts[k], starts[k + 1])
+            if u == 0:
+                for i in ni:
+                    add(np.array([i, iw + i]), np.array([1.0, -len(c.members)]), -np.inf, 0.0)
+            for q, b in enumerate(weighty):
+                use = np.nonzero(c.blocks[a, s, b])[0]
+                if len(use):
+                    add(np.append(iw + ni[use], iy + u * nb + q), np.append(np.ones(len(use)), -len(use)),
+                        -np.inf, 0.0)
+            for o in np.nonzero(c.act[a, s] > 0)[0]:
+                add(np.array([iw + ni[o], iz + u]), np.array([c.act[a[o], s] / cap, -1.0]), -np.inf, 0.0)
+        add(np.append(iy + u * nb + np.arange(nb), iz + u), np.append(fixed[weighty] / cap, 1.0), -np.inf,
+            float(mem_rhs[s]))
+    if lo:
+        A = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(len(lo), nvar)).tocsr()
+    else:
+        A = coo_array((1, nvar)).tocsr()
+        lo, hi = [-np.inf], [np.inf]
     ub = np.full(nvar, np.inf)
     ub[iM] = m_max * scale
+    ub[iw:iz] = 1.0
     integrality = np.ones(nvar)
     integrality[iM] = 0
+    integrality[iz:] = 0
     for k, c in enumerate(classes):
         ub[starts[k]:starts[k + 1]] = len(c.members)
     obj = np.zeros(nvar)
-    obj[iM] = 1.0 if minimize else 0.0
+    if objective is not None:
+        obj[:nc] = np.concatenate(objective) if nc else 0.0
+    else:
+        obj[iM] = 1.0 if minimize else 0.0
     opts: dict = {"mip_rel_gap": gap, "disp": False}
     if time_limit is not None:
         opts["time_limit"] = max(0.1, time_limit)
@@ -231,9 +349,25 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         if n.sum() != len(c.members) or (n < 0).any():
             raise SplitfedError("the MILP solver returned counts that do not add up (numerical trouble)")
     value = float(res.x[iM]) / scale
-    bound = getattr(res, "mip_dual_bound", None) if minimize else None
+    bound = getattr(res, "mip_dual_bound", None) if minimize and objective is None else None
     bound = float(bound) / scale if bound is not None and math.isfinite(bound) else 0.0
     return _Result(counts, value, bound, res.status == 0)
+
+
+def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], counts: list[np.ndarray]
+                 ) -> np.ndarray:
+    """Bytes on each server tier for these counts, exactly as :func:`~splitfed.cost.model.server_memory`."""
+    n_s = len(sc.memory_caps)
+    used = [(c, a[n > 0], n[n > 0]) for c, a, n in zip(classes, allowed, counts, strict=True)]
+    if sc.mode == "sflv1":
+        return np.array([math.fsum(np.concatenate([np.repeat(c.mem[a, t], n) for c, a, n in used]))
+                         for t in range(n_s)])
+    if sc.mode == "sl":
+        return np.max(np.concatenate([c.mem[a] for c, a, _ in used]), axis=0)
+    fixed = sc._prefix["block_fixed"]
+    held = np.concatenate([c.blocks[a] for c, a, _ in used]).any(axis=0)  # (S, L)
+    act = np.concatenate([c.act[a] for c, a, _ in used]).max(axis=0)
+    return np.array([math.fsum(fixed[held[t]]) + float(act[t]) for t in range(n_s)])
 
 
 def _shared_infeasible(sc: Scenario) -> ConfigError:
@@ -260,6 +394,8 @@ class _Solver:
     def __init__(self, sc: Scenario, classes: list[_Class], gap: float, deadline: float | None) -> None:
         self.sc, self.classes, self.gap, self.deadline = sc, classes, gap, deadline
         base = max(float(c.T.min()) for c in classes)  # a lower bound on the makespan
+        if classes[0].load.shape[1]:
+            base = max(base, float(sum(len(c.members) * c.load.min(axis=0) for c in classes).max()))
         if base <= 0:
             base = max(float(c.T.max()) for c in classes) or 1.0
         self.scale = _SCALE / base
@@ -267,7 +403,8 @@ class _Solver:
         self.proven = True  # every MILP so far finished (no time limit hit)
 
     def run(self, allowed: list[np.ndarray], time_rows: bool, m_max: float = math.inf,
-            minimize: bool = True) -> tuple[_Result, list[np.ndarray] | None]:
+            minimize: bool = True, objective: list[np.ndarray] | None = None
+            ) -> tuple[_Result, list[np.ndarray] | None]:
         """One MILP; returns its result and ``allowed`` (None when infeasible). Server memory is
         re-added exactly (fsum, as :func:`evaluate` does); a row the solver's tolerance let overflow
         is tightened and the MILP solved again."""
@@ -276,16 +413,12 @@ class _Solver:
             left = None if self.deadline is None else self.deadline - time.perf_counter()
             self.calls += 1
             r = _milp(self.sc, self.classes, allowed, time_rows=time_rows, scale=self.scale, gap=self.gap,
-                      time_limit=left, mem_rhs=rhs, m_max=m_max, minimize=minimize)
+                      time_limit=left, mem_rhs=rhs, m_max=m_max, minimize=minimize, objective=objective)
             self.proven &= r.optimal
             if not math.isfinite(r.value):
                 return r, None
-            over = []
-            for t, cap in enumerate(self.sc.memory_caps):
-                used = math.fsum(np.concatenate([np.repeat(c.mem[a, t], n) for c, a, n in
-                                                 zip(self.classes, allowed, r.counts, strict=True)]))
-                if used > cap:
-                    over.append((t, used / cap))
+            used = _used_memory(self.sc, self.classes, allowed, r.counts)
+            over = [(t, used[t] / cap) for t, cap in enumerate(self.sc.memory_caps) if used[t] > cap]
             if not over:
                 return r, allowed
             for t, u in over:  # the solver's tolerance let a row overflow: tighten it and re-solve
@@ -360,55 +493,151 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
     return best, bound
 
 
-def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost) -> RoundCost:
-    """Break float ties: options whose times are equal in exact arithmetic can differ in the last bit
+def _sequential(s: _Solver) -> tuple[RoundCost | None, float]:
+    """sl: the makespan is sum_i R_i and every limit is per option, so each client's fastest option
+    (option 0 of its class: options are sorted by time) is optimal. None if a shared resource other
+    than the round itself were to set the makespan (it cannot: sum_i R_i bounds them all)."""
+    allowed = [np.zeros(1, np.int64) for _ in s.classes]
+    counts = [np.array([len(c.members)]) for c in s.classes]
+    cost = s.price(allowed, _Result(counts, 0.0, 0.0, True))
+    if not (cost.bottleneck.startswith("client ") or cost.bottleneck == s.sc.resource_names[-1]):
+        return None, 0.0
+    return cost, cost.makespan_s
+
+
+def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost, budget: int = 200) -> RoundCost:
+    """Break float ties: options whose costs are equal in exact arithmetic can differ in the last bit
     (0.003 + 0.006 + 0.01 vs 0.009 + 0.01), below any MILP tolerance. Move a client that sets the
-    makespan to an option at most 1e-9 faster when that lowers the makespan as the cost model computes it.
+    makespan (or loads the resource that does) to an option at most 1e-9 cheaper there, when that
+    lowers the makespan as the cost model computes it (at most ``budget`` trials for a resource).
     """
     by_client = {i: c for c in classes for i in c.members}
+    col = {name: r for r, name in enumerate(sc.resource_names)}
     for _ in range(len(sc.clients)):
         M = cost.makespan_s
-        if not cost.bottleneck.startswith("client "):
-            return cost
         better = None
-        for i, cc in enumerate(cost.clients):
-            if cc.round_s < M:
-                continue
-            c = by_client[i]
-            for o in np.nonzero((c.T < cc.round_s) & (c.T >= cc.round_s * (1 - 1e-9)))[0]:
-                trial = evaluate(sc, {**cost.assignment(), cc.name: tuple(int(x) for x in c.options[o])})
-                if trial.feasible and trial.makespan_s < M and (better is None or trial.makespan_s < better.makespan_s):
-                    better = trial
+        if cost.bottleneck.startswith("client "):
+            for i, cc in enumerate(cost.clients):
+                if cc.round_s < M:
+                    continue
+                c = by_client[i]
+                for o in np.nonzero((c.T < cc.round_s) & (c.T >= cc.round_s * (1 - 1e-9)))[0]:
+                    trial = evaluate(sc, {**cost.assignment(), cc.name: tuple(int(x) for x in c.options[o])})
+                    if trial.feasible and trial.makespan_s < M and (better is None
+                                                                     or trial.makespan_s < better.makespan_s):
+                        better = trial
+        elif cost.bottleneck in col:
+            r = col[cost.bottleneck]
+            seen: set[tuple[int, Cuts]] = set()
+            for i, cc in enumerate(cost.clients):
+                c = by_client[i]
+                if (id(c), cc.cuts) in seen or budget <= 0:
+                    continue
+                seen.add((id(c), cc.cuts))
+                cur = np.nonzero((c.options == np.asarray(cc.cuts)).all(axis=1))[0]
+                if not len(cur):
+                    continue
+                v = c.load[cur[0], r]
+                for o in np.nonzero((c.load[:, r] < v) & (c.load[:, r] >= v * (1 - 1e-9)) & (c.T <= M))[0]:
+                    budget -= 1
+                    trial = evaluate(sc, {**cost.assignment(), cc.name: tuple(int(x) for x in c.options[o])})
+                    if trial.feasible and trial.makespan_s < M and (better is None
+                                                                     or trial.makespan_s < better.makespan_s):
+                        better = trial
         if better is None:
             return cost
         cost = better
     return cost
 
 
+def _total_move(sc: Scenario, assignment: Assignment, prefer: Assignment) -> float:
+    return math.fsum(move_cost(sc, c, prefer[c.name], assignment[c.name]) for c in sc.clients
+                     if c.name in prefer and tuple(prefer[c.name]) != tuple(assignment[c.name]))
+
+
+def _closest(sc: Scenario, best: RoundCost, prefer: Assignment, tie_rel: float, gap: float,
+             deadline: float | None) -> RoundCost:
+    """Among assignments within ``tie_rel`` of ``best``'s makespan, one of least total move cost from
+    ``prefer`` (the preferred cuts themselves when they qualify); ``best`` if none is found."""
+    M = best.makespan_s
+    thr = M * (1 + tie_rel)
+    current = {c.name: sc.check_cuts(prefer[c.name]) for c in sc.clients if c.name in prefer}
+    if len(current) == len(sc.clients):
+        cur = evaluate(sc, current)
+        if cur.feasible and cur.makespan_s <= thr:
+            return cur
+    classes = _classes(sc, prefer=current)
+    s = _Solver(sc, classes, gap, deadline)
+    found = None
+    for cap in (thr, M):  # the MILP's tolerance may overshoot thr by a hair: then ask for M itself
+        allowed = [c.shared_front(cap) for c in classes]
+        if any(len(a) == 0 for a in allowed):
+            continue
+        move = [np.zeros(len(a)) if c.move is None else c.move[a] for c, a in zip(classes, allowed, strict=True)]
+        top = max(float(m.max()) for m in move) or 1.0
+        r, ok = s.run(allowed, time_rows=False, m_max=cap, objective=[m / top for m in move])
+        if ok is None:
+            continue
+        cand = s.price(allowed, r)
+        if cand.feasible and cand.makespan_s <= thr:
+            found = cand
+            break
+    if found is None:
+        return best
+    plan = found.assignment()
+    for name, cuts in list(plan.items()):  # a move that ships nothing is not made if staying is as good
+        if name in current and cuts != current[name] and move_cost(sc, sc.clients[sc.index(name)],
+                                                                   current[name], cuts) == 0:
+            trial = evaluate(sc, {**plan, name: current[name]})
+            if trial.feasible and trial.makespan_s <= thr:
+                plan[name] = current[name]
+                found = trial
+    if _total_move(sc, found.assignment(), current) > _total_move(sc, best.assignment(), current):
+        return best
+    return found
+
+
 def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 60.0,
-          method: str = "auto") -> Solution:
+          method: str = "auto", prefer: Assignment | None = None, tie_rel: float = 1e-9) -> Solution:
     """The assignment of least makespan within the cost model (MILP; classes + dominance; see module doc).
 
     ``gap``: relative optimality gap HiGHS must prove (0: exact; the default 1e-5 is 10 us per second
     of round, and spares a proof that can take minutes when shared tiers set the makespan). ``method``:
-    ``bisect`` (``auto``: its yes/no MILPs are far cheaper than one big proof, even for distinct clients)
-    or ``direct`` (the MILP as written, one binary per client and option; kept for cross-checks).
+    ``bisect`` (``auto`` for sflv1 and sflv2: its yes/no MILPs are far cheaper than one big proof, even
+    for distinct clients), ``sequential`` (``auto`` for sl: each client's fastest option) or ``direct``
+    (the MILP as written, one binary per client and option; kept for cross-checks).
+    ``prefer``: current cuts; among assignments within a relative ``tie_rel`` of the optimum, return
+    one of least total move cost from them (them, when they are optimal).
     """
     t0 = time.perf_counter()
-    classes = _classes(sc)
     if method == "auto":  # direct's one big MILP is slower to prove than bisect's yes/no MILPs
-        method = "bisect"
+        method = "sequential" if sc.mode == "sl" else "bisect"
+    if method not in ("direct", "bisect", "sequential"):
+        raise ConfigError(f"method must be auto, direct, bisect or sequential, got {method!r}")
+    if method == "sequential" and sc.mode != "sl":
+        raise ConfigError(f"method sequential is exact for mode sl only, not {sc.mode}")
+    classes = _classes(sc)
     if method == "direct" and any(len(c.members) > 1 for c in classes):
-        classes = [_Class([i], c.options, c.T, c.load, c.mem, c.all_options) for c in classes for i in c.members]
-    if method not in ("direct", "bisect"):
-        raise ConfigError(f"method must be auto, direct or bisect, got {method!r}")
-    s = _Solver(sc, classes, gap, None if time_limit is None else t0 + time_limit)
-    cost, bound = (_direct if method == "direct" else _bisect)(s)
+        classes = [c.single(i) for c in classes for i in c.members]
+    deadline = None if time_limit is None else t0 + time_limit
+    s = _Solver(sc, classes, gap, deadline)
+    cost: RoundCost | None = None
+    if method == "sequential":
+        cost, bound = _sequential(s)
+        if cost is None:
+            method = "bisect"
+    if cost is None:
+        cost, bound = (_direct if method == "direct" else _bisect)(s)
     cost = _polish(sc, classes, cost)
     proven = max(0.0, (cost.makespan_s - bound) / cost.makespan_s) if cost.makespan_s > 0 else 0.0
     groups = len({client_key(c) for c in sc.clients})
-    note = (f"{method}: {groups} class(es), {sum(len(c.T) for c in classes)} non-dominated option(s), "
+    note = (f"{sc.mode} {method}: {groups} class(es), {sum(len(c.T) for c in classes)} non-dominated option(s), "
             f"{s.calls} MILP(s), proven gap {proven:.1e}")
+    if prefer is not None:
+        chosen = _closest(sc, cost, prefer, tie_rel, gap, deadline)
+        if chosen is not cost:
+            note += f"; least move cost among ties: {_total_move(sc, chosen.assignment(), prefer):.3g} s"
+        cost = chosen
     return Solution("milp", cost, time.perf_counter() - t0, s.proven, note, proven)
 
 
@@ -416,35 +645,54 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
 
 
 def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
-    """Brute force over every combination of device-feasible cuts (small fleets only)."""
+    """Brute force over every combination of device-feasible cuts (small fleets only), for ``sc.mode``."""
     t0 = time.perf_counter()
-    tables = []
+    raw = []
     for i, c in enumerate(sc.clients):
         t = option_table(sc, c)
         if not t.fits_device.any():
             raise _infeasible(sc, [i], t.memory[:, 0], t.options)
+        raw.append(t)
+    tables = []
+    for t in raw:
         ok = t.fits_device
-        tables.append((t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:]))
+        if sc.mode == "sl":
+            ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
+            if not ok.any():
+                raise _shared_infeasible(sc)
+        tiers = tier_of_blocks(sc, t.options[ok])
+        blocks = np.stack([tiers == s for s in range(1, sc.tiers)], axis=1)  # (m, S, L)
+        tables.append((t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:],
+                       t.act_memory[ok, 1:], blocks))
     sizes = [len(t[1]) for t in tables]
     total = math.prod(sizes)
     if total > limit:
         raise ConfigError(f"exhaustive search over {len(sizes)} clients would check {total:.3g} assignments "
                           f"(limit {limit:,}); use the default exact MILP instead")
     caps = sc.memory_caps
+    fixed = sc._prefix["block_fixed"]
+    L = sc.profile.n_blocks
     best, cands = math.inf, []  # (value, flat index)
-    chunk = 250_000
+    chunk = 250_000 if sc.mode != "sflv2" else max(1, 2_000_000 // (len(caps) * L))
     for start in range(0, total, chunk):
         idx = np.arange(start, min(total, start + chunk))
         rem = idx.copy()
         tmax = np.zeros(len(idx))
         load = np.zeros((len(idx), tables[0][2].shape[1]))
         mem = np.zeros((len(idx), len(caps)))
-        for (_, T, ld, mm), m in zip(tables, sizes, strict=True):
+        held = np.zeros((len(idx), len(caps), L), bool) if sc.mode == "sflv2" else None
+        for (_, T, ld, mm, ac, bl), m in zip(tables, sizes, strict=True):
             d = rem % m
             rem //= m
             tmax = np.maximum(tmax, T[d])
             load += ld[d]
-            mem += mm[d]
+            if sc.mode == "sflv1":
+                mem += mm[d]
+            elif sc.mode == "sflv2":
+                held |= bl[d]
+                mem = np.maximum(mem, ac[d])  # the largest step's activations; the union's weights below
+        if held is not None:
+            mem = mem + held.astype(float) @ fixed
         val = np.maximum(tmax, load.max(axis=1) if load.shape[1] else 0.0)
         ok = (mem <= caps).all(axis=1)
         if not ok.any():
@@ -503,7 +751,10 @@ def best_static(sc: Scenario) -> Solution:
         ok &= t.fits_device
         round_s = np.maximum(round_s, t.round_s)
         load += n * t.shared_load
-        mem += n * t.memory[:, 1:]
+        if sc.mode == "sflv1":
+            mem += n * t.memory[:, 1:]
+        else:  # one shared replica (sflv2: the same segment for all) or one client at a time (sl)
+            mem = np.maximum(mem, t.memory[:, 1:])
     ok &= (mem <= sc.memory_caps * (1 + 1e-9)).all(axis=1)
     val = np.maximum(round_s, (load / sc.capacities).max(axis=1) if load.shape[1] else 0.0)
     if not ok.any():
