@@ -24,7 +24,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from splitfed.engine.rounds import Chain, RoundConfig, _train
+from splitfed.engine.rounds import Chain, RoundConfig, train_client
 from splitfed.errors import ConfigError
 from splitfed.flower.records import (
     ARRAYS,
@@ -91,7 +91,7 @@ def train(msg: Message, context: Context) -> Message:
                    token_file=str(node_cfg.get("token-file", "")) or ins.token_file,
                    compress=ins.compress, deadline_s=ins.deadline_s)
     try:
-        dev, res = _train(cfg, Chain([], link), ins.client_id, ins.cuts, weights, data)
+        dev, res = train_client(cfg, Chain([], link), ins.client_id, ins.cuts, weights, data)
     finally:
         link.close()
     report = TrainReport(res.samples, len(data), res.loss, res.correct, res.compute_s, res.link_s,

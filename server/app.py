@@ -106,7 +106,7 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
             nonlocal started
             state_now = record_to_state(arrays)
             acc, loss = evaluate(spec, state_now, test_x, test_y)
-            row = _row(rec, acc, loss, time.perf_counter() - started, profiles)
+            row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles)
             if writer is not None:
                 writer.append(row)
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
@@ -138,7 +138,7 @@ def _resume(settings: RunSettings) -> checkpoint.Checkpoint | None:
     return ckpt
 
 
-def _row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str]) -> dict[str, Any]:
+def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str]) -> dict[str, Any]:
     per_client = {m.client_id: {"profile": profiles.get(m.client_id, ""), "cuts": list(m.cuts),
                                 "samples": m.samples, "compute_s": m.compute_s, "link_s": m.link_s,
                                 "bytes_up": m.bytes_up, "bytes_down": m.bytes_down}

@@ -14,7 +14,7 @@ SplitFed v1 trains all sampled clients at once (one configure/aggregate pair
 per round). Vanilla SL and SplitFed v2 train clients one after another on a
 shared server-side model, so a round is one configure/aggregate pair per
 client; ``aggregate_train`` returns ``None`` arrays until the round is complete.
-Both are the same :class:`~splitfed.flower.orchestrate.SplitRound`.
+Both are the same :class:`~splitfed.engine.rounds.SplitRound`.
 
 Failures: a node that returns an error, times out, or sends a malformed reply
 is dropped from the round; the round completes with the others as long as at
@@ -41,10 +41,9 @@ from flwr.serverapp.strategy.result import Result
 
 from splitfed.data._seed import derive_seed
 from splitfed.engine.link import TierControl
-from splitfed.engine.rounds import ClientResult, RoundConfig
+from splitfed.engine.rounds import ClientResult, Outcome, RoundConfig, SplitRound
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.flower.config import RunSettings
-from splitfed.flower.orchestrate import Outcome, SplitRound
 from splitfed.flower.policy import AssignmentPolicy, ClientInfo, Clock, Cuts, Measurement
 from splitfed.flower.records import (
     ARRAYS,

@@ -207,7 +207,7 @@ def train(settings: Any, out: Path, label: str, backend: str = "flower") -> Any:
     ``settings`` is a :class:`splitfed.flower.config.RunSettings`. ``flower``: the simulate
     runner (Flower's simulation engine, tier servers over gRPC), exactly what
     ``splitfed simulate`` runs. ``inprocess``: the same rounds without Flower or
-    gRPC (:func:`train_inprocess`), for smoke tests and quick looks.
+    gRPC (:func:`splitfed.sim.inprocess.train_inprocess`), for smoke tests and quick looks.
     """
     from splitfed.report.runs import load_run
 
@@ -222,6 +222,8 @@ def train(settings: Any, out: Path, label: str, backend: str = "flower") -> Any:
         validate(settings)
         simulate(settings, progress=lambda line: print(f"  [{label}] {line}", flush=True))
     else:
+        from splitfed.sim.inprocess import train_inprocess
+
         train_inprocess(settings)
     _label_run(out, label)
     return load_run(out, label=label)
@@ -234,66 +236,6 @@ def _label_run(out: Path, label: str) -> None:
     path = out / SUMMARY
     summary = json.loads(path.read_text()) if path.is_file() else {}
     path.write_text(json.dumps({**summary, "label": label}, indent=2, sort_keys=True) + "\n")
-
-
-def train_inprocess(settings: Any) -> dict[str, Any]:
-    """The ServerApp's rounds in this process: in-process tiers and links, no Flower, no gRPC.
-
-    Built from the same pieces as the Flower run: the policy (:func:`make_policy`),
-    the simulated clock (:func:`make_clock`), the round bookkeeping
-    (:class:`SplitRound`), the clients' data and batches (``workload``), the
-    evaluation, and the metrics writer, so its ``metrics.jsonl`` has the same
-    fields. "A transport changes no number": its models equal the Flower run's;
-    its byte counts are tensor payloads (gRPC adds message framing).
-    Every client trains every round (``fraction`` must be 1).
-    """
-    from server.app import _row
-    from server.strategy import RoundRecord
-    from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain
-    from splitfed.flower.metrics import MetricsWriter, summarise
-    from splitfed.flower.orchestrate import SplitRound, drive, local_trainer
-    from splitfed.flower.policy import Measurement, make_policy
-    from splitfed.flower.workload import client_data, evaluate, round_batches, test_data
-    from splitfed.models.zoo import resolve_spec
-    from splitfed.sim.clock import fleet_for, make_clock
-    from splitfed.transport.compress import get as codec
-
-    s = settings
-    if s.fraction != 1.0:
-        raise ConfigError("the in-process backend trains every client each round: fraction must be 1")
-    spec = resolve_spec(s.model)
-    policy = make_policy(s)
-    fleet = fleet_for(s)
-    clock = make_clock(s, fleet)
-    data = {pid: client_data(spec, s.dataset, s.partition, s.clients, pid, s.seed) for pid in range(s.clients)}
-    clients = sim_clients(s, fleet)
-    test_x, test_y = test_data(spec, s.dataset, s.seed)
-    writer = MetricsWriter(s.out)
-    writer.truncate_after(0)
-    chain = inprocess_chain(s.tiers - 1, *codec(s.compress))
-    state = initial_state(spec, s.seed)
-    profiles = {c.client_id: c.profile for c in clients}
-    previous: dict[str, tuple[int, ...]] = {}  # each client's cuts when it last trained (the clock prices moves)
-    for rnd in range(1, s.rounds + 1):
-        t0 = time.perf_counter()
-        assignment = {cid: tuple(int(k) for k in cuts) for cid, cuts in policy.assign(rnd, clients).items()}
-        record = RoundRecord(rnd, assignment, sim_round_s=clock(rnd, assignment, clients, previous))
-        batches = {f"client{pid}": round_batches(x, y, s.batch_size, s.seed, pid, rnd, s.local_epochs)
-                   for pid, (x, y) in data.items()}
-        cfg = RoundConfig(s.run_id, rnd, spec, s.mode, s.u_shape, s.optim, s.seed)
-        split = SplitRound(cfg, chain.tiers, state, assignment)
-        state = drive(split, local_trainer(chain, batches))
-        record.measurements = [Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s,
-                                           r.bytes_up, r.bytes_down) for r in split.results]
-        total = sum(r.samples for r in split.results)
-        record.train_loss = sum(r.loss * r.samples for r in split.results) / total if total else None
-        previous.update(assignment)
-        policy.observe(rnd, record.measurements)
-        acc, loss = evaluate(spec, state, test_x, test_y)
-        writer.append(_row(record, acc, loss, time.perf_counter() - t0, profiles))
-    summary = summarise(writer.rows(), s.to_dict())
-    writer.write_summary(summary)
-    return summary
 
 
 def base_settings(table: Mapping[str, Any], source: str = "") -> Any:
@@ -309,30 +251,19 @@ def base_settings(table: Mapping[str, Any], source: str = "") -> Any:
     return RunSettings.from_mapping(table, source=f"{source} [simulate]".strip())
 
 
-def sim_clients(settings: Any, fleet: Any) -> list[Any]:
-    """The clients as the ServerApp registers simulated nodes: ``client<p>`` on the fleet's p-th device."""
-    from splitfed.flower.policy import ClientInfo
-    from splitfed.flower.workload import client_data
-    from splitfed.models.zoo import resolve_spec
-
-    s, spec = settings, resolve_spec(settings.model)
-    return [ClientInfo(f"client{p}", p, p, fleet.clients[p % len(fleet.clients)].name,
-                       len(client_data(spec, s.dataset, s.partition, s.clients, p, s.seed)[0]))
-            for p in range(s.clients)]
-
-
 def best_static_cuts(settings: Any) -> tuple[int, ...]:
     """The single cut vector of least round-1 makespan for the run's clients (the optimizer's ``best_static``).
 
     Priced in the cost model's view of the registered clients that ``--cuts adaptive``
     and ``--cuts greedy`` plan with: the same devices and sample counts as the run's clock.
     """
-    from splitfed.flower.adaptive import _scenario
+    from splitfed.flower.adaptive import scenario
     from splitfed.optimizer import best_static
     from splitfed.sim.clock import fleet_for
+    from splitfed.sim.inprocess import sim_clients
 
     clients = sim_clients(settings, fleet_for(settings))
-    return best_static(_scenario(settings, clients)).assignment[clients[0].client_id]
+    return best_static(scenario(settings, clients)).assignment[clients[0].client_id]
 
 
 def resolve_policy(policy: str, settings: Any) -> tuple[str, str]:

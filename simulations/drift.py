@@ -22,10 +22,10 @@ from simulations.common import (
     resolve_policy,
     run_cases,
     run_record,
-    sim_clients,
     write_csv,
 )
 from splitfed.errors import ConfigError
+from splitfed.sim.inprocess import sim_clients
 
 
 @dataclass(frozen=True)

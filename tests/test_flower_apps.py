@@ -13,13 +13,12 @@ import torch
 
 import clients.app
 import server.app
-from splitfed.engine.rounds import device_state, initial_state
+from splitfed.engine.rounds import RoundFailed, device_state, initial_state
 from splitfed.engine.template import num_blocks
 from splitfed.engine.verify import TOLERANCE, max_abs_diff
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
-from splitfed.flower.orchestrate import RoundFailed
 from splitfed.flower.records import CONFIG, TrainInstruction
 from splitfed.models.zoo import resolve_spec
 from tests.flower_fixtures import FakeGrid, inprocess_tiers, reference_run

@@ -8,13 +8,21 @@ import pytest
 import torch
 
 from splitfed.data import synthetic
-from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, run_round
+from splitfed.engine.rounds import (
+    RoundConfig,
+    RoundFailed,
+    SplitRound,
+    drive,
+    initial_state,
+    inprocess_chain,
+    local_trainer,
+    run_round,
+)
 from splitfed.engine.types import OptimConfig
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import MetricsWriter, summarise
-from splitfed.flower.orchestrate import RoundFailed, SplitRound, drive, local_trainer
 from splitfed.flower.policy import ClientInfo, StaticPolicy, make_policy, parse_static
 from splitfed.flower.records import (
     NodeInfo,

@@ -179,8 +179,8 @@ def test_training_config_checks_simulate_table_when_read(tmp_path: Path) -> None
 
 
 def test_fleet_paths_resolve_next_to_the_configs() -> None:
-    s = common.base_settings({"fleet": "fleets/iot.toml"})
-    assert Path(s.fleet) == CONFIGS / "fleets" / "iot.toml"
+    s = common.base_settings({"fleet": "fleets/drift.toml"})
+    assert Path(s.fleet) == CONFIGS / "fleets" / "drift.toml"
     assert common.base_settings({"fleet": "reference"}).fleet == "reference"
 
 
@@ -192,7 +192,7 @@ def test_static_vs_adaptive_through_flower(tmp_path: Path, capsys: pytest.Captur
                    .replace('backend = "inprocess"', 'backend = "flower"')
                    .replace('policies = ["static:best", "static:0,0"]', 'policies = ["static:best"]')
                    .replace("rounds = 2", "rounds = 1")
-                   .replace('fleet = "fleets/iot.toml"', f'fleet = "{CONFIGS / "fleets" / "iot.toml"}"'))
+                   )
     res = run_tiny(static_vs_adaptive, "static_vs_adaptive", tmp_path / "out", capsys, config=cfg)
     (pol,) = res["policies"]
     assert pol["rounds"] == 1 and pol["final_accuracy"] > 0.3

@@ -78,8 +78,29 @@ def run(args: argparse.Namespace) -> int:
     summary = simulate(settings, verbose=args.verbose)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
-    else:
-        acc = summary.get("final_accuracy")
-        acc_text = f"{acc:.4f}" if acc is not None else "n/a"
-        print(f"done: {summary.get('rounds', 0)} round(s), final accuracy {acc_text}; run folder {settings.out}")
+        return 0
+    figures = _report(settings.out)
+    acc = summary.get("final_accuracy")
+    acc_text = f"{acc:.4f}" if acc is not None else "n/a"
+    print(f"\ndone: {summary.get('rounds', 0)} round(s), final accuracy {acc_text}")
+    print(f"run folder: {settings.out} (metrics.jsonl, summary.json, checkpoint, {figures} figure(s))")
     return 0
+
+
+def _report(out: str) -> int:
+    """The end-of-run table in the terminal and the standard figures in the run folder."""
+    from pathlib import Path
+
+    from splitfed.report.plots import standard_plots
+    from splitfed.report.runs import load_run
+    from splitfed.report.table import class_table, round_table
+
+    run = load_run(Path(out), label="run")
+    if not run.rounds:
+        return 0
+    print()
+    print(round_table(run))
+    if run.clients:
+        print()
+        print(class_table(run))
+    return len(standard_plots([run], Path(out)))

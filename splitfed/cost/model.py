@@ -122,7 +122,9 @@ def parse_codec(name: object) -> WireCodec:
     """``none`` | ``fp16`` | ``int8`` | ``topk:F`` -> (kind, fraction), validated by the transport's own parser."""
     if name is None or (isinstance(name, str) and name.strip().lower() in ("", "none")):
         return ("none", 1.0)
-    from splitfed.transport.codec import Codec  # lazy: the transport package generates protobuf code on import
+    from splitfed.transport.codec import (
+        Codec,  # lazy: the transport package generates protobuf code on import
+    )
 
     c = Codec.parse(name)  # type: ignore[arg-type]
     return (c.kind, c.fraction)

@@ -8,13 +8,15 @@
 - ``sl``: vanilla split learning: clients in turn, the whole model handed on
   from one client to the next, no averaging.
 
-The helpers here (bounds, loads, state selection, contributions) are also what
-the Flower ServerApp uses, so the round logic exists once.
+:class:`SplitRound` is the round's tier bookkeeping, cut open where the clients
+train; :func:`run_round` drives it with clients trained in this process, and the
+Flower strategy drives the same object with clients trained on Flower nodes, so
+the round logic exists once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +27,7 @@ from splitfed.engine.device import Device
 from splitfed.engine.link import InProcessLink, Link, TierControl
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import MODES, OptimConfig, SegmentLoad, State
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, SplitfedError, TierError
 from splitfed.models.blocks import segment_bounds, validate_cuts
 from splitfed.models.zoo import ModelSpec, build
 
@@ -149,7 +151,7 @@ def inprocess_chain(server_tiers: int = 2, compress_up=None, compress_down=None)
     return Chain(list(tiers), nxt)
 
 
-def _train(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...], state: State,
+def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...], state: State,
            batches: Batches) -> tuple[Device, ClientResult]:
     up0, down0 = chain.bytes
     dev = Device(cfg.model, chain.link, run_id=cfg.run_id, client_id=cid, round=cfg.round, cuts=cuts,
@@ -164,63 +166,189 @@ def _train(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...], stat
                              dev.compute_s, dev.link_s, up1 - up0, down1 - down0)
 
 
+Cuts = tuple[int, ...]
+
+
+class RoundFailed(SplitfedError):
+    """Too few clients finished the round; the global model is unchanged."""
+
+
+@dataclass
+class Outcome:
+    """A client's trained device segment(s) and what its round cost."""
+
+    state: State
+    result: ClientResult
+
+
+Trainer = Callable[[RoundConfig, Mapping[str, Cuts], Mapping[str, State]], Mapping[str, Outcome]]
+"""``train(cfg, cuts, device_weights) -> outcomes`` for one group; absent clients failed."""
+
+
+class SplitRound:
+    """The tier bookkeeping of one round (see the module docstring)."""
+
+    def __init__(self, cfg: RoundConfig, tiers: Sequence[TierControl], global_state: State,
+                 assignment: Mapping[str, Cuts], min_clients: int = 0) -> None:
+        check_assignment(cfg.model, dict(assignment), len(tiers) + 1, cfg.u_shape)
+        self.cfg, self.tiers, self.global_state = cfg, list(tiers), global_state
+        self.assignment = dict(assignment)
+        self.order = list(assignment)
+        self.min_clients = min_clients or len(self.order)
+        self.n_blocks = template.num_blocks(cfg.model)
+        self.current = dict(global_state)  # sl: the model handed from client to client
+        self.held: list[set[int]] = [set() for _ in self.tiers]  # sflv2: blocks in the shared replica
+        self.trained: list[dict[int, float]] = [{} for _ in self.tiers]
+        self.done: dict[str, Outcome] = {}
+        self.failed: list[str] = []
+        self._loaded: list[str] = []
+        self._group: list[str] = []
+
+    # ------------------------------------------------------------ the three steps
+
+    def groups(self) -> list[list[str]]:
+        return [list(self.order)] if self.cfg.mode == "sflv1" else [[c] for c in self.order]
+
+    def begin(self, group: Sequence[str]) -> dict[str, State]:
+        """Load the group's server-side segments; return each client's device weights."""
+        cfg = self.cfg
+        base = self.current if cfg.mode == "sl" else self.global_state
+        self._group = list(group)
+        for cid in group:
+            cuts = self.assignment[cid]
+            if cfg.mode == "sflv2":
+                loads = tier_loads(cfg, cid, cuts, self.global_state, replica=SHARED, skip=self.held)
+            else:
+                loads = tier_loads(cfg, cid, cuts, base)
+            self._loaded.append(cid)
+            for t, (tier, load) in enumerate(zip(self.tiers, loads, strict=True)):
+                tier.load(load)
+                if cfg.mode == "sflv2":
+                    self.held[t].update(range(load.start, load.stop))
+        return {cid: device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape) for cid in group}
+
+    def end(self, outcomes: Mapping[str, Outcome]) -> None:
+        """Take the group's trained device weights; clients missing from ``outcomes`` failed."""
+        for cid in self._group:
+            out = outcomes.get(cid)
+            if out is None:
+                self.failed.append(cid)
+                self._release(cid)
+                continue
+            if self.cfg.mode == "sl":
+                try:
+                    fetched = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
+                except TierError:
+                    self.failed.append(cid)
+                    self._release(cid)
+                    continue
+                self.current.update(out.state)
+                for part in fetched:
+                    self.current.update(part)
+                self._release(cid)
+            elif self.cfg.mode == "sflv2":
+                for t, (a, z) in enumerate(server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape)):
+                    for i in range(a, z):
+                        self.trained[t][i] = self.trained[t].get(i, 0.0) + out.result.samples
+            self.done[cid] = out
+        self._group = []
+
+    def finish(self) -> State:
+        """The new global state; releases every segment of the round."""
+        try:
+            if len(self.done) < self.min_clients:
+                raise RoundFailed(f"round {self.cfg.round}: {len(self.done)} of {len(self.order)} clients "
+                                  f"finished, fewer than the minimum {self.min_clients} "
+                                  f"(failed: {', '.join(self.failed) or 'none'})")
+            if self.cfg.mode == "sl":
+                return self.current
+            if self.cfg.mode == "sflv1":
+                return self._finish_v1()
+            return self._finish_v2()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release whatever is still loaded (safe to call twice, and after errors)."""
+        for cid in list(self._loaded):
+            self._release(cid)
+
+    @property
+    def results(self) -> list[ClientResult]:
+        return [self.done[c].result for c in self.order if c in self.done]
+
+    # ------------------------------------------------------------ internals
+
+    def _finish_v1(self) -> State:
+        fetched: dict[str, list[State]] = {}
+        for cid in self.order:
+            if cid not in self.done:
+                continue
+            try:
+                fetched[cid] = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
+            except TierError:
+                self.failed.append(cid)
+                del self.done[cid]
+        if len(self.done) < self.min_clients:
+            raise RoundFailed(f"round {self.cfg.round}: only {len(self.done)} clients' replicas could be "
+                              f"fetched, fewer than the minimum {self.min_clients}")
+        contributions: list[tuple[State, float]] = [(self.done[c].state, self.done[c].result.samples)
+                                                    for c in self.order if c in self.done]
+        for cid in self.order:
+            if cid in fetched:
+                contributions += [(part, self.done[cid].result.samples) for part in fetched[cid]]
+        return aggregate(contributions, previous=self.global_state)
+
+    def _finish_v2(self) -> State:
+        contributions: list[tuple[State, float]] = [(self.done[c].state, self.done[c].result.samples)
+                                                    for c in self.order if c in self.done]
+        for t, tier in enumerate(self.tiers):
+            bank: State = {}
+            for cid in self.order:
+                if cid in self.done:
+                    bank.update(tier.fetch(self.cfg.run_id, cid))
+            for i, w in self.trained[t].items():
+                contributions.append((select(bank, i, i + 1), w))
+        return aggregate(contributions, previous=self.global_state)
+
+    def _release(self, cid: str) -> None:
+        if cid not in self._loaded:
+            return
+        self._loaded.remove(cid)
+        for tier in self.tiers:
+            try:
+                tier.release(self.cfg.run_id, cid)
+            except Exception:  # noqa: BLE001 - a vanished tier must not mask the round's outcome
+                pass
+
+
+def drive(rnd: SplitRound, train: Trainer) -> State:
+    """Run ``rnd`` to the end with ``train`` doing each group's client training."""
+    try:
+        for group in rnd.groups():
+            weights = rnd.begin(group)
+            rnd.end(train(rnd.cfg, {c: rnd.assignment[c] for c in group}, weights))
+        return rnd.finish()
+    finally:
+        rnd.close()
+
+
+def local_trainer(chain: Chain, data: Mapping[str, Batches]) -> Trainer:
+    """Clients trained in this process over ``chain.link`` (the in-process form of the ClientApp)."""
+
+    def train(cfg: RoundConfig, cuts: Mapping[str, Cuts], weights: Mapping[str, State]) -> dict[str, Outcome]:
+        out = {}
+        for cid, w in weights.items():
+            dev, res = train_client(cfg, chain, cid, cuts[cid], w, data[cid])
+            out[cid] = Outcome(dev.state(), res)
+        return out
+
+    return train
+
+
 def run_round(cfg: RoundConfig, chain: Chain, global_state: State, assignment: dict[str, tuple[int, ...]],
               data: dict[str, Batches]) -> tuple[State, list[ClientResult]]:
-    """Train every client of ``assignment`` on its batches; return the new global state."""
-    n_tiers = len(chain.tiers) + 1
-    check_assignment(cfg.model, assignment, n_tiers, cfg.u_shape)
-    n = template.num_blocks(cfg.model)
-    results: list[ClientResult] = []
-    if cfg.mode == "sl":
-        current = dict(global_state)
-        for cid, cuts in assignment.items():
-            for tier, load in zip(chain.tiers, tier_loads(cfg, cid, cuts, current), strict=True):
-                tier.load(load)
-            dev, res = _train(cfg, chain, cid, cuts, current, data[cid])
-            current.update(dev.state())
-            for tier in chain.tiers:
-                current.update(tier.fetch(cfg.run_id, cid))
-                tier.release(cfg.run_id, cid)
-            results.append(res)
-        return current, results
-
-    contributions: list[tuple[State, float]] = []
-    if cfg.mode == "sflv1":
-        for cid, cuts in assignment.items():
-            for tier, load in zip(chain.tiers, tier_loads(cfg, cid, cuts, global_state), strict=True):
-                tier.load(load)
-        for cid, cuts in assignment.items():
-            dev, res = _train(cfg, chain, cid, cuts, global_state, data[cid])
-            contributions.append((dev.state(), res.samples))
-            results.append(res)
-        for cid, res in zip(assignment, results, strict=True):
-            for tier in chain.tiers:
-                contributions.append((tier.fetch(cfg.run_id, cid), res.samples))
-                tier.release(cfg.run_id, cid)
-        return aggregate(contributions, previous=global_state), results
-
-    # sflv2: one shared replica per tier; each block enters it from the global state once per round
-    held: list[set[int]] = [set() for _ in chain.tiers]
-    trained: list[dict[int, float]] = [{} for _ in chain.tiers]
-    for cid, cuts in assignment.items():
-        loads = tier_loads(cfg, cid, cuts, global_state, replica=SHARED, skip=held)
-        for t, (tier, load) in enumerate(zip(chain.tiers, loads, strict=True)):
-            tier.load(load)
-            held[t].update(range(load.start, load.stop))
-        dev, res = _train(cfg, chain, cid, cuts, global_state, data[cid])
-        contributions.append((dev.state(), res.samples))
-        for t, load in enumerate(loads):
-            for i in range(load.start, load.stop):
-                trained[t][i] = trained[t].get(i, 0.0) + res.samples
-        results.append(res)
-    for t, tier in enumerate(chain.tiers):
-        bank: State = {}
-        for cid in assignment:
-            bank.update(tier.fetch(cfg.run_id, cid))
-        for i, w in trained[t].items():
-            contributions.append((select(bank, i, i + 1), w))
-    for cid in assignment:
-        for tier in chain.tiers:
-            tier.release(cfg.run_id, cid)
-    del n
-    return aggregate(contributions, previous=global_state), results
+    """Train every client of ``assignment`` on its batches in this process; return the new global state."""
+    rnd = SplitRound(cfg, chain.tiers, global_state, assignment)
+    state = drive(rnd, local_trainer(chain, data))
+    return state, rnd.results

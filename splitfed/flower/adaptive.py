@@ -31,7 +31,7 @@ from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import ClientInfo, Cuts, Measurement
 
 
-def _scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ignore[no-untyped-def]
+def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ignore[no-untyped-def]
     """The cost model's view of the registered clients, named by client id."""
     from splitfed.cost import Scenario
     from splitfed.models.zoo import resolve_spec
@@ -84,7 +84,7 @@ class GreedyPolicy:
         if not self.assignment:
             from splitfed.optimizer import greedy
 
-            self.assignment = dict(greedy(_scenario(self.settings, clients)).assignment)
+            self.assignment = dict(greedy(scenario(self.settings, clients)).assignment)
         return {c.client_id: self.assignment[c.client_id] for c in clients}
 
     def observe(self, round: int, measurements: Sequence[Measurement]) -> None:
@@ -110,7 +110,7 @@ class AdaptivePolicy:
     def _start(self, clients: Sequence[ClientInfo]) -> None:
         from splitfed.optimizer import Adapter
 
-        sc = _scenario(self.settings, clients)
+        sc = scenario(self.settings, clients)
         saved = self._saved
         self.adapter = Adapter(sc, self.settings.rounds,
                                assignment={k: tuple(v) for k, v in saved["assignment"].items()} if saved else None)

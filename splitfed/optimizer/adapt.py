@@ -34,7 +34,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from splitfed.cost.model import ClientCost, Cuts, Scenario, evaluate, move_cost, option_table, server_memory
+from splitfed.cost.model import (
+    ClientCost,
+    Cuts,
+    Scenario,
+    evaluate,
+    move_cost,
+    option_table,
+    server_memory,
+)
 from splitfed.errors import ConfigError
 from splitfed.optimizer.solve import DEFAULT_GAP, solve
 from splitfed.profile.devices import LinkProfile, TierProfile
