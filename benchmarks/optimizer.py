@@ -68,18 +68,19 @@ def policies(sc: Scenario) -> dict[str, dict]:
     out["optimizer"]["explanation"] = explain(sc, sols["optimizer"].cost)
     bs, gr = out["best_static"], out["greedy"]
     out["targets"] = {
-        "vs_best_static": None if bs["makespan_s"] is None else bs["ratio_vs_optimizer"] >= TARGET,
+        "vs_best_static": None if bs["makespan_s"] is None else bool(bs["ratio_vs_optimizer"] >= TARGET),
         # greedy ignores that the servers are shared: where it breaks a memory limit it is no rival
         "not_slower_than_greedy": (None if gr["makespan_s"] is None or not gr["feasible"]
-                                   else gr["ratio_vs_optimizer"] >= 1 - 1e-9),
+                                   else bool(gr["ratio_vs_optimizer"] >= 1 - 1e-9)),
     }
     return out
 
 
 def _by_class(sc: Scenario, s: Solution) -> dict[str, dict[str, int]]:
     kinds: dict[str, dict[str, int]] = {}
+    assignment = s.assignment
     for c in sc.clients:
-        cuts = ",".join(map(str, s.assignment[c.name]))
+        cuts = ",".join(map(str, assignment[c.name]))
         kinds.setdefault(c.kind, {}).setdefault(cuts, 0)
         kinds[c.kind][cuts] += 1
     return kinds
@@ -117,6 +118,9 @@ def _largest_part(sc: Scenario, cost: RoundCost, name: str) -> str:
 def explain(sc: Scenario, cost: RoundCost) -> str:
     """One line: what sets the optimizer's makespan in this case."""
     b = cost.bottleneck
+    mem = ", ".join(f"{t} {u / cap:.0%} full" for (t, u), cap in
+                    zip(cost.shared_memory.items(), sc.memory_caps, strict=True))
+    busiest = max(cost.shared_s, key=lambda r: cost.shared_s[r])
     if b.startswith("client "):
         name = b.removeprefix("client ")
         kind = sc.clients[sc.index(name)].kind
@@ -124,13 +128,14 @@ def explain(sc: Scenario, cost: RoundCost) -> str:
         if cost.makespan_s <= alone * (1 + 1e-9):
             return (f"straggler-bound: a {kind} client needs {alone:.1f} s even alone at its best cuts "
                     f"{','.join(map(str, cuts))} ({_largest_part(sc, cost, name)}); no policy can be faster")
+        why = (f"the servers' memory is {mem} ({'one replica per client' if sc.mode == 'sflv1' else 'one replica'})"
+               if max(u / cap for u, cap in zip(cost.shared_memory.values(), sc.memory_caps, strict=True)) > 0.9
+               else f"busiest shared resource {busiest} at {cost.shared_s[busiest]:.1f} s")
         return (f"client-bound: {name} ({kind}) at {','.join(map(str, cost.assignment()[name]))} takes "
-                f"{cost.makespan_s:.1f} s > its {alone:.1f} s alone: its faster cuts would overload a shared "
-                f"resource or a server's memory ({_largest_part(sc, cost, name)})")
-    mem = ", ".join(f"{t} memory {u / cap:.0%} full" for (t, u), cap in
-                    zip(cost.shared_memory.items(), sc.memory_caps, strict=True))
+                f"{cost.makespan_s:.1f} s, {cost.makespan_s / alone:.1f}x its {alone:.1f} s alone, because its "
+                f"faster cuts would put more on the shared servers: {why}; {_largest_part(sc, cost, name)}")
     return (f"shared-resource-bound: {b} is busy {cost.shared_s[b]:.1f} s with {len(sc.clients)} clients' work; "
-            f"cuts trade it against the devices and other tiers ({mem})")
+            f"cuts trade it against the devices and other tiers (memory: {mem})")
 
 
 def _cell(r: dict) -> str:

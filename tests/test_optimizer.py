@@ -94,14 +94,14 @@ def test_optimizer_equals_brute_force(sc: Scenario) -> None:
     _equals_brute_force(sc, ("bisect", "direct"))
 
 
-@settings(max_examples=200)
+@settings(max_examples=160)
 @given(instances("sflv2"))
 def test_optimizer_equals_brute_force_sflv2(sc: Scenario) -> None:
     """SplitFed v2: the shared server model serialises the clients; ONE replica (the union of blocks)."""
     _equals_brute_force(sc, ("bisect", "direct"))
 
 
-@settings(max_examples=120)
+@settings(max_examples=100)
 @given(instances("sl"))
 def test_optimizer_equals_brute_force_sl(sc: Scenario) -> None:
     """Vanilla split learning: clients in turn; the round is the sum of their times."""
@@ -328,7 +328,7 @@ def _brute_ties(sc: Scenario, prefer: dict) -> tuple[float, float]:
     return best, min(mv for m, mv in results if m <= best * (1 + 1e-9))
 
 
-@settings(max_examples=36)
+@settings(max_examples=30)
 @given(st.data())
 def test_prefer_returns_an_optimum_of_least_move_cost(data: st.DataObject) -> None:
     mode = data.draw(st.sampled_from(["sflv1", "sflv2", "sl"]))

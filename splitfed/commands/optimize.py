@@ -33,6 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tiers", type=int, choices=(2, 3), default=3)
     p.add_argument("--batch", type=positive_int, default=32)
     p.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round")
+    p.add_argument("--mode", choices=("sl", "sflv1", "sflv2"), default="sflv1",
+                   help="variant to price: sflv1 (parallel, replica per client), sflv2 (shared server model, "
+                        "clients in turn on it), sl (clients in turn)")
+    p.add_argument("--codec", default="none", help="compression of boundary tensors: none|fp16|int8|topk:F")
     p.add_argument("--u-shape", action="store_true", help="the device also holds the last blocks and the loss")
     p.add_argument("--min-device-blocks", type=int, default=0,
                    help="blocks every device must keep (1: raw data never leaves the device)")
@@ -73,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     fleet = load_fleet(args.fleet).at_round(args.round)
     prof = profile_model(spec, args.batch, reps=1, cache_dir=cache_dir())
     sc = Scenario.from_fleet(prof, fleet, tiers=args.tiers, batch=args.batch, u_shape=args.u_shape,
+                             mode=args.mode, codec=args.codec,
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)
     if args.exhaustive:
         sol = exhaustive(sc)
