@@ -18,7 +18,8 @@ from splitfed.errors import SplitfedError
 def build_parser() -> argparse.ArgumentParser:
     import splitfed.commands as commands
 
-    parser = argparse.ArgumentParser(prog="splitfed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="splitfed", description="Split + federated learning across device, edge and cloud tiers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
