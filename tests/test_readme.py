@@ -28,3 +28,16 @@ def test_python_example_runs(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "mymodels.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["0.0", "True"]
+
+
+def test_flower_run_config_in_pyproject_is_valid() -> None:
+    """`flwr run .` reads [tool.flwr.app.config]: every key there must be a setting the ServerApp accepts."""
+    import tomllib
+
+    from splitfed.flower.config import RunSettings
+
+    app = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    settings = RunSettings.from_mapping(dict(app["config"]), source="pyproject.toml")
+    assert settings.cuts == "adaptive" and settings.tiers == 3
+    assert app["components"] == {"serverapp": "server.app:app", "clientapp": "clients.app:app"}
+    assert set(app["fab-include"]) == {"server/**/*.py", "clients/**/*.py"}
