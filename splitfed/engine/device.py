@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from splitfed.engine import template
 from splitfed.engine.link import Link
 from splitfed.engine.types import OptimConfig, State, StepKey
+from splitfed.errors import ConfigError
 from splitfed.models.blocks import Segment, segment_bounds, step_rng
 from splitfed.models.zoo import ModelSpec
 
@@ -27,11 +28,13 @@ class Device:
         blocks = {**template.copy_blocks(model, *self.head_bounds), **template.copy_blocks(model, *self.tail_bounds)}
         self.head = Segment({str(i): blocks[i] for i in range(*self.head_bounds)}, *self.head_bounds)
         self.tail = Segment({str(i): blocks[i] for i in range(*self.tail_bounds)}, *self.tail_bounds)
-        own = {**self.head.state_dict(), **self.tail.state_dict()}
         with torch.no_grad():
-            self.head.load_state_dict({k: state[k] for k in self.head.state_dict()}, strict=True)
-            self.tail.load_state_dict({k: state[k] for k in self.tail.state_dict()}, strict=True)
-        assert set(own) <= set(state)
+            for seg in (self.head, self.tail):
+                keys = seg.state_dict().keys()
+                missing = sorted(set(keys) - set(state))
+                if missing:
+                    raise ConfigError(f"device weights lack {missing[:3]} for blocks [{seg.start}, {seg.stop})")
+                seg.load_state_dict({k: state[k] for k in keys}, strict=True)
         self.head.train()
         self.tail.train()
         self.link, self.u_shape, self.seed = link, u_shape, seed

@@ -7,6 +7,7 @@ process reuses the template and copies only the blocks it needs.
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from functools import lru_cache
 
@@ -20,15 +21,11 @@ _lock = threading.Lock()
 
 
 def _key(spec: ModelSpec) -> str:
-    import json
-
     return json.dumps(spec.to_dict(), sort_keys=True)
 
 
 @lru_cache(maxsize=16)
 def _template(key: str) -> Blocks:
-    import json
-
     spec = ModelSpec.from_dict(json.loads(key))
     rng = torch.random.get_rng_state()
     try:
@@ -55,8 +52,6 @@ def num_blocks(spec: ModelSpec) -> int:
 
 @lru_cache(maxsize=256)
 def _boundaries(key: str) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
-    import json
-
     spec = ModelSpec.from_dict(json.loads(key))
     blocks = template(spec)
     x = spec.example_input(2)

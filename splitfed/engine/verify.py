@@ -30,13 +30,15 @@ from splitfed.engine.rounds import (
     Batches,
     Chain,
     RoundConfig,
+    device_state,
+    initial_state,
     inprocess_chain,
     run_round,
     select,
     server_bounds,
 )
 from splitfed.engine.types import OptimConfig, State
-from splitfed.models.blocks import Segment, segment_bounds, step_rng
+from splitfed.models.blocks import Segment, step_rng
 from splitfed.models.zoo import ModelSpec
 
 TOLERANCE = 1e-5
@@ -96,10 +98,7 @@ def reference_round(cfg: RoundConfig, global_state: State, assignment: dict[str,
                 blocks[i] = banks[t][i]
                 trained[t][i] = trained[t].get(i, 0.0) + sum(int(x.shape[0]) for x, _ in data[cid])
         _train_whole(cfg, cid, _whole(model, blocks), data[cid])
-        b = segment_bounds(cuts, n, cfg.u_shape)
-        dev = select(_whole(model, own).state_dict(), *b[0])
-        if cfg.u_shape:
-            dev.update(select(_whole(model, own).state_dict(), *b[-1]))
+        dev = device_state(_whole(model, own).state_dict(), cuts, n, cfg.u_shape)
         contributions.append((dev, sum(int(x.shape[0]) for x, _ in data[cid])))
     for t, bank in enumerate(banks):
         state = _whole(model, bank).state_dict()
@@ -148,7 +147,6 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
            data_fn: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> VerifyResult:
     """Train split (one cut vector per client) and whole; compare the final global weights."""
     from splitfed.data import synthetic
-    from splitfed.engine.rounds import initial_state
 
     n_tiers = len(cuts[0]) + 1 - (1 if u_shape else 0)
     chain = chain or inprocess_chain(n_tiers - 1)

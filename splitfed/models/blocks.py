@@ -154,10 +154,10 @@ def _trace_blocks(model: nn.Module) -> Blocks:
     spans: dict[str, list[int]] = {}
     for n in nodes:
         if n.op == "call_module":
-            spans.setdefault(_root(n.target), []).append(pos[n])
+            spans.setdefault(str(n.target), []).append(pos[n])
         elif n.op == "get_attr":
             for u in n.users:
-                spans.setdefault(_root(n.target), []).append(_use_pos(u, pos))
+                spans.setdefault(str(n.target), []).append(_use_pos(u, pos))
     forbidden = set()
     for uses in spans.values():
         forbidden.update(range(min(uses), max(uses)))
@@ -201,10 +201,6 @@ def _trace_blocks(model: nn.Module) -> Blocks:
 
 def _use_pos(u: fx.Node, pos: dict[fx.Node, int]) -> int:
     return pos[u] if u in pos else max((_use_pos(x, pos) for x in u.users), default=0)
-
-
-def _root(target: object) -> str:
-    return str(target)
 
 
 def _has_state(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> bool:
