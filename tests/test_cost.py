@@ -300,7 +300,8 @@ def test_integer_inputs_travel_exactly() -> None:
 @pytest.mark.parametrize("codec", ["none", "fp16", "int8", "topk:0.1"])
 def test_priced_bytes_equal_what_the_in_process_link_counts(codec: str) -> None:
     """Two steps (a full batch and a short one) of a real model through a real 3-tier in-process chain:
-    the bytes each link counts are exactly the bytes the cost model prices, with and without U-shape."""
+    the bytes each link counts are exactly the bytes the cost model prices, with and without U-shape,
+    for every legal cut vector (empty tiers, everything on the device, cuts after parameter-free blocks)."""
     import torch
 
     from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, run_round
@@ -317,7 +318,12 @@ def test_priced_bytes_equal_what_the_in_process_link_counts(codec: str) -> None:
     batches = [(x[:B], y[:B]), (x[B:], y[B:])]
     dev = Client("c", "c", TierProfile(1e9, 1e12), LinkProfile(1e6, 1e6, 0.01), samples=B + 2)
     L = prof.n_blocks
-    for u, cuts in ((False, (1, 2)), (False, (0, 3)), (True, (1, 2, L - 1))):
+    from splitfed.cost.model import cut_options
+
+    every = [(False, tuple(map(int, c))) for c in cut_options(L, 3)]
+    every += [(True, tuple(map(int, c))) for c in cut_options(L, 3, u_shape=True) if sum(prof.param_bytes[:c[-1]]) > 0]
+    assert (False, (L, L)) in every and (False, (0, 0)) in every and len(every) > 20
+    for u, cuts in every:
         chain = inprocess_chain(2, *compress.get(codec))
         _, res = run_round(RoundConfig("r", 1, spec, "sflv1", u_shape=u), chain, state, {"c": cuts}, {"c": batches})
         edge_link = chain.tiers[0].next

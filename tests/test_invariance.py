@@ -48,6 +48,18 @@ def test_split_equals_whole_for_random_cuts(name: str, mode: str) -> None:
     check()
 
 
+@pytest.mark.parametrize("mode", ["sl", "sflv1", "sflv2"])
+def test_chains_that_end_early_equal_whole(mode: str) -> None:
+    """Cuts that leave tiers empty: the chain ends at the last tier holding a block (that tier takes
+    the loss), and a client holding every block trains alone; the math must not notice."""
+    spec = spec_of("cnn")
+    n = template.num_blocks(spec)
+    for u, cuts in ((False, [(n, n), (2, n), (0, 0)]), (False, [(0, n), (n, n)]),
+                    (True, [(3, 3, 3), (1, n - 1, n - 1)]), (True, [(0, n - 1, n - 1), (2, 2, n - 1)])):
+        r = verify(spec, cuts, mode=mode, u_shape=u, steps=2, batch=3, rounds=2)
+        assert r.ok, f"{mode} cuts={cuts} u={u}: diff {r.max_abs_diff}"
+
+
 def test_heterogeneous_cuts_aggregate_like_fedavg_of_whole_model() -> None:
     spec = spec_of("cnn")
     r = verify(spec, [(2, 6), (5, 6)], mode="sflv1", steps=3, batch=4, rounds=2)

@@ -89,11 +89,12 @@ memory_c (so each client's option must fit each server on its own).
 Moving a client's cuts ships every block whose tier changes (parameters and
 optimizer state, p_i (1 + slots)) along the links between its old and new tier:
 ``move_cost`` = sum over links and directions of bytes / bandwidth + rtt / 2.
-Control messages and framing are not counted. Where a server holds a block, the
-bytes priced here are exactly what :class:`splitfed.engine.link.InProcessLink`
-counts (a test runs both); the model assumes that a chain whose servers hold no
-block beyond link j is not entered past it (the engine today still relays the
-logits and labels to the last tier in that case).
+Control messages and framing are not counted. The bytes priced here are
+exactly what :class:`splitfed.engine.link.InProcessLink` counts, for every cut
+vector (a test runs both): the engine enters a chain only as far as a block of
+the client lies (the tier that reaches the end computes the loss; a client that
+holds every block trains alone), and a tier sends a gradient back only when a
+block before it has parameters.
 """
 
 from __future__ import annotations

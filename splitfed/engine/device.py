@@ -37,6 +37,8 @@ class Device:
                 seg.load_state_dict({k: state[k] for k in keys}, strict=True)
         self.head.train()
         self.tail.train()
+        # no server block between head and tail: the step never leaves the device
+        self.local = self.head_bounds[1] == (self.tail_bounds[0] if u_shape else n)
         self.link, self.u_shape, self.seed = link, u_shape, seed
         self.run_id, self.client_id, self.round = run_id, client_id, round
         self.optim = (optim or OptimConfig()).build([*self.head.parameters(), *self.tail.parameters()])
@@ -52,7 +54,14 @@ class Device:
         t0 = time.perf_counter()
         out = self.head(x, rng=rng)
         t1 = time.perf_counter()
-        if not self.u_shape:
+        if self.local:
+            logits = self.tail(out, rng=rng) if self.u_shape else out
+            lt = F.cross_entropy(logits, y)
+            if lt.requires_grad:
+                lt.backward()
+            loss, correct = float(lt.detach()), int((logits.detach().argmax(1) == y).sum())
+            t2 = t1
+        elif not self.u_shape:
             reply = self.link.step(key, out.detach(), y)
             t2 = time.perf_counter()
             if out.requires_grad and reply.grad is not None:

@@ -102,6 +102,7 @@ def tier_loads(cfg: RoundConfig, client_id: str, cuts: Sequence[int], state: Sta
     """One load per server tier; ``skip[t]``: blocks tier t already holds for a shared replica."""
     n = template.num_blocks(cfg.model)
     bounds = server_bounds(cuts, n, cfg.u_shape)
+    end = bounds[-1][1]  # where the servers' part ends: the tier that reaches it ends the chain
     loads = []
     for t, (a, z) in enumerate(bounds):
         part = None
@@ -110,7 +111,7 @@ def tier_loads(cfg: RoundConfig, client_id: str, cuts: Sequence[int], state: Sta
         loads.append(SegmentLoad(
             run_id=cfg.run_id, client_id=client_id, round=cfg.round, model=cfg.model, start=a, stop=z,
             replica=replica or client_id, state=part, optim=cfg.optim, seed=cfg.seed,
-            loss_here=(t == len(bounds) - 1) and not cfg.u_shape,
+            loss_here=z == end and (t == 0 or bounds[t - 1][1] < end),
         ))
     return loads
 

@@ -224,8 +224,8 @@ class Tier:
     def _input(self, b: _Binding, x: torch.Tensor) -> torch.Tensor:
         check_tensor(x, b.in_shape, b.in_dtype, "activation", self.max_batch)
         x = x.detach()
-        if b.spec.start > 0 and x.is_floating_point():
-            x.requires_grad_(True)
+        if x.is_floating_point() and template.trains_before(b.spec.model, b.spec.start):
+            x.requires_grad_(True)  # no parameters upstream: nobody needs this gradient, none is sent
         return x
 
     def _finish(self, b: _Binding, key: StepKey, phase: str, reply: object) -> None:
@@ -233,6 +233,10 @@ class Tier:
             b.optim.step()
             b.optim.zero_grad(set_to_none=True)
         b.last_seq, b.last_phase, b.cached = key.seq, phase, reply
+
+    def _onward(self, b: _Binding) -> Link | None:
+        """The next tier, unless this one ends the client's chain (no block of it lies beyond)."""
+        return None if b.spec.loss_here else self.next
 
     def _rng(self, b: _Binding, key: StepKey) -> int:
         return step_rng(b.spec.seed, key.client_id, key.round, key.seq)
@@ -258,7 +262,8 @@ class Tier:
 
     def _step(self, b: _Binding, key: StepKey, x: torch.Tensor, labels: torch.Tensor) -> StepReply:
         out = b.segment(x, rng=self._rng(b, key))
-        if b.spec.loss_here or self.next is None:
+        onward = self._onward(b)
+        if onward is None:
             loss = F.cross_entropy(out, labels)
             value = float(loss.detach())
             if not math.isfinite(value):
@@ -267,7 +272,7 @@ class Tier:
                 loss.backward()
             correct = int((out.detach().argmax(1) == labels).sum())
         else:
-            down = self.next.step(key, out.detach(), labels)
+            down = onward.step(key, out.detach(), labels)
             if out.requires_grad and down.grad is not None:
                 out.backward(down.grad)
             value, correct = down.loss, down.correct
@@ -284,7 +289,8 @@ class Tier:
             self._admit(b, key, "forward")
             x = self._input(b, activation)
             out = b.segment(x, rng=self._rng(b, key))
-            result = self.next.forward(key, out.detach()) if self.next is not None else out.detach()
+            onward = self._onward(b)
+            result = onward.forward(key, out.detach()) if onward is not None else out.detach()
         except BaseException:
             b.holds_lock = False
             b.replica.lock.release()
@@ -301,12 +307,13 @@ class Tier:
             raise FailedPrecondition(f"backward of step {key.seq} without its forward")
         self._admit(b, key, "backward")
         x, out = b.pending
-        want = b.out_shape if self.next is None else None
+        onward = self._onward(b)
+        want = b.out_shape if onward is None else None
         if want is not None:
             check_tensor(grad, want, out.dtype, "gradient", self.max_batch)
             if grad.shape[0] != out.shape[0]:
                 raise InvalidArgument(f"gradient batch {grad.shape[0]} does not match the forward's {out.shape[0]}")
-        g = self.next.backward(key, grad) if self.next is not None else grad
+        g = onward.backward(key, grad) if onward is not None else grad
         if out.requires_grad and g is not None:
             out.backward(g)
         gx = x.grad if x.requires_grad else None

@@ -66,7 +66,9 @@ class SegmentLoad:
     one replica per client) or a shared name (SplitFed v2 / vanilla SL: one
     server-side model, clients in turn). ``state`` (keys of blocks in range)
     overwrites those weights; ``None`` keeps what the replica holds.
-    ``loss_here``: this tier ends the chain and computes the loss.
+    ``loss_here``: this tier ends the client's chain (no later tier holds a
+    block of it): it computes the loss, or (U-shape) hands its output back to
+    the device; it never calls the next tier for this client.
     """
 
     run_id: str
