@@ -8,25 +8,95 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import threading
 from functools import lru_cache
 
 import torch
 from torch import nn
 
+from splitfed.errors import ResourceExhausted
 from splitfed.models.blocks import Blocks, to_blocks
-from splitfed.models.zoo import ModelSpec, build
+from splitfed.models.zoo import ZOO, ModelSpec, build
 
 _lock = threading.Lock()
+
+# What one process agrees to build for a model spec it is sent: the parameters of the whole
+# model, and the largest tensor any module produces for one sample. A spec is sized on
+# PyTorch's meta device (no memory) before it is built, so a tier refuses a model it could
+# never hold (RESOURCE_EXHAUSTED) instead of running out of memory trying.
+MAX_MODEL_BYTES = 4 << 30
+MAX_SAMPLE_BYTES = 256 << 20
+SMALL_INPUT_BYTES = 1 << 20  # above this, a forward pass on meta sizes the activations (~2 s once a process)
 
 
 def _key(spec: ModelSpec) -> str:
     return json.dumps(spec.to_dict(), sort_keys=True)
 
 
+@lru_cache(maxsize=256)
+def _size(key: str) -> tuple[int, int]:
+    spec = ModelSpec.from_dict(json.loads(key))
+    rng = torch.random.get_rng_state()
+    peak = [0]
+
+    def hook(_m: nn.Module, _i: object, out: object) -> None:
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                peak[0] = max(peak[0], t.numel() * t.element_size())
+
+    try:
+        with torch.device("meta"):
+            model = build(spec)
+            params = sum(p.numel() * p.element_size() for p in model.parameters())
+            if params > MAX_MODEL_BYTES:
+                return params, 0
+            x = spec.example_input(1)
+            peak[0] = x.numel() * x.element_size()
+            if peak[0] <= SMALL_INPUT_BYTES:  # activations are bounded by the parameter check
+                return params, peak[0]
+            hooks = [m.register_forward_hook(hook) for m in model.modules()]
+            try:
+                with torch.no_grad():
+                    model(x)
+            finally:
+                for h in hooks:
+                    h.remove()
+    finally:
+        torch.random.set_rng_state(rng)
+    return params, peak[0]
+
+
+def size(spec: ModelSpec) -> tuple[int, int]:
+    """(parameter bytes, largest tensor for one sample), measured without allocating the model.
+
+    For inputs up to SMALL_INPUT_BYTES a sample the second number is the input's size: there
+    the parameter limit already bounds every activation of the zoo's models.
+    """
+    return _size(_key(spec))
+
+
+def admit(spec: ModelSpec) -> None:
+    """Refuse a model too large to build here (see MAX_MODEL_BYTES, MAX_SAMPLE_BYTES).
+
+    A zoo model as the zoo defines it, on a small input, is admitted unmeasured: sizing
+    imports PyTorch's meta kernels (1-2 s once a process), and those models are small.
+    """
+    if spec.name in ZOO and not spec.kwargs and math.prod(spec.input_shape) * 8 <= SMALL_INPUT_BYTES:
+        return
+    params, peak = size(spec)
+    if params > MAX_MODEL_BYTES:
+        raise ResourceExhausted(f"model {spec.name!r} {dict(spec.kwargs) or ''} has {params / 2**20:.0f} MiB of "
+                                f"parameters; this process builds at most {MAX_MODEL_BYTES >> 20} MiB")
+    if peak > MAX_SAMPLE_BYTES:
+        raise ResourceExhausted(f"model {spec.name!r} with input {list(spec.input_shape)} makes a "
+                                f"{peak / 2**20:.0f} MiB tensor per sample; at most {MAX_SAMPLE_BYTES >> 20} MiB")
+
+
 @lru_cache(maxsize=16)
 def _template(key: str) -> Blocks:
     spec = ModelSpec.from_dict(json.loads(key))
+    admit(spec)
     rng = torch.random.get_rng_state()
     try:
         return to_blocks(build(spec, seed=0))
@@ -72,3 +142,15 @@ def _boundaries(key: str) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
 def boundary(spec: ModelSpec, index: int) -> tuple[tuple[int, ...], torch.dtype]:
     """Per-sample shape and dtype of the tensor entering block ``index`` (``L``: the logits)."""
     return _boundaries(_key(spec))[index]
+
+
+@lru_cache(maxsize=256)
+def _first_params(key: str) -> int:
+    blocks = template(ModelSpec.from_dict(json.loads(key)))
+    return next((i for i, m in enumerate(blocks.modules) if any(True for _ in m.parameters())), len(blocks))
+
+
+def trains_before(spec: ModelSpec, index: int) -> bool:
+    """Whether a block before ``index`` has parameters: only then does the gradient of the
+    tensor entering block ``index`` have a use (the cost model prices it on the same rule)."""
+    return _first_params(_key(spec)) < index

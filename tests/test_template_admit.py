@@ -1,0 +1,47 @@
+"""A process refuses to build a model it could never hold, before allocating any of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitfed.engine import template
+from splitfed.engine.rounds import initial_state, select
+from splitfed.engine.tier import Tier
+from splitfed.engine.types import SegmentLoad
+from splitfed.errors import ResourceExhausted
+from splitfed.models.zoo import resolve_spec
+
+
+def test_sizes_are_measured_without_building() -> None:
+    params, peak = template.size(resolve_spec("vgg11"))
+    assert params == 4 * sum(p.numel() for p in template.template(resolve_spec("vgg11")).whole().parameters())
+    assert peak > 0
+    # 10^5-wide resnet18: ~10^8 MiB of parameters; sized in well under a second, nothing allocated
+    huge, _ = template.size(resolve_spec("resnet18", width=100_000))
+    assert huge > 1e14
+
+
+@pytest.mark.parametrize(("spec", "what"), [
+    (resolve_spec("resnet18", width=100_000), "MiB of parameters"),
+    (resolve_spec("vgg11", input_shape=(3, 2048, 2048)), "MiB tensor per sample"),
+])
+def test_a_tier_refuses_a_model_too_large_to_hold(spec, what) -> None:  # type: ignore[no-untyped-def]
+    tier = Tier("edge")
+    with pytest.raises(ResourceExhausted, match=what):
+        tier.load(SegmentLoad("r", "c", 1, spec, 0, 1, "c", None))
+    assert not tier._bindings  # nothing half-done
+    ok = resolve_spec("vgg11", width=0.125)
+    tier.load(SegmentLoad("r", "c", 1, ok, 0, 1, "c", select(initial_state(ok, 0), 0, 1)))
+    assert tier._bindings
+
+
+def test_over_grpc_the_refusal_is_resource_exhausted_and_the_tier_keeps_serving() -> None:
+    from splitfed.transport.client import GrpcTierClient
+    from splitfed.transport.server import serve_tier
+
+    ok = resolve_spec("vgg11", width=0.125)
+    with serve_tier("edge", insecure=True) as server, GrpcTierClient(server.address, insecure=True) as client:
+        with pytest.raises(ResourceExhausted, match="MiB of parameters"):
+            client.load(SegmentLoad("r", "big", 1, resolve_spec("resnet18", width=100_000), 0, 1, "big", None))
+        client.load(SegmentLoad("r", "c", 1, ok, 0, 1, "c", select(initial_state(ok, 0), 0, 1)))
+        assert set(client.fetch("r", "c")) == set(select(initial_state(ok, 0), 0, 1))
