@@ -218,3 +218,13 @@ def test_topk_indices_are_checked() -> None:
                      data=payload).SerializeToString()
     with pytest.raises(InvalidArgument, match="strictly increasing"):
         wire.read_all([frame], None, wire.Limits())
+
+
+@pytest.mark.parametrize("codec", ["none", "fp16"])
+def test_writable_float16_never_aliases_the_message(codec: str) -> None:
+    """fp16 of a float16 tensor converts nothing: ``writable`` must still give memory of its own."""
+    t = torch.randn(6).half()
+    (frame,) = wire.frames(None, [("", tc.encode(t, codec))], 1 << 20)
+    x = wire.read_all([frame], None, wire.Limits(), writable=True)[1][0].tensor
+    x.add_(1)  # must not write into the immutable message
+    assert torch.equal(wire.read_all([frame], None, wire.Limits())[1][0].tensor, t)

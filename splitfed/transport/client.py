@@ -94,6 +94,7 @@ class GrpcTierClient:
         self.address = address
         self.deadline_s = float(deadline_s)
         self.codec = tc.Codec.parse(compress)
+        self._reply_codec = wire.codec_pb(self.codec)  # copied into each call's header
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
         self.limits = limits or wire.Limits()
@@ -189,7 +190,7 @@ class GrpcTierClient:
     def _data(self, key: StepKey, phase: int, tensors: Iterable[tuple[torch.Tensor, tc.Codec]],
               what: str) -> tuple[pb.StepResult, wire.Received | None, int]:
         head = pb.StepHeader(run_id=key.run_id, client_id=key.client_id, round=key.round, seq=key.seq, phase=phase,
-                             reply_codec=wire.codec_pb(self.codec))
+                             reply_codec=self._reply_codec)
         enc = [("", tc.encode(t, c)) for t, c in tensors]
         # one message up and (the activation's gradient) one message down: a unary call
         act = enc[0][1]

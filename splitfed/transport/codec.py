@@ -115,14 +115,17 @@ class Encoded:
 
 
 def _bytes_view(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy."""
-    t = t.detach()
-    if t.device.type != "cpu":
+    """The bytes of a tensor (on the CPU, in C order), without a copy where it already is."""
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_cpu:
         t = t.cpu()
-    t = t.contiguous()
-    if t.numel() == 0:
-        return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16
+        t = t.reshape(-1).view(torch.uint8)
+    a = t.numpy()  # as few torch calls as possible: each costs more than the rest on a step's path
+    return memoryview(a).cast("B") if a.size else memoryview(b"")
 
 
 def topk_count(numel: int, fraction: float) -> int:
@@ -235,7 +238,11 @@ def decode(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec,
             u8 = u8.clone()
         return u8.view(dtype).reshape(shape)
     if codec.kind == "fp16":
-        return _as_uint8(payload, 2).view(torch.float16).to(dtype).reshape(shape)
+        half = _as_uint8(payload, 2).view(torch.float16)
+        if dtype == torch.float16:  # no conversion: the payload itself, like the exact codec's
+            readonly = isinstance(payload, bytes) or (isinstance(payload, memoryview) and payload.readonly)
+            return (half.clone() if writable and readonly else half).reshape(shape)
+        return half.to(dtype).reshape(shape)
     if codec.kind == "int8":
         u8 = _as_uint8(payload, 4)
         scale, lo = u8[:8].view(torch.float32)
