@@ -52,6 +52,7 @@ class _Binding:
     in_shape: tuple[int, ...]
     in_dtype: torch.dtype
     out_shape: tuple[int, ...]
+    grad_in: bool  # a block before this segment has parameters: its input's gradient goes back
     last_seq: int = -1
     last_phase: str = ""
     cached: object = None
@@ -128,7 +129,7 @@ class Tier:
             in_shape, in_dtype = template.boundary(spec.model, spec.start)
             out_shape, _ = template.boundary(spec.model, spec.stop)
             binding = _Binding(spec, replica, segment, spec.optim.build(list(segment.parameters())),
-                               in_shape, in_dtype, out_shape)
+                               in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start))
         with self._lock:
             old = self._bindings.get(bkey)
             if old is not None:
@@ -224,8 +225,8 @@ class Tier:
     def _input(self, b: _Binding, x: torch.Tensor) -> torch.Tensor:
         check_tensor(x, b.in_shape, b.in_dtype, "activation", self.max_batch)
         x = x.detach()
-        if x.is_floating_point() and template.trains_before(b.spec.model, b.spec.start):
-            x.requires_grad_(True)  # no parameters upstream: nobody needs this gradient, none is sent
+        if b.grad_in and x.is_floating_point():  # else nobody upstream could use it: none is sent
+            x.requires_grad_(True)
         return x
 
     def _finish(self, b: _Binding, key: StepKey, phase: str, reply: object) -> None:
