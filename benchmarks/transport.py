@@ -82,9 +82,9 @@ def serve() -> None:
         whole = bytearray()
         for c in it:  # reassembled into one buffer, as a tensor must be
             whole += c
-        view = memoryview(whole)
-        for i in range(0, len(view), len(view) // max(1, -(-len(view) // (4 << 20)))):
-            yield view[i:i + (4 << 20)].tobytes()  # one copy per chunk out
+        view, chunk = memoryview(whole), wire.Limits().chunk_bytes  # the tiers' default chunks
+        for i in range(0, len(view), chunk):
+            yield view[i:i + chunk].tobytes()  # one copy per chunk out
 
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", {
         "Unary": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),

@@ -145,6 +145,12 @@ def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     return p
 
 
+def write_results(out: Path, records: Sequence[Mapping[str, Any]], series: Sequence[str] = ()) -> Path:
+    """``out/results.csv``: one row per run, without the per-round series (those are in results.json)."""
+    drop = {"accuracy", "sim_round_s", *series}
+    return write_csv(out / "results.csv", [{k: v for k, v in r.items() if k not in drop} for r in records])
+
+
 def _csv_value(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return ",".join(map(str, v))

@@ -21,7 +21,7 @@ from simulations.common import (
     report_runs,
     run_cases,
     run_record,
-    write_csv,
+    write_results,
 )
 
 
@@ -68,8 +68,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         print(f"  {rec['codec']:<10} {rec['bytes_total'] / 1e6:8.2f} MB"
               + (f" ({rec['bytes_vs_none']:.2f}x of none)" if rec["bytes_vs_none"] is not None else "")
               + f"  final accuracy {rec['final_accuracy']:.4f}")
-    write_csv(out / "results.csv", [{k: v for k, v in r.items() if k not in ("accuracy", "sim_round_s")}
-                                    for r in records])
+    write_results(out, records)
     return {"codecs": records, "figures": figures}
 
 

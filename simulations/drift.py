@@ -22,7 +22,7 @@ from simulations.common import (
     resolve_policy,
     run_cases,
     run_record,
-    write_csv,
+    write_results,
 )
 from splitfed.errors import ConfigError
 from splitfed.sim.inprocess import sim_clients
@@ -96,8 +96,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         records.append(rec)
         print(f"  {label:<24} makespan before {_s(rec['makespan_before_s'])}, at drift {_s(rec['makespan_drift_round_s'])}, "
               f"last {cfg.tail_rounds} rounds {_s(rec['makespan_tail_s'])}; {len(rec['moves'])} cut move(s)")
-    write_csv(out / "results.csv", [{k: v for k, v in r.items() if k not in ("accuracy", "sim_round_s", "moves")}
-                                    for r in records])
+    write_results(out, records, series=("moves",))
     return {"drift_round": first, "drifting_clients": drifting, "policies": records, "figures": figures}
 
 

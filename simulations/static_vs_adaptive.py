@@ -24,7 +24,7 @@ from simulations.common import (
     resolve_policy,
     run_cases,
     run_record,
-    write_csv,
+    write_results,
 )
 
 
@@ -50,8 +50,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     figures = report_runs(runs, out, cfg.target_accuracy, title="Static vs adaptive cuts")
     records = [{"policy": p, "cuts": s.cuts, **run_record(r, cfg.target_accuracy)}
                for p, (_, s), r in zip(cfg.policies, cases, runs, strict=True)]
-    write_csv(out / "results.csv", [{k: v for k, v in r.items() if k not in ("accuracy", "sim_round_s")}
-                                    for r in records])
+    write_results(out, records)
     static = [r for r in records if r["cuts"].startswith("static:") and r["time_to_target_s"] is not None]
     best = min(static, key=lambda r: r["time_to_target_s"]) if static else None
     adaptive = next((r for r in records if r["policy"] == "adaptive"), None)

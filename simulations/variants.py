@@ -20,7 +20,7 @@ from simulations.common import (
     report_runs,
     run_cases,
     run_record,
-    write_csv,
+    write_results,
 )
 
 VARIANTS = ("sl", "sflv1", "sflv2", "fedavg")
@@ -61,8 +61,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     for rec in records:
         print(f"  {rec['variant']:<7} final accuracy {rec['final_accuracy']:.4f}  "
               f"simulated time {rec['sim_time_s']:.2f}s  {(rec['bytes_up'] + rec['bytes_down']) / 1e6:.2f} MB")
-    write_csv(out / "results.csv", [{k: v for k, v in r.items() if k not in ("accuracy", "sim_round_s")}
-                                    for r in records])
+    write_results(out, records)
     return {"variants": records, "figures": figures}
 
 

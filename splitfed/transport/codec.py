@@ -218,6 +218,11 @@ def _as_uint8(payload: memoryview | bytes | bytearray | torch.Tensor, align: int
     return u8
 
 
+def _readonly(payload: object) -> bool:
+    """Whether a decoded view of ``payload`` would share memory nobody may write (a received message)."""
+    return isinstance(payload, bytes) or (isinstance(payload, memoryview) and payload.readonly)
+
+
 def decode(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec,
            payload: memoryview | bytes | bytearray | torch.Tensor, *, writable: bool = False) -> torch.Tensor:
     """Rebuild a tensor whose meta passed :func:`check_meta`.
@@ -233,15 +238,13 @@ def decode(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec,
         return torch.empty(shape, dtype=dtype)
     if codec.kind == "none":
         u8 = _as_uint8(payload, dtype.itemsize)
-        readonly = isinstance(payload, bytes) or (isinstance(payload, memoryview) and payload.readonly)
-        if writable and readonly:
+        if writable and _readonly(payload):
             u8 = u8.clone()
         return u8.view(dtype).reshape(shape)
     if codec.kind == "fp16":
         half = _as_uint8(payload, 2).view(torch.float16)
         if dtype == torch.float16:  # no conversion: the payload itself, like the exact codec's
-            readonly = isinstance(payload, bytes) or (isinstance(payload, memoryview) and payload.readonly)
-            return (half.clone() if writable and readonly else half).reshape(shape)
+            return (half.clone() if writable and _readonly(payload) else half).reshape(shape)
         return half.to(dtype).reshape(shape)
     if codec.kind == "int8":
         u8 = _as_uint8(payload, 4)
