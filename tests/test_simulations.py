@@ -185,6 +185,7 @@ def test_fleet_paths_resolve_next_to_the_configs() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("flower-real")  # one Ray cluster at a time: two starting at once on 2 cores can time out
 def test_static_vs_adaptive_through_flower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The tiny config through Flower's simulation engine and gRPC tiers, as the full configs run."""
     cfg = tmp_path / "flower.toml"

@@ -3,7 +3,9 @@
 The runner starts the tier servers (edge and cloud processes on 127.0.0.1, random
 free ports), then Flower's simulation engine with ``clients`` virtual nodes
 (Ray actors, 1 CPU each, at most one per core) running the ClientApp, and the
-ServerApp in this process. Every process it started is stopped on the way out:
+ServerApp in this process. Ray is started first, by the runner, so a start that
+times out is retried before anything else exists (``splitfed.sim.ray_start``).
+Every process it started is stopped on the way out:
 normal end, error or Ctrl-C (the ServerApp polls a stop flag, Ray is shut down,
 the tier processes are stopped by their context manager).
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 from splitfed.errors import SplitfedError
 from splitfed.flower.config import RunSettings
+from splitfed.sim.ray_start import RayStartError, start_ray
 from splitfed.sim.tiers import start_tiers
 
 
@@ -40,15 +43,16 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     stop = threading.Event()
     summary: dict[str, Any] = {}
     try:
+        try:
+            start_ray({"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
+                       "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress)
+        except RayStartError as e:
+            raise SimulationError(f"the simulation engine failed: {e}") from e
         with start_tiers(settings) as chain:
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses))
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
             server_app = build_app(run_settings, progress, stop=stop, on_summary=summary.update)
-            backend = {
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
-                              "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose},
-            }
+            backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}  # Ray is already up
             try:
                 run_simulation(server_app, client_app, num_supernodes=settings.clients, backend_config=backend,
                                verbose_logging=verbose)

@@ -1,0 +1,59 @@
+"""Start Ray for the simulation, retrying a start that times out.
+
+Ray gives its node processes a fixed 30 s to register (``raylet_start_wait_time_s``
+in ``ray._private.node``, not configurable); on a loaded 2-core machine a start
+can miss it and nothing has run yet. So the runner starts Ray itself, before any
+tier process or ServerApp exists, and retries a failed start after killing the
+processes that attempt left behind (Ray does not stop them when ``Node()``
+raises). Flower's backend sees Ray initialised and uses it as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+ATTEMPTS = 3
+
+
+class RayStartError(RuntimeError):
+    """Ray did not start in ``ATTEMPTS`` tries; the message holds the last cause."""
+
+
+def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
+              log: Callable[[str], None] = lambda line: None) -> None:
+    """``ray.init`` with Flower's runtime env (PYTHONPATH to the workers), retried on failure."""
+    import ray
+
+    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    last: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        before = {p.pid for p in _children()}
+        try:
+            ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+            return
+        except Exception as e:  # Ray raises bare Exception on a start timeout
+            last = e
+            if ray.is_initialized():
+                ray.shutdown()
+            _kill([p for p in _children() if p.pid not in before])
+            log(f"Ray did not start (attempt {attempt}/{attempts}): {type(e).__name__}: {e}")
+    raise RayStartError(f"Ray did not start in {attempts} attempts; last error: {type(last).__name__}: {last}") \
+        from last
+
+
+def _children() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)

@@ -1,0 +1,80 @@
+"""Ray's start is retried when it times out, and a failed attempt leaves no process behind.
+
+A start timeout cannot be provoked on demand, so ``ray.init`` is wrapped to fail
+the way Ray does (after spawning processes, raising a bare ``Exception``); the
+retry then starts the real Ray.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+import splitfed.sim.runner
+from splitfed.flower.config import RunSettings
+from splitfed.sim.ray_start import RayStartError, start_ray
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
+
+TIMEOUT = "The current node timed out during startup."
+
+
+def failing_init(fail_times: int, spawned: list[subprocess.Popen], real):  # type: ignore[no-untyped-def]
+    calls = {"n": 0}
+
+    def init(**kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] <= fail_times:
+            spawned.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+            raise Exception(TIMEOUT)  # noqa: TRY002 — what Ray raises
+        return real(**kwargs)
+
+    return init, calls
+
+
+def test_a_start_that_times_out_is_retried_and_its_processes_killed(monkeypatch) -> None:
+    import ray
+
+    spawned: list[subprocess.Popen] = []
+    init, calls = failing_init(1, spawned, ray.init)
+    monkeypatch.setattr(ray, "init", init)
+    lines: list[str] = []
+    try:
+        start_ray({"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "logging_level": "ERROR"},
+                  log=lines.append)
+        assert ray.is_initialized() and calls["n"] == 2
+        assert ray.cluster_resources().get("CPU") == 1
+    finally:
+        ray.shutdown()
+    assert lines == [f"Ray did not start (attempt 1/3): Exception: {TIMEOUT}"]
+    assert spawned[0].poll() is not None  # the failed attempt's leftover was killed
+
+
+def test_a_start_that_never_succeeds_names_the_cause_and_leaves_nothing(monkeypatch) -> None:
+    import ray
+
+    spawned: list[subprocess.Popen] = []
+    init, calls = failing_init(99, spawned, ray.init)
+    monkeypatch.setattr(ray, "init", init)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(RayStartError, match=f"did not start in 2 attempts; last error: Exception: {TIMEOUT}"):
+        start_ray({"num_cpus": 1}, attempts=2)
+    assert calls["n"] == 2 and not ray.is_initialized()
+    assert all(p.poll() is not None for p in spawned)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_simulate_starts_no_tier_when_ray_does_not_start(monkeypatch, tmp_path) -> None:
+    import ray
+
+    spawned: list[subprocess.Popen] = []
+    init, _ = failing_init(99, spawned, ray.init)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(splitfed.sim.runner, "start_tiers", lambda s: pytest.fail("tiers started"))
+    with pytest.raises(splitfed.sim.runner.SimulationError, match="the simulation engine failed: Ray did not start"):
+        splitfed.sim.runner.simulate(RunSettings(rounds=1, clients=2, out=str(tmp_path / "run")),
+                                     progress=lambda line: None)
+    assert not (tmp_path / "run").exists()
