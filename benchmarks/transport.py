@@ -8,7 +8,8 @@
     server process: unary (one message each way) and streamed (the same chunks,
     reply after the whole request, as a step must). The tier answers with the
     activation as its gradient, so (b) measures transport only: framing, codec,
-    validation of frames, gRPC. Also a chunk-size sweep for 32 MB. Target: >= 0.9.
+    validation of frames, gRPC. Also a sweep of (chunk, unary) sizes, in rotating
+    order, for every size. Target: >= 0.9.
     Beside them, the ceiling: an echo that makes only the copies a tensor RPC
     cannot avoid in gRPC Python (which sends only ``bytes``): the request's bytes
     made from the tensor on each call, a fresh reply on the server (the gradient
@@ -40,7 +41,7 @@ import torch
 MB = 1 << 20
 SIZES_MB = (1, 8, 32)
 # (chunk_bytes, unary_bytes): the default, and the alternatives it was chosen from
-SWEEP = ((4 << 20, 16 << 20), (1 << 20, 1 << 20), (4 << 20, 4 << 20), (8 << 20, 8 << 20), (16 << 20, 16 << 20))
+SWEEP = ((1 << 20, 4 << 20), (4 << 20, 16 << 20), (1 << 20, 16 << 20), (1 << 20, 1 << 20), (4 << 20, 4 << 20), (16 << 20, 16 << 20))
 CODECS = ("none", "fp16", "int8", "topk:0.1", "topk:0.01")
 
 
@@ -242,9 +243,10 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
             t = {c: [] for c in clients}
             for c in clients:
                 step(clients[c], act)
-            for _ in range(max(3, args.reps_b // 2)):
-                for c, client in clients.items():
-                    t[c] += timed(lambda client=client, act=act: step(client, act), 1)
+            order = list(clients)
+            for rep in range(max(3, args.reps_b // 2)):
+                for c in order[rep % len(order):] + order[:rep % len(order)]:  # rotated: no one always goes first
+                    t[c] += timed(lambda client=clients[c], act=act: step(client, act), 1)
             for c in clients:
                 chunk, unary = map(int, c.split("/"))
                 sweep.append({"chunk_bytes": chunk, "unary_bytes": unary, "activation_mb": size,

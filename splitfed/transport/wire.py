@@ -44,8 +44,8 @@ class Limits:
     call's count of each (RESOURCE_EXHAUSTED above any).
     """
 
-    chunk_bytes: int = 4 << 20
-    unary_bytes: int = 16 << 20
+    chunk_bytes: int = 1 << 20
+    unary_bytes: int = 4 << 20
     max_tensor_bytes: int = 512 << 20
     max_call_bytes: int = 1 << 30
     max_tensors: int = 10_000
