@@ -15,6 +15,7 @@ import sys
 import threading
 
 from splitfed.commands._args import positive_int
+from splitfed.engine.limits import DEFAULT_LIMITS, BuildLimits, set_limits
 from splitfed.errors import ConfigError
 
 
@@ -37,6 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline", type=float, default=60.0, help="seconds per call to --next")
     p.add_argument("--max-workers", type=positive_int, default=32, help="concurrent calls served")
     p.add_argument("--max-tensor-mb", type=positive_int, default=512, help="largest tensor accepted, MiB")
+    p.add_argument("--max-model-mb", type=positive_int, default=DEFAULT_LIMITS.model_bytes >> 20,
+                   help="largest model (parameters) this tier builds, MiB")
+    p.add_argument("--max-sample-mb", type=positive_int, default=DEFAULT_LIMITS.sample_bytes >> 20,
+                   help="largest tensor a model may make per sample, MiB")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODULE:FACTORY",
                    help="serve this non-zoo model factory too (repeatable)")
@@ -74,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
+    set_limits(BuildLimits(args.max_model_mb << 20, args.max_sample_mb << 20))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {args.name or role} %(levelname)s %(message)s")
     limits = wire.Limits(max_tensor_bytes=args.max_tensor_mb << 20,

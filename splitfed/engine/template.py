@@ -15,18 +15,13 @@ from functools import lru_cache
 import torch
 from torch import nn
 
+from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
 from splitfed.errors import ResourceExhausted
 from splitfed.models.blocks import Blocks, to_blocks
 from splitfed.models.zoo import ZOO, ModelSpec, build
 
 _lock = threading.Lock()
 
-# What one process agrees to build for a model spec it is sent: the parameters of the whole
-# model, and the largest tensor any module produces for one sample. A spec is sized on
-# PyTorch's meta device (no memory) before it is built, so a tier refuses a model it could
-# never hold (RESOURCE_EXHAUSTED) instead of running out of memory trying.
-MAX_MODEL_BYTES = 4 << 30
-MAX_SAMPLE_BYTES = 256 << 20
 SMALL_INPUT_BYTES = 1 << 20  # above this, a forward pass on meta sizes the activations (~2 s once a process)
 
 
@@ -35,7 +30,7 @@ def _key(spec: ModelSpec) -> str:
 
 
 @lru_cache(maxsize=256)
-def _size(key: str) -> tuple[int, int]:
+def _size(key: str, model_bytes: int) -> tuple[int, int]:
     spec = ModelSpec.from_dict(json.loads(key))
     rng = torch.random.get_rng_state()
     peak = [0]
@@ -49,7 +44,7 @@ def _size(key: str) -> tuple[int, int]:
         with torch.device("meta"):
             model = build(spec)
             params = sum(p.numel() * p.element_size() for p in model.parameters())
-            if params > MAX_MODEL_BYTES:
+            if params > model_bytes:  # refused anyway: spare the forward pass
                 return params, 0
             x = spec.example_input(1)
             peak[0] = x.numel() * x.element_size()
@@ -71,32 +66,39 @@ def size(spec: ModelSpec) -> tuple[int, int]:
     """(parameter bytes, largest tensor for one sample), measured without allocating the model.
 
     For inputs up to SMALL_INPUT_BYTES a sample the second number is the input's size: there
-    the parameter limit already bounds every activation of the zoo's models.
+    the default parameter limit already bounds every activation of the zoo's models. The
+    second number is 0 when the parameters alone exceed this process's limit.
     """
-    return _size(_key(spec))
+    return _size(_key(spec), current_limits().model_bytes)
 
 
 def admit(spec: ModelSpec) -> None:
-    """Refuse a model too large to build here (see MAX_MODEL_BYTES, MAX_SAMPLE_BYTES).
+    """Refuse a model too large to build here (see splitfed.engine.limits).
 
-    A zoo model as the zoo defines it, on a small input, is admitted unmeasured: sizing
-    imports PyTorch's meta kernels (1-2 s once a process), and those models are small.
+    Under the default limits a zoo model as the zoo defines it, on a small input, is
+    admitted unmeasured: sizing imports PyTorch's meta kernels (1-2 s once a process),
+    and those models are small.
     """
-    if spec.name in ZOO and not spec.kwargs and math.prod(spec.input_shape) * 8 <= SMALL_INPUT_BYTES:
+    lim = current_limits()
+    if (spec.name in ZOO and not spec.kwargs and math.prod(spec.input_shape) * 8 <= SMALL_INPUT_BYTES
+            and lim.model_bytes >= DEFAULT_LIMITS.model_bytes and lim.sample_bytes >= DEFAULT_LIMITS.sample_bytes):
         return
     params, peak = size(spec)
-    if params > MAX_MODEL_BYTES:
-        raise ResourceExhausted(f"model {spec.name!r} {dict(spec.kwargs) or ''} has {params / 2**20:.0f} MiB of "
-                                f"parameters; this process builds at most {MAX_MODEL_BYTES >> 20} MiB")
-    if peak > MAX_SAMPLE_BYTES:
+    if params > lim.model_bytes:
+        raise ResourceExhausted(f"model {spec.name!r} {dict(spec.kwargs) or ''} has {_mib(params)} MiB of "
+                                f"parameters; this process builds at most {_mib(lim.model_bytes)} MiB")
+    if peak > lim.sample_bytes:
         raise ResourceExhausted(f"model {spec.name!r} with input {list(spec.input_shape)} makes a "
-                                f"{peak / 2**20:.0f} MiB tensor per sample; at most {MAX_SAMPLE_BYTES >> 20} MiB")
+                                f"{_mib(peak)} MiB tensor per sample; at most {_mib(lim.sample_bytes)} MiB")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.3g}" if n < 10 << 20 else f"{n / 2**20:.0f}"
 
 
 @lru_cache(maxsize=16)
 def _template(key: str) -> Blocks:
     spec = ModelSpec.from_dict(json.loads(key))
-    admit(spec)
     rng = torch.random.get_rng_state()
     try:
         return to_blocks(build(spec, seed=0))
@@ -106,6 +108,7 @@ def _template(key: str) -> Blocks:
 
 def template(spec: ModelSpec) -> Blocks:
     """The shared, never-trained blocks of ``spec`` (do not mutate them)."""
+    admit(spec)  # outside the cache: limits apply to a model built before they were set
     with _lock:
         return _template(_key(spec))
 

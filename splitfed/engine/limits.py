@@ -1,0 +1,41 @@
+"""How large a model one process agrees to build (torch-free: the CLI reads the defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitfed.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """What one process agrees to build for a model spec it is sent.
+
+    The parameters of the whole model, and the largest tensor any module produces
+    for one sample. A spec is sized on PyTorch's meta device (no memory) before it
+    is built, so a tier refuses a model it could never hold (RESOURCE_EXHAUSTED)
+    instead of running out of memory trying. ``splitfed tier --max-model-mb
+    --max-sample-mb`` sets them for a tier process.
+    """
+
+    model_bytes: int = 4 << 30
+    sample_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("model_bytes", "sample_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+DEFAULT_LIMITS = BuildLimits()
+_limits = DEFAULT_LIMITS
+
+
+def set_limits(limits: BuildLimits) -> None:
+    """This process's limits from now on (a tier sets them once, at start)."""
+    global _limits
+    _limits = limits
+
+
+def current_limits() -> BuildLimits:
+    return _limits
