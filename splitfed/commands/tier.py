@@ -39,9 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-workers", type=positive_int, default=32, help="concurrent calls served")
     p.add_argument("--max-tensor-mb", type=positive_int, default=512, help="largest tensor accepted, MiB")
     p.add_argument("--max-model-mb", type=positive_int, default=DEFAULT_LIMITS.model_bytes >> 20,
-                   help="largest model (parameters) this tier builds, MiB")
+                   help="largest model (parameters) this tier builds, MiB (default: %(default)s)")
     p.add_argument("--max-sample-mb", type=positive_int, default=DEFAULT_LIMITS.sample_bytes >> 20,
-                   help="largest tensor a model may make per sample, MiB")
+                   help="largest tensor a model may make per sample, MiB (default: %(default)s)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODULE:FACTORY",
                    help="serve this non-zoo model factory too (repeatable)")
