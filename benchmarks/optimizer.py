@@ -38,7 +38,7 @@ import torch
 from splitfed.cost.model import MODES, RoundCost, Scenario, option_table
 from splitfed.errors import SplitfedError
 from splitfed.models.zoo import resolve_spec
-from splitfed.optimizer.solve import Solution, all_on_server, best_static, greedy, solve
+from splitfed.optimizer.assign import Solution, all_on_server, best_static, greedy, solve
 from splitfed.profile.fleet import Fleet, load_fleet
 from splitfed.profile.profiler import profile_model
 

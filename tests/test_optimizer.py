@@ -14,7 +14,7 @@ from splitfed.cli import main
 from splitfed.cost import Scenario, cut_options, evaluate, option_table
 from splitfed.errors import ConfigError
 from splitfed.optimizer import all_on_server, best_static, exhaustive, greedy, solve, static
-from splitfed.optimizer.solve import _union_tiers
+from splitfed.optimizer.assign import _union_tiers
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 MAX_ASSIGNMENTS = 20_000  # keeps brute force fast: every example enumerates them all

@@ -10,7 +10,7 @@ from splitfed.commands.profile import cache_dir
 from splitfed.cost.model import Scenario
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import resolve_spec
-from splitfed.optimizer.solve import (
+from splitfed.optimizer.assign import (
     DEFAULT_GAP,
     EXHAUSTIVE_LIMIT,
     Solution,

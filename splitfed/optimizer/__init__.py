@@ -1,7 +1,7 @@
 """Cut assignment: the exact optimizer, baseline policies, and online adaptation between rounds."""
 
 from splitfed.optimizer.adapt import Adapter, Decision, Measurement
-from splitfed.optimizer.solve import (
+from splitfed.optimizer.assign import (
     DEFAULT_GAP,
     EXHAUSTIVE_LIMIT,
     Solution,

@@ -8,7 +8,7 @@ FLOP/s) and updates its beliefs, one rate at a time:
     belief <- (1 - alpha) belief + alpha measured  otherwise
 
 (smoothing absorbs noise; a jump beyond ``jump``x is a change of regime and is
-believed at once). It then re-solves (exact, :func:`~splitfed.optimizer.solve.solve`)
+believed at once). It then re-solves (exact, :func:`~splitfed.optimizer.assign.solve`)
 under the new beliefs and prices, over the R rounds left:
 
     J(keep) = R * M(current)
@@ -44,7 +44,7 @@ from splitfed.cost.model import (
     server_memory,
 )
 from splitfed.errors import ConfigError
-from splitfed.optimizer.solve import DEFAULT_GAP, solve
+from splitfed.optimizer.assign import DEFAULT_GAP, solve
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
 
