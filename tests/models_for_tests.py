@@ -61,3 +61,8 @@ def small_sequential() -> nn.Module:
 
 def not_a_module() -> int:
     return 3
+
+
+def frozen_front() -> nn.Module:
+    """Parameter-free blocks first: in U-shape a head and server part may hold nothing to train."""
+    return nn.Sequential(nn.Tanh(), nn.Dropout(0.1), nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))

@@ -22,8 +22,9 @@ Per client, per round (prefix sums make each term O(1) per option):
   block (k_j < E), with the labels (int64, 8 bytes a sample, never compressed;
   not with U-shape: labels stay on the device); the gradient comes back down iff
   a block before it has parameters (p[0, k_j) > 0). U-shape: the tail's input
-  a_E comes back down over every link the chain went up, and its gradient goes
-  up again iff p[0, E) > 0.
+  a_E comes back down over every link the chain went up, and its gradient always
+  goes up again (that backward call also releases the replicas the servers hold
+  since the forward, even when nothing before E has parameters).
 - bytes on the wire (``codec``, per link; what :mod:`splitfed.transport.compress`
   sends for a float32 tensor of N = b * a / 4 values, b samples in the message):
   none: 4N; fp16: 2N; int8: 8 + N (float32 scale and offset, one byte a value);
@@ -356,7 +357,6 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     grad = (P["param"][k] > 0).astype(float)
     a_k, fl_k = P["bound"][k], P["floating"][k]
     a_e, fl_e = P["bound"][E], P["floating"][E]
-    grad_e = (P["param"][E] > 0).astype(float)
 
     def per_round(cd: WireCodec, a: np.ndarray, fl: np.ndarray) -> np.ndarray:
         return sc.epochs * (full * wire_bytes(cd, a, B, fl) + wire_bytes(cd, a, short, fl))
@@ -367,7 +367,7 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
         act_r, act_b = per_round(cd, a_k[:, j], fl_k[:, j]), wire_bytes(cd, a_k[:, j], B, fl_k[:, j])
         if sc.u_shape:
             tail_r, tail_b = per_round(cd, a_e, fl_e), wire_bytes(cd, a_e, B, fl_e)
-            up_r[:, j], up_b[:, j] = act_r + grad_e * tail_r, act_b + grad_e * tail_b
+            up_r[:, j], up_b[:, j] = act_r + tail_r, act_b + tail_b  # a_E's gradient: always
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r + tail_r, grad[:, j] * act_b + tail_b
             if j == 0:
                 tail_r1 = tail_r
@@ -375,7 +375,7 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
             up_r[:, j], up_b[:, j] = act_r + S * LABEL_BYTES, act_b + B * LABEL_BYTES
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r, grad[:, j] * act_b
     if sc.u_shape:
-        up_msgs, down_msgs = cross * (1 + grad_e[:, None]), cross * (grad + 1)
+        up_msgs, down_msgs = cross * 2, cross * (grad + 1)
     else:
         up_msgs, down_msgs = cross, cross * grad
     up_bytes, down_bytes = cross * up_r, cross * down_r
@@ -389,7 +389,7 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     server_s = _sum(compute_s[:, 1:]) + _sum(up_s[:, 1:]) + _sum(down_s[:, 1:])
     if sc.u_shape:  # the server holds its replica while the device's tail runs (see the module docstring)
         trip = (tail_ps * S / client.device.flops + tail_r1 / down_bw[0] + n * half_rtt[0]
-                + grad_e * (tail_r1 / up_bw[0] + n * half_rtt[0]))
+                + tail_r1 / up_bw[0] + n * half_rtt[0])
         server_s = server_s + cross[:, 0] * trip
     fwd_ps = P["fwd"][edges[:, 1:]] - P["fwd"][edges[:, :-1]]
     fwd_ps[:, 0] += P["fwd"][L] - P["fwd"][E]
