@@ -283,7 +283,7 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3, help="(a): alternating rounds")
+    ap.add_argument("--reps", type=int, default=5, help="(a): alternating rounds")
     ap.add_argument("--steps", type=int, default=2, help="(a): steps per round and side")
     ap.add_argument("--reps-b", type=int, default=15, help="(b): calls per side, one side after the other")
     ap.add_argument("--skip-a", action="store_true", help="only (b) and (c) (no vgg11 training)")
