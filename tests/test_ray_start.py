@@ -28,7 +28,8 @@ def failing_init(fail_times: int, spawned: list[subprocess.Popen], real):  # typ
     def init(**kwargs):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] <= fail_times:
-            spawned.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+            # what Ray leaves behind: a process whose command line names ray (as gcs_server and raylet do)
+            spawned.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "fake-raylet"]))
             raise Exception(TIMEOUT)  # noqa: TRY002 — what Ray raises
         return real(**kwargs)
 
@@ -51,6 +52,26 @@ def test_a_start_that_times_out_is_retried_and_its_processes_killed(monkeypatch)
         ray.shutdown()
     assert lines == [f"Ray did not start (attempt 1/3): Exception: {TIMEOUT}"]
     assert spawned[0].poll() is not None  # the failed attempt's leftover was killed
+
+
+def test_only_rays_processes_are_killed(monkeypatch) -> None:
+    """A child that is not Ray's, started while Ray was starting, is left alone."""
+    import ray
+
+    other: list[subprocess.Popen] = []
+
+    def init(**kwargs):  # type: ignore[no-untyped-def]
+        other.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+        raise Exception(TIMEOUT)  # noqa: TRY002
+
+    monkeypatch.setattr(ray, "init", init)
+    try:
+        with pytest.raises(RayStartError):
+            start_ray({"num_cpus": 1}, attempts=1)
+        assert other[0].poll() is None
+    finally:
+        other[0].kill()
+        other[0].wait()
 
 
 def test_a_start_that_never_succeeds_names_the_cause_and_leaves_nothing(monkeypatch) -> None:

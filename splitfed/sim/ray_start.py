@@ -40,7 +40,7 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
             last = e
             if ray.is_initialized():
                 ray.shutdown()
-            _kill([p for p in _children() if p.pid not in before])
+            _kill([p for p in _children() if p.pid not in before and _is_ray(p)])
             log(f"Ray did not start (attempt {attempt}/{attempts}): {type(e).__name__}: {e}")
     raise RayStartError(f"Ray did not start in {attempts} attempts; last error: {type(last).__name__}: {last}") \
         from last
@@ -48,6 +48,14 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
 
 def _children() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
+
+
+def _is_ray(p: psutil.Process) -> bool:
+    """Ray's own processes (gcs_server, raylet, its Python helpers) name it on their command line."""
+    try:
+        return "ray" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _kill(procs: list[psutil.Process]) -> None:
