@@ -40,8 +40,8 @@ import torch
 
 MB = 1 << 20
 SIZES_MB = (1, 8, 32)
-# (chunk_bytes, unary_bytes): the default, and the alternatives it was chosen from
-SWEEP = ((1 << 20, 4 << 20), (4 << 20, 16 << 20), (1 << 20, 16 << 20), (1 << 20, 1 << 20), (4 << 20, 4 << 20), (16 << 20, 16 << 20))
+# (chunk_bytes, unary_bytes): the alternatives the default (wire.Limits) was chosen from
+ALTERNATIVES = ((4 << 20, 16 << 20), (1 << 20, 16 << 20), (1 << 20, 1 << 20), (4 << 20, 4 << 20), (16 << 20, 16 << 20))
 CODECS = ("none", "fp16", "int8", "topk:0.1", "topk:0.01")
 
 
@@ -70,7 +70,7 @@ def serve() -> None:
 
     torch.set_num_threads(1)
     tiers = {f"{c}/{u}": serve_tier("echo", insecure=True, tier=EchoTier(), max_workers=4,
-                                    limits=wire.Limits(chunk_bytes=c, unary_bytes=u)) for c, u in SWEEP}
+                                    limits=wire.Limits(chunk_bytes=c, unary_bytes=u)) for c, u in _sweep()}
     big = 2 * max(SIZES_MB) * MB
     opts = [("grpc.max_send_message_length", big), ("grpc.max_receive_message_length", big), ("grpc.so_reuseport", 0)]
     server = grpc.server(futures.ThreadPoolExecutor(4), options=opts)
@@ -100,6 +100,14 @@ def serve() -> None:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _sweep() -> list[tuple[int, int]]:
+    """The default (chunk, unary) pair first, then the alternatives that are not it."""
+    from splitfed.transport import wire
+
+    d = (wire.Limits().chunk_bytes, wire.Limits().unary_bytes)
+    return [d, *(p for p in ALTERNATIVES if p != d)]
 
 
 def timed(fn, reps: int) -> list[float]:  # type: ignore[no-untyped-def]

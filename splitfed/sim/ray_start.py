@@ -21,7 +21,7 @@ ATTEMPTS = 3
 
 
 class RayStartError(RuntimeError):
-    """Ray did not start in ``ATTEMPTS`` tries; the message holds the last cause."""
+    """Ray did not start in the tries allowed; the message holds the last cause."""
 
 
 def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
