@@ -112,7 +112,7 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
                     rnd, state_now, settings.to_dict(), dict(strategy.previous), policy.state_dict(),
                     torch.get_rng_state()))
-            say(_progress_line(row, settings.rounds))
+            say(_progress_line(row, settings.rounds, profiles))
             started = time.perf_counter()
 
         strategy.start(grid, state_to_record(state), num_rounds=settings.rounds,
@@ -154,16 +154,28 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "bytes_up": rec.bytes_up,
         "bytes_down": rec.bytes_down,
         "cuts": {cid: list(c) for cid, c in rec.assignment.items()},
+        "moved": {cid: [list(a), list(b)] for cid, (a, b) in rec.moved.items()},
         "clients": len(rec.measurements),
         "failed": rec.failed,
         "per_client": per_client,
     }
 
 
-def _progress_line(row: dict[str, Any], rounds: int) -> str:
+def _progress_line(row: dict[str, Any], rounds: int, profiles: dict[str, str] | None = None) -> str:
     sim = (f"  sim {row['sim_round_s']:.2f}s" if row["sim_round_s"] is not None
            else f"  measured {row['measured_round_s']:.2f}s")
     failed = f"  failed {len(row['failed'])}" if row["failed"] else ""
     return (f"round {row['round']}/{rounds}  acc {row['accuracy']:.4f}  loss {row['loss']:.4f}  "
             f"wall {row['wall_s']:.1f}s{sim}  up {row['bytes_up'] / 1e6:.2f} MB  "
-            f"down {row['bytes_down'] / 1e6:.2f} MB  clients {row['clients']}{failed}")
+            f"down {row['bytes_down'] / 1e6:.2f} MB  clients {row['clients']}{failed}{_moved(row, profiles or {})}")
+
+
+def _moved(row: dict[str, Any], profiles: dict[str, str], show: int = 3) -> str:
+    """``  moved 2: client3 (phone-mid-0) 7,7 -> 0,7, ...``: the cuts the policy moved this round."""
+    moved = row.get("moved") or {}
+    if not moved:
+        return ""
+    parts = [f"{cid}{f' ({profiles[cid]})' if profiles.get(cid) else ''} "
+             f"{','.join(map(str, a))} -> {','.join(map(str, b))}" for cid, (a, b) in sorted(moved.items())[:show]]
+    more = f", +{len(moved) - show} more" if len(moved) > show else ""
+    return f"  moved {len(moved)}: " + ", ".join(parts) + more

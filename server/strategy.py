@@ -28,7 +28,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
@@ -76,6 +76,7 @@ class RoundRecord:
     failed: list[str] = field(default_factory=list)
     sim_round_s: float | None = None
     train_loss: float | None = None
+    moved: dict[str, tuple[Cuts, Cuts]] = field(default_factory=dict)  # client -> (cuts it last trained at, now)
 
     @property
     def bytes_up(self) -> int:
@@ -84,6 +85,12 @@ class RoundRecord:
     @property
     def bytes_down(self) -> int:
         return sum(m.bytes_down for m in self.measurements)
+
+
+def moves(previous: Mapping[str, Cuts], assignment: Mapping[str, Cuts]) -> dict[str, tuple[Cuts, Cuts]]:
+    """The clients whose cuts differ from those they last trained at (new clients did not move)."""
+    return {cid: (tuple(previous[cid]), tuple(c)) for cid, c in assignment.items()
+            if cid in previous and tuple(previous[cid]) != tuple(c)}
 
 
 RoundHook = Callable[[int, ArrayRecord, RoundRecord], None]
@@ -287,7 +294,8 @@ class SplitFedAvg(FedAvg):
                                  min_clients=min(self.min_train_nodes, len(order)))
         self._groups = self._round.groups()
         sim = self.clock(server_round, assignment, sampled, self.previous) if self.clock is not None else None
-        self._record = RoundRecord(server_round, assignment, sim_round_s=sim)
+        self._record = RoundRecord(server_round, assignment, sim_round_s=sim,
+                                   moved=moves(self.previous, assignment))
 
     def _abort(self) -> None:
         """Release the tiers of a round that did not finish (error or RoundFailed)."""

@@ -25,6 +25,11 @@ def test_main_job_short(tmp_path: Path) -> None:
     assert "round 1/1" in p.stdout
     assert "cuts per device class" in p.stdout
     assert f"run folder: {out}" in p.stdout
+    # no noise about what splitfed does on purpose (Flower's in-process simulation, no federated
+    # evaluation, Ray's tip about a future default): a warning that shows up means something
+    for expected in ("`run_simulation` function is deprecated", "fraction_evaluate is set to 0.0",
+                     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"):
+        assert expected not in p.stdout + p.stderr, expected
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1
     row = rows[0]
@@ -35,3 +40,58 @@ def test_main_job_short(tmp_path: Path) -> None:
     assert summary["rounds"] == 1
     pngs = sorted(out.glob("*.png"))
     assert pngs and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in pngs)
+
+
+def test_main_job_moves_the_slowed_phones_and_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The main job's story (README, iot fleet): its phones slow down 100x at round 5; the adaptive
+    policy moves their blocks to the edge for round 6, and the round time comes back.
+
+    The whole config through the ServerApp's ``run`` (FakeGrid, in-process tiers: the same strategy,
+    policy, clock, metrics and progress lines as ``make run``, without Ray and tier processes).
+    """
+    import clients.app
+    import server.app
+    from splitfed.flower.config import RunSettings
+    from tests.flower_fixtures import FakeGrid, inprocess_tiers
+
+    s = RunSettings.from_toml(ROOT / "simulations/configs/main.toml").with_(out=str(tmp_path), node_wait_s=5.0)
+    lines: list[str] = []
+    with inprocess_tiers(monkeypatch, s.tiers - 1):
+        server.app.run(FakeGrid(clients.app.app, s.clients), s, progress=lines.append)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == s.rounds == 12
+    phones = {cid for cid, c in rows[0]["per_client"].items() if c["profile"].startswith("phone-mid")}
+    assert phones, "the drawn fleet has no phone-mid: the config or the fleet changed"
+    sim = [r["sim_round_s"] for r in rows]
+    assert sim[4] > 1.5 * sim[3]  # round 5: the phones train slowly where they are
+    assert [r["moved"] for r in rows[:5]] == [{}] * 5
+    assert set(rows[5]["moved"]) == phones  # the adapter saw round 5 and moved them, nobody else
+    for cid in phones:
+        old, new = rows[5]["moved"][cid]
+        assert old == rows[4]["cuts"][cid] and new == rows[5]["cuts"][cid]
+        assert new[0] < old[0]  # fewer blocks on the slowed device
+    assert [r["moved"] for r in rows[6:]] == [{}] * 6
+    assert sim[6:] == pytest.approx([sim[3]] * 6)  # recovered: as fast as before the slowdown
+    # the progress line of round 6 names the moves; the others name none
+    line = next(x for x in lines if x.startswith("round 6/12"))
+    assert f"moved {len(phones)}: " in line
+    for cid in phones:
+        old, new = rows[5]["moved"][cid]
+        assert f"{cid} ({rows[0]['per_client'][cid]['profile']}) {','.join(map(str, old))} -> " \
+               f"{','.join(map(str, new))}" in line
+    assert not any("moved" in x for x in lines if x.startswith("round ") and not x.startswith("round 6/"))
+
+
+def test_only_the_expected_flower_warnings_are_dropped() -> None:
+    import logging
+
+    from splitfed.sim.runner import ExpectedWarnings
+
+    def record(msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("flwr", logging.WARNING, __file__, 1, msg, args, None)
+
+    f = ExpectedWarnings()
+    assert not f.filter(record("DEPRECATED FEATURE: %s", "The `run_simulation` function is deprecated and will go"))
+    assert not f.filter(record("fraction_evaluate is set to 0.0. Federated evaluation will be skipped."))
+    assert f.filter(record("Node %d did not answer the query round: %s", 7, "timeout"))
+    assert f.filter(record("DEPRECATED FEATURE: %s", "something else"))

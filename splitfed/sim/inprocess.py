@@ -25,7 +25,7 @@ def train_inprocess(settings: Any) -> dict[str, Any]:
     Every client trains every round (``fraction`` must be 1).
     """
     from server.app import metrics_row
-    from server.strategy import RoundRecord
+    from server.strategy import RoundRecord, moves
     from splitfed.engine.rounds import (
         RoundConfig,
         SplitRound,
@@ -60,7 +60,8 @@ def train_inprocess(settings: Any) -> dict[str, Any]:
     for rnd in range(1, s.rounds + 1):
         t0 = time.perf_counter()
         assignment = {cid: tuple(int(k) for k in cuts) for cid, cuts in policy.assign(rnd, clients).items()}
-        record = RoundRecord(rnd, assignment, sim_round_s=clock(rnd, assignment, clients, previous))
+        record = RoundRecord(rnd, assignment, sim_round_s=clock(rnd, assignment, clients, previous),
+                             moved=moves(previous, assignment))
         batches = {f"client{pid}": round_batches(x, y, s.batch_size, s.seed, pid, rnd, s.local_epochs)
                    for pid, (x, y) in data.items()}
         cfg = RoundConfig(s.run_id, rnd, spec, s.mode, s.u_shape, s.optim, s.seed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +35,10 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
     for attempt in range(1, attempts + 1):
         before = {p.pid for p in _children()}
         try:
-            ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+            with warnings.catch_warnings():
+                # a tip about a future default (GPU visibility for num_gpus=0 actors), not about this run
+                warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", category=FutureWarning)
+                ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
             return
         except Exception as e:  # Ray raises bare Exception on a start timeout
             last = e

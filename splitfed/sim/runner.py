@@ -38,8 +38,10 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     from server.app import build_app
 
     cpus = cpus or max(1, min(len(os.sched_getaffinity(0)), settings.clients))
+    quiet = ExpectedWarnings()
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
+        logging.getLogger("flwr").addFilter(quiet)
     stop = threading.Event()
     summary: dict[str, Any] = {}
     try:
@@ -66,7 +68,23 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     finally:
         if ray.is_initialized():
             ray.shutdown()
+        logging.getLogger("flwr").removeFilter(quiet)
     return summary
+
+
+class ExpectedWarnings(logging.Filter):
+    """Drops Flower's warnings about what splitfed does on purpose, so that the ones left mean something.
+
+    ``run_simulation`` is how a one-command simulation runs in-process (deployments
+    use ``flwr run``); federated evaluation is off because the ServerApp evaluates
+    the global model itself each round.
+    """
+
+    EXPECTED = ("The `run_simulation` function is deprecated", "fraction_evaluate is set to 0.0")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(e in text for e in self.EXPECTED)
 
 
 def validate(settings: RunSettings) -> None:
