@@ -66,6 +66,7 @@ def test_settings_from_run_config_and_toml(tmp_path):
     ({"tier-addresses": "a:1"}, "3 tiers need 2"),
     ({"resume": True}, "resume needs the run folder"),
     ({"lr": -1.0}, "learning rate"),
+    ({"min-device-blocks": -1}, "min-device-blocks must be >= 0"),
 ])
 def test_settings_refuse_bad_values(values, words):
     with pytest.raises(ConfigError, match=words):
@@ -87,6 +88,38 @@ def test_static_policy_deals_options_by_partition():
 def test_policy_refuses_bad_specs(spec, words):
     with pytest.raises(ConfigError, match=words):
         make_policy(RunSettings(cuts=spec))
+
+
+@pytest.mark.parametrize("cuts", ["adaptive", "greedy"])
+def test_min_device_blocks_keeps_raw_inputs_on_every_device(cuts):
+    """The main job's fleet ships some devices' raw inputs to the edge (cut 0) unless told otherwise."""
+    from splitfed.sim.clock import fleet_for, make_clock
+    from splitfed.sim.inprocess import sim_clients
+
+    base = RunSettings(clients=10, cuts=cuts, fleet="iot", partition="dirichlet:0.5")
+    clients = sim_clients(base, fleet_for(base))
+    free = make_policy(base).assign(1, clients)
+    assert min(c[0] for c in free.values()) == 0  # the constraint below changes something
+    s = base.with_(min_device_blocks=1)
+    kept = make_policy(s).assign(1, clients)
+    assert min(c[0] for c in kept.values()) == 1
+    assert make_clock(s, fleet_for(s))(1, kept, clients, {}) > 0  # the clock prices the same cut space
+
+
+def test_min_device_blocks_names_the_device_that_cannot_keep_them(tmp_path):
+    fleet = tmp_path / "tiny.toml"
+    fleet.write_text('[edge]\nprofile = "edge-server"\n[cloud]\nprofile = "cloud-gpu"\n'
+                     '[[device]]\nname = "phone"\nprofile = "phone-mid"\n'
+                     '[[device]]\nname = "sensor"\nprofile = "rpi4"\nmemory_mb = 0.02\n')
+    from splitfed.sim.clock import fleet_for
+    from splitfed.sim.inprocess import sim_clients
+
+    s = RunSettings(clients=2, cuts="adaptive", fleet=str(fleet))
+    clients = sim_clients(s, fleet_for(s))
+    sensor = next(c.client_id for c in clients if c.profile.startswith("sensor"))
+    assert make_policy(s).assign(1, clients)[sensor][0] == 0  # it fits only by keeping nothing
+    with pytest.raises(ConfigError, match=f"device '{sensor}'.*cannot train any legal cut"):
+        make_policy(s.with_(min_device_blocks=1)).assign(1, clients)
 
 
 def test_parse_static_matches_verify_syntax():
@@ -231,6 +264,10 @@ def test_metrics_writer_truncates_on_resume(tmp_path):
     (["--dataset", "imagenet"], "unknown dataset"),
     (["--cuts", "adaptive", "--fraction", "0.5"], "use fraction 1"),
     (["--resume", "/nonexistent/run"], "cannot resume"),
+    (["--cuts", "static:2,5/0,4", "--min-device-blocks", "1"], "static cuts 0,4 leave 0 block(s) on the device"),
+    (["--cuts", "adaptive", "--min-device-blocks", "8"], "no legal cut keeps 8 block(s) on the device"),
+    (["--cuts", "adaptive", "--fleet", "iot", "--clients", "10", "--min-device-blocks", "2"],
+     "cannot train any legal cut"),
 ])
 def test_simulate_refuses_bad_input_before_starting_anything(argv, words, tmp_path, capsys, monkeypatch):
     import splitfed.sim.runner

@@ -19,7 +19,7 @@ from splitfed.engine.types import MODES
 
 # flag -> RunSettings field (flags left out keep the config file's or default value)
 _FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
-           "batch_size", "local_epochs", "lr", "min_clients", "fraction", "out")
+           "batch_size", "local_epochs", "lr", "min_clients", "fraction", "min_device_blocks", "out")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float)
     p.add_argument("--min-clients", type=int, help="fewest clients that must finish a round (default: all)")
     p.add_argument("--fraction", type=float, help="share of clients sampled per round (default 1)")
+    p.add_argument("--min-device-blocks", type=int, metavar="K",
+                   help="blocks every device keeps, whatever the policy (default 0; 1 or more: raw inputs "
+                        "never leave a device)")
     p.add_argument("--out", metavar="DIR", help="run folder (default runs/sim-<time>)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")

@@ -64,7 +64,8 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
     profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
     return Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked), kinds={}), tiers=settings.tiers,
                                batch=settings.batch_size, u_shape=settings.u_shape,
-                               epochs=settings.local_epochs, mode=settings.mode, codec=settings.compress)
+                               epochs=settings.local_epochs, mode=settings.mode, codec=settings.compress,
+                               min_device_blocks=settings.min_device_blocks)
 
 
 def _check(settings: RunSettings, name: str) -> None:

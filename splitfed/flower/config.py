@@ -43,6 +43,7 @@ class RunSettings:
     momentum: float = 0.9
     weight_decay: float = 0.0
     u_shape: bool = False
+    min_device_blocks: int = 0  # blocks every device keeps; >= 1: raw inputs never leave a device
     fraction: float = 1.0  # share of the registered clients sampled each round
     min_clients: int = 1  # fewest clients that must finish a round; fewer and the round fails
     round_timeout_s: float = 600.0
@@ -70,6 +71,8 @@ class RunSettings:
             raise ConfigError(f"tiers must be >= 2 (device + at least one server tier), got {self.tiers}")
         if self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if self.min_device_blocks < 0:
+            raise ConfigError(f"min-device-blocks must be >= 0, got {self.min_device_blocks}")
         if not 0 < self.fraction <= 1:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.min_clients < 1:

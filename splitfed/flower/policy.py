@@ -138,7 +138,12 @@ def make_policy(settings: RunSettings) -> AssignmentPolicy:
     spec = settings.cuts
     name, _, arg = spec.strip().partition(":")
     if name == "static":
-        return StaticPolicy(parse_static(arg))
+        options = parse_static(arg)
+        for cuts in options:
+            if cuts[0] < settings.min_device_blocks:
+                raise ConfigError(f"static cuts {','.join(map(str, cuts))} leave {cuts[0]} block(s) on the device; "
+                                  f"min-device-blocks is {settings.min_device_blocks}")
+        return StaticPolicy(options)
     if name in _FACTORIES:
         return _FACTORIES[name](arg, settings)
     raise ConfigError(f"unknown cut policy {spec!r}: use {' | '.join(['static:K1,K2', *sorted(_FACTORIES)])}")

@@ -32,7 +32,7 @@ def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
     profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
     base = Scenario.from_fleet(profile, fleet, tiers=settings.tiers, batch=settings.batch_size,
                                u_shape=settings.u_shape, epochs=settings.local_epochs, mode=settings.mode,
-                               codec=settings.compress)
+                               codec=settings.compress, min_device_blocks=settings.min_device_blocks)
     names = {c.name for c in fleet.clients}
 
     def clock(round: int, assignment: Mapping[str, Cuts], clients: Sequence[ClientInfo],

@@ -89,6 +89,7 @@ class ExpectedWarnings(logging.Filter):
 
 def validate(settings: RunSettings) -> None:
     """Refuse bad settings before any process starts (one clear error, nothing started)."""
+    from splitfed.cost.model import cut_options
     from splitfed.data import parse_partition
     from splitfed.engine import template
     from splitfed.flower.policy import StaticPolicy, make_policy
@@ -96,13 +97,17 @@ def validate(settings: RunSettings) -> None:
     from splitfed.models.blocks import validate_cuts
     from splitfed.models.zoo import resolve_spec
     from splitfed.sim.clock import fleet_for
+    from splitfed.sim.inprocess import sim_clients
 
     spec = resolve_spec(settings.model)
     parse_partition(settings.partition)
     test_data(spec, settings.dataset, settings.seed)  # unknown dataset or shape mismatch
     policy = make_policy(settings)
+    n = template.num_blocks(spec)
     if isinstance(policy, StaticPolicy):
-        n = template.num_blocks(spec)
         for cuts in policy.options:
             validate_cuts(cuts, n, settings.tiers, settings.u_shape, model=spec.name)
-    fleet_for(settings)
+    cut_options(n, settings.tiers, settings.u_shape, settings.min_device_blocks)  # some cut keeps them
+    fleet = fleet_for(settings)
+    if not isinstance(policy, StaticPolicy) and settings.sim_clock:
+        policy.assign(1, sim_clients(settings, fleet))  # the optimizer's plan: a device nothing fits is named now
