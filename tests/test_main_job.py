@@ -95,3 +95,34 @@ def test_only_the_expected_flower_warnings_are_dropped() -> None:
     assert not f.filter(record("fraction_evaluate is set to 0.0. Federated evaluation will be skipped."))
     assert f.filter(record("Node %d did not answer the query round: %s", 7, "timeout"))
     assert f.filter(record("DEPRECATED FEATURE: %s", "something else"))
+
+
+def test_inprocess_backend_computes_the_main_job_exactly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The in-process backend (experiments' quick path) gives the ServerApp run's numbers bit for bit,
+    whatever torch's thread count in the calling process (a Flower run computes with one thread
+    everywhere; two threads sum some gradients in another order)."""
+    import torch
+
+    import clients.app
+    import server.app
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim.inprocess import train_inprocess
+    from tests.flower_fixtures import FakeGrid, inprocess_tiers
+
+    s = RunSettings.from_toml(ROOT / "simulations/configs/main.toml").with_(rounds=4, node_wait_s=5.0)
+    with inprocess_tiers(monkeypatch, s.tiers - 1):
+        server.app.run(FakeGrid(clients.app.app, s.clients), s.with_(out=str(tmp_path / "flower")),
+                       progress=lambda line: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train_inprocess(s.with_(out=str(tmp_path / "local")))
+        assert torch.get_num_threads() == 2  # the caller's setting is given back
+    finally:
+        torch.set_num_threads(threads)
+
+    def rows(name: str) -> list[dict]:
+        return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    keys = ("round", "accuracy", "loss", "train_loss", "sim_round_s", "bytes_up", "bytes_down", "cuts", "moved")
+    assert [{k: r[k] for k in keys} for r in rows("local")] == [{k: r[k] for k in keys} for r in rows("flower")]

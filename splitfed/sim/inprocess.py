@@ -24,6 +24,17 @@ def train_inprocess(settings: Any) -> dict[str, Any]:
     its byte counts are tensor payloads (gRPC adds message framing).
     Every client trains every round (``fraction`` must be 1).
     """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as every process of a Flower run: the same kernels, so the same numbers
+    try:
+        return _train(settings)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(settings: Any) -> dict[str, Any]:
     from server.app import metrics_row
     from server.strategy import RoundRecord, moves
     from splitfed.engine.rounds import (
