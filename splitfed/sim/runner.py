@@ -92,6 +92,7 @@ def validate(settings: RunSettings) -> None:
     from splitfed.cost.model import cut_options
     from splitfed.data import parse_partition
     from splitfed.engine import template
+    from splitfed.flower.adaptive import AdaptivePolicy, GreedyPolicy
     from splitfed.flower.policy import StaticPolicy, make_policy
     from splitfed.flower.workload import test_data
     from splitfed.models.blocks import validate_cuts
@@ -109,5 +110,5 @@ def validate(settings: RunSettings) -> None:
             validate_cuts(cuts, n, settings.tiers, settings.u_shape, model=spec.name)
     cut_options(n, settings.tiers, settings.u_shape, settings.min_device_blocks)  # some cut keeps them
     fleet = fleet_for(settings)
-    if not isinstance(policy, StaticPolicy) and settings.sim_clock:
+    if isinstance(policy, AdaptivePolicy | GreedyPolicy):
         policy.assign(1, sim_clients(settings, fleet))  # the optimizer's plan: a device nothing fits is named now
