@@ -155,6 +155,7 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "bytes_down": rec.bytes_down,
         "cuts": {cid: list(c) for cid, c in rec.assignment.items()},
         "moved": {cid: [list(a), list(b)] for cid, (a, b) in rec.moved.items()},
+        "decision": rec.decision,
         "clients": len(rec.measurements),
         "failed": rec.failed,
         "per_client": per_client,

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -77,6 +78,7 @@ class RoundRecord:
     sim_round_s: float | None = None
     train_loss: float | None = None
     moved: dict[str, tuple[Cuts, Cuts]] = field(default_factory=dict)  # client -> (cuts it last trained at, now)
+    decision: dict[str, Any] | None = None  # what the policy decided after this round (adaptive: moves and why)
 
     @property
     def bytes_up(self) -> int:
@@ -217,7 +219,7 @@ class SplitFedAvg(FedAvg):
         record.measurements = [_measurement(r) for r in rnd.results]
         total = sum(r.samples for r in rnd.results)
         record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
-        self.policy.observe(server_round, record.measurements)
+        record.decision = self.policy.observe(server_round, record.measurements)
         self.previous.update(record.assignment)
         self.history.append(record)
         metrics = MetricRecord({"num-examples": total, "clients": len(rnd.results), "failed": len(rnd.failed),

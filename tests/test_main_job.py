@@ -72,6 +72,12 @@ def test_main_job_moves_the_slowed_phones_and_says_so(monkeypatch: pytest.Monkey
         assert new[0] < old[0]  # fewer blocks on the slowed device
     assert [r["moved"] for r in rows[6:]] == [{}] * 6
     assert sim[6:] == pytest.approx([sim[3]] * 6)  # recovered: as fast as before the slowdown
+    # each row says what the adapter decided after that round, and why
+    decisions = [r["decision"] for r in rows]
+    assert [d["moved"] for d in decisions[:4]] == [[]] * 4 and decisions[0]["reason"] == "already optimal"
+    assert set(decisions[4]["moved"]) == phones and decisions[4]["reason"].startswith("gain ")
+    assert decisions[4]["predicted_s"] == pytest.approx(sim[4]) and decisions[4]["predicted_after_s"] < sim[4]
+    assert decisions[4]["move_s"] > 0 and decisions[-1]["reason"] == "last round"
     # the progress line of round 6 names the moves; the others name none
     line = next(x for x in lines if x.startswith("round 6/12"))
     assert f"moved {len(phones)}: " in line
@@ -124,5 +130,6 @@ def test_inprocess_backend_computes_the_main_job_exactly(monkeypatch: pytest.Mon
     def rows(name: str) -> list[dict]:
         return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
-    keys = ("round", "accuracy", "loss", "train_loss", "sim_round_s", "bytes_up", "bytes_down", "cuts", "moved")
+    keys = ("round", "accuracy", "loss", "train_loss", "sim_round_s", "bytes_up", "bytes_down", "cuts", "moved",
+            "decision")
     assert [{k: r[k] for k in keys} for r in rows("local")] == [{k: r[k] for k in keys} for r in rows("flower")]

@@ -22,6 +22,7 @@ bytes: an approximation that also counts the server tiers' compute as link).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -125,7 +126,7 @@ class AdaptivePolicy:
             self._start(clients)
         return {c.client_id: tuple(self.adapter.assignment[c.client_id]) for c in clients}
 
-    def observe(self, round: int, measurements: Sequence[Measurement]) -> None:
+    def observe(self, round: int, measurements: Sequence[Measurement]) -> dict[str, Any]:
         from splitfed.cost import client_cost
         from splitfed.optimizer import Measurement as Seen
 
@@ -146,7 +147,9 @@ class AdaptivePolicy:
                 total = max(1, m.bytes_up + m.bytes_down)
                 seen[m.client_id] = Seen(flops, m.compute_s, m.bytes_up, m.link_s * m.bytes_up / total,
                                          m.bytes_down, m.link_s * m.bytes_down / total)
-        self.adapter.observe(round, seen)
+        d = self.adapter.observe(round, seen)
+        return {"moved": list(d.moved), "reason": d.reason, "predicted_s": _finite(d.before_s),
+                "predicted_after_s": _finite(d.after_s), "move_s": _finite(d.move_s)}
 
     def state_dict(self) -> dict[str, Any]:
         if self.adapter is None:
@@ -156,6 +159,10 @@ class AdaptivePolicy:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._saved = state if state.get("assignment") else None
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # metrics are strict JSON
 
 
 def _with_belief(client: Any, belief: Sequence[float]) -> Any:

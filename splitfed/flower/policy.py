@@ -51,7 +51,9 @@ class AssignmentPolicy(Protocol):
 
     def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]: ...
 
-    def observe(self, round: int, measurements: Sequence[Measurement]) -> None: ...
+    def observe(self, round: int, measurements: Sequence[Measurement]) -> dict[str, Any] | None:
+        """Learn from round ``round``; what was decided for the next round, for the metrics (None: nothing)."""
+        ...
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state for the checkpoint (a resumed run must choose alike)."""

@@ -83,7 +83,7 @@ def _train(settings: Any) -> dict[str, Any]:
         total = sum(r.samples for r in split.results)
         record.train_loss = sum(r.loss * r.samples for r in split.results) / total if total else None
         previous.update(assignment)
-        policy.observe(rnd, record.measurements)
+        record.decision = policy.observe(rnd, record.measurements)
         acc, loss = evaluate(spec, state, test_x, test_y)
         writer.append(metrics_row(record, acc, loss, time.perf_counter() - t0, profiles))
     summary = summarise(writer.rows(), s.to_dict())
