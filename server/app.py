@@ -162,13 +162,13 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
     }
 
 
-def _progress_line(row: dict[str, Any], rounds: int, profiles: dict[str, str] | None = None) -> str:
+def _progress_line(row: dict[str, Any], rounds: int, profiles: dict[str, str]) -> str:
     sim = (f"  sim {row['sim_round_s']:.2f}s" if row["sim_round_s"] is not None
            else f"  measured {row['measured_round_s']:.2f}s")
     failed = f"  failed {len(row['failed'])}" if row["failed"] else ""
     return (f"round {row['round']}/{rounds}  acc {row['accuracy']:.4f}  loss {row['loss']:.4f}  "
             f"wall {row['wall_s']:.1f}s{sim}  up {row['bytes_up'] / 1e6:.2f} MB  "
-            f"down {row['bytes_down'] / 1e6:.2f} MB  clients {row['clients']}{failed}{_moved(row, profiles or {})}")
+            f"down {row['bytes_down'] / 1e6:.2f} MB  clients {row['clients']}{failed}{_moved(row, profiles)}")
 
 
 def _moved(row: dict[str, Any], profiles: dict[str, str], show: int = 3) -> str:
