@@ -7,9 +7,10 @@
     32 MB activations, vs a bare gRPC bytes echo of the same size to the same
     server process: unary (one message each way) and streamed (the same chunks,
     reply after the whole request, as a step must). The tier answers with the
-    activation as its gradient, so (b) measures transport only: framing, codec,
-    validation of frames, gRPC. Also a sweep of (chunk, unary) sizes, in rotating
-    order, for every size. Target: >= 0.9.
+    activation as its gradient after the tier's checks of it (dtype, shape,
+    finite values), so (b) measures transport only: framing, codec, validation,
+    gRPC. Also a sweep of (chunk, unary) sizes, in rotating order, for every
+    size. Target: >= 0.9.
     Beside them, the ceiling: an echo that makes only the copies a tensor RPC
     cannot avoid in gRPC Python (which sends only ``bytes``): the request's bytes
     made from the tensor on each call, a fresh reply on the server (the gradient
@@ -49,13 +50,15 @@ CODECS = ("none", "fp16", "int8", "topk:0.1", "topk:0.01")
 
 
 class EchoTier:
-    """A stand-in tier that answers a step with its activation as the gradient (transport only)."""
+    """A stand-in tier that checks the activation as a tier does, then answers with it as the gradient."""
 
     name = "echo"
 
     def step(self, key, activation, labels):  # type: ignore[no-untyped-def]
+        from splitfed.engine.tier import check_tensor
         from splitfed.engine.types import StepReply
 
+        check_tensor(activation, tuple(activation.shape[1:]), activation.dtype, "activation", activation.shape[0])
         return StepReply(activation, 0.0, 0)
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
-from splitfed.engine.tier import Tier
+from splitfed.engine.tier import Tier, all_finite
 from splitfed.engine.types import StepKey
 from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, TierError
 from splitfed.models.zoo import resolve_spec
@@ -139,3 +141,39 @@ def test_vanished_u_shape_client_blocks_nobody_forever(monkeypatch: pytest.Monke
     t.release("run", "a")  # the orchestrator gives up on a: b goes on
     out = t.forward(StepKey("run", "b", 0, 0), act())
     assert t.backward(StepKey("run", "b", 0, 0), torch.zeros_like(out)) is not None
+
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@given(dtype=st.sampled_from(FLOATS), n=st.integers(1, 3000),
+       special=st.lists(st.tuples(st.integers(0, 2999), st.sampled_from(["nan", "inf", "-inf", "max", "-max"])),
+                        max_size=6),
+       seed=st.integers(0, 2**16))
+def test_all_finite_agrees_with_the_elementwise_check(dtype: torch.dtype, n: int, special: list[tuple[int, str]],
+                                                      seed: int) -> None:
+    # the fast path (one sum) must equal isfinite().all() exactly, including sums of finite values that
+    # overflow ("max" terms) and infinities of both signs that cancel to NaN
+    t = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+    big = torch.finfo(dtype).max
+    values = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "max": big, "-max": -big}
+    for i, kind in special:
+        t[i % n] = values[kind]
+    assert all_finite(t) == bool(torch.isfinite(t).all())
+
+
+def test_all_finite_survives_overflowing_sums() -> None:
+    # finite values whose sum overflows are finite: the sum alone would refuse them
+    for dtype in FLOATS:
+        t = torch.full((64, 3), torch.finfo(dtype).max, dtype=dtype)
+        assert not bool(torch.isfinite(t.sum())) and all_finite(t)
+        t[5, 1] = float("nan")
+        assert not all_finite(t)
+    assert all_finite(torch.tensor([1, 2, 3]))  # integers are always finite
+
+
+def test_overflowing_but_finite_activation_is_accepted(tier: Tier) -> None:
+    x = torch.full((4, 16, 4, 4), torch.finfo(torch.float32).max)
+    # the boundary check accepts it; the forward overflows, which the loss check then refuses
+    with pytest.raises(InvalidArgument, match="loss is not finite"):
+        tier.step(StepKey("run", "a", 0, 0), x, y())
