@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
 from splitfed.engine.tier import Tier, all_finite
 from splitfed.engine.types import StepKey
-from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, TierError
+from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, TierError, Unavailable
 from splitfed.models.zoo import resolve_spec
 
 SPEC = resolve_spec("cnn")
@@ -177,3 +179,117 @@ def test_overflowing_but_finite_activation_is_accepted(tier: Tier) -> None:
     # the boundary check accepts it; the forward overflows, which the loss check then refuses
     with pytest.raises(InvalidArgument, match="loss is not finite"):
         tier.step(StepKey("run", "a", 0, 0), x, y())
+
+
+class FlakyNext:
+    """The next tier, unreachable the first time step ``fail_seq`` reaches it (a cloud restarting)."""
+
+    def __init__(self, tier: Tier, fail_seq: int | None) -> None:
+        self.tier, self.fail_seq = tier, fail_seq
+
+    def _fail(self, key: StepKey) -> None:
+        if key.seq == self.fail_seq:
+            self.fail_seq = None
+            raise Unavailable("cloud restarting")
+
+    def step(self, key, activation, labels):  # type: ignore[no-untyped-def]
+        self._fail(key)
+        return self.tier.step(key, activation, labels)
+
+    def forward(self, key, activation):  # type: ignore[no-untyped-def]
+        self._fail(key)
+        return self.tier.forward(key, activation)
+
+    def backward(self, key, grad):  # type: ignore[no-untyped-def]
+        return self.tier.backward(key, grad)
+
+
+def _edge_and_cloud(fail_seq: int | None, u_shape: bool = False) -> tuple[Tier, Tier]:
+    cfg = RoundConfig("run", 0, SPEC, u_shape=u_shape)
+    cuts = (2, 3, 5) if u_shape else (2, 3)
+    edge_load, cloud_load = tier_loads(cfg, "a", cuts, initial_state(SPEC, 0))  # BatchNorm in both segments
+    cloud = Tier("cloud")
+    cloud.load(cloud_load)
+    edge = Tier("edge", next=FlakyNext(cloud, fail_seq))  # type: ignore[arg-type]
+    edge.load(edge_load)
+    return edge, cloud
+
+
+def test_a_step_the_next_tier_failed_is_retried_exactly_once() -> None:
+    """The edge's forward already moved BatchNorm's running statistics when the cloud failed: the retry
+    must not count the batch twice (both tiers end as if nothing had failed)."""
+    clean_edge, clean_cloud = _edge_and_cloud(None)
+    edge, cloud = _edge_and_cloud(1)
+    for s in range(3):
+        k = StepKey("run", "a", 0, s)
+        want = clean_edge.step(k, act(), y())
+        if s == 1:
+            before = edge.fetch("run", "a")
+            with pytest.raises(Unavailable):
+                edge.step(k, act(), y())
+            assert same(before, edge.fetch("run", "a"))  # running statistics included
+        got = edge.step(k, act(), y())
+        assert want.grad is not None and got.grad is not None and torch.equal(want.grad, got.grad)
+    assert same(clean_edge.fetch("run", "a"), edge.fetch("run", "a"))
+    assert same(clean_cloud.fetch("run", "a"), cloud.fetch("run", "a"))
+
+
+def test_a_u_shape_forward_the_next_tier_failed_is_retried_exactly_once() -> None:
+    clean_edge, _ = _edge_and_cloud(None, u_shape=True)
+    edge, _ = _edge_and_cloud(0, u_shape=True)
+    k = StepKey("run", "a", 0, 0)
+    before = edge.fetch("run", "a")
+    with pytest.raises(Unavailable):
+        edge.forward(k, act())
+    assert same(before, edge.fetch("run", "a"))
+    want, got = clean_edge.forward(k, act()), edge.forward(k, act())
+    assert torch.equal(want, got)
+    clean_edge.backward(k, torch.ones_like(want))
+    edge.backward(k, torch.ones_like(got))
+    assert same(clean_edge.fetch("run", "a"), edge.fetch("run", "a"))
+
+
+class AnswersWith:
+    """A link (the edge, seen from the device) that answers with ``grad`` and, in U-shape, ``mid``."""
+
+    def __init__(self, grad: torch.Tensor | None = None, mid: torch.Tensor | None = None) -> None:
+        self.grad, self.mid = grad, mid
+
+    def step(self, key, activation, labels):  # type: ignore[no-untyped-def]
+        from splitfed.engine.types import StepReply
+
+        return StepReply(self.grad, 0.5, 1)
+
+    def forward(self, key, activation):  # type: ignore[no-untyped-def]
+        return self.mid
+
+    def backward(self, key, grad):  # type: ignore[no-untyped-def]
+        return self.grad
+
+
+NAN = torch.full((4, 16, 4, 4), float("nan"))
+
+
+@pytest.mark.parametrize("link, u_shape, words", [
+    (AnswersWith(grad=NAN), False, "step 0 of a: the edge's gradient: contains NaN"),
+    (AnswersWith(grad=torch.zeros(4, 16, 4)), False, "got float32 [4, 16, 4], expected float32 [4, 16, 4, 4]"),
+    (AnswersWith(grad=torch.zeros(4, 16, 4, 4, dtype=torch.float64)), False, "got float64"),
+    (AnswersWith(mid=torch.zeros(3, 128)), True, "forward 0 of a: the servers' output: got float32 [3, 128], "
+                                               "expected batch 4"),
+    (AnswersWith(mid=torch.full((4, 128), float("inf"))), True, "the servers' output: contains NaN"),
+    (AnswersWith(mid=torch.zeros(4, 128), grad=NAN), True, "backward 0 of a: the edge's gradient: contains NaN"),
+])
+def test_device_refuses_what_the_edge_sends_back_and_applies_nothing(link, u_shape: bool, words: str) -> None:  # type: ignore[no-untyped-def]
+    from splitfed.data import synthetic
+    from splitfed.engine.device import Device
+
+    cuts = (2, 3, 5) if u_shape else (2,)
+    dev = Device(SPEC, link, run_id="run", client_id="a", round=0, cuts=cuts, state=initial_state(SPEC, 0),
+                 u_shape=u_shape)
+    before = dev.state()
+    x, labels = synthetic(SPEC, 4, 0).tensors
+    with pytest.raises(TierError, match=re.escape(words)):
+        dev.train_step(x, labels)
+    after = dev.state()
+    # no weight moved (its forward did move BatchNorm statistics: a client that fails is dropped whole)
+    assert all(torch.equal(before[k], after[k]) for k in before if "running" not in k and "batches" not in k)

@@ -17,7 +17,7 @@ from splitfed.errors import FailedPrecondition, NotFound
 from splitfed.transport import codec as tc
 from splitfed.transport import compress, wire
 from splitfed.transport.client import DEADLINE, GrpcTierClient
-from splitfed.transport.errors import DeadlineExceeded, PermissionDenied
+from splitfed.transport.errors import DeadlineExceeded, PermissionDenied, RpcFailed
 from splitfed.transport.pb import method, pb
 from splitfed.transport.server import TierServer, serve_tier
 from tests.transport_fixtures import SPEC, activation, labels, load_client, plain_server, same  # noqa: F401
@@ -57,6 +57,45 @@ def test_grpc_link_gives_the_in_process_numbers(codec: str, chunk: int) -> None:
             assert want.grad is not None and got.grad is not None and torch.equal(want.grad, got.grad)
         assert same(local.fetch("run", "a"), c.fetch("run", "a"))
         assert (link.bytes_up, link.bytes_down) == (c.bytes_up, c.bytes_down)
+
+
+class FaultyCloud:
+    """A next tier whose gradients cannot be applied (a diverged or broken cloud)."""
+
+    name = "cloud"
+
+    def __init__(self, grad: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.grad = grad
+
+    def step(self, key, activation, labels):  # type: ignore[no-untyped-def]
+        from splitfed.engine.types import StepReply
+
+        return StepReply(self.grad(activation), 0.5, 1)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (lambda a: torch.full_like(a, float("nan")), "contains NaN or infinite values"),
+    (lambda a: torch.zeros(a.shape[0], 3), "got float32 [4, 3], expected float32 [4, "),
+])
+def test_edge_refuses_a_bad_gradient_from_the_next_tier_and_changes_nothing(bad, words) -> None:  # type: ignore[no-untyped-def]
+    from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
+
+    cloud = FaultyCloud(bad)
+    with serve_tier("cloud", insecure=True, tier=cloud) as c_srv, \
+            serve_tier("edge", next_address=c_srv.address, insecure=True) as e_srv, \
+            GrpcTierClient(e_srv.address, retries=0) as device:
+        edge_load, _ = tier_loads(RoundConfig("run", 0, SPEC), "a", (2, 3), initial_state(SPEC, 0))
+        e_srv.tier.load(edge_load)
+        before = e_srv.tier.fetch("run", "a")
+        with pytest.raises(RpcFailed) as e:
+            device.step(key(0), activation(), labels())
+        assert e.value.code == "INTERNAL"
+        assert "tier edge: step 0 of a: the next tier's gradient" in str(e.value) and words in str(e.value)
+        assert "nothing was applied" in str(e.value)
+        assert same(before, e_srv.tier.fetch("run", "a"))
+        cloud.grad = torch.ones_like  # the cloud recovers: the same step goes through
+        assert device.step(key(0), activation(), labels()).grad is not None
+        assert not same(before, e_srv.tier.fetch("run", "a"))
 
 
 def test_u_shape_halves_over_grpc(plain_server: TierServer) -> None:  # noqa: F811

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from splitfed.engine import template
 from splitfed.engine.link import Link
+from splitfed.engine.tier import check_returned
 from splitfed.engine.types import OptimConfig, State, StepKey
 from splitfed.errors import ConfigError
 from splitfed.models.blocks import Segment, segment_bounds, step_rng
@@ -64,12 +65,15 @@ class Device:
         elif not self.u_shape:
             reply = self.link.step(key, out.detach(), y)
             t2 = time.perf_counter()
+            if reply.grad is not None:
+                check_returned(reply.grad, out, f"step {key.seq} of {self.client_id}: the edge's gradient")
             if out.requires_grad and reply.grad is not None:
                 out.backward(reply.grad)
             loss, correct = reply.loss, reply.correct
         else:
             mid = self.link.forward(key, out.detach()).detach()
             t2 = time.perf_counter()
+            check_returned(mid, out, f"forward {key.seq} of {self.client_id}: the servers' output", batch_only=True)
             mid.requires_grad_(True)
             logits = self.tail(mid, rng=rng)
             lt = F.cross_entropy(logits, y)
@@ -78,6 +82,8 @@ class Device:
             t3 = time.perf_counter()
             g = self.link.backward(key, mid.grad)  # type: ignore[arg-type]
             t2 += time.perf_counter() - t3
+            if g is not None:
+                check_returned(g, out, f"backward {key.seq} of {self.client_id}: the edge's gradient")
             if out.requires_grad and g is not None:
                 out.backward(g)
         if self.optim is not None:

@@ -27,6 +27,7 @@ from splitfed.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    TierError,
     Unavailable,
 )
 from splitfed.models.blocks import Segment, step_rng
@@ -86,6 +87,36 @@ def check_tensor(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, wh
         raise InvalidArgument(f"{what}: batch size {t.shape[0]} is outside 1..{max_batch}")
     if not all_finite(t):
         raise InvalidArgument(f"{what}: contains NaN or infinite values")
+
+
+def check_returned(t: torch.Tensor, like: torch.Tensor, what: str, *, batch_only: bool = False) -> None:
+    """A tensor coming back down the chain (a gradient; in U-shape, the servers' output) before it is used.
+
+    It must fit what it answers (the same shape and dtype, or for ``batch_only``
+    the same batch) and be finite; otherwise nothing is applied, so a diverged
+    or faulty next tier costs one client's step, not the weights of this one.
+    """
+    fits = t.shape[:1] == like.shape[:1] if batch_only else (t.shape == like.shape and t.dtype == like.dtype)
+    if not fits:
+        want = f"batch {like.shape[0]}" if batch_only else f"{str(like.dtype).removeprefix('torch.')} {list(like.shape)}"
+        raise TierError(f"{what}: got {str(t.dtype).removeprefix('torch.')} {list(t.shape)}, expected {want}; "
+                        "nothing was applied")
+    if not all_finite(t):
+        raise TierError(f"{what}: contains NaN or infinite values (the next tier diverged?); nothing was applied")
+
+
+@contextlib.contextmanager
+def _undone_on_error(segment: nn.Module) -> Iterator[None]:
+    """A forward updates BatchNorm's running statistics at once; a step that fails after it (the next tier
+    unreachable or refusing, a diverged loss) must not keep them, or its retry would count the batch twice."""
+    saved = [(t, t.clone()) for t in segment.buffers()]
+    try:
+        yield
+    except BaseException:
+        with torch.no_grad():
+            for t, old in saved:
+                t.copy_(old)
+        raise
 
 
 @contextlib.contextmanager
@@ -266,7 +297,8 @@ class Tier:
             x = self._input(b, activation)
             self._labels(b, labels, x.shape[0])
             try:
-                reply = self._step(b, key, x, labels)
+                with _undone_on_error(b.segment):
+                    reply = self._step(b, key, x, labels)
             except BaseException:
                 if b.optim is not None:
                     b.optim.zero_grad(set_to_none=True)  # a failed step leaves no gradient behind
@@ -287,6 +319,9 @@ class Tier:
             correct = int((out.detach().argmax(1) == labels).sum())
         else:
             down = onward.step(key, out.detach(), labels)
+            if down.grad is not None:
+                check_returned(down.grad, out, f"tier {self.name}: step {key.seq} of {key.client_id}: "
+                               "the next tier's gradient")
             if out.requires_grad and down.grad is not None:
                 out.backward(down.grad)
             value, correct = down.loss, down.correct
@@ -302,9 +337,10 @@ class Tier:
                 return b.cached  # type: ignore[return-value]
             self._admit(b, key, "forward")
             x = self._input(b, activation)
-            out = b.segment(x, rng=self._rng(b, key))
-            onward = self._onward(b)
-            result = onward.forward(key, out.detach()) if onward is not None else out.detach()
+            with _undone_on_error(b.segment):
+                out = b.segment(x, rng=self._rng(b, key))
+                onward = self._onward(b)
+                result = onward.forward(key, out.detach()) if onward is not None else out.detach()
         except BaseException:
             b.holds_lock = False
             b.replica.lock.release()
@@ -328,6 +364,9 @@ class Tier:
             if grad.shape[0] != out.shape[0]:
                 raise InvalidArgument(f"gradient batch {grad.shape[0]} does not match the forward's {out.shape[0]}")
         g = onward.backward(key, grad) if onward is not None else grad
+        if onward is not None and g is not None:
+            check_returned(g, out, f"tier {self.name}: backward {key.seq} of {key.client_id}: "
+                           "the next tier's gradient")
         if out.requires_grad and g is not None:
             out.backward(g)
         gx = x.grad if x.requires_grad else None
