@@ -16,8 +16,9 @@ shared server-side model, so a round is one configure/aggregate pair per
 client; ``aggregate_train`` returns ``None`` arrays until the round is complete.
 Both are the same :class:`~splitfed.engine.rounds.SplitRound`.
 
-Failures: a node that returns an error, times out, or sends a malformed reply
-is dropped from the round; the round completes with the others as long as at
+Failures: a node that returns an error, times out, or sends a malformed reply,
+and a client whose weights (device or server replicas) are not finite, is
+dropped from the round; the round completes with the others as long as at
 least ``min_train_nodes`` finish, otherwise it raises ``RoundFailed`` and the
 global model stays as it was.
 """
@@ -214,7 +215,11 @@ class SplitFedAvg(FedAvg):
             return None, None
         rnd, record = self._round, self._record
         self._round, self._record = None, None
-        state = rnd.finish()  # RoundFailed below the minimum: nothing changes
+        try:
+            state = rnd.finish()  # RoundFailed below the minimum: nothing changes
+        finally:
+            for cid, why in rnd.why.items():  # what the round itself refused; node errors were logged above
+                log(WARNING, "%s dropped from round %d: %s", cid, server_round, why)
         record.failed = list(rnd.failed)
         record.measurements = [_measurement(r) for r in rnd.results]
         total = sum(r.samples for r in rnd.results)

@@ -119,6 +119,36 @@ def test_client_exception_becomes_a_failure(monkeypatch, tmp_path):
     assert row["failed"] == ["client2"] and row["clients"] == 3
 
 
+def test_client_with_nan_weights_is_dropped_like_a_failed_one(monkeypatch, tmp_path, caplog):
+    """A node that returns NaN weights (diverged, or corrupt) costs its own update, not the global model."""
+    from splitfed.flower.records import ARRAYS, record_to_state, state_to_record
+
+    real = clients.app.app
+
+    def raises(msg, ctx):  # type: ignore[no-untyped-def]
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
+            raise RuntimeError("device out of memory")
+        return real(msg, ctx)
+
+    def diverges(msg, ctx):  # type: ignore[no-untyped-def]
+        reply = real(msg, ctx)
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
+            state = record_to_state(reply.content.array_records[ARRAYS])
+            next(iter(state.values())).view(-1)[0] = float("inf")
+            reply.content[ARRAYS] = state_to_record(state)
+        return reply
+
+    s = BASE.with_(rounds=1)
+    _run(monkeypatch, s.with_(out=str(tmp_path / "raises")), grid=FakeGrid(raises, 4))
+    with caplog.at_level("WARNING"):
+        _run(monkeypatch, s.with_(out=str(tmp_path / "nan")), grid=FakeGrid(diverges, 4))
+    row = json.loads((tmp_path / "nan" / "metrics.jsonl").read_text())
+    assert row["failed"] == ["client1"] and row["clients"] == 3
+    assert "client1 dropped from round 1: its device weights" in caplog.text and "NaN or infinite" in caplog.text
+    a, b = checkpoint.load(tmp_path / "raises").state, checkpoint.load(tmp_path / "nan").state
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_resume_refuses_changed_math(monkeypatch, tmp_path):
     _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)))
     with pytest.raises(ConfigError, match=r"cannot resume with different lr \(0.05 -> 0.2\)"):

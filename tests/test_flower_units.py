@@ -194,6 +194,63 @@ def test_failed_client_is_left_out(mode):
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
+def _poison(t: torch.Tensor) -> None:
+    with torch.no_grad():
+        t.view(-1)[0] = float("nan")
+
+
+def _trainer_that_diverges(chain, data, victim: str, where: str):  # type: ignore[no-untyped-def]
+    """Real training, after which ``victim``'s device weights or edge replica hold a NaN (a diverged client)."""
+    inner = local_trainer(chain, data)
+
+    def train(cfg, cuts, weights):  # type: ignore[no-untyped-def]
+        out = inner(cfg, cuts, weights)
+        if victim in out:
+            if where == "device":
+                _poison(next(iter(out[victim].state.values())))
+            else:
+                _poison(next(chain.tiers[0]._bindings[(cfg.run_id, victim)].segment.parameters()))
+        return out
+
+    return train
+
+
+@pytest.mark.parametrize("mode", ["sflv1", "sl"])
+@pytest.mark.parametrize("where", ["device", "edge"])
+def test_diverged_client_is_left_out_like_a_failed_one(mode, where):
+    """NaN weights from one client (on its device or its edge replica) never reach the global model:
+    the round equals one without that client, and says why it dropped it."""
+    data = _data()
+    cfg = RoundConfig("r", 1, SPEC, mode, optim=OptimConfig(lr=0.05))
+    s0 = initial_state(SPEC, 0)
+    want, _ = run_round(cfg, inprocess_chain(2), s0, {c: k for c, k in ASSIGN.items() if c != "client1"}, data)
+    chain = inprocess_chain(2)
+    rnd = SplitRound(cfg, chain.tiers, s0, ASSIGN, min_clients=2)
+    got = drive(rnd, _trainer_that_diverges(chain, data, "client1", where))
+    assert rnd.failed == ["client1"] and f"{where} weights" in rnd.why["client1"]
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_diverged_clients_below_the_minimum_fail_the_round_with_the_reason():
+    chain = inprocess_chain(2)
+    cfg = RoundConfig("r", 1, SPEC, "sflv1")
+    rnd = SplitRound(cfg, chain.tiers, initial_state(SPEC, 0), ASSIGN, min_clients=3)
+    with pytest.raises(RoundFailed, match=r"failed: client0 \(its device weights '0\.\S+' hold NaN"):
+        drive(rnd, _trainer_that_diverges(chain, _data(), "client0", "device"))
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_diverged_shared_model_fails_the_round():
+    """sflv2: every later client trained on the shared model, so a NaN there leaves nothing to keep."""
+    chain = inprocess_chain(2)
+    cfg = RoundConfig("r", 1, SPEC, "sflv2")
+    rnd = SplitRound(cfg, chain.tiers, initial_state(SPEC, 0), ASSIGN, min_clients=1)
+    with pytest.raises(RoundFailed, match="the shared model on the edge holds NaN"):
+        drive(rnd, _trainer_that_diverges(chain, _data(), "client2", "edge"))  # the last to train
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
 def test_round_below_minimum_fails_and_releases():
     chain = inprocess_chain(2)
     cfg = RoundConfig("r", 1, SPEC, "sflv1")

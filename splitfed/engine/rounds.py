@@ -25,7 +25,7 @@ from splitfed.aggregate import aggregate
 from splitfed.engine import template
 from splitfed.engine.device import Device
 from splitfed.engine.link import InProcessLink, Link, TierControl
-from splitfed.engine.tier import Tier
+from splitfed.engine.tier import Tier, all_finite
 from splitfed.engine.types import MODES, OptimConfig, SegmentLoad, State
 from splitfed.errors import ConfigError, SplitfedError, TierError
 from splitfed.models.blocks import segment_bounds, validate_cuts
@@ -202,6 +202,7 @@ class SplitRound:
         self.trained: list[dict[int, float]] = [{} for _ in self.tiers]
         self.done: dict[str, Outcome] = {}
         self.failed: list[str] = []
+        self.why: dict[str, str] = {}  # failures the round itself found (fetch, NaN weights): client -> reason
         self._loaded: list[str] = []
         self._group: list[str] = []
 
@@ -232,14 +233,19 @@ class SplitRound:
         """Take the group's trained device weights; clients missing from ``outcomes`` failed."""
         for cid in self._group:
             out = outcomes.get(cid)
-            if out is None:
+            if out is None or self._refused(cid, "device", out.state):
                 self.failed.append(cid)
                 self._release(cid)
                 continue
             if self.cfg.mode == "sl":
                 try:
                     fetched = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
-                except TierError:
+                except TierError as e:
+                    self.why[cid] = f"fetch failed: {e}"
+                    self.failed.append(cid)
+                    self._release(cid)
+                    continue
+                if any(self._refused(cid, self._label(t), part) for t, part in enumerate(fetched)):
                     self.failed.append(cid)
                     self._release(cid)
                     continue
@@ -260,7 +266,7 @@ class SplitRound:
             if len(self.done) < self.min_clients:
                 raise RoundFailed(f"round {self.cfg.round}: {len(self.done)} of {len(self.order)} clients "
                                   f"finished, fewer than the minimum {self.min_clients} "
-                                  f"(failed: {', '.join(self.failed) or 'none'})")
+                                  f"(failed: {self._failures()})")
             if self.cfg.mode == "sl":
                 return self.current
             if self.cfg.mode == "sflv1":
@@ -286,13 +292,18 @@ class SplitRound:
             if cid not in self.done:
                 continue
             try:
-                fetched[cid] = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
-            except TierError:
+                parts = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
+            except TierError as e:
+                self.why[cid] = f"fetch failed: {e}"
+                parts = None
+            if parts is None or any(self._refused(cid, self._label(t), p) for t, p in enumerate(parts)):
                 self.failed.append(cid)
                 del self.done[cid]
+                continue
+            fetched[cid] = parts
         if len(self.done) < self.min_clients:
             raise RoundFailed(f"round {self.cfg.round}: only {len(self.done)} clients' replicas could be "
-                              f"fetched, fewer than the minimum {self.min_clients}")
+                              f"used, fewer than the minimum {self.min_clients} (failed: {self._failures()})")
         contributions: list[tuple[State, float]] = [(self.done[c].state, self.done[c].result.samples)
                                                     for c in self.order if c in self.done]
         for cid in self.order:
@@ -308,9 +319,26 @@ class SplitRound:
             for cid in self.order:
                 if cid in self.done:
                     bank.update(tier.fetch(self.cfg.run_id, cid))
+            if (key := _nonfinite(bank)) is not None:  # every later client trained on it: nothing to keep
+                raise RoundFailed(f"round {self.cfg.round}: the shared model on the {self._label(t)} holds NaN or "
+                                  f"infinite values ({key!r}); the global model is unchanged")
             for i, w in self.trained[t].items():
                 contributions.append((select(bank, i, i + 1), w))
         return aggregate(contributions, previous=self.global_state)
+
+    def _refused(self, cid: str, where: str, state: State) -> bool:
+        """Whether ``cid``'s weights from ``where`` are not finite: a diverged or corrupt client is dropped
+        rather than averaged into everyone's model."""
+        key = _nonfinite(state)
+        if key is not None:
+            self.why[cid] = f"its {where} weights {key!r} hold NaN or infinite values"
+        return key is not None
+
+    def _label(self, t: int) -> str:
+        return ("edge", "cloud")[t] if len(self.tiers) <= 2 else f"server tier {t + 1}"
+
+    def _failures(self) -> str:
+        return ", ".join(f"{c} ({self.why[c]})" if c in self.why else c for c in self.failed) or "none"
 
     def _release(self, cid: str) -> None:
         if cid not in self._loaded:
@@ -321,6 +349,10 @@ class SplitRound:
                 tier.release(self.cfg.run_id, cid)
             except Exception:  # noqa: BLE001 - a vanished tier must not mask the round's outcome
                 pass
+
+
+def _nonfinite(state: State) -> str | None:
+    return next((k for k, v in state.items() if not all_finite(v)), None)
 
 
 def drive(rnd: SplitRound, train: Trainer) -> State:
