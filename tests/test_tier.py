@@ -279,7 +279,8 @@ NAN = torch.full((4, 16, 4, 4), float("nan"))
     (AnswersWith(mid=torch.full((4, 128), float("inf"))), True, "the servers' output: contains NaN"),
     (AnswersWith(mid=torch.zeros(4, 128), grad=NAN), True, "backward 0 of a: the edge's gradient: contains NaN"),
 ])
-def test_device_refuses_what_the_edge_sends_back_and_applies_nothing(link, u_shape: bool, words: str) -> None:  # type: ignore[no-untyped-def]
+def test_device_refuses_what_the_edge_sends_back_and_applies_nothing(  # type: ignore[no-untyped-def]
+        link, u_shape: bool, words: str) -> None:
     from splitfed.data import synthetic
     from splitfed.engine.device import Device
 

@@ -77,7 +77,8 @@ class FaultyCloud:
     (lambda a: torch.full_like(a, float("nan")), "contains NaN or infinite values"),
     (lambda a: torch.zeros(a.shape[0], 3), "got float32 [4, 3], expected float32 [4, "),
 ])
-def test_edge_refuses_a_bad_gradient_from_the_next_tier_and_changes_nothing(bad, words) -> None:  # type: ignore[no-untyped-def]
+def test_edge_refuses_a_bad_gradient_from_the_next_tier_and_changes_nothing(  # type: ignore[no-untyped-def]
+        bad, words) -> None:
     from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
 
     cloud = FaultyCloud(bad)

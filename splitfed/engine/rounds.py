@@ -320,8 +320,9 @@ class SplitRound:
                 if cid in self.done:
                     bank.update(tier.fetch(self.cfg.run_id, cid))
             if (key := _nonfinite(bank)) is not None:  # every later client trained on it: nothing to keep
-                raise RoundFailed(f"round {self.cfg.round}: the shared model on the {self._label(t)} holds NaN or "
-                                  f"infinite values ({key!r}); the global model is unchanged")
+                raise RoundFailed(f"round {self.cfg.round}: the shared model on the {self._label(t)} holds NaN "
+                                  f"or infinite values ({key!r}; diverged: lower the learning rate?); "
+                                  "the global model is unchanged")
             for i, w in self.trained[t].items():
                 contributions.append((select(bank, i, i + 1), w))
         return aggregate(contributions, previous=self.global_state)

@@ -98,7 +98,8 @@ def check_returned(t: torch.Tensor, like: torch.Tensor, what: str, *, batch_only
     """
     fits = t.shape[:1] == like.shape[:1] if batch_only else (t.shape == like.shape and t.dtype == like.dtype)
     if not fits:
-        want = f"batch {like.shape[0]}" if batch_only else f"{str(like.dtype).removeprefix('torch.')} {list(like.shape)}"
+        dtype = str(like.dtype).removeprefix("torch.")
+        want = f"batch {like.shape[0]}" if batch_only else f"{dtype} {list(like.shape)}"
         raise TierError(f"{what}: got {str(t.dtype).removeprefix('torch.')} {list(t.shape)}, expected {want}; "
                         "nothing was applied")
     if not all_finite(t):
