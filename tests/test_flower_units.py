@@ -232,22 +232,18 @@ def test_diverged_client_is_left_out_like_a_failed_one(mode, where):
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
-def test_diverged_clients_below_the_minimum_fail_the_round_with_the_reason():
+@pytest.mark.parametrize("mode, minimum, victim, where, words", [
+    # too few clients left: the reason is in the error
+    ("sflv1", 3, "client0", "device", r"failed: client0 \(its device weights '0\.\S+' hold NaN"),
+    # sflv2: every later client trained on the shared model, so a NaN there leaves nothing to keep
+    ("sflv2", 1, "client2", "edge", "the shared model on the edge holds NaN"),  # client2 trains last
+])
+def test_divergence_that_leaves_nothing_fails_the_round(mode, minimum, victim, where, words):
     chain = inprocess_chain(2)
-    cfg = RoundConfig("r", 1, SPEC, "sflv1")
-    rnd = SplitRound(cfg, chain.tiers, initial_state(SPEC, 0), ASSIGN, min_clients=3)
-    with pytest.raises(RoundFailed, match=r"failed: client0 \(its device weights '0\.\S+' hold NaN"):
-        drive(rnd, _trainer_that_diverges(chain, _data(), "client0", "device"))
-    assert [t.clients() for t in chain.tiers] == [0, 0]
-
-
-def test_diverged_shared_model_fails_the_round():
-    """sflv2: every later client trained on the shared model, so a NaN there leaves nothing to keep."""
-    chain = inprocess_chain(2)
-    cfg = RoundConfig("r", 1, SPEC, "sflv2")
-    rnd = SplitRound(cfg, chain.tiers, initial_state(SPEC, 0), ASSIGN, min_clients=1)
-    with pytest.raises(RoundFailed, match="the shared model on the edge holds NaN"):
-        drive(rnd, _trainer_that_diverges(chain, _data(), "client2", "edge"))  # the last to train
+    rnd = SplitRound(RoundConfig("r", 1, SPEC, mode), chain.tiers, initial_state(SPEC, 0), ASSIGN,
+                     min_clients=minimum)
+    with pytest.raises(RoundFailed, match=words):
+        drive(rnd, _trainer_that_diverges(chain, _data(), victim, where))
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
