@@ -158,6 +158,7 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "decision": rec.decision,
         "clients": len(rec.measurements),
         "failed": rec.failed,
+        "why_failed": rec.why_failed,
         "per_client": per_client,
     }
 
@@ -165,10 +166,21 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
 def _progress_line(row: dict[str, Any], rounds: int, profiles: dict[str, str]) -> str:
     sim = (f"  sim {row['sim_round_s']:.2f}s" if row["sim_round_s"] is not None
            else f"  measured {row['measured_round_s']:.2f}s")
-    failed = f"  failed {len(row['failed'])}" if row["failed"] else ""
+    failed = f"  failed {len(row['failed'])}{_why_failed(row)}" if row["failed"] else ""
     return (f"round {row['round']}/{rounds}  acc {row['accuracy']:.4f}  loss {row['loss']:.4f}  "
             f"wall {row['wall_s']:.1f}s{sim}  up {row['bytes_up'] / 1e6:.2f} MB  "
             f"down {row['bytes_down'] / 1e6:.2f} MB  clients {row['clients']}{failed}{_moved(row, profiles)}")
+
+
+def _why_failed(row: dict[str, Any], width: int = 70) -> str:
+    """``: client1 (its device weights '0.0.weight' hold NaN or ...)``: the first failure and why."""
+    why = row.get("why_failed") or {}
+    if not why:
+        return ""
+    cid, reason = next(iter(why.items()))
+    reason = reason if len(reason) <= width else reason[:width - 3] + "..."
+    more = f", +{len(why) - 1} more" if len(why) > 1 else ""
+    return f": {cid} ({reason}){more}"
 
 
 def _moved(row: dict[str, Any], profiles: dict[str, str], show: int = 3) -> str:

@@ -76,6 +76,7 @@ class RoundRecord:
     assignment: dict[str, Cuts]
     measurements: list[Measurement] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    why_failed: dict[str, str] = field(default_factory=dict)  # client -> what went wrong
     sim_round_s: float | None = None
     train_loss: float | None = None
     moved: dict[str, tuple[Cuts, Cuts]] = field(default_factory=dict)  # client -> (cuts it last trained at, now)
@@ -123,6 +124,7 @@ class SplitFedAvg(FedAvg):
         self._groups: list[list[str]] = []
         self._node_of: dict[str, int] = {}
         self._expected: dict[str, set[str]] = {}
+        self._why: dict[str, str] = {}  # this round's node errors and malformed replies
 
     def summary(self) -> None:
         s = self.settings
@@ -221,6 +223,8 @@ class SplitFedAvg(FedAvg):
             for cid, why in rnd.why.items():  # what the round itself refused; node errors were logged above
                 log(WARNING, "%s dropped from round %d: %s", cid, server_round, why)
         record.failed = list(rnd.failed)
+        why = {**self._why, **rnd.why}
+        record.why_failed = {c: why.get(c, "no reply before the round timeout") for c in rnd.failed}
         record.measurements = [_measurement(r) for r in rnd.results]
         total = sum(r.samples for r in rnd.results)
         record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
@@ -290,6 +294,7 @@ class SplitFedAvg(FedAvg):
     # ------------------------------------------------------------ internals
 
     def _open(self, server_round: int, arrays: ArrayRecord) -> None:
+        self._why = {}
         s = self.settings
         sampled = self.sample(server_round)
         assignment = self.policy.assign(server_round, sampled)
@@ -335,6 +340,7 @@ class SplitFedAvg(FedAvg):
                 continue
             if msg.has_error():
                 log(WARNING, "%s failed: %s", cid, msg.error.reason)
+                self._why[cid] = msg.error.reason
                 continue
             try:
                 state = record_to_state(msg.content.array_records[ARRAYS])
@@ -344,6 +350,7 @@ class SplitFedAvg(FedAvg):
                                       "instead of its device segment")
             except (ConfigError, KeyError) as e:
                 log(WARNING, "%s sent a malformed reply, dropped: %s", cid, e)
+                self._why[cid] = f"malformed reply: {e}"
                 continue
             out[cid] = Outcome(state, ClientResult(
                 cid, self._round.assignment[cid], report.samples, report.loss, report.correct,

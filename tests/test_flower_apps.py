@@ -7,6 +7,7 @@ real gRPC tier processes are in ``test_flower_sim.py`` and ``test_flower_deploy.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -27,10 +28,10 @@ BASE = RunSettings(rounds=2, clients=4, tiers=3, cuts="static:1,3/2,5/0,4/3,7", 
                    momentum=0.9, node_wait_s=5.0, round_timeout_s=30.0)
 
 
-def _run(monkeypatch, settings, grid=None):  # type: ignore[no-untyped-def]
+def _run(monkeypatch, settings, grid=None, progress=lambda line: None):  # type: ignore[no-untyped-def]
     grid = grid or FakeGrid(clients.app.app, settings.clients)
     with inprocess_tiers(monkeypatch, settings.tiers - 1) as chain:
-        summary = server.app.run(grid, settings, progress=lambda line: None)
+        summary = server.app.run(grid, settings, progress=progress)
         assert [t.clients() for t in chain.controls] == [0] * (settings.tiers - 1)  # all released
     return summary, grid
 
@@ -103,6 +104,7 @@ def test_failed_node_is_tolerated_down_to_the_minimum(monkeypatch, tmp_path):
     _run(monkeypatch, s, grid=grid)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["failed"] == [] and rows[1]["failed"] == ["client1"] and rows[1]["clients"] == 3
+    assert rows[0]["why_failed"] == {} and rows[1]["why_failed"] == {"client1": "no reply before the round timeout"}
 
 
 def test_client_exception_becomes_a_failure(monkeypatch, tmp_path):
@@ -119,8 +121,13 @@ def test_client_exception_becomes_a_failure(monkeypatch, tmp_path):
     assert row["failed"] == ["client2"] and row["clients"] == 3
 
 
+def _poison_first(state):  # type: ignore[no-untyped-def]
+    state[min(state)].view(-1)[0] = float("inf")  # the same key whatever order the state comes in
+
+
 def test_client_with_nan_weights_is_dropped_like_a_failed_one(monkeypatch, tmp_path, caplog):
-    """A node that returns NaN weights (diverged, or corrupt) costs its own update, not the global model."""
+    """A node that returns NaN weights (diverged, or corrupt) costs its own update, not the global model;
+    the metrics row and the progress line say why."""
     from splitfed.flower.records import ARRAYS, record_to_state, state_to_record
 
     real = clients.app.app
@@ -134,19 +141,62 @@ def test_client_with_nan_weights_is_dropped_like_a_failed_one(monkeypatch, tmp_p
         reply = real(msg, ctx)
         if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
             state = record_to_state(reply.content.array_records[ARRAYS])
-            next(iter(state.values())).view(-1)[0] = float("inf")
+            _poison_first(state)
             reply.content[ARRAYS] = state_to_record(state)
         return reply
 
     s = BASE.with_(rounds=1)
     _run(monkeypatch, s.with_(out=str(tmp_path / "raises")), grid=FakeGrid(raises, 4))
+    lines: list[str] = []
     with caplog.at_level("WARNING"):
-        _run(monkeypatch, s.with_(out=str(tmp_path / "nan")), grid=FakeGrid(diverges, 4))
+        _run(monkeypatch, s.with_(out=str(tmp_path / "nan")), grid=FakeGrid(diverges, 4), progress=lines.append)
+    oom = json.loads((tmp_path / "raises" / "metrics.jsonl").read_text())
     row = json.loads((tmp_path / "nan" / "metrics.jsonl").read_text())
+    assert "device out of memory" in oom["why_failed"]["client1"]
     assert row["failed"] == ["client1"] and row["clients"] == 3
-    assert "client1 dropped from round 1: its device weights" in caplog.text and "NaN or infinite" in caplog.text
+    assert list(row["why_failed"]) == ["client1"]
+    assert re.fullmatch(r"its device weights '[\w.]+' hold NaN or infinite values", row["why_failed"]["client1"])
+    assert "client1 dropped from round 1: its device weights" in caplog.text
+    assert sum(f"failed 1: client1 ({row['why_failed']['client1'][:40]}" in x for x in lines) == 1
     a, b = checkpoint.load(tmp_path / "raises").state, checkpoint.load(tmp_path / "nan").state
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_inprocess_backend_drops_a_diverged_client_as_the_flower_run_does(monkeypatch, tmp_path):
+    import splitfed.engine.rounds as rounds
+    from splitfed.flower.records import ARRAYS, record_to_state, state_to_record
+    from splitfed.sim.inprocess import train_inprocess
+
+    real = clients.app.app
+
+    def diverges(msg, ctx):  # type: ignore[no-untyped-def]
+        reply = real(msg, ctx)
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
+            state = record_to_state(reply.content.array_records[ARRAYS])
+            _poison_first(state)
+            reply.content[ARRAYS] = state_to_record(state)
+        return reply
+
+    s = BASE.with_(rounds=2, min_clients=3)
+    _run(monkeypatch, s.with_(out=str(tmp_path / "flower")), grid=FakeGrid(diverges, 4))
+    trainer = rounds.local_trainer
+
+    def diverging_trainer(chain, data):  # type: ignore[no-untyped-def]
+        inner = trainer(chain, data)
+
+        def train(cfg, cuts, weights):  # type: ignore[no-untyped-def]
+            out = inner(cfg, cuts, weights)
+            _poison_first(out["client1"].state)
+            return out
+
+        return train
+
+    monkeypatch.setattr(rounds, "local_trainer", diverging_trainer)
+    train_inprocess(s.with_(out=str(tmp_path / "local")))
+    keys = ("round", "accuracy", "loss", "train_loss", "bytes_up", "cuts", "clients", "failed", "why_failed")
+    rows = {d: [{k: json.loads(x)[k] for k in keys} for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+            for d in ("flower", "local")}
+    assert rows["local"] == rows["flower"] and rows["local"][1]["failed"] == ["client1"]
 
 
 def test_resume_refuses_changed_math(monkeypatch, tmp_path):

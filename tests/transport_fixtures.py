@@ -20,7 +20,7 @@ from splitfed.engine.types import State
 from splitfed.models.zoo import resolve_spec
 from splitfed.transport.security import TlsConfig
 
-SPEC = resolve_spec("cnn")  # 1x8x8 digits CNN: 8 blocks, boundary after block 2 is 16x4x4
+SPEC = resolve_spec("cnn")  # 1x8x8 digits CNN: 7 blocks, boundary after block 2 is 16x4x4
 
 
 def _name(cn: str) -> x509.Name:
@@ -99,7 +99,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 # ---------------------------------------------------------------- one cloud tier in this process
 
-CUT = 2  # device holds blocks [0, 2); the tier holds [2, 8) and computes the loss
+CUT = 2  # device holds blocks [0, 2); the tier holds [2, 7) and computes the loss
 
 
 def load_client(tier, client_id: str, run_id: str = "run", round_: int = 0, cut: int = CUT) -> None:  # type: ignore[no-untyped-def]
