@@ -159,6 +159,7 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "clients": len(rec.measurements),
         "failed": rec.failed,
         "why_failed": rec.why_failed,
+        "profiles": {cid: profiles[cid] for cid in rec.assignment if profiles.get(cid)},  # failed ones too
         "per_client": per_client,
     }
 

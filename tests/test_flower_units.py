@@ -257,6 +257,15 @@ def test_round_below_minimum_fails_and_releases():
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
+def test_round_failure_names_at_most_three_clients():
+    chain = inprocess_chain(2)
+    many = {f"client{i}": (1, 3) for i in range(5)}
+    rnd = SplitRound(RoundConfig("r", 1, SPEC, "sflv1"), chain.tiers, initial_state(SPEC, 0), many)
+    with pytest.raises(RoundFailed, match=r"\(failed: client0, client1, client2, \+2 more\)$"):
+        drive(rnd, lambda cfg, cuts, w: {})  # nobody answers
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
 # ---------------------------------------------------------------- checkpoint and metrics
 
 
@@ -305,6 +314,26 @@ def test_metrics_writer_truncates_on_resume(tmp_path):
     assert [r["round"] for r in rows] == [1, 2]
     s = summarise(rows, {"seed": 0})
     assert s["final_accuracy"] == 0.2 and s["sim_time_s"] == 4.0 and s["bytes_up"] == 20
+
+
+def test_metrics_are_strict_json_even_when_the_model_diverged(tmp_path):
+    """A diverged model's loss is NaN; jq, browsers and pandas refuse NaN/Infinity in JSON: write null."""
+    import json
+
+    def strict(text: str):  # type: ignore[no-untyped-def]
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+    w = MetricsWriter(tmp_path)
+    w.append({"round": 1, "accuracy": 0.1, "loss": float("nan"), "train_loss": float("inf"), "failed": [],
+              "decision": {"predicted_s": float("-inf"), "moved": []}, "per_client": {"a": [1.5, float("nan")]}})
+    w.append({"round": 2, "accuracy": 0.2, "loss": 1.0, "failed": []})
+    w.truncate_after(2)  # rewrites the file
+    rows = [strict(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["loss"] is None and rows[0]["train_loss"] is None
+    assert rows[0]["decision"]["predicted_s"] is None and rows[0]["per_client"]["a"] == [1.5, None]
+    assert rows[1]["loss"] == 1.0
+    path = w.write_summary(summarise([{**rows[1], "loss": float("nan")}], {"seed": 0}))
+    assert strict(path.read_text())["final_loss"] is None
 
 
 # ---------------------------------------------------------------- the simulate command refuses bad input early

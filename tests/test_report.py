@@ -129,6 +129,17 @@ def test_end_of_run_table_has_rounds_and_classes() -> None:
     assert "phone-mid" in classes and "2,5" in classes  # moved by round 5
 
 
+def test_a_client_that_failed_every_round_keeps_its_device_class() -> None:
+    """It has no per_client measurement; the row's profiles still name its device."""
+    rows = make_rows(2)
+    for r in rows:
+        del r["per_client"]["client2"]
+        r["failed"], r["profiles"] = ["client2"], {"client0": "pi-home-0", "client1": "pi-home-1",
+                                                    "client2": "phone-mid-0"}
+    classes = end_of_run(rows).split("cuts per device class")[1]
+    assert "phone-mid" in classes and "client2" not in classes
+
+
 def test_end_of_run_explicit_classes_win() -> None:
     text = end_of_run(make_rows(2), classes={"client0": "laptop"})
     assert "laptop" in text

@@ -338,8 +338,10 @@ class SplitRound:
     def _label(self, t: int) -> str:
         return ("edge", "cloud")[t] if len(self.tiers) <= 2 else f"server tier {t + 1}"
 
-    def _failures(self) -> str:
-        return ", ".join(f"{c} ({self.why[c]})" if c in self.why else c for c in self.failed) or "none"
+    def _failures(self, show: int = 3) -> str:
+        parts = [f"{c} ({self.why[c]})" if c in self.why else c for c in self.failed[:show]]
+        more = f", +{len(self.failed) - show} more" if len(self.failed) > show else ""
+        return ", ".join(parts) + more or "none"
 
     def _release(self, cid: str) -> None:
         if cid not in self._loaded:

@@ -22,7 +22,6 @@ bytes: an approximation that also counts the server tiers' compute as link).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -148,8 +147,8 @@ class AdaptivePolicy:
                 seen[m.client_id] = Seen(flops, m.compute_s, m.bytes_up, m.link_s * m.bytes_up / total,
                                          m.bytes_down, m.link_s * m.bytes_down / total)
         d = self.adapter.observe(round, seen)
-        return {"moved": list(d.moved), "reason": d.reason, "predicted_s": _finite(d.before_s),
-                "predicted_after_s": _finite(d.after_s), "move_s": _finite(d.move_s)}
+        return {"moved": list(d.moved), "reason": d.reason, "predicted_s": d.before_s,
+                "predicted_after_s": d.after_s, "move_s": d.move_s}  # the metrics writer nulls inf
 
     def state_dict(self) -> dict[str, Any]:
         if self.adapter is None:
@@ -159,10 +158,6 @@ class AdaptivePolicy:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._saved = state if state.get("assignment") else None
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None  # metrics are strict JSON
 
 
 def _with_belief(client: Any, belief: Sequence[float]) -> Any:

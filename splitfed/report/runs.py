@@ -11,9 +11,9 @@ default to empty. Unknown keys are kept in :attr:`RoundRow.extra`.
 
 Device classes (for "cuts per device class"): ``summary.json``'s ``classes``
 mapping (client -> class; what a caller states wins), else a round's
-``classes`` mapping or its ``per_client`` objects' ``profile`` (the fleet device
-the client simulates, ``pi-home-3``, whose class is ``pi-home``), else the
-client name itself with a trailing ``-N`` removed.
+``classes`` mapping, its ``profiles`` mapping or its ``per_client`` objects'
+``profile`` (the fleet device the client simulates, ``pi-home-3``, whose class
+is ``pi-home``), else the client name itself with a trailing ``-N`` removed.
 """
 
 from __future__ import annotations
@@ -262,6 +262,9 @@ def _classes(parsed: Sequence[RoundRow], raw: Sequence[Mapping[str, Any]], summa
         if isinstance(per, Mapping):
             out.update({str(k): _strip_index(str(v["profile"])) for k, v in per.items()
                         if isinstance(v, Mapping) and v.get("profile")})
+        prof = r.get("profiles")  # every client of the round, also those that failed
+        if isinstance(prof, Mapping):
+            out.update({str(k): _strip_index(str(v)) for k, v in prof.items() if v})
         rc = r.get("classes")
         if isinstance(rc, Mapping):
             out.update({str(k): str(v) for k, v in rc.items()})
