@@ -1,0 +1,76 @@
+"""Every benchmark runs end to end at a tiny size and writes the JSON its README section describes.
+
+Nothing here looks at a speed: the numbers a benchmark measures are its own
+business (and vary by machine). What is checked is that it runs, that its JSON
+has the documented fields, and the facts that do not depend on the machine: the
+exact optimizer is never beaten by the policies it is compared with, and each
+codec's bytes on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def bench(name: str, *args: str, out: Path) -> tuple[dict, str]:
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args, "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return json.loads(out.read_text()), p.stdout
+
+
+def test_engine_benchmark(tmp_path: Path) -> None:
+    res, out = bench("engine", "--model", "cnn", "--batch", "8", "--cuts", "2,4", "--reps", "1", "--steps", "1",
+                     out=tmp_path / "engine.json")
+    assert res["model"] == "cnn" and res["cuts"] == [2, 4]
+    assert res["monolithic_steps_per_s"] > 0 and res["split_steps_per_s"] > 0
+    assert res["ratio"] == pytest.approx(res["split_steps_per_s"] / res["monolithic_steps_per_s"])
+    assert "split/monolithic steps/s ratio" in out
+
+
+def test_optimizer_benchmark(tmp_path: Path) -> None:
+    res, out = bench("optimizer", "--no-scaling", out=tmp_path / "optimizer.json")
+    assert set(res["models"]) == {"vgg11", "resnet18"} and res["clients"] >= 50
+    for model, cases in res["models"].items():
+        assert "reference/any_cut" in cases, model
+        for case, c in cases.items():
+            best = c["optimizer"]["makespan_s"]
+            assert c["optimizer"]["feasible"] and best > 0, (model, case)
+            # exact within the cost model: no compared policy is faster (a hair of float slack)
+            for other in ("best_static", "greedy", "all_on_server"):
+                if c[other]["makespan_s"] is not None and c[other]["feasible"]:  # else not applicable here
+                    assert c[other]["makespan_s"] >= best * (1 - 1e-9), (model, case, other)
+            assert c["targets"]["not_slower_than_greedy"] is not False, (model, case)  # None: greedy overflows memory
+    assert "targets" in out
+
+
+def test_transport_benchmark(tmp_path: Path) -> None:
+    res, _ = bench("transport", "--batch", "2", "--reps", "1", "--steps", "1", "--reps-b", "1",
+                   out=tmp_path / "transport.json")
+    a = res["a_training"]
+    assert a["steps_per_s"]["grpc"] > 0 and a["steps_per_s"]["inproc"] > 0
+    assert [r["activation_mb"] for r in res["b_step_rpc_vs_echo"]] == [1, 8, 32]
+    assert all(r["mb_per_s"]["step_rpc"] > 0 and r["copy_ceiling"] > 0 for r in res["b_step_rpc_vs_echo"])
+    codecs = {r["codec"]: r for r in res["c_bytes_per_codec"]}
+    assert codecs["none"]["max_abs_error"] == 0 and codecs["none"]["ratio_to_none"] == 1
+    assert codecs["fp16"]["ratio_to_none"] == pytest.approx(0.5, abs=0.01)
+    assert codecs["int8"]["ratio_to_none"] == pytest.approx(0.25, abs=0.01)
+    assert codecs["topk:0.01"]["ratio_to_none"] < codecs["topk:0.1"]["ratio_to_none"] < 0.25
+
+
+@pytest.mark.xdist_group("flower-real")  # one Ray cluster at a time
+def test_simulation_benchmark(tmp_path: Path) -> None:
+    res, out = bench("simulation", "--clients", "2", "--rounds", "1", out=tmp_path / "simulation.json")
+    (row,) = res["results"]
+    assert row["clients"] == 2 and row["rounds"] == 1 and len(row["round_s"]) == 1
+    assert row["peak_pss_mb"] > 0 and 0 <= row["final_accuracy"] <= 1
+    assert "2 clients" in out
