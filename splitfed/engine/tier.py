@@ -71,7 +71,7 @@ def all_finite(t: torch.Tensor) -> bool:
     """
     if not t.is_floating_point():
         return True
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+    return math.isfinite(t.sum().item()) or bool(torch.isfinite(t).all())
 
 
 def check_tensor(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, what: str,
