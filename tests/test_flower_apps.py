@@ -125,25 +125,27 @@ def _poison_first(state):  # type: ignore[no-untyped-def]
     state[min(state)].view(-1)[0] = float("inf")  # the same key whatever order the state comes in
 
 
+def diverges(msg, ctx):  # type: ignore[no-untyped-def]
+    """The ClientApp, except that partition 1 returns weights holding an infinity (a diverged device)."""
+    from splitfed.flower.records import ARRAYS, record_to_state, state_to_record
+
+    reply = clients.app.app(msg, ctx)
+    if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
+        state = record_to_state(reply.content.array_records[ARRAYS])
+        _poison_first(state)
+        reply.content[ARRAYS] = state_to_record(state)
+    return reply
+
+
 def test_client_with_nan_weights_is_dropped_like_a_failed_one(monkeypatch, tmp_path, caplog):
     """A node that returns NaN weights (diverged, or corrupt) costs its own update, not the global model;
     the metrics row and the progress line say why."""
-    from splitfed.flower.records import ARRAYS, record_to_state, state_to_record
-
     real = clients.app.app
 
     def raises(msg, ctx):  # type: ignore[no-untyped-def]
         if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
             raise RuntimeError("device out of memory")
         return real(msg, ctx)
-
-    def diverges(msg, ctx):  # type: ignore[no-untyped-def]
-        reply = real(msg, ctx)
-        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
-            state = record_to_state(reply.content.array_records[ARRAYS])
-            _poison_first(state)
-            reply.content[ARRAYS] = state_to_record(state)
-        return reply
 
     s = BASE.with_(rounds=1)
     _run(monkeypatch, s.with_(out=str(tmp_path / "raises")), grid=FakeGrid(raises, 4))
@@ -164,18 +166,7 @@ def test_client_with_nan_weights_is_dropped_like_a_failed_one(monkeypatch, tmp_p
 
 def test_inprocess_backend_drops_a_diverged_client_as_the_flower_run_does(monkeypatch, tmp_path):
     import splitfed.engine.rounds as rounds
-    from splitfed.flower.records import ARRAYS, record_to_state, state_to_record
     from splitfed.sim.inprocess import train_inprocess
-
-    real = clients.app.app
-
-    def diverges(msg, ctx):  # type: ignore[no-untyped-def]
-        reply = real(msg, ctx)
-        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
-            state = record_to_state(reply.content.array_records[ARRAYS])
-            _poison_first(state)
-            reply.content[ARRAYS] = state_to_record(state)
-        return reply
 
     s = BASE.with_(rounds=2, min_clients=3)
     _run(monkeypatch, s.with_(out=str(tmp_path / "flower")), grid=FakeGrid(diverges, 4))
