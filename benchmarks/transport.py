@@ -55,7 +55,7 @@ class EchoTier:
     name = "echo"
 
     def step(self, key, activation, labels):  # type: ignore[no-untyped-def]
-        from splitfed.engine.tier import check_tensor
+        from splitfed.engine.checks import check_tensor
         from splitfed.engine.types import StepReply
 
         check_tensor(activation, tuple(activation.shape[1:]), activation.dtype, "activation", activation.shape[0])

@@ -9,8 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from splitfed.engine.checks import all_finite
 from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
-from splitfed.engine.tier import Tier, all_finite
+from splitfed.engine.tier import Tier
 from splitfed.engine.types import StepKey
 from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, TierError, Unavailable
 from splitfed.models.zoo import resolve_spec

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from splitfed.engine import template
+from splitfed.engine.checks import check_returned
 from splitfed.engine.link import Link
-from splitfed.engine.tier import check_returned
 from splitfed.engine.types import OptimConfig, State, StepKey
 from splitfed.errors import ConfigError
 from splitfed.models.blocks import Segment, segment_bounds, step_rng
@@ -67,8 +67,8 @@ class Device:
             t2 = time.perf_counter()
             if reply.grad is not None:
                 check_returned(reply.grad, out, f"step {key.seq} of {self.client_id}: the edge's gradient")
-            if out.requires_grad and reply.grad is not None:
-                out.backward(reply.grad)
+                if out.requires_grad:
+                    out.backward(reply.grad)
             loss, correct = reply.loss, reply.correct
         else:
             mid = self.link.forward(key, out.detach()).detach()
@@ -84,8 +84,8 @@ class Device:
             t2 += time.perf_counter() - t3
             if g is not None:
                 check_returned(g, out, f"backward {key.seq} of {self.client_id}: the edge's gradient")
-            if out.requires_grad and g is not None:
-                out.backward(g)
+                if out.requires_grad:
+                    out.backward(g)
         if self.optim is not None:
             self.optim.step()
             self.optim.zero_grad(set_to_none=True)

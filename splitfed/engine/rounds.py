@@ -23,9 +23,10 @@ import torch
 
 from splitfed.aggregate import aggregate
 from splitfed.engine import template
+from splitfed.engine.checks import all_finite
 from splitfed.engine.device import Device
 from splitfed.engine.link import InProcessLink, Link, TierControl
-from splitfed.engine.tier import Tier, all_finite
+from splitfed.engine.tier import Tier
 from splitfed.engine.types import MODES, OptimConfig, SegmentLoad, State
 from splitfed.errors import ConfigError, SplitfedError, TierError
 from splitfed.models.blocks import segment_bounds, validate_cuts
@@ -234,20 +235,12 @@ class SplitRound:
         for cid in self._group:
             out = outcomes.get(cid)
             if out is None or self._refused(cid, "device", out.state):
-                self.failed.append(cid)
-                self._release(cid)
+                self._drop(cid)
                 continue
             if self.cfg.mode == "sl":
-                try:
-                    fetched = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
-                except TierError as e:
-                    self.why[cid] = f"fetch failed: {e}"
-                    self.failed.append(cid)
-                    self._release(cid)
-                    continue
-                if any(self._refused(cid, self._label(t), part) for t, part in enumerate(fetched)):
-                    self.failed.append(cid)
-                    self._release(cid)
+                fetched = self._replicas(cid)
+                if fetched is None:
+                    self._drop(cid)
                     continue
                 self.current.update(out.state)
                 for part in fetched:
@@ -291,14 +284,9 @@ class SplitRound:
         for cid in self.order:
             if cid not in self.done:
                 continue
-            try:
-                parts = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
-            except TierError as e:
-                self.why[cid] = f"fetch failed: {e}"
-                parts = None
-            if parts is None or any(self._refused(cid, self._label(t), p) for t, p in enumerate(parts)):
-                self.failed.append(cid)
-                del self.done[cid]
+            parts = self._replicas(cid)
+            if parts is None:
+                self._drop(cid)
                 continue
             fetched[cid] = parts
         if len(self.done) < self.min_clients:
@@ -326,6 +314,20 @@ class SplitRound:
             for i, w in self.trained[t].items():
                 contributions.append((select(bank, i, i + 1), w))
         return aggregate(contributions, previous=self.global_state)
+
+    def _replicas(self, cid: str) -> list[State] | None:
+        """``cid``'s trained server segments, one per tier; None (and why) if a tier fails or one is not finite."""
+        try:
+            parts = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
+        except TierError as e:
+            self.why[cid] = f"fetch failed: {e}"
+            return None
+        return None if any(self._refused(cid, self._label(t), p) for t, p in enumerate(parts)) else parts
+
+    def _drop(self, cid: str) -> None:
+        self.failed.append(cid)
+        self.done.pop(cid, None)
+        self._release(cid)
 
     def _refused(self, cid: str, where: str, state: State) -> bool:
         """Whether ``cid``'s weights from ``where`` are not finite: a diverged or corrupt client is dropped
