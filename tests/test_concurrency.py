@@ -62,3 +62,63 @@ def test_concurrent_clients_with_dropout_match_sequential() -> None:
         for cid in seq:
             for k in seq[cid]:
                 assert torch.equal(seq[cid][k], par[cid][k]), f"{cid} {k}"
+
+
+def test_building_models_while_others_train_changes_no_mask_and_no_weight() -> None:
+    """A tier builds a new model's template (seeded initial weights) while other clients' steps draw
+    dropout masks; a ServerApp builds its initial model while another run in the process trains.
+    Both use torch's one generator: each must get it whole (splitfed.models.rng), or a mask or an
+    initial weight silently comes from the other's seed."""
+    import sys
+
+    from splitfed.models.blocks import Segment
+    from splitfed.models.zoo import build
+
+    mlp = resolve_spec("mlp")
+    cnn = resolve_spec("cnn")
+    seg = Segment({"2": torch.nn.Dropout(0.5)}, 2, 3)
+    x = torch.ones(64, 128)
+    masks_alone = [seg(x, rng=r) for r in range(50)]
+    weights_alone = [build(cnn, seed=s).state_dict() for s in range(5)]
+    masks: list[torch.Tensor] = []
+    weights: list[dict[str, torch.Tensor]] = []
+    start = threading.Barrier(2)
+
+    def draw() -> None:
+        start.wait()
+        masks.extend(seg(x, rng=r) for r in range(50))
+
+    def build_models() -> None:
+        start.wait()
+        for s in range(5):
+            weights.append(build(cnn, seed=s).state_dict())
+            initial_state(mlp, s)  # the ServerApp's initial model: another seeded build
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=draw), threading.Thread(target=build_models)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert len(masks) == 50 and all(torch.equal(a, b) for a, b in zip(masks_alone, masks, strict=True))
+    for alone, got in zip(weights_alone, weights, strict=True):
+        assert all(torch.equal(alone[k], got[k]) for k in alone)
+
+
+def test_seeded_gives_the_generator_back() -> None:
+    from splitfed.models import rng
+
+    torch.default_generator.manual_seed(123)
+    expected = torch.rand(3)
+    torch.default_generator.manual_seed(123)
+    with rng.seeded(7):
+        inside = torch.rand(3)
+    with rng.seeded():
+        torch.rand(10)  # drawing without a seed is given back too
+    assert torch.equal(torch.rand(3), expected)  # as if nothing had drawn
+    torch.default_generator.manual_seed(7)
+    assert torch.equal(torch.rand(3), inside)

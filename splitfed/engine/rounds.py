@@ -66,13 +66,9 @@ class ClientResult:
 
 def initial_state(model: ModelSpec, seed: int) -> State:
     """The global model before round 1: the same in every process for a seed."""
-    rng = torch.random.get_rng_state()
-    try:
-        from splitfed.models.blocks import to_blocks
+    from splitfed.models.blocks import to_blocks
 
-        return {k: v.detach().clone() for k, v in to_blocks(build(model, seed)).whole().state_dict().items()}
-    finally:
-        torch.random.set_rng_state(rng)
+    return {k: v.detach().clone() for k, v in to_blocks(build(model, seed)).whole().state_dict().items()}
 
 
 def block_of(key: str) -> int:

@@ -32,7 +32,6 @@ def _key(spec: ModelSpec) -> str:
 @lru_cache(maxsize=256)
 def _size(key: str, model_bytes: int) -> tuple[int, int]:
     spec = ModelSpec.from_dict(json.loads(key))
-    rng = torch.random.get_rng_state()
     peak = [0]
 
     def hook(_m: nn.Module, _i: object, out: object) -> None:
@@ -40,25 +39,22 @@ def _size(key: str, model_bytes: int) -> tuple[int, int]:
             if isinstance(t, torch.Tensor):
                 peak[0] = max(peak[0], t.numel() * t.element_size())
 
-    try:
-        with torch.device("meta"):
-            model = build(spec)
-            params = sum(p.numel() * p.element_size() for p in model.parameters())
-            if params > model_bytes:  # refused anyway: spare the forward pass
-                return params, 0
-            x = spec.example_input(1)
-            peak[0] = x.numel() * x.element_size()
-            if peak[0] <= SMALL_INPUT_BYTES:  # activations are bounded by the parameter check
-                return params, peak[0]
-            hooks = [m.register_forward_hook(hook) for m in model.modules()]
-            try:
-                with torch.no_grad():
-                    model(x)
-            finally:
-                for h in hooks:
-                    h.remove()
-    finally:
-        torch.random.set_rng_state(rng)
+    with torch.device("meta"):  # draws nothing from torch's generator: meta tensors hold no values
+        model = build(spec)
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        if params > model_bytes:  # refused anyway: spare the forward pass
+            return params, 0
+        x = spec.example_input(1)
+        peak[0] = x.numel() * x.element_size()
+        if peak[0] <= SMALL_INPUT_BYTES:  # activations are bounded by the parameter check
+            return params, peak[0]
+        hooks = [m.register_forward_hook(hook) for m in model.modules()]
+        try:
+            with torch.no_grad():
+                model(x)
+        finally:
+            for h in hooks:
+                h.remove()
     return params, peak[0]
 
 
@@ -98,12 +94,7 @@ def _mib(n: int) -> str:
 
 @lru_cache(maxsize=16)
 def _template(key: str) -> Blocks:
-    spec = ModelSpec.from_dict(json.loads(key))
-    rng = torch.random.get_rng_state()
-    try:
-        return to_blocks(build(spec, seed=0))
-    finally:
-        torch.random.set_rng_state(rng)
+    return to_blocks(build(ModelSpec.from_dict(json.loads(key)), seed=0))
 
 
 def template(spec: ModelSpec) -> Blocks:

@@ -16,7 +16,6 @@ were trained.
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,8 +24,7 @@ import torch
 from torch import fx, nn
 
 from splitfed.errors import CutError
-
-_RNG_LOCK = threading.RLock()
+from splitfed.models import rng as _rng
 
 _STOCHASTIC_FUNCS = {
     torch.nn.functional.dropout,
@@ -77,10 +75,8 @@ class Segment(nn.Sequential):
     def forward(self, x: torch.Tensor, rng: int | None = None) -> torch.Tensor:  # type: ignore[override]
         for name, block in self._modules.items():
             if rng is not None and self._stochastic[name]:
-                # torch's generator is process-wide; a tier runs many clients' steps in threads.
-                # Only the CPU generator: torch.manual_seed also queues a lazy CUDA/XPU/MTIA seeding,
-                # each capturing a stack trace, ~1.5 ms a call; the blocks compute on the CPU.
-                with _RNG_LOCK:
+                # torch's generator is process-wide (splitfed.models.rng); only the CPU one is seeded
+                with _rng.LOCK:
                     torch.default_generator.manual_seed(_mix(rng, int(name)))
                     x = block(x)
             else:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from splitfed.errors import ConfigError
+from splitfed.models import rng
 
 
 @dataclass(frozen=True)
@@ -315,9 +316,12 @@ def _import_factory(path: str) -> Callable[..., nn.Module]:
 
 
 def build(spec: ModelSpec, seed: int | None = None) -> nn.Module:
-    """Build the model; with a seed, its initial weights are the same in every process."""
-    if seed is not None:
-        torch.manual_seed(seed)
+    """Build the model; with a seed, its initial weights are the same in every process and thread."""
+    with rng.seeded(seed):
+        return _build(spec)
+
+
+def _build(spec: ModelSpec) -> nn.Module:
     if spec.name in ZOO:
         e = ZOO[spec.name]
         kw = dict(spec.kwargs)

@@ -29,6 +29,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from splitfed.errors import ConfigError
+from splitfed.models import rng
 from splitfed.models.blocks import to_blocks
 from splitfed.models.zoo import ModelSpec, build
 
@@ -178,8 +179,7 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int) -> M
     x: object = spec.example_input(batch)
     input_bytes = _nbytes(x) / batch
     names, fwd, bwd, pbytes, obytes, abytes, fixed, fwd_s, bwd_s = ([] for _ in range(9))
-    rng = torch.random.get_rng_state()
-    try:
+    with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
             xin = _detach(x, grad=i > 0)
             params = list(block.parameters())
@@ -221,8 +221,6 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int) -> M
             fwd_s.append(statistics.median(tf))
             bwd_s.append(statistics.median(tb))
             x = _detach(out, grad=False)
-    finally:
-        torch.random.set_rng_state(rng)
     return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
                         optimizer_slots=slots, host=platform.node(), spec=spec.to_dict())
