@@ -17,6 +17,7 @@ One run, in order:
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -77,6 +78,7 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
     say = progress or (lambda line: log(INFO, "%s", line))
     torch.set_num_threads(1)
     ckpt = _resume(settings)
+    settings = named(settings, ckpt)
     spec = resolve_spec(settings.model)
     writer = MetricsWriter(settings.out) if settings.out else None
     if writer is not None:
@@ -136,6 +138,19 @@ def _resume(settings: RunSettings) -> checkpoint.Checkpoint | None:
         raise ConfigError("cannot resume with different " + ", ".join(
             f"{k.replace('_', '-')} ({before.to_dict()[k]!r} -> {settings.to_dict()[k]!r})" for k in changed))
     return ckpt
+
+
+def named(settings: RunSettings, ckpt: checkpoint.Checkpoint | None = None) -> RunSettings:
+    """The run's name on the tier servers: the one given, else the resumed run's, else a new unique one.
+
+    Tiers are long-lived services that many runs share; two runs under one name (say, both seed 0)
+    would load into each other's segments. A resumed run keeps its name, so its loads replace what
+    the crashed run left on the tiers.
+    """
+    if settings.run_name:
+        return settings
+    before = str(ckpt.settings.get("run_name", "")) if ckpt is not None else ""
+    return settings.with_(run_name=before or f"splitfed-{settings.seed}-{secrets.token_hex(4)}")
 
 
 def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str]) -> dict[str, Any]:

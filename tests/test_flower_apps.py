@@ -196,6 +196,66 @@ def test_resume_refuses_changed_math(monkeypatch, tmp_path):
         _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True, lr=0.2))
 
 
+def test_two_runs_with_one_seed_share_tiers_without_touching_each_other(monkeypatch, tmp_path):
+    """Tiers are services many runs share. Two runs with the same seed (the default 0) but other math
+    load their round-1 segments into the same tiers before either trains (a barrier forces it): each
+    still ends exactly where it ends alone. Under one name the second load would take over the first
+    run's segments, and a step of one run would be answered from the other's replay cache."""
+    import threading
+
+    from splitfed.engine import rounds
+
+    a = BASE.with_(rounds=2, clients=3, cuts="static:1,3/2,5/0,4")
+    b = a.with_(lr=0.2)
+    with inprocess_tiers(monkeypatch, a.tiers - 1) as chain:
+        for name, s in (("a", a), ("b", b)):
+            server.app.run(FakeGrid(clients.app.app, s.clients), s.with_(out=str(tmp_path / f"{name}-alone")),
+                           progress=lambda line: None)
+        both_loaded = threading.Barrier(2, timeout=60)
+        begin = rounds.SplitRound.begin
+
+        def begin_then_wait(self, group):  # type: ignore[no-untyped-def]
+            states = begin(self, group)
+            if self.cfg.round == 1:
+                both_loaded.wait()
+            return states
+
+        monkeypatch.setattr(rounds.SplitRound, "begin", begin_then_wait)
+        errors: list[BaseException] = []
+
+        def run(name: str, s: RunSettings) -> None:
+            try:
+                server.app.run(FakeGrid(clients.app.app, s.clients), s.with_(out=str(tmp_path / f"{name}-shared")),
+                               progress=lambda line: None)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+                both_loaded.abort()
+
+        threads = [threading.Thread(target=run, args=x) for x in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert [t.clients() for t in chain.controls] == [0, 0]  # both released everything
+    for name in ("a", "b"):
+        alone, shared = checkpoint.load(tmp_path / f"{name}-alone"), checkpoint.load(tmp_path / f"{name}-shared")
+        assert shared.round == 2 and all(torch.equal(alone.state[k], shared.state[k]) for k in alone.state), name
+    names = {json.loads((tmp_path / f"{n}-shared" / "summary.json").read_text())["settings"]["run_name"]
+             for n in ("a", "b")}
+    assert len(names) == 2 and all(n.startswith("splitfed-0-") for n in names)
+
+
+def test_a_resumed_run_keeps_its_name_on_the_tiers(monkeypatch, tmp_path):
+    """So that its loads replace whatever the crashed run left behind on long-lived tiers."""
+    _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)))
+    first = checkpoint.load(tmp_path).settings["run_name"]
+    _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True))
+    assert checkpoint.load(tmp_path).settings["run_name"] == first
+    assert server.app.named(BASE.with_(run_name="mine")).run_id == "mine"
+    assert server.app.named(BASE).run_id != server.app.named(BASE).run_id
+
+
 @pytest.mark.parametrize("cuts", ["adaptive", "greedy"])
 def test_optimizer_policies_run_and_resume_exactly(monkeypatch, tmp_path, cuts):
     """--cuts adaptive/greedy: legal cuts from the optimizer; the adapter's state survives a resume."""

@@ -58,7 +58,7 @@ class RunSettings:
     compress: str = "none"
     out: str = ""  # run folder: metrics.jsonl, summary.json, checkpoint; empty: none written
     resume: bool = False  # continue from ``out``'s checkpoint
-    run_name: str = ""  # names the run on the tier servers; default derived from the seed
+    run_name: str = ""  # names the run on the tier servers; empty: the ServerApp picks a unique one
 
     def __post_init__(self) -> None:
         positive = ("rounds", "clients", "batch_size", "local_epochs")
@@ -104,7 +104,10 @@ class RunSettings:
 
     @property
     def run_id(self) -> str:
-        """The tier servers' namespace for this run (not part of the math: dropout keys ignore it)."""
+        """The tier servers' namespace for this run (not part of the math: dropout keys ignore it).
+
+        A run through the ServerApp always has a ``run_name`` (:func:`server.app.named`); the fallback
+        serves the in-process backend, whose tiers no other run shares."""
         return self.run_name or f"splitfed-{self.seed}"
 
     def with_(self, **changes: Any) -> RunSettings:
