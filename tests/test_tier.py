@@ -295,3 +295,116 @@ def test_device_refuses_what_the_edge_sends_back_and_applies_nothing(  # type: i
     after = dev.state()
     # no weight moved (its forward did move BatchNorm statistics: a client that fails is dropped whole)
     assert all(torch.equal(before[k], after[k]) for k in before if "running" not in k and "batches" not in k)
+
+
+# ------------------------------------------------------------ segments a vanished coordinator left behind
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _loaded(clock: FakeClock, clients: tuple[str, ...] = ("a", "b"), **kw) -> Tier:  # type: ignore[no-untyped-def]
+    t = Tier("cloud", idle_release_s=100.0, clock=clock, **kw)
+    cfg = RoundConfig("run", 0, SPEC)
+    state = initial_state(SPEC, 0)
+    for cid in clients:
+        (load,) = tier_loads(cfg, cid, (2,), state)
+        t.load(load)
+    return t
+
+
+def test_segments_unused_for_the_idle_time_are_released_and_the_rest_kept(caplog) -> None:  # type: ignore[no-untyped-def]
+    import gc
+    import weakref
+
+    clock = FakeClock()
+    t = _loaded(clock)
+    gone = weakref.ref(next(iter(t._bindings[("run", "b")].replica.blocks.values())))
+    clock.now += 60
+    t.step(StepKey("run", "a", 0, 0), act(), y())  # a trains on; b's coordinator vanished
+    clock.now += 60  # b unused for 120 s, a for 60 s
+    assert t.sweep() == [("run", "b")]
+    assert t.clients() == 1 and "released 1 segment(s) unused for 100 s" in caplog.text
+    with pytest.raises(NotFound, match="segments unused for 100 s are released"):
+        t.step(StepKey("run", "b", 0, 0), act(), y())
+    gc.collect()
+    assert gone() is None  # b's replica (weights, optimizer state) is freed, not just unlisted
+    t.step(StepKey("run", "a", 0, 1), act(), y())  # a is untouched
+    assert t.sweep() == [] and t.clients() == 1
+    clock.now += 101
+    assert t.sweep() == [("run", "a")] and t.clients() == 0
+
+
+def test_fetch_counts_as_use_and_no_idle_time_means_never() -> None:
+    clock = FakeClock()
+    t = _loaded(clock)
+    clock.now += 90
+    t.fetch("run", "a")
+    clock.now += 20
+    assert t.sweep() == [("run", "b")]
+    never = Tier("cloud", idle_release_s=None, clock=clock)
+    (load,) = tier_loads(RoundConfig("run", 0, SPEC), "a", (2,), initial_state(SPEC, 0))
+    never.load(load)
+    clock.now += 10**9
+    assert never.sweep() == [] and never.clients() == 1
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="idle_release_s"):
+            Tier("cloud", idle_release_s=bad)
+
+
+def test_a_full_tier_lets_go_of_abandoned_segments_before_refusing() -> None:
+    from splitfed.errors import ResourceExhausted
+
+    clock = FakeClock()
+    t = _loaded(clock, max_clients=2)
+    (load,) = tier_loads(RoundConfig("run2", 0, SPEC), "c", (2,), initial_state(SPEC, 0))
+    with pytest.raises(ResourceExhausted, match="already serves 2 clients"):
+        t.load(load)  # a and b are recent: nothing to let go of
+    clock.now += 101
+    t.load(load)
+    assert t.clients() == 1 and t.fetch("run2", "c")
+
+
+def test_an_abandoned_u_shape_step_stops_blocking_its_shared_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sflv2 + U-shape: a's device vanished between its forward and backward, holding the shared replica;
+    b is told the replica is busy. Once a's segment is released for idleness, b trains on."""
+    import splitfed.engine.tier as tier_mod
+
+    monkeypatch.setattr(tier_mod, "SHARED_WAIT_S", 0.2)
+    clock = FakeClock()
+    t = Tier("edge", idle_release_s=100.0, clock=clock)
+    cfg = RoundConfig("run", 0, SPEC, mode="sflv2", u_shape=True)
+    (la,) = tier_loads(cfg, "a", (2, 5), initial_state(SPEC, 0), replica="shared")
+    (lb,) = tier_loads(cfg, "b", (2, 5), None, replica="shared")
+    t.load(la)
+    t.load(lb)
+    t.forward(StepKey("run", "a", 0, 0), act())  # a never sends its backward
+    clock.now += 101
+    with pytest.raises(tier_mod.Unavailable, match="busy"):
+        t.forward(StepKey("run", "b", 0, 0), act())  # b is alive: it asked just now
+    assert t.sweep() == [("run", "a")]
+    out = t.forward(StepKey("run", "b", 0, 0), act())
+    assert t.backward(StepKey("run", "b", 0, 0), torch.zeros_like(out)) is not None
+
+
+@given(events=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 250)), max_size=12),
+       at=st.integers(0, 400))
+def test_exactly_the_segments_unused_for_longer_than_the_idle_time_are_released(
+        events: list[tuple[str, int]], at: int) -> None:
+    clock = FakeClock()
+    start = clock.now
+    t = _loaded(clock, clients=("a", "b", "c"))
+    last = {"a": start, "b": start, "c": start}
+    for cid, when in sorted(events, key=lambda e: e[1]):
+        clock.now = start + when
+        t.fetch("run", cid)
+        last[cid] = clock.now
+    clock.now = start + max([at, *(w for _, w in events)])
+    released = {c for _, c in t.sweep()}
+    assert released == {c for c, used in last.items() if clock.now - used > 100.0}
+    assert t.clients() == 3 - len(released)

@@ -168,3 +168,30 @@ def test_tier_killed_during_a_call_ends_the_call(tiers: tuple[TierProcess, TierP
             list(call)
         go_on.set()
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+
+
+def test_a_tier_process_releases_what_a_vanished_coordinator_left() -> None:
+    """A real ``splitfed tier --idle-release-s 3``: a coordinator loads a segment and vanishes (its
+    process would be gone; here its channel closes). The tier releases the segment on its own and
+    says so; a client that keeps stepping keeps its segment."""
+    import time
+
+    with TierProcess.start("cloud-idle", insecure=True, extra_args=["--idle-release-s", "3"]) as cloud:
+        gone = GrpcTierClient(cloud.address, deadline_s=10)
+        load_client(gone, "vanished", run_id="crashed")
+        gone.close()
+        live = GrpcTierClient(cloud.address, deadline_s=10)
+        try:
+            load_client(live, "alive", run_id="ongoing")
+            live.step(StepKey("ongoing", "alive", 0, 0), activation(), labels())
+            seq, end = 1, time.monotonic() + 30
+            while "released 1 segment(s)" not in cloud.output() and time.monotonic() < end:
+                live.step(StepKey("ongoing", "alive", 0, seq), activation(), labels())  # in use: kept
+                seq += 1
+                time.sleep(0.1)
+            assert "released 1 segment(s) unused for 3 s" in cloud.output() and "crashed" in cloud.output()
+            with pytest.raises(NotFound, match="segments unused for 3 s are released"):
+                live.fetch("crashed", "vanished")
+            assert live.fetch("ongoing", "alive")  # stepped all along: still there
+        finally:
+            live.close()

@@ -33,6 +33,16 @@ def positive_int(text: str) -> int:
     return v
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (v >= 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return v
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="zoo name (mlp, cnn, vgg11, resnet18, mobilenetv2, "
                    "transformer) or module.path:factory")

@@ -14,8 +14,8 @@ import signal
 import sys
 import threading
 
-from splitfed.commands._args import positive_int
-from splitfed.engine.limits import DEFAULT_LIMITS, BuildLimits, set_limits
+from splitfed.commands._args import non_negative_float, positive_int
+from splitfed.engine.limits import DEFAULT_LIMITS, IDLE_RELEASE_S, BuildLimits, set_limits
 from splitfed.errors import ConfigError
 
 
@@ -43,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-sample-mb", type=positive_int, default=DEFAULT_LIMITS.sample_bytes >> 20,
                    help="largest tensor a model may make per sample, MiB (default: %(default)s)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--idle-release-s", type=non_negative_float, default=IDLE_RELEASE_S, metavar="S",
+                   help="release a client's segment nobody has used for S seconds: what a vanished coordinator "
+                        "left behind (default %(default).0f; 0: never). Keep it above your longest round")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODULE:FACTORY",
                    help="serve this non-zoo model factory too (repeatable)")
     p.add_argument("--no-malloc-tuning", action="store_true",
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     server = serve_tier(args.name or role, args.listen, args.next_address, tls=tls, token=token,
                         insecure=args.insecure, max_workers=args.max_workers, limits=limits,
                         next_compress=args.compress, next_deadline_s=args.deadline,
-                        allowed_models=args.allow_model)
+                        allowed_models=args.allow_model, idle_release_s=args.idle_release_s or None)
     # the first optimizer built imports torch._dynamo (seconds): start that now rather than in a client's load
     threading.Thread(target=lambda: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
                      daemon=True).start()

@@ -1,4 +1,5 @@
-"""How large a model one process agrees to build (torch-free: the CLI reads the defaults)."""
+"""How large a model one process agrees to build, and how long a tier holds an unused segment
+(torch-free: the CLI reads the defaults)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class BuildLimits:
 
 
 DEFAULT_LIMITS = BuildLimits()
+
+IDLE_RELEASE_S = 3600.0  # a tier releases a segment unused this long: far above a round (see Tier.sweep)
 _limits = DEFAULT_LIMITS
 
 

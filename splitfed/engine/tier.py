@@ -4,15 +4,20 @@ It talks only to its next tier through a :class:`~splitfed.engine.link.Link`.
 Every incoming message is checked before anything changes; a refused message
 raises a :class:`~splitfed.errors.TierError` whose ``code`` the gRPC server
 turns into a status. Steps are idempotent: a repeated sequence number returns
-the cached reply, an older one is refused.
+the cached reply, an older one is refused. A segment nobody has used for
+``idle_release_s`` is released (:meth:`Tier.sweep`): a tier is a long-lived
+service, and a coordinator that vanishes mid-round would otherwise leave its
+clients' replicas (weights and optimizer state) held for good.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +26,7 @@ from torch import nn
 
 from splitfed.engine import template
 from splitfed.engine.checks import all_finite, check_returned, check_tensor
+from splitfed.engine.limits import IDLE_RELEASE_S
 from splitfed.engine.link import Link
 from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
 from splitfed.errors import (
@@ -33,6 +39,8 @@ from splitfed.errors import (
 from splitfed.models.blocks import Segment, step_rng
 
 SHARED_WAIT_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,6 +67,7 @@ class _Binding:
     cached: object = None
     pending: tuple[torch.Tensor, torch.Tensor] | None = None
     holds_lock: bool = False
+    last_used: float = 0.0
 
 
 @contextlib.contextmanager
@@ -90,11 +99,16 @@ class Tier:
     """One tier of the chain for many clients and runs."""
 
     def __init__(self, name: str = "edge", next: Link | None = None, *, max_batch: int = 4096,
-                 max_clients: int = 10_000) -> None:
+                 max_clients: int = 10_000, idle_release_s: float | None = IDLE_RELEASE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if idle_release_s is not None and not (math.isfinite(idle_release_s) and idle_release_s > 0):
+            raise ValueError(f"idle_release_s must be a positive number of seconds or None, got {idle_release_s}")
         self.name = name
         self.next = next
         self.max_batch = max_batch
         self.max_clients = max_clients
+        self.idle_release_s = idle_release_s
+        self._clock = clock
         self._lock = threading.Lock()
         self._replicas: dict[tuple[str, str], _Replica] = {}
         self._bindings: dict[tuple[str, str], _Binding] = {}
@@ -109,6 +123,8 @@ class Tier:
         rkey = (spec.run_id, spec.replica)
         with self._lock:
             bkey = (spec.run_id, spec.client_id)
+            if bkey not in self._bindings and len(self._bindings) >= self.max_clients:
+                self._sweep_locked()  # a full tier first lets go of what vanished coordinators left
             if bkey not in self._bindings and len(self._bindings) >= self.max_clients:
                 raise ResourceExhausted(f"tier {self.name} already serves {self.max_clients} clients")
             replica = self._replicas.get(rkey) or _Replica()
@@ -129,7 +145,8 @@ class Tier:
             in_shape, in_dtype = template.boundary(spec.model, spec.start)
             out_shape, _ = template.boundary(spec.model, spec.stop)
             binding = _Binding(spec, replica, segment, spec.optim.build(list(segment.parameters())),
-                               in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start))
+                               in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start),
+                               last_used=self._clock())
         with self._lock:
             old = self._bindings.get(bkey)
             if old is not None:
@@ -188,13 +205,40 @@ class Tier:
         with self._lock:
             return len(self._bindings)
 
+    def sweep(self) -> list[tuple[str, str]]:
+        """Release every segment unused for ``idle_release_s``; returns their (run, client) keys.
+
+        A coordinator releases its segments at the end of each round, so only a vanished one
+        leaves segments this idle. A late call for a released one gets NOT_FOUND.
+        """
+        with self._lock:
+            return self._sweep_locked()
+
+    def _sweep_locked(self) -> list[tuple[str, str]]:
+        if self.idle_release_s is None:
+            return []
+        horizon = self._clock() - self.idle_release_s
+        stale = [k for k, b in self._bindings.items() if b.last_used < horizon]
+        for k in stale:
+            self._unbind(k, self._bindings[k])
+        if stale:
+            runs = sorted({r for r, _ in stale})
+            log.warning("tier %s: released %d segment(s) unused for %.0f s (their coordinator gone?) of run(s) %s",
+                        self.name, len(stale), self.idle_release_s, ", ".join(runs[:3]) +
+                        (f" +{len(runs) - 3} more" if len(runs) > 3 else ""))
+        return stale
+
     # ------------------------------------------------------------ data path
 
     def _binding(self, run_id: str, client_id: str) -> _Binding:
         with self._lock:
             b = self._bindings.get((run_id, client_id))
+            if b is not None:
+                b.last_used = self._clock()
         if b is None:
-            raise NotFound(f"tier {self.name}: no segment loaded for client {client_id!r} in run {run_id!r}")
+            raise NotFound(f"tier {self.name}: no segment loaded for client {client_id!r} in run {run_id!r}"
+                           + (f" (segments unused for {self.idle_release_s:.0f} s are released)"
+                              if self.idle_release_s is not None else ""))
         return b
 
     def _admit(self, b: _Binding, key: StepKey, phase: str) -> object | None:

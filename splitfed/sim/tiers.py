@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
+from splitfed.engine.limits import IDLE_RELEASE_S
 from splitfed.engine.link import TierControl
 from splitfed.flower.config import RunSettings
 from splitfed.flower.transport import connect
@@ -41,12 +42,15 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
 
     tls = (TlsConfig(cert=settings.tls_cert, key=settings.tls_key, ca=settings.tls_ca or None)
            if settings.tls_cert else None)
+    # a segment idles at most one round (load to fetch): never let the tiers release one mid-round
+    idle = max(IDLE_RELEASE_S, 2 * settings.round_timeout_s)
     with ExitStack() as stack:
         chain = TierChain([])
         nxt = None
         for name in reversed(tier_names(settings.tiers - 1)):
             proc = TierProcess.start(name, listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
-                                     token_file=settings.token_file or None, insecure=tls is None)
+                                     token_file=settings.token_file or None, insecure=tls is None,
+                                     extra_args=["--idle-release-s", f"{idle:g}"])
             stack.callback(proc.stop)
             chain.addresses.insert(0, proc.address)
             chain.pids.insert(0, proc.pid)

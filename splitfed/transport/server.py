@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent import futures
@@ -21,6 +22,7 @@ from typing import Any, NoReturn
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from splitfed.engine.limits import IDLE_RELEASE_S
 from splitfed.engine.link import Link
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey
@@ -237,11 +239,24 @@ class TierServer:
     health: health.HealthServicer
     next_link: GrpcTierClient | None = None
     stopped: bool = field(default=False)
+    sweeping: threading.Event = field(default_factory=threading.Event)  # set: the sweeper stops
+
+    def sweep_every(self, seconds: float) -> None:
+        """Release idle segments (:meth:`Tier.sweep`) every ``seconds`` until the server stops."""
+        def loop() -> None:
+            while not self.sweeping.wait(seconds):
+                try:
+                    self.tier.sweep()
+                except Exception:  # noqa: BLE001 - the sweeper must outlive a bad sweep; say why
+                    log.exception("tier %s: sweep failed", self.tier.name)
+
+        threading.Thread(target=loop, name=f"tier-{self.tier.name}-sweeper", daemon=True).start()
 
     def stop(self, grace: float | None = 1.0) -> None:
         if self.stopped:
             return
         self.stopped = True
+        self.sweeping.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
         if self.next_link is not None:
@@ -261,13 +276,15 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
                tls: TlsConfig | None = None, token: str | None = None, insecure: bool = False,
                max_workers: int = 32, max_concurrent_rpcs: int = 512, limits: wire.Limits | None = None,
                next_compress: str = "none", next_deadline_s: float = 60.0, next_token: str | None = None,
-               allowed_models: Iterable[str] = (), tier: Any = None, max_batch: int = 4096) -> TierServer:
+               allowed_models: Iterable[str] = (), tier: Any = None, max_batch: int = 4096,
+               idle_release_s: float | None = IDLE_RELEASE_S) -> TierServer:
     """Start a tier service on ``listen`` (port 0: any free port; see ``.port``/``.address``).
 
     Serving in plaintext needs ``insecure=True``: TLS is the default, not an
     option to forget. ``next_address`` makes this tier forward to the next one
     (with the same TLS config and, unless ``next_token`` is given, the same token).
-    ``tier`` replaces the :class:`Tier` (tests, benchmarks).
+    ``tier`` replaces the :class:`Tier` (tests, benchmarks). Segments unused for
+    ``idle_release_s`` (None: never) are released, checked every ``min(60, idle_release_s / 4)`` s.
     """
     if tls is None and not insecure:
         raise ConfigError("refusing to serve without TLS: give a certificate and key (--tls-cert, --tls-key; "
@@ -280,7 +297,8 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
         client = GrpcTierClient(next_address, tls=tls, token=next_token if next_token is not None else token,
                                 deadline_s=next_deadline_s, compress=next_compress, limits=limits)
         next_link = client
-    the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch)
+    the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
+                                                  idle_release_s=idle_release_s)
     servicer = TierServicer(the_tier, limits, allowed_models)
     interceptors = [TokenInterceptor(token)] if token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),
@@ -300,4 +318,8 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     server.start()
     for service in ("", SERVICE):
         hs.set(service, health_pb2.HealthCheckResponse.SERVING)
-    return TierServer(server, the_tier, port, f"{host}:{port}", hs, client)
+    served = TierServer(server, the_tier, port, f"{host}:{port}", hs, client)
+    idle = getattr(the_tier, "idle_release_s", None)
+    if idle is not None:
+        served.sweep_every(min(60.0, idle / 4))
+    return served
