@@ -350,6 +350,11 @@ def test_metrics_are_strict_json_even_when_the_model_diverged(tmp_path):
     (["--cuts", "adaptive", "--min-device-blocks", "8"], "no legal cut keeps 8 block(s) on the device"),
     (["--cuts", "adaptive", "--fleet", "iot", "--clients", "10", "--min-device-blocks", "2"],
      "cannot train any legal cut"),
+    (["--lr", "inf"], "learning rate must be a finite number > 0"),
+    (["--momentum", "nan"], "momentum must be a finite number >= 0"),
+    (["--weight-decay", "-1"], "weight decay must be a finite number >= 0"),
+    (["--compress", "zip"], "unknown codec 'zip'"),
+    (["--round-timeout-s", "0"], "round-timeout-s must be a positive number"),
 ])
 def test_simulate_refuses_bad_input_before_starting_anything(argv, words, tmp_path, capsys, monkeypatch):
     import splitfed.sim.runner
@@ -359,3 +364,24 @@ def test_simulate_refuses_bad_input_before_starting_anything(argv, words, tmp_pa
     assert main(["simulate", "--out", str(tmp_path / "run"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
+
+
+def test_simulate_flags_override_the_config_file_and_absent_flags_keep_it(tmp_path):
+    """Every run setting a user changes between experiments is a flag too (u-shape, codec, optimizer...)."""
+    from splitfed.cli import build_parser
+    from splitfed.commands.simulate import settings_from_args
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[simulate]\nu-shape = true\ncompress = "int8"\nmomentum = 0.5\nlr = 0.2\n')
+
+    def settings(*argv: str) -> RunSettings:
+        return settings_from_args(build_parser().parse_args(["simulate", "--config", str(cfg), "--out", "x", *argv]))
+
+    kept = settings()
+    assert (kept.u_shape, kept.compress, kept.momentum, kept.lr, kept.optimizer) == (True, "int8", 0.5, 0.2, "sgd")
+    s = settings("--no-u-shape", "--compress", "topk:0.1", "--optimizer", "adam", "--lr", "0.01", "--momentum", "0",
+                 "--weight-decay", "1e-4", "--round-timeout-s", "30", "--min-clients", "2")
+    assert (s.u_shape, s.compress, s.optimizer, s.lr, s.momentum, s.weight_decay, s.round_timeout_s,
+            s.min_clients) == (False, "topk:0.1", "adam", 0.01, 0.0, 1e-4, 30.0, 2)
+    assert settings("--u-shape").u_shape is True
+    assert RunSettings().min_clients == 1  # what --help says the default is

@@ -19,7 +19,8 @@ from splitfed.engine.types import MODES
 
 # flag -> RunSettings field (flags left out keep the config file's or default value)
 _FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
-           "batch_size", "local_epochs", "lr", "min_clients", "fraction", "min_device_blocks", "out")
+           "batch_size", "local_epochs", "optimizer", "lr", "momentum", "weight_decay", "u_shape", "compress",
+           "min_clients", "fraction", "min_device_blocks", "round_timeout_s", "out")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,12 +41,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "(default reference)")
     p.add_argument("--batch-size", type=positive_int)
     p.add_argument("--local-epochs", type=positive_int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--min-clients", type=int, help="fewest clients that must finish a round (default: all)")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), help="every tier's optimizer (default sgd)")
+    p.add_argument("--lr", type=float, help="learning rate (default 0.05)")
+    p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
+    p.add_argument("--weight-decay", type=float, help="(default 0)")
+    p.add_argument("--u-shape", action=argparse.BooleanOptionalAction, default=None,
+                   help="the device also holds the last blocks and the loss: labels never leave it")
+    p.add_argument("--compress", metavar="CODEC", help="activations and gradients on the wire: none | fp16 | "
+                                                        "int8 | topk:F (default none)")
+    p.add_argument("--min-clients", type=int, help="fewest clients that must finish a round (default 1)")
     p.add_argument("--fraction", type=float, help="share of clients sampled per round (default 1)")
     p.add_argument("--min-device-blocks", type=int, metavar="K",
                    help="blocks every device keeps, whatever the policy (default 0; 1 or more: raw inputs "
                         "never leave a device)")
+    p.add_argument("--round-timeout-s", type=float, metavar="S",
+                   help="how long a round waits for its clients (default 600)")
     p.add_argument("--out", metavar="DIR", help="run folder (default runs/sim-<time>)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -37,10 +38,12 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.name not in ("sgd", "adam"):
             raise ConfigError(f"optimizer must be sgd or adam, got {self.name!r}")
-        if not self.lr > 0:
-            raise ConfigError(f"learning rate must be > 0, got {self.lr}")
-        if self.momentum < 0 or self.weight_decay < 0:
-            raise ConfigError("momentum and weight_decay must be >= 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"learning rate must be a finite number > 0, got {self.lr}")
+        for name in ("momentum", "weight_decay"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{name.replace('_', ' ')} must be a finite number >= 0, got {v}")
 
     def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
         if not params:

@@ -91,6 +91,9 @@ class RunSettings:
             raise ConfigError(f"tier-addresses names {len(self.addresses)} tier server(s); "
                               f"{self.tiers} tiers need {self.tiers - 1}")
         OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
+        from splitfed.cost.model import parse_codec  # the transport's own parser, imported when needed
+
+        parse_codec(self.compress)  # refuses an unknown codec before any tier or client sees it
 
     # ------------------------------------------------------------ derived
 
