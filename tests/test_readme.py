@@ -34,10 +34,15 @@ def test_flower_run_config_in_pyproject_is_valid() -> None:
     """`flwr run .` reads [tool.flwr.app.config]: every key there must be a setting the ServerApp accepts."""
     import tomllib
 
-    from splitfed.flower.config import RunSettings
+    from splitfed.flower.config import ALIASES, RunSettings
 
     app = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     settings = RunSettings.from_mapping(dict(app["config"]), source="pyproject.toml")
     assert settings.cuts == "adaptive" and settings.tiers == 3
+    # `flwr run --run-config` can only set keys listed there: every setting must be, or deployment lacks it
+    import dataclasses
+
+    listed = {ALIASES.get(k.replace("-", "_"), k.replace("-", "_")) for k in app["config"]}
+    assert listed == {f.name for f in dataclasses.fields(RunSettings)}
     assert app["components"] == {"serverapp": "server.app:app", "clientapp": "clients.app:app"}
     assert set(app["fab-include"]) == {"server/**/*.py", "clients/**/*.py"}
