@@ -1,8 +1,9 @@
 """The ``splitfed`` command: one subcommand per module in ``splitfed.commands``.
 
 Each command module defines ``add_parser(subparsers)`` (registering itself with
-``set_defaults(func=run)``) and ``run(args) -> int``. Input errors
-(:class:`SplitfedError`) become one line on stderr and exit code 2.
+``set_defaults(func=run)``) and ``run(args) -> int``. Errors a user can act on
+(:class:`SplitfedError`) become one line on stderr and exit code 2 for refused
+input, 1 for a run that started and failed (a round, the simulation engine).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except SplitfedError as e:
         print(f"splitfed {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"splitfed {args.command}: interrupted", file=sys.stderr)
         return 130

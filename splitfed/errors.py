@@ -1,8 +1,14 @@
-"""Errors a user can act on: the CLI prints them as one line and exits 2."""
+"""Errors a user can act on: the CLI prints them as one line and exits with their ``exit_code``."""
 
 
 class SplitfedError(Exception):
-    """Base class for errors caused by input (bad cuts, bad config, bad model path)."""
+    """Base class for errors caused by input (bad cuts, bad config, bad model path): exit code 2.
+
+    Failures of a run that had started (a round, the simulation engine) say ``exit_code = 1``,
+    so a script can tell "refused before anything ran" from "ran and failed".
+    """
+
+    exit_code = 2
 
 
 class CutError(SplitfedError):

@@ -385,3 +385,21 @@ def test_simulate_flags_override_the_config_file_and_absent_flags_keep_it(tmp_pa
             s.min_clients) == (False, "topk:0.1", "adam", 0.01, 0.0, 1e-4, 30.0, 2)
     assert settings("--u-shape").u_shape is True
     assert RunSettings().min_clients == 1  # what --help says the default is
+
+
+@pytest.mark.parametrize("error, code", [("round", 1), ("engine", 1), ("config", 2)])
+def test_simulate_exit_code_tells_a_failed_run_from_refused_input(error, code, tmp_path, capsys, monkeypatch):
+    import splitfed.sim.runner
+    from splitfed.cli import main
+    from splitfed.engine.rounds import RoundFailed
+
+    raised = {"round": RoundFailed("round 2: only 0 clients' replicas could be used"),
+              "engine": splitfed.sim.runner.SimulationError("the simulation engine failed: Ray did not start"),
+              "config": ConfigError("bad value")}[error]
+
+    def fail(*a, **k):  # type: ignore[no-untyped-def]
+        raise raised
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", fail)
+    assert main(["simulate", "--out", str(tmp_path / "run"), "--rounds", "1"]) == code
+    assert capsys.readouterr().err.strip() == f"splitfed simulate: error: {raised}"

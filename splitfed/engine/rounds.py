@@ -170,6 +170,8 @@ Cuts = tuple[int, ...]
 class RoundFailed(SplitfedError):
     """Too few clients finished the round; the global model is unchanged."""
 
+    exit_code = 1
+
 
 @dataclass
 class Outcome:

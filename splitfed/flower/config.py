@@ -90,9 +90,10 @@ class RunSettings:
         if self.addresses and len(self.addresses) != self.tiers - 1:
             raise ConfigError(f"tier-addresses names {len(self.addresses)} tier server(s); "
                               f"{self.tiers} tiers need {self.tiers - 1}")
-        OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
-        from splitfed.cost.model import parse_codec  # the transport's own parser, imported when needed
+        # the transport's own codec parser, imported only when settings are made
+        from splitfed.cost.model import parse_codec
 
+        OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
         parse_codec(self.compress)  # refuses an unknown codec before any tier or client sees it
 
     # ------------------------------------------------------------ derived

@@ -27,6 +27,8 @@ from splitfed.sim.tiers import start_tiers
 class SimulationError(SplitfedError):
     """Flower's simulation engine (Ray) failed; the message names the root cause."""
 
+    exit_code = 1
+
 
 def simulate(settings: RunSettings, progress: Callable[[str], None] = print, verbose: bool = False,
              cpus: int | None = None) -> dict[str, Any]:
