@@ -17,9 +17,13 @@ one-line explanation, and whether the targets hold (>= 1.3x faster than the best
 static cut; never slower than greedy where greedy keeps within memory). Then the
 optimizer's solve time for 100, 1,000 and 10,000 clients drawn from the fleet's
 device classes, and for 100 and 1,000 clients that are all different (no classes to
-group). One run; prints tables, writes ``benchmarks/results/optimizer.json``.
+group). Then a contention sweep: fleets of 60 to 5,000 clients drawn from the reference
+fleet's device classes, sharing the same edge and cloud, and the optimizer's speed-up
+over the best static cut at each size: where per-device cuts start to pay. One run;
+prints tables, writes ``benchmarks/results/optimizer.json``.
 
     .venv/bin/python benchmarks/optimizer.py [--mode sflv1|sflv2|sl] [--codec none|fp16|int8|topk:F]
+                                             [--sweep 60,250,1000] [--no-scaling]
 """
 
 from __future__ import annotations
@@ -159,11 +163,29 @@ def without(fleet: Fleet, kind: str) -> Fleet:
                    kinds={k: v for k, v in fleet.kinds.items() if k != kind})
 
 
+def sweep(prof, fleet: Fleet, sizes: list[int], kw: dict) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Optimizer vs best static cut (any cut) for fleets of ``sizes`` clients drawn from ``fleet``'s classes."""
+    out = []
+    for n in sizes:
+        sc = Scenario.from_fleet(prof, fleet.sample(n, seed=0), **kw)
+        opt, static = solve(sc), best_static(sc)
+        b = opt.cost.bottleneck
+        bound = ("shared" if not b.startswith("client ") else
+                 "straggler" if opt.makespan_s <= best_alone(sc, sc.clients[sc.index(b[7:])].kind)[0] * (1 + 1e-9)
+                 else "client")
+        out.append({"clients": n, "optimizer_s": opt.makespan_s, "best_static_s": static.makespan_s,
+                    "best_static_cuts": list(static.assignment[sc.clients[0].name]),
+                    "ratio": static.makespan_s / opt.makespan_s, "bound": bound})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mode", default="sflv1", choices=MODES)
     ap.add_argument("--codec", default="none")
     ap.add_argument("--no-scaling", action="store_true", help="skip the solve-time table")
+    ap.add_argument("--sweep", default="60,125,250,500,1000,2000,5000",
+                    help="fleet sizes of the contention sweep (comma-separated; empty: none)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -205,6 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     result["cases_meeting_targets"] = [f"{m} {f}/{s}" for m, f, s in met]
     print(f"\ntargets (>= {TARGET}x vs best static and never slower than a memory-feasible greedy) met in "
           f"{len(met)} of {len(rows)} cases: " + ("; ".join(result["cases_meeting_targets"]) or "none"))
+
+    sizes = [int(x) for x in args.sweep.split(",") if x.strip()]
+    if sizes:
+        print(f"\ncontention sweep: optimizer speed-up over the best static cut (any cut), fleets drawn from the "
+              f"reference classes sharing one edge and cloud ({args.mode}); bound: what sets the makespan")
+        print(f"{'model':<9} " + " ".join(f"{n:>15}" for n in sizes))
+        result["contention_sweep"] = {}
+        for model in ("vgg11", "resnet18"):
+            prof = profile_model(resolve_spec(model), 32, reps=1)
+            pts = sweep(prof, fleet, sizes, kw)
+            result["contention_sweep"][model] = pts
+            first = next((p["clients"] for p in pts if p["ratio"] >= TARGET), None)
+            print(f"{model:<9} " + " ".join(f"{p['ratio']:5.2f}x {p['bound']:>9}" for p in pts)
+                  + f"   >= {TARGET}x from {first if first else 'none of these'}")
 
     if not args.no_scaling:
         print(f"\nsolve time (optimizer, vgg11 and resnet18, 3 tiers, {args.mode})")

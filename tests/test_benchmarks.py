@@ -38,7 +38,7 @@ def test_engine_benchmark(tmp_path: Path) -> None:
 
 
 def test_optimizer_benchmark(tmp_path: Path) -> None:
-    res, out = bench("optimizer", "--no-scaling", out=tmp_path / "optimizer.json")
+    res, out = bench("optimizer", "--no-scaling", "--sweep", "60,500", out=tmp_path / "optimizer.json")
     assert set(res["models"]) == {"vgg11", "resnet18"} and res["clients"] >= 50
     for model, cases in res["models"].items():
         assert "reference/any_cut" in cases, model
@@ -51,6 +51,12 @@ def test_optimizer_benchmark(tmp_path: Path) -> None:
                     assert c[other]["makespan_s"] >= best * (1 - 1e-9), (model, case, other)
             assert c["targets"]["not_slower_than_greedy"] is not False, (model, case)  # None: greedy overflows memory
     assert "targets" in out
+    for model, pts in res["contention_sweep"].items():  # the sweep: one point a size, exact against best static
+        assert [p["clients"] for p in pts] == [60, 500], model
+        for p in pts:
+            assert p["ratio"] == pytest.approx(p["best_static_s"] / p["optimizer_s"]) and p["ratio"] >= 1 - 1e-9
+            assert p["bound"] in ("straggler", "client", "shared")
+    assert "contention sweep" in out
 
 
 def test_transport_benchmark(tmp_path: Path) -> None:
