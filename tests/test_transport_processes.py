@@ -195,3 +195,26 @@ def test_a_tier_process_releases_what_a_vanished_coordinator_left() -> None:
             assert live.fetch("ongoing", "alive")  # stepped all along: still there
         finally:
             live.close()
+
+
+@pytest.mark.parametrize("timeout_s, idle", [(600.0, "3600"), (7200.0, "14400")])
+def test_a_runs_own_tiers_never_release_a_segment_within_a_round(timeout_s: float, idle: str) -> None:
+    """A segment idles at most one round (load to fetch): the tiers a run starts keep segments at
+    least twice its round timeout, and the default hour otherwise (the flag each real process starts with;
+    what the flag does is the test above)."""
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim.tiers import start_tiers
+    from splitfed.transport.process import TierProcess
+
+    started: list[list[str]] = []
+    real = TierProcess.start
+
+    def spy(*a, **k):  # type: ignore[no-untyped-def]
+        started.append(list(k.get("extra_args", ())))
+        return real(*a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TierProcess, "start", spy)
+        with start_tiers(RunSettings(tiers=2, round_timeout_s=timeout_s)) as chain:
+            assert len(chain.addresses) == 1
+    assert started == [["--idle-release-s", idle]]
