@@ -207,6 +207,18 @@ def test_report_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     for name in ("accuracy_vs_time.png", "makespan.png", "bytes.png", "accuracy_vs_bytes.png"):
         valid_png(report / name)
         assert f"({name})" in md
+    # the same numbers as CSV, unrounded: one row per run, one per (run, round)
+    import csv
+
+    summary = list(csv.DictReader((report / "summary.csv").open()))
+    assert [r["run"] for r in summary] == ["static", "adaptive"]
+    assert float(summary[1]["sim time s"]) == 5.0 and float(summary[0]["final accuracy"]) == 1 - 0.5 ** 5
+    assert summary[0]["sim s to 0.9"] == "8.0" and summary[1]["rounds to 0.9"] == "4"
+    rounds = list(csv.DictReader((report / "rounds.csv").open()))
+    assert len(rounds) == 10 and [r["round"] for r in rounds[:5]] == ["1", "2", "3", "4", "5"]
+    mine = [r for r in rounds if r["run"] == "adaptive"]
+    assert [float(r["sim_time_s"]) for r in mine] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [int(r["bytes_total"]) for r in mine] == [1500 * k for k in range(1, 6)] and mine[0]["clients"] == "3"
 
 
 def test_report_command_single_run_default_out(tmp_path: Path) -> None:
@@ -220,3 +232,16 @@ def test_report_command_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli(["report", str(tmp_path), "--target", "2"])
+
+
+def test_csv_leaves_missing_numbers_empty(tmp_path: Path) -> None:
+    import csv
+
+    from splitfed.report.summary import write_csv
+
+    rows = make_rows(2)
+    rows[1]["loss"] = None  # a diverged model's loss is written as null
+    write_run(tmp_path / "r", rows)
+    write_csv([load_run(tmp_path / "r")], tmp_path / "out")
+    got = list(csv.DictReader((tmp_path / "out" / "rounds.csv").open()))
+    assert got[0]["loss"] == "0.5" and got[1]["loss"] == ""

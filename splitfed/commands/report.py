@@ -1,4 +1,4 @@
-"""``splitfed report``: turn run folders into the standard figures, ``summary.md`` and a terminal table."""
+"""``splitfed report``: turn run folders into the standard figures, ``summary.md``, CSV tables and a terminal table."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def default_out(paths: list[Path]) -> Path:
 def run(args: argparse.Namespace) -> int:
     from splitfed.report.plots import standard_plots
     from splitfed.report.runs import load_runs
-    from splitfed.report.summary import summary_markdown, summary_rows
+    from splitfed.report.summary import summary_markdown, summary_rows, write_csv
     from splitfed.report.table import class_table, format_table
 
     paths = [Path(p) for p in args.runs]
@@ -50,11 +50,12 @@ def run(args: argparse.Namespace) -> int:
     images = standard_plots(runs, out, args.target)
     rel = {name: p.relative_to(out) for name, p in images.items()}
     (out / "summary.md").write_text(summary_markdown(runs, args.target, rel))
+    write_csv(runs, out, args.target)
     headers, rows = summary_rows(runs, args.target)
     print(format_table(headers, rows))
     for r in runs:
         if r.clients:
             print()
             print(class_table(r))
-    print(f"\nreport: {len(images)} figure(s) and summary.md in {out}")
+    print(f"\nreport: {len(images)} figure(s), summary.md, summary.csv and rounds.csv in {out}")
     return 0

@@ -1,11 +1,13 @@
 """The Markdown summary of one or more runs: one row per run, the numbers a paper table needs.
 
-The same rows feed the terminal table (:func:`summary_rows` + ``table.format_table``)
-and ``summary.md`` (:func:`markdown_table`), so the two never disagree.
+The same rows feed the terminal table (:func:`summary_rows` + ``table.format_table``),
+``summary.md`` (:func:`markdown_table`) and ``summary.csv`` (:func:`write_csv`), so they never disagree.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,3 +65,33 @@ def summary_markdown(runs: Sequence[Run], target: float | None = None,
         parts += [f"![{name}]({Path(p).as_posix()})" for name, p in images.items()]
         parts.append("")
     return "\n".join(parts)
+
+
+ROUND_COLUMNS = ("run", "round", "accuracy", "loss", "sim_round_s", "sim_time_s", "wall_s", "bytes_up",
+                 "bytes_down", "bytes_total", "clients")
+
+
+def write_csv(runs: Sequence[Run], out: Path, target: float | None = None) -> tuple[Path, Path]:
+    """``summary.csv`` (the runs table, numbers unrounded) and ``rounds.csv`` (every round of every run),
+    for spreadsheets and dataframes; a missing or non-finite number is an empty cell."""
+    def cell(v: Any) -> Any:
+        return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+    out.mkdir(parents=True, exist_ok=True)
+    headers, rows = summary_rows(runs, target)
+    summary = out / "summary.csv"
+    with summary.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(headers)
+        w.writerows([[cell(v) for v in row] for row in rows])
+    rounds = out / "rounds.csv"
+    with rounds.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(ROUND_COLUMNS)
+        for r in runs:
+            for row, t in zip(r.rounds, r.sim_time, strict=True):
+                w.writerow([cell(v) for v in (r.label, row.round, row.accuracy, row.loss, row.sim_round_s, t,
+                                              row.wall_s, row.bytes_up, row.bytes_down, row.bytes_total,
+                                              len(row.cuts))])
+    return summary, rounds
+
