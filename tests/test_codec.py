@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from splitfed.engine.link import InProcessLink
 from splitfed.engine.tier import Tier
+from splitfed.engine.types import StepKey
 from splitfed.errors import ConfigError, InvalidArgument, ResourceExhausted
 from splitfed.transport import codec as tc
 from splitfed.transport import compress, wire
@@ -120,6 +121,32 @@ def test_codecs_never_touch_integer_tensors() -> None:
     y = labels(8)
     e = tc.encode(y, "int8")
     assert e.codec == tc.NONE and e.nbytes == 64
+
+
+@given(values=st.lists(st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False), st.sampled_from([float("nan"), float("inf"),
+                                                                                     float("-inf")])),
+                       min_size=1, max_size=64),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+def test_fp16_saturates_finite_values_and_keeps_nonfinite_ones(values: list[float], dtype: torch.dtype) -> None:
+    """A finite activation beyond +-65504 arrives as +-65504, not as infinity (which the next tier would
+    refuse as a diverged tensor); a real NaN or infinity still arrives as one, and is refused."""
+    t = torch.tensor(values, dtype=torch.float32).to(dtype)
+    out, n = tc.roundtrip(t, "fp16")
+    assert n == 2 * t.numel() and out.dtype == dtype
+    finite = torch.isfinite(t)
+    assert torch.equal(torch.isfinite(out), finite)
+    want = t[finite].float().clamp(-65504, 65504).to(torch.float16).to(dtype)
+    assert torch.equal(out[finite], want)
+    assert torch.equal(torch.isnan(out), torch.isnan(t))
+
+
+def test_a_tier_accepts_large_finite_activations_over_fp16() -> None:
+    t = Tier("cloud")
+    load_client(t, "c0")
+    link = InProcessLink(t, *compress.get("fp16"))
+    big = activation() * 1e5  # finite, beyond float16's range
+    reply = link.step(StepKey("run", "c0", 0, 0), big, labels())
+    assert reply.grad is not None and bool(torch.isfinite(reply.grad).all())
 
 
 def test_nonfinite_survives_int8_as_nonfinite() -> None:

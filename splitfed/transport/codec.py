@@ -6,7 +6,9 @@ frame is built), decoding uses the received bytes in place when they are
 aligned. Lossy codecs shrink floating tensors only (integer tensors such as
 labels or token ids always travel exactly):
 
-- ``fp16``: float16 values;
+- ``fp16``: float16 values; finite values beyond float16's range saturate at
+  +-65504 (a lossy codec stays lossy; it does not turn a finite tensor into an
+  infinite one), while NaN and +-inf stay as they are and the receiver refuses them;
 - ``int8``: affine per tensor: float32 scale and offset, then one uint8 per value;
 - ``topk:F``: the ceil(F * n) largest magnitudes: int32 indices (strictly
   increasing), then their values in the tensor's dtype.
@@ -142,7 +144,7 @@ def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
         return Encoded(t.dtype, shape, codec, _bytes_view(t))
     flat = t.detach().reshape(-1)
     if codec.kind == "fp16":
-        return Encoded(t.dtype, shape, codec, _bytes_view(flat.to(torch.float16)))
+        return Encoded(t.dtype, shape, codec, _bytes_view(_half(flat)))
     if codec.kind == "int8":
         x = flat.to(torch.float32)
         if x.numel():
@@ -161,6 +163,18 @@ def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
     vals = flat[idx]
     payload = torch.cat([idx.to(torch.int32).view(torch.uint8), vals.contiguous().view(torch.uint8)])
     return Encoded(t.dtype, shape, codec, _bytes_view(payload))
+
+
+FP16_MAX = float(torch.finfo(torch.float16).max)
+
+
+def _half(flat: torch.Tensor) -> torch.Tensor:
+    """float16 values, finite ones saturated at +-65504 (one float32 sum checks; the mask only if needed)."""
+    h = flat.to(torch.float16)
+    if flat.dtype == torch.float16 or math.isfinite(h.sum(dtype=torch.float32).item()):
+        return h
+    wide = flat if flat.dtype == torch.float64 else flat.float()  # +-65504 is not a bfloat16 value
+    return torch.where(torch.isfinite(wide), wide.clamp(-FP16_MAX, FP16_MAX), wide).to(torch.float16)
 
 
 def payload_size(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec) -> int:
