@@ -75,8 +75,15 @@ app = build_app()
 def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
         stop: threading.Event | None = None) -> dict[str, Any]:
     """The whole run (see the module docstring); returns the summary."""
-    say = progress or (lambda line: log(INFO, "%s", line))
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as every other process of a run: the same kernels, so the same numbers
+    try:
+        return _run(grid, settings, progress or (lambda line: log(INFO, "%s", line)), stop)
+    finally:
+        torch.set_num_threads(threads)  # the caller's process (a notebook, a test) gets its setting back
+
+
+def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None) -> dict[str, Any]:
     ckpt = _resume(settings)
     settings = named(settings, ckpt)
     spec = resolve_spec(settings.model)

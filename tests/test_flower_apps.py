@@ -275,3 +275,15 @@ def test_two_tiers_and_u_shape_equal_reference(monkeypatch, tmp_path, tiers, u_s
     s = BASE.with_(rounds=1, tiers=tiers, u_shape=u_shape, cuts=cuts, out=str(tmp_path))
     _run(monkeypatch, s)
     assert max_abs_diff(checkpoint.load(tmp_path).state, reference_run(s)) <= TOLERANCE
+
+
+def test_a_run_gives_the_callers_thread_count_back(monkeypatch, tmp_path):
+    """A run computes with one torch thread (as every process of a Flower run); a caller running it
+    in its own process (a notebook, the in-process tests) keeps its own setting afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _run(monkeypatch, BASE.with_(rounds=1, clients=2, cuts="static:1,3/2,5"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

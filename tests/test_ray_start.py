@@ -95,7 +95,12 @@ def test_simulate_starts_no_tier_when_ray_does_not_start(monkeypatch, tmp_path) 
     init, _ = failing_init(99, spawned, ray.init)
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(splitfed.sim.runner, "start_tiers", lambda s: pytest.fail("tiers started"))
+    import logging
+
+    flwr = logging.getLogger("flwr")
+    monkeypatch.setattr(flwr, "level", logging.DEBUG)  # a caller's own Flower logging
     with pytest.raises(splitfed.sim.runner.SimulationError, match="the simulation engine failed: Ray did not start"):
         splitfed.sim.runner.simulate(RunSettings(rounds=1, clients=2, out=str(tmp_path / "run")),
                                      progress=lambda line: None)
     assert not (tmp_path / "run").exists()
+    assert flwr.level == logging.DEBUG and not flwr.filters  # as it was: quieted only while the run lasted

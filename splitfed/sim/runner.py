@@ -41,6 +41,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
 
     cpus = cpus or max(1, min(len(os.sched_getaffinity(0)), settings.clients))
     quiet = ExpectedWarnings()
+    flwr_level = logging.getLogger("flwr").level
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
         logging.getLogger("flwr").addFilter(quiet)
@@ -71,6 +72,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         if ray.is_initialized():
             ray.shutdown()
         logging.getLogger("flwr").removeFilter(quiet)
+        logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
     return summary
 
 
