@@ -408,3 +408,17 @@ def test_exactly_the_segments_unused_for_longer_than_the_idle_time_are_released(
     released = {c for _, c in t.sweep()}
     assert released == {c for c, used in last.items() if clock.now - used > 100.0}
     assert t.clients() == 3 - len(released)
+
+
+def test_status_says_what_the_tier_holds_and_has_served() -> None:
+    clock = FakeClock()
+    t = _loaded(clock)
+    t.step(StepKey("run", "a", 0, 0), act(), y())
+    t.step(StepKey("run", "a", 0, 1), act(), y())
+    line = t.status()
+    weights = sum(v.numel() * v.element_size() for v in t.fetch("run", "a").values()) * 2  # a's and b's replicas
+    assert line == f"tier cloud: 2 segment(s) of 1 run(s) (run), {weights / 2**20:.1f} MiB of weights held; " \
+                   "2 step(s) served"
+    t.release("run", "a")
+    t.release("run", "b")
+    assert t.status() == "tier cloud: 0 segment(s) of 0 run(s), 0.0 MiB of weights held; 2 step(s) served"

@@ -277,3 +277,27 @@ def test_two_runs_at_once_on_the_same_tier_processes_each_get_their_own_numbers(
     for name in runs:
         assert not isinstance(got[name], BaseException), got[name]
         assert same(got[name], alone[name]), name  # type: ignore[arg-type]
+
+
+def test_a_tier_process_reports_its_status_when_it_changes() -> None:
+    """``splitfed tier --status-every-s 1``: an operator sees what a long-lived tier holds and has served,
+    a line when that changed and no line while nothing does."""
+    import time
+
+    with TierProcess.start("cloud-status", insecure=True, extra_args=["--status-every-s", "1"]) as cloud:
+        c = GrpcTierClient(cloud.address, deadline_s=10)
+        try:
+            load_client(c, "device0", run_id="watched")
+            for seq in range(3):
+                c.step(StepKey("watched", "device0", 0, seq), activation(), labels())
+            want = "tier cloud-status: 1 segment(s) of 1 run(s) (watched), "
+            end = time.monotonic() + 30
+            while "3 step(s) served" not in cloud.output() and time.monotonic() < end:
+                time.sleep(0.2)
+            lines = [x for x in cloud.output().splitlines() if want in x]
+            assert lines and lines[-1].endswith("MiB of weights held; 3 step(s) served"), cloud.output()
+            assert " INFO " in lines[-1]
+            time.sleep(2.5)  # nothing changes: nothing more is said
+            assert [x for x in cloud.output().splitlines() if want in x] == lines
+        finally:
+            c.close()

@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--idle-release-s", type=non_negative_float, default=IDLE_RELEASE_S, metavar="S",
                    help="release a client's segment nobody has used for S seconds: what a vanished coordinator "
                         "left behind (default %(default).0f; 0: never). Keep it above your longest round")
+    p.add_argument("--status-every-s", type=non_negative_float, default=300.0, metavar="S",
+                   help="log what the tier holds and has served every S seconds, when it changed "
+                        "(default %(default).0f; 0: never)")
     p.add_argument("--allow-model", action="append", default=[], metavar="MODULE:FACTORY",
                    help="serve this non-zoo model factory too (repeatable)")
     p.add_argument("--no-malloc-tuning", action="store_true",
@@ -85,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
     set_limits(BuildLimits(args.max_model_mb << 20, args.max_sample_mb << 20))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {args.name or role} %(levelname)s %(message)s")
+    logging.getLogger("splitfed").setLevel(logging.INFO)  # the tier's status lines; libraries stay at WARNING
     limits = wire.Limits(max_tensor_bytes=args.max_tensor_mb << 20,
                          max_call_bytes=max(1 << 30, 2 * (args.max_tensor_mb << 20)))
     server = serve_tier(args.name or role, args.listen, args.next_address, tls=tls, token=token,
                         insecure=args.insecure, max_workers=args.max_workers, limits=limits,
                         next_compress=args.compress, next_deadline_s=args.deadline,
-                        allowed_models=args.allow_model, idle_release_s=args.idle_release_s or None)
+                        allowed_models=args.allow_model, idle_release_s=args.idle_release_s or None,
+                        status_every_s=args.status_every_s or None)
     # the first optimizer built imports torch._dynamo (seconds): start that now rather than in a client's load
     threading.Thread(target=lambda: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
                      daemon=True).start()

@@ -112,6 +112,7 @@ class Tier:
         self._lock = threading.Lock()
         self._replicas: dict[tuple[str, str], _Replica] = {}
         self._bindings: dict[tuple[str, str], _Binding] = {}
+        self.steps_served = 0  # steps (and U-shape forwards and backwards) applied since the tier started
 
     # ------------------------------------------------------------ control
 
@@ -205,6 +206,18 @@ class Tier:
         with self._lock:
             return len(self._bindings)
 
+    def status(self) -> str:
+        """One line for an operator: what the tier holds now, and what it has served."""
+        with self._lock:
+            runs = sorted({r for r, _ in self._bindings})
+            replicas = list(self._replicas.values())
+            segments, steps = len(self._bindings), self.steps_served
+        weights = sum(t.numel() * t.element_size() for r in replicas for m in r.blocks.values()
+                      for t in [*m.parameters(), *m.buffers()])
+        names = ", ".join(runs[:3]) + (f" +{len(runs) - 3} more" if len(runs) > 3 else "")
+        return (f"tier {self.name}: {segments} segment(s) of {len(runs)} run(s){f' ({names})' if runs else ''}, "
+                f"{weights / 2**20:.1f} MiB of weights held; {steps} step(s) served")
+
     def sweep(self) -> list[tuple[str, str]]:
         """Release every segment unused for ``idle_release_s``; returns their (run, client) keys.
 
@@ -278,6 +291,8 @@ class Tier:
             b.optim.step()
             b.optim.zero_grad(set_to_none=True)
         b.last_seq, b.last_phase, b.cached = key.seq, phase, reply
+        with self._lock:
+            self.steps_served += 1
 
     def _onward(self, b: _Binding) -> Link | None:
         """The next tier, unless this one ends the client's chain (no block of it lies beyond)."""

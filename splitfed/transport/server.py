@@ -239,24 +239,40 @@ class TierServer:
     health: health.HealthServicer
     next_link: GrpcTierClient | None = None
     stopped: bool = field(default=False)
-    sweeping: threading.Event = field(default_factory=threading.Event)  # set: the sweeper stops
+    closing: threading.Event = field(default_factory=threading.Event)  # set: the housekeeper stops
 
-    def sweep_every(self, seconds: float) -> None:
-        """Release idle segments (:meth:`Tier.sweep`) every ``seconds`` until the server stops."""
+    def housekeep(self, sweep_s: float | None, status_s: float | None) -> None:
+        """Until the server stops: release idle segments (:meth:`Tier.sweep`) every ``sweep_s``, and log
+        the tier's status (:meth:`Tier.status`) every ``status_s`` when it changed (None: never)."""
+        if sweep_s is None and status_s is None:
+            return
+        every = min(x for x in (sweep_s, status_s) if x is not None)
+        last = {"sweep": time.monotonic(), "status": time.monotonic()}
+        said = [""]
+
         def loop() -> None:
-            while not self.sweeping.wait(seconds):
+            while not self.closing.wait(every):
+                now = time.monotonic()
                 try:
-                    self.tier.sweep()
-                except Exception:  # noqa: BLE001 - the sweeper must outlive a bad sweep; say why
-                    log.exception("tier %s: sweep failed", self.tier.name)
+                    if sweep_s is not None and now - last["sweep"] >= sweep_s * 0.999:
+                        last["sweep"] = now
+                        self.tier.sweep()
+                    if status_s is not None and now - last["status"] >= status_s * 0.999:
+                        last["status"] = now
+                        line = self.tier.status()
+                        if line != said[0]:  # an idle tier does not repeat itself
+                            said[0] = line
+                            log.info("%s", line)
+                except Exception:  # noqa: BLE001 - housekeeping must outlive a bad pass; say why
+                    log.exception("tier %s: housekeeping failed", self.tier.name)
 
-        threading.Thread(target=loop, name=f"tier-{self.tier.name}-sweeper", daemon=True).start()
+        threading.Thread(target=loop, name=f"tier-{self.tier.name}-housekeeper", daemon=True).start()
 
     def stop(self, grace: float | None = 1.0) -> None:
         if self.stopped:
             return
         self.stopped = True
-        self.sweeping.set()
+        self.closing.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
         if self.next_link is not None:
@@ -277,14 +293,15 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
                max_workers: int = 32, max_concurrent_rpcs: int = 512, limits: wire.Limits | None = None,
                next_compress: str = "none", next_deadline_s: float = 60.0, next_token: str | None = None,
                allowed_models: Iterable[str] = (), tier: Any = None, max_batch: int = 4096,
-               idle_release_s: float | None = IDLE_RELEASE_S) -> TierServer:
+               idle_release_s: float | None = IDLE_RELEASE_S, status_every_s: float | None = None) -> TierServer:
     """Start a tier service on ``listen`` (port 0: any free port; see ``.port``/``.address``).
 
     Serving in plaintext needs ``insecure=True``: TLS is the default, not an
     option to forget. ``next_address`` makes this tier forward to the next one
     (with the same TLS config and, unless ``next_token`` is given, the same token).
     ``tier`` replaces the :class:`Tier` (tests, benchmarks). Segments unused for
-    ``idle_release_s`` (None: never) are released, checked every ``min(60, idle_release_s / 4)`` s.
+    ``idle_release_s`` (None: never) are released, checked every ``min(60, idle_release_s / 4)`` s;
+    every ``status_every_s`` (None: never) the tier logs its status if it changed.
     """
     if tls is None and not insecure:
         raise ConfigError("refusing to serve without TLS: give a certificate and key (--tls-cert, --tls-key; "
@@ -320,6 +337,6 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
         hs.set(service, health_pb2.HealthCheckResponse.SERVING)
     served = TierServer(server, the_tier, port, f"{host}:{port}", hs, client)
     idle = getattr(the_tier, "idle_release_s", None)
-    if idle is not None:
-        served.sweep_every(min(60.0, idle / 4))
+    served.housekeep(None if idle is None else min(60.0, idle / 4),
+                     status_every_s if hasattr(the_tier, "status") else None)
     return served
