@@ -296,8 +296,17 @@ def test_a_tier_process_reports_its_status_when_it_changes() -> None:
                 time.sleep(0.2)
             lines = [x for x in cloud.output().splitlines() if want in x]
             assert lines and lines[-1].endswith("MiB of weights held; 3 step(s) served"), cloud.output()
-            assert " INFO " in lines[-1]
+            assert " INFO " in lines[-1] and "refused" not in lines[-1]
             time.sleep(2.5)  # nothing changes: nothing more is said
             assert [x for x in cloud.output().splitlines() if want in x] == lines
+            with pytest.raises(TierError):  # a misbehaving client: the operator sees it counted
+                c.step(StepKey("watched", "device0", 0, 3), activation().double(), labels())
+            with pytest.raises(NotFound):
+                c.step(StepKey("watched", "nobody", 0, 0), activation(), labels())
+            end = time.monotonic() + 30
+            while "refused" not in cloud.output() and time.monotonic() < end:
+                time.sleep(0.2)
+            assert cloud.output().splitlines()[-1].endswith(
+                "3 step(s) served; 2 call(s) refused (1 INVALID_ARGUMENT, 1 NOT_FOUND)"), cloud.output()
         finally:
             c.close()

@@ -9,6 +9,7 @@ beside it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -61,6 +62,17 @@ class TierServicer:
         self.tier = tier
         self.limits = limits
         self.allowed = set(allowed_models)
+        self._refused: collections.Counter[str] = collections.Counter()  # status name -> calls refused
+        self._refused_lock = threading.Lock()
+
+    def refusals(self) -> str:
+        """``"3 call(s) refused (2 INVALID_ARGUMENT, 1 NOT_FOUND)"``, or "" when none was."""
+        with self._refused_lock:
+            counts = self._refused.most_common()
+        if not counts:
+            return ""
+        return (f"{sum(n for _, n in counts)} call(s) refused ("
+                + ", ".join(f"{n} {code}" for code, n in counts) + ")")
 
     def handler(self) -> grpc.GenericRpcHandler:
         # no (de)serializers: a message that does not parse must give INVALID_ARGUMENT, not INTERNAL
@@ -84,15 +96,20 @@ class TierServicer:
         except grpc.RpcError:
             raise  # the caller went away while we read its stream
         except TierError as e:
-            self._abort(context, status_of(e), str(e))
+            self._refuse(context, status_of(e), str(e))
         except SplitfedError as e:
-            self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Exception as e:  # noqa: BLE001 - a bug must not take the server down
             log.exception("tier %s: %s failed", self.tier.name, what)
-            self._abort(context, grpc.StatusCode.INTERNAL,
-                        f"tier {self.tier.name}: internal error in {what}: {type(e).__name__}: {e}")
+            self._refuse(context, grpc.StatusCode.INTERNAL,
+                         f"tier {self.tier.name}: internal error in {what}: {type(e).__name__}: {e}")
         finally:
             DEADLINE.reset(token)
+
+    def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+        with self._refused_lock:
+            self._refused[code.name] += 1
+        self._abort(context, code, details)
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
@@ -238,6 +255,7 @@ class TierServer:
     address: str
     health: health.HealthServicer
     next_link: GrpcTierClient | None = None
+    servicer: TierServicer | None = None
     stopped: bool = field(default=False)
     closing: threading.Event = field(default_factory=threading.Event)  # set: the housekeeper stops
 
@@ -259,7 +277,8 @@ class TierServer:
                         self.tier.sweep()
                     if status_s is not None and now - last["status"] >= status_s * 0.999:
                         last["status"] = now
-                        line = self.tier.status()
+                        refused = self.servicer.refusals() if self.servicer is not None else ""
+                        line = self.tier.status() + (f"; {refused}" if refused else "")
                         if line != said[0]:  # an idle tier does not repeat itself
                             said[0] = line
                             log.info("%s", line)
@@ -335,7 +354,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     server.start()
     for service in ("", SERVICE):
         hs.set(service, health_pb2.HealthCheckResponse.SERVING)
-    served = TierServer(server, the_tier, port, f"{host}:{port}", hs, client)
+    served = TierServer(server, the_tier, port, f"{host}:{port}", hs, client, servicer)
     idle = getattr(the_tier, "idle_release_s", None)
     served.housekeep(None if idle is None else min(60.0, idle / 4),
                      status_every_s if hasattr(the_tier, "status") else None)
