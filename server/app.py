@@ -38,6 +38,7 @@ from splitfed.flower.metrics import MetricsWriter, summarise
 from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
 from splitfed.flower.workload import evaluate, test_data
+from splitfed.models import rng
 from splitfed.models.zoo import resolve_spec
 from splitfed.sim.clock import fleet_for, make_clock
 from splitfed.sim.tiers import tier_chain
@@ -93,7 +94,8 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
     policy = make_policy(settings)
     if ckpt is not None:
         policy.load_state_dict(ckpt.policy)
-        torch.set_rng_state(ckpt.rng)
+        with rng.LOCK:  # the process-wide generator: see splitfed.models.rng
+            torch.set_rng_state(ckpt.rng)
     fleet = fleet_for(settings)
     test_x, test_y = test_data(spec, settings.dataset, settings.seed)
 
@@ -108,6 +110,8 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
         first = ckpt.round + 1 if ckpt is not None else 1
         if first > settings.rounds:
             say(f"nothing to do: the checkpoint already holds round {first - 1} of {settings.rounds}")
+        say(f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers, cuts {settings.cuts}, "
+            f"{len(strategy.clients)} client(s), rounds {first}..{settings.rounds}")
         started = time.perf_counter()
         profiles = {c.client_id: c.profile for c in strategy.clients.values()}
 

@@ -248,10 +248,15 @@ def test_two_runs_with_one_seed_share_tiers_without_touching_each_other(monkeypa
 
 def test_a_resumed_run_keeps_its_name_on_the_tiers(monkeypatch, tmp_path):
     """So that its loads replace whatever the crashed run left behind on long-lived tiers."""
-    _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)))
+    lines: list[str] = []
+    _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)), progress=lines.append)
     first = checkpoint.load(tmp_path).settings["run_name"]
-    _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True))
+    _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True), progress=lines.append)
     assert checkpoint.load(tmp_path).settings["run_name"] == first
+    # the first line of each run names it (the name the tiers' status lines show) and its rounds
+    starts = [x for x in lines if x.startswith("run ")]
+    assert starts == [f"run {first}: sflv1, 3 tiers, cuts {BASE.cuts}, 4 client(s), rounds 1..1",
+                      f"run {first}: sflv1, 3 tiers, cuts {BASE.cuts}, 4 client(s), rounds 2..2"]
     assert server.app.named(BASE.with_(run_name="mine")).run_id == "mine"
     assert server.app.named(BASE).run_id != server.app.named(BASE).run_id
 
