@@ -210,10 +210,9 @@ class Tier:
         """One line for an operator: what the tier holds now, and what it has served."""
         with self._lock:
             runs = sorted({r for r, _ in self._bindings})
-            replicas = list(self._replicas.values())
+            blocks = [m for r in self._replicas.values() for m in list(r.blocks.values())]  # a load may add some
             segments, steps = len(self._bindings), self.steps_served
-        weights = sum(t.numel() * t.element_size() for r in replicas for m in r.blocks.values()
-                      for t in [*m.parameters(), *m.buffers()])
+        weights = sum(t.numel() * t.element_size() for m in blocks for t in [*m.parameters(), *m.buffers()])
         names = ", ".join(runs[:3]) + (f" +{len(runs) - 3} more" if len(runs) > 3 else "")
         return (f"tier {self.name}: {segments} segment(s) of {len(runs)} run(s){f' ({names})' if runs else ''}, "
                 f"{weights / 2**20:.1f} MiB of weights held; {steps} step(s) served")
