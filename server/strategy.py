@@ -212,7 +212,7 @@ class SplitFedAvg(FedAvg):
         """Take a group's replies; after the round's last group, the new global model."""
         assert self._round is not None and self._record is not None
         outcomes = self._outcomes(replies)
-        self._round.end(outcomes)
+        self._round.end(outcomes, self._why)
         if self._groups:
             return None, None
         rnd, record = self._round, self._record

@@ -172,8 +172,8 @@ def test_inprocess_backend_drops_a_diverged_client_as_the_flower_run_does(monkey
     _run(monkeypatch, s.with_(out=str(tmp_path / "flower")), grid=FakeGrid(diverges, 4))
     trainer = rounds.local_trainer
 
-    def diverging_trainer(chain, data):  # type: ignore[no-untyped-def]
-        inner = trainer(chain, data)
+    def diverging_trainer(chain, data, failed=None):  # type: ignore[no-untyped-def]
+        inner = trainer(chain, data, failed)
 
         def train(cfg, cuts, weights):  # type: ignore[no-untyped-def]
             out = inner(cfg, cuts, weights)
@@ -188,6 +188,27 @@ def test_inprocess_backend_drops_a_diverged_client_as_the_flower_run_does(monkey
     rows = {d: [{k: json.loads(x)[k] for k in keys} for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
             for d in ("flower", "local")}
     assert rows["local"] == rows["flower"] and rows["local"][1]["failed"] == ["client1"]
+
+
+def test_a_client_whose_training_raises_fails_alone_in_both_backends(monkeypatch, tmp_path):
+    """lr 50: one client's activation overflows and the edge refuses it; in a Flower run its node
+    replies with an error and only it is dropped. The in-process backend did not catch it: the whole run
+    ended with the tier's bare 'activation: contains NaN'. Now both end alike, naming every client's reason."""
+    from splitfed.sim.inprocess import train_inprocess
+
+    s = BASE.with_(rounds=2, lr=50.0)
+    messages = []
+    for name in ("flower", "local"):
+        with pytest.raises(RoundFailed) as err:
+            if name == "flower":
+                _run(monkeypatch, s.with_(out=str(tmp_path / name)))
+            else:
+                train_inprocess(s.with_(out=str(tmp_path / name)))
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert "round 1: only 0 clients' replicas could be used" in messages[1]
+    assert "client2 (InvalidArgument: activation: contains NaN or infinite values)" in messages[1]
+    assert err.value.exit_code == 1
 
 
 def test_resume_refuses_changed_math(monkeypatch, tmp_path):

@@ -202,6 +202,7 @@ class SplitRound:
         self.done: dict[str, Outcome] = {}
         self.failed: list[str] = []
         self.why: dict[str, str] = {}  # failures the round itself found (fetch, NaN weights): client -> reason
+        self.lost: dict[str, str] = {}  # clients whose training failed where it ran (a node's error): -> reason
         self._loaded: list[str] = []
         self._group: list[str] = []
 
@@ -228,10 +229,13 @@ class SplitRound:
                     self.held[t].update(range(load.start, load.stop))
         return {cid: device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape) for cid in group}
 
-    def end(self, outcomes: Mapping[str, Outcome]) -> None:
-        """Take the group's trained device weights; clients missing from ``outcomes`` failed."""
+    def end(self, outcomes: Mapping[str, Outcome], lost: Mapping[str, str] | None = None) -> None:
+        """Take the group's trained device weights; clients missing from ``outcomes`` failed (``lost``:
+        why, where the caller knows, e.g. a node's error reply; a failed round's message names it)."""
         for cid in self._group:
             out = outcomes.get(cid)
+            if out is None and lost and cid in lost:
+                self.lost[cid] = lost[cid]
             if out is None or self._refused(cid, "device", out.state):
                 self._drop(cid)
                 continue
@@ -339,7 +343,8 @@ class SplitRound:
         return ("edge", "cloud")[t] if len(self.tiers) <= 2 else f"server tier {t + 1}"
 
     def _failures(self, show: int = 3) -> str:
-        parts = [f"{c} ({self.why[c]})" if c in self.why else c for c in self.failed[:show]]
+        why = {**self.lost, **self.why}
+        parts = [f"{c} ({why[c]})" if c in why else c for c in self.failed[:show]]
         more = f", +{len(self.failed) - show} more" if len(self.failed) > show else ""
         return ", ".join(parts) + more or "none"
 
@@ -358,24 +363,36 @@ def _nonfinite(state: State) -> str | None:
     return next((k for k, v in state.items() if not all_finite(v)), None)
 
 
-def drive(rnd: SplitRound, train: Trainer) -> State:
-    """Run ``rnd`` to the end with ``train`` doing each group's client training."""
+def drive(rnd: SplitRound, train: Trainer, lost: Mapping[str, str] | None = None) -> State:
+    """Run ``rnd`` to the end with ``train`` doing each group's client training (``lost``: why clients
+    it did not return failed, as :func:`local_trainer` records them)."""
     try:
         for group in rnd.groups():
             weights = rnd.begin(group)
-            rnd.end(train(rnd.cfg, {c: rnd.assignment[c] for c in group}, weights))
+            rnd.end(train(rnd.cfg, {c: rnd.assignment[c] for c in group}, weights), lost)
         return rnd.finish()
     finally:
         rnd.close()
 
 
-def local_trainer(chain: Chain, data: Mapping[str, Batches]) -> Trainer:
-    """Clients trained in this process over ``chain.link`` (the in-process form of the ClientApp)."""
+def local_trainer(chain: Chain, data: Mapping[str, Batches], failed: dict[str, str] | None = None) -> Trainer:
+    """Clients trained in this process over ``chain.link`` (the in-process form of the ClientApp).
+
+    A client whose training raises a :class:`SplitfedError` (a tier refused its step, a diverged loss)
+    fails the round for everyone, unless ``failed`` is given: then, as a ClientApp's error reply does,
+    it only drops that client, and ``failed`` gets the reason.
+    """
 
     def train(cfg: RoundConfig, cuts: Mapping[str, Cuts], weights: Mapping[str, State]) -> dict[str, Outcome]:
         out = {}
         for cid, w in weights.items():
-            dev, res = train_client(cfg, chain, cid, cuts[cid], w, data[cid])
+            try:
+                dev, res = train_client(cfg, chain, cid, cuts[cid], w, data[cid])
+            except SplitfedError as e:
+                if failed is None:
+                    raise
+                failed[cid] = f"{type(e).__name__}: {e}"
+                continue
             out[cid] = Outcome(dev.state(), res)
         return out
 

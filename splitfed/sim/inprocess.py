@@ -77,8 +77,9 @@ def _train(settings: Any) -> dict[str, Any]:
                    for pid, (x, y) in data.items()}
         cfg = RoundConfig(s.run_id, rnd, spec, s.mode, s.u_shape, s.optim, s.seed)
         split = SplitRound(cfg, chain.tiers, state, assignment, min_clients=min(s.min_clients, len(assignment)))
-        state = drive(split, local_trainer(chain, batches))
-        record.failed, record.why_failed = list(split.failed), dict(split.why)
+        errors: dict[str, str] = {}  # a client whose training raised is dropped, as a node's error reply is
+        state = drive(split, local_trainer(chain, batches, failed=errors), lost=errors)
+        record.failed, record.why_failed = list(split.failed), {**errors, **split.why}
         record.measurements = [Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s,
                                            r.bytes_up, r.bytes_down) for r in split.results]
         total = sum(r.samples for r in split.results)
