@@ -37,7 +37,7 @@ from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import MetricsWriter, summarise
 from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
-from splitfed.flower.workload import evaluate, test_data
+from splitfed.flower.workload import check_converging, evaluate, test_data
 from splitfed.models import rng
 from splitfed.models.zoo import resolve_spec
 from splitfed.sim.clock import fleet_for, make_clock
@@ -121,11 +121,13 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
             acc, loss = evaluate(spec, state_now, test_x, test_y)
             row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles)
             if writer is not None:
-                writer.append(row)
+                writer.append(row)  # a diverged round's row too (loss null): the user sees where it went
+            say(_progress_line(row, settings.rounds, profiles))
+            check_converging(rnd, loss, settings.lr)
+            if writer is not None:
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
                     rnd, state_now, settings.to_dict(), dict(strategy.previous), policy.state_dict(),
                     torch.get_rng_state()))
-            say(_progress_line(row, settings.rounds, profiles))
             started = time.perf_counter()
 
         strategy.start(grid, state_to_record(state), num_rounds=settings.rounds,

@@ -211,6 +211,52 @@ def test_a_client_whose_training_raises_fails_alone_in_both_backends(monkeypatch
     assert err.value.exit_code == 1
 
 
+def test_a_diverged_global_model_stops_the_run_and_is_not_checkpointed(monkeypatch, tmp_path):
+    """The main job at lr 50: after round 1 the global model's weights are finite, but its logits overflow
+    (test loss NaN). The run stops there, in both backends, instead of failing every client of round 2;
+    the row says so (loss null) and no checkpoint holds that model."""
+    from pathlib import Path
+
+    from splitfed.flower.workload import RunDiverged
+    from splitfed.sim.inprocess import train_inprocess
+
+    main = RunSettings.from_toml(Path(__file__).parents[1] / "simulations/configs/main.toml")
+    s = main.with_(rounds=3, lr=50.0, node_wait_s=5.0)
+    lines: list[str] = []
+    with pytest.raises(RunDiverged, match=r"round 1: the global model diverged \(its test loss is not finite\); "
+                                          r"the run stops and the checkpoint keeps round 0 \(a learning rate "
+                                          r"below 50\?\)") as err:
+        _run(monkeypatch, s.with_(out=str(tmp_path / "flower")), grid=FakeGrid(clients.app.app, s.clients),
+             progress=lines.append)
+    assert err.value.exit_code == 1 and lines[-1].startswith("round 1/3") and "loss nan" in lines[-1]
+    rows = [json.loads(x) for x in (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1] and rows[0]["loss"] is None
+    assert not (tmp_path / "flower" / checkpoint.FILENAME).exists()
+    with pytest.raises(RunDiverged, match="round 1: the global model diverged"):
+        train_inprocess(s.with_(out=str(tmp_path / "local")))
+
+
+def test_a_run_that_diverges_later_keeps_its_last_good_checkpoint(monkeypatch, tmp_path):
+    """Round 2's global model evaluates to NaN (a stand-in for the evaluation only): the checkpoint keeps
+    round 1, and a resumed run would start from there."""
+    from splitfed.flower.workload import RunDiverged
+
+    real = server.app.evaluate
+
+    def evaluate(spec, state, x, y):  # type: ignore[no-untyped-def]
+        acc, loss = real(spec, state, x, y)
+        return (acc, float("nan")) if len(rows_so_far()) == 1 else (acc, loss)
+
+    def rows_so_far():  # type: ignore[no-untyped-def]
+        path = tmp_path / "metrics.jsonl"
+        return path.read_text().splitlines() if path.exists() else []
+
+    monkeypatch.setattr(server.app, "evaluate", evaluate)
+    with pytest.raises(RunDiverged, match="round 2: .* the checkpoint keeps round 1"):
+        _run(monkeypatch, BASE.with_(rounds=3, out=str(tmp_path)))
+    assert checkpoint.load(tmp_path).round == 1 and len(rows_so_far()) == 2
+
+
 def test_resume_refuses_changed_math(monkeypatch, tmp_path):
     _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)))
     with pytest.raises(ConfigError, match=r"cannot resume with different lr \(0.05 -> 0.2\)"):

@@ -10,6 +10,7 @@ round, epoch), never on which process or node runs it.
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from splitfed.data import batches, for_model, partition
 from splitfed.data._seed import derive_seed
 from splitfed.engine import template
-from splitfed.engine.rounds import Batches
+from splitfed.engine.rounds import Batches, RoundFailed
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError
 from splitfed.models.blocks import Segment
@@ -98,3 +99,19 @@ def evaluate(spec: ModelSpec, state: State, x: torch.Tensor, y: torch.Tensor,
         correct += int((out.argmax(1) == y[i:i + batch_size]).sum())
     n = max(1, len(x))
     return correct / n, loss / n
+
+
+class RunDiverged(RoundFailed):
+    """The global model's test loss is not finite: no later round can recover it."""
+
+
+def check_converging(rnd: int, loss: float, lr: float) -> None:
+    """Stop a run whose global model diverged, before its checkpoint replaces the last good one.
+
+    Finite logits give a finite cross-entropy, so a non-finite test loss means logits that overflowed:
+    every client of the next round would train on them and be dropped.
+    """
+    if not math.isfinite(loss):
+        raise RunDiverged(f"round {rnd}: the global model diverged (its test loss is not finite); the run "
+                          f"stops and the checkpoint keeps round {rnd - 1} (a learning rate below {lr:g}?)")
+

@@ -47,7 +47,13 @@ def _train(settings: Any) -> dict[str, Any]:
     )
     from splitfed.flower.metrics import MetricsWriter, summarise
     from splitfed.flower.policy import Measurement, make_policy
-    from splitfed.flower.workload import client_data, evaluate, round_batches, test_data
+    from splitfed.flower.workload import (
+        check_converging,
+        client_data,
+        evaluate,
+        round_batches,
+        test_data,
+    )
     from splitfed.models.zoo import resolve_spec
     from splitfed.sim.clock import fleet_for, make_clock
     from splitfed.transport.compress import get as codec
@@ -88,6 +94,7 @@ def _train(settings: Any) -> dict[str, Any]:
         record.decision = policy.observe(rnd, record.measurements)
         acc, loss = evaluate(spec, state, test_x, test_y)
         writer.append(metrics_row(record, acc, loss, time.perf_counter() - t0, profiles))
+        check_converging(rnd, loss, s.lr)
     summary = summarise(writer.rows(), s.to_dict())
     writer.write_summary(summary)
     return summary
