@@ -310,3 +310,24 @@ def test_a_tier_process_reports_its_status_when_it_changes() -> None:
                 "3 step(s) served; 2 call(s) refused (1 INVALID_ARGUMENT, 1 NOT_FOUND)"), cloud.output()
         finally:
             c.close()
+
+
+def test_a_tier_counts_callers_it_did_not_authenticate() -> None:
+    """A device with the wrong token is refused UNAUTHENTICATED before any tier code runs; the operator
+    sees it counted in the tier's status line."""
+    import time
+
+    with TierProcess.start("cloud-auth", insecure=True, token="right-token",
+                           extra_args=["--status-every-s", "1"]) as cloud:
+        for token in ("wrong-token", None):
+            c = GrpcTierClient(cloud.address, deadline_s=10, token=token)
+            try:
+                with pytest.raises(TierError, match="bearer token"):
+                    c.step(StepKey("r", "device0", 0, 0), activation(), labels())
+            finally:
+                c.close()
+        end = time.monotonic() + 30
+        while "refused" not in cloud.output() and time.monotonic() < end:
+            time.sleep(0.2)
+        assert cloud.output().splitlines()[-1].endswith("0 step(s) served; 2 call(s) refused (2 UNAUTHENTICATED)"), \
+            cloud.output()

@@ -108,10 +108,11 @@ def _wrap_abort(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: 
 class TokenInterceptor(grpc.ServerInterceptor):
     """Refuses any call without the right bearer token with UNAUTHENTICATED."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, on_refuse: Callable[[grpc.StatusCode], None] | None = None) -> None:
         if not token:
             raise ConfigError("the bearer token is empty")
         self._want = f"Bearer {token}".encode()
+        self._on_refuse = on_refuse  # counts refusals where the tier counts its own (its status line)
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = continuation(handler_call_details)
@@ -121,9 +122,9 @@ class TokenInterceptor(grpc.ServerInterceptor):
         for k, v in handler_call_details.invocation_metadata or ():
             if k == AUTH_HEADER:
                 got = v.encode() if isinstance(v, str) else bytes(v)
-        if got is None:
-            return _wrap_abort(handler, grpc.StatusCode.UNAUTHENTICATED,
-                               "missing bearer token (authorization metadata)")
-        if not hmac.compare_digest(got, self._want):
-            return _wrap_abort(handler, grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
-        return handler
+        if got is not None and hmac.compare_digest(got, self._want):
+            return handler
+        if self._on_refuse is not None:
+            self._on_refuse(grpc.StatusCode.UNAUTHENTICATED)
+        return _wrap_abort(handler, grpc.StatusCode.UNAUTHENTICATED,
+                           "missing bearer token (authorization metadata)" if got is None else "invalid bearer token")

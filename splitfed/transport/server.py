@@ -107,9 +107,12 @@ class TierServicer:
             DEADLINE.reset(token)
 
     def _refuse(self, context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+        self.count_refusal(code)
+        self._abort(context, code, details)
+
+    def count_refusal(self, code: grpc.StatusCode) -> None:
         with self._refused_lock:
             self._refused[code.name] += 1
-        self._abort(context, code, details)
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
@@ -336,7 +339,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
                                                   idle_release_s=idle_release_s)
     servicer = TierServicer(the_tier, limits, allowed_models)
-    interceptors = [TokenInterceptor(token)] if token else []
+    interceptors = [TokenInterceptor(token, on_refuse=servicer.count_refusal)] if token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),
                          interceptors=interceptors, options=server_options(limits),
                          maximum_concurrent_rpcs=max_concurrent_rpcs)
