@@ -70,6 +70,11 @@ class _Binding:
     last_used: float = 0.0
 
 
+def _few(names: list[str], show: int = 3) -> str:
+    """``a, b, c +2 more``: a log line names a few runs, not thousands."""
+    return ", ".join(names[:show]) + (f" +{len(names) - show} more" if len(names) > show else "")
+
+
 @contextlib.contextmanager
 def _undone_on_error(segment: nn.Module) -> Iterator[None]:
     """A forward updates BatchNorm's running statistics at once; a step that fails after it (the next tier
@@ -213,8 +218,7 @@ class Tier:
             blocks = [m for r in self._replicas.values() for m in list(r.blocks.values())]  # a load may add some
             segments, steps = len(self._bindings), self.steps_served
         weights = sum(t.numel() * t.element_size() for m in blocks for t in [*m.parameters(), *m.buffers()])
-        names = ", ".join(runs[:3]) + (f" +{len(runs) - 3} more" if len(runs) > 3 else "")
-        return (f"tier {self.name}: {segments} segment(s) of {len(runs)} run(s){f' ({names})' if runs else ''}, "
+        return (f"tier {self.name}: {segments} segment(s) of {len(runs)} run(s){f' ({_few(runs)})' if runs else ''}, "
                 f"{weights / 2**20:.1f} MiB of weights held; {steps} step(s) served")
 
     def sweep(self) -> list[tuple[str, str]]:
@@ -234,10 +238,8 @@ class Tier:
         for k in stale:
             self._unbind(k, self._bindings[k])
         if stale:
-            runs = sorted({r for r, _ in stale})
             log.warning("tier %s: released %d segment(s) unused for %.0f s (their coordinator gone?) of run(s) %s",
-                        self.name, len(stale), self.idle_release_s, ", ".join(runs[:3]) +
-                        (f" +{len(runs) - 3} more" if len(runs) > 3 else ""))
+                        self.name, len(stale), self.idle_release_s, _few(sorted({r for r, _ in stale})))
         return stale
 
     # ------------------------------------------------------------ data path
