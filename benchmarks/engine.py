@@ -8,7 +8,6 @@ Writes benchmarks/results/engine.json. Target: ratio >= 0.97.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from splitfed.engine import template
 from splitfed.engine.device import Device
 from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
 from splitfed.engine.types import OptimConfig
+from splitfed.jsonio import write_json
 from splitfed.models.zoo import resolve_spec
 
 
@@ -87,7 +87,7 @@ def main() -> None:
         "monolithic_steps_per_s": 1 / mono, "split_steps_per_s": 1 / split, "ratio": mono / split, "target": 0.97,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"split/monolithic steps/s ratio: {result['ratio']:.3f} (target >= 0.97) -> {args.out}")
 
 

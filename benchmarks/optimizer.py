@@ -29,7 +29,6 @@ prints tables, writes ``benchmarks/results/optimizer.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -41,6 +40,7 @@ import torch
 
 from splitfed.cost.model import MODES, RoundCost, Scenario, option_table
 from splitfed.errors import SplitfedError
+from splitfed.jsonio import write_json
 from splitfed.models.zoo import resolve_spec
 from splitfed.optimizer.assign import Solution, all_on_server, best_static, greedy, solve
 from splitfed.profile.fleet import Fleet, load_fleet
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                       + ("" if s.optimal else " (time limit: best found)"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_json(out, result, indent=1)
     print(f"\nwrote {out}")
     return 0
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import psutil
 
+from splitfed.jsonio import dumps, write_json
+
 
 def _tree_memory(root: psutil.Process) -> tuple[int, int, dict[str, int]]:
     """(RSS sum, PSS sum, PSS by part) of ``root`` and all its descendants."""
@@ -138,8 +140,8 @@ def accuracy(out: Path) -> None:
               "federated_split_accuracy": summary.get("final_accuracy"),
               "federated_split_best_accuracy": summary.get("best_accuracy"),
               "centralised_accuracy": centralised(20), "target": 0.93}
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    write_json(out, report)
+    print(dumps(report, indent=2))
 
 
 def main() -> None:
@@ -155,7 +157,7 @@ def main() -> None:
         accuracy(Path(args.out).with_name("accuracy.json"))
         return
     if args.one:
-        print(json.dumps(one(args.one, args.rounds, Path(args.run_dir))))
+        print(dumps(one(args.one, args.rounds, Path(args.run_dir))))
         return
     results = []
     for n in (int(x) for x in args.clients.split(",")):
@@ -174,7 +176,7 @@ def main() -> None:
     report = {"benchmark": "simulation", "cpus": len(os.sched_getaffinity(0)), "model": "cnn", "dataset": "digits",
               "mode": "sflv1", "tiers": 3, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -39,6 +39,8 @@ from pathlib import Path
 import grpc
 import torch
 
+from splitfed.jsonio import write_json
+
 MB = 1 << 20
 SIZES_MB = (1, 8, 32)
 # (chunk_bytes, unary_bytes): the alternatives the default (wire.Limits) was chosen from
@@ -314,8 +316,7 @@ def main() -> None:
     result["b_step_rpc_vs_echo"] = b
     result["b_chunk_sweep"] = sweep
     result["c_bytes_per_codec"] = c
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result, indent=1)
     if "a_training" in result:
         a = result["a_training"]
         print(f"(a) vgg11 b{a['batch']} cut 4: {a['steps_per_s']['grpc']:.3f} steps/s over gRPC, "

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from splitfed import jsonio
 from splitfed.errors import ConfigError, SplitfedError
 
 C = TypeVar("C")
@@ -124,10 +125,7 @@ def _coerce(v: Any, typ: Any, where: str) -> Any:
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
-    return p
+    return jsonio.write_json(path, obj, default=_jsonable)
 
 
 def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:

@@ -25,7 +25,8 @@ def bench(name: str, *args: str, out: Path) -> tuple[dict, str]:
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args, "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    return json.loads(out.read_text()), p.stdout
+    strict = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{name}: non-standard JSON {c}"))
+    return strict, p.stdout
 
 
 def test_engine_benchmark(tmp_path: Path) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from splitfed.commands._args import add_model_args
 from splitfed.engine import template
+from splitfed.jsonio import dumps
 from splitfed.models.zoo import resolve_spec
 
 
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     spec = resolve_spec(args.model, args.input_shape, args.num_classes)
     rows = describe(spec)
     if args.json:
-        print(json.dumps({"model": spec.name, "input_shape": list(spec.input_shape), "blocks": rows}))
+        print(dumps({"model": spec.name, "input_shape": list(spec.input_shape), "blocks": rows}))
         return 0
     print(f"{spec.name}: {len(rows)} blocks, input {list(spec.input_shape)}; cut k puts blocks < k on the earlier tier")
     print(f"{'block':>5}  {'name':<28} {'output':<18} {'params':>10}")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from splitfed.commands._args import add_model_args, int_list, positive_int
 from splitfed.commands.profile import cache_dir
 from splitfed.cost.model import Scenario
 from splitfed.errors import ConfigError
+from splitfed.jsonio import dumps
 from splitfed.models.zoo import resolve_spec
 from splitfed.optimizer.assign import (
     DEFAULT_GAP,
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         sol = solve(sc, gap=args.gap, time_limit=args.time_limit)
     if args.json:
-        print(json.dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
+        print(dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
                           "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict()}, indent=1))
     else:
         header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({len(sc.clients)} clients), "

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
 from splitfed.commands._args import add_model_args, positive_int
+from splitfed.jsonio import dumps
 from splitfed.models.zoo import resolve_spec
 from splitfed.profile.profiler import ModelProfile, profile_model
 
@@ -57,5 +57,5 @@ def run(args: argparse.Namespace) -> int:
     spec = resolve_spec(args.model, args.input_shape, args.num_classes)
     prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=args.reps,
                          cache_dir=cache_dir(args.no_cache))
-    print(json.dumps(prof.to_dict(), indent=1) if args.json else render(prof))
+    print(dumps(prof.to_dict(), indent=1) if args.json else render(prof))
     return 0

@@ -10,12 +10,12 @@ and other settings that do not change the math).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from splitfed.commands._args import positive_int
 from splitfed.engine.types import MODES
+from splitfed.jsonio import dumps
 
 # flag -> RunSettings field (flags left out keep the config file's or default value)
 _FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     validate(settings)
     summary = simulate(settings, verbose=args.verbose)
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print(dumps(summary, indent=2, sort_keys=True))
         return 0
     figures = _report(settings.out)
     acc = summary.get("final_accuracy")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 
 from splitfed.commands._args import add_model_args, positive_int
 from splitfed.engine import template
 from splitfed.engine.types import MODES
 from splitfed.errors import ConfigError
+from splitfed.jsonio import dumps
 from splitfed.models.blocks import validate_cuts
 from splitfed.models.zoo import resolve_spec
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         result = verify(spec, cuts, mode=args.mode, u_shape=args.u_shape, steps=args.steps, batch=args.batch,
                         rounds=args.rounds, seed=args.seed, chain=chain, transport=args.transport)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(dumps(result.to_dict()))
     else:
         verdict = "OK" if result.ok else "MISMATCH"
         print(f"verify {spec.name} mode={args.mode} tiers={tiers} cuts={'/'.join(','.join(map(str, c)) for c in args.cuts)}"

@@ -11,11 +11,12 @@ loss of a diverged model, is written as ``null``.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from splitfed.jsonio import dumps, write_atomic
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -35,17 +36,17 @@ class MetricsWriter:
     def truncate_after(self, round: int) -> None:
         """Keep only rows of rounds <= ``round`` (a resumed run redoes the rest)."""
         keep = [r for r in self.rows() if int(r.get("round", 0)) <= round]
-        _atomic_write(self.path, "".join(_dumps(r) + "\n" for r in keep))
+        write_atomic(self.path, "".join(dumps(r) + "\n" for r in keep))
 
     def append(self, row: Mapping[str, Any]) -> None:
         with open(self.path, "a") as f:
-            f.write(_dumps(dict(row)) + "\n")
+            f.write(dumps(dict(row)) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
         path = self.folder / SUMMARY
-        _atomic_write(path, _dumps(dict(summary), indent=2, sort_keys=True) + "\n")
+        write_atomic(path, dumps(dict(summary), indent=2, sort_keys=True) + "\n")
         return path
 
 
@@ -65,26 +66,3 @@ def summarise(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) ->
         "failed_clients": sum(len(r.get("failed", [])) for r in rows),
         "settings": dict(settings),
     }
-
-
-def _strict(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, Mapping):
-        return {k: _strict(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_strict(v) for v in x]
-    return x
-
-
-def _dumps(obj: Any, **kw: Any) -> str:
-    return json.dumps(_strict(obj), allow_nan=False, **kw)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

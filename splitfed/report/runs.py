@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError
+from splitfed.jsonio import dumps, write_atomic, write_json
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -228,9 +229,9 @@ def write_run(folder: str | Path, rows: Iterable[Mapping[str, Any]], summary: Ma
     for i, r in enumerate(rows):
         parse_row(r, f"round object #{i + 1}")
     d.mkdir(parents=True, exist_ok=True)
-    (d / METRICS).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    write_atomic(d / METRICS, "".join(dumps(r, sort_keys=True) + "\n" for r in rows))
     if summary is not None:
-        (d / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+        write_json(d / SUMMARY, summary, sort_keys=True, default=str)
     return d
 
 

@@ -1,0 +1,57 @@
+"""Strict JSON from every writer of results: what jq, browsers and pandas read.
+
+Python's ``json`` writes NaN and Infinity, which are not JSON: one diverged loss
+or a ratio over a zero time made a whole results file unreadable to them. Here
+every non-finite number becomes ``null``, and files are replaced atomically, so a
+reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def strict(x: Any) -> Any:
+    """``x`` with every NaN or infinite float (nested in dicts, lists, tuples) replaced by None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Mapping):
+        return {k: strict(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [strict(v) for v in x]
+    return x
+
+
+def dumps(obj: Any, *, default: Callable[[Any], Any] | None = None, **kw: Any) -> str:
+    """``json.dumps`` that never writes NaN or Infinity (``default`` may make numpy scalars floats first)."""
+    if default is not None:
+        obj = json.loads(json.dumps(obj, default=default))  # e.g. dataclasses and numpy scalars to plain values
+    return json.dumps(strict(obj), allow_nan=False, **kw)
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Replace ``path`` with ``text`` in one step (a crash leaves the old file or the new, never half)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return p
+
+
+def write_json(path: str | Path, obj: Any, **kw: Any) -> Path:
+    """``obj`` as strict JSON (indented by 2 unless told otherwise), atomically."""
+    kw.setdefault("indent", 2)
+    return write_atomic(path, dumps(obj, **kw) + "\n")

@@ -1,0 +1,62 @@
+"""Every results writer writes strict JSON: NaN and infinity become null, nothing else changes,
+and a file is replaced whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from splitfed.jsonio import dumps, write_atomic, write_json
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.text(max_size=5),
+                    st.floats(allow_nan=True, allow_infinity=True))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.tuples(inner, inner),
+                                                       st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+                      max_leaves=20)
+
+
+def strict_loads(text: str):  # type: ignore[no-untyped-def]
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+
+def reference(x):  # type: ignore[no-untyped-def]
+    """What a strict reader should get back: the value, non-finite floats as None, tuples as lists."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: reference(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [reference(v) for v in x]
+    return x
+
+
+@given(values)
+def test_strict_json_keeps_every_finite_value_and_nulls_the_rest(obj) -> None:  # type: ignore[no-untyped-def]
+    assert strict_loads(dumps(obj)) == reference(obj)
+
+
+def test_a_default_converts_first_and_its_non_finite_results_are_nulled_too() -> None:
+    obj = {"a": np.float32("nan"), "b": np.float64(1.5), "c": [np.float64("inf"), np.int64(3)]}
+    assert strict_loads(dumps(obj, default=lambda v: v.item())) == {"a": None, "b": 1.5, "c": [None, 3]}
+
+
+def test_files_are_replaced_whole_and_leave_no_temporary_behind(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "deep" / "out.json"
+    write_json(path, {"ratio": float("inf"), "n": 1})
+    assert strict_loads(path.read_text()) == {"ratio": None, "n": 1}
+
+    def crash(src, dst):  # type: ignore[no-untyped-def]
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk gone"):
+        write_atomic(path, "half")
+    assert strict_loads(path.read_text()) == {"ratio": None, "n": 1}  # the old file, whole
+    assert [f.name for f in path.parent.iterdir()] == ["out.json"]
