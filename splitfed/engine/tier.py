@@ -211,12 +211,16 @@ class Tier:
         with self._lock:
             return len(self._bindings)
 
+    def holding(self) -> tuple[int, list[str], int]:
+        """Segments bound now, the runs they belong to, and steps served since the tier started."""
+        with self._lock:
+            return len(self._bindings), sorted({r for r, _ in self._bindings}), self.steps_served
+
     def status(self) -> str:
         """One line for an operator: what the tier holds now, and what it has served."""
         with self._lock:
-            runs = sorted({r for r, _ in self._bindings})
             blocks = [m for r in self._replicas.values() for m in list(r.blocks.values())]  # a load may add some
-            segments, steps = len(self._bindings), self.steps_served
+        segments, runs, steps = self.holding()
         weights = sum(t.numel() * t.element_size() for m in blocks for t in [*m.parameters(), *m.buffers()])
         return (f"tier {self.name}: {segments} segment(s) of {len(runs)} run(s){f' ({_few(runs)})' if runs else ''}, "
                 f"{weights / 2**20:.1f} MiB of weights held; {steps} step(s) served")

@@ -116,3 +116,8 @@ def validate(settings: RunSettings) -> None:
     fleet = fleet_for(settings)
     if isinstance(policy, AdaptivePolicy | GreedyPolicy):
         policy.assign(1, sim_clients(settings, fleet))  # the optimizer's plan: a device nothing fits is named now
+    if settings.addresses:  # tiers already running elsewhere: a chain they cannot form is named now, too
+        from splitfed.sim.tiers import tier_chain
+
+        with tier_chain(settings):
+            pass

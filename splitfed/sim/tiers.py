@@ -10,11 +10,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from splitfed.engine.limits import IDLE_RELEASE_S
 from splitfed.engine.link import TierControl
 from splitfed.flower.config import RunSettings
 from splitfed.flower.transport import connect
+
+if TYPE_CHECKING:
+    from splitfed.transport.client import GrpcTierClient
+
+
+DESCRIBE_S = 30.0  # the most a tier may take to describe itself (it may build the run's model to size it)
 
 
 def tier_names(server_tiers: int) -> list[str]:
@@ -60,11 +67,25 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
 
 @contextmanager
 def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
-    """The run's tiers (started if need be) with a control client connected to each."""
+    """The run's tiers (started if need be) with a control client connected to each, checked as a chain
+    (:func:`~splitfed.transport.describe.check_chain`) before anything is loaded."""
     with start_tiers(settings) as chain, ExitStack() as stack:
+        clients = []
         for addr in chain.addresses:
             c = connect(addr, tls_ca=settings.tls_ca, tls_cert=settings.tls_cert, tls_key=settings.tls_key,
                         token_file=settings.token_file, deadline_s=settings.round_timeout_s)
             stack.callback(c.close)
-            chain.controls.append(c)
+            clients.append(c)
+        check_tiers(settings, chain.addresses, clients)
+        chain.controls.extend(clients)
         yield chain
+
+
+def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient]) -> None:
+    """Ask every tier what it is, and refuse a chain this run could not train through (one error, all reasons)."""
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.transport.describe import check_chain
+
+    spec = resolve_spec(settings.model)
+    infos = [c.describe(spec, deadline_s=DESCRIBE_S) for c in clients]
+    check_chain(addresses, infos, model=spec.name, round_timeout_s=settings.round_timeout_s)

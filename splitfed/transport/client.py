@@ -11,7 +11,6 @@ with the same sequence number returns its cached reply and is applied once.
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -25,9 +24,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
 from splitfed.errors import ConfigError, NotFound, TierError
+from splitfed.models.zoo import ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
-from splitfed.transport.errors import DeadlineExceeded, error_of
+from splitfed.transport.describe import PROTOCOL, TierInfo, this_version
+from splitfed.transport.errors import DeadlineExceeded, RpcFailed, error_of
 from splitfed.transport.pb import SERVICE, method, pb
 from splitfed.transport.security import TlsConfig, bearer
 
@@ -111,6 +112,7 @@ class GrpcTierClient:
         self._load = channel.stream_unary(method("Load"))
         self._fetch = channel.unary_stream(method("Fetch"))
         self._release = channel.unary_unary(method("Release"))
+        self._describe = channel.unary_unary(method("Describe"))
         self._health = health_pb2_grpc.HealthStub(channel)
         self._lock = threading.Lock()
         self.bytes_up = 0
@@ -119,16 +121,16 @@ class GrpcTierClient:
 
     # ------------------------------------------------------------ calls
 
-    def _budget(self) -> float:
-        """Seconds this call may take: our deadline, or less if our caller must answer sooner."""
-        budget = self.deadline_s
+    def _budget(self, cap: float | None = None) -> float:
+        """Seconds this call may take: our deadline (or ``cap``), or less if our caller must answer sooner."""
+        budget = self.deadline_s if cap is None else min(cap, self.deadline_s)
         outer = DEADLINE.get()
         if outer is not None:
             budget = min(budget, outer - time.monotonic() - HOP_MARGIN_S)
         return budget
 
-    def _call(self, what: str, attempt: Callable[[float], T]) -> T:
-        budget = self._budget()
+    def _call(self, what: str, attempt: Callable[[float], T], cap: float | None = None) -> T:
+        budget = self._budget(cap)
         if budget <= 0:
             raise DeadlineExceeded(f"tier {self.address}: no time left for {what} (the caller's deadline passed)")
         end = time.monotonic() + budget
@@ -229,11 +231,8 @@ class GrpcTierClient:
     # ------------------------------------------------------------ TierControl
 
     def load(self, spec: SegmentLoad) -> None:
-        m = spec.model
         head = pb.LoadHeader(
-            run_id=spec.run_id, client_id=spec.client_id, round=spec.round,
-            model=pb.ModelSpec(name=m.name, input_shape=m.input_shape, num_classes=m.num_classes, vocab=m.vocab,
-                               kwargs_json=json.dumps(m.kwargs, sort_keys=True) if m.kwargs else ""),
+            run_id=spec.run_id, client_id=spec.client_id, round=spec.round, model=wire.model_pb(spec.model),
             start=spec.start, stop=spec.stop, replica=spec.replica,
             optim=pb.OptimConfig(name=spec.optim.name, lr=spec.optim.lr, momentum=spec.optim.momentum,
                                  weight_decay=spec.optim.weight_decay),
@@ -256,6 +255,28 @@ class GrpcTierClient:
     def release(self, run_id: str, client_id: str) -> None:
         req = pb.ClientRef(run_id=run_id, client_id=client_id).SerializeToString()
         self._call(f"release of {client_id}", lambda t: self._release(req, timeout=t, metadata=self._metadata))
+
+    def describe(self, model: ModelSpec | None = None, *, deadline_s: float | None = None) -> TierInfo:
+        """What the tier is (``Describe``); with ``model``, also whether it would build it.
+
+        A tier that does not know the call (UNIMPLEMENTED) runs a splitfed older than protocol 1:
+        that is said in so many words, since it is the usual reason.
+        """
+        req = (pb.DescribeRequest() if model is None else pb.DescribeRequest(model=wire.model_pb(model)))
+        raw = req.SerializeToString()
+        try:
+            reply = self._call("describe", lambda t: self._describe(raw, timeout=t, metadata=self._metadata),
+                               cap=deadline_s)
+        except RpcFailed as e:
+            if e.code != "UNIMPLEMENTED":
+                raise
+            raise RpcFailed(e.code, f"tier {self.address} does not answer Describe: it runs a splitfed older than "
+                            f"protocol {PROTOCOL} (this is {this_version()}); run one splitfed version on every "
+                            "machine") from None
+        try:
+            return TierInfo.from_pb(pb.TierInfo.FromString(reply))
+        except Exception as e:  # noqa: BLE001 - DecodeError and friends
+            raise TierError(f"tier {self.address}: describe: malformed reply: {e}") from None
 
     # ------------------------------------------------------------ other
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from splitfed.engine.limits import IDLE_RELEASE_S
+import splitfed
+from splitfed.engine.limits import IDLE_RELEASE_S, current_limits
 from splitfed.engine.link import Link
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey
@@ -38,6 +40,7 @@ from splitfed.models.zoo import ZOO, ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
 from splitfed.transport.client import DEADLINE, GrpcTierClient, server_options
+from splitfed.transport.describe import PROTOCOL, TierInfo
 from splitfed.transport.errors import PermissionDenied, status_of
 from splitfed.transport.pb import SERVICE, pb
 from splitfed.transport.security import TlsConfig, TokenInterceptor
@@ -58,10 +61,14 @@ def _check_ids(run_id: str, client_id: str) -> None:
 class TierServicer:
     """The RPCs of ``splitfed.v1.Tier`` over one tier (raw-bytes handlers, parsed here)."""
 
-    def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = ()) -> None:
+    def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = (),
+                 next: GrpcTierClient | None = None) -> None:
         self.tier = tier
         self.limits = limits
         self.allowed = set(allowed_models)
+        self.next = next  # described when this tier is: the coordinator checks who it forwards to
+        self.instance = secrets.token_hex(8)
+        self.started = time.monotonic()
         self._refused: collections.Counter[str] = collections.Counter()  # status name -> calls refused
         self._refused_lock = threading.Lock()
 
@@ -82,6 +89,7 @@ class TierServicer:
             "Load": grpc.stream_unary_rpc_method_handler(self.Load),
             "Fetch": grpc.unary_stream_rpc_method_handler(self.Fetch),
             "Release": grpc.unary_unary_rpc_method_handler(self.Release),
+            "Describe": grpc.unary_unary_rpc_method_handler(self.Describe),
         })
 
     # ------------------------------------------------------------ errors
@@ -188,15 +196,8 @@ class TierServicer:
         _check_ids(h.run_id, h.client_id)
         if not h.replica or len(h.replica) > MAX_ID:
             raise InvalidArgument(f"replica must have 1..{MAX_ID} characters")
-        m = h.model
-        if m.name not in ZOO and m.name not in self.allowed:
-            raise PermissionDenied(f"tier {self.tier.name} does not serve model {m.name!r} "
-                                   "(zoo models only, unless started with --allow-model)")
+        spec = self._model(h.model)
         try:
-            kwargs = json.loads(m.kwargs_json) if m.kwargs_json else {}
-            if not isinstance(kwargs, dict):
-                raise ValueError("kwargs must be a JSON object")
-            spec = ModelSpec(m.name, tuple(int(d) for d in m.input_shape), int(m.num_classes), int(m.vocab), kwargs)
             optim = OptimConfig(h.optim.name or "sgd", h.optim.lr, h.optim.momentum, h.optim.weight_decay)
         except (ValueError, ConfigError) as e:
             raise InvalidArgument(f"load: {e}") from None
@@ -206,6 +207,15 @@ class TierServicer:
         if items and not h.has_state:
             raise InvalidArgument("load: tensors sent but has_state is false")
         state = {it.name: it.tensor for it in items} if h.has_state else None
+        return SegmentLoad(h.run_id, h.client_id, int(h.round), spec, int(h.start), int(h.stop), h.replica, state,
+                           optim, int(h.seed), bool(h.loss_here))
+
+    def _model(self, m: pb.ModelSpec) -> ModelSpec:
+        """The spec if this tier serves and can build it; else the refusal (PERMISSION_DENIED, ...)."""
+        if m.name not in ZOO and m.name not in self.allowed:
+            raise PermissionDenied(f"tier {self.tier.name} does not serve model {m.name!r} "
+                                   "(zoo models only, unless started with --allow-model)")
+        spec = wire.model_of(m)
         try:
             from splitfed.engine import template
 
@@ -213,9 +223,8 @@ class TierServicer:
         except SplitfedError:
             raise
         except (TypeError, ValueError, RuntimeError) as e:
-            raise InvalidArgument(f"load: model {spec.name!r} does not build: {type(e).__name__}: {e}") from None
-        return SegmentLoad(h.run_id, h.client_id, int(h.round), spec, int(h.start), int(h.stop), h.replica, state,
-                           optim, int(h.seed), bool(h.loss_here))
+            raise InvalidArgument(f"model {spec.name!r} does not build: {type(e).__name__}: {e}") from None
+        return spec
 
     def Fetch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         with self._guard(context, "fetch"):
@@ -230,6 +239,42 @@ class TierServicer:
             ref = _client_ref(request)
             self.tier.release(ref.run_id, ref.client_id)
         return b""
+
+
+    def Describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        with self._guard(context, "describe"):
+            try:
+                req = pb.DescribeRequest.FromString(request)
+            except Exception as e:  # noqa: BLE001 - DecodeError and friends
+                raise InvalidArgument(f"malformed DescribeRequest: {e}") from None
+            info = self.describe(req.model if req.HasField("model") else None)
+        return info.to_pb().SerializeToString()
+
+    def describe(self, model: pb.ModelSpec | None = None) -> TierInfo:
+        """This tier as ``Describe`` answers: asks the next tier for its instance, and sizes ``model``."""
+        model_error = ""
+        if model is not None:
+            try:
+                self._model(model)
+            except TierError as e:
+                model_error = f"{e.code}: {e}"
+        next_instance = next_error = ""
+        if self.next is not None:
+            try:
+                next_instance = self.next.describe(deadline_s=min(10.0, self.next.deadline_s)).instance
+            except TierError as e:
+                next_error = f"{e.code}: {e}"
+        holding = getattr(self.tier, "holding", None)
+        segments, runs, steps = holding() if holding is not None else (0, [], 0)
+        limits = current_limits()
+        return TierInfo(
+            protocol=PROTOCOL, version=splitfed.__version__, name=self.tier.name, instance=self.instance,
+            next_address=self.next.address if self.next is not None else "", next_instance=next_instance,
+            next_error=next_error, idle_release_s=getattr(self.tier, "idle_release_s", None),
+            max_clients=int(getattr(self.tier, "max_clients", 0)), max_model_bytes=limits.model_bytes,
+            max_sample_bytes=limits.sample_bytes, max_tensor_bytes=self.limits.max_tensor_bytes,
+            allowed_models=tuple(sorted(self.allowed)), model_error=model_error, segments=segments, runs=len(runs),
+            steps_served=steps, uptime_s=time.monotonic() - self.started, threads=torch.get_num_threads())
 
 
 def _client_ref(raw: bytes) -> pb.ClientRef:
@@ -338,7 +383,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
         next_link = client
     the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
                                                   idle_release_s=idle_release_s)
-    servicer = TierServicer(the_tier, limits, allowed_models)
+    servicer = TierServicer(the_tier, limits, allowed_models, next=client)
     interceptors = [TokenInterceptor(token, on_refuse=servicer.count_refusal)] if token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),
                          interceptors=interceptors, options=server_options(limits),

@@ -12,6 +12,7 @@ place on receive: ``pad`` puts ``data`` on a 16-byte boundary of the message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ import torch
 from google.protobuf.message import DecodeError, Message
 
 from splitfed.errors import ConfigError, InvalidArgument, ResourceExhausted
+from splitfed.models.zoo import ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport.pb import pb
 
@@ -95,6 +97,22 @@ def codec_of(m: pb.Codec) -> tc.Codec:
         return tc.Codec(kind, m.topk_fraction if kind == "topk" else 1.0)
     except ConfigError as e:
         raise InvalidArgument(str(e)) from None
+
+
+def model_pb(spec: ModelSpec) -> pb.ModelSpec:
+    return pb.ModelSpec(name=spec.name, input_shape=spec.input_shape, num_classes=spec.num_classes, vocab=spec.vocab,
+                        kwargs_json=json.dumps(spec.kwargs, sort_keys=True) if spec.kwargs else "")
+
+
+def model_of(m: pb.ModelSpec) -> ModelSpec:
+    """The spec a message names (INVALID_ARGUMENT if malformed); whether it may be built is the tier's call."""
+    try:
+        kwargs = json.loads(m.kwargs_json) if m.kwargs_json else {}
+        if not isinstance(kwargs, dict):
+            raise ValueError("kwargs must be a JSON object")
+        return ModelSpec(m.name, tuple(int(d) for d in m.input_shape), int(m.num_classes), int(m.vocab), kwargs)
+    except (ValueError, ConfigError) as e:
+        raise InvalidArgument(f"model: {e}") from None
 
 
 def padded(n: int) -> int:

@@ -1,0 +1,114 @@
+"""``splitfed ping ADDRESS...``: reach tier servers, print what each is, and check them as a chain.
+
+For each address: the tier's name, splitfed version and protocol, the tier it
+forwards to and whether it reached it, what it holds, its idle release, and the
+round-trip time of a bare call from here (the median of ``--count``; measured
+from a device, that is the ``rtt_ms`` of its fleet-file entry). Several
+addresses are checked in chain order (edge first) exactly as a run checks its
+``tier-addresses`` before round 1, and ``--model`` asks each tier whether it
+would build that model. Exit 0: every tier answered (and the chain holds),
+1: one did not or the chain is broken, 2: bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from splitfed.commands._args import positive_int, shape
+from splitfed.jsonio import dumps
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ping", help="reach tier servers, show what each is, check them as a chain",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("addresses", nargs="+", metavar="HOST:PORT", help="tier addresses, in chain order (edge first)")
+    p.add_argument("--tls-ca", default="", metavar="F", help="PEM CA that signed the tiers' certificates")
+    p.add_argument("--tls-cert", default="", metavar="F", help="PEM client certificate (mutual TLS)")
+    p.add_argument("--tls-key", default="", metavar="F", help="PEM key of --tls-cert")
+    p.add_argument("--token-file", default="", metavar="F", help="bearer token the tiers require")
+    p.add_argument("--model", default=None, help="also ask whether each tier would build this model")
+    p.add_argument("--input-shape", type=shape, default=None, help="the model's input shape without batch")
+    p.add_argument("--num-classes", type=positive_int, default=None)
+    p.add_argument("--round-timeout-s", type=float, default=None, metavar="S",
+                   help="also check each tier keeps idle segments longer than a round of S seconds")
+    p.add_argument("--count", type=positive_int, default=5, help="round trips timed per tier (default 5)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for each tier")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from splitfed.errors import ConfigError, TierError
+    from splitfed.flower.transport import connect
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.transport.describe import TierInfo, check_chain
+
+    for flag, v in (("--timeout", args.timeout), ("--round-timeout-s", args.round_timeout_s)):
+        if v is not None and not v > 0:
+            raise ConfigError(f"{flag} must be > 0, got {v}")
+    spec = resolve_spec(args.model, args.input_shape, args.num_classes) if args.model else None
+    rows: list[dict[str, object]] = []
+    infos: list[TierInfo] = []
+    for addr in args.addresses:
+        client = connect(addr, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                         token_file=args.token_file, deadline_s=args.timeout)
+        try:
+            info = client.describe(spec)
+            rtt = _rtt_ms(client, args.count, args.timeout)
+        except TierError as e:
+            rows.append({"address": addr, "error": f"{e.code}: {e}"})
+            continue
+        finally:
+            client.close()
+        infos.append(info)
+        rows.append({"address": addr, "rtt_ms": rtt, **info.to_dict()})
+    problems = ""
+    if len(infos) == len(args.addresses):
+        try:
+            check_chain(args.addresses, infos, model=spec.name if spec else "", round_timeout_s=args.round_timeout_s)
+        except ConfigError as e:
+            problems = str(e)
+    ok = len(infos) == len(args.addresses) and not problems
+    if args.json:
+        print(dumps({"ok": ok, "tiers": rows, "problems": problems}, indent=2))
+    else:
+        for row in rows:
+            print(_describe(row))
+        if problems:
+            print(problems, file=sys.stderr)
+        elif ok and len(rows) > 1:
+            print("chain: " + " -> ".join(str(r["name"]) for r in rows) + " ok")
+    return 0 if ok else 1
+
+
+def _rtt_ms(client, count: int, timeout: float) -> float:  # type: ignore[no-untyped-def]
+    """Median round trip of the health check, a bare unary call (the connection is up by now)."""
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        client.health(timeout)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _describe(row: dict[str, object]) -> str:
+    if "error" in row:
+        return f"{row['address']}: no answer: {row['error']}"
+    idle = row["idle_release_s"]
+    lines = [f"{row['name']} at {row['address']}: splitfed {row['version']} (protocol {row['protocol']}), "
+             f"round trip {row['rtt_ms']:.2f} ms"]
+    if row["next_address"]:
+        reached = (f"not reached: {row['next_error']}" if row["next_error"]
+                   else f"reached (instance {row['next_instance']})")
+        lines.append(f"  forwards to {row['next_address']}: {reached}")
+    else:
+        lines.append("  ends the chain (computes the loss)")
+    lines.append(f"  holds {row['segments']} segment(s) of {row['runs']} run(s); {row['steps_served']} step(s) "
+                 f"served; up {row['uptime_s']:.0f} s; {row['threads']} thread(s); releases idle segments after "
+                 + (f"{idle:g} s" if idle else "never"))
+    if row["model_error"]:
+        lines.append(f"  will not build the model: {row['model_error']}")
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""What a tier says about itself (the ``Describe`` RPC), and the checks of a chain before round 1.
+
+A chain is set up by hand across machines: ``splitfed tier --next`` on each
+tier, ``tier-addresses`` at the coordinator. When those disagree (the edge
+forwards to another cloud, a tier misses ``--next``, the addresses are in the
+wrong order), or a tier runs another splitfed version, or cannot build the
+run's model, every client used to fail in round 1 with a message about its own
+step. :func:`check_chain` finds each of these from the tiers' descriptions
+and names the tier, its address and the fix, before anything is loaded.
+Tiers are told apart by ``instance`` (random per process), not by address: the
+coordinator and the edge may reach the cloud under different names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import splitfed
+from splitfed.errors import ConfigError
+from splitfed.transport.pb import pb
+
+PROTOCOL = 1
+"""The wire protocol's version: raise it whenever tier.proto changes what an older peer would misread."""
+
+
+@dataclass(frozen=True)
+class TierInfo:
+    """A tier's answer to ``Describe`` (see ``TierInfo`` in tier.proto)."""
+
+    protocol: int
+    version: str
+    name: str
+    instance: str
+    next_address: str = ""
+    next_instance: str = ""
+    next_error: str = ""
+    idle_release_s: float | None = None  # None: never
+    max_clients: int = 0
+    max_model_bytes: int = 0
+    max_sample_bytes: int = 0
+    max_tensor_bytes: int = 0
+    allowed_models: tuple[str, ...] = ()
+    model_error: str = ""
+    segments: int = 0
+    runs: int = 0
+    steps_served: int = 0
+    uptime_s: float = 0.0
+    threads: int = 0
+
+    def to_pb(self) -> pb.TierInfo:
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        fields["idle_release_s"] = self.idle_release_s or 0.0
+        fields["allowed_models"] = list(self.allowed_models)
+        return pb.TierInfo(**fields)
+
+    @classmethod
+    def from_pb(cls, m: pb.TierInfo) -> TierInfo:
+        fields = {k: getattr(m, k) for k in cls.__dataclass_fields__}
+        idle = float(m.idle_release_s)
+        fields["idle_release_s"] = idle if math.isfinite(idle) and idle > 0 else None
+        fields["allowed_models"] = tuple(m.allowed_models)
+        return cls(**fields)
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: (list(v) if isinstance(v, tuple) else v)
+                for k, v in ((k, getattr(self, k)) for k in self.__dataclass_fields__)}
+
+
+def this_version() -> str:
+    return f"splitfed {splitfed.__version__} (protocol {PROTOCOL})"
+
+
+def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: str = "",
+                round_timeout_s: float | None = None) -> None:
+    """Refuse a chain its coordinator could not train through; every problem found, in one error.
+
+    ``addresses`` are the coordinator's (``tier-addresses``, chain order) and
+    ``infos`` what each tier answered. ``model`` names the model the tiers were
+    asked about (their ``model_error`` says why they would refuse it);
+    ``round_timeout_s`` is checked against each tier's idle release.
+    """
+    if len(addresses) != len(infos):
+        raise ValueError(f"{len(addresses)} addresses but {len(infos)} descriptions")
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for i, (addr, info) in enumerate(zip(addresses, infos, strict=True)):
+        at = f"tier {info.name} at {addr}"
+        if info.protocol != PROTOCOL:
+            problems.append(f"{at} runs splitfed {info.version or '?'} (protocol {info.protocol}), this "
+                            f"coordinator {this_version()}: run one splitfed version on every machine")
+        if info.instance in seen:
+            problems.append(f"{addr} and {seen[info.instance]} reach the same tier process ({info.name}): "
+                            "each position of tier-addresses needs its own tier")
+        seen.setdefault(info.instance, addr)
+        if model and info.model_error:
+            problems.append(f"{at} will not build model {model!r}: {info.model_error}")
+        if (round_timeout_s is not None and info.idle_release_s is not None
+                and info.idle_release_s < round_timeout_s):
+            problems.append(f"{at} releases segments idle for {info.idle_release_s:g} s, less than this run's "
+                            f"round-timeout-s {round_timeout_s:g}: a slow round could lose its segments; start the "
+                            f"tier with a larger --idle-release-s or lower round-timeout-s")
+        if i + 1 < len(infos):
+            nxt_addr, nxt = addresses[i + 1], infos[i + 1]
+            if not info.next_address:
+                problems.append(f"{at} ends the chain (no --next), but tier-addresses continue to {nxt_addr}: "
+                                f"start it with --next {nxt_addr}, or check the order of tier-addresses")
+            elif info.next_error:
+                problems.append(f"{at} cannot reach its next tier {info.next_address}: {info.next_error}")
+            elif info.next_instance != nxt.instance:
+                problems.append(f"{at} forwards to {info.next_address}, which is not the tier at {nxt_addr} "
+                                f"({nxt.name}): start it with --next {nxt_addr}, or list its next tier in "
+                                "tier-addresses")
+    if problems:
+        raise ConfigError("the tier chain " + " -> ".join(addresses) + " cannot run: " + "; ".join(problems))
+
