@@ -3,7 +3,9 @@
 A node holds one data partition (``partition-id`` / ``num-partitions`` from its
 node config; Flower's simulation sets them) and, optionally, a device profile
 and the address under which it reaches its edge tier (``device-profile``,
-``edge-address``; deployment sets them with ``--node-config``).
+``edge-address``; deployment sets them with ``--node-config``). A deployed
+node with data of its own names it with ``data-file`` (a ``.npz`` with
+``x_train`` and ``y_train``) and trains on all of it instead of a partition.
 
 - ``query``: answers the ServerApp's registration round with its partition,
   sample count and device profile.
@@ -38,7 +40,7 @@ from splitfed.flower.records import (
     state_to_record,
 )
 from splitfed.flower.transport import connect
-from splitfed.flower.workload import client_data, round_batches
+from splitfed.flower.workload import client_data, node_data, round_batches
 from splitfed.models.zoo import ModelSpec
 
 torch.set_num_threads(1)  # one CPU per virtual client
@@ -65,7 +67,7 @@ def query(msg: Message, context: Context) -> Message:
     samples = 0
     if "model" in ask:
         spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
-        x, _ = client_data(spec, str(ask["dataset"]), str(ask["partition"]), n, pid, int(ask["seed"]))
+        x, _ = _data(context, spec, str(ask["dataset"]), str(ask["partition"]), n, pid, int(ask["seed"]))
         samples = len(x)
     info = NodeInfo(pid, n, samples, str(context.node_config.get("device-profile", "")),
                     str(context.node_config.get("edge-address", "")))
@@ -80,7 +82,7 @@ def train(msg: Message, context: Context) -> Message:
     if ins.client_id != f"client{pid}":
         raise ConfigError(f"instruction for {ins.client_id} reached the node holding partition {pid}")
     weights = record_to_state(msg.content.array_records[ARRAYS])
-    x, y = client_data(ins.model, ins.dataset, ins.partition, n, pid, ins.seed)
+    x, y = _data(context, ins.model, ins.dataset, ins.partition, n, pid, ins.seed)
     data = round_batches(x, y, ins.batch_size, ins.seed, pid, ins.round, ins.local_epochs)
     cfg = RoundConfig(ins.run_id, ins.round, ins.model, ins.mode, ins.u_shape, ins.optim, ins.seed)
     edge = str(context.node_config.get("edge-address", "")) or ins.edge_address
@@ -99,6 +101,13 @@ def train(msg: Message, context: Context) -> Message:
     _remember(context, report)
     reply = RecordDict({ARRAYS: state_to_record(dev.state()), METRICS: report.to_record()})
     return Message(reply, reply_to=msg)
+
+
+def _data(context: Context, spec: ModelSpec, dataset: str, scheme: str, n: int, pid: int,
+          seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The node's own file if its node config names one (``data-file``), else its partition of the run's dataset."""
+    own = str(context.node_config.get("data-file", ""))
+    return node_data(spec, own) if own else client_data(spec, dataset, scheme, n, pid, seed)
 
 
 def _remember(context: Context, report: TrainReport) -> None:

@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tiers", type=int, choices=(2, 3), help="device + 1 or 2 server tiers (default 3)")
     p.add_argument("--cuts", help="static:K1,K2 (several: static:1,3/2,5 dealt out by client) | adaptive | "
                                   "greedy (default static:2,5)")
-    p.add_argument("--dataset", help="digits | synthetic | mnist:PATH | cifar10:PATH (default digits)")
+    p.add_argument("--dataset", help="digits | synthetic | mnist:PATH | cifar10:PATH | npz:FILE (default digits)")
     p.add_argument("--partition", help="iid | dirichlet:ALPHA (default iid)")
     p.add_argument("--seed", type=int)
     p.add_argument("--model", help="zoo model name (default cnn)")

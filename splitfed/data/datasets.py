@@ -31,7 +31,7 @@ _MNIST_MEAN, _MNIST_STD = 0.1307, 0.3081
 _CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 _CIFAR_STD = (0.2470, 0.2435, 0.2616)
 _NEVER = "splitfed never downloads: put the files there yourself"
-_FORMS = "'digits', 'synthetic', 'mnist:PATH' or 'cifar10:PATH'"
+_FORMS = "'digits', 'synthetic', 'mnist:PATH', 'cifar10:PATH' or 'npz:FILE'"
 
 
 # ---------------------------------------------------------------- digits
@@ -207,6 +207,73 @@ def cifar10(root: str | Path) -> Split:
     return _read_cifar_bin(train), _read_cifar_bin([test])
 
 
+# ---------------------------------------------------------------- your own data: one .npz file
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS) -> list[TensorDataset]:
+    """``(x, y)`` pairs from a NumPy ``.npz`` file (``x_train``, ``y_train``, ``x_test``, ``y_test``)
+    as ``spec`` takes them; loaded without pickle, every array checked, nothing normalised.
+
+    Inputs are floats (float32 for the model) shaped as the model's input, or flat when the model
+    takes them flat; for a token model (``vocab``), integers in ``0..vocab-1``. Labels are integers in
+    ``0..num_classes-1``, one per input. Every refusal names the file and the array.
+    """
+    path = Path(path)
+    where = f"dataset npz:{path}"
+    if not path.is_file():
+        raise ConfigError(f"{where}: no such file; {_NEVER}")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in keys if k not in f.files]
+            if missing:
+                raise ConfigError(f"{where}: missing array(s) {', '.join(missing)} (it has "
+                                  f"{', '.join(f.files) or 'none'}; want {', '.join(keys)})")
+            arrays = {k: f[k] for k in keys}
+    except ConfigError:
+        raise
+    except (OSError, ValueError, EOFError) as e:  # not an npz, a truncated one, or object arrays (pickle)
+        raise ConfigError(f"{where}: cannot read it as a NumPy .npz without pickle: {type(e).__name__}: {e}") \
+            from None
+    out = []
+    for xk, yk in zip(keys[::2], keys[1::2], strict=True):
+        x, y = arrays[xk], arrays[yk]
+        out.append(TensorDataset(_npz_inputs(x, spec, f"{where}: {xk}"), _npz_labels(y, len(x), spec, f"{where}: {yk}")))
+    return out
+
+
+def _npz_inputs(x: np.ndarray, spec: ModelSpec, where: str) -> torch.Tensor:
+    if x.ndim < 2 or len(x) == 0:
+        raise ConfigError(f"{where}: want one or more samples, shape (N, ...), got {x.shape}")
+    want, native = tuple(spec.input_shape), tuple(x.shape[1:])
+    if spec.vocab:
+        if x.dtype.kind not in "iu" or native != want:
+            raise ConfigError(f"{where}: model {spec.name!r} takes int tokens of shape {want}, got {x.dtype} "
+                              f"{native}")
+        if x.min() < 0 or x.max() >= spec.vocab:
+            raise ConfigError(f"{where}: tokens must lie in 0..{spec.vocab - 1}, found {x.min()}..{x.max()}")
+        return torch.from_numpy(x.astype(np.int64))
+    if x.dtype.kind not in "fiub":
+        raise ConfigError(f"{where}: inputs must be numbers, got dtype {x.dtype}")
+    if native != want and want != (math.prod(native),):
+        raise ConfigError(f"{where}: model {spec.name!r} takes samples of shape {want}, got {native}")
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32 becomes inf: refused just below
+        out = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).reshape(len(x), *want)
+    if not torch.isfinite(out).all():
+        raise ConfigError(f"{where}: holds NaN or infinite values (or values beyond float32)")
+    return out
+
+
+def _npz_labels(y: np.ndarray, n: int, spec: ModelSpec, where: str) -> torch.Tensor:
+    if y.dtype.kind not in "iu" or y.shape != (n,):
+        raise ConfigError(f"{where}: want {n} integer class labels, shape ({n},), got {y.dtype} {y.shape}")
+    if y.min() < 0 or y.max() >= spec.num_classes:
+        raise ConfigError(f"{where}: labels must lie in 0..{spec.num_classes - 1} (model {spec.name!r} has "
+                          f"{spec.num_classes} outputs), found {y.min()}..{y.max()}")
+    return torch.from_numpy(y.astype(np.int64))
+
+
 # ---------------------------------------------------------------- choosing for a model
 
 
@@ -238,7 +305,7 @@ def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048)
 
     ``digits`` becomes images, flat vectors or tokens by the model's input; ``synthetic``
     fits any spec (``n_synthetic`` train samples, a quarter as many test samples);
-    ``mnist:PATH`` and ``cifar10:PATH`` read local files.
+    ``mnist:PATH`` and ``cifar10:PATH`` read local files, ``npz:FILE`` your own arrays (:func:`read_npz`).
     """
     if not isinstance(dataset, str):
         raise ConfigError(f"dataset must be a string ({_FORMS}), got {type(dataset).__name__}")
@@ -266,4 +333,9 @@ def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048)
         flat = _must_flatten(native, spec, dataset)
         data = load(path.strip())
         return _flatten(data) if flat else data
+    if name == "npz":
+        if not path.strip():
+            raise ConfigError(f"dataset 'npz' needs a file: 'npz:FILE' with arrays {', '.join(NPZ_KEYS)}")
+        train, test = read_npz(path.strip(), spec)
+        return train, test
     raise ConfigError(f"unknown dataset {dataset!r}: use {_FORMS}")

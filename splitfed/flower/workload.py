@@ -4,7 +4,8 @@ The ClientApp, the ServerApp's evaluation and the tests' unsplit reference all
 call these functions, so "the same client batches" is true by construction:
 a client's data depends only on (model, dataset, partition scheme, number of
 partitions, partition id, seed) and its batch order on (seed, partition id,
-round, epoch), never on which process or node runs it.
+round, epoch), never on which process or node runs it. A deployed node may
+instead train on its own file (:func:`node_data`), batched the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 
 from splitfed.data import batches, for_model, partition
 from splitfed.data._seed import derive_seed
+from splitfed.data.datasets import read_npz
 from splitfed.engine import template
 from splitfed.engine.rounds import Batches, RoundFailed
 from splitfed.engine.types import State
@@ -54,6 +57,24 @@ def client_data(spec: ModelSpec, dataset: str, scheme: str, num_partitions: int,
     (x, y), _ = _split(_key(spec), dataset, seed)
     idx = torch.from_numpy(_parts(_key(spec), dataset, scheme, num_partitions, seed)[partition_id])
     return x[idx], y[idx]
+
+
+def node_data(spec: ModelSpec, data_file: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A node's own training samples: ``x_train`` and ``y_train`` of the ``.npz`` its node config names
+    (``data-file``), all of them, whatever its partition; re-read only when the file changes."""
+    path = Path(data_file)
+    try:
+        st = path.stat()
+    except OSError:
+        raise ConfigError(f"data-file {data_file}: no such file on this node") from None
+    return _node_data(_key(spec), str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=2)
+def _node_data(spec_json: str, path: str, _mtime_ns: int, _size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    (train,) = read_npz(path, ModelSpec.from_dict(json.loads(spec_json)), keys=("x_train", "y_train"))
+    x, y = train.tensors
+    return x, y
 
 
 def round_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, partition_id: int,

@@ -1,0 +1,171 @@
+"""Your own data: a run on ``npz:FILE``, and a deployed node training on its own ``data-file``.
+
+The laws: the same tensors train the same model whichever way they arrive (a
+file of digits trains exactly as ``digits``; nodes reading their partitions from
+their own files train exactly as partitions of the run's dataset), and every bad
+file is refused with the file and the array named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import clients.app
+from splitfed.data.datasets import for_model, read_npz
+from splitfed.errors import ConfigError
+from splitfed.flower import checkpoint
+from splitfed.flower.config import RunSettings
+from splitfed.flower.workload import client_data
+from splitfed.models.zoo import resolve_spec
+from tests.flower_fixtures import FakeGrid
+from tests.test_flower_apps import BASE, _run
+
+CNN = resolve_spec("cnn")  # digits-shaped: (1, 8, 8) images, 10 classes
+
+
+def save(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def digits_npz(path: Path, seed: int = 0) -> Path:
+    """The digits split ``for_model`` gives ``cnn`` for ``seed``, as a file."""
+    (xtr, ytr), (xte, yte) = (d.tensors for d in for_model(CNN, "digits", seed))
+    return save(path, x_train=xtr.numpy(), y_train=ytr.numpy(), x_test=xte.numpy(), y_test=yte.numpy())
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 6), flat=st.booleans(), dtype=st.sampled_from(["float32", "float64", "uint8", "int16"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_any_well_formed_file_loads_as_float32_inputs_and_int64_labels(tmp_path_factory, n, flat, dtype,
+                                                                       seed) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(n, 64)) * 50).astype(dtype)
+    y = rng.integers(0, 10, size=n).astype(rng.choice(["int64", "int32", "uint8"]))
+    given_x = x if flat else x.reshape(n, 1, 8, 8)
+    path = save(tmp_path_factory.mktemp("npz") / "d.npz", x_train=given_x, y_train=y, x_test=given_x[:1],
+                y_test=y[:1])
+    if flat:  # flat samples are never guessed into images (which axis is the channel?)
+        with pytest.raises(ConfigError, match=r"x_train: model 'cnn' takes samples of shape \(1, 8, 8\), got \(64,\)"):
+            read_npz(path, CNN)
+    for spec in ([] if flat else [CNN]) + [resolve_spec("mlp", input_shape=(64,), num_classes=10)]:
+        train, test = read_npz(path, spec)
+        xt, yt = train.tensors
+        assert xt.dtype == torch.float32 and xt.shape == (n, *spec.input_shape)
+        assert torch.equal(xt.flatten(1), torch.from_numpy(x.astype(np.float32)))  # values as given, not normalised
+        assert yt.dtype == torch.int64 and yt.tolist() == y.astype(np.int64).tolist()
+        assert len(test) == 1
+
+
+def test_a_digits_file_trains_exactly_as_digits(monkeypatch, tmp_path) -> None:
+    """``npz:FILE`` holding the very tensors of ``digits``: the same partitions, batches and model."""
+    path = digits_npz(tmp_path / "digits.npz")
+    s = BASE.with_(model="cnn", rounds=1)
+    _run(monkeypatch, s.with_(out=str(tmp_path / "a")))
+    _run(monkeypatch, s.with_(out=str(tmp_path / "b"), dataset=f"npz:{path}"))
+    a, b = checkpoint.load(tmp_path / "a").state, checkpoint.load(tmp_path / "b").state
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nodes_with_their_own_files_train_exactly_as_partitions(monkeypatch, tmp_path) -> None:
+    """Each node's ``data-file`` holds what its partition would be: the run ends bit-identical to the
+    run without files, so a node's file is trained on, batched and averaged by its own size."""
+    s = BASE.with_(model="cnn", rounds=2, partition="dirichlet:0.5")
+    grid = FakeGrid(clients.app.app, s.clients)
+    for i, ctx in enumerate(grid.contexts.values()):
+        x, y = client_data(CNN, s.dataset, s.partition, s.clients, i, s.seed)
+        ctx.node_config["data-file"] = str(save(tmp_path / f"node{i}.npz", x_train=x.numpy(), y_train=y.numpy()))
+    _run(monkeypatch, s.with_(out=str(tmp_path / "files"), dataset="digits", partition="iid"), grid=grid)
+    _run(monkeypatch, s.with_(out=str(tmp_path / "parts")))
+    a, b = checkpoint.load(tmp_path / "files").state, checkpoint.load(tmp_path / "parts").state
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_node_whose_file_is_bad_is_left_out_with_its_reason(monkeypatch, tmp_path, caplog) -> None:
+    s = BASE.with_(model="cnn", rounds=1, min_clients=3)
+    grid = FakeGrid(clients.app.app, s.clients)
+    bad = save(tmp_path / "bad.npz", x_train=np.zeros((3, 1, 8, 8), np.float32), y_train=np.array([0, 1, 99]))
+    next(iter(grid.contexts.values())).node_config["data-file"] = str(bad)
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        summary, _ = _run(monkeypatch, s.with_(out=str(tmp_path / "run")), grid=grid)
+    assert summary["rounds"] == 1
+    assert "did not answer the query round" in caplog.text and "labels must lie in 0..9" in caplog.text
+
+
+@pytest.mark.parametrize(("arrays", "words"), [
+    (None, r"missing array\(s\) x_train, y_train, x_test, y_test \(it has other"),
+    ({"x_test": None, "y_test": None},  # None: left out
+     r"missing array\(s\) x_test, y_test \(it has x_train, y_train"),
+    ({"x_train": np.zeros((2, 3, 8, 8))}, r"x_train: model 'cnn' takes samples of shape \(1, 8, 8\), got \(3, 8, 8\)"),
+    ({"x_train": np.zeros((0, 1, 8, 8))}, r"x_train: want one or more samples"),
+    ({"x_train": np.full((2, 1, 8, 8), np.nan)}, "x_train: holds NaN or infinite values"),
+    ({"x_train": np.full((2, 1, 8, 8), 1e300)}, "x_train: holds NaN or infinite values"),
+    ({"x_train": np.array([["a"] * 64] * 2).reshape(2, 1, 8, 8)}, "x_train: inputs must be numbers"),
+    ({"y_train": np.zeros(2)}, r"y_train: want 2 integer class labels, shape \(2,\), got float64"),
+    ({"y_train": np.zeros(3, np.int64)}, r"y_train: want 2 integer class labels"),
+    ({"y_test": np.array([-1])}, r"y_test: labels must lie in 0..9 \(model 'cnn' has 10 outputs\), found -1..-1"),
+])
+def test_a_bad_file_is_refused_naming_file_and_array(tmp_path, arrays, words) -> None:  # type: ignore[no-untyped-def]
+    good = {"x_train": np.zeros((2, 1, 8, 8), np.float32), "y_train": np.array([0, 1]),
+            "x_test": np.zeros((1, 1, 8, 8), np.float32), "y_test": np.array([3])}
+    given = {"other": np.zeros(1)} if arrays is None else {**good, **arrays}
+    path = save(tmp_path / "d.npz", **{k: v for k, v in given.items() if v is not None})
+    with pytest.raises(ConfigError, match=f"dataset npz:{path}: {words}"):
+        read_npz(path, CNN)
+
+
+def test_files_that_are_not_npz_or_need_pickle_are_refused(tmp_path) -> None:
+    text = tmp_path / "t.npz"
+    text.write_text("not a zip")
+    with pytest.raises(ConfigError, match="cannot read it as a NumPy .npz without pickle"):
+        read_npz(text, CNN)
+    pickled = save(tmp_path / "p.npz", x_train=np.array([object()] * 2), y_train=np.array([0, 1]),
+                   x_test=np.zeros((1, 64)), y_test=np.array([0]))
+    with pytest.raises(ConfigError, match="without pickle"):
+        read_npz(pickled, CNN)
+    with pytest.raises(ConfigError, match="no such file; splitfed never downloads"):
+        read_npz(tmp_path / "missing.npz", CNN)
+    with pytest.raises(ConfigError, match="'npz:FILE' with arrays x_train, y_train, x_test, y_test"):
+        for_model(CNN, "npz:", 0)
+
+
+def test_token_models_take_integer_tokens_within_their_vocab(tmp_path) -> None:
+    spec = resolve_spec("transformer")
+    shape, vocab = spec.input_shape, spec.vocab
+    tokens = np.arange(2 * int(np.prod(shape))).reshape(2, *shape) % vocab
+    ok = save(tmp_path / "ok.npz", x_train=tokens, y_train=np.array([0, 1]), x_test=tokens[:1], y_test=np.array([1]))
+    (x, _), _ = (d.tensors for d in read_npz(ok, spec))
+    assert x.dtype == torch.int64 and torch.equal(x, torch.from_numpy(tokens))
+    bad = save(tmp_path / "bad.npz", x_train=tokens + vocab, y_train=np.array([0, 1]), x_test=tokens[:1],
+               y_test=np.array([1]))
+    with pytest.raises(ConfigError, match=f"x_train: tokens must lie in 0..{vocab - 1}"):
+        read_npz(bad, spec)
+
+
+def test_a_node_file_is_read_again_only_when_it_changes(tmp_path) -> None:
+    from splitfed.flower.workload import node_data
+
+    path = save(tmp_path / "n.npz", x_train=np.zeros((2, 1, 8, 8), np.float32), y_train=np.array([0, 1]))
+    first = node_data(CNN, str(path))
+    assert node_data(CNN, str(path))[0] is first[0]  # cached
+    save(path, x_train=np.ones((3, 1, 8, 8), np.float32), y_train=np.array([0, 1, 2]))
+    assert len(node_data(CNN, str(path))[0]) == 3
+    with pytest.raises(ConfigError, match="data-file .*missing.npz: no such file on this node"):
+        node_data(CNN, str(tmp_path / "missing.npz"))
+
+
+def test_simulate_accepts_an_npz_dataset_from_the_command_line(tmp_path) -> None:
+    from splitfed.sim.runner import validate
+
+    path = digits_npz(tmp_path / "d.npz")
+    validate(RunSettings(model="cnn", dataset=f"npz:{path}", clients=2))
+    with pytest.raises(ConfigError, match="no such file"):
+        validate(RunSettings(model="cnn", dataset=f"npz:{tmp_path / 'nope.npz'}", clients=2))
