@@ -10,7 +10,8 @@ node with data of its own names it with ``data-file`` (a ``.npz`` with
 - ``query``: answers the ServerApp's registration round with its partition,
   sample count and device profile.
 - ``train``: trains its device segment for one round through a gRPC link to the
-  edge tier, and returns the segment's weights with what the round cost
+  edge tier (a node with an ``edge-address`` of its own first checks, once, that
+  it reaches the run's edge and not another tier), and returns the segment's weights with what the round cost
   (compute time, link time, bytes each way, samples).
 
 Everything a node remembers between messages lives in ``context.state``: one
@@ -21,6 +22,7 @@ only process-wide thing is a cache of the (read-only) dataset tensors.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -42,6 +44,9 @@ from splitfed.flower.records import (
 from splitfed.flower.transport import connect
 from splitfed.flower.workload import client_data, node_data, round_batches
 from splitfed.models.zoo import ModelSpec
+
+if TYPE_CHECKING:
+    from splitfed.transport.client import GrpcTierClient
 
 torch.set_num_threads(1)  # one CPU per virtual client
 
@@ -93,6 +98,8 @@ def train(msg: Message, context: Context) -> Message:
                    token_file=str(node_cfg.get("token-file", "")) or ins.token_file,
                    compress=ins.compress, deadline_s=ins.deadline_s)
     try:
+        if edge != ins.edge_address:
+            _check_edge(context, link, ins)
         dev, res = train_client(cfg, Chain([], link), ins.client_id, ins.cuts, weights, data)
     finally:
         link.close()
@@ -101,6 +108,25 @@ def train(msg: Message, context: Context) -> Message:
     _remember(context, report)
     reply = RecordDict({ARRAYS: state_to_record(dev.state()), METRICS: report.to_record()})
     return Message(reply, reply_to=msg)
+
+
+EDGE_CHECKED = "splitfed-edge"  # ConfigRecord in context.state: the edge this node's own address was found to reach
+
+
+def _check_edge(context: Context, link: GrpcTierClient, ins: TrainInstruction) -> None:
+    """A node's own ``edge-address`` must reach the run's edge tier (the process the ServerApp checked), not
+    another tier: there, every step would be refused with NOT_FOUND for a segment loaded elsewhere."""
+    if not ins.edge_instance:
+        return
+    checked = context.state.config_records.get(EDGE_CHECKED, ConfigRecord())
+    if checked.get("address") == link.address and checked.get("instance") == ins.edge_instance:
+        return
+    info = link.describe(deadline_s=min(10.0, ins.deadline_s))
+    if info.instance != ins.edge_instance:
+        raise ConfigError(f"{ins.client_id}: this node's edge-address {link.address} reaches tier {info.name!r} "
+                          f"(instance {info.instance}), not this run's edge at {ins.edge_address} (instance "
+                          f"{ins.edge_instance}): fix edge-address in the node's --node-config")
+    context.state[EDGE_CHECKED] = ConfigRecord({"address": link.address, "instance": info.instance})
 
 
 def _data(context: Context, spec: ModelSpec, dataset: str, scheme: str, n: int, pid: int,

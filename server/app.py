@@ -101,8 +101,8 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
 
     with tier_chain(settings) as chain:
         clock = make_clock(settings, fleet) if settings.sim_clock else None
-        strategy = SplitFedAvg(settings, chain.controls, policy, clock=clock,
-                               edge_address=chain.addresses[0], stop=stop)
+        strategy = SplitFedAvg(settings, chain.controls, policy, clock=clock, edge_address=chain.addresses[0],
+                               edge_instance=chain.infos[0].instance if chain.infos else "", stop=stop)
         strategy.register(grid, profile_of=lambda info: fleet.clients[info.partition_id % len(fleet.clients)].name)
         if ckpt is not None:
             strategy.previous = dict(ckpt.assignment)

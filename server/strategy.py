@@ -104,7 +104,7 @@ class SplitFedAvg(FedAvg):
     """FedAvg over split models (see the module docstring)."""
 
     def __init__(self, settings: RunSettings, tiers: Sequence[TierControl], policy: AssignmentPolicy, *,
-                 clock: Clock | None = None, edge_address: str = "",
+                 clock: Clock | None = None, edge_address: str = "", edge_instance: str = "",
                  stop: threading.Event | None = None) -> None:
         super().__init__(fraction_train=settings.fraction, fraction_evaluate=0.0,
                          min_train_nodes=settings.min_clients, min_evaluate_nodes=0,
@@ -116,6 +116,7 @@ class SplitFedAvg(FedAvg):
         self.clock = clock
         self.stop = stop
         self.edge_address = edge_address or (settings.addresses[0] if settings.addresses else "")
+        self.edge_instance = edge_instance  # from the chain check: who a node's own edge-address must reach
         self.clients: dict[int, ClientInfo] = {}  # node id -> client
         self.history: list[RoundRecord] = []
         self.previous: dict[str, Cuts] = {}  # each client's cuts when it last trained (the clock's moves)
@@ -323,7 +324,7 @@ class SplitFedAvg(FedAvg):
             u_shape=s.u_shape, model=self.spec, optim=s.optim, seed=s.seed, dataset=s.dataset,
             partition=s.partition, batch_size=s.batch_size, local_epochs=s.local_epochs,
             edge_address=self.edge_address, tls_ca=s.tls_ca, tls_cert=s.tls_cert, tls_key=s.tls_key,
-            token_file=s.token_file, compress=s.compress,
+            token_file=s.token_file, compress=s.compress, edge_instance=self.edge_instance,
         ).to_record()
         for k, v in extra.items():
             rec.setdefault(k, v)

@@ -234,3 +234,33 @@ def test_ping_checks_a_chain_of_tier_processes_over_mutual_tls_with_a_token(cert
 
         denied = ping(edge.address, *creds, "--token-file", str(wrong), "--count", "1")
         assert denied.returncode == 1 and "no answer: " in denied.stdout and "UNAUTHENTICATED" in denied.stdout
+
+
+def test_a_node_whose_own_edge_address_reaches_another_tier_is_dropped_and_told(tmp_path) -> None:
+    """Deployed nodes may name their edge themselves (node config ``edge-address``). One that reaches
+    another tier fails with that said, not with NOT_FOUND on every step; one that reaches the run's edge
+    under another name trains (and remembers the check in its state)."""
+    import clients.app
+    import server.app
+    from tests.flower_fixtures import FakeGrid
+
+    with serve_tier("cloud", insecure=True) as cloud, \
+            serve_tier("edge", next_address=cloud.address, insecure=True) as edge, \
+            serve_tier("edge2", next_address=cloud.address, insecure=True) as other:
+        s = RunSettings(model="cnn", rounds=2, clients=3, min_clients=2, tiers=3, cuts="static:1,3",
+                        tier_addresses=f"{edge.address},{cloud.address}", out=str(tmp_path), node_wait_s=5,
+                        round_timeout_s=30)
+        grid = FakeGrid(clients.app.app, 3)
+        ctx = list(grid.contexts.values())
+        ctx[0].node_config["edge-address"] = other.address
+        ctx[1].node_config["edge-address"] = edge.address.replace("127.0.0.1", "localhost")
+        server.app.run(grid, s)
+        assert other.tier.steps_served == 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert row["failed"] == ["client0"] and sorted(row["per_client"]) == ["client1", "client2"]
+        why = row["why_failed"]["client0"]
+        assert f"edge-address {other.address} reaches tier 'edge2'" in why
+        assert f"not this run's edge at {edge.address}" in why and "fix edge-address" in why
+    checked = ctx[1].state.config_records[clients.app.EDGE_CHECKED]
+    assert checked["address"] == edge.address.replace("127.0.0.1", "localhost")

@@ -73,6 +73,7 @@ class TrainInstruction:
     token_file: str = ""  # path of the tier token on the node
     compress: str = "none"
     deadline_s: float = 60.0
+    edge_instance: str = ""  # the run's edge tier process (Describe): a node reaching another one is told
 
     def to_record(self) -> ConfigRecord:
         d: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from splitfed.flower.transport import connect
 
 if TYPE_CHECKING:
     from splitfed.transport.client import GrpcTierClient
+    from splitfed.transport.describe import TierInfo
 
 
 DESCRIBE_S = 30.0  # the most a tier may take to describe itself (it may build the run's model to size it)
@@ -36,6 +37,7 @@ class TierChain:
     addresses: list[str]  # chain order, edge first
     controls: list[TierControl] = field(default_factory=list)  # one control client per tier
     pids: list[int] = field(default_factory=list)  # processes started here (empty: external tiers)
+    infos: list[TierInfo] = field(default_factory=list)  # what each tier said of itself (the chain check)
 
 
 @contextmanager
@@ -76,12 +78,12 @@ def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
                         token_file=settings.token_file, deadline_s=settings.round_timeout_s)
             stack.callback(c.close)
             clients.append(c)
-        check_tiers(settings, chain.addresses, clients)
+        chain.infos.extend(check_tiers(settings, chain.addresses, clients))
         chain.controls.extend(clients)
         yield chain
 
 
-def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient]) -> None:
+def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient]) -> list[TierInfo]:
     """Ask every tier what it is, and refuse a chain this run could not train through (one error, all reasons)."""
     from splitfed.models.zoo import resolve_spec
     from splitfed.transport.describe import check_chain
@@ -89,3 +91,4 @@ def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcT
     spec = resolve_spec(settings.model)
     infos = [c.describe(spec, deadline_s=DESCRIBE_S) for c in clients]
     check_chain(addresses, infos, model=spec.name, round_timeout_s=settings.round_timeout_s)
+    return infos
