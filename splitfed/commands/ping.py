@@ -2,8 +2,10 @@
 
 For each address: the tier's name, splitfed version and protocol, the tier it
 forwards to and whether it reached it, what it holds, its idle release, and the
-round-trip time of a bare call from here (the median of ``--count``; measured
-from a device, that is the ``rtt_ms`` of its fleet-file entry). Several
+round-trip time of a bare call from here (the median of ``--count``) and, with
+``--bandwidth``, the link's speed each way: measured from a device, the
+``rtt_ms``, ``up_mbps`` and ``down_mbps`` of its fleet-file entry, which
+``--fleet-entry NAME`` prints whole. Several
 addresses are checked in chain order (edge first) exactly as a run checks its
 ``tier-addresses`` before round 1, and ``--model`` asks each tier whether it
 would build that model. Exit 0: every tier answered (and the chain holds),
@@ -13,9 +15,8 @@ would build that model. Exit 0: every tier answered (and the chain holds),
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
+from typing import Any
 
 from splitfed.commands._args import positive_int, shape
 from splitfed.jsonio import dumps
@@ -35,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--round-timeout-s", type=float, default=None, metavar="S",
                    help="also check each tier keeps idle segments longer than a round of S seconds")
     p.add_argument("--count", type=positive_int, default=5, help="round trips timed per tier (default 5)")
+    p.add_argument("--bandwidth", action="store_true",
+                   help="also measure each link's bandwidth up and down (Probe calls of up to 4 MiB)")
+    p.add_argument("--fleet-entry", metavar="NAME",
+                   help="with one address (the edge), print this host as a fleet file's [[device]] entry: its "
+                        "training rate on --model (default cnn, profiled here), memory, and the measured link")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for each tier")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -45,26 +51,30 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.flower.transport import connect
     from splitfed.models.zoo import resolve_spec
     from splitfed.transport.describe import TierInfo, check_chain
+    from splitfed.transport.probe import measure_link
 
     for flag, v in (("--timeout", args.timeout), ("--round-timeout-s", args.round_timeout_s)):
         if v is not None and not v > 0:
             raise ConfigError(f"{flag} must be > 0, got {v}")
+    if args.fleet_entry is not None and len(args.addresses) != 1:
+        raise ConfigError("--fleet-entry measures this host's link to its edge: give exactly one address")
     spec = resolve_spec(args.model, args.input_shape, args.num_classes) if args.model else None
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     infos: list[TierInfo] = []
     for addr in args.addresses:
         client = connect(addr, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
                          token_file=args.token_file, deadline_s=args.timeout)
         try:
             info = client.describe(spec)
-            rtt = _rtt_ms(client, args.count, args.timeout)
+            link = measure_link(client, args.count, args.timeout, bandwidth=args.bandwidth or bool(args.fleet_entry))
         except TierError as e:
             rows.append({"address": addr, "error": f"{e.code}: {e}"})
             continue
         finally:
             client.close()
         infos.append(info)
-        rows.append({"address": addr, "rtt_ms": rtt, **info.to_dict()})
+        rows.append({"address": addr, "rtt_ms": link.rtt_ms, "up_mbps": link.up_mbps, "down_mbps": link.down_mbps,
+                     **info.to_dict()})
     problems = ""
     if len(infos) == len(args.addresses):
         try:
@@ -72,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as e:
             problems = str(e)
     ok = len(infos) == len(args.addresses) and not problems
+    if ok and args.fleet_entry is not None:
+        print(_fleet_entry(args.fleet_entry, rows[0], args), end="")
+        return 0
     if args.json:
         print(dumps({"ok": ok, "tiers": rows, "problems": problems}, indent=2))
     else:
@@ -84,22 +97,34 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _rtt_ms(client, count: int, timeout: float) -> float:  # type: ignore[no-untyped-def]
-    """Median round trip of the health check, a bare unary call (the connection is up by now)."""
-    times = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        client.health(timeout)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> str:
+    """This host as a ``[[device]]``: its training rate on the model, its memory, its link to ``row``."""
+    import psutil
+
+    from splitfed.commands.profile import cache_dir
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.profile.devices import MIB, DeviceProfile
+    from splitfed.profile.fleet import device_entry
+    from splitfed.profile.profiler import profile_model
+
+    spec = resolve_spec(args.model or "cnn", args.input_shape, args.num_classes)
+    flops = profile_model(spec, 32, cache_dir=cache_dir()).host_flops()
+    memory_mb = psutil.virtual_memory().total / MIB
+    device = DeviceProfile(flops, memory_mb, row["up_mbps"], row["down_mbps"], row["rtt_ms"])
+    to = f"to {row['name']} at {row['address']}"
+    return device_entry(name, device, {
+        "flops": f"trains {spec.name} at this rate here (splitfed profile)", "memory_mb": "this host's memory",
+        "up_mbps": f"measured {to}", "down_mbps": f"measured {to}", "rtt_ms": f"measured {to}"})
 
 
-def _describe(row: dict[str, object]) -> str:
+def _describe(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['address']}: no answer: {row['error']}"
     idle = row["idle_release_s"]
+    speed = (f", up {row['up_mbps']:.4g} Mbit/s, down {row['down_mbps']:.4g} Mbit/s"
+             if row.get("up_mbps") is not None else "")
     lines = [f"{row['name']} at {row['address']}: splitfed {row['version']} (protocol {row['protocol']}), "
-             f"round trip {row['rtt_ms']:.2f} ms"]
+             f"round trip {row['rtt_ms']:.2f} ms{speed}"]
     if row["next_address"]:
         reached = (f"not reached: {row['next_error']}" if row["next_error"]
                    else f"reached (instance {row['next_instance']})")

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from splitfed.errors import ConfigError
-from splitfed.profile.devices import MIB, PROFILES, LinkProfile, TierProfile, mbps
+from splitfed.profile.devices import MIB, PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
 
 _LINK = ("up_mbps", "down_mbps", "rtt_ms")
 _TOP_KEYS = {"name", "description", "samples", "edge", "cloud", "device"}
@@ -155,6 +155,30 @@ class Fleet:
             counter[k] += 1
         return replace(self, clients=tuple(out), name=f"{self.name}[{n}]",
                        kinds={k: v for k, v in counter.items() if v})
+
+
+# ---------------------------------------------------------------- writing
+
+
+def device_entry(name: str, device: DeviceProfile, notes: Mapping[str, str] | None = None) -> str:
+    """One ``[[device]]`` entry of a fleet file (what :func:`parse_fleet` reads back), each number
+    followed by its ``notes`` (where it came from) as a comment."""
+    notes = notes or {}
+    values = {"flops": device.flops, "memory_mb": device.memory_mb, "up_mbps": device.up_mbps,
+              "down_mbps": device.down_mbps, "rtt_ms": device.rtt_ms}
+    lines = ["[[device]]", f"name = {_toml_str(name)}"]
+    for key, v in values.items():
+        if v is None:
+            continue
+        text = f"{key} = {float(v):.6g}"
+        lines.append(f"{text:<28}# {notes[key]}" if key in notes else text)
+    entry = "\n".join(lines) + "\n"
+    parse_fleet("[edge]\nflops = 1e12\nmemory_mb = 1024\n" + entry, source=f"device entry {name!r}")  # reads back
+    return entry
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 # ---------------------------------------------------------------- parsing

@@ -113,6 +113,7 @@ class GrpcTierClient:
         self._fetch = channel.unary_stream(method("Fetch"))
         self._release = channel.unary_unary(method("Release"))
         self._describe = channel.unary_unary(method("Describe"))
+        self._probe = channel.unary_unary(method("Probe"))
         self._health = health_pb2_grpc.HealthStub(channel)
         self._lock = threading.Lock()
         self.bytes_up = 0
@@ -277,6 +278,17 @@ class GrpcTierClient:
             return TierInfo.from_pb(pb.TierInfo.FromString(reply))
         except Exception as e:  # noqa: BLE001 - DecodeError and friends
             raise TierError(f"tier {self.address}: describe: malformed reply: {e}") from None
+
+    def probe(self, up_bytes: int, down_bytes: int) -> float:
+        """Seconds for one call that sends ``up_bytes`` and receives ``down_bytes`` (no retry: a timing)."""
+        raw = pb.ProbeRequest(payload=bytes(up_bytes), reply_bytes=down_bytes).SerializeToString()
+        t0 = time.perf_counter()
+        try:
+            self._probe(raw, timeout=self._budget(), metadata=self._metadata)
+        except grpc.RpcError as e:
+            code, details = _status(e)
+            raise self._error(code, details, "probe", 0, self._budget()) from None
+        return time.perf_counter() - t0
 
     # ------------------------------------------------------------ other
 

@@ -90,6 +90,7 @@ class TierServicer:
             "Fetch": grpc.unary_stream_rpc_method_handler(self.Fetch),
             "Release": grpc.unary_unary_rpc_method_handler(self.Release),
             "Describe": grpc.unary_unary_rpc_method_handler(self.Describe),
+            "Probe": grpc.unary_unary_rpc_method_handler(self.Probe),
         })
 
     # ------------------------------------------------------------ errors
@@ -249,6 +250,18 @@ class TierServicer:
                 raise InvalidArgument(f"malformed DescribeRequest: {e}") from None
             info = self.describe(req.model if req.HasField("model") else None)
         return info.to_pb().SerializeToString()
+
+    def Probe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        with self._guard(context, "probe"):
+            try:
+                req = pb.ProbeRequest.FromString(request)
+            except Exception as e:  # noqa: BLE001 - DecodeError and friends
+                raise InvalidArgument(f"malformed ProbeRequest: {e}") from None
+            if not 0 <= req.reply_bytes <= self.limits.unary_bytes:
+                raise ResourceExhausted(f"reply_bytes must lie in 0..{self.limits.unary_bytes}, "
+                                        f"got {req.reply_bytes}")
+            reply = pb.ProbeReply(payload=bytes(req.reply_bytes)).SerializeToString()
+        return reply
 
     def describe(self, model: pb.ModelSpec | None = None) -> TierInfo:
         """This tier as ``Describe`` answers: asks the next tier for its instance, and sizes ``model``."""

@@ -1,0 +1,130 @@
+"""Measuring a device's link to its edge (``Probe``), and writing it down as a fleet-file entry that
+the fleet parser reads back."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitfed.errors import ConfigError
+from splitfed.profile.devices import MIB, DeviceProfile, mbps
+from splitfed.profile.fleet import device_entry, parse_fleet
+from splitfed.transport.client import GrpcTierClient
+from splitfed.transport.errors import Unauthenticated
+from splitfed.transport.pb import method, pb
+from splitfed.transport.probe import bandwidth_mbps, measure_link
+from splitfed.transport.process import TierProcess
+from splitfed.transport.server import serve_tier
+
+EDGE = "[edge]\nflops = 1e12\nmemory_mb = 1024\n"
+
+positive = st.floats(1e-3, 1e15, allow_nan=False, allow_infinity=False)
+names = st.text(st.characters(blacklist_categories=("Z", "C")), min_size=1, max_size=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(name=names, flops=positive, memory=positive, up=positive, down=positive,
+       rtt=st.floats(0, 1e4, allow_nan=False))
+def test_an_entry_reads_back_as_the_device_it_describes(name, flops, memory, up, down, rtt) -> None:  # type: ignore[no-untyped-def]
+    text = device_entry(name, DeviceProfile(flops, memory, up, down, rtt), {"flops": "measured # here"})
+    (client,) = parse_fleet(EDGE + text).clients
+    assert client.name == name
+
+    def close(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-12)
+
+    assert close(client.device.flops, flops) and close(client.device.memory, memory * MIB)
+    assert close(client.link.up, mbps(up)) and close(client.link.down, mbps(down))
+    assert close(client.link.rtt, rtt / 1e3)
+
+
+@pytest.mark.parametrize(("name", "device", "words"), [
+    ("two words", DeviceProfile(1e9, 512, 10, 10, 5), "'name' must be a non-empty string without spaces"),
+    ("pi", DeviceProfile(-1.0, 512, 10, 10, 5), "'flops' must be a finite number > 0"),
+    ("pi", DeviceProfile(1e9, 512, float("inf"), 10, 5), "'up_mbps' must be a finite number > 0"),
+    ("pi", DeviceProfile(1e9, 512, None, 10, 5), "missing 'up_mbps'"),
+])
+def test_an_entry_that_would_not_read_back_is_refused(name, device, words) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=f"device entry {name!r}: .*{words}"):
+        device_entry(name, device)
+
+
+class SteadyLink:
+    """A stand-in network of known speed (none can be made here): each call takes rtt + bytes / rate."""
+
+    def __init__(self, up_mbps: float, down_mbps: float, rtt_s: float = 0.01) -> None:
+        from splitfed.transport.wire import Limits
+
+        self.limits = Limits()
+        self.rates = (mbps(up_mbps), mbps(down_mbps))
+        self.rtt = rtt_s
+        self.calls: list[tuple[int, int]] = []
+
+    def probe(self, up_bytes: int, down_bytes: int) -> float:
+        self.calls.append((up_bytes, down_bytes))
+        return self.rtt + up_bytes / self.rates[0] + down_bytes / self.rates[1]
+
+
+@pytest.mark.parametrize(("up", "down"), [(2.0, 8.0), (100.0, 300.0), (5000.0, 20000.0)])
+def test_bandwidth_is_the_payload_over_the_time_beyond_an_empty_call(up, down) -> None:  # type: ignore[no-untyped-def]
+    link = SteadyLink(up, down)
+    assert bandwidth_mbps(link, up=True) == pytest.approx(up, rel=1e-9)  # type: ignore[arg-type]
+    assert bandwidth_mbps(link, up=False) == pytest.approx(down, rel=1e-9)  # type: ignore[arg-type]
+    sizes = {max(c) for c in link.calls}
+    assert max(sizes) <= link.limits.unary_bytes  # never more than one message
+    if up < 100:  # a slow link is measured with a small payload, not the largest
+        assert max(c[0] for c in link.calls) < 1 << 20
+
+
+def test_a_tier_answers_a_probe_with_exactly_the_bytes_asked_and_no_more_than_a_message() -> None:
+    with serve_tier("edge", insecure=True) as srv, grpc.insecure_channel(srv.address) as ch:
+        call = ch.unary_unary(method("Probe"))
+        reply = pb.ProbeReply.FromString(call(pb.ProbeRequest(payload=b"x" * 1000, reply_bytes=12345)
+                                              .SerializeToString(), timeout=5))
+        assert len(reply.payload) == 12345
+        for bad, code in ((pb.ProbeRequest(reply_bytes=(4 << 20) + 1).SerializeToString(),
+                           grpc.StatusCode.RESOURCE_EXHAUSTED),
+                          (pb.ProbeRequest(reply_bytes=-1).SerializeToString(), grpc.StatusCode.RESOURCE_EXHAUSTED),
+                          (b"\xff\xff", grpc.StatusCode.INVALID_ARGUMENT)):
+            with pytest.raises(grpc.RpcError) as err:
+                call(bad, timeout=5)
+            assert err.value.code() == code
+        with GrpcTierClient(srv.address) as c:
+            m = measure_link(c, count=2, bandwidth=True)
+        assert m.rtt_ms > 0 and m.up_mbps > 0 and m.down_mbps > 0  # type: ignore[operator]
+        assert math.isfinite(m.up_mbps) and math.isfinite(m.down_mbps)  # type: ignore[arg-type]
+
+
+def test_a_probe_needs_the_token() -> None:
+    with serve_tier("edge", insecure=True, token="s3cret") as srv, GrpcTierClient(srv.address, token="wrong") as c, \
+            pytest.raises(Unauthenticated):
+        c.probe(10, 10)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("transport-processes")
+def test_ping_prints_this_host_as_a_fleet_entry_measured_against_a_real_edge(tmp_path) -> None:
+    def ping(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "splitfed.cli", "ping", *args], capture_output=True,
+                              text=True, timeout=300, env={**__import__("os").environ,
+                                                           "SPLITFED_PROFILE_CACHE": str(tmp_path / "cache")})
+
+    with TierProcess.start("cloud", insecure=True) as cloud, \
+            TierProcess.start("edge", next_address=cloud.address, insecure=True) as edge:
+        p = ping(edge.address, "--fleet-entry", "lab-box", "--count", "2")
+        assert p.returncode == 0, p.stderr
+        (client,) = parse_fleet(EDGE + p.stdout).clients
+        assert client.name == "lab-box" and client.device.flops > 0 and client.device.memory > 0
+        assert client.link.up > 0 and client.link.down > 0 and client.link.rtt > 0
+        assert f"measured to edge at {edge.address}" in p.stdout and "trains cnn at this rate" in p.stdout
+
+        both = ping(edge.address, cloud.address, "--fleet-entry", "x")
+        assert both.returncode == 2 and "give exactly one address" in both.stderr
+        speed = ping(edge.address, "--bandwidth", "--count", "1")
+        assert speed.returncode == 0 and " Mbit/s, down " in speed.stdout
