@@ -90,7 +90,7 @@ def test_a_tier_answers_a_probe_with_exactly_the_bytes_asked_and_no_more_than_a_
         assert len(reply.payload) == 12345
         for bad, code in ((pb.ProbeRequest(reply_bytes=(4 << 20) + 1).SerializeToString(),
                            grpc.StatusCode.RESOURCE_EXHAUSTED),
-                          (pb.ProbeRequest(reply_bytes=-1).SerializeToString(), grpc.StatusCode.RESOURCE_EXHAUSTED),
+                          (pb.ProbeRequest(reply_bytes=-1).SerializeToString(), grpc.StatusCode.INVALID_ARGUMENT),
                           (b"\xff\xff", grpc.StatusCode.INVALID_ARGUMENT)):
             with pytest.raises(grpc.RpcError) as err:
                 call(bad, timeout=5)

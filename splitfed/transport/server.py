@@ -241,7 +241,6 @@ class TierServicer:
             self.tier.release(ref.run_id, ref.client_id)
         return b""
 
-
     def Describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "describe"):
             try:
@@ -257,8 +256,10 @@ class TierServicer:
                 req = pb.ProbeRequest.FromString(request)
             except Exception as e:  # noqa: BLE001 - DecodeError and friends
                 raise InvalidArgument(f"malformed ProbeRequest: {e}") from None
-            if not 0 <= req.reply_bytes <= self.limits.unary_bytes:
-                raise ResourceExhausted(f"reply_bytes must lie in 0..{self.limits.unary_bytes}, "
+            if req.reply_bytes < 0:
+                raise InvalidArgument(f"reply_bytes must be >= 0, got {req.reply_bytes}")
+            if req.reply_bytes > self.limits.unary_bytes:
+                raise ResourceExhausted(f"reply_bytes must be at most one message, {self.limits.unary_bytes}, "
                                         f"got {req.reply_bytes}")
             reply = pb.ProbeReply(payload=bytes(req.reply_bytes)).SerializeToString()
         return reply
