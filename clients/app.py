@@ -30,6 +30,7 @@ from flwr.clientapp import ClientApp
 
 from splitfed.engine.rounds import Chain, RoundConfig, train_client
 from splitfed.errors import ConfigError
+from splitfed.flower.node import NodeConfig
 from splitfed.flower.records import (
     ARRAYS,
     CONFIG,
@@ -55,27 +56,17 @@ STATS = "splitfed-stats"  # MetricRecord in context.state: this node's running t
 app = ClientApp()
 
 
-def _partition(context: Context) -> tuple[int, int]:
-    cfg = context.node_config
-    try:
-        return int(cfg["partition-id"]), int(cfg["num-partitions"])
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError("node config needs integer partition-id and num-partitions "
-                          "(flower-supernode --node-config 'partition-id=0 num-partitions=2')") from None
-
-
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Registration: partition, local sample count, device profile, own edge address."""
-    pid, n = _partition(context)
+    node = NodeConfig.parse(context.node_config)
     ask = msg.content.config_records.get(CONFIG, ConfigRecord())
     samples = 0
     if "model" in ask:
         spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
-        x, _ = _data(context, spec, str(ask["dataset"]), str(ask["partition"]), n, pid, int(ask["seed"]))
+        x, _ = _data(node, spec, str(ask["dataset"]), str(ask["partition"]), int(ask["seed"]))
         samples = len(x)
-    info = NodeInfo(pid, n, samples, str(context.node_config.get("device-profile", "")),
-                    str(context.node_config.get("edge-address", "")))
+    info = NodeInfo(node.partition_id, node.num_partitions, samples, node.device_profile, node.edge_address)
     return Message(RecordDict({NODE: info.to_record()}), reply_to=msg)
 
 
@@ -83,19 +74,17 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """One round of split training of this node's device segment."""
     ins = TrainInstruction.from_record(msg.content.config_records[CONFIG])
-    pid, n = _partition(context)
+    node = NodeConfig.parse(context.node_config)
+    pid = node.partition_id
     if ins.client_id != f"client{pid}":
         raise ConfigError(f"instruction for {ins.client_id} reached the node holding partition {pid}")
     weights = record_to_state(msg.content.array_records[ARRAYS])
-    x, y = _data(context, ins.model, ins.dataset, ins.partition, n, pid, ins.seed)
+    x, y = _data(node, ins.model, ins.dataset, ins.partition, ins.seed)
     data = round_batches(x, y, ins.batch_size, ins.seed, pid, ins.round, ins.local_epochs)
     cfg = RoundConfig(ins.run_id, ins.round, ins.model, ins.mode, ins.u_shape, ins.optim, ins.seed)
-    edge = str(context.node_config.get("edge-address", "")) or ins.edge_address
-    node_cfg = context.node_config
-    link = connect(edge, tls_ca=str(node_cfg.get("tls-ca", "")) or ins.tls_ca,
-                   tls_cert=str(node_cfg.get("tls-cert", "")) or ins.tls_cert,
-                   tls_key=str(node_cfg.get("tls-key", "")) or ins.tls_key,
-                   token_file=str(node_cfg.get("token-file", "")) or ins.token_file,
+    edge = node.edge_address or ins.edge_address
+    link = connect(edge, tls_ca=node.tls_ca or ins.tls_ca, tls_cert=node.tls_cert or ins.tls_cert,
+                   tls_key=node.tls_key or ins.tls_key, token_file=node.token_file or ins.token_file,
                    compress=ins.compress, deadline_s=ins.deadline_s)
     try:
         if edge != ins.edge_address:
@@ -129,11 +118,11 @@ def _check_edge(context: Context, link: GrpcTierClient, ins: TrainInstruction) -
     context.state[EDGE_CHECKED] = ConfigRecord({"address": link.address, "instance": info.instance})
 
 
-def _data(context: Context, spec: ModelSpec, dataset: str, scheme: str, n: int, pid: int,
-          seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _data(node: NodeConfig, spec: ModelSpec, dataset: str, scheme: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The node's own file if its node config names one (``data-file``), else its partition of the run's dataset."""
-    own = str(context.node_config.get("data-file", ""))
-    return node_data(spec, own) if own else client_data(spec, dataset, scheme, n, pid, seed)
+    if node.data_file:
+        return node_data(spec, node.data_file)
+    return client_data(spec, dataset, scheme, node.num_partitions, node.partition_id, seed)
 
 
 def _remember(context: Context, report: TrainReport) -> None:

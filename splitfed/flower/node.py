@@ -1,0 +1,70 @@
+"""What a node says about itself: its Flower node config, read once and checked.
+
+A deployed node is configured by hand (``flower-supernode --node-config
+'partition-id=0 num-partitions=10 edge-address="edge:7000"'``). Flower passes
+any key through, so a misspelt one (``edge_address``, ``datafile``) used to be
+ignored without a word: the node then trained on a partition instead of its own
+file, or through the run's edge instead of its own address. Here an unknown key
+is refused with the nearest known one, every value is type-checked, and the
+files a node names must exist on it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from splitfed.errors import ConfigError
+
+EXAMPLE = "flower-supernode --node-config 'partition-id=0 num-partitions=2'"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    partition_id: int  # names the client (client<id>) and, without a data-file, its partition
+    num_partitions: int
+    device_profile: str = ""  # its device class in the run's fleet ("": the fleet's by partition)
+    edge_address: str = ""  # how this node reaches the edge ("": the run's address)
+    data_file: str = ""  # a .npz of its own (x_train, y_train), trained on whole
+    tls_ca: str = ""  # files on this node, used instead of the run's paths
+    tls_cert: str = ""
+    tls_key: str = ""
+    token_file: str = ""
+
+    @classmethod
+    def parse(cls, cfg: Mapping[str, Any]) -> NodeConfig:
+        keys = {f.name.replace("_", "-"): f for f in fields(cls)}
+        unknown = sorted(set(cfg) - set(keys))
+        if unknown:
+            hints = []
+            for k in unknown:
+                near = difflib.get_close_matches(k.replace("_", "-").lower(), keys, n=1, cutoff=0.6)
+                hints.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+            raise ConfigError(f"node config: unknown key(s) {', '.join(hints)}; known: {', '.join(keys)}")
+        vals: dict[str, Any] = {}
+        for key, f in keys.items():
+            if key not in cfg:
+                continue
+            v = cfg[key]
+            if f.type == "int":
+                if isinstance(v, bool) or not isinstance(v, int | str) or not str(v).strip().lstrip("-").isdigit():
+                    raise ConfigError(f"node config: {key} must be an integer, got {v!r}")
+                v = int(v)
+            elif not isinstance(v, str):
+                raise ConfigError(f"node config: {key} must be a string (quote it: {key}=\"...\"), got {v!r}")
+            vals[f.name] = v
+        for key in ("partition-id", "num-partitions"):
+            if key not in cfg:
+                raise ConfigError(f"node config needs integer partition-id and num-partitions ({EXAMPLE})")
+        node = cls(**vals)
+        if not 0 <= node.partition_id < node.num_partitions:
+            raise ConfigError(f"node config: partition-id {node.partition_id} is outside 0..{node.num_partitions - 1} "
+                              f"(num-partitions {node.num_partitions})")
+        for key in ("data-file", "tls-ca", "tls-cert", "tls-key", "token-file"):
+            path = getattr(node, key.replace("-", "_"))
+            if path and not Path(path).is_file():
+                raise ConfigError(f"node config: {key} {path}: no such file on this node")
+        return node

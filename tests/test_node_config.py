@@ -1,0 +1,74 @@
+"""A node's Flower node config is checked once, key by key: a misspelt key is refused with the nearest
+known one (before, it was ignored and the node silently trained on something else)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import clients.app
+from splitfed.errors import ConfigError
+from splitfed.flower.node import NodeConfig
+from tests.flower_fixtures import FakeGrid
+from tests.test_flower_apps import BASE, _run
+
+KNOWN = {"partition-id", "num-partitions", "device-profile", "edge-address", "data-file", "tls-ca", "tls-cert",
+         "tls-key", "token-file"}
+
+
+def test_every_key_is_read_with_its_type(tmp_path) -> None:
+    files = {k: tmp_path / k for k in ("data-file", "tls-ca", "tls-cert", "tls-key", "token-file")}
+    for f in files.values():
+        f.write_text("x")
+    node = NodeConfig.parse({"partition-id": 3, "num-partitions": "10", "device-profile": "rpi4",
+                             "edge-address": "edge:7000", **{k: str(f) for k, f in files.items()}})
+    assert (node.partition_id, node.num_partitions, node.device_profile, node.edge_address) == (3, 10, "rpi4",
+                                                                                                 "edge:7000")
+    assert node.data_file == str(files["data-file"]) and node.token_file == str(files["token-file"])
+    assert {f.replace("_", "-") for f in NodeConfig.__dataclass_fields__} == KNOWN
+
+
+@pytest.mark.parametrize(("cfg", "words"), [
+    ({"edge_address": "e:1"}, r"unknown key\(s\) 'edge_address' \(did you mean 'edge-address'\?\); known: "
+                              "partition-id, num-partitions"),
+    ({"datafile": "d.npz", "colour": "red"}, r"unknown key\(s\) 'colour', 'datafile' \(did you mean 'data-file'\?\)"),
+    ({"partition-id": "one"}, "partition-id must be an integer, got 'one'"),
+    ({"num-partitions": True}, "num-partitions must be an integer, got True"),
+    ({"edge-address": 7000}, r'edge-address must be a string \(quote it: edge-address="..."\), got 7000'),
+    ({"partition-id": 4}, r"partition-id 4 is outside 0..3 \(num-partitions 4\)"),
+    ({"partition-id": -1}, r"partition-id -1 is outside 0..3"),
+    ({"data-file": "/nowhere/d.npz"}, "data-file /nowhere/d.npz: no such file on this node"),
+    ({"tls-ca": "/nowhere/ca.pem"}, "tls-ca /nowhere/ca.pem: no such file on this node"),
+])
+def test_a_bad_node_config_is_refused_with_the_key_and_the_fix(cfg, words) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=words):
+        NodeConfig.parse({"partition-id": 0, "num-partitions": 4, **cfg})
+
+
+def test_partition_keys_are_required() -> None:
+    with pytest.raises(ConfigError, match="needs integer partition-id and num-partitions .*--node-config"):
+        NodeConfig.parse({"partition-id": 0})
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=12), st.text(max_size=5), min_size=1, max_size=3))
+def test_any_key_outside_the_known_ones_is_refused(extra) -> None:  # type: ignore[no-untyped-def]
+    extra = {k: v for k, v in extra.items() if k not in KNOWN}
+    cfg = {"partition-id": 0, "num-partitions": 1, **extra}
+    if extra:
+        with pytest.raises(ConfigError, match="unknown key"):
+            NodeConfig.parse(cfg)
+    else:
+        assert NodeConfig.parse(cfg).partition_id == 0
+
+
+def test_a_node_with_a_misspelt_key_is_left_out_and_the_coordinator_says_why(monkeypatch, tmp_path, caplog) -> None:
+    s = BASE.with_(rounds=1, min_clients=3)
+    grid = FakeGrid(clients.app.app, s.clients)
+    next(iter(grid.contexts.values())).node_config["edge_address"] = "edge:7000"
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        summary, _ = _run(monkeypatch, s.with_(out=str(tmp_path)), grid=grid)
+    assert summary["rounds"] == 1
+    assert "did not answer the query round" in caplog.text and "did you mean 'edge-address'?" in caplog.text
