@@ -18,10 +18,11 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import torch
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import splitfed
@@ -243,19 +244,13 @@ class TierServicer:
 
     def Describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "describe"):
-            try:
-                req = pb.DescribeRequest.FromString(request)
-            except Exception as e:  # noqa: BLE001 - DecodeError and friends
-                raise InvalidArgument(f"malformed DescribeRequest: {e}") from None
+            req = _parse(pb.DescribeRequest, request)
             info = self.describe(req.model if req.HasField("model") else None)
         return info.to_pb().SerializeToString()
 
     def Probe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "probe"):
-            try:
-                req = pb.ProbeRequest.FromString(request)
-            except Exception as e:  # noqa: BLE001 - DecodeError and friends
-                raise InvalidArgument(f"malformed ProbeRequest: {e}") from None
+            req = _parse(pb.ProbeRequest, request)
             if req.reply_bytes < 0:
                 raise InvalidArgument(f"reply_bytes must be >= 0, got {req.reply_bytes}")
             if req.reply_bytes > self.limits.unary_bytes:
@@ -291,11 +286,19 @@ class TierServicer:
             steps_served=steps, uptime_s=time.monotonic() - self.started, threads=torch.get_num_threads())
 
 
-def _client_ref(raw: bytes) -> pb.ClientRef:
+M = TypeVar("M", bound=Message)
+
+
+def _parse(message: type[M], raw: bytes) -> M:
+    """A request message, or INVALID_ARGUMENT naming it."""
     try:
-        ref = pb.ClientRef.FromString(raw)
+        return message.FromString(raw)
     except Exception as e:  # noqa: BLE001 - DecodeError and friends
-        raise InvalidArgument(f"malformed ClientRef: {e}") from None
+        raise InvalidArgument(f"malformed {message.__name__}: {e}") from None
+
+
+def _client_ref(raw: bytes) -> pb.ClientRef:
+    ref = _parse(pb.ClientRef, raw)
     _check_ids(ref.run_id, ref.client_id)
     return ref
 
