@@ -60,7 +60,8 @@ def test_client_verifies_the_server(certs: Certs, tmp_path) -> None:  # noqa: F8
         with GrpcTierClient(srv.address, tls=TlsConfig(ca=other_ca), retries=0, deadline_s=10) as c:
             assert _refused(c).startswith("UNAVAILABLE")
         with GrpcTierClient(srv.address, retries=0, deadline_s=10) as c:  # plaintext to a TLS port
-            assert _refused(c).startswith("UNAVAILABLE")
+            msg = _refused(c)
+            assert msg.startswith("UNAVAILABLE") and "a tier that serves TLS closes a plaintext connection" in msg
 
 
 @pytest.mark.parametrize("token,match", [(None, "missing bearer token"), ("wrong", "invalid bearer token"),

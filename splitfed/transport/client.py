@@ -164,6 +164,9 @@ class GrpcTierClient:
                               or "ssl" in details.lower()):
                 hint = (" (over TLS this is also how a refused handshake looks: check that the tier's CA "
                         "signed this client's certificate, and that tls.ca signed the tier's)")
+            elif not self._tls and "socket closed" in details.lower():
+                hint = (" (a tier that serves TLS closes a plaintext connection this way: connect with the CA "
+                        "that signed its certificate, e.g. --tls-ca / tls-ca)")
             return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}{hint}")
         if code == grpc.StatusCode.NOT_FOUND and tries:
             return NotFound(f"{where}: {details} (the tier was unreachable before: it may have restarted and "
