@@ -22,14 +22,16 @@ only process-wide thing is a cache of the (read-only) dataset tensors.
 from __future__ import annotations
 
 import json
+from logging import WARNING
 from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common import log
 
 from splitfed.engine.rounds import Chain, RoundConfig, train_client
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, SplitfedError
 from splitfed.flower.node import NodeConfig
 from splitfed.flower.records import (
     ARRAYS,
@@ -48,6 +50,7 @@ from splitfed.models.zoo import ModelSpec
 
 if TYPE_CHECKING:
     from splitfed.transport.client import GrpcTierClient
+    from splitfed.transport.probe import LinkMeasure
 
 torch.set_num_threads(1)  # one CPU per virtual client
 
@@ -66,7 +69,9 @@ def query(msg: Message, context: Context) -> Message:
         spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
         x, _ = _data(node, spec, str(ask["dataset"]), str(ask["partition"]), int(ask["seed"]))
         samples = len(x)
-    info = NodeInfo(node.partition_id, node.num_partitions, samples, node.device_profile, node.edge_address)
+    link = _measure_link(node, ask) if ask.get("measure-link") else None
+    info = NodeInfo(node.partition_id, node.num_partitions, samples, node.device_profile, node.edge_address,
+                    *((link.up_mbps or 0.0, link.down_mbps or 0.0, link.rtt_ms) if link else ()))
     return Message(RecordDict({NODE: info.to_record()}), reply_to=msg)
 
 
@@ -97,6 +102,21 @@ def train(msg: Message, context: Context) -> Message:
     _remember(context, report)
     reply = RecordDict({ARRAYS: state_to_record(dev.state()), METRICS: report.to_record()})
     return Message(reply, reply_to=msg)
+
+
+def _measure_link(node: NodeConfig, ask: ConfigRecord) -> LinkMeasure | None:
+    """This node's real link to its edge, for the optimizer's first plan (None, logged, if it cannot)."""
+    from splitfed.transport.probe import measure_link
+
+    try:
+        with connect(node.edge_address or str(ask["edge-address"]), tls_ca=node.tls_ca or str(ask["tls-ca"]),
+                     tls_cert=node.tls_cert or str(ask["tls-cert"]), tls_key=node.tls_key or str(ask["tls-key"]),
+                     token_file=node.token_file or str(ask["token-file"]), deadline_s=30.0) as link:
+            return measure_link(link, count=3, bandwidth=True)
+    except SplitfedError as e:
+        log(WARNING, "client%d: could not measure its link to the edge (its profile's is used): %s",
+            node.partition_id, e)
+        return None
 
 
 EDGE_CHECKED = "splitfed-edge"  # ConfigRecord in context.state: the edge this node's own address was found to reach

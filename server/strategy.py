@@ -152,6 +152,9 @@ class SplitFedAvg(FedAvg):
                               f"at least {need} needed")
         ask = ConfigRecord({"model": json.dumps(self.spec.to_dict(), sort_keys=True), "dataset": s.dataset,
                             "partition": s.partition, "seed": s.seed})
+        if not s.sim_clock and self.edge_address:  # real time: each node measures its real link to the edge
+            ask.update({"measure-link": True, "edge-address": self.edge_address, "tls-ca": s.tls_ca,
+                        "tls-cert": s.tls_cert, "tls-key": s.tls_key, "token-file": s.token_file})
         msgs = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type=MessageType.QUERY)
                 for n in nodes]
         replies = self.exchange(grid, msgs, s.node_wait_s)
@@ -173,12 +176,12 @@ class SplitFedAvg(FedAvg):
             seen[info.partition_id] = node
             profile = info.profile or (profile_of(info) if profile_of else "")
             clients[node] = ClientInfo(f"client{info.partition_id}", node, info.partition_id, profile,
-                                       info.samples)
+                                       info.samples, info.link)
         if len(clients) < need:
             raise ConfigError(f"only {len(clients)} node(s) answered the query round; at least {need} needed")
         self.clients = dict(sorted(clients.items(), key=lambda kv: kv[1].partition_id))
         log(INFO, "Registered %d client(s): %s", len(self.clients),
-            ", ".join(f"{c.client_id}={c.profile or '?'}" for c in self.clients.values()))
+            ", ".join(f"{c.client_id}={c.profile or '?'}{_link_text(c.link)}" for c in self.clients.values()))
         return list(self.clients.values())
 
     def sample(self, server_round: int) -> list[ClientInfo]:
@@ -361,3 +364,10 @@ class SplitFedAvg(FedAvg):
 
 def _measurement(r: ClientResult) -> Measurement:
     return Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s, r.bytes_up, r.bytes_down)
+
+
+def _link_text(link: tuple[float, float, float] | None) -> str:
+    if link is None:
+        return ""
+    up, down, rtt = link
+    return f" (measured up {up:.3g} Mbit/s, down {down:.3g} Mbit/s, rtt {rtt:.3g} ms)"

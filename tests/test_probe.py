@@ -128,3 +128,56 @@ def test_ping_prints_this_host_as_a_fleet_entry_measured_against_a_real_edge(tmp
         assert both.returncode == 2 and "give exactly one address" in both.stderr
         speed = ping(edge.address, "--bandwidth", "--count", "1")
         assert speed.returncode == 0 and " Mbit/s, down " in speed.stdout
+
+
+@pytest.mark.parametrize("sim_clock", [False, True])
+def test_deployed_nodes_measure_their_links_at_registration_and_the_optimizer_plans_with_them(
+        monkeypatch, tmp_path, caplog, sim_clock) -> None:  # type: ignore[no-untyped-def]
+    """Real time (deployment): every node measures its link to the edge when it registers, and the first
+    plan uses that instead of its profile's guess. Simulated time: the fleet file is the world, so nothing
+    is measured (loopback speeds would replace the fleet's links)."""
+    import logging
+
+    import clients.app
+    import server.app
+    import splitfed.flower.adaptive as adaptive
+    from splitfed.flower.config import RunSettings
+    from tests.flower_fixtures import FakeGrid
+
+    seen: list = []
+    real = adaptive.scenario
+
+    def spy(settings, clients):  # type: ignore[no-untyped-def]
+        seen.append(list(clients))
+        return real(settings, clients)
+
+    monkeypatch.setattr(adaptive, "scenario", spy)
+    with serve_tier("cloud", insecure=True) as cloud, \
+            serve_tier("edge", next_address=cloud.address, insecure=True) as edge:
+        s = RunSettings(model="cnn", rounds=1, clients=2, tiers=3, cuts="adaptive", sim_clock=sim_clock,
+                        tier_addresses=f"{edge.address},{cloud.address}", out=str(tmp_path), node_wait_s=30,
+                        round_timeout_s=60)
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            server.app.run(FakeGrid(clients.app.app, 2), s)
+    links = [c.link for c in seen[0]]
+    if sim_clock:
+        assert links == [None, None] and "measured up" not in caplog.text
+    else:
+        assert all(up > 0 and down > 0 and rtt > 0 for up, down, rtt in links)  # type: ignore[misc]
+        assert "client0=" in caplog.text and "(measured up " in caplog.text
+        planned = real(s, seen[0])
+        assert planned.clients[0].link.up == pytest.approx(mbps(links[0][0]))  # type: ignore[index]
+
+
+def test_a_measured_link_replaces_the_profiles_guess_in_the_plan() -> None:
+    from splitfed.flower.adaptive import scenario
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.policy import ClientInfo
+
+    s = RunSettings(model="cnn", tiers=3)
+    guessed, measured = (scenario(s, [ClientInfo("client0", 1, 0, "rpi4", 100, link)])
+                         for link in (None, (2.0, 8.0, 40.0)))
+    assert guessed.clients[0].link.up != mbps(2.0)
+    link = measured.clients[0].link
+    assert (link.up, link.down, link.rtt) == (mbps(2.0), mbps(8.0), 0.04)
+    assert measured.clients[0].device == guessed.clients[0].device  # only the link changes

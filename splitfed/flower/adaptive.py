@@ -5,7 +5,8 @@ Both see the clients through the one cost model (:mod:`splitfed.cost`): a
 tiers of the fleet, and one fleet client per registered node. A node's device
 is the fleet client its ``profile`` names (simulation: drawn from the fleet
 file) or a named device profile (deployment: ``--node-config
-device-profile=rpi4``), with the node's real sample count.
+device-profile=rpi4``), with the node's real sample count and, where it
+measured one at registration (deployment), its real link to the edge.
 
 - :class:`GreedyPolicy`: every device picks its own fastest cuts, as if the
   shared tiers were its alone (:func:`splitfed.optimizer.greedy`); fixed for the run.
@@ -60,6 +61,9 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
         else:
             raise ConfigError(f"{info.client_id}: device profile {info.profile!r} is neither a client of fleet "
                               f"{fleet.name!r} nor a named device profile ({', '.join(PROFILES)})")
+        if info.link is not None:  # what the device measured to its edge beats what its profile guessed
+            up, down, rtt = info.link
+            base = replace(base, link=LinkProfile(mbps(up), mbps(down), rtt / 1e3))
         picked.append(replace(base, name=info.client_id, samples=info.samples or base.samples))
     profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
     return Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked), kinds={}), tiers=settings.tiers,

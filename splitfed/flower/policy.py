@@ -27,6 +27,7 @@ class ClientInfo:
     partition_id: int
     profile: str = ""  # device profile / fleet client name ("" when unknown)
     samples: int = 0
+    link: tuple[float, float, float] | None = None  # (up Mbit/s, down Mbit/s, rtt ms) it measured to its edge
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ so a node that speaks another version fails clearly, not deep inside training.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
@@ -156,6 +157,16 @@ class NodeInfo:
     samples: int = 0  # size of its local training set
     profile: str = ""  # device profile (fleet client) name from its node config
     edge_address: str = ""  # its edge tier, when its node config names one
+    up_mbps: float = 0.0  # its link to the edge as it measured it when asked (0: not measured)
+    down_mbps: float = 0.0
+    rtt_ms: float = 0.0
+
+    @property
+    def link(self) -> tuple[float, float, float] | None:
+        """(up Mbit/s, down Mbit/s, rtt ms) as measured, or None."""
+        ok = all(math.isfinite(v) for v in (self.up_mbps, self.down_mbps, self.rtt_ms))
+        return (self.up_mbps, self.down_mbps, self.rtt_ms) if ok and self.up_mbps > 0 and self.down_mbps > 0 \
+            and self.rtt_ms >= 0 else None
 
     def to_record(self) -> ConfigRecord:
         return ConfigRecord({k.replace("_", "-"): v for k, v in asdict(self).items()})
@@ -166,6 +177,7 @@ class NodeInfo:
         try:
             return cls(int(_get(record, "partition-id", what)), int(_get(record, "num-partitions", what)),
                        int(record.get("samples", 0)), str(record.get("profile", "")),
-                       str(record.get("edge-address", "")))
+                       str(record.get("edge-address", "")), float(record.get("up-mbps", 0.0)),
+                       float(record.get("down-mbps", 0.0)), float(record.get("rtt-ms", 0.0)))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{what}: malformed ({e})") from None
