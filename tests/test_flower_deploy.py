@@ -5,7 +5,8 @@ the transport's tests) of 2 rounds serves both tests; Flower 1.42 starts a
 ClientApp process for every message, so each run costs a minute or more here:
 
 - round 1, with both clients: a real deployment trains a round (metrics, checkpoint,
-  measured times, the device profiles named in ``--node-config``);
+  measured times, the device profiles named in ``--node-config``, each node's
+  link to the edge measured when it registered);
 - round 2: one SuperNode and its ClientApp process are SIGKILLed while they work on
   the round's message; the round completes with the other client (min-clients 1)
   after the round timeout, and ``flwr run`` returns: no hang.
@@ -78,6 +79,8 @@ def test_deployment_runs_a_round(run):
     assert row["cuts"] == {"client0": [1, 3], "client1": [2, 5]}
     assert row["sim_round_s"] is None and row["measured_round_s"] > 0  # deployment: times are measured
     assert {c["profile"] for c in row["per_client"].values()} == {"rpi4", "laptop"}
+    streamed = run["res"].stdout + run["res"].stderr  # the ServerApp's log, streamed by flwr run
+    assert streamed.count("(measured up ") == 2, streamed[-3000:]  # each node measured its link to the edge
     assert (run["out"] / "checkpoint.pt").is_file() and (run["out"] / "summary.json").is_file()
 
 
