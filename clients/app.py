@@ -30,6 +30,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
+import splitfed
 from splitfed.engine.rounds import Chain, RoundConfig, train_client
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.flower.node import NodeConfig
@@ -47,6 +48,7 @@ from splitfed.flower.records import (
 from splitfed.flower.transport import connect
 from splitfed.flower.workload import client_data, node_data, round_batches
 from splitfed.models.zoo import ModelSpec
+from splitfed.transport.describe import PROTOCOL
 
 if TYPE_CHECKING:
     from splitfed.transport.client import GrpcTierClient
@@ -70,8 +72,9 @@ def query(msg: Message, context: Context) -> Message:
         x, _ = _data(node, spec, str(ask["dataset"]), str(ask["partition"]), int(ask["seed"]))
         samples = len(x)
     link = _measure_link(node, ask) if ask.get("measure-link") else None
+    up, down, rtt = (link.up_mbps or 0.0, link.down_mbps or 0.0, link.rtt_ms) if link else (0.0, 0.0, 0.0)
     info = NodeInfo(node.partition_id, node.num_partitions, samples, node.device_profile, node.edge_address,
-                    *((link.up_mbps or 0.0, link.down_mbps or 0.0, link.rtt_ms) if link else ()))
+                    up, down, rtt, PROTOCOL, splitfed.__version__)
     return Message(RecordDict({NODE: info.to_record()}), reply_to=msg)
 
 

@@ -59,6 +59,7 @@ from splitfed.flower.records import (
     state_to_record,
 )
 from splitfed.models.zoo import resolve_spec
+from splitfed.transport.describe import PROTOCOL, this_version
 
 _SAMPLE_STREAM = 211  # derive_seed purpose of client sampling
 POLL_S = 0.2
@@ -169,6 +170,11 @@ class SplitFedAvg(FedAvg):
                 info = NodeInfo.from_record(msg.content.config_records[NODE])
             except (ConfigError, KeyError) as e:
                 log(WARNING, "Node %d sent a malformed node record: %s", node, e)
+                continue
+            if info.protocol != PROTOCOL:  # its device tier would talk to the edge in another protocol
+                log(WARNING, "Node %d (partition %d) runs splitfed %s (protocol %d), this coordinator %s: left "
+                    "out; run one splitfed version on every machine", node, info.partition_id,
+                    info.version or "older than 0.1.0", info.protocol, this_version())
                 continue
             if info.partition_id in seen:
                 raise ConfigError(f"nodes {seen[info.partition_id]} and {node} both hold partition "

@@ -72,3 +72,34 @@ def test_a_node_with_a_misspelt_key_is_left_out_and_the_coordinator_says_why(mon
         summary, _ = _run(monkeypatch, s.with_(out=str(tmp_path)), grid=grid)
     assert summary["rounds"] == 1
     assert "did not answer the query round" in caplog.text and "did you mean 'edge-address'?" in caplog.text
+
+
+def test_a_node_of_another_splitfed_protocol_is_left_out_and_named(monkeypatch, tmp_path, caplog) -> None:
+    """A deployed node's splitfed library is installed apart from the coordinator's: one that speaks another
+    wire protocol (or is too old to say which) would talk to the edge in it, so it is left out at
+    registration, with both versions in the log."""
+    from splitfed.flower.records import NODE, NodeInfo
+
+    real = clients.app.app
+
+    def app(msg, ctx):  # type: ignore[no-untyped-def]
+        reply = real(msg, ctx)
+        if msg.metadata.message_type == "query" and ctx.node_config["partition-id"] in (1, 2):
+            rec = reply.content.config_records[NODE]
+            if ctx.node_config["partition-id"] == 1:
+                rec["protocol"], rec["version"] = 99, "9.9.9"
+            else:  # a splitfed from before protocol 1 sent neither
+                del rec["protocol"], rec["version"]
+            assert NodeInfo.from_record(rec).protocol in (0, 99)
+        return reply
+
+    s = BASE.with_(rounds=1, min_clients=2)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _run(monkeypatch, s.with_(out=str(tmp_path)), grid=FakeGrid(app, s.clients))
+    import json
+
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert sorted(row["cuts"]) == ["client0", "client3"]
+    assert "(partition 1) runs splitfed 9.9.9 (protocol 99), this coordinator splitfed" in caplog.text
+    assert "(partition 2) runs splitfed older than 0.1.0 (protocol 0)" in caplog.text
+    assert "run one splitfed version on every machine" in caplog.text

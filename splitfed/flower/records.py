@@ -160,6 +160,8 @@ class NodeInfo:
     up_mbps: float = 0.0  # its link to the edge as it measured it when asked (0: not measured)
     down_mbps: float = 0.0
     rtt_ms: float = 0.0
+    protocol: int = 0  # the splitfed wire protocol its library speaks (0: a splitfed too old to say)
+    version: str = ""
 
     @property
     def link(self) -> tuple[float, float, float] | None:
@@ -178,6 +180,7 @@ class NodeInfo:
             return cls(int(_get(record, "partition-id", what)), int(_get(record, "num-partitions", what)),
                        int(record.get("samples", 0)), str(record.get("profile", "")),
                        str(record.get("edge-address", "")), float(record.get("up-mbps", 0.0)),
-                       float(record.get("down-mbps", 0.0)), float(record.get("rtt-ms", 0.0)))
+                       float(record.get("down-mbps", 0.0)), float(record.get("rtt-ms", 0.0)),
+                       int(record.get("protocol", 0)), str(record.get("version", "")))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{what}: malformed ({e})") from None
