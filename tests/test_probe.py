@@ -126,6 +126,8 @@ def test_ping_prints_this_host_as_a_fleet_entry_measured_against_a_real_edge(tmp
 
         both = ping(edge.address, cloud.address, "--fleet-entry", "x")
         assert both.returncode == 2 and "give exactly one address" in both.stderr
+        spaced = ping(edge.address, "--fleet-entry", "my box")
+        assert spaced.returncode == 2 and "without spaces, got 'my box'" in spaced.stderr
         speed = ping(edge.address, "--bandwidth", "--count", "1")
         assert speed.returncode == 0 and " Mbit/s, down " in speed.stdout
 

@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} must be > 0, got {v}")
     if args.fleet_entry is not None and len(args.addresses) != 1:
         raise ConfigError("--fleet-entry measures this host's link to its edge: give exactly one address")
+    if args.fleet_entry is not None and (not args.fleet_entry or any(c.isspace() for c in args.fleet_entry)):
+        raise ConfigError(f"--fleet-entry: a device name must be non-empty, without spaces, got {args.fleet_entry!r}")
     spec = resolve_spec(args.model, args.input_shape, args.num_classes) if args.model else None
     rows: list[dict[str, Any]] = []
     infos: list[TierInfo] = []
