@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from splitfed.transport.client import GrpcTierClient
 
-START_BYTES = 64 << 10
+START_BYTES = 16 << 10  # 1.3 s at 0.1 Mbit/s (BLE): a slow link is measured quickly too
 
 
 @dataclass(frozen=True)
