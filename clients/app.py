@@ -8,11 +8,13 @@ node with data of its own names it with ``data-file`` (a ``.npz`` with
 ``x_train`` and ``y_train``) and trains on all of it instead of a partition.
 
 - ``query``: answers the ServerApp's registration round with its partition,
-  sample count and device profile.
+  sample count, device profile and splitfed protocol, and (when the run keeps
+  real time) its link to the edge as it measures it then.
 - ``train``: trains its device segment for one round through a gRPC link to the
   edge tier (a node with an ``edge-address`` of its own first checks, once, that
-  it reaches the run's edge and not another tier), and returns the segment's weights with what the round cost
-  (compute time, link time, bytes each way, samples).
+  it reaches the run's edge and not another tier), and returns the segment's
+  weights with what the round cost (compute time, link time, bytes each way,
+  samples).
 
 Everything a node remembers between messages lives in ``context.state``: one
 Ray actor serves many virtual nodes, so module globals would mix them up. The
@@ -63,7 +65,7 @@ app = ClientApp()
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Registration: partition, local sample count, device profile, own edge address."""
+    """Registration: partition, local sample count, device profile, own edge address, protocol, link."""
     node = NodeConfig.parse(context.node_config)
     ask = msg.content.config_records.get(CONFIG, ConfigRecord())
     samples = 0
