@@ -54,6 +54,7 @@ from typing import Any
 
 import psutil
 
+from splitfed import tomlio
 from splitfed.errors import ConfigError
 from splitfed.flower.config import RunSettings
 
@@ -67,17 +68,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _kv(values: Mapping[str, Any]) -> str:
     """Flower's ``key=value key2="text"`` form (values in TOML syntax)."""
-    return " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())
+    return " ".join(f"{k}={tomlio.value(v)}" for k, v in values.items())
 
 
 @dataclass
@@ -229,7 +222,7 @@ class Deployment:
             shutil.copytree(repo / pkg, app / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         defaults = {k.replace("_", "-"): v for k, v in RunSettings().to_dict().items()}
         defaults["num-server-rounds"] = defaults.pop("rounds")
-        config = "\n".join(f"{k} = {_toml_value(v)}" for k, v in defaults.items())
+        config = "\n".join(f"{k} = {tomlio.value(v)}" for k, v in defaults.items())
         (app / "pyproject.toml").write_text(
             '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
             '[project]\nname = "splitfed-app"\nversion = "0.1.0"\n'

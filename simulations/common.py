@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from splitfed import jsonio
-from splitfed.errors import ConfigError, SplitfedError
+from splitfed.errors import ConfigError, SplitfedError, unknown_key
 
 C = TypeVar("C")
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -65,7 +65,7 @@ def config_from_mapping(data: Mapping[str, Any], cls: type[C], source: str = "co
     for raw, v in data.items():
         key = raw.replace("-", "_")
         if key not in names:
-            raise ConfigError(f"{source}: unknown key {raw!r} (known: {', '.join(sorted(names))})")
+            raise unknown_key(raw, names, source)
         values[key] = _coerce(v, hints[key], f"{source}: {raw}")
     try:
         return cls(**values)  # type: ignore[return-value]

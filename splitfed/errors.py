@@ -1,5 +1,8 @@
 """Errors a user can act on: the CLI prints them as one line and exits with their ``exit_code``."""
 
+import difflib
+from collections.abc import Iterable
+
 
 class SplitfedError(Exception):
     """Base class for errors caused by input (bad cuts, bad config, bad model path): exit code 2.
@@ -43,3 +46,14 @@ class ResourceExhausted(TierError):
 
 class Unavailable(TierError):
     code = "UNAVAILABLE"
+
+
+def unknown_key(key: str, known: Iterable[str], where: str) -> ConfigError:
+    """The refusal of a key outside ``known`` (a config, fleet file or node config): the key, the nearest
+    known one when one is close (``edge_address`` -> ``edge-address``), and every known key."""
+    known = sorted(known)
+    near: list[str] = []
+    for form in dict.fromkeys((key, key.lower(), key.replace("_", "-").lower(), key.replace("-", "_").lower())):
+        near = near or difflib.get_close_matches(form, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ConfigError(f"{where}: unknown key {key!r}{hint}; known: {', '.join(known)}")

@@ -53,3 +53,14 @@ def test_files_are_replaced_whole_and_leave_no_temporary_behind(tmp_path, monkey
         write_atomic(path, "half")
     assert strict_loads(path.read_text()) == {"ratio": None, "n": 1}  # the old file, whole
     assert [f.name for f in path.parent.iterdir()] == ["out.json"]
+
+
+@given(st.one_of(st.text(), st.booleans(), st.integers(-2**63, 2**63 - 1),
+                 st.floats(allow_nan=False)))
+def test_a_toml_literal_reads_back_as_its_value(v) -> None:  # type: ignore[no-untyped-def]
+    """What splitfed writes into Flower's run and node configs and fleet entries: any string, number or bool."""
+    import tomllib
+
+    from splitfed.tomlio import value
+
+    assert tomllib.loads(f"x = {value(v)}")["x"] == v

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 import clients.app
 from splitfed.errors import ConfigError
+from splitfed.flower.config import RunSettings
 from splitfed.flower.node import NodeConfig
+from splitfed.profile.fleet import parse_fleet
 from tests.flower_fixtures import FakeGrid
 from tests.test_flower_apps import BASE, _run
 
@@ -32,9 +34,10 @@ def test_every_key_is_read_with_its_type(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("cfg", "words"), [
-    ({"edge_address": "e:1"}, r"unknown key\(s\) 'edge_address' \(did you mean 'edge-address'\?\); known: "
-                              "partition-id, num-partitions"),
-    ({"datafile": "d.npz", "colour": "red"}, r"unknown key\(s\) 'colour', 'datafile' \(did you mean 'data-file'\?\)"),
+    ({"edge_address": "e:1"}, r"node config: unknown key 'edge_address' \(did you mean 'edge-address'\?\); known: "
+                              "data-file, device-profile, edge-address, num-partitions, partition-id"),
+    ({"datafile": "d.npz"}, r"unknown key 'datafile' \(did you mean 'data-file'\?\)"),
+    ({"colour": "red"}, r"unknown key 'colour'; known: "),
     ({"partition-id": "one"}, "partition-id must be an integer, got 'one'"),
     ({"num-partitions": True}, "num-partitions must be an integer, got True"),
     ({"edge-address": 7000}, r'edge-address must be a string \(quote it: edge-address="..."\), got 7000'),
@@ -103,3 +106,18 @@ def test_a_node_of_another_splitfed_protocol_is_left_out_and_named(monkeypatch, 
     assert "(partition 1) runs splitfed 9.9.9 (protocol 99), this coordinator splitfed" in caplog.text
     assert "(partition 2) runs splitfed older than 0.1.0 (protocol 0)" in caplog.text
     assert "run one splitfed version on every machine" in caplog.text
+
+
+@pytest.mark.parametrize(("parse", "words"), [
+    (lambda: RunSettings.from_mapping({"round": 3}),
+     r"config: unknown key 'round' \(did you mean 'rounds'\?\); known: "),
+    (lambda: parse_fleet(
+        '[edge]\nflops = 1e12\nmemory_mb = 1\n[[device]]\nname = "d"\nprofile = "rpi4"\nupmbps = 3\n', "f.toml"),
+     r"f.toml: \[\[device\]\] #1 \('d'\): unknown key 'upmbps' \(did you mean 'up_mbps'\?\)"),
+    (lambda: NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "Edge-Address": "e:1"}),
+     r"unknown key 'Edge-Address' \(did you mean 'edge-address'\?\)"),
+    (lambda: NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "zzz": 1}), r"unknown key 'zzz'; known: "),
+])
+def test_every_kind_of_config_names_an_unknown_key_with_the_nearest_known_one(parse, words) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=words):
+        parse()

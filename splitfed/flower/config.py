@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.engine.types import MODES, OptimConfig
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, unknown_key
 
 ALIASES = {"num_server_rounds": "rounds", "num_clients": "clients", "num_supernodes": "clients"}
 
@@ -129,7 +129,7 @@ class RunSettings:
             name = raw.replace("-", "_")
             name = ALIASES.get(name, name)
             if name not in types:
-                raise ConfigError(f"{source}: unknown key {raw!r} (known: {', '.join(sorted(map(_key, types)))})")
+                raise unknown_key(raw, map(_key, types), source)
             changes[name] = _coerce(v, str(types[name]), raw, source)
         return dataclasses.replace(base or cls(), **changes)
 

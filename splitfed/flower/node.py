@@ -11,13 +11,12 @@ files a node names must exist on it.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, unknown_key
 
 EXAMPLE = "flower-supernode --node-config 'partition-id=0 num-partitions=2'"
 
@@ -39,11 +38,7 @@ class NodeConfig:
         keys = {f.name.replace("_", "-"): f for f in fields(cls)}
         unknown = sorted(set(cfg) - set(keys))
         if unknown:
-            hints = []
-            for k in unknown:
-                near = difflib.get_close_matches(k.replace("_", "-").lower(), keys, n=1, cutoff=0.6)
-                hints.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-            raise ConfigError(f"node config: unknown key(s) {', '.join(hints)}; known: {', '.join(keys)}")
+            raise unknown_key(unknown[0], keys, "node config")
         vals: dict[str, Any] = {}
         for key, f in keys.items():
             if key not in cfg:

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from splitfed.errors import ConfigError
+from splitfed import tomlio
+from splitfed.errors import ConfigError, unknown_key
 from splitfed.profile.devices import MIB, PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
 
 _LINK = ("up_mbps", "down_mbps", "rtt_ms")
@@ -166,7 +167,7 @@ def device_entry(name: str, device: DeviceProfile, notes: Mapping[str, str] | No
     notes = notes or {}
     values = {"flops": device.flops, "memory_mb": device.memory_mb, "up_mbps": device.up_mbps,
               "down_mbps": device.down_mbps, "rtt_ms": device.rtt_ms}
-    lines = ["[[device]]", f"name = {_toml_str(name)}"]
+    lines = ["[[device]]", f"name = {tomlio.value(name)}"]
     for key, v in values.items():
         if v is None:
             continue
@@ -175,10 +176,6 @@ def device_entry(name: str, device: DeviceProfile, notes: Mapping[str, str] | No
     entry = "\n".join(lines) + "\n"
     parse_fleet("[edge]\nflops = 1e12\nmemory_mb = 1024\n" + entry, source=f"device entry {name!r}")  # reads back
     return entry
-
-
-def _toml_str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 # ---------------------------------------------------------------- parsing
@@ -278,7 +275,7 @@ def _table(d: Any, source: str, where: str) -> dict:
 def _keys(d: Mapping[str, Any], allowed: set[str], source: str, where: str) -> None:
     for k in d:
         if k not in allowed:
-            raise ConfigError(f"{source}: {where}: unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+            raise unknown_key(k, allowed, f"{source}: {where}")
 
 
 def _int(d: Mapping[str, Any], key: str, source: str, where: str, default: int) -> int:
