@@ -30,6 +30,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from server.strategy import RoundRecord, SplitFedAvg
+from splitfed.data.datasets import dataset_digest
 from splitfed.engine.rounds import initial_state
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint
@@ -85,7 +86,8 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
 
 
 def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None) -> dict[str, Any]:
-    ckpt = _resume(settings)
+    data = dataset_digest(settings.dataset)  # once: hashing a dataset's files each round would cost seconds
+    ckpt = _resume(settings, data)
     settings = named(settings, ckpt)
     spec = resolve_spec(settings.model)
     writer = MetricsWriter(settings.out) if settings.out else None
@@ -127,7 +129,7 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
             if writer is not None:
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
                     rnd, state_now, settings.to_dict(), dict(strategy.previous), policy.state_dict(),
-                    torch.get_rng_state()))
+                    torch.get_rng_state(), data))
             started = time.perf_counter()
 
         strategy.start(grid, state_to_record(state), num_rounds=settings.rounds,
@@ -141,7 +143,9 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
     return summary
 
 
-def _resume(settings: RunSettings) -> checkpoint.Checkpoint | None:
+def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | None:
+    """The checkpoint to continue from, if it may be: the same math (settings) on the same data (``data``,
+    the digest of the dataset's files now)."""
     if not settings.resume:
         return None
     ckpt = checkpoint.load(settings.out)
@@ -150,6 +154,10 @@ def _resume(settings: RunSettings) -> checkpoint.Checkpoint | None:
     if changed:
         raise ConfigError("cannot resume with different " + ", ".join(
             f"{k.replace('_', '-')} ({before.to_dict()[k]!r} -> {settings.to_dict()[k]!r})" for k in changed))
+    if ckpt.data and data != ckpt.data:
+        raise ConfigError(f"cannot resume: the files of dataset {settings.dataset!r} changed since the checkpoint "
+                          f"(sha256 {ckpt.data[:12]}... then, {data[:12] or 'none'}... now); put the old files back "
+                          "or start a new run")
     return ckpt
 
 

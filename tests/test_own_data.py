@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import clients.app
-from splitfed.data.datasets import for_model, read_npz
+from splitfed.data.datasets import dataset_digest, dataset_files, for_model, read_npz
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
@@ -169,3 +169,40 @@ def test_simulate_accepts_an_npz_dataset_from_the_command_line(tmp_path) -> None
     validate(RunSettings(model="cnn", dataset=f"npz:{path}", clients=2))
     with pytest.raises(ConfigError, match="no such file"):
         validate(RunSettings(model="cnn", dataset=f"npz:{tmp_path / 'nope.npz'}", clients=2))
+
+
+def test_a_run_does_not_resume_on_data_that_changed_under_it(monkeypatch, tmp_path) -> None:
+    """The checkpoint keeps a digest of the dataset's files: the same file resumes, a changed one is refused
+    (before, the run went on silently training on other data than its first rounds)."""
+    path = digits_npz(tmp_path / "d.npz")
+    s = BASE.with_(model="cnn", rounds=1, dataset=f"npz:{path}", out=str(tmp_path / "run"))
+    _run(monkeypatch, s)
+    assert checkpoint.load(tmp_path / "run").data == dataset_digest(s.dataset) != ""
+    _run(monkeypatch, s.with_(rounds=2, resume=True))  # the same file: resumes
+    assert checkpoint.load(tmp_path / "run").round == 2
+    with np.load(path) as f:
+        arrays = dict(f)
+    arrays["y_train"] = (arrays["y_train"] + 1) % 10
+    save(path, **arrays)
+    with pytest.raises(ConfigError, match=r"cannot resume: the files of dataset 'npz:.*d.npz' changed since the "
+                                          r"checkpoint \(sha256 [0-9a-f]{12}\.\.\. then, [0-9a-f]{12}\.\.\. now\)"):
+        _run(monkeypatch, s.with_(rounds=3, resume=True))
+    assert checkpoint.load(tmp_path / "run").round == 2
+
+
+def test_the_digest_covers_every_file_a_dataset_reads(tmp_path) -> None:
+    from tests.test_data import _write_cifar, _write_mnist
+
+    assert dataset_digest("digits") == dataset_digest("synthetic") == ""
+    _write_mnist(tmp_path / "mnist", gz=True)
+    _write_cifar(tmp_path / "cifar")
+    for dataset, files in ((f"mnist:{tmp_path / 'mnist'}", 4), (f"cifar10:{tmp_path / 'cifar'}", 3)):
+        found = dataset_files(dataset)
+        assert len(found) == files and all(f.is_file() for f in found)
+        before = dataset_digest(dataset)
+        for f in found:  # any one file changing changes the digest
+            data = f.read_bytes()
+            f.write_bytes(data + b"\0")
+            assert dataset_digest(dataset) != before
+            f.write_bytes(data)
+        assert dataset_digest(dataset) == before

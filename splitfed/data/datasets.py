@@ -7,6 +7,7 @@ int64 labels), so a partition, a batch order and a model see plain tensors.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -298,6 +299,39 @@ def _check_classes(spec: ModelSpec, dataset: str, classes: int) -> None:
     if spec.num_classes < classes:
         raise ConfigError(f"dataset {dataset!r} has {classes} classes; model {spec.name!r} "
                           f"has only {spec.num_classes} outputs")
+
+
+def dataset_files(dataset: str) -> list[Path]:
+    """The local files ``dataset`` reads (none for ``digits`` and ``synthetic``), as :func:`for_model` finds them."""
+    name, sep, path = dataset.strip().partition(":")
+    name, path = name.lower(), path.strip()
+    if not sep or not path:
+        return []
+    if name == "npz":
+        return [Path(path)]
+    if name == "mnist":
+        return [_find(Path(path), f, "mnist") for pair in _MNIST_FILES.values() for f in pair]
+    if name == "cifar10":
+        root = Path(path)
+        folder = root if root.name == "cifar-10-batches-bin" else root / "cifar-10-batches-bin"
+        return [*sorted(folder.glob("data_batch_*.bin")), folder / "test_batch.bin"]
+    return []
+
+
+def dataset_digest(dataset: str) -> str:
+    """sha256 over the contents of the files ``dataset`` reads ("" when it reads none): a resumed run
+    refuses data that changed under it."""
+    files = dataset_files(dataset)
+    if not files:
+        return ""
+    h = hashlib.sha256()
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                h.update(hashlib.file_digest(fh, "sha256").digest())
+        except OSError as e:
+            raise ConfigError(f"dataset {dataset!r}: cannot read {f}: {e.strerror or e}") from None
+    return h.hexdigest()
 
 
 def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048) -> Split:

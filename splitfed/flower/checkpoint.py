@@ -34,12 +34,13 @@ class Checkpoint:
     assignment: dict[str, tuple[int, ...]] = field(default_factory=dict)
     policy: dict[str, Any] = field(default_factory=dict)
     rng: torch.Tensor = field(default_factory=torch.get_rng_state)
+    data: str = ""  # sha256 of the dataset's files ("": none read, or a checkpoint from before it was kept)
 
 
 def save(folder: str | Path, ckpt: Checkpoint) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"settings": ckpt.settings, "policy": ckpt.policy,
+    meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data,
             "assignment": {k: list(v) for k, v in ckpt.assignment.items()}}
     payload = {"format": FORMAT, "round": int(ckpt.round), "meta": json.dumps(meta, sort_keys=True),
                "rng": ckpt.rng.clone(), "state": {k: v.detach().cpu().clone() for k, v in ckpt.state.items()}}
@@ -72,7 +73,7 @@ def load(folder: str | Path) -> Checkpoint:
         meta = json.loads(payload["meta"])
         return Checkpoint(round=int(payload["round"]), state=dict(payload["state"]), settings=meta["settings"],
                           assignment={k: tuple(v) for k, v in meta["assignment"].items()},
-                          policy=meta["policy"], rng=payload["rng"])
+                          policy=meta["policy"], rng=payload["rng"], data=str(meta.get("data", "")))
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem
