@@ -191,15 +191,18 @@ def _read_cifar_bin(paths: list[Path]) -> TensorDataset:
     return TensorDataset((x - mean) / std, torch.from_numpy(labels))
 
 
+def _cifar_files(root: Path) -> tuple[Path, list[Path], Path]:
+    """The batches folder (``root`` or ``root/cifar-10-batches-bin``), its training batches and its test batch."""
+    folder = root if root.name == "cifar-10-batches-bin" else root / "cifar-10-batches-bin"
+    return folder, sorted(folder.glob("data_batch_*.bin")), folder / "test_batch.bin"
+
+
 def cifar10(root: str | Path) -> Split:
     """CIFAR-10 from the *binary* files (never pickle): float32 (N, 3, 32, 32), normalised.
 
     ``root`` is the folder holding ``cifar-10-batches-bin/`` or that folder itself.
     """
-    root = Path(root)
-    folder = root if root.name == "cifar-10-batches-bin" else root / "cifar-10-batches-bin"
-    train = sorted(folder.glob("data_batch_*.bin"))
-    test = folder / "test_batch.bin"
+    folder, train, test = _cifar_files(Path(root))
     if not train:
         raise ConfigError(f"cifar10: missing {folder / 'data_batch_1.bin'} "
                           f"(want data_batch_1..5.bin and test_batch.bin); {_NEVER}")
@@ -312,9 +315,8 @@ def dataset_files(dataset: str) -> list[Path]:
     if name == "mnist":
         return [_find(Path(path), f, "mnist") for pair in _MNIST_FILES.values() for f in pair]
     if name == "cifar10":
-        root = Path(path)
-        folder = root if root.name == "cifar-10-batches-bin" else root / "cifar-10-batches-bin"
-        return [*sorted(folder.glob("data_batch_*.bin")), folder / "test_batch.bin"]
+        _, train, test = _cifar_files(Path(path))
+        return [*train, test]
     return []
 
 
