@@ -88,6 +88,31 @@ def test_every_problem_is_named_at_once() -> None:
     assert "protocol 0" in str(err.value) and "idle for 1 s" in str(err.value)
 
 
+@pytest.mark.parametrize("back_to", [0, 1])
+def test_a_chain_wired_into_a_loop_is_refused(back_to) -> None:  # type: ignore[no-untyped-def]
+    addrs, infos = chain_infos(2)
+    looped = [infos[0], dataclasses.replace(infos[1], next_address=addrs[back_to], next_instance=f"inst{back_to}")]
+    back = "itself" if back_to == 1 else "tier t0 at host0:7000"
+    with pytest.raises(ConfigError, match=f"tier t1 at host1:7001 forwards back to {back} \\(host{back_to}:700"
+                                          f"{back_to}\\): the chain is a loop"):
+        check_chain(addrs, looped)
+
+
+def test_a_tier_wired_to_itself_describes_one_hop_and_is_named() -> None:
+    """Describe asks the next tier shallowly: a tier whose --next is its own address answers at once,
+    instead of describing itself until the deadline with every worker thread."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
+    with serve_tier("edge", listen=addr, next_address=addr, insecure=True) as edge, GrpcTierClient(addr) as c:
+        info = c.describe()
+        assert info.next_instance == info.instance and not info.next_error
+        with pytest.raises(ConfigError, match="forwards back to itself"):
+            check_chain([edge.address], [info])
+
+
 def test_the_same_tier_twice_is_refused() -> None:
     addrs, infos = chain_infos(2)
     with pytest.raises(ConfigError, match="host0:7000 and host0:7000 reach the same tier process"):

@@ -260,13 +260,16 @@ class GrpcTierClient:
         req = pb.ClientRef(run_id=run_id, client_id=client_id).SerializeToString()
         self._call(f"release of {client_id}", lambda t: self._release(req, timeout=t, metadata=self._metadata))
 
-    def describe(self, model: ModelSpec | None = None, *, deadline_s: float | None = None) -> TierInfo:
+    def describe(self, model: ModelSpec | None = None, *, deadline_s: float | None = None,
+                 shallow: bool = False) -> TierInfo:
         """What the tier is (``Describe``); with ``model``, also whether it would build it.
 
         A tier that does not know the call (UNIMPLEMENTED) runs a splitfed older than protocol 1:
         that is said in so many words, since it is the usual reason.
         """
-        req = (pb.DescribeRequest() if model is None else pb.DescribeRequest(model=wire.model_pb(model)))
+        req = pb.DescribeRequest(shallow=shallow)
+        if model is not None:
+            req.model.CopyFrom(wire.model_pb(model))
         raw = req.SerializeToString()
         try:
             reply = self._call("describe", lambda t: self._describe(raw, timeout=t, metadata=self._metadata),

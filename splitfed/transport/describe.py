@@ -94,6 +94,11 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
             problems.append(f"{addr} and {seen[info.instance]} reach the same tier process ({info.name}): "
                             "each position of tier-addresses needs its own tier")
         seen.setdefault(info.instance, addr)
+        earlier = [j for j in range(i + 1) if info.next_instance and infos[j].instance == info.next_instance]
+        if earlier:  # forwarding would go round the chain until the deadline
+            back = "itself" if earlier[0] == i else f"tier {infos[earlier[0]].name} at {addresses[earlier[0]]}"
+            problems.append(f"{at} forwards back to {back} ({info.next_address}): the chain is a loop; give it "
+                            "--next the following tier, or none if it ends the chain")
         if model and info.model_error:
             problems.append(f"{at} will not build model {model!r}: {info.model_error}")
         if (round_timeout_s is not None and info.idle_release_s is not None

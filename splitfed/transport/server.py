@@ -245,7 +245,7 @@ class TierServicer:
     def Describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "describe"):
             req = _parse(pb.DescribeRequest, request)
-            info = self.describe(req.model if req.HasField("model") else None)
+            info = self.describe(req.model if req.HasField("model") else None, shallow=req.shallow)
         return info.to_pb().SerializeToString()
 
     def Probe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -259,8 +259,9 @@ class TierServicer:
             reply = pb.ProbeReply(payload=bytes(req.reply_bytes)).SerializeToString()
         return reply
 
-    def describe(self, model: pb.ModelSpec | None = None) -> TierInfo:
-        """This tier as ``Describe`` answers: asks the next tier for its instance, and sizes ``model``."""
+    def describe(self, model: pb.ModelSpec | None = None, shallow: bool = False) -> TierInfo:
+        """This tier as ``Describe`` answers: asks the next tier for its instance (unless ``shallow``: one hop
+        only, whatever the wiring), and sizes ``model``."""
         model_error = ""
         if model is not None:
             try:
@@ -268,9 +269,9 @@ class TierServicer:
             except TierError as e:
                 model_error = f"{e.code}: {e}"
         next_instance = next_error = ""
-        if self.next is not None:
+        if self.next is not None and not shallow:
             try:
-                next_instance = self.next.describe(deadline_s=min(10.0, self.next.deadline_s)).instance
+                next_instance = self.next.describe(deadline_s=min(10.0, self.next.deadline_s), shallow=True).instance
             except TierError as e:
                 next_error = f"{e.code}: {e}"
         holding = getattr(self.tier, "holding", None)
