@@ -51,9 +51,17 @@ def test_a_bad_node_config_is_refused_with_the_key_and_the_fix(cfg, words) -> No
         NodeConfig.parse({"partition-id": 0, "num-partitions": 4, **cfg})
 
 
-def test_partition_keys_are_required() -> None:
+def test_partition_keys_are_required_and_a_data_file_needs_only_the_id(tmp_path) -> None:
     with pytest.raises(ConfigError, match="needs integer partition-id and num-partitions .*--node-config"):
         NodeConfig.parse({"partition-id": 0})
+    data = tmp_path / "d.npz"
+    data.write_bytes(b"x")
+    with pytest.raises(ConfigError, match="with a data-file of its own, partition-id alone"):
+        NodeConfig.parse({"num-partitions": 2, "data-file": str(data)})
+    node = NodeConfig.parse({"partition-id": 7, "data-file": str(data)})  # its own data: the id names the client
+    assert node.partition_id == 7 and node.data_file == str(data)
+    with pytest.raises(ConfigError, match="partition-id -1 is outside"):
+        NodeConfig.parse({"partition-id": -1, "data-file": str(data)})
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=12), st.text(max_size=5), min_size=1, max_size=3))

@@ -24,7 +24,7 @@ EXAMPLE = "flower-supernode --node-config 'partition-id=0 num-partitions=2'"
 @dataclass(frozen=True)
 class NodeConfig:
     partition_id: int  # names the client (client<id>) and, without a data-file, its partition
-    num_partitions: int
+    num_partitions: int  # not needed with a data-file
     device_profile: str = ""  # its device class in the run's fleet ("": the fleet's by partition)
     edge_address: str = ""  # how this node reaches the edge ("": the run's address)
     data_file: str = ""  # a .npz of its own (x_train, y_train), trained on whole
@@ -51,9 +51,11 @@ class NodeConfig:
             elif not isinstance(v, str):
                 raise ConfigError(f"node config: {key} must be a string (quote it: {key}=\"...\"), got {v!r}")
             vals[f.name] = v
-        for key in ("partition-id", "num-partitions"):
-            if key not in cfg:
-                raise ConfigError(f"node config needs integer partition-id and num-partitions ({EXAMPLE})")
+        if "partition-id" not in cfg or ("num-partitions" not in cfg and not vals.get("data_file")):
+            raise ConfigError(f"node config needs integer partition-id and num-partitions ({EXAMPLE}; with a "
+                              "data-file of its own, partition-id alone)")
+        if "num-partitions" not in cfg:  # its own data: no partition to pick, the id only names the client
+            vals["num_partitions"] = vals["partition_id"] + 1 if vals["partition_id"] >= 0 else 1
         node = cls(**vals)
         if not 0 <= node.partition_id < node.num_partitions:
             raise ConfigError(f"node config: partition-id {node.partition_id} is outside 0..{node.num_partitions - 1} "
