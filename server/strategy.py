@@ -59,6 +59,7 @@ from splitfed.flower.records import (
     state_to_record,
 )
 from splitfed.models.zoo import resolve_spec
+from splitfed.profile.devices import LinkProfile
 from splitfed.transport.describe import PROTOCOL, this_version
 
 _SAMPLE_STREAM = 211  # derive_seed purpose of client sampling
@@ -372,8 +373,8 @@ def _measurement(r: ClientResult) -> Measurement:
     return Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s, r.bytes_up, r.bytes_down)
 
 
-def _link_text(link: tuple[float, float, float] | None) -> str:
+def _link_text(link: LinkProfile | None) -> str:
     if link is None:
         return ""
-    up, down, rtt = link
-    return f" (measured up {up:.3g} Mbit/s, down {down:.3g} Mbit/s, rtt {rtt:.3g} ms)"
+    return (f" (measured up {link.up * 8 / 1e6:.3g} Mbit/s, down {link.down * 8 / 1e6:.3g} Mbit/s, "
+            f"rtt {link.rtt * 1e3:.3g} ms)")

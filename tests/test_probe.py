@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitfed.errors import ConfigError
-from splitfed.profile.devices import MIB, DeviceProfile, mbps
+from splitfed.profile.devices import MIB, DeviceProfile, LinkProfile, mbps
 from splitfed.profile.fleet import device_entry, parse_fleet
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.errors import Unauthenticated
@@ -165,10 +165,10 @@ def test_deployed_nodes_measure_their_links_at_registration_and_the_optimizer_pl
     if sim_clock:
         assert links == [None, None] and "measured up" not in caplog.text
     else:
-        assert all(up > 0 and down > 0 and rtt > 0 for up, down, rtt in links)  # type: ignore[misc]
+        assert all(link.up > 0 and link.down > 0 and link.rtt > 0 for link in links)  # type: ignore[union-attr]
         assert "client0=" in caplog.text and "(measured up " in caplog.text
         planned = real(s, seen[0])
-        assert planned.clients[0].link.up == pytest.approx(mbps(links[0][0]))  # type: ignore[index]
+        assert planned.clients[0].link.up == pytest.approx(links[0].up)  # type: ignore[union-attr]
 
 
 def test_a_measured_link_replaces_the_profiles_guess_in_the_plan() -> None:
@@ -178,7 +178,7 @@ def test_a_measured_link_replaces_the_profiles_guess_in_the_plan() -> None:
 
     s = RunSettings(model="cnn", tiers=3)
     guessed, measured = (scenario(s, [ClientInfo("client0", 1, 0, "rpi4", 100, link)])
-                         for link in (None, (2.0, 8.0, 40.0)))
+                         for link in (None, LinkProfile(mbps(2.0), mbps(8.0), 0.04)))
     assert guessed.clients[0].link.up != mbps(2.0)
     link = measured.clients[0].link
     assert (link.up, link.down, link.rtt) == (mbps(2.0), mbps(8.0), 0.04)

@@ -62,8 +62,7 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
             raise ConfigError(f"{info.client_id}: device profile {info.profile!r} is neither a client of fleet "
                               f"{fleet.name!r} nor a named device profile ({', '.join(PROFILES)})")
         if info.link is not None:  # what the device measured to its edge beats what its profile guessed
-            up, down, rtt = info.link
-            base = replace(base, link=LinkProfile(mbps(up), mbps(down), rtt / 1e3))
+            base = replace(base, link=info.link)
         picked.append(replace(base, name=info.client_id, samples=info.samples or base.samples))
     profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
     return Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked), kinds={}), tiers=settings.tiers,

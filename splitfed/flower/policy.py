@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from splitfed.errors import ConfigError
 from splitfed.flower.config import RunSettings
+from splitfed.profile.devices import LinkProfile
 
 Cuts = tuple[int, ...]
 
@@ -27,7 +28,7 @@ class ClientInfo:
     partition_id: int
     profile: str = ""  # device profile / fleet client name ("" when unknown)
     samples: int = 0
-    link: tuple[float, float, float] | None = None  # (up Mbit/s, down Mbit/s, rtt ms) it measured to its edge
+    link: LinkProfile | None = None  # its link to the edge as it measured it at registration
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from splitfed.engine.types import OptimConfig, State
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec
+from splitfed.profile.devices import LinkProfile, mbps
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -164,11 +165,12 @@ class NodeInfo:
     version: str = ""
 
     @property
-    def link(self) -> tuple[float, float, float] | None:
-        """(up Mbit/s, down Mbit/s, rtt ms) as measured, or None."""
+    def link(self) -> LinkProfile | None:
+        """Its link to the edge as measured, in the cost model's units, or None."""
         ok = all(math.isfinite(v) for v in (self.up_mbps, self.down_mbps, self.rtt_ms))
-        return (self.up_mbps, self.down_mbps, self.rtt_ms) if ok and self.up_mbps > 0 and self.down_mbps > 0 \
-            and self.rtt_ms >= 0 else None
+        if not (ok and self.up_mbps > 0 and self.down_mbps > 0 and self.rtt_ms >= 0):
+            return None
+        return LinkProfile(mbps(self.up_mbps), mbps(self.down_mbps), self.rtt_ms / 1e3)
 
     def to_record(self) -> ConfigRecord:
         return ConfigRecord({k.replace("_", "-"): v for k, v in asdict(self).items()})
