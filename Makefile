@@ -23,7 +23,7 @@ proto: install
 	$(PY) -m splitfed.transport.protogen --force
 
 run: install
-	$(VENV)/bin/splitfed simulate --config simulations/configs/main.toml --out $(OUT)
+	$(VENV)/bin/splitfed simulate --config simulations/configs/main.toml --out $(OUT) --overwrite
 
 test: install
 	$(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q

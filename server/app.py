@@ -33,7 +33,7 @@ from server.strategy import RoundRecord, SplitFedAvg
 from splitfed.data.datasets import dataset_digest
 from splitfed.engine.rounds import initial_state
 from splitfed.errors import ConfigError
-from splitfed.flower import checkpoint
+from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import MetricsWriter, summarise
 from splitfed.flower.policy import make_policy
@@ -47,7 +47,7 @@ from splitfed.sim.tiers import tier_chain
 Progress = Callable[[str], None]
 
 # settings that may change between a run and its resumption (they do not change the math)
-RESUMABLE = {"rounds", "out", "resume", "tier_addresses", "round_timeout_s", "node_wait_s", "run_name",
+RESUMABLE = {"rounds", "out", "resume", "overwrite", "tier_addresses", "round_timeout_s", "node_wait_s", "run_name",
              "tls_ca", "tls_cert", "tls_key", "token_file", "sim_clock"}
 
 
@@ -86,6 +86,13 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
 
 
 def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None) -> dict[str, Any]:
+    if not settings.out:
+        return _run_in(grid, settings, say, stop)
+    with runfolder.claim(settings.out, settings.resume, settings.overwrite):  # one run per folder, held to the end
+        return _run_in(grid, settings, say, stop)
+
+
+def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None) -> dict[str, Any]:
     data = dataset_digest(settings.dataset)  # once: hashing a dataset's files each round would cost seconds
     ckpt = _resume(settings, data)
     settings = named(settings, ckpt)

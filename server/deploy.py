@@ -56,6 +56,7 @@ import psutil
 
 from splitfed import tomlio
 from splitfed.errors import ConfigError
+from splitfed.flower import runfolder
 from splitfed.flower.config import RunSettings
 
 BIN = Path(sys.executable).parent
@@ -292,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     files = [str(Path(f).resolve()) if f else "" for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file)]
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
     try:
+        wanted = RunSettings.from_mapping(overrides, source="deploy")
+        runfolder.check(wanted.out, wanted.resume, wanted.overwrite)  # before anything starts
         with Deployment(args.clients, workdir, *files, profiles=args.profile, tiers=args.tiers) as dep:
             dep.start()
             print(f"tiers {', '.join(dep.tier_addresses)}; superlink {dep.superlink}; "

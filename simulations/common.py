@@ -217,7 +217,7 @@ def train(settings: Any, out: Path, label: str, backend: str = "flower") -> Any:
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    settings = settings.with_(out=str(out))
+    settings = settings.with_(out=str(out), overwrite=True)  # the experiment's own folder: a rerun replaces it
     print(f"  [{label}] {backend}: cuts={settings.cuts} mode={settings.mode} compress={settings.compress} "
           f"-> {out}", flush=True)
     if backend == "flower":

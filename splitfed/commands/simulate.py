@@ -20,7 +20,7 @@ from splitfed.jsonio import dumps
 # flag -> RunSettings field (flags left out keep the config file's or default value)
 _FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
            "batch_size", "local_epochs", "optimizer", "lr", "momentum", "weight_decay", "u_shape", "compress",
-           "min_clients", "fraction", "min_device_blocks", "round_timeout_s", "out")
+           "min_clients", "fraction", "min_device_blocks", "round_timeout_s", "out", "overwrite")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +57,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--round-timeout-s", type=float, metavar="S",
                    help="how long a round waits for its clients (default 600)")
     p.add_argument("--out", metavar="DIR", help="run folder (default runs/sim-<time>)")
-    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    again.add_argument("--overwrite", action="store_true", default=None,
+                       help="replace the run the --out folder holds (without it, such a folder is refused)")
     p.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
     p.set_defaults(func=run)
@@ -71,7 +74,7 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     base = RunSettings()
     if args.resume:
         # the stopped run's tier processes are gone: this run starts its own (or --config names them)
-        saved = {**checkpoint.load(args.resume).settings, "tier_addresses": ""}
+        saved = {**checkpoint.load(args.resume).settings, "tier_addresses": "", "overwrite": False}
         base = RunSettings.from_mapping(saved, source=args.resume)
     if args.config:
         base = RunSettings.from_toml(args.config, base)
@@ -79,8 +82,17 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     if args.resume:
         given.update(out=args.resume, resume=True)
     elif "out" not in given and not base.out:
-        given["out"] = str(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))
+        given["out"] = _fresh_folder(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))
     return RunSettings.from_mapping(given, base, source="command line")
+
+
+def _fresh_folder(stem: Path) -> str:
+    """``stem``, or ``stem-2``, ``stem-3``...: two runs started within one second get folders of their own."""
+    path, n = stem, 1
+    while path.exists():
+        n += 1
+        path = stem.with_name(f"{stem.name}-{n}")
+    return str(path)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,6 +58,7 @@ class RunSettings:
     compress: str = "none"
     out: str = ""  # run folder: metrics.jsonl, summary.json, checkpoint; empty: none written
     resume: bool = False  # continue from ``out``'s checkpoint
+    overwrite: bool = False  # replace the run ``out`` holds (without it, such a folder is refused)
     run_name: str = ""  # names the run on the tier servers; empty: the ServerApp picks a unique one
 
     def __post_init__(self) -> None:
@@ -83,6 +84,8 @@ class RunSettings:
                 raise ConfigError(f"{_key(name)} must be a positive number of seconds, got {v}")
         if self.resume and not self.out:
             raise ConfigError("resume needs the run folder (out) holding the checkpoint")
+        if self.resume and self.overwrite:
+            raise ConfigError("resume continues the run in out, overwrite replaces it: choose one")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls-cert and tls-key go together")
         if self.tls_cert and not self.tls_ca:

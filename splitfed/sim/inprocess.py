@@ -26,10 +26,15 @@ def train_inprocess(settings: Any) -> dict[str, Any]:
     """
     import torch
 
+    from splitfed.flower import runfolder
+
+    if settings.resume:
+        raise ConfigError("the in-process backend does not resume: run it again (with overwrite)")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every process of a Flower run: the same kernels, so the same numbers
     try:
-        return _train(settings)
+        with runfolder.claim(settings.out, resume=False, overwrite=settings.overwrite):
+            return _train(settings)
     finally:
         torch.set_num_threads(threads)
 

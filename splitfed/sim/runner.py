@@ -96,6 +96,7 @@ def validate(settings: RunSettings) -> None:
     from splitfed.cost.model import cut_options
     from splitfed.data import parse_partition
     from splitfed.engine import template
+    from splitfed.flower import runfolder
     from splitfed.flower.adaptive import AdaptivePolicy, GreedyPolicy
     from splitfed.flower.policy import StaticPolicy, make_policy
     from splitfed.flower.workload import test_data
@@ -104,6 +105,8 @@ def validate(settings: RunSettings) -> None:
     from splitfed.sim.clock import fleet_for
     from splitfed.sim.inprocess import sim_clients
 
+    if settings.out:  # a folder in use, or holding a run this one neither resumes nor replaces
+        runfolder.check(settings.out, settings.resume, settings.overwrite)
     spec = resolve_spec(settings.model)
     parse_partition(settings.partition)
     test_data(spec, settings.dataset, settings.seed)  # unknown dataset or shape mismatch

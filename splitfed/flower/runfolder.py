@@ -1,0 +1,114 @@
+"""A run folder belongs to one run at a time, and a new run never writes over an old one unasked.
+
+Two processes writing one folder interleave their rounds in ``metrics.jsonl`` and
+replace each other's checkpoint; a fresh run into a folder that holds a finished
+one would truncate its metrics. So a run *claims* its folder for its whole life
+with an advisory lock (``flock``, which the kernel drops when the process dies,
+even by SIGKILL: a crashed run never leaves a stale lock behind), and a fresh run
+refuses a folder that holds a run unless told to replace it (``overwrite``).
+``--resume`` continues the run that is there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from splitfed.errors import ConfigError
+from splitfed.flower import checkpoint
+from splitfed.flower.metrics import METRICS, SUMMARY
+
+LOCK = ".splitfed.lock"
+RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``overwrite`` removes
+
+
+def held_run(folder: str | Path) -> str:
+    """What run ``folder`` holds, in words ("" if none): its finished rounds, or its files."""
+    folder = Path(folder)
+    there = [name for name in RUN_FILES if (folder / name).is_file()]
+    if not there:
+        return ""
+    metrics = folder / METRICS
+    rounds = sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip()) \
+        if metrics.is_file() else 0
+    return f"{rounds} finished round(s)" if rounds else ", ".join(there)
+
+
+def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
+    """Refuse now, before anything starts, what :func:`claim` would refuse; creates nothing."""
+    folder = Path(folder)
+    _usable(folder)
+    if not folder.is_dir():
+        return
+    _refuse_held(folder, resume, overwrite)
+    lock = folder / LOCK
+    if lock.is_file():
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            _lock(fd, folder)
+        finally:
+            os.close(fd)  # closing drops the probe's lock
+
+
+@contextmanager
+def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
+    """Hold ``folder`` for one run: refused if another process holds it, or if it holds a run that
+    this one neither resumes nor replaces (``overwrite`` removes that run's files, once the lock is
+    held)."""
+    folder = Path(folder)
+    _usable(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
+    try:
+        _lock(fd, folder)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+        _refuse_held(folder, resume, overwrite)
+        if overwrite and not resume:
+            for name in RUN_FILES:
+                (folder / name).unlink(missing_ok=True)
+        yield folder
+    finally:
+        os.close(fd)  # the lock goes with the descriptor; the file stays (removing it would race a waiter)
+
+
+def _usable(folder: Path) -> None:
+    for p in (folder, *folder.parents):
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"run folder {folder}: {p} is a file, not a folder")
+
+
+def _refuse_held(folder: Path, resume: bool, overwrite: bool) -> None:
+    if resume or overwrite:
+        return
+    held = held_run(folder)
+    if held:
+        raise ConfigError(f"run folder {folder} already holds a run ({held}); continue it with --resume "
+                          f"{folder}, replace it with --overwrite (run config: overwrite = true), "
+                          "or choose another out")
+
+
+def _lock(fd: int, folder: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(f"run folder {folder} is in use by another run ({_holder(fd)}); wait for it to end "
+                          "or choose another out") from None
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {info['pid']} on {info['host']}, since {info['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not said which"

@@ -1,0 +1,199 @@
+"""A run folder belongs to one run at a time, and a new run does not write over an old one unasked.
+
+Real processes hold the folder (and are killed with SIGKILL: the kernel drops
+their lock, so a crashed run never blocks the next one); the ServerApp's run and
+the in-process backend both claim the folder; ``splitfed simulate`` refuses an
+occupied folder before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import clients.app
+from splitfed.cli import main
+from splitfed.errors import ConfigError
+from splitfed.flower import checkpoint, runfolder
+from splitfed.flower.config import RunSettings
+from splitfed.flower.metrics import METRICS, SUMMARY
+from tests.flower_fixtures import FakeGrid, inprocess_tiers
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = RunSettings(rounds=1, clients=2, tiers=3, cuts="static:1,3", batch_size=64, seed=1)
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    """Another process that claims ``folder`` and keeps it until it is killed."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        from splitfed.flower import runfolder
+        with runfolder.claim({str(folder)!r}, resume=True, overwrite=False):
+            print("held", flush=True)
+            time.sleep(600)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "held"
+    return p
+
+
+def _finished_run(folder: Path) -> dict[str, bytes]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / METRICS).write_text('{"round": 1}\n{"round": 2}\n')
+    (folder / SUMMARY).write_text('{"rounds": 2}\n')
+    (folder / "notes.txt").write_text("the user's own file\n")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != runfolder.LOCK}
+
+
+def test_a_folder_in_use_is_refused_until_its_process_dies(tmp_path):
+    folder = tmp_path / "run"
+    p = _holder(folder)
+    try:
+        for attempt in (lambda: runfolder.check(folder, resume=True, overwrite=False),
+                        lambda: runfolder.claim(folder, resume=True, overwrite=False).__enter__()):
+            with pytest.raises(ConfigError, match=rf"run folder .*run is in use by another run \(pid {p.pid} on "):
+                attempt()
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    with runfolder.claim(folder, resume=True, overwrite=False) as held:  # the kernel dropped the dead one's lock
+        assert held == folder
+
+
+def test_a_held_run_is_refused_kept_resumed_or_replaced(tmp_path):
+    folder = tmp_path / "run"
+    before = _finished_run(folder)
+    for attempt in (lambda: runfolder.check(folder, resume=False, overwrite=False),
+                    lambda: runfolder.claim(folder, resume=False, overwrite=False).__enter__()):
+        with pytest.raises(ConfigError, match=r"already holds a run \(2 finished round\(s\)\); continue it with "
+                                              r"--resume .*, replace it with --overwrite"):
+            attempt()
+    assert _files(folder) == before  # refused: nothing touched
+    with runfolder.claim(folder, resume=True, overwrite=False):
+        assert _files(folder) == before  # resuming keeps the run
+    with runfolder.claim(folder, resume=False, overwrite=True):
+        # the run's own files go; a file of the user's stays
+        assert _files(folder) == {"notes.txt": before["notes.txt"]}
+
+
+def test_a_folder_holding_only_a_checkpoint_is_a_run(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / checkpoint.FILENAME).write_bytes(b"x")
+    assert runfolder.held_run(folder) == checkpoint.FILENAME
+    assert runfolder.held_run(tmp_path / "absent") == ""
+    (tmp_path / "empty").mkdir()
+    assert runfolder.held_run(tmp_path / "empty") == ""
+
+
+def test_check_creates_nothing_and_names_a_file_in_the_way(tmp_path):
+    runfolder.check(tmp_path / "a" / "b", resume=False, overwrite=False)
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "f").write_text("x")
+    for path in (tmp_path / "f", tmp_path / "f" / "run"):
+        with pytest.raises(ConfigError, match=r"is a file, not a folder"):
+            runfolder.check(path, resume=False, overwrite=False)
+        with pytest.raises(ConfigError, match=r"is a file, not a folder"):
+            runfolder.claim(path, resume=False, overwrite=False).__enter__()
+
+
+def test_resume_and_overwrite_together_are_refused():
+    with pytest.raises(ConfigError, match="resume continues the run in out, overwrite replaces it"):
+        RunSettings(out="x", resume=True, overwrite=True)
+
+
+def test_simulate_refuses_an_occupied_folder_before_anything_starts(tmp_path, capsys, monkeypatch):
+    import splitfed.sim.runner
+
+    def started(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the simulation started: the folder should have been refused before")
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", started)
+    folder = tmp_path / "run"
+    before = _finished_run(folder)
+    assert main(["simulate", "--out", str(folder), "--rounds", "1"]) == 2
+    assert "already holds a run (2 finished round(s))" in capsys.readouterr().err
+    assert _files(folder) == before
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", "--resume", str(folder), "--overwrite"])
+    assert e.value.code == 2
+    assert "not allowed with argument --resume" in capsys.readouterr().err
+    p = _holder(tmp_path / "busy")
+    try:
+        assert main(["simulate", "--out", str(tmp_path / "busy"), "--rounds", "1"]) == 2
+        assert f"in use by another run (pid {p.pid} on " in capsys.readouterr().err
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_default_run_folders_do_not_collide(tmp_path):
+    from splitfed.commands.simulate import _fresh_folder
+
+    stem = tmp_path / "sim-20261130-120000"
+    assert _fresh_folder(stem) == str(stem)
+    stem.mkdir()
+    assert _fresh_folder(stem) == str(tmp_path / "sim-20261130-120000-2")
+    (tmp_path / "sim-20261130-120000-2").mkdir()
+    assert _fresh_folder(stem) == str(tmp_path / "sim-20261130-120000-3")
+
+
+def test_the_server_app_holds_its_folder_for_the_whole_run(tmp_path, monkeypatch):
+    import server.app
+
+    folder = tmp_path / "run"
+    seen: list[str] = []
+
+    def progress(line: str) -> None:  # while the run is going, another process is refused the folder
+        if line.startswith("round 1"):
+            probe = subprocess.run(
+                [sys.executable, "-c", "import sys; from splitfed.flower import runfolder; "
+                 "runfolder.check(sys.argv[1], resume=True, overwrite=False)", str(folder)],
+                cwd=ROOT, capture_output=True, text=True)
+            seen.append(probe.stderr)
+
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(folder)), progress=progress)
+        assert len(seen) == 1 and "is in use by another run (pid" in seen[0], seen
+        first = (folder / METRICS).read_bytes()
+
+        with pytest.raises(ConfigError, match="already holds a run"):  # a second fresh run into it
+            server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(folder)))
+        assert (folder / METRICS).read_bytes() == first
+
+        p = _holder(folder)
+        try:
+            with pytest.raises(ConfigError, match=f"in use by another run \\(pid {p.pid} "):
+                server.app.run(FakeGrid(clients.app.app, SMALL.clients),
+                               SMALL.with_(out=str(folder), resume=True, rounds=2))
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+        assert (folder / METRICS).read_bytes() == first
+
+        server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(folder), overwrite=True))
+        assert (folder / METRICS).read_bytes().count(b"\n") == 1  # replaced, not appended
+
+
+def test_the_inprocess_backend_claims_its_folder(tmp_path):
+    from splitfed.sim.inprocess import train_inprocess
+
+    folder = tmp_path / "run"
+    before = _finished_run(folder)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_inprocess(SMALL.with_(out=str(folder)))
+    assert _files(folder) == before
+    with pytest.raises(ConfigError, match="does not resume"):
+        train_inprocess(SMALL.with_(out=str(folder), resume=True))
+    summary = train_inprocess(SMALL.with_(out=str(folder), overwrite=True))
+    assert summary["rounds"] == 1 and (folder / "notes.txt").is_file()
