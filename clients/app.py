@@ -23,14 +23,17 @@ only process-wide thing is a cache of the (read-only) dataset tensors.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from logging import WARNING
 from typing import TYPE_CHECKING
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
+from flwr.common.constant import ErrorCode
 
 import splitfed
 from splitfed.engine.rounds import Chain, RoundConfig, train_client
@@ -63,7 +66,24 @@ STATS = "splitfed-stats"  # MetricRecord in context.state: this node's running t
 app = ClientApp()
 
 
+def _refusals_as_replies(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    """A failure splitfed names (a tier's refusal, a diverged step, a bad node config) goes back as the
+    reply's error, in one line: the coordinator logs it as the client's ``why_failed`` and drops the
+    client from the round. Raised instead, it would come back wrapped in the engine's traceback. Any
+    other exception is a bug, and still raises with its traceback."""
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except SplitfedError as e:
+            log(WARNING, "%s: %s", handler.__name__, e)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(e).__name__}: {e}"),
+                           reply_to=msg)
+    return wrapped
+
+
 @app.query()
+@_refusals_as_replies
 def query(msg: Message, context: Context) -> Message:
     """Registration: partition, local sample count, device profile, own edge address, protocol, link."""
     node = NodeConfig.parse(context.node_config)
@@ -81,6 +101,7 @@ def query(msg: Message, context: Context) -> Message:
 
 
 @app.train()
+@_refusals_as_replies
 def train(msg: Message, context: Context) -> Message:
     """One round of split training of this node's device segment."""
     ins = TrainInstruction.from_record(msg.content.config_records[CONFIG])

@@ -119,8 +119,9 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         first = ckpt.round + 1 if ckpt is not None else 1
         if first > settings.rounds:
             say(f"nothing to do: the checkpoint already holds round {first - 1} of {settings.rounds}")
-        say(f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers, cuts {settings.cuts}, "
-            f"{len(strategy.clients)} client(s), rounds {first}..{settings.rounds}")
+        else:
+            say(f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers, cuts {settings.cuts}, "
+                f"{len(strategy.clients)} client(s), rounds {first}..{settings.rounds}")
         started = time.perf_counter()
         profiles = {c.client_id: c.profile for c in strategy.clients.values()}
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import pkgutil
 import sys
+import threading
 
-from splitfed.errors import SplitfedError
+from splitfed.errors import SplitfedError, Terminated
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,10 +43,30 @@ def main(argv: list[str] | None = None) -> int:
     except SplitfedError as e:
         print(f"splitfed {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"splitfed {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
+        print(f"splitfed {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
+
+
+def entry() -> None:
+    """The console script: :func:`main`, then exit without waiting on threads a stopped run left blocked.
+
+    Ctrl-C in a simulation leaves Flower's engine threads waiting on Ray actors that are gone;
+    the interpreter would join them forever at exit. By the time ``main`` returns, every process
+    the run started is stopped and every file it wrote is flushed and fsynced, so such threads
+    hold nothing worth waiting for.
+    """
+    code = main()
+    stray = [t for t in threading.enumerate()
+             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if stray:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

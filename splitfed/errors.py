@@ -14,6 +14,10 @@ class SplitfedError(Exception):
     exit_code = 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``docker stop``, systemd, Slurm): stop the way Ctrl-C does, exit code 143."""
+
+
 class CutError(SplitfedError):
     """A cut vector is illegal for the model, or the model has no legal cut."""
 

@@ -129,3 +129,23 @@ def test_a_node_of_another_splitfed_protocol_is_left_out_and_named(monkeypatch, 
 def test_every_kind_of_config_names_an_unknown_key_with_the_nearest_known_one(parse, words) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=words):
         parse()
+
+
+def test_a_refusal_goes_back_as_a_one_line_error_reply_and_a_bug_still_raises() -> None:
+    """Raised, a refusal came back wrapped in the simulation engine's traceback (Ray's, three times over);
+    as the reply's error it is the one line the coordinator logs and keeps in ``why_failed``."""
+    from flwr.app import Message, RecordDict
+
+    grid = FakeGrid(clients.app.app, 1)  # sets the task identity a message needs
+    node, context = next(iter(grid.contexts.items()))
+    context.node_config["edge_address"] = "edge:7000"
+    ask = Message(RecordDict(), dst_node_id=node, message_type="query", group_id="1")
+    reply = clients.app.app(ask, context)  # no exception
+    assert reply.has_error()
+    assert reply.error.reason.startswith("ConfigError: node config: unknown key 'edge_address' (did you mean")
+    assert "\n" not in reply.error.reason and "Traceback" not in reply.error.reason
+
+    del context.node_config["edge_address"]
+    train = Message(RecordDict(), dst_node_id=node, message_type="train", group_id="1")  # no instruction: a bug
+    with pytest.raises(KeyError, match="config"):
+        clients.app.app(train, context)

@@ -7,10 +7,13 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
 from splitfed.cli import main as cli
 from splitfed.errors import ConfigError
+from splitfed.flower.metrics import MetricsWriter, read_rows
 from splitfed.report import plots
 from splitfed.report.runs import load_run, load_runs, parse_row, rows_to_run, write_run
 from splitfed.report.summary import markdown_table, summary_markdown, summary_rows
@@ -96,6 +99,43 @@ def test_bad_files_name_file_and_line(tmp_path: Path) -> None:
     (d / "metrics.jsonl").write_text(json.dumps(make_rows(1)[0]) + "\n{not json\n")
     with pytest.raises(ConfigError, match=r"metrics.jsonl:2: not valid JSON"):
         load_run(d)
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=8), st.none()),
+                                max_size=3), min_size=1, max_size=5), st.data())
+def test_a_metrics_file_cut_anywhere_reads_as_its_complete_rows(tmp_path_factory, rows, data) -> None:  # type: ignore[no-untyped-def]
+    """A crash (or a reader racing the writer) can cut the last append anywhere: the rows before it are read,
+    never an error; the cut row at most comes whole."""
+    folder = tmp_path_factory.mktemp("m")
+    writer = MetricsWriter(folder)
+    for r in rows:
+        writer.append(r)
+    raw = writer.path.read_bytes()
+    cut = data.draw(st.integers(0, len(raw)))
+    writer.path.write_bytes(raw[:cut])
+    got = read_rows(writer.path)
+    whole = raw[:cut].count(b"\n")
+    assert got in (rows[:whole], rows[:whole + 1])
+
+
+def test_report_reads_a_run_whose_last_row_was_cut_short(tmp_path: Path) -> None:
+    rows = make_rows(3)
+    write_run(tmp_path / "run", rows)
+    raw = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    (tmp_path / "run" / "metrics.jsonl").write_bytes(raw[:-20])
+    assert [r.round for r in load_run(tmp_path / "run").rounds] == [1, 2]
+
+
+def test_report_names_an_output_folder_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_run(tmp_path / "run", make_rows(2))
+    (tmp_path / "file").write_text("x")
+    assert cli(["report", str(tmp_path / "run"), "--out", str(tmp_path / "file" / "report")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("splitfed report: error: cannot write the report to ") and "Traceback" not in err
+    from splitfed.commands.report import default_out
+
+    assert default_out([Path("/a/x"), Path("/b/y")]) == Path("report")  # not /report
+    assert default_out([tmp_path / "a", tmp_path / "b"]) == tmp_path.resolve() / "report"
 
 
 def test_clashing_labels_are_made_unique(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ occupied folder before anything starts.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,10 +44,12 @@ def _holder(folder: Path) -> subprocess.Popen:
     return p
 
 
-def _finished_run(folder: Path) -> dict[str, bytes]:
+def _finished_run(folder: Path, checkpointed: bool = True) -> dict[str, bytes]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / METRICS).write_text('{"round": 1}\n{"round": 2}\n')
     (folder / SUMMARY).write_text('{"rounds": 2}\n')
+    if checkpointed:
+        (folder / checkpoint.FILENAME).write_bytes(b"a checkpoint")
     (folder / "notes.txt").write_text("the user's own file\n")
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
@@ -84,6 +87,47 @@ def test_a_held_run_is_refused_kept_resumed_or_replaced(tmp_path):
     with runfolder.claim(folder, resume=False, overwrite=True):
         # the run's own files go; a file of the user's stays
         assert _files(folder) == {"notes.txt": before["notes.txt"]}
+
+
+def test_without_a_checkpoint_the_refusal_does_not_offer_resume(tmp_path):
+    folder = tmp_path / "run"
+    _finished_run(folder, checkpointed=False)  # e.g. the in-process backend's run
+    with pytest.raises(ConfigError, match=r"already holds a run \(2 finished round\(s\)\); replace it with "
+                                          r"--overwrite") as e:
+        runfolder.check(folder, resume=False, overwrite=False)
+    assert "--resume" not in str(e.value)
+
+
+def test_a_run_stopped_in_round_1_leaves_a_folder_a_new_run_may_use(tmp_path):
+    """Nothing finished: no checkpoint to resume from and no row to lose (before, such a folder could be
+    neither resumed nor run again)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / METRICS).write_text("")
+    assert runfolder.held_run(folder) == ""
+    runfolder.check(folder, resume=False, overwrite=False)
+    with runfolder.claim(folder, resume=False, overwrite=False):
+        pass
+
+
+def test_a_claim_clears_what_a_writer_killed_mid_write_left(tmp_path):
+    folder = tmp_path / "run"
+    before = _finished_run(folder)
+    stale = [folder / f".{checkpoint.FILENAME}.4242.tmp", folder / f".{SUMMARY}.77.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a file")
+    (folder / ".mine.tmp").write_text("not the run's")
+    with runfolder.claim(folder, resume=True, overwrite=False):
+        assert not any(p.exists() for p in stale)
+        assert _files(folder) == {**before, ".mine.tmp": b"not the run's"}
+
+
+def test_a_resume_with_damaged_metrics_is_refused_before_anything_starts(tmp_path):
+    folder = tmp_path / "run"
+    _finished_run(folder)
+    (folder / METRICS).write_text('{"round": 1}\n{"rou\n{"round": 3}\n')
+    with pytest.raises(ConfigError, match=r"metrics.jsonl:2: not valid JSON"):
+        runfolder.check(folder, resume=True, overwrite=False)
 
 
 def test_a_folder_holding_only_a_checkpoint_is_a_run(tmp_path):
@@ -197,3 +241,22 @@ def test_the_inprocess_backend_claims_its_folder(tmp_path):
         train_inprocess(SMALL.with_(out=str(folder), resume=True))
     summary = train_inprocess(SMALL.with_(out=str(folder), overwrite=True))
     assert summary["rounds"] == 1 and (folder / "notes.txt").is_file()
+
+
+def test_resuming_a_finished_run_starts_nothing(tmp_path, capsys, monkeypatch):
+    import splitfed.sim.runner
+
+    def started(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the simulation started for a run with nothing left to do")
+
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        import server.app
+
+        server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(tmp_path)),
+                       progress=lambda line: None)
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", started)
+    rows = (tmp_path / METRICS).read_bytes()
+    assert main(["simulate", "--resume", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr()
+    assert f"nothing to do: {tmp_path} already holds round 1 of 1" in out.err
+    assert json.loads(out.out)["rounds"] == 1 and (tmp_path / METRICS).read_bytes() == rows

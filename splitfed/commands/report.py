@@ -31,9 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def default_out(paths: list[Path]) -> Path:
+    """Beside the runs; runs with nothing but ``/`` in common get ``./report`` rather than ``/report``."""
     if len(paths) == 1:
         return paths[0] / "report"
-    return Path(os.path.commonpath([p.resolve() for p in paths])) / "report"
+    common = Path(os.path.commonpath([p.resolve() for p in paths]))
+    return Path("report") if common == Path(common.anchor) else common / "report"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(paths)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".report.{os.getpid()}.tmp"  # a folder that exists may still refuse writes
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"cannot write the report to {out}: {e.strerror or e}") from None
     images = standard_plots(runs, out, args.target)
     rel = {name: p.relative_to(out) for name, p in images.items()}
     (out / "summary.md").write_text(summary_markdown(runs, args.target, rel))

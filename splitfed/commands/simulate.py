@@ -10,12 +10,17 @@ and other settings that do not change the math).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from splitfed.commands._args import positive_int
 from splitfed.engine.types import MODES
 from splitfed.jsonio import dumps
+
+if TYPE_CHECKING:
+    from splitfed.flower.config import RunSettings
 
 # flag -> RunSettings field (flags left out keep the config file's or default value)
 _FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     validate(settings)
-    summary = simulate(settings, verbose=args.verbose)
+    summary = _finished(settings) or simulate(settings, verbose=args.verbose)
     if args.json:
         print(dumps(summary, indent=2, sort_keys=True))
         return 0
@@ -110,6 +115,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"\ndone: {summary.get('rounds', 0)} round(s), final accuracy {acc_text}")
     print(f"run folder: {settings.out} (metrics.jsonl, summary.json, checkpoint, {figures} figure(s))")
     return 0
+
+
+def _finished(settings: RunSettings) -> dict[str, Any] | None:
+    """A resumed run whose checkpoint already holds its last round: its summary, with nothing started."""
+    from splitfed.flower import checkpoint
+    from splitfed.flower.metrics import MetricsWriter, summarise
+
+    if not settings.resume:
+        return None
+    done = checkpoint.load(settings.out).round
+    if done < settings.rounds:
+        return None
+    print(f"nothing to do: {settings.out} already holds round {done} of {settings.rounds} "
+          f"(to train on: --resume {settings.out} --rounds {done + 1} or more)", file=sys.stderr)
+    return summarise(MetricsWriter(settings.out).rows(), settings.to_dict())
 
 
 def _report(out: str) -> int:

@@ -16,10 +16,31 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from splitfed.errors import ConfigError
 from splitfed.jsonio import dumps, write_atomic
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+
+
+def read_rows(path: str | Path) -> list[Any]:
+    """The rows of a metrics file. A last line without its newline is a row whose append a crash (or a
+    write still in progress) cut short: it is dropped, and a resumed run redoes that round. Any
+    other line that is not JSON is refused with its line number."""
+    p = Path(path)
+    text = p.read_text(errors="replace")
+    lines = text.splitlines()
+    rows: list[Any] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if n == len(lines) and not text.endswith("\n"):
+                break
+            raise ConfigError(f"{p}:{n}: not valid JSON: {e.msg}") from None
+    return rows
 
 
 class MetricsWriter:
@@ -29,9 +50,7 @@ class MetricsWriter:
         self.path = self.folder / METRICS
 
     def rows(self) -> list[dict[str, Any]]:
-        if not self.path.is_file():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_rows(self.path) if self.path.is_file() else []
 
     def truncate_after(self, round: int) -> None:
         """Keep only rows of rounds <= ``round`` (a resumed run redoes the rest)."""

@@ -22,22 +22,24 @@ from pathlib import Path
 
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint
-from splitfed.flower.metrics import METRICS, SUMMARY
+from splitfed.flower.metrics import METRICS, SUMMARY, read_rows
 
 LOCK = ".splitfed.lock"
 RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``overwrite`` removes
 
 
 def held_run(folder: str | Path) -> str:
-    """What run ``folder`` holds, in words ("" if none): its finished rounds, or its files."""
+    """What run ``folder`` holds, in words ("" if none): its finished rounds, or its files.
+
+    A run stopped before its first round ended leaves an empty ``metrics.jsonl`` and no
+    checkpoint: nothing to resume and nothing to lose, so that folder holds no run."""
     folder = Path(folder)
-    there = [name for name in RUN_FILES if (folder / name).is_file()]
-    if not there:
-        return ""
     metrics = folder / METRICS
     rounds = sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip()) \
         if metrics.is_file() else 0
-    return f"{rounds} finished round(s)" if rounds else ", ".join(there)
+    if rounds:
+        return f"{rounds} finished round(s)"
+    return ", ".join(name for name in (SUMMARY, checkpoint.FILENAME) if (folder / name).is_file())
 
 
 def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
@@ -47,6 +49,8 @@ def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
     if not folder.is_dir():
         return
     _refuse_held(folder, resume, overwrite)
+    if resume and (folder / METRICS).is_file():
+        read_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
     lock = folder / LOCK
     if lock.is_file():
         fd = os.open(lock, os.O_RDONLY)
@@ -77,6 +81,9 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
         if overwrite and not resume:
             for name in RUN_FILES:
                 (folder / name).unlink(missing_ok=True)
+        for name in RUN_FILES:  # what a writer killed mid-write left: with the lock held, no writer is alive
+            for tmp in folder.glob(f".{name}.*.tmp"):
+                tmp.unlink(missing_ok=True)
         yield folder
     finally:
         os.close(fd)  # the lock goes with the descriptor; the file stays (removing it would race a waiter)
@@ -93,9 +100,9 @@ def _refuse_held(folder: Path, resume: bool, overwrite: bool) -> None:
         return
     held = held_run(folder)
     if held:
-        raise ConfigError(f"run folder {folder} already holds a run ({held}); continue it with --resume "
-                          f"{folder}, replace it with --overwrite (run config: overwrite = true), "
-                          "or choose another out")
+        resumable = f"continue it with --resume {folder}, " if (folder / checkpoint.FILENAME).is_file() else ""
+        raise ConfigError(f"run folder {folder} already holds a run ({held}); {resumable}replace it with "
+                          "--overwrite (run config: overwrite = true), or choose another out")
 
 
 def _lock(fd: int, folder: Path) -> None:

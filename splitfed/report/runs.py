@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError
+from splitfed.flower.metrics import METRICS, SUMMARY, read_rows
 from splitfed.jsonio import dumps, write_atomic, write_json
 
-METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
 REQUIRED = ("round", "accuracy", "sim_round_s")
 _KNOWN = {*REQUIRED, "loss", "wall_s", "bytes_up", "bytes_down", "cuts", "classes"}
 
@@ -173,14 +172,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if not metrics.is_file():
         what = "is not a run folder" if p.exists() else "does not exist"
         raise ConfigError(f"{p} {what}: no {METRICS} in it")
-    rows = []
-    for n, line in enumerate(metrics.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{metrics}:{n}: not valid JSON: {e.msg}") from None
+    rows = read_rows(metrics)  # a run still writing its last row: the rows before it
     summary: dict[str, Any] = {}
     sp = folder / SUMMARY
     if sp.is_file():

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from splitfed.errors import SplitfedError
+from splitfed.errors import SplitfedError, Terminated
 from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import RayStartError, start_ray
 from splitfed.sim.tiers import start_tiers
@@ -47,12 +48,16 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         logging.getLogger("flwr").addFilter(quiet)
     stop = threading.Event()
     summary: dict[str, Any] = {}
+    before: dict[int, Any] = {}
+    interrupted = False
+    progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) and {settings.tiers - 1} tier process(es)...")
     try:
         try:
             start_ray({"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
                        "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress)
         except RayStartError as e:
             raise SimulationError(f"the simulation engine failed: {e}") from e
+        before = _stop_on_signals()  # after Ray's start: its SIGTERM handler would abort the process instead
         with start_tiers(settings) as chain:
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses))
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
@@ -68,12 +73,35 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
                 raise SimulationError(f"the simulation engine failed: {type(root).__name__}: {root}") from e
             finally:
                 stop.set()
+    except KeyboardInterrupt:
+        # Flower's engine threads are left behind and may still log after this returns (see _stop_on_signals)
+        interrupted = True
+        logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+        raise
     finally:
         if ray.is_initialized():
             ray.shutdown()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
         logging.getLogger("flwr").removeFilter(quiet)
-        logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
+        if not interrupted:
+            logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
     return summary
+
+
+def _stop_on_signals() -> dict[int, Any]:
+    """Ctrl-C and SIGTERM stop the run the same way: Flower's logger is silenced first (Ray then goes down
+    under Flower's engine threads, and what they log about it is this stop's echo, not news), then
+    :class:`KeyboardInterrupt` (:class:`Terminated` for SIGTERM) unwinds the main thread: every process
+    stopped, the last checkpoint kept. Returns the handlers it replaced ({}: not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum: int, frame: Any) -> None:
+        logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 class ExpectedWarnings(logging.Filter):
