@@ -15,6 +15,7 @@ would build that model. Exit 0: every tier answered (and the chain holds),
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -50,12 +51,21 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.errors import ConfigError, TierError
     from splitfed.flower.transport import connect
     from splitfed.models.zoo import resolve_spec
+    from splitfed.transport.address import parse_address
     from splitfed.transport.describe import TierInfo, check_chain
     from splitfed.transport.probe import measure_link
+    from splitfed.transport.security import TlsConfig
 
     for flag, v in (("--timeout", args.timeout), ("--round-timeout-s", args.round_timeout_s)):
-        if v is not None and not v > 0:
-            raise ConfigError(f"{flag} must be > 0, got {v}")
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"{flag} must be a positive, finite number of seconds, got {v}")
+    for addr in args.addresses:  # every address before any is tried: a typo is no tier that is down
+        parse_address(addr)
+    if args.tls_ca or args.tls_cert or args.tls_key:
+        if bool(args.tls_cert) != bool(args.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        TlsConfig(args.tls_cert or None, args.tls_key or None, args.tls_ca or None).check(
+            ("--tls-cert", "--tls-key", "--tls-ca"))
     if args.fleet_entry is not None and len(args.addresses) != 1:
         raise ConfigError("--fleet-entry measures this host's link to its edge: give exactly one address")
     if args.fleet_entry is not None and (not args.fleet_entry or any(c.isspace() for c in args.fleet_entry)):

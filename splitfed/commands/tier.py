@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -58,11 +59,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from splitfed.transport.address import parse_address
+    from splitfed.transport.codec import Codec
     from splitfed.transport.security import TlsConfig, read_token
+    from splitfed.transport.server import parse_listen
 
     role = args.role or ("edge" if args.next_address else "cloud")
     if role == "cloud" and args.next_address:
         raise ConfigError("a cloud tier ends the chain: drop --next or use --role edge")
+    if role == "edge" and args.next_address is None:
+        raise ConfigError("an edge tier forwards to the next tier: give --next HOST:PORT, or drop --role edge "
+                          "(a tier without --next ends the chain: a cloud tier; --name names it)")
+    parse_listen(args.listen, "--listen address")
+    if args.next_address is not None:
+        parse_address(args.next_address, "--next address")
+    # checked whether or not there is a --next, so that a typo never waits for the day one is added
+    try:
+        Codec.parse(args.compress)
+    except ConfigError as e:
+        raise ConfigError(f"--compress: {e}") from None
+    if not (math.isfinite(args.deadline) and args.deadline > 0):
+        raise ConfigError(f"--deadline must be a positive, finite number of seconds, got {args.deadline}")
     tls = None
     if args.tls_cert or args.tls_key or args.tls_ca:
         if args.insecure:
@@ -70,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("TLS needs --tls-cert and --tls-key (--tls-ca adds mutual TLS)")
         tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+        tls.check(("--tls-cert", "--tls-key", "--tls-ca"))  # before serving: gRPC would only fail to bind
     elif not args.insecure:
         raise ConfigError("refusing to serve without TLS: give --tls-cert and --tls-key (and --tls-ca for mutual "
                           "TLS), or --insecure to serve in plaintext on purpose")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, unknown_key
+from splitfed.transport.address import parse_address
 
 EXAMPLE = "flower-supernode --node-config 'partition-id=0 num-partitions=2'"
 
@@ -45,7 +46,8 @@ class NodeConfig:
                 continue
             v = cfg[key]
             if f.type == "int":
-                if isinstance(v, bool) or not isinstance(v, int | str) or not str(v).strip().lstrip("-").isdigit():
+                digits = str(v).strip().removeprefix("-")
+                if isinstance(v, bool) or not isinstance(v, int | str) or not (digits.isascii() and digits.isdigit()):
                     raise ConfigError(f"node config: {key} must be an integer, got {v!r}")
                 v = int(v)
             elif not isinstance(v, str):
@@ -57,11 +59,16 @@ class NodeConfig:
         if "num-partitions" not in cfg:  # its own data: no partition to pick, the id only names the client
             vals["num_partitions"] = vals["partition_id"] + 1 if vals["partition_id"] >= 0 else 1
         node = cls(**vals)
+        if node.num_partitions < 1:
+            raise ConfigError(f"node config: num-partitions must be >= 1, got {node.num_partitions}")
+        if node.edge_address:
+            parse_address(node.edge_address, "node config: edge-address")
         if not 0 <= node.partition_id < node.num_partitions:
             raise ConfigError(f"node config: partition-id {node.partition_id} is outside 0..{node.num_partitions - 1} "
                               f"(num-partitions {node.num_partitions})")
         for key in ("data-file", "tls-ca", "tls-cert", "tls-key", "token-file"):
             path = getattr(node, key.replace("-", "_"))
             if path and not Path(path).is_file():
-                raise ConfigError(f"node config: {key} {path}: no such file on this node")
+                what = "a folder, not a file" if Path(path).is_dir() else "no such file on this node"
+                raise ConfigError(f"node config: {key} {path}: {what}")
         return node

@@ -11,6 +11,7 @@ with the same sequence number returns its cached reply and is applied once.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -27,6 +28,7 @@ from splitfed.errors import ConfigError, NotFound, TierError
 from splitfed.models.zoo import ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
+from splitfed.transport.address import parse_address
 from splitfed.transport.describe import PROTOCOL, TierInfo, this_version
 from splitfed.transport.errors import DeadlineExceeded, RpcFailed, error_of
 from splitfed.transport.pb import SERVICE, method, pb
@@ -88,10 +90,11 @@ class GrpcTierClient:
                  interceptors: Sequence[grpc.UnaryUnaryClientInterceptor | grpc.StreamStreamClientInterceptor
                                         | grpc.StreamUnaryClientInterceptor | grpc.UnaryStreamClientInterceptor]
                  = ()) -> None:
-        if deadline_s <= 0:
-            raise ConfigError(f"deadline_s must be > 0, got {deadline_s}")
+        if not (math.isfinite(deadline_s) and deadline_s > 0):
+            raise ConfigError(f"deadline_s must be a positive number of seconds, got {deadline_s}")
         if insecure and tls is not None:
             raise ConfigError("insecure=True contradicts a TLS config: choose one")
+        parse_address(address, "tier address")
         self.address = address
         self.deadline_s = float(deadline_s)
         self.codec = tc.Codec.parse(compress)

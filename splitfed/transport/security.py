@@ -39,6 +39,36 @@ def _read(path: str | Path | None, what: str) -> bytes | None:
     return data
 
 
+def _pem_certificates(data: bytes, path: object, what: str) -> list[Any]:
+    from cryptography import x509
+
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        certs = []
+    if not certs:
+        raise ConfigError(f"{what} {path} is not a PEM certificate")
+    return certs
+
+
+def _pem_key(data: bytes, path: object, what: str) -> Any:
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        return serialization.load_pem_private_key(data, password=None)
+    except TypeError:
+        raise ConfigError(f"{what} {path} is encrypted: give the key without a passphrase") from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise ConfigError(f"{what} {path} is not a PEM private key") from None
+
+
+def _spki(public_key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
 @dataclass(frozen=True)
 class TlsConfig:
     """PEM files: this party's certificate chain and key, and the CA that signs its peers."""
@@ -56,19 +86,31 @@ class TlsConfig:
     def mutual(self) -> bool:
         return self.ca is not None
 
+    def check(self, names: tuple[str, str, str] = ("TLS certificate", "TLS key", "CA certificate")
+              ) -> tuple[bytes | None, bytes | None, bytes | None]:
+        """The PEM bytes of (cert, key, ca), refused with a ConfigError naming the file (as ``names``: e.g.
+        the flags ``--tls-cert``, ``--tls-key``, ``--tls-ca``) unless each parses as what it should be and the
+        key is the certificate's. gRPC would otherwise fail later and vaguely: a tier "cannot listen", a
+        client's handshake fails and the tier looks down."""
+        cert, key, ca = (_read(self.cert, names[0]), _read(self.key, names[1]), _read(self.ca, names[2]))
+        leaf = _pem_certificates(cert, self.cert, names[0])[0] if cert is not None else None
+        if ca is not None:
+            _pem_certificates(ca, self.ca, names[2])
+        if key is not None:
+            private = _pem_key(key, self.key, names[1])
+            if leaf is not None and _spki(private.public_key()) != _spki(leaf.public_key()):
+                raise ConfigError(f"{names[1]} {self.key} is not the key of {names[0]} {self.cert}")
+        return cert, key, ca
+
     def server_credentials(self) -> grpc.ServerCredentials:
         if self.cert is None:
             raise ConfigError("a TLS server needs a certificate and key (--tls-cert, --tls-key)")
-        pair = (_read(self.key, "TLS key"), _read(self.cert, "TLS certificate"))
-        ca = _read(self.ca, "CA certificate")
-        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+        cert, key, ca = self.check()
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.ca, "CA certificate"),
-            private_key=_read(self.key, "TLS key"),
-            certificate_chain=_read(self.cert, "TLS certificate"),
-        )
+        cert, key, ca = self.check()
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     def channel_options(self) -> list[tuple[str, str]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
@@ -78,7 +120,10 @@ def read_token(path: str | Path) -> str:
     """A bearer token from a file (surrounding whitespace ignored; empty refused)."""
     data = _read(path, "token file")
     assert data is not None
-    token = data.decode("utf-8", errors="strict").strip()
+    try:
+        token = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"token file {path} must hold one token of printable ASCII characters") from None
     if any(c.isspace() for c in token) or not token.isprintable():
         raise ConfigError(f"token file {path} must hold one token without spaces")
     return token

@@ -40,6 +40,7 @@ from splitfed.errors import (
 from splitfed.models.zoo import ZOO, ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
+from splitfed.transport.address import parse_address
 from splitfed.transport.client import DEADLINE, GrpcTierClient, server_options
 from splitfed.transport.describe import PROTOCOL, TierInfo
 from splitfed.transport.errors import PermissionDenied, status_of
@@ -304,11 +305,9 @@ def _client_ref(raw: bytes) -> pb.ClientRef:
     return ref
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"listen address must be HOST:PORT, got {listen!r}")
-    return host, int(port)
+def parse_listen(listen: str, what: str = "listen address") -> tuple[str, int]:
+    """The address to serve on as ``(HOST, PORT)``: :func:`parse_address` with port 0 (any free port) allowed."""
+    return parse_address(listen, what, listen=True)
 
 
 @dataclass
@@ -392,6 +391,8 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
         raise ConfigError("refusing to serve without TLS: give a certificate and key (--tls-cert, --tls-key; "
                           "--tls-ca for mutual TLS), or --insecure to serve in plaintext on purpose")
     host, _ = parse_listen(listen)
+    if next_address is not None:
+        parse_address(next_address, "next tier address")
     limits = limits or wire.Limits()
     next_link: Link | None = None
     client = None

@@ -1,0 +1,66 @@
+"""Tier addresses as users write them: ``HOST:PORT``, checked once, before anything connects or listens."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from splitfed.errors import ConfigError
+
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?")
+
+
+def parse_address(address: str, what: str = "address", *, listen: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` as ``(HOST, PORT)``, HOST as written (``[::1]`` keeps its brackets), or a ConfigError.
+
+    HOST is a DNS name, an IPv4 address or a bracketed IPv6 address; PORT is 1..65535 (0..65535 with
+    ``listen``: 0 asks for any free port). The one parser of every address a user gives a tier or a
+    client (``--listen``, ``--next``, ``ping``, ``tier-addresses``), so that a typo is refused as such
+    rather than wrapped around (port 99999), defaulted (no port: 443) or taken for a tier that is down.
+    """
+    lo = 0 if listen else 1
+    hint = _address_problem(address, lo)
+    if hint is not None:
+        raise ConfigError(f"bad {what} {address!r}: want HOST:PORT with a port in {lo}..65535"
+                          + (f" ({hint})" if hint else ""))
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def _address_problem(address: str, lo: int) -> str | None:
+    """Why ``address`` is no HOST:PORT ("" when nothing more specific can be said), or None if it is one."""
+    if not isinstance(address, str) or not address:
+        return "it is empty"
+    if "://" in address or address.split(":", 1)[0].lower() in ("dns", "unix", "unix-abstract", "ipv4", "ipv6",
+                                                                 "vsock"):
+        return "no scheme: give the bare HOST:PORT"
+    host, sep, port = address.rpartition(":")
+    if not sep or not port:
+        return "the port is missing"
+    if not (port.isascii() and port.isdigit()) or len(port) > 5:
+        return f"port {port!r} is not a number" if not port.lstrip("-").isdigit() else ""
+    if not lo <= int(port) <= 65535:
+        return ""
+    if not host:
+        return "the host is missing"
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"{host} is no IPv6 address"
+        return None
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"host {host!r} is no host name"
+        return f"bracket an IPv6 host: [{host}]:{port}"
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if len(host) > 253 or not all(_LABEL.fullmatch(label) and len(label) <= 63 for label in labels):
+        return f"host {host!r} is no host name"
+    if len(labels) == 4 and all(label.isdigit() for label in labels):  # dotted quad: 4 bytes
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{host} is no IPv4 address"
+    return None
