@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -33,6 +34,32 @@ def positive_int(text: str) -> int:
     return v
 
 
+MAX_BATCH = 1 << 20  # samples per batch: beyond this, one batch of any model outgrows a host's memory
+MAX_CLASSES = 1_000_000  # a classifier head beyond this is no longer a model splitfed can build
+MAX_SEED = 2**32 - 1
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]``, else a clear error naming the bounds."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in {low}..{high:,}, got {text!r}") from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in {low}..{high:,}, got {v}")
+        return v
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+batch_size = bounded_int(1, MAX_BATCH)
+num_classes = bounded_int(1, MAX_CLASSES)
+seed = bounded_int(0, MAX_SEED)
+
+
 def non_negative_float(text: str) -> float:
     try:
         v = float(text)
@@ -47,4 +74,4 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="zoo name (mlp, cnn, vgg11, resnet18, mobilenetv2, "
                    "transformer) or module.path:factory")
     p.add_argument("--input-shape", type=shape, default=None, help="input shape without batch, e.g. 3,32,32")
-    p.add_argument("--num-classes", type=positive_int, default=None)
+    p.add_argument("--num-classes", type=num_classes, default=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from splitfed.commands._args import add_model_args, int_list, positive_int
+from splitfed.commands._args import add_model_args, batch_size, int_list, positive_int
 from splitfed.commands.profile import cache_dir
 from splitfed.cost.model import Scenario
 from splitfed.errors import ConfigError
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--fleet", required=True, help="fleet TOML file, or a shipped fleet: reference, small")
     p.add_argument("--tiers", type=int, choices=(2, 3), default=3)
-    p.add_argument("--batch", type=positive_int, default=32)
+    p.add_argument("--batch", type=batch_size, default=32)
     p.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round")
     p.add_argument("--mode", choices=("sl", "sflv1", "sflv2"), default="sflv1",
                    help="variant to price: sflv1 (parallel, replica per client), sflv2 (shared server model, "

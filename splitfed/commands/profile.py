@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from splitfed.commands._args import add_model_args, positive_int
+from splitfed.commands._args import add_model_args, batch_size, positive_int
 from splitfed.jsonio import dumps
 from splitfed.models.zoo import resolve_spec
 from splitfed.profile.profiler import ModelProfile, profile_model
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="profile a model's blocks (FLOPs, bytes, memory, time)",
                        description=__doc__.splitlines()[0])
     add_model_args(p)
-    p.add_argument("--batch", type=positive_int, default=32)
+    p.add_argument("--batch", type=batch_size, default=32)
     p.add_argument("--reps", type=positive_int, default=3, help="timed repetitions per block (median)")
     p.add_argument("--optimizer-slots", type=int, default=1, choices=(0, 1, 2),
                    help="optimizer tensors per parameter (SGD 0, momentum 1, Adam 2)")

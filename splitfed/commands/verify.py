@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from splitfed.commands._args import add_model_args, positive_int
+from splitfed.commands._args import add_model_args, batch_size, positive_int, seed
 from splitfed.engine import template
 from splitfed.engine.types import MODES
 from splitfed.errors import ConfigError
@@ -36,12 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=positive_int, default=2, help="training steps per client per round")
     p.add_argument("--rounds", type=positive_int, default=1)
     p.add_argument("--clients", type=positive_int, default=1)
-    p.add_argument("--batch", type=positive_int, default=4)
+    p.add_argument("--batch", type=batch_size, default=4)
     p.add_argument("--mode", choices=MODES, default="sflv1")
     p.add_argument("--u-shape", action="store_true", help="the device also holds the last blocks and the loss")
     p.add_argument("--transport", choices=("inproc", "grpc"), default="inproc",
                    help="grpc: run the server tiers as real tier processes on 127.0.0.1")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="0..2**32-1")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 

@@ -16,13 +16,14 @@ import torch
 from torch import nn
 
 from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
-from splitfed.errors import ResourceExhausted
+from splitfed.errors import ResourceExhausted, SplitfedError
 from splitfed.models.blocks import Blocks, to_blocks
-from splitfed.models.zoo import ZOO, ModelSpec, build
+from splitfed.models.zoo import ZOO, ModelSpec, build, check_input, input_error
 
 _lock = threading.Lock()
 
 SMALL_INPUT_BYTES = 1 << 20  # above this, a forward pass on meta sizes the activations (~2 s once a process)
+SMALL_NUM_CLASSES = 1000  # above this, a zoo model's head alone may exceed the limits: it is measured
 
 
 def _key(spec: ModelSpec) -> str:
@@ -52,6 +53,10 @@ def _size(key: str, model_bytes: int) -> tuple[int, int]:
         try:
             with torch.no_grad():
                 model(x)
+        except SplitfedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a shape error on meta is the input's fault
+            raise input_error(spec, e) from None
         finally:
             for h in hooks:
                 h.remove()
@@ -77,6 +82,7 @@ def admit(spec: ModelSpec) -> None:
     """
     lim = current_limits()
     if (spec.name in ZOO and not spec.kwargs and math.prod(spec.input_shape) * 8 <= SMALL_INPUT_BYTES
+            and spec.num_classes <= SMALL_NUM_CLASSES
             and lim.model_bytes >= DEFAULT_LIMITS.model_bytes and lim.sample_bytes >= DEFAULT_LIMITS.sample_bytes):
         return
     params, peak = size(spec)
@@ -94,7 +100,11 @@ def _mib(n: int) -> str:
 
 @lru_cache(maxsize=16)
 def _template(key: str) -> Blocks:
-    return to_blocks(build(ModelSpec.from_dict(json.loads(key)), seed=0))
+    spec = ModelSpec.from_dict(json.loads(key))
+    model = build(spec, seed=0)
+    blocks = to_blocks(model)  # first: a model that cannot be cut says so whatever its input
+    check_input(spec, model)  # the one place a spec meets its input shape: refuse it clearly
+    return blocks
 
 
 def template(spec: ModelSpec) -> Blocks:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, SplitfedError
 from splitfed.models import rng
 
 
@@ -63,6 +63,16 @@ class ModelSpec:
 # ---------------------------------------------------------------- zoo models
 
 
+def _image_shape(input_shape: tuple[int, ...], least: int) -> tuple[int, int, int]:
+    """``(channels, height, width)`` of an image model's input, each side at least ``least``."""
+    if len(input_shape) != 3:
+        raise ValueError(f"expected (channels, height, width), got {len(input_shape)} dimension(s)")
+    c, h, w = input_shape
+    if h < least or w < least:
+        raise ValueError(f"height and width must be at least {least}, got {h}x{w}")
+    return c, h, w
+
+
 def mlp(input_shape: tuple[int, ...] = (64,), num_classes: int = 10, hidden: int = 128) -> nn.Module:
     n_in = math.prod(input_shape)
     return nn.Sequential(
@@ -76,7 +86,7 @@ def mlp(input_shape: tuple[int, ...] = (64,), num_classes: int = 10, hidden: int
 
 def cnn(input_shape: tuple[int, ...] = (1, 8, 8), num_classes: int = 10, width: int = 16) -> nn.Module:
     """LeNet-style: two conv stages, two dense layers; sized for digits (8x8) or MNIST (28x28)."""
-    c, h, w = input_shape
+    c, h, w = _image_shape(input_shape, 4)
     flat = 2 * width * (h // 4) * (w // 4)
     return nn.Sequential(
         nn.Sequential(nn.Conv2d(c, width, 3, padding=1), nn.ReLU()),
@@ -95,7 +105,7 @@ _VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 def vgg11(input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, width: float = 1.0) -> nn.Module:
     """CIFAR VGG-11 with BatchNorm; every conv stage and every pool is one block."""
     layers: list[nn.Module] = []
-    c, h, w = input_shape
+    c, h, w = _image_shape(input_shape, 32)
     for v in _VGG11:
         if v == "M":
             layers.append(nn.MaxPool2d(2))
@@ -152,7 +162,7 @@ class ResNet18(nn.Module):
 
 
 def resnet18(input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, width: int = 64) -> nn.Module:
-    return ResNet18(input_shape[0], num_classes, width)
+    return ResNet18(_image_shape(input_shape, 1)[0], num_classes, width)
 
 
 class InvertedResidual(nn.Module):
@@ -210,7 +220,7 @@ class MobileNetV2(nn.Module):
 
 
 def mobilenetv2(input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, width: float = 0.25) -> nn.Module:
-    return MobileNetV2(input_shape[0], num_classes, width)
+    return MobileNetV2(_image_shape(input_shape, 1)[0], num_classes, width)
 
 
 class EncoderLayer(nn.Module):
@@ -260,6 +270,8 @@ class TinyTransformer(nn.Module):
 
 def transformer(input_shape: tuple[int, ...] = (64,), num_classes: int = 10, vocab: int = 17,
                 d: int = 32, layers: int = 2) -> nn.Module:
+    if len(input_shape) != 1:
+        raise ValueError(f"expected (sequence length,), got {len(input_shape)} dimensions")
     return TinyTransformer(vocab, input_shape[0], num_classes, d=d, layers=layers)
 
 
@@ -327,12 +339,62 @@ def _build(spec: ModelSpec) -> nn.Module:
         kw = dict(spec.kwargs)
         if e.vocab:
             kw.setdefault("vocab", spec.vocab)
-        model = e.factory(spec.input_shape, spec.num_classes, **kw)
+        try:
+            model = e.factory(spec.input_shape, spec.num_classes, **kw)
+        except SplitfedError:
+            raise
+        except Exception as ex:  # noqa: BLE001 - a zoo model refusing its input fails in many types
+            raise input_error(spec, ex) from None
     else:
-        model = _import_factory(spec.name)(**spec.kwargs)
+        factory = _import_factory(spec.name)
+        try:
+            model = factory(**spec.kwargs)
+        except SplitfedError:
+            raise
+        except Exception as ex:  # noqa: BLE001 - the user's code may raise anything
+            raise ConfigError(f"model factory {spec.name} raised {type(ex).__name__}: {_first_line(ex)}") from None
         if not isinstance(model, nn.Module):
             raise ConfigError(f"factory {spec.name!r} returned {type(model).__name__}, not torch.nn.Module")
     return model
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def input_error(spec: ModelSpec, e: BaseException) -> ConfigError:
+    """The one-line refusal of a model that fails on its input shape (or its build options)."""
+    shape = tuple(spec.input_shape)
+    what = f"model {spec.name}" + (f" with {dict(spec.kwargs)}" if spec.kwargs else "")
+    return ConfigError(f"{what} does not take inputs of shape {shape}: {_first_line(e)}")
+
+
+def check_input(spec: ModelSpec, model: nn.Module) -> None:
+    """Run one example sample through ``model`` (built from ``spec``); a ConfigError if it does not fit.
+
+    The model runs in eval mode without gradients, so it draws nothing from torch's generator
+    and updates no statistics; its mode is given back afterwards. The output must be
+    ``(batch, num_classes)`` logits, as the training loss expects.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            out = model(spec.example_input(1))
+    except SplitfedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - shape errors come as RuntimeError, ValueError, IndexError...
+        raise input_error(spec, e) from None
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"model {spec.name} outputs {got} for one sample of shape {tuple(spec.input_shape)}; "
+                          f"expected logits of shape [1, {spec.num_classes}]")
+    if out.shape[1] != spec.num_classes:
+        raise ConfigError(f"model {spec.name} outputs {out.shape[1]} classes, --num-classes is {spec.num_classes}")
 
 
 def with_kwargs(spec: ModelSpec, **kwargs: object) -> ModelSpec:

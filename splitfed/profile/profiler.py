@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import statistics
@@ -30,10 +31,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from splitfed.errors import ConfigError
 from splitfed.models import rng
-from splitfed.models.blocks import to_blocks
-from splitfed.models.zoo import ModelSpec, build
+from splitfed.models.blocks import Blocks, to_blocks
+from splitfed.models.zoo import ModelSpec, build, check_input
 
 PROFILE_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -128,21 +131,51 @@ def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1,
         return _MEMORY[key]
     cache_dir = cache_dir or os.environ.get("SPLITFED_PROFILE_CACHE")
     path = Path(cache_dir) / f"{spec.name.replace(':', '_').replace('/', '_')}-{key}.json" if cache_dir else None
-    if path is not None and path.is_file():
-        try:
-            prof = ModelProfile.from_dict(json.loads(path.read_text()))
-            _MEMORY[key] = prof
-            return prof
-        except (ValueError, TypeError, ConfigError):
-            pass  # a stale or broken cache entry is re-measured
+    prof = _read_cache(path) if path is not None else None
+    if prof is not None:
+        _MEMORY[key] = prof
+        return prof
+    from splitfed.engine.template import admit
+
+    admit(spec)  # a model too large to build here is refused before it is built
     prof = _measure(spec, batch, optimizer_slots, max(1, reps), seed)
     _MEMORY[key] = prof
     if path is not None:
+        _write_cache(path, prof)
+    return prof
+
+
+def _read_cache(path: Path) -> ModelProfile | None:
+    """The cached profile at ``path``; None (measure again) when absent, stale, broken or unreadable."""
+    try:
+        if not path.is_file():
+            return None
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        log.warning("profile cache entry %s cannot be read (%s: %s); measuring again", path, type(e).__name__, e)
+        return None
+    try:
+        if not isinstance(d, dict):
+            raise TypeError(f"a JSON {type(d).__name__}, not an object")
+        return ModelProfile.from_dict(d)
+    except (ValueError, TypeError, ConfigError):
+        return None  # a stale or broken cache entry is re-measured (and overwritten)
+
+
+def _write_cache(path: Path, prof: ModelProfile) -> None:
+    """Keep ``prof`` at ``path``; a cache that cannot be written is skipped with one warning."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(prof.to_dict()))
         tmp.replace(path)
-    return prof
+    except OSError as e:
+        log.warning("profile cache %s cannot be written (%s: %s); the profile is not kept on disk",
+                    path.parent, type(e).__name__, e)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _tensors(x: object) -> list[torch.Tensor]:
@@ -176,6 +209,19 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int) -> M
     model = build(spec, seed)
     model.train()
     blocks = to_blocks(model)
+    check_input(spec, model)  # a wrong input shape is refused clearly, before batch-sized work (modes kept)
+    try:
+        return _measure_blocks(spec, blocks, batch, slots, reps, seed)
+    except (MemoryError, RuntimeError) as e:
+        if isinstance(e, MemoryError) or "alloc" in str(e).lower() or "out of memory" in str(e).lower():
+            raise ConfigError(f"profiling model {spec.name} at batch {batch} runs out of memory: "
+                              f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
+                              "use a smaller --batch") from None
+        raise
+
+
+def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, reps: int,
+                    seed: int) -> ModelProfile:
     x: object = spec.example_input(batch)
     input_bytes = _nbytes(x) / batch
     names, fwd, bwd, pbytes, obytes, abytes, fixed, fwd_s, bwd_s = ([] for _ in range(9))
