@@ -73,13 +73,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """Defaults <- checkpoint (--resume) <- config file <- flags."""
+    from splitfed.errors import ConfigError
     from splitfed.flower import checkpoint
     from splitfed.flower.config import RunSettings
 
+    if getattr(args, "out", None) is not None and not args.out.strip():
+        raise ConfigError("--out must name a folder (a run writes its metrics and checkpoint there)")
     base = RunSettings()
     if args.resume:
         # the stopped run's tier processes are gone: this run starts its own (or --config names them)
         saved = {**checkpoint.load(args.resume).settings, "tier_addresses": "", "overwrite": False}
+        if getattr(args, "out", None) is not None and Path(args.out) != Path(args.resume):
+            raise ConfigError(f"--resume {args.resume} continues the run in {args.resume}: --out {args.out} "
+                              "cannot move it (copy the folder first to continue a copy)")
         base = RunSettings.from_mapping(saved, source=args.resume)
     if args.config:
         base = RunSettings.from_toml(args.config, base)

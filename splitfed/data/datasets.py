@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import math
+import zipfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -229,6 +230,14 @@ def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS
     if not path.is_file():
         raise ConfigError(f"{where}: no such file; {_NEVER}")
     try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it: {e.strerror or e}") from None
+    if magic != b"PK\x03\x04":  # np.load would take a .npy array, or guess a text file holds pickled data
+        raise ConfigError(f"{where}: not a .npz archive (a zip of arrays, as numpy.savez writes; "
+                          f"a .npy file holds one array)")
+    try:
         with np.load(path, allow_pickle=False) as f:
             missing = [k for k in keys if k not in f.files]
             if missing:
@@ -237,7 +246,7 @@ def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS
             arrays = {k: f[k] for k in keys}
     except ConfigError:
         raise
-    except (OSError, ValueError, EOFError) as e:  # not an npz, a truncated one, or object arrays (pickle)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a truncated npz, or object arrays (pickle)
         raise ConfigError(f"{where}: cannot read it as a NumPy .npz without pickle: {type(e).__name__}: {e}") \
             from None
     out = []

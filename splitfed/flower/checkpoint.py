@@ -63,7 +63,12 @@ def save(folder: str | Path, ckpt: Checkpoint) -> Path:
 
 
 def load(folder: str | Path) -> Checkpoint:
-    path = Path(folder) / FILENAME
+    folder = Path(folder)
+    path = folder / FILENAME
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"cannot resume: {folder} is a file, not a run folder")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"cannot resume: {path} is not a file")
     if not path.is_file():
         raise ConfigError(f"cannot resume: {path} does not exist (no round of that run finished)")
     try:
@@ -77,4 +82,5 @@ def load(folder: str | Path) -> Checkpoint:
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem
-        raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"cannot read checkpoint {path}: it is corrupt or truncated ({type(e).__name__}: {e}); "
+                          "a checkpoint is replaced whole, so this file was damaged after it was written") from None

@@ -19,6 +19,7 @@ from typing import Any
 
 from splitfed.engine.types import MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
+from splitfed.transport.address import parse_address
 
 ALIASES = {"num_server_rounds": "rounds", "num_clients": "clients", "num_supernodes": "clients"}
 
@@ -78,6 +79,11 @@ class RunSettings:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.min_clients < 1:
             raise ConfigError(f"min-clients must be >= 1, got {self.min_clients}")
+        if self.min_clients > self.clients:
+            raise ConfigError(f"min-clients ({self.min_clients}) is more than clients ({self.clients}): "
+                              "no round could finish")
+        if self.seed >= 2**63:
+            raise ConfigError(f"seed must be < 2**63, got {self.seed}")
         for name in ("round_timeout_s", "node_wait_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
@@ -93,6 +99,8 @@ class RunSettings:
         if self.addresses and len(self.addresses) != self.tiers - 1:
             raise ConfigError(f"tier-addresses names {len(self.addresses)} tier server(s); "
                               f"{self.tiers} tiers need {self.tiers - 1}")
+        for address in self.addresses:
+            parse_address(address, "tier-addresses entry")
         # the transport's own codec parser, imported only when settings are made
         from splitfed.cost.model import parse_codec
 
@@ -140,14 +148,22 @@ class RunSettings:
     def from_toml(cls, path: str | Path, base: RunSettings | None = None) -> RunSettings:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {p} does not exist") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start}): TOML files are UTF-8") from None
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"cannot read config file {p}: {e}") from None
         table = data.get("simulate", data)
         if not isinstance(table, dict):
             raise ConfigError(f"{p}: [simulate] must be a table")
+        if table is not data:  # an experiment's own keys may sit above [simulate]; a run setting there is lost
+            names = {f.name for f in fields(cls)} | set(ALIASES)
+            lost = sorted(k for k in data if k != "simulate" and k.replace("-", "_") in names)
+            if lost:
+                raise ConfigError(f"{p}: {', '.join(repr(k) for k in lost)} above [simulate] would be ignored: "
+                                  "put run settings under [simulate]")
         return cls.from_mapping(table, base, source=str(p))
 
     def to_dict(self) -> dict[str, Any]:

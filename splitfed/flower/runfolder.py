@@ -11,6 +11,7 @@ refuses a folder that holds a run unless told to replace it (``overwrite``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -67,13 +68,16 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
     held)."""
     folder = Path(folder)
     _usable(folder)
+    new = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
+    held = False
     try:
         _lock(fd, folder)
+        held = True
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
@@ -86,7 +90,25 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
                 tmp.unlink(missing_ok=True)
         yield folder
     finally:
-        os.close(fd)  # the lock goes with the descriptor; the file stays (removing it would race a waiter)
+        try:
+            if held and not held_run(folder):
+                _tidy(folder, new)
+        finally:
+            os.close(fd)  # the lock goes with the descriptor
+
+
+def _tidy(folder: Path, new: bool) -> None:
+    """A run that ended before any round finished (refused, failed or stopped in round 1) leaves nothing:
+    no empty metrics file, no lock file, and no folder if the run made it. The lock file goes while it
+    is still held: a process that opened it just before fails to lock it, and one that comes after
+    makes a new one."""
+    metrics = folder / METRICS
+    if metrics.is_file() and metrics.stat().st_size == 0:
+        metrics.unlink()
+    (folder / LOCK).unlink(missing_ok=True)
+    if new:
+        with contextlib.suppress(OSError):  # not empty: something else was put there meanwhile
+            folder.rmdir()
 
 
 def _usable(folder: Path) -> None:

@@ -184,13 +184,21 @@ def device_entry(name: str, device: DeviceProfile, notes: Mapping[str, str] | No
 def load_fleet(path: str | Path) -> Fleet:
     """Read a fleet file, or a shipped fleet by name (``reference``, ``small``)."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"fleet {str(path)!r} is a folder, not a fleet file")
     if not p.is_file():
         shipped = resources.files("splitfed") / "fleets" / f"{path}.toml"
         if not shipped.is_file():
             raise ConfigError(f"fleet {str(path)!r}: no such file, and no shipped fleet of that name "
                               f"(shipped: {', '.join(shipped_fleets())})")
         return parse_fleet(shipped.read_text(), source=f"{path}.toml")
-    return parse_fleet(p.read_text(), source=str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read fleet file {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"fleet file {p} is not UTF-8 text (byte {e.start}): TOML files are UTF-8") from None
+    return parse_fleet(text, source=str(p))
 
 
 def shipped_fleets() -> list[str]:

@@ -127,7 +127,7 @@ def validate(settings: RunSettings) -> None:
     from splitfed.flower import runfolder
     from splitfed.flower.adaptive import AdaptivePolicy, GreedyPolicy
     from splitfed.flower.policy import StaticPolicy, make_policy
-    from splitfed.flower.workload import test_data
+    from splitfed.flower.workload import client_data, test_data
     from splitfed.models.blocks import validate_cuts
     from splitfed.models.zoo import resolve_spec
     from splitfed.sim.clock import fleet_for
@@ -138,6 +138,7 @@ def validate(settings: RunSettings) -> None:
     spec = resolve_spec(settings.model)
     parse_partition(settings.partition)
     test_data(spec, settings.dataset, settings.seed)  # unknown dataset or shape mismatch
+    client_data(spec, settings.dataset, settings.partition, settings.clients, 0, settings.seed)  # too few samples
     policy = make_policy(settings)
     n = template.num_blocks(spec)
     if isinstance(policy, StaticPolicy):

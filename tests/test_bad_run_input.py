@@ -1,0 +1,156 @@
+"""What a user gets wrong about a run's files and flags is refused in one line, before anything starts.
+
+Each case here reached a traceback, a misleading message, or a value silently ignored before
+(found by feeding the CLI bad input): a damaged ``.npz``, an unreadable fleet file, a run
+setting above ``[simulate]``, ``--out ""``, ``--resume`` with another ``--out``, settings no
+round could satisfy, a damaged checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from splitfed.cli import main
+from splitfed.data.datasets import read_npz
+from splitfed.errors import ConfigError
+from splitfed.flower import checkpoint, runfolder
+from splitfed.flower.config import RunSettings
+from splitfed.models.zoo import resolve_spec
+from splitfed.profile.fleet import load_fleet
+
+CNN = resolve_spec("cnn")
+
+
+def _good_npz(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.random((8, 1, 8, 8), dtype=np.float32), y_train=np.arange(8) % 10,
+             x_test=rng.random((4, 1, 8, 8), dtype=np.float32), y_test=np.arange(4))
+    return path
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p, good: np.save(p, np.zeros((3, 64), np.float32)), "not a .npz archive"),  # a .npy by another name
+    (lambda p, good: p.write_text("x_train,y_train\n1,2\n"), "not a .npz archive"),  # text (np.load said "pickled")
+    (lambda p, good: p.write_bytes(good.read_bytes()[:500]), "cannot read it as a NumPy .npz"),  # a cut download
+])
+def test_a_damaged_npz_is_named_not_a_traceback(tmp_path, make, words) -> None:  # type: ignore[no-untyped-def]
+    good = _good_npz(tmp_path / "good.npz")
+    bad = tmp_path / "bad.npz"
+    make(bad, good)
+    if not bad.exists():  # np.save appends .npy
+        Path(str(bad) + ".npy").rename(bad)
+    with pytest.raises(ConfigError, match=rf"dataset npz:{bad}: {words}"):
+        read_npz(bad, CNN)
+    assert len(read_npz(good, CNN)) == 2
+
+
+def test_an_unreadable_fleet_file_is_named(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="is a folder, not a fleet file"):
+        load_fleet(tmp_path)
+    binary = tmp_path / "fleet.toml"
+    binary.write_bytes(b"\xff\xfename = 'x'\n")
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 0\)"):
+        load_fleet(binary)
+    if os.geteuid() != 0:  # root reads any file
+        locked = tmp_path / "locked.toml"
+        locked.write_text("name = 'x'\n")
+        locked.chmod(0)
+        with pytest.raises(ConfigError, match="cannot read fleet file"):
+            load_fleet(locked)
+
+
+def test_a_run_setting_above_simulate_is_refused_and_an_experiments_key_is_not(tmp_path) -> None:
+    lost = tmp_path / "lost.toml"
+    lost.write_text('rounds = 0\n[simulate]\nclients = 2\n')  # before: rounds silently 3
+    with pytest.raises(ConfigError, match=r"'rounds' above \[simulate\] would be ignored"):
+        RunSettings.from_toml(lost)
+    experiment = tmp_path / "experiment.toml"
+    experiment.write_text('codecs = ["none"]\ntarget_accuracy = 0.9\n[simulate]\nclients = 2\n')
+    assert RunSettings.from_toml(experiment).clients == 2
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"clients = 2\n\xff\n")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        RunSettings.from_toml(binary)
+
+
+def test_settings_no_round_could_satisfy_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"min-clients \(5\) is more than clients \(2\): no round could finish"):
+        RunSettings(clients=2, min_clients=5)
+    with pytest.raises(ConfigError, match=r"seed must be < 2\*\*63"):
+        RunSettings(seed=2**64)
+
+
+def test_simulate_flags_that_would_lose_the_run_are_refused(tmp_path, capsys) -> None:
+    assert main(["simulate", "--out", "", "--rounds", "1"]) == 2  # before: trained, then failed to write
+    assert "--out must name a folder" in capsys.readouterr().err
+    checkpoint.save(tmp_path / "a", checkpoint.Checkpoint(1, {"w": torch.ones(2)}, RunSettings().to_dict()))
+    assert main(["simulate", "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b")]) == 2
+    assert "cannot move it" in capsys.readouterr().err  # before: --out silently ignored
+
+
+def test_too_few_samples_for_the_clients_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys) -> None:
+    import splitfed.sim.runner
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", lambda *a, **k: pytest.fail("started"))
+    one = tmp_path / "one.npz"
+    np.savez(one, x_train=np.zeros((1, 1, 8, 8), np.float32), y_train=np.zeros(1, np.int64),
+             x_test=np.zeros((1, 1, 8, 8), np.float32), y_test=np.zeros(1, np.int64))
+    assert main(["simulate", "--dataset", f"npz:{one}", "--clients", "2", "--cuts", "static:1,3",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert "2 clients but only 1 samples" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_checkpoint_says_so(tmp_path) -> None:
+    folder = tmp_path / "run"
+    checkpoint.save(folder, checkpoint.Checkpoint(1, {"w": torch.ones(2)}, RunSettings().to_dict()))
+    raw = (folder / checkpoint.FILENAME).read_bytes()
+    for damaged in (raw[: len(raw) // 2], b"", b"plain text"):
+        (folder / checkpoint.FILENAME).write_bytes(damaged)
+        with pytest.raises(ConfigError, match="it is corrupt or truncated"):
+            checkpoint.load(folder)
+    (folder / checkpoint.FILENAME).unlink()
+    (folder / checkpoint.FILENAME).mkdir()
+    with pytest.raises(ConfigError, match="is not a file"):
+        checkpoint.load(folder)
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a run folder"):
+        checkpoint.load(tmp_path / "plain")
+
+
+def test_a_run_that_fails_before_any_round_leaves_nothing_behind(tmp_path) -> None:
+    folder = tmp_path / "new"
+    with pytest.raises(RuntimeError), runfolder.claim(folder, resume=False, overwrite=False):
+        (folder / "metrics.jsonl").write_text("")  # as a run's writer starts it
+        raise RuntimeError("round 1 failed")
+    assert not folder.exists()  # the run made it, and nothing of it is left
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    with runfolder.claim(kept, resume=False, overwrite=False):
+        (kept / "metrics.jsonl").write_text("")
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+    with runfolder.claim(kept, resume=False, overwrite=False):
+        (kept / "metrics.jsonl").write_text('{"round": 1}\n')
+    assert sorted(p.name for p in kept.iterdir()) == [runfolder.LOCK, "metrics.jsonl", "notes.txt"]
+
+
+def test_addresses_and_node_config_values_are_checked_where_they_are_read(tmp_path) -> None:
+    from splitfed.flower.node import NodeConfig
+
+    with pytest.raises(ConfigError, match=r"bad tier-addresses entry '127.0.0.1:99999': want HOST:PORT"):
+        RunSettings(tiers=3, tier_addresses="127.0.0.1:7000,127.0.0.1:99999")
+    assert RunSettings(tiers=3, tier_addresses="edge.local:7000,[::1]:7001").addresses == ("edge.local:7000",
+                                                                                          "[::1]:7001")
+    base = {"partition-id": 0, "num-partitions": 2}
+    for cfg, words in (({**base, "edge-address": "edge"}, "bad node config: edge-address 'edge'"),
+                       ({"partition-id": 0, "num-partitions": 0}, "num-partitions must be >= 1, got 0"),
+                       ({"partition-id": "\u00b2", "num-partitions": 2}, "partition-id must be an integer"),
+                       ({**base, "data-file": str(tmp_path)}, "a folder, not a file")):
+        with pytest.raises(ConfigError, match=words):
+            NodeConfig.parse(cfg)
