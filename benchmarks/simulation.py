@@ -105,11 +105,10 @@ def centralised(rounds: int, seed: int = 0) -> float:
     from splitfed.flower.config import RunSettings
     from splitfed.flower.workload import evaluate, test_data, train_data, whole_model
     from splitfed.models.blocks import step_rng
-    from splitfed.models.zoo import resolve_spec
 
     torch.set_num_threads(1)
     s = RunSettings(seed=seed)
-    spec = resolve_spec(s.model)
+    spec = s.spec
     model = whole_model(spec, initial_state(spec, seed)).train()
     opt = s.optim.build(list(model.parameters()))
     x, y = train_data(spec, s.dataset, seed)

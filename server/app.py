@@ -40,7 +40,6 @@ from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
 from splitfed.flower.workload import check_converging, evaluate, test_data
 from splitfed.models import rng
-from splitfed.models.zoo import resolve_spec
 from splitfed.sim.clock import fleet_for, make_clock
 from splitfed.sim.tiers import tier_chain
 
@@ -96,7 +95,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
     data = dataset_digest(settings.dataset)  # once: hashing a dataset's files each round would cost seconds
     ckpt = _resume(settings, data)
     settings = named(settings, ckpt)
-    spec = resolve_spec(settings.model)
+    spec = settings.spec
     writer = MetricsWriter(settings.out) if settings.out else None
     if writer is not None:
         writer.truncate_after(ckpt.round if ckpt else 0)

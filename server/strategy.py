@@ -58,7 +58,6 @@ from splitfed.flower.records import (
     record_to_state,
     state_to_record,
 )
-from splitfed.models.zoo import resolve_spec
 from splitfed.profile.devices import LinkProfile
 from splitfed.transport.describe import PROTOCOL, this_version
 
@@ -112,7 +111,7 @@ class SplitFedAvg(FedAvg):
                          min_train_nodes=settings.min_clients, min_evaluate_nodes=0,
                          min_available_nodes=1)
         self.settings = settings
-        self.spec = resolve_spec(settings.model)
+        self.spec = settings.spec
         self.tiers = list(tiers)
         self.policy = policy
         self.clock = clock

@@ -44,9 +44,8 @@ def variant_settings(name: str, base: Any) -> Any:
     if name != "fedavg":
         return base.with_(mode=name)
     from splitfed.engine import template
-    from splitfed.models.zoo import resolve_spec
 
-    n = template.num_blocks(resolve_spec(base.model))
+    n = template.num_blocks(base.spec)
     cuts = ",".join([str(n)] * (base.tiers - 1 + (1 if base.u_shape else 0)))
     return base.with_(mode="sflv1", cuts=f"static:{cuts}")
 

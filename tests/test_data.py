@@ -478,3 +478,44 @@ def test_for_model_refuses_token_model_with_wrong_shape() -> None:
 def test_for_model_checks_the_shape_before_reading_any_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"gives inputs of shape \(3, 32, 32\)"):
         for_model(resolve_spec("cnn"), f"cifar10:{tmp_path / 'absent'}", seed=0)
+
+
+@pytest.mark.parametrize("model, dataset, shape", [
+    ("cnn", "digits", (1, 8, 8)),
+    ("cnn", "mnist:/data/mnist", (1, 28, 28)),  # before: cnn wanted 1x8x8 whatever the data
+    ("cnn", "cifar10:/data/cifar", (3, 32, 32)),
+    ("mlp", "mnist:/data/mnist", (784,)),
+    ("mlp", "digits", (64,)),
+    ("vgg11", "cifar10:/data/cifar", (3, 32, 32)),
+    ("transformer", "digits", (64,)),  # a token model keeps its own
+    ("cnn", "synthetic", (1, 8, 8)),  # no shape of its own: the model's
+])
+def test_a_runs_model_takes_its_datasets_samples(model: str, dataset: str, shape: tuple[int, ...]) -> None:
+    from splitfed.flower.config import RunSettings
+
+    assert RunSettings(model=model, dataset=dataset).spec.input_shape == shape
+
+
+def test_an_npz_gives_its_sample_shape_from_the_header(tmp_path: Path) -> None:
+    from splitfed.data.datasets import sample_shape, spec_for
+
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=np.zeros((5, 3, 12, 12), np.float32), y_train=np.zeros(5, np.int64),
+             x_test=np.zeros((2, 3, 12, 12), np.float32), y_test=np.zeros(2, np.int64))
+    assert sample_shape(f"npz:{path}") == (3, 12, 12)
+    assert spec_for("cnn", f"npz:{path}").input_shape == (3, 12, 12)
+    assert sample_shape(f"npz:{tmp_path / 'missing.npz'}") is None  # named later, by the reader
+
+
+def test_mnist_files_train_a_cnn_sized_for_them(tmp_path: Path) -> None:
+    """The README's ``mnist:PATH`` with the zoo's cnn: one in-process round, end to end."""
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim.inprocess import train_inprocess
+    from splitfed.sim.runner import validate
+
+    _write_mnist(tmp_path / "mnist", n_train=16, n_test=4)
+    s = RunSettings(rounds=1, clients=2, model="cnn", dataset=f"mnist:{tmp_path / 'mnist'}", cuts="static:1,3",
+                    batch_size=8, out=str(tmp_path / "run"))
+    validate(s)
+    summary = train_inprocess(s)
+    assert summary["rounds"] == 1 and summary["final_accuracy"] is not None

@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 
 from splitfed.data._seed import derive_seed
 from splitfed.errors import ConfigError
-from splitfed.models.zoo import ModelSpec
+from splitfed.models.zoo import ZOO, ModelSpec, resolve_spec
 
 Layout = Literal["image", "flat", "tokens"]
 Split = tuple[TensorDataset, TensorDataset]
@@ -343,6 +343,47 @@ def dataset_digest(dataset: str) -> str:
         except OSError as e:
             raise ConfigError(f"dataset {dataset!r}: cannot read {f}: {e.strerror or e}") from None
     return h.hexdigest()
+
+
+def sample_shape(dataset: str) -> tuple[int, ...] | None:
+    """The shape of one training sample of ``dataset`` as it is stored (None: it has none of its own, as
+    ``synthetic``, or it cannot be read now, which :func:`for_model` then names). An ``.npz`` is read
+    only as far as the header of ``x_train``."""
+    name, sep, path = str(dataset).strip().partition(":")
+    name = name.lower()
+    if name == "digits" and not sep:
+        return DIGITS_SHAPE
+    if name == "mnist" and sep:
+        return MNIST_SHAPE
+    if name == "cifar10" and sep:
+        return CIFAR10_SHAPE
+    if name == "npz" and sep:
+        try:
+            with zipfile.ZipFile(path.strip()) as z, z.open("x_train.npy") as fh:
+                version = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape = read(fh)[0]
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+            return None
+        return tuple(int(d) for d in shape[1:]) or None
+    return None
+
+
+def spec_for(model: str, dataset: str) -> ModelSpec:
+    """A run's model, shaped for its dataset's samples: a zoo image model takes the dataset's
+    ``(C, H, W)`` (``cnn`` on MNIST is 1x28x28, on CIFAR-10 3x32x32), a zoo vector model takes them
+    flat, a token model keeps its own; a user's ``module:factory`` takes the samples as stored."""
+    native = sample_shape(dataset)
+    if model not in ZOO:
+        return resolve_spec(model, native)
+    default = ZOO[model].input_shape
+    if native is None or ZOO[model].vocab:
+        return resolve_spec(model)
+    if len(default) == 3 and len(native) == 3:
+        return resolve_spec(model, native)
+    if len(default) == 1:
+        return resolve_spec(model, (math.prod(native),))
+    return resolve_spec(model)
 
 
 def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048) -> Split:

@@ -35,7 +35,6 @@ from splitfed.flower.policy import ClientInfo, Cuts, Measurement
 def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ignore[no-untyped-def]
     """The cost model's view of the registered clients, named by client id."""
     from splitfed.cost import Scenario
-    from splitfed.models.zoo import resolve_spec
     from splitfed.profile import (
         MIB,
         PROFILES,
@@ -64,7 +63,7 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
         if info.link is not None:  # what the device measured to its edge beats what its profile guessed
             base = replace(base, link=info.link)
         picked.append(replace(base, name=info.client_id, samples=info.samples or base.samples))
-    profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
+    profile = profile_model(settings.spec, batch=settings.batch_size)
     return Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked), kinds={}), tiers=settings.tiers,
                                batch=settings.batch_size, u_shape=settings.u_shape,
                                epochs=settings.local_epochs, mode=settings.mode, codec=settings.compress,

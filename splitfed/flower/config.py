@@ -15,11 +15,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitfed.engine.types import MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
 from splitfed.transport.address import parse_address
+
+if TYPE_CHECKING:
+    from splitfed.models.zoo import ModelSpec
 
 ALIASES = {"num_server_rounds": "rounds", "num_clients": "clients", "num_supernodes": "clients"}
 
@@ -112,6 +115,13 @@ class RunSettings:
     @property
     def optim(self) -> OptimConfig:
         return OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The run's model, shaped for its dataset's samples (:func:`splitfed.data.datasets.spec_for`)."""
+        from splitfed.data.datasets import spec_for
+
+        return spec_for(self.model, self.dataset)
 
     @property
     def addresses(self) -> tuple[str, ...]:

@@ -26,10 +26,9 @@ def fleet_for(settings: RunSettings) -> Fleet:
 def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
     """``clock(round, assignment, clients, previous)``; ``None`` for clients that name no fleet device."""
     from splitfed.cost import Scenario, evaluate, move_cost
-    from splitfed.models.zoo import resolve_spec
     from splitfed.profile.profiler import profile_model
 
-    profile = profile_model(resolve_spec(settings.model), batch=settings.batch_size)
+    profile = profile_model(settings.spec, batch=settings.batch_size)
     base = Scenario.from_fleet(profile, fleet, tiers=settings.tiers, batch=settings.batch_size,
                                u_shape=settings.u_shape, epochs=settings.local_epochs, mode=settings.mode,
                                codec=settings.compress, min_device_blocks=settings.min_device_blocks)

@@ -59,14 +59,13 @@ def _train(settings: Any) -> dict[str, Any]:
         round_batches,
         test_data,
     )
-    from splitfed.models.zoo import resolve_spec
     from splitfed.sim.clock import fleet_for, make_clock
     from splitfed.transport.compress import get as codec
 
     s = settings
     if s.fraction != 1.0:
         raise ConfigError("the in-process backend trains every client each round: fraction must be 1")
-    spec = resolve_spec(s.model)
+    spec = s.spec
     policy = make_policy(s)
     fleet = fleet_for(s)
     clock = make_clock(s, fleet)
@@ -109,9 +108,8 @@ def sim_clients(settings: Any, fleet: Any) -> list[Any]:
     """The clients as the ServerApp registers simulated nodes: ``client<p>`` on the fleet's p-th device."""
     from splitfed.flower.policy import ClientInfo
     from splitfed.flower.workload import client_data
-    from splitfed.models.zoo import resolve_spec
 
-    s, spec = settings, resolve_spec(settings.model)
+    s, spec = settings, settings.spec
     return [ClientInfo(f"client{p}", p, p, fleet.clients[p % len(fleet.clients)].name,
                        len(client_data(spec, s.dataset, s.partition, s.clients, p, s.seed)[0]))
             for p in range(s.clients)]

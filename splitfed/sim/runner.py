@@ -129,13 +129,12 @@ def validate(settings: RunSettings) -> None:
     from splitfed.flower.policy import StaticPolicy, make_policy
     from splitfed.flower.workload import client_data, test_data
     from splitfed.models.blocks import validate_cuts
-    from splitfed.models.zoo import resolve_spec
     from splitfed.sim.clock import fleet_for
     from splitfed.sim.inprocess import sim_clients
 
     if settings.out:  # a folder in use, or holding a run this one neither resumes nor replaces
         runfolder.check(settings.out, settings.resume, settings.overwrite)
-    spec = resolve_spec(settings.model)
+    spec = settings.spec
     parse_partition(settings.partition)
     test_data(spec, settings.dataset, settings.seed)  # unknown dataset or shape mismatch
     client_data(spec, settings.dataset, settings.partition, settings.clients, 0, settings.seed)  # too few samples

@@ -85,10 +85,9 @@ def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
 
 def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient]) -> list[TierInfo]:
     """Ask every tier what it is, and refuse a chain this run could not train through (one error, all reasons)."""
-    from splitfed.models.zoo import resolve_spec
     from splitfed.transport.describe import check_chain
 
-    spec = resolve_spec(settings.model)
+    spec = settings.spec
     infos = [c.describe(spec, deadline_s=DESCRIBE_S) for c in clients]
     check_chain(addresses, infos, model=spec.name, round_timeout_s=settings.round_timeout_s)
     return infos
