@@ -285,3 +285,26 @@ def test_csv_leaves_missing_numbers_empty(tmp_path: Path) -> None:
     write_csv([load_run(tmp_path / "r")], tmp_path / "out")
     got = list(csv.DictReader((tmp_path / "out" / "rounds.csv").open()))
     assert got[0]["loss"] == "0.5" and got[1]["loss"] == ""
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"accuracy": 1.7}, r"'accuracy' must be in \[0, 1\], got 1.7"),
+    ({"accuracy": -0.1}, r"'accuracy' must be in \[0, 1\]"),
+    ({"bytes_up": -5}, r"'bytes_up' must be >= 0, got -5"),
+    ({"sim_round_s": -1.0}, r"'sim_round_s' must be >= 0"),
+    ({"round": 1}, r"round\(s\) 1 appear more than once"),  # before: counted twice in the totals
+])
+def test_rows_no_run_writes_are_refused(change, words) -> None:  # type: ignore[no-untyped-def]
+    rows = make_rows(3)
+    rows[2] = {**rows[2], **change}
+    with pytest.raises(ConfigError, match=words):
+        rows_to_run(rows, "run")
+
+
+def test_a_diverged_rounds_null_accuracy_is_kept_and_one_run_is_not_reported_twice(tmp_path: Path) -> None:
+    rows = make_rows(2)
+    rows[1] = {**rows[1], "accuracy": None}
+    assert math.isnan(rows_to_run(rows, "run").rounds[1].accuracy)
+    write_run(tmp_path / "run", make_rows(2))
+    with pytest.raises(ConfigError, match="is the same run as"):
+        load_runs([tmp_path / "run", tmp_path / "x" / ".." / "run"])

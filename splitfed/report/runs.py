@@ -130,6 +130,12 @@ def parse_row(obj: Mapping[str, Any], where: str = "row") -> RoundRow:
     rnd = num("round")
     if not rnd.is_integer() or rnd < 0:
         raise ConfigError(f"{where}: 'round' must be a non-negative integer, got {obj['round']!r}")
+    acc = num("accuracy")
+    if not (math.isnan(acc) or 0 <= acc <= 1):  # null (a diverged round) reads as NaN and is kept
+        raise ConfigError(f"{where}: 'accuracy' must be in [0, 1], got {obj['accuracy']!r}")
+    for key in ("sim_round_s", "wall_s", "bytes_up", "bytes_down"):
+        if num(key, 0) < 0:
+            raise ConfigError(f"{where}: {key!r} must be >= 0, got {obj[key]!r}")
     return RoundRow(
         round=int(rnd), accuracy=num("accuracy"), sim_round_s=num("sim_round_s"), loss=num("loss"),
         wall_s=num("wall_s"), bytes_up=int(num("bytes_up", 0)), bytes_down=int(num("bytes_down", 0)),
@@ -161,6 +167,10 @@ def rows_to_run(rows: Sequence[Mapping[str, Any]], label: str = "run", summary: 
     """A :class:`Run` from metrics objects already in memory (what the simulate runner holds)."""
     parsed = sorted((parse_row(r, f"{label}: round object #{i + 1}") for i, r in enumerate(rows)),
                     key=lambda r: r.round)
+    twice = sorted({a.round for a, b in zip(parsed, parsed[1:], strict=False) if a.round == b.round})
+    if twice:  # one run writes each round once: two runs' rows in one file would add up wrong
+        raise ConfigError(f"{label}: round(s) {', '.join(map(str, twice))} appear more than once "
+                          "(rows of two runs in one metrics file?)")
     summary = dict(summary or {})
     return Run(label, tuple(parsed), summary, _classes(parsed, rows, summary), path)
 
@@ -194,6 +204,12 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Several run folders, labels made unique (a clash gets the parent folder's name prefixed)."""
+    seen: dict[Path, str | Path] = {}
+    for p in paths:
+        key = Path(p).resolve()
+        if key in seen:
+            raise ConfigError(f"{p} is the same run as {seen[key]}: each run once")
+        seen[key] = p
     runs = [load_run(p) for p in paths]
     counts: dict[str, int] = {}
     for r in runs:
