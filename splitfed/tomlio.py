@@ -1,9 +1,25 @@
-"""TOML literals for the few files splitfed writes (Flower run and node configs, fleet entries)."""
+"""TOML for the files splitfed reads (run configs, fleets) and the few it writes (Flower run and node
+configs, fleet entries)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+
+from splitfed.errors import ConfigError
+
+
+def read_text(path: Path, what: str) -> str:
+    """The text of a TOML file, or a ConfigError naming ``what`` and the file (missing, unreadable, not UTF-8)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {e.start}): TOML files are UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
 
 
 def value(v: Any) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 import textwrap
 
@@ -143,21 +144,21 @@ def test_unusable_profile_cache_is_skipped(capsys: pytest.CaptureFixture[str], c
     assert _profile() == 0
     assert isinstance(json.loads(entry.read_text()), dict)  # measured again and rewritten
 
-    real_read, real_write = pathlib.Path.read_text, pathlib.Path.write_text
+    real_read, real_replace = pathlib.Path.read_text, os.replace
 
     def deny_read(self: pathlib.Path, *a: object, **k: object) -> str:
         if self == entry:
             raise PermissionError(13, "Permission denied", str(self))
         return real_read(self, *a, **k)
 
-    def deny_write(self: pathlib.Path, *a: object, **k: object) -> int:
-        if self.parent == cache:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_write(self, *a, **k)
+    def deny_replace(src: object, dst: object, *a: object, **k: object) -> None:
+        if pathlib.Path(str(dst)).parent == cache:
+            raise PermissionError(13, "Permission denied", str(dst))
+        real_replace(src, dst, *a, **k)  # type: ignore[arg-type]
 
     caplog.clear()
     monkeypatch.setattr(pathlib.Path, "read_text", deny_read)  # an unreadable entry
-    monkeypatch.setattr(pathlib.Path, "write_text", deny_write)  # a read-only folder
+    monkeypatch.setattr(os, "replace", deny_replace)  # a read-only folder (root writes anywhere: simulated)
     assert _profile() == 0
     msgs = [r.getMessage() for r in caplog.records]
     assert any("cannot be read" in m for m in msgs) and any("cannot be written" in m for m in msgs)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from splitfed import tomlio
 from splitfed.engine.types import MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
 from splitfed.transport.address import parse_address
@@ -158,12 +159,8 @@ class RunSettings:
     def from_toml(cls, path: str | Path, base: RunSettings | None = None) -> RunSettings:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {p} does not exist") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start}): TOML files are UTF-8") from None
-        except (OSError, tomllib.TOMLDecodeError) as e:
+            data = tomllib.loads(tomlio.read_text(p, "config file"))
+        except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"cannot read config file {p}: {e}") from None
         table = data.get("simulate", data)
         if not isinstance(table, dict):

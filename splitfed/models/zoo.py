@@ -352,13 +352,14 @@ def _build(spec: ModelSpec) -> nn.Module:
         except SplitfedError:
             raise
         except Exception as ex:  # noqa: BLE001 - the user's code may raise anything
-            raise ConfigError(f"model factory {spec.name} raised {type(ex).__name__}: {_first_line(ex)}") from None
+            raise ConfigError(f"model factory {spec.name} raised {type(ex).__name__}: {first_line(ex)}") from None
         if not isinstance(model, nn.Module):
             raise ConfigError(f"factory {spec.name!r} returned {type(model).__name__}, not torch.nn.Module")
     return model
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception's message in one line (torch's run over several), or its type when it has none."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
@@ -367,7 +368,7 @@ def input_error(spec: ModelSpec, e: BaseException) -> ConfigError:
     """The one-line refusal of a model that fails on its input shape (or its build options)."""
     shape = tuple(spec.input_shape)
     what = f"model {spec.name}" + (f" with {dict(spec.kwargs)}" if spec.kwargs else "")
-    return ConfigError(f"{what} does not take inputs of shape {shape}: {_first_line(e)}")
+    return ConfigError(f"{what} does not take inputs of shape {shape}: {first_line(e)}")
 
 
 def check_input(spec: ModelSpec, model: nn.Module) -> None:

@@ -192,13 +192,7 @@ def load_fleet(path: str | Path) -> Fleet:
             raise ConfigError(f"fleet {str(path)!r}: no such file, and no shipped fleet of that name "
                               f"(shipped: {', '.join(shipped_fleets())})")
         return parse_fleet(shipped.read_text(), source=f"{path}.toml")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read fleet file {p}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"fleet file {p} is not UTF-8 text (byte {e.start}): TOML files are UTF-8") from None
-    return parse_fleet(text, source=str(p))
+    return parse_fleet(tomlio.read_text(p, "fleet file"), source=str(p))
 
 
 def shipped_fleets() -> list[str]:

@@ -30,9 +30,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from splitfed.errors import ConfigError
+from splitfed.jsonio import write_atomic
 from splitfed.models import rng
 from splitfed.models.blocks import Blocks, to_blocks
-from splitfed.models.zoo import ModelSpec, build, check_input
+from splitfed.models.zoo import ModelSpec, build, check_input, first_line
 
 PROFILE_VERSION = 1
 
@@ -164,18 +165,11 @@ def _read_cache(path: Path) -> ModelProfile | None:
 
 def _write_cache(path: Path, prof: ModelProfile) -> None:
     """Keep ``prof`` at ``path``; a cache that cannot be written is skipped with one warning."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(prof.to_dict()))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(prof.to_dict()))
     except OSError as e:
         log.warning("profile cache %s cannot be written (%s: %s); the profile is not kept on disk",
                     path.parent, type(e).__name__, e)
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
 
 
 def _tensors(x: object) -> list[torch.Tensor]:
@@ -215,7 +209,7 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int) -> M
     except (MemoryError, RuntimeError) as e:
         if isinstance(e, MemoryError) or "alloc" in str(e).lower() or "out of memory" in str(e).lower():
             raise ConfigError(f"profiling model {spec.name} at batch {batch} runs out of memory: "
-                              f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
+                              f"{first_line(e)}; "
                               "use a smaller --batch") from None
         raise
 
