@@ -169,16 +169,25 @@ def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | No
 
 
 def named(settings: RunSettings, ckpt: checkpoint.Checkpoint | None = None) -> RunSettings:
-    """The run's name on the tier servers: the one given, else the resumed run's, else a new unique one.
+    """The run's name on the tier servers: the name given (or ``splitfed-SEED``) and a fresh random tag.
 
-    Tiers are long-lived services that many runs share; two runs under one name (say, both seed 0)
-    would load into each other's segments. A resumed run keeps its name, so its loads replace what
-    the crashed run left on the tiers.
+    Tiers are long-lived services that many runs share; two runs under one name (both seed 0, or
+    both given ``run-name = "exp"``) would load into each other's segments, so every run's name is
+    its own. A run resumed in the folder it was written in keeps its name, so its loads replace
+    what the crashed run left on the tiers; resumed from a copy (another folder or host, which may
+    be resumed twice at once) it is another run and gets a new tag.
     """
-    if settings.run_name:
-        return settings
     before = str(ckpt.settings.get("run_name", "")) if ckpt is not None else ""
-    return settings.with_(run_name=before or f"splitfed-{settings.seed}-{secrets.token_hex(4)}")
+    given = settings.run_name
+    if (ckpt is not None and before and ckpt.where in ("", checkpoint.place(settings.out))
+            and given in ("", before, _untagged(before))):
+        return settings.with_(run_name=before)
+    return settings.with_(run_name=f"{given or f'splitfed-{settings.seed}'}-{secrets.token_hex(4)}")
+
+
+def _untagged(name: str) -> str:
+    base, _, tag = name.rpartition("-")
+    return base if len(tag) == 8 and all(c in "0123456789abcdef" for c in tag) else name
 
 
 def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -263,16 +264,18 @@ def test_resume_refuses_changed_math(monkeypatch, tmp_path):
         _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True, lr=0.2))
 
 
-def test_two_runs_with_one_seed_share_tiers_without_touching_each_other(monkeypatch, tmp_path):
-    """Tiers are services many runs share. Two runs with the same seed (the default 0) but other math
-    load their round-1 segments into the same tiers before either trains (a barrier forces it): each
-    still ends exactly where it ends alone. Under one name the second load would take over the first
-    run's segments, and a step of one run would be answered from the other's replay cache."""
+@pytest.mark.parametrize("run_name", ["", "exp"])
+def test_two_runs_with_one_seed_share_tiers_without_touching_each_other(monkeypatch, tmp_path, run_name):
+    """Tiers are services many runs share. Two runs with the same seed (the default 0), or given the
+    same run-name, but other math load their round-1 segments into the same tiers before either trains
+    (a barrier forces it): each still ends exactly where it ends alone. Under one name the second load
+    would take over the first run's segments, and a step of one run would be answered from the other's
+    replay cache."""
     import threading
 
     from splitfed.engine import rounds
 
-    a = BASE.with_(rounds=2, clients=3, cuts="static:1,3/2,5/0,4")
+    a = BASE.with_(rounds=2, clients=3, cuts="static:1,3/2,5/0,4", run_name=run_name)
     b = a.with_(lr=0.2)
     with inprocess_tiers(monkeypatch, a.tiers - 1) as chain:
         for name, s in (("a", a), ("b", b)):
@@ -310,7 +313,7 @@ def test_two_runs_with_one_seed_share_tiers_without_touching_each_other(monkeypa
         assert shared.round == 2 and all(torch.equal(alone.state[k], shared.state[k]) for k in alone.state), name
     names = {json.loads((tmp_path / f"{n}-shared" / "summary.json").read_text())["settings"]["run_name"]
              for n in ("a", "b")}
-    assert len(names) == 2 and all(n.startswith("splitfed-0-") for n in names)
+    assert len(names) == 2 and all(n.startswith(f"{run_name or 'splitfed-0'}-") for n in names)
 
 
 def test_a_resumed_run_keeps_its_name_on_the_tiers(monkeypatch, tmp_path):
@@ -324,8 +327,34 @@ def test_a_resumed_run_keeps_its_name_on_the_tiers(monkeypatch, tmp_path):
     starts = [x for x in lines if x.startswith("run ")]
     assert starts == [f"run {first}: sflv1, 3 tiers, cuts {BASE.cuts}, 4 client(s), rounds 1..1",
                       f"run {first}: sflv1, 3 tiers, cuts {BASE.cuts}, 4 client(s), rounds 2..2"]
-    assert server.app.named(BASE.with_(run_name="mine")).run_id == "mine"
-    assert server.app.named(BASE).run_id != server.app.named(BASE).run_id
+    # resumed from a copy of the folder (which may be resumed twice at once), it is another run
+    shutil.copytree(tmp_path, tmp_path.parent / "copy")
+    _run(monkeypatch, BASE.with_(rounds=3, out=str(tmp_path.parent / "copy"), resume=True), progress=lines.append)
+    copied = checkpoint.load(tmp_path.parent / "copy").settings["run_name"]
+    assert copied != first and copied.startswith("splitfed-0-")
+
+
+def test_every_run_gets_its_own_name_unless_it_continues_in_place(tmp_path) -> None:
+    named = server.app.named
+    mine = [named(BASE.with_(run_name="mine")).run_id for _ in range(2)]
+    assert mine[0] != mine[1] and all(re.fullmatch(r"mine-[0-9a-f]{8}", n) for n in mine)
+    assert re.fullmatch(r"splitfed-0-[0-9a-f]{8}", named(BASE).run_id)
+    here = BASE.with_(out=str(tmp_path), resume=True)
+
+    def ckpt(name: str, where: str) -> checkpoint.Checkpoint:
+        return checkpoint.Checkpoint(1, {}, BASE.with_(run_name=name).to_dict(), where=where)
+
+    in_place = checkpoint.place(tmp_path)
+    assert named(here, ckpt("exp-0123abcd", in_place)).run_id == "exp-0123abcd"  # from the checkpoint (simulate)
+    assert named(here.with_(run_name="exp"), ckpt("exp-0123abcd", in_place)).run_id == "exp-0123abcd"  # flwr run
+    assert named(here.with_(run_name="exp-0123abcd"), ckpt("exp-0123abcd", "")).run_id == "exp-0123abcd"  # older
+    assert named(here.with_(run_name="mine"), ckpt("mine", in_place)).run_id == "mine"  # named before tags
+    renamed = named(here.with_(run_name="other"), ckpt("exp-0123abcd", in_place)).run_id
+    assert re.fullmatch(r"other-[0-9a-f]{8}", renamed)
+    copy = ckpt("exp-0123abcd", checkpoint.place(tmp_path / "x"))
+    assert re.fullmatch(r"exp-0123abcd-[0-9a-f]{8}", named(here.with_(run_name="exp-0123abcd"), copy).run_id)
+    assert re.fullmatch(r"splitfed-0-[0-9a-f]{8}", named(here, copy).run_id)
+    assert checkpoint.place(tmp_path) == checkpoint.place(tmp_path / "x" / "..")
 
 
 @pytest.mark.parametrize("cuts", ["adaptive", "greedy"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,18 @@ class Checkpoint:
     policy: dict[str, Any] = field(default_factory=dict)
     rng: torch.Tensor = field(default_factory=torch.get_rng_state)
     data: str = ""  # sha256 of the dataset's files ("": none read, or a checkpoint from before it was kept)
+    where: str = ""  # "HOST:/absolute/folder" it was written in ("": a checkpoint from before it was kept)
+
+
+def place(folder: str | Path) -> str:
+    """Where a run folder is: a checkpoint read elsewhere (a copied folder) belongs to another run."""
+    return f"{socket.gethostname()}:{Path(folder).resolve()}"
 
 
 def save(folder: str | Path, ckpt: Checkpoint) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data,
+    meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data, "where": place(folder),
             "assignment": {k: list(v) for k, v in ckpt.assignment.items()}}
     payload = {"format": FORMAT, "round": int(ckpt.round), "meta": json.dumps(meta, sort_keys=True),
                "rng": ckpt.rng.clone(), "state": {k: v.detach().cpu().clone() for k, v in ckpt.state.items()}}
@@ -78,7 +85,8 @@ def load(folder: str | Path) -> Checkpoint:
         meta = json.loads(payload["meta"])
         return Checkpoint(round=int(payload["round"]), state=dict(payload["state"]), settings=meta["settings"],
                           assignment={k: tuple(v) for k, v in meta["assignment"].items()},
-                          policy=meta["policy"], rng=payload["rng"], data=str(meta.get("data", "")))
+                          policy=meta["policy"], rng=payload["rng"], data=str(meta.get("data", "")),
+                          where=str(meta.get("where", "")))
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem
