@@ -15,15 +15,23 @@ import os
 import pkgutil
 import sys
 import threading
+from typing import NoReturn
 
 from splitfed.errors import SplitfedError, Terminated
+
+
+class Parser(argparse.ArgumentParser):
+    """A refused command line is one line, ``splitfed CMD: error: MESSAGE (see splitfed CMD --help)``, exit 2,
+    rather than the whole usage block before it. ``add_subparsers`` makes every command's parser of this class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     import splitfed.commands as commands
 
-    parser = argparse.ArgumentParser(
-        prog="splitfed", description="Split + federated learning across device, edge and cloud tiers.")
+    parser = Parser(prog="splitfed", description="Split + federated learning across device, edge and cloud tiers.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
@@ -34,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would name "splitfed", not the command they were given to
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        commands.get(getattr(args, "command", None), parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

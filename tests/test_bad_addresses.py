@@ -178,3 +178,29 @@ def test_cloud_tier_checks_its_values(capsys: pytest.CaptureFixture[str], no_ser
 def test_ping_refuses_a_timeout_that_is_not_positive_and_finite(capsys: pytest.CaptureFixture[str],
                                                                 value: str) -> None:
     _refused(capsys, ["ping", "127.0.0.1:1", "--timeout", value], "--timeout must be a positive, finite number")
+
+
+# ------------------------------------------------------------------ a host name that does not resolve
+
+def test_ping_says_a_host_that_does_not_resolve_is_not_found(capsys: pytest.CaptureFixture[str]) -> None:
+    # before: retried for seconds, then "no answer: UNAVAILABLE: ... errors resolving ..."
+    assert main(["ping", "nosuchhost.invalid:5000", "--timeout", "2"]) == 1  # 1: a tier did not answer
+    out, err = capsys.readouterr()
+    assert out.startswith("nosuchhost.invalid:5000: cannot resolve host 'nosuchhost.invalid' (") and out.endswith(
+        "): check the name, or give the tier's IP address\n") and out.count("\n") == 1, out
+    assert "no answer" not in out and err == ""
+
+
+def test_only_names_are_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from splitfed.transport.address import unresolvable
+
+    assert unresolvable("localhost:7000") is None
+    assert unresolvable("nosuchhost.invalid:7000").startswith("cannot resolve host 'nosuchhost.invalid' (")
+
+    def lookup(*a: object, **k: object) -> None:
+        raise AssertionError("an IP address was looked up")
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    assert unresolvable("127.0.0.1:7000") is None and unresolvable("[::1]:7000") is None

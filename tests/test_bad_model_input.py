@@ -100,11 +100,12 @@ def test_any_input_shape_is_accepted_or_refused_cleanly(model: str, shape: list[
 
 
 def test_seed_message_names_the_value(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:  # argparse refuses it: exit 2, a usage and one error line
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it: exit 2, one error line
         main(["verify", "--model", "mlp", "--cuts", "2", "--seed", "-1"])
     assert exc.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("splitfed verify: error: argument --seed:") and line.endswith("got -1"), line
+    assert line.startswith("splitfed verify: error: argument --seed:") and line.endswith(
+        "got -1 (see splitfed verify --help)"), line
 
 
 @pytest.mark.parametrize("argv,flag", [
@@ -115,7 +116,7 @@ def test_seed_message_names_the_value(capsys: pytest.CaptureFixture[str]) -> Non
 ])
 def test_huge_batch_or_class_count_is_refused(capsys: pytest.CaptureFixture[str], argv: list[str],
                                               flag: str) -> None:
-    with pytest.raises(SystemExit) as exc:  # argparse refuses it: exit 2, one usage line and the error
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it: exit 2, one error line
         main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err

@@ -81,8 +81,60 @@ def test_a_run_setting_above_simulate_is_refused_and_an_experiments_key_is_not(t
 def test_settings_no_round_could_satisfy_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"min-clients \(5\) is more than clients \(2\): no round could finish"):
         RunSettings(clients=2, min_clients=5)
-    with pytest.raises(ConfigError, match=r"seed must be < 2\*\*63"):
+    with pytest.raises(ConfigError, match=r"seed must be an integer in 0\.\.4,294,967,295 \(2\*\*32-1\), got "):
         RunSettings(seed=2**64)
+
+
+@pytest.mark.parametrize("key", ["lr", "momentum", "weight_decay"])
+def test_an_optimizer_number_that_does_not_fit_float32_is_refused_with_the_config(tmp_path, key) -> None:
+    from splitfed.flower.config import FLOAT32_MAX
+
+    config = tmp_path / "c.toml"
+    config.write_text(f"{key} = 1e300\n")  # before: accepted, then a float overflow (or -inf weights) at a tier
+    with pytest.raises(ConfigError, match=rf"^{key.replace('_', '-')} 1e\+300 does not fit float32, which the "
+                                          r"tiers' optimizer works in: give at most 3\.403e\+38$"):
+        RunSettings.from_toml(config)
+    assert getattr(RunSettings(**{key: FLOAT32_MAX}), key) == FLOAT32_MAX
+
+
+def test_run_config_and_cli_seeds_share_one_bound(capsys) -> None:
+    from splitfed.cli import build_parser
+    from splitfed.commands import _args
+    from splitfed.flower import config
+
+    assert _args.MAX_SEED is config.MAX_SEED == 2**32 - 1
+    assert RunSettings(seed=2**32 - 1).seed == 2**32 - 1  # before: the run config took up to 2**63-1
+    for bad in (2**32, -1):
+        with pytest.raises(ConfigError, match=rf"^seed must be an integer in 0\.\.4,294,967,295 \(2\*\*32-1\), got {bad}$"):
+            RunSettings(seed=bad)
+    verify = ["verify", "--model", "mlp", "--cuts", "2", "--seed"]
+    assert build_parser().parse_args([*verify, str(2**32 - 1)]).seed == 2**32 - 1
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([*verify, str(2**32)])
+    assert exc.value.code == 2
+    assert "argument --seed: expected an integer in 0..4,294,967,295, got 4294967296" in capsys.readouterr().err
+
+
+def test_resume_in_a_config_says_to_give_resume_on_the_command_line(tmp_path, capsys) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("resume = true\n")
+    assert main(["simulate", "--config", str(config), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # before: "resume needs the run folder (out)", nothing on what to do
+    assert "resume needs the run folder (out)" in err and "drop resume and give --resume FOLDER" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_given_as_a_table_is_refused_as_such(tmp_path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('model = {name = "cnn"}\n')  # before: cannot import "{'name'"
+    with pytest.raises(ConfigError, match=r": model must be a string \(a zoo name or module:factory\), got a table$"):
+        RunSettings.from_toml(config)
+    config.write_text('[simulate]\ndataset = {name = "digits"}\n')
+    with pytest.raises(ConfigError, match=r"c\.toml: dataset must be a string, got a table$"):
+        RunSettings.from_toml(config)
+    with pytest.raises(ConfigError, match=r"^x: lr must be float, got 1000"):  # before: OverflowError traceback
+        RunSettings.from_mapping({"lr": 10**400}, source="x")
 
 
 def test_simulate_flags_that_would_lose_the_run_are_refused(tmp_path, capsys) -> None:
@@ -154,3 +206,12 @@ def test_addresses_and_node_config_values_are_checked_where_they_are_read(tmp_pa
                        ({**base, "data-file": str(tmp_path)}, "a folder, not a file")):
         with pytest.raises(ConfigError, match=words):
             NodeConfig.parse(cfg)
+
+
+@pytest.mark.parametrize("name", ["exp 1", "-exp", "x" * 201, "exp/1", "é"])
+def test_a_run_name_the_tiers_could_not_take_is_refused(name) -> None:
+    """Before: accepted, then every load refused by the tiers (over 256 characters) or a name in the tiers'
+    logs that splits on a space."""
+    with pytest.raises(ConfigError, match=r"^run-name must be 1\.\.200 letters, digits, '\.', '_' or '-' "):
+        RunSettings(run_name=name)
+    assert RunSettings(run_name="exp_1.a-" + "x" * 192).run_name.endswith("x")

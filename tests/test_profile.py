@@ -240,6 +240,23 @@ def test_fleet_errors_name_file_entry_and_key(text: str, message: str | None) ->
         parse_fleet(text, "f.toml")
 
 
+def test_a_fleet_too_large_to_hold_is_refused_before_any_client_is_made() -> None:
+    from splitfed.profile.fleet import MAX_CLIENTS
+
+    # before: 10**8 Client objects were built (out of memory); now refused, the file, entry and key named
+    with pytest.raises(ConfigError, match=r"^f\.toml: \[\[device\]\] #1 \('d'\): 'count' 100,000,000 brings "
+                                          r"the fleet to 100,000,000 clients, more than the 100,000 .*lower 'count'$"):
+        parse_fleet(GOOD_EDGE + GOOD_DEV + "count = 100000000\n", "f.toml")
+    two = GOOD_EDGE + GOOD_DEV + f"count = {MAX_CLIENTS // 2}\n" + '[[device]]\nname = "e"\nprofile = "rpi4"\n'
+    assert len(parse_fleet(two + f"count = {MAX_CLIENTS // 2}\n", "f.toml").clients) == MAX_CLIENTS
+    with pytest.raises(ConfigError, match=r"#2 \('e'\): 'count' 50,001 brings the fleet to 100,001 clients"):
+        parse_fleet(two + f"count = {MAX_CLIENTS // 2 + 1}\n", "f.toml")
+    reference = load_fleet("reference")
+    assert len(reference.sample(10_000).clients) == 10_000  # the optimizer benchmark's largest fleet
+    with pytest.raises(ConfigError, match=r"sample size must be in 1\.\.100,000 \(MAX_CLIENTS\), got 100,001"):
+        reference.sample(MAX_CLIENTS + 1)
+
+
 def test_missing_fleet_file_lists_the_shipped_ones() -> None:
     with pytest.raises(ConfigError, match="no such file.*reference"):
         load_fleet("no/such/fleet.toml")

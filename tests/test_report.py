@@ -138,6 +138,27 @@ def test_report_names_an_output_folder_it_cannot_write(tmp_path: Path, capsys: p
     assert default_out([tmp_path / "a", tmp_path / "b"]) == tmp_path.resolve() / "report"
 
 
+@pytest.mark.parametrize("blocked", ["summary.md", "rounds.csv", "cuts_1_run.png"])
+def test_report_refuses_before_writing_anything_when_an_output_is_a_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], blocked: str) -> None:
+    write_run(tmp_path / "run", make_rows(2, moving=True))
+    out = tmp_path / "out"
+    (out / blocked).mkdir(parents=True)
+    (out / "keep.txt").write_text("x")
+    assert cli(["report", str(tmp_path / "run"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"splitfed report: error: cannot write the report to {out}: {blocked} there is a folder "
+                   "(move it away, or give another --out)\n"), err
+    assert sorted(p.name for p in out.iterdir()) == sorted([blocked, "keep.txt"])  # before: the PNGs were written
+    assert not any((out / blocked).iterdir())
+    (out / blocked).rmdir()
+    assert cli(["report", str(tmp_path / "run"), "--out", str(out)]) == 0
+    made = {p.name for p in out.iterdir()} - {"keep.txt"}
+    runs = load_runs([tmp_path / "run"])
+    assert made == {"summary.md", "summary.csv", "rounds.csv", *(p.name for p in plots.standard_plot_files(runs, out))}
+    assert blocked in made
+
+
 def test_clashing_labels_are_made_unique(tmp_path: Path) -> None:
     write_run(tmp_path / "x" / "run", make_rows(2))
     write_run(tmp_path / "y" / "run", make_rows(2))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from splitfed.flower.config import MAX_SEED
+
 
 def int_list(text: str) -> tuple[int, ...]:
     """``"3,7"`` -> ``(3, 7)``; a clear argparse error otherwise."""
@@ -36,7 +38,6 @@ def positive_int(text: str) -> int:
 
 MAX_BATCH = 1 << 20  # samples per batch: beyond this, one batch of any model outgrows a host's memory
 MAX_CLASSES = 1_000_000  # a classifier head beyond this is no longer a model splitfed can build
-MAX_SEED = 2**32 - 1
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:

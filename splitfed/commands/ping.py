@@ -9,7 +9,8 @@ round-trip time of a bare call from here (the median of ``--count``) and, with
 addresses are checked in chain order (edge first) exactly as a run checks its
 ``tier-addresses`` before round 1, and ``--model`` asks each tier whether it
 would build that model. Exit 0: every tier answered (and the chain holds),
-1: one did not or the chain is broken, 2: bad arguments.
+1: one did not (a host name that does not resolve is said as such) or the chain
+is broken, 2: bad arguments.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.errors import ConfigError, TierError
     from splitfed.flower.transport import connect
     from splitfed.models.zoo import resolve_spec
-    from splitfed.transport.address import parse_address
+    from splitfed.transport.address import parse_address, unresolvable
     from splitfed.transport.describe import TierInfo, check_chain
     from splitfed.transport.probe import measure_link
     from splitfed.transport.security import TlsConfig
@@ -74,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     infos: list[TierInfo] = []
     for addr in args.addresses:
+        unknown = unresolvable(addr, args.timeout)  # before: retried for seconds, then "no answer"
+        if unknown:
+            rows.append({"address": addr, "error": unknown, "resolved": False})
+            continue
         client = connect(addr, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
                          token_file=args.token_file, deadline_s=args.timeout)
         try:
@@ -131,6 +136,8 @@ def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> st
 
 def _describe(row: dict[str, Any]) -> str:
     if "error" in row:
+        if row.get("resolved") is False:
+            return f"{row['address']}: {row['error']}: check the name, or give the tier's IP address"
         return f"{row['address']}: no answer: {row['error']}"
     idle = row["idle_release_s"]
     speed = (f", up {row['up_mbps']:.4g} Mbit/s, down {row['down_mbps']:.4g} Mbit/s"

@@ -39,9 +39,9 @@ def default_out(paths: list[Path]) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitfed.report.plots import standard_plots
+    from splitfed.report.plots import standard_plot_files, standard_plots
     from splitfed.report.runs import load_runs
-    from splitfed.report.summary import summary_markdown, summary_rows, write_csv
+    from splitfed.report.summary import csv_files, summary_markdown, summary_rows, write_csv
     from splitfed.report.table import class_table, format_table
 
     paths = [Path(p) for p in args.runs]
@@ -49,6 +49,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(paths)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder")
+    # every file checked before any is written: a refusal half way left new figures beside an old summary
+    for f in [*standard_plot_files(runs, out), out / "summary.md", *csv_files(out)]:
+        if f.exists() and not f.is_file():
+            raise ConfigError(f"cannot write the report to {out}: {f.name} there is "
+                              f"{'a folder' if f.is_dir() else 'not a file'} (move it away, or give another --out)")
+        if f.exists() and not os.access(f, os.W_OK):
+            raise ConfigError(f"cannot write the report to {out}: {f.name} there is read-only "
+                              "(make it writable, or give another --out)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".report.{os.getpid()}.tmp"  # a folder that exists may still refuse writes

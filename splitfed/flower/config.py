@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -24,6 +25,14 @@ from splitfed.transport.address import parse_address
 
 if TYPE_CHECKING:
     from splitfed.models.zoo import ModelSpec
+
+# Seeds every command takes (the run config's, ``verify --seed``): only their low 32 bits reach a step's dropout
+# key (models.blocks.step_rng) and the Dirichlet partition (data.partition), so 2**32 would repeat seed 0.
+MAX_SEED = 2**32 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # the tiers' optimizers work in float32: a larger lr overflows there
+
+# a run's name on the tiers is this, a dash and an 8-hex tag (server.app.named); tiers take ids up to 256 characters
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 ALIASES = {"num_server_rounds": "rounds", "num_clients": "clients", "num_supernodes": "clients"}
 
@@ -75,8 +84,11 @@ class RunSettings:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.tiers < 2:
             raise ConfigError(f"tiers must be >= 2 (device + at least one server tier), got {self.tiers}")
-        if self.seed < 0:
-            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if self.run_name and not RUN_NAME.fullmatch(self.run_name):
+            raise ConfigError(f"run-name must be 1..200 letters, digits, '.', '_' or '-' (starting with a letter or "
+                              f"digit), got {self.run_name!r}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be an integer in 0..{MAX_SEED:,} (2**32-1), got {self.seed}")
         if self.min_device_blocks < 0:
             raise ConfigError(f"min-device-blocks must be >= 0, got {self.min_device_blocks}")
         if not 0 < self.fraction <= 1:
@@ -86,14 +98,13 @@ class RunSettings:
         if self.min_clients > self.clients:
             raise ConfigError(f"min-clients ({self.min_clients}) is more than clients ({self.clients}): "
                               "no round could finish")
-        if self.seed >= 2**63:
-            raise ConfigError(f"seed must be < 2**63, got {self.seed}")
         for name in ("round_timeout_s", "node_wait_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ConfigError(f"{_key(name)} must be a positive number of seconds, got {v}")
         if self.resume and not self.out:
-            raise ConfigError("resume needs the run folder (out) holding the checkpoint")
+            raise ConfigError("resume needs the run folder (out) holding the checkpoint, in the same settings; "
+                              "to continue a run from the command line, drop resume and give --resume FOLDER")
         if self.resume and self.overwrite:
             raise ConfigError("resume continues the run in out, overwrite replaces it: choose one")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -109,6 +120,11 @@ class RunSettings:
         from splitfed.cost.model import parse_codec
 
         OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
+        for name in ("lr", "momentum", "weight_decay"):  # finite and >= 0 by now; 1e300 fails later, at a tier
+            v = getattr(self, name)
+            if v > FLOAT32_MAX:
+                raise ConfigError(f"{_key(name)} {v:g} does not fit float32, which the tiers' optimizer works in: "
+                                  f"give at most {FLOAT32_MAX:.4g}")
         parse_codec(self.compress)  # refuses an unknown codec before any tier or client sees it
 
     # ------------------------------------------------------------ derived
@@ -201,8 +217,11 @@ def _coerce(v: Any, typ: str, key: str, source: str) -> Any:
             if isinstance(v, bool):
                 raise ValueError
             return float(v)
+        if isinstance(v, dict):  # model = {name = "cnn"}: str() would make "{'name': 'cnn'}" of it
+            hint = " (a zoo name or module:factory)" if key.replace("_", "-") == "model" else ""
+            raise ConfigError(f"{source}: {key} must be a string{hint}, got a table")
         if isinstance(v, list):  # e.g. tier-addresses = ["a", "b"]
             return ",".join(str(x) for x in v)
         return str(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: lr = 10**400
         raise ConfigError(f"{source}: {key} must be {typ}, got {v!r}") from None

@@ -23,7 +23,8 @@ A fleet file is TOML::
     up_scale = 0.1              # multiply (flops_scale, up_scale, down_scale, rtt_scale) ...
     # rtt_ms = 200              # ... or set (flops, up_mbps, down_mbps, rtt_ms)
 
-Unknown keys and impossible values are refused with the file, entry and key named.
+Unknown keys and impossible values are refused with the file, entry and key named; so is a fleet of
+more than :data:`MAX_CLIENTS` clients (counts added up), which would exhaust memory before anything ran.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ _DRIFT_SET = ("flops", "up_mbps", "down_mbps", "rtt_ms")
 _DRIFT_SCALE = {"flops_scale": "flops", "up_scale": "up_mbps", "down_scale": "down_mbps", "rtt_scale": "rtt_ms"}
 _DRIFT_KEYS = {"round", *_DRIFT_SET, *_DRIFT_SCALE}
 DEFAULT_SAMPLES = 500
+MAX_CLIENTS = 100_000  # clients in one fleet (counts added up, or one sample): each is an object held in memory
 
 
 @dataclass(frozen=True)
@@ -140,8 +142,8 @@ class Fleet:
 
     def sample(self, n: int, seed: int = 0) -> Fleet:
         """``n`` clients drawn (with replacement, weighted by count) from the fleet's device classes."""
-        if n < 1:
-            raise ConfigError(f"sample size must be >= 1, got {n}")
+        if not 1 <= n <= MAX_CLIENTS:
+            raise ConfigError(f"sample size must be in 1..{MAX_CLIENTS:,} (MAX_CLIENTS), got {n:,}")
         templates: dict[str, Client] = {}
         for c in self.clients:
             templates.setdefault(c.kind, c)
@@ -236,6 +238,7 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
         raise ConfigError(f"{source}: 'device' must be an array of tables ([[device]])")
     clients: list[Client] = []
     kinds: dict[str, int] = {}
+    total = 0
     for i, d in enumerate(devices, 1):
         where = f"[[device]] #{i}"
         d = _table(d, source, where)
@@ -250,6 +253,10 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
         _keys(d, _DEVICE_KEYS, source, where)
         v = _resolved(d, source, where, need_link=True)
         count = _int(d, "count", source, where, default=1)
+        total += count
+        if total > MAX_CLIENTS:  # refused before any client is made: 10**8 of them exhaust memory
+            raise ConfigError(f"{source}: {where}: 'count' {count:,} brings the fleet to {total:,} clients, more "
+                              f"than the {MAX_CLIENTS:,} splitfed holds (MAX_CLIENTS): lower 'count'")
         samples = _int(d, "samples", source, where, default=default_samples)
         drift = _drifts(d.get("drift", []), source, where)
         base = Client(dname, dname, TierProfile(v["flops"], v["memory_mb"] * MIB), _link(v), samples, drift)

@@ -14,7 +14,7 @@ standard views of runs (:class:`~splitfed.report.runs.Run`) with it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,21 +168,32 @@ def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_label
     return _save(fig, path)
 
 
+def standard_plot_files(runs: Sequence[Run], out: str | Path) -> list[Path]:
+    """Every file :func:`standard_plots` writes for ``runs`` in folder ``out`` (to check before drawing any)."""
+    return [path for _, path, _ in _views(runs, Path(out), None)]
+
+
 def standard_plots(runs: Sequence[Run], out: str | Path, target: float | None = None) -> dict[str, Path]:
     """Every standard view of ``runs`` in folder ``out``; name -> PNG path."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
-    made = {
-        "accuracy vs simulated time": accuracy_vs_time_plot(runs, d / "accuracy_vs_time.png", target),
-        "accuracy per round": accuracy_per_round_plot(runs, d / "accuracy_per_round.png"),
-        "makespan per round": makespan_plot(runs, d / "makespan.png"),
-        "bytes per round": bytes_plot(runs, d / "bytes.png"),
-        "accuracy vs bytes": accuracy_vs_bytes_plot(runs, d / "accuracy_vs_bytes.png"),
-    }
+    return {name: draw(path) for name, path, draw in _views(runs, d, target)}
+
+
+def _views(runs: Sequence[Run], d: Path, target: float | None) -> list[tuple[str, Path, Callable[[Path], Path]]]:
+    """(name, PNG path, how to draw it) of each standard view: one list for the files and the drawing."""
+    views: list[tuple[str, Path, Callable[[Path], Path]]] = [
+        ("accuracy vs simulated time", d / "accuracy_vs_time.png", lambda p: accuracy_vs_time_plot(runs, p, target)),
+        ("accuracy per round", d / "accuracy_per_round.png", lambda p: accuracy_per_round_plot(runs, p)),
+        ("makespan per round", d / "makespan.png", lambda p: makespan_plot(runs, p)),
+        ("bytes per round", d / "bytes.png", lambda p: bytes_plot(runs, p)),
+        ("accuracy vs bytes", d / "accuracy_vs_bytes.png", lambda p: accuracy_vs_bytes_plot(runs, p)),
+    ]
     for i, r in enumerate(runs):
         if r.clients:
-            made[f"cuts: {r.label}"] = cuts_heatmap(r, d / f"cuts_{i + 1}_{slug(r.label)}.png")
-    return made
+            views.append((f"cuts: {r.label}", d / f"cuts_{i + 1}_{slug(r.label)}.png",
+                          lambda p, r=r: cuts_heatmap(r, p)))
+    return views
 
 
 # ---------------------------------------------------------------- internals

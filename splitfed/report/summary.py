@@ -71,6 +71,11 @@ ROUND_COLUMNS = ("run", "round", "accuracy", "loss", "sim_round_s", "sim_time_s"
                  "bytes_down", "bytes_total", "clients")
 
 
+def csv_files(out: Path) -> tuple[Path, Path]:
+    """The files :func:`write_csv` writes in ``out``: ``summary.csv`` and ``rounds.csv``."""
+    return out / "summary.csv", out / "rounds.csv"
+
+
 def write_csv(runs: Sequence[Run], out: Path, target: float | None = None) -> tuple[Path, Path]:
     """``summary.csv`` (the runs table, numbers unrounded) and ``rounds.csv`` (every round of every run),
     for spreadsheets and dataframes; a missing or non-finite number is an empty cell."""
@@ -79,12 +84,11 @@ def write_csv(runs: Sequence[Run], out: Path, target: float | None = None) -> tu
 
     out.mkdir(parents=True, exist_ok=True)
     headers, rows = summary_rows(runs, target)
-    summary = out / "summary.csv"
+    summary, rounds = csv_files(out)
     with summary.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(headers)
         w.writerows([[cell(v) for v in row] for row in rows])
-    rounds = out / "rounds.csv"
     with rounds.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(ROUND_COLUMNS)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
+import threading
 
 from splitfed.errors import ConfigError
 
@@ -25,6 +27,37 @@ def parse_address(address: str, what: str = "address", *, listen: bool = False) 
                           + (f" ({hint})" if hint else ""))
     host, _, port = address.rpartition(":")
     return host, int(port)
+
+
+def unresolvable(address: str, timeout_s: float = 5.0) -> str | None:
+    """``"cannot resolve host 'H' (why)"`` when the HOST of ``address`` (a good HOST:PORT) names no machine, else None.
+
+    An IP address is not looked up; a name costs one ``getaddrinfo`` (what the connection would do anyway), and a
+    lookup still unanswered after ``timeout_s`` gives no verdict (None): the connection then says what it finds.
+    Names under ``.invalid`` never resolve (RFC 2606).
+    """
+    host, port = parse_address(address)
+    name = host[1:-1] if host.startswith("[") else host
+    try:
+        ipaddress.ip_address(name)
+        return None
+    except ValueError:
+        pass
+    verdict: list[str | None] = []
+
+    def look_up() -> None:
+        try:
+            socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+            verdict.append(None)
+        except socket.gaierror as e:
+            verdict.append(f"cannot resolve host {name!r} ({e.strerror or e})")
+        except (OSError, UnicodeError) as e:
+            verdict.append(f"cannot resolve host {name!r} ({e})")
+
+    t = threading.Thread(target=look_up, name=f"resolve {name}", daemon=True)  # getaddrinfo has no timeout
+    t.start()
+    t.join(timeout_s)
+    return verdict[0] if verdict else None
 
 
 def _address_problem(address: str, lo: int) -> str | None:

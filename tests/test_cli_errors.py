@@ -1,0 +1,34 @@
+"""A command line argparse refuses is one line naming the command and where its help is, exit 2.
+
+Before, argparse printed the command's whole usage block (a dozen lines for ``simulate``) above the one line
+that said what was wrong, and an unrecognized argument was blamed on ``splitfed`` rather than the command.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from splitfed.cli import main
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["verify", "--model", "mlp", "--cuts", "2", "--seed", "x"],
+     "splitfed verify: error: argument --seed: expected an integer in 0..4,294,967,295, got 'x' "
+     "(see splitfed verify --help)"),
+    (["simulate", "--mode", "nope"],
+     "splitfed simulate: error: argument --mode: invalid choice: 'nope' (choose from 'sl', 'sflv1', 'sflv2') "
+     "(see splitfed simulate --help)"),
+    (["report", "no/such/run", "--bogus", "3"],  # report, not simulate: were --bogus ignored, nothing would start
+     "splitfed report: error: unrecognized arguments: --bogus 3 (see splitfed report --help)"),
+    (["ping"], "splitfed ping: error: the following arguments are required: HOST:PORT (see splitfed ping --help)"),
+    (["nosuch"], "splitfed: error: argument COMMAND: invalid choice: 'nosuch' (choose from 'blocks', 'optimize', "
+                 "'ping', 'profile', 'report', 'simulate', 'tier', 'verify') (see splitfed --help)"),
+    (["--bogus"], "splitfed: error: unrecognized arguments: --bogus (see splitfed --help)"),
+])
+def test_a_refused_command_line_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                      line: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert err == line + "\n" and out == ""  # before: "usage: splitfed ..." lines first
