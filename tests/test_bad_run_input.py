@@ -83,6 +83,9 @@ def test_settings_no_round_could_satisfy_are_refused() -> None:
         RunSettings(clients=2, min_clients=5)
     with pytest.raises(ConfigError, match=r"seed must be an integer in 0\.\.4,294,967,295 \(2\*\*32-1\), got "):
         RunSettings(seed=2**64)
+    with pytest.raises(ConfigError, match=r"^clients must be at most 100,000 \(a fleet splitfed holds\), got 100,001$"):
+        RunSettings(clients=100_001, min_clients=1)  # before: refused by Fleet.sample, not naming clients
+    assert RunSettings(clients=100_000).clients == 100_000
 
 
 @pytest.mark.parametrize("key", ["lr", "momentum", "weight_decay"])

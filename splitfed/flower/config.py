@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from splitfed import tomlio
 from splitfed.engine.types import MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
+from splitfed.profile.fleet import MAX_CLIENTS
 from splitfed.transport.address import parse_address
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class RunSettings:
             raise ConfigError(f"min-device-blocks must be >= 0, got {self.min_device_blocks}")
         if not 0 < self.fraction <= 1:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
+        if self.clients > MAX_CLIENTS:
+            raise ConfigError(f"clients must be at most {MAX_CLIENTS:,} (a fleet splitfed holds), got {self.clients:,}")
         if self.min_clients < 1:
             raise ConfigError(f"min-clients must be >= 1, got {self.min_clients}")
         if self.min_clients > self.clients:
