@@ -46,3 +46,57 @@ def test_flower_run_config_in_pyproject_is_valid() -> None:
     assert listed == {f.name for f in dataclasses.fields(RunSettings)}
     assert app["components"] == {"serverapp": "server.app:app", "clientapp": "clients.app:app"}
     assert set(app["fab-include"]) == {"server/**/*.py", "clients/**/*.py"}
+
+
+def _deploy_block() -> str:
+    """The section's shell block, one command per line (continuations and quoted line breaks joined)."""
+    block = re.search(r"## Deploy on real devices\n.*?```bash\n(.*?)```", README, re.S)
+    assert block is not None
+    lines: list[str] = []
+    for line in block.group(1).replace("\\\n", " ").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        if lines and lines[-1].count("'") % 2:
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def test_deploy_commands_use_options_that_exist(tmp_path: Path, monkeypatch) -> None:
+    """A user pastes these on real machines: every flag must exist in the installed Flower and splitfed,
+    and every --node-config / --run-config key must be one the apps accept (a typo is refused there, but
+    only once the run is up)."""
+    import shlex
+
+    from flwr.common.config import parse_config_args
+
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.node import NodeConfig
+
+    text = _deploy_block()
+    bin_dir = Path(sys.executable).parent
+    for tool in ("flower-superlink", "flower-supernode", "flwr", "splitfed"):
+        lines = [ln for ln in text.splitlines() if ln.strip().startswith(tool + " ")]
+        assert lines or tool == "flwr", tool
+        for line in lines:
+            words = shlex.split(line.split(" #")[0])
+            sub = [words[1]] if tool in ("flwr", "splitfed") else []
+            helptext = subprocess.run([str(bin_dir / tool), *sub, "--help"], capture_output=True, text=True,
+                                      timeout=120).stdout
+            for flag in (w.split("=")[0] for w in words if w.startswith("--")):
+                assert re.search(rf"(^|\s|,){re.escape(flag)}\b", helptext), f"{tool}: {flag} is not an option"
+    # Flower 1.42's SuperLink serves nodes on its one --port; without the flag, `flwr run` installs CUDA torch on it
+    link = re.search(r"^flower-superlink .*--port (\d+).*--disable-runtime-dependency-installation", text, re.M)
+    assert link and re.search(rf"^flower-supernode --superlink \S+:{link.group(1)} ", text, re.M)
+    node = re.search(r"--node-config '(.*?)'", text, re.S)
+    run = re.search(r"--run-config '(.*?)'", text, re.S)
+    assert node and run
+    monkeypatch.chdir(tmp_path)
+    node_cfg = parse_config_args([" ".join(node.group(1).split())])
+    for key in ("tls-ca", "tls-cert", "tls-key", "token-file"):  # the node's files, which it must have
+        (tmp_path / node_cfg[key]).write_text("x")
+    assert NodeConfig.parse(node_cfg).edge_address == "edge.example:7000"
+    run_cfg = parse_config_args([" ".join(run.group(1).split())])
+    settings = RunSettings.from_mapping(run_cfg, source="README")
+    assert settings.tier_addresses and not settings.sim_clock and settings.token_file == "token"

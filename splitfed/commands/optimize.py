@@ -21,7 +21,7 @@ from splitfed.optimizer.assign import (
     solve,
     static,
 )
-from splitfed.profile.fleet import load_fleet
+from splitfed.profile.fleet import load_fleet, shipped_fleets
 from splitfed.profile.profiler import profile_model
 
 
@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="choose each client's cuts for a fleet (or price a policy)",
                        description=__doc__.splitlines()[0])
     add_model_args(p)
-    p.add_argument("--fleet", required=True, help="fleet TOML file, or a shipped fleet: reference, small")
+    p.add_argument("--fleet", required=True,
+                   help=f"fleet TOML file, or a shipped fleet: {', '.join(shipped_fleets())}")
     p.add_argument("--tiers", type=int, choices=(2, 3), default=3)
     p.add_argument("--batch", type=batch_size, default=32)
     p.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round")

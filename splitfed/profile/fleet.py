@@ -184,7 +184,7 @@ def device_entry(name: str, device: DeviceProfile, notes: Mapping[str, str] | No
 
 
 def load_fleet(path: str | Path) -> Fleet:
-    """Read a fleet file, or a shipped fleet by name (``reference``, ``small``)."""
+    """Read a fleet file, or a shipped fleet by name (:func:`shipped_fleets`)."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"fleet {str(path)!r} is a folder, not a fleet file")
