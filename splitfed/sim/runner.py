@@ -6,8 +6,9 @@ free ports), then Flower's simulation engine with ``clients`` virtual nodes
 ServerApp in this process. Ray is started first, by the runner, so a start that
 times out is retried before anything else exists (``splitfed.sim.ray_start``).
 Every process it started is stopped on the way out:
-normal end, error or Ctrl-C (the ServerApp polls a stop flag, Ray is shut down,
-the tier processes are stopped by their context manager).
+normal end, error or Ctrl-C (the ServerApp polls a stop flag, Flower's engine
+winds down and shuts Ray down, the tier processes are stopped by their context
+manager).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from splitfed.errors import SplitfedError, Terminated
@@ -47,6 +49,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         logging.getLogger("flwr").setLevel(logging.WARNING)
         logging.getLogger("flwr").addFilter(quiet)
     stop = threading.Event()
+    signals = _Signals(stop)
     summary: dict[str, Any] = {}
     before: dict[int, Any] = {}
     interrupted = False
@@ -57,29 +60,34 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
                        "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress)
         except RayStartError as e:
             raise SimulationError(f"the simulation engine failed: {e}") from e
-        before = _stop_on_signals()  # after Ray's start: its SIGTERM handler would abort the process instead
+        before = signals.install()  # after Ray's start: its SIGTERM handler would abort the process instead
         with start_tiers(settings) as chain:
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses))
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
-            server_app = build_app(run_settings, progress, stop=stop, on_summary=summary.update)
+            server_app = build_app(run_settings, signals.progress(progress), stop=stop, on_summary=summary.update)
             backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}  # Ray is already up
             try:
-                run_simulation(server_app, client_app, num_supernodes=settings.clients, backend_config=backend,
-                               verbose_logging=verbose)
-            except RuntimeError as e:  # Flower wraps runtime failures (e.g. Ray not starting) in this
-                root = e
+                with signals.engine():
+                    run_simulation(server_app, client_app, num_supernodes=settings.clients, backend_config=backend,
+                                   verbose_logging=verbose)
+            except Exception as e:
+                signals.reraise()  # the run ended because of a signal: what it raised is that stop's echo
+                if not isinstance(e, RuntimeError):
+                    raise
+                root: BaseException = e  # Flower wraps runtime failures (e.g. Ray not starting) in this
                 while root.__cause__ is not None:
                     root = root.__cause__
                 raise SimulationError(f"the simulation engine failed: {type(root).__name__}: {root}") from e
             finally:
                 stop.set()
+            signals.reraise()  # a signal that came as the engine finished: the run still ends as stopped
     except KeyboardInterrupt:
-        # Flower's engine threads are left behind and may still log after this returns (see _stop_on_signals)
+        # a second Ctrl-C may leave Flower's engine threads behind, still logging after this returns
         interrupted = True
         logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
         raise
     finally:
-        if ray.is_initialized():
+        if ray.is_initialized():  # Flower's engine shuts Ray down itself once its threads are done
             ray.shutdown()
         for sig, handler in before.items():
             signal.signal(sig, handler)
@@ -89,19 +97,124 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     return summary
 
 
-def _stop_on_signals() -> dict[int, Any]:
-    """Ctrl-C and SIGTERM stop the run the same way: Flower's logger is silenced first (Ray then goes down
-    under Flower's engine threads, and what they log about it is this stop's echo, not news), then
-    :class:`KeyboardInterrupt` (:class:`Terminated` for SIGTERM) unwinds the main thread: every process
-    stopped, the last checkpoint kept. Returns the handlers it replaced ({}: not the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
+class _Signals:
+    """Ctrl-C and SIGTERM stop the run the same way, every process stopped and the last checkpoint kept:
+    :class:`KeyboardInterrupt` (:class:`Terminated` for SIGTERM) leaves :func:`simulate`.
 
-    def stop(signum: int, frame: Any) -> None:
+    Outside Flower's engine the handler raises it at once. Inside (:meth:`engine`) it must not: raised in
+    the main thread, it would unwind Flower's ``run_api`` (flwr/server/superlink/fleet/vce/vce_api.py)
+    out of the ``with ThreadPoolExecutor()`` that joins its worker threads, into its ``finally``, where
+    ``backend.terminate()`` calls ``ray.shutdown()`` (vce/backend/raybackend.py) while those threads may
+    be inside ``ray.get`` or ``.remote()`` still. The next one to touch Ray then either finds its core
+    worker gone, and Ray's C++ side ends the process ("core worker has already been shutdown ... The
+    process will exit") with Ray's exit code and last line, or starts a new Ray of its own.
+
+    So the first signal only sets the stop events, the ServerApp's (``stop``, which it polls) and Flower's
+    own (``f_stop``), and kills the ClientApp actors, so that a worker thread waiting on one (a client's
+    turn, an actor still starting) is answered now, not when that work is done. Flower's worker threads
+    end, are joined, and only then does Flower shut Ray down; ``run_simulation`` returns or raises, and
+    :meth:`reraise` turns that into the interrupt. ``f_stop`` and the actors are Flower's internals, kept
+    as ``run_api`` is called; where a Flower version lacks them, the ServerApp's end sets ``f_stop`` and
+    the threads finish the message in hand: slower, as sound. A second signal does not wait (and may
+    meet the race above).
+
+    Flower's logger is silenced at the first signal: what its threads log as the run winds down (the
+    actors killed, the ServerApp's stop) is this stop's echo, not news. The ServerApp's progress lines
+    (:meth:`progress`) end when the interrupt is raised: a thread still winding down cannot print after
+    the command's last line.
+    """
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.flower_stop: threading.Event | None = None  # Flower's engine's f_stop, once run_api has it
+        self.backend: Any = None  # Flower's RayBackend (its actor pool), once built
+        self.received: int | None = None  # the first signal's number
+        self.waiting = False  # inside the engine: the first signal stops the run instead of raising
+        self.ended = False  # the interrupt is raised: no more progress lines
+        self.lock = threading.RLock()  # reentrant: the handler may run while the main thread holds it
+
+    def install(self) -> dict[int, Any]:
+        """Handle SIGINT and SIGTERM; returns the handlers replaced ({}: not the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def progress(self, say: Callable[[str], None]) -> Callable[[str], None]:
+        def said(line: str) -> None:
+            with self.lock:
+                if not self.ended:
+                    say(line)
+        return said
+
+    @contextmanager
+    def engine(self) -> Iterator[None]:
+        """Around ``run_simulation``: signals stop it (see the class doc)."""
+        import inspect
+
+        from flwr.server.superlink.fleet.vce import vce_api
+
+        run_api = vce_api.run_api  # what start_vce calls, with Flower's f_stop and backend factory
+        params = inspect.signature(run_api).parameters
+
+        def keeping_engine(*args: Any, **kwargs: Any) -> Any:
+            given = dict(zip(params, args, strict=False)) | kwargs
+            self.flower_stop = given.get("f_stop")
+            backend_fn = given.get("backend_fn")
+            if callable(backend_fn) and "backend_fn" in kwargs:
+                kwargs["backend_fn"] = self._keeping(backend_fn)
+            elif callable(backend_fn):
+                args = tuple(self._keeping(a) if a is backend_fn else a for a in args)
+            return run_api(*args, **kwargs)
+
+        vce_api.run_api = keeping_engine
+        self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
+            vce_api.run_api = run_api
+
+    def _keeping(self, backend_fn: Callable[[], Any]) -> Callable[[], Any]:
+        def built() -> Any:
+            self.backend = backend_fn()
+            return self.backend
+        return built
+
+    def reraise(self) -> None:
+        """The interrupt for the signal received, if one was."""
+        if self.received is not None:
+            raise self._interrupt(self.received) from None
+
+    def _handle(self, signum: int, frame: Any) -> None:
         logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        first = self.received is None
+        if first:
+            self.received = signum
+        if not (first and self.waiting):
+            raise self._interrupt(signum)
+        self.stop.set()
+        if self.flower_stop is not None and not self.flower_stop.is_set():
+            # not set yet: Flower's main thread is not in run_api's ``finally`` (where it sets f_stop, then
+            # shuts Ray down), so Ray is up, and stays up while this handler runs (in that thread)
+            self.flower_stop.set()
+            self._kill_actors()
 
-    return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def _kill_actors(self) -> None:
+        import ray
+
+        pool = getattr(self.backend, "pool", None)
+        if pool is None or not getattr(pool, "num_actors", 0):
+            return  # no pool yet, or one still being filled (this thread may be inside Ray, creating actors)
+        for actor in [*getattr(pool, "pool", []), *getattr(pool, "_future_to_actor", {}).values()]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - an actor already gone; the run is stopping anyway
+                pass
+
+    def _interrupt(self, signum: int) -> KeyboardInterrupt:
+        with self.lock:
+            self.ended = True
+        return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 class ExpectedWarnings(logging.Filter):
