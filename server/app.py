@@ -168,6 +168,13 @@ def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | No
     return ckpt
 
 
+def check_resume(settings: RunSettings) -> None:
+    """Refuse now, before anything starts, the resumption :func:`_resume` would refuse once the run has
+    started: other math, or dataset files that changed since the checkpoint."""
+    if settings.resume:
+        _resume(settings, dataset_digest(settings.dataset))
+
+
 def named(settings: RunSettings, ckpt: checkpoint.Checkpoint | None = None) -> RunSettings:
     """The run's name on the tier servers: the name given (or ``splitfed-SEED``) and a fresh random tag.
 

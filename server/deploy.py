@@ -1,6 +1,7 @@
 """A whole deployment on one machine: SuperLink, N SuperNodes, edge and cloud tiers, ``flwr run``.
 
     python -m server.deploy --clients 2 --rounds 1 --out runs/deploy
+    python -m server.deploy --resume runs/deploy --rounds 3      # or --overwrite: replace that run
     python -m server.deploy --clients 3 --tls-ca ca.pem --tls-cert cert.pem --tls-key key.pem \\
         --token-file token --profile rpi4 --profile laptop --profile phone-mid
 
@@ -56,7 +57,7 @@ import psutil
 
 from splitfed import tomlio
 from splitfed.errors import ConfigError
-from splitfed.flower import runfolder
+from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
 
 BIN = Path(sys.executable).parent
@@ -269,13 +270,22 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+# what the deployment itself sets (its processes, files and clock), never taken from a resumed run's checkpoint
+_DEPLOYMENT_OWN = {"clients", "tiers", "rounds", "out", "resume", "overwrite", "tier_addresses", "tls_ca", "tls_cert",
+                   "tls_key", "token_file", "sim_clock"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m server.deploy", description=__doc__.splitlines()[0],
                                 epilog="Extra run settings: --set key=value (e.g. --set mode=sflv2).")
-    p.add_argument("--clients", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--tiers", type=int, choices=(2, 3), default=3)
-    p.add_argument("--out", default="runs/deploy", help="run folder (metrics, checkpoint, logs)")
+    p.add_argument("--clients", type=int, default=None, help="SuperNodes (default 2; resumed: the run's)")
+    p.add_argument("--rounds", type=int, default=None, help="(default 1; resumed: the run's)")
+    p.add_argument("--tiers", type=int, choices=(2, 3), default=None, help="(default 3; resumed: the run's)")
+    p.add_argument("--out", default=None, help="run folder (metrics, checkpoint, logs; default runs/deploy)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the run the --out folder holds (without it, such a folder is refused)")
     p.add_argument("--workdir", default=None, help="logs, app copy and FLWR_HOME (default: a temporary folder)")
     p.add_argument("--tls-ca", default="")
     p.add_argument("--tls-cert", default="")
@@ -284,21 +294,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="append", default=[], help="device profile of node i (cycled)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run setting")
     args = p.parse_args(argv)
-    overrides: dict[str, Any] = {"num-server-rounds": args.rounds, "out": str(Path(args.out).resolve())}
+    sets: dict[str, Any] = {}
     for item in args.set:
         k, sep, v = item.partition("=")
         if not sep:
             p.error(f"--set wants KEY=VALUE, got {item!r}")
-        overrides[k.strip()] = v.strip()
+        sets[k.strip()] = v.strip()
     files = [str(Path(f).resolve()) if f else "" for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file)]
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
     try:
-        wanted = RunSettings.from_mapping(overrides, source="deploy")
+        saved: dict[str, Any] = {}
+        if args.resume:  # as splitfed simulate --resume: the run's own settings, then what is given here
+            if args.out is not None and Path(args.out) != Path(args.resume):
+                raise ConfigError(f"--resume {args.resume} continues the run in {args.resume}: --out {args.out} "
+                                  "cannot move it (copy the folder first to continue a copy)")
+            saved = checkpoint.load(args.resume).settings
+        clients = args.clients if args.clients is not None else int(saved.get("clients", 2))
+        rounds = args.rounds if args.rounds is not None else int(saved.get("rounds", 1))
+        tiers = args.tiers if args.tiers is not None else int(saved.get("tiers", 3))
+        overrides: dict[str, Any] = {k.replace("_", "-"): v for k, v in saved.items() if k not in _DEPLOYMENT_OWN}
+        out = Path(args.resume or args.out or "runs/deploy").resolve()
+        overrides.update({"num-server-rounds": rounds, "out": str(out)})
+        if args.resume:
+            overrides["resume"] = True
+        if args.overwrite:
+            overrides["overwrite"] = True
+        overrides.update(sets)
+        wanted = RunSettings.from_mapping({"clients": clients, "tiers": tiers, "sim-clock": False, **overrides},
+                                          source="deploy")
         runfolder.check(wanted.out, wanted.resume, wanted.overwrite)  # before anything starts
-        with Deployment(args.clients, workdir, *files, profiles=args.profile, tiers=args.tiers) as dep:
+        if wanted.resume:
+            from server.app import check_resume
+
+            check_resume(wanted)  # a checkpoint of other math or other data: refused before anything starts
+            done = checkpoint.load(wanted.out).round
+            if done >= wanted.rounds:
+                print(f"nothing to do: {wanted.out} already holds round {done} of {wanted.rounds} "
+                      f"(to train on: --resume {args.resume or wanted.out} --rounds {done + 1} or more)",
+                      file=sys.stderr)
+                return 0
+        workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
+        with Deployment(clients, workdir, *files, profiles=args.profile, tiers=tiers) as dep:
             dep.start()
             print(f"tiers {', '.join(dep.tier_addresses)}; superlink {dep.superlink}; "
-                  f"{args.clients} supernode(s); logs in {workdir}", flush=True)
+                  f"{clients} supernode(s); logs in {workdir}", flush=True)
             result = dep.run(overrides)
             print(f"run folder: {overrides['out']}")
             return result.returncode

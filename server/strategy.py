@@ -375,5 +375,12 @@ def _measurement(r: ClientResult) -> Measurement:
 def _link_text(link: LinkProfile | None) -> str:
     if link is None:
         return ""
-    return (f" (measured up {link.up * 8 / 1e6:.3g} Mbit/s, down {link.down * 8 / 1e6:.3g} Mbit/s, "
-            f"rtt {link.rtt * 1e3:.3g} ms)")
+    return (f" (measured up {_plain(link.up * 8 / 1e6)} Mbit/s, down {_plain(link.down * 8 / 1e6)} Mbit/s, "
+            f"rtt {_plain(link.rtt * 1e3)} ms)")
+
+
+def _plain(x: float) -> str:
+    """About three significant digits, never e-notation: ``1540``, ``82.4``, ``1.9``, ``0.0123``."""
+    if not math.isfinite(x) or x <= 0 or x >= 100:
+        return f"{x:.0f}"
+    return f"{x:.{2 - math.floor(math.log10(x))}f}".rstrip("0").rstrip(".")

@@ -218,3 +218,20 @@ def test_a_run_name_the_tiers_could_not_take_is_refused(name) -> None:
     with pytest.raises(ConfigError, match=r"^run-name must be 1\.\.200 letters, digits, '\.', '_' or '-' "):
         RunSettings(run_name=name)
     assert RunSettings(run_name="exp_1.a-" + "x" * 192).run_name.endswith("x")
+
+
+def test_resume_on_a_changed_dataset_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys) -> None:
+    """The digest of the dataset's files is checked with the other resume checks, before Ray and the tiers
+    start (before: the same refusal, ~30 s later, from the running ServerApp)."""
+    import splitfed.sim.runner
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", lambda *a, **k: pytest.fail("started"))
+    data = _good_npz(tmp_path / "d.npz")
+    run = tmp_path / "run"
+    settings = RunSettings(dataset=f"npz:{data}", clients=2, rounds=1, out=str(run))
+    checkpoint.save(run, checkpoint.Checkpoint(1, {"w": torch.ones(2)}, settings.to_dict(), data="0" * 64))
+    assert main(["simulate", "--resume", str(run), "--rounds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"cannot resume: the files of dataset 'npz:{data}' changed since the checkpoint (sha256 000000000000" \
+           "... then, " in err, err

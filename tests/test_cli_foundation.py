@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,26 @@ def test_verify_custom_factory_u_shape() -> None:
                  "--num-classes", "3", "--cuts", "1,2,3", "--u-shape", "--mode", "sl", "--steps", "3")
     assert p.returncode == 0, p.stderr
     assert "OK" in p.stdout
+
+
+MYMODELS = """import torch.nn as nn
+
+def make_net():
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 10))
+"""
+
+
+def test_verify_grpc_serves_the_users_own_model(tmp_path: Path) -> None:
+    """``verify --transport grpc`` on a module:factory model of the user's folder: the tier processes it
+    starts serve that model (--allow-model) and import it from where the user ran the command."""
+    (tmp_path / "mymodels.py").write_text(MYMODELS)
+    script = Path(sys.executable).parent / "splitfed"  # as a user runs it: the user's folder is not on sys.path
+    p = subprocess.run([str(script), "verify", "--model", "mymodels:make_net", "--input-shape", "64",
+                        "--num-classes", "10", "--cuts", "2,5", "--mode", "sflv1", "--clients", "2",
+                        "--transport", "grpc", "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["ok"] is True and out["transport"] == "grpc" and out["model"] == "mymodels:make_net"
 
 
 @pytest.mark.parametrize(

@@ -15,16 +15,20 @@ ClientApp process for every message, so each run costs a minute or more here:
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
-from server.deploy import Deployment, _tree
+from server.deploy import Deployment, _tree, main
+from splitfed.flower import checkpoint
+from splitfed.flower.config import RunSettings
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
+pytestmark = pytest.mark.xdist_group("flower-real")  # the real deployment's tests are also marked slow
 
 
 def _rows(out: Path) -> list[dict]:
@@ -71,6 +75,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
                "log": dep.tail("superlink", 60)}
 
 
+@pytest.mark.slow
 def test_deployment_runs_a_round(run):
     rows = _rows(run["out"])
     assert rows, run["log"]
@@ -84,6 +89,7 @@ def test_deployment_runs_a_round(run):
     assert (run["out"] / "checkpoint.pt").is_file() and (run["out"] / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_killed_client_does_not_stop_the_round(run):
     assert run["killed_mid_run"], "the run ended before the victim could be killed"
     assert not run["hung"], "flwr run hangs after a client was killed"
@@ -92,3 +98,41 @@ def test_killed_client_does_not_stop_the_round(run):
     rows = _rows(run["out"])
     assert [r["round"] for r in rows] == [1, 2]
     assert rows[1]["clients"] == 1 and rows[1]["failed"] == ["client1"]
+
+
+def _held_run(folder: Path) -> None:
+    """What a finished 1-round deployment leaves in its run folder."""
+    settings = RunSettings(clients=2, rounds=1, lr=0.2, sim_clock=False, out=str(folder),
+                           tier_addresses="127.0.0.1:1,127.0.0.1:2")
+    checkpoint.save(folder, checkpoint.Checkpoint(1, {"w": torch.ones(2)}, settings.to_dict()))
+    (folder / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n")
+
+
+def test_deploy_again_into_a_run_folder_takes_the_flags_its_refusal_names(tmp_path, monkeypatch, capsys):
+    """The second ``python -m server.deploy`` into one folder is refused, before anything starts, naming
+    --resume and --overwrite; deploy has both (before: it had neither, only --set)."""
+    out = tmp_path / "run"
+    _held_run(out)
+    runs: list[dict] = []
+
+    def fake_run(self, overrides, timeout=1800.0):  # type: ignore[no-untyped-def]
+        runs.append(self.run_config(overrides))
+        return subprocess.CompletedProcess([], 0, "", "")
+
+    monkeypatch.setattr(Deployment, "start", lambda self: self)  # nothing really starts here
+    monkeypatch.setattr(Deployment, "run", fake_run)
+    work = ["--workdir", str(tmp_path / "work")]
+    assert main(["--clients", "2", "--rounds", "1", "--out", str(out), *work]) == 2
+    err = capsys.readouterr().err
+    assert f"continue it with --resume {out.resolve()}, replace it with --overwrite" in err and not runs, err
+
+    assert main(["--resume", str(out), "--rounds", "1", *work]) == 0  # round 1 is done: nothing starts
+    assert "nothing to do" in capsys.readouterr().err and not runs
+    assert main(["--resume", str(out), "--clients", "3", "--rounds", "2", *work]) == 2
+    assert "cannot resume with different clients (2 -> 3)" in capsys.readouterr().err and not runs
+
+    assert main(["--resume", str(out), "--rounds", "2", *work]) == 0  # the run's own settings, resumed
+    assert runs[-1]["resume"] is True and runs[-1]["lr"] == 0.2 and runs[-1]["clients"] == 2
+    assert runs[-1]["num-server-rounds"] == 2 and runs[-1]["out"] == str(out.resolve())
+    assert main(["--out", str(out), "--overwrite", *work]) == 0
+    assert runs[-1]["overwrite"] is True and "resume" not in runs[-1]

@@ -183,3 +183,14 @@ def test_a_measured_link_replaces_the_profiles_guess_in_the_plan() -> None:
     link = measured.clients[0].link
     assert (link.up, link.down, link.rtt) == (mbps(2.0), mbps(8.0), 0.04)
     assert measured.clients[0].device == guessed.clients[0].device  # only the link changes
+
+
+def test_the_coordinator_logs_measured_links_as_plain_numbers() -> None:
+    """Before: ``up 1.54e+03 Mbit/s``; now about three significant digits, never e-notation."""
+    from server.strategy import _link_text
+
+    text = _link_text(LinkProfile(up=1540e6 / 8, down=8.2e6 / 8, rtt=0.041))
+    assert text == " (measured up 1540 Mbit/s, down 8.2 Mbit/s, rtt 41 ms)"
+    assert _link_text(LinkProfile(up=1.9e6 / 8, down=0.0123e6 / 8, rtt=2.5)) == \
+        " (measured up 1.9 Mbit/s, down 0.0123 Mbit/s, rtt 2500 ms)"
+    assert _link_text(None) == ""

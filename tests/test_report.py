@@ -190,6 +190,14 @@ def test_end_of_run_table_has_rounds_and_classes() -> None:
     assert "phone-mid" in classes and "2,5" in classes  # moved by round 5
 
 
+def test_one_round_has_one_cuts_column() -> None:
+    """Before: ``cuts round 1  cuts round 1`` (the first and the last round were the same one)."""
+    classes = end_of_run(make_rows(1)).split("cuts per device class")[1]
+    assert classes.count("cuts round 1") == 1 and classes.count("1,5 x2") == 1, classes
+    two = end_of_run(make_rows(2)).split("cuts per device class")[1]
+    assert "cuts round 1" in two and "cuts round 2" in two
+
+
 def test_a_client_that_failed_every_round_keeps_its_device_class() -> None:
     """It has no per_client measurement; the row's profiles still name its device."""
     rows = make_rows(2)

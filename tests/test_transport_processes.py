@@ -220,6 +220,19 @@ def test_a_runs_own_tiers_never_release_a_segment_within_a_round(timeout_s: floa
     assert started == [["--idle-release-s", idle]]
 
 
+def test_a_runs_own_tiers_serve_its_own_model(tmp_path, monkeypatch) -> None:
+    """A run of a module:factory model in the user's folder: the tiers it starts serve that model
+    (--allow-model) and build it, so the chain check passes (before: 'does not serve model')."""
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim.tiers import tier_chain
+
+    (tmp_path / "mymodels.py").write_text("import torch.nn as nn\n\ndef make_net():\n    return nn.Sequential("
+                                          "nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))\n")
+    monkeypatch.chdir(tmp_path)
+    with tier_chain(RunSettings(model="mymodels:make_net", tiers=2)) as chain:
+        assert chain.infos[0].allowed_models == ("mymodels:make_net",) and not chain.infos[0].model_error
+
+
 def test_two_runs_at_once_on_the_same_tier_processes_each_get_their_own_numbers(
         tiers: tuple[TierProcess, TierProcess]) -> None:
     """Tiers are shared services: two runs (other models, both with dropout) train through the same

@@ -54,3 +54,24 @@ def test_the_servicer_serves_exactly_the_service_of_the_proto() -> None:
         assert h is not None, m.name
         assert (h.request_streaming, h.response_streaming) == (m.client_streaming, m.server_streaming), m.name
     assert handler.service(type("D", (), {"method": f"/{SERVICE}/Nope"})()) is None
+
+
+def test_protogen_says_when_importing_it_regenerated_the_code(monkeypatch, capsys) -> None:
+    """On a fresh clone, ``python -m splitfed.transport.protogen`` imports splitfed.transport, which generates
+    the code; protogen then said "generated code is current" as if nothing had been done."""
+    from splitfed.transport import _codegen
+
+    monkeypatch.setattr(_codegen, "_checked", False)
+    monkeypatch.setattr(_codegen, "regenerated_at_import", None)
+    monkeypatch.setattr(_codegen, "stale_reason", lambda: "generated code is missing")
+    monkeypatch.setattr(_codegen, "generate", lambda: True)  # the real code is never touched here
+    _codegen.ensure()  # what importing splitfed.transport does
+    assert _codegen.regenerated_at_import == "generated code is missing"
+    monkeypatch.undo()
+    monkeypatch.setattr(_codegen, "regenerated_at_import", "generated code is missing")
+    for argv in ([], ["--check"]):
+        assert protogen.main(argv) == 0
+        assert capsys.readouterr().out == f"generated {GEN_DIR} when splitfed.transport was imported " \
+                                          "(generated code is missing); it is current\n"
+    monkeypatch.setattr(_codegen, "regenerated_at_import", None)
+    assert protogen.main([]) == 0 and capsys.readouterr().out == "generated code is current\n"

@@ -11,7 +11,7 @@ from splitfed.engine.types import MODES
 from splitfed.errors import ConfigError
 from splitfed.jsonio import dumps
 from splitfed.models.blocks import validate_cuts
-from splitfed.models.zoo import resolve_spec
+from splitfed.models.zoo import ZOO, resolve_spec
 
 
 def _cut_vectors(text: str) -> list[tuple[int, ...]]:
@@ -66,9 +66,11 @@ def run(args: argparse.Namespace) -> int:
 
             procs: list[TierProcess] = []
             nxt = None
+            allow = () if spec.name in ZOO else (spec.name,)  # the tiers serve the model checked here
             for i in reversed(range(tiers - 1)):
                 name = "cloud" if i == tiers - 2 else ("edge" if i == 0 else f"tier{i + 1}")
-                proc = stack.enter_context(TierProcess.start(name, next_address=nxt, insecure=True))
+                proc = stack.enter_context(TierProcess.start(name, next_address=nxt, insecure=True,
+                                                             allow_models=allow))
                 procs.insert(0, proc)
                 nxt = proc.address
             chain = grpc_chain([p.address for p in procs], insecure=True)

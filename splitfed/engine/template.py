@@ -87,7 +87,8 @@ def admit(spec: ModelSpec) -> None:
         return
     params, peak = size(spec)
     if params > lim.model_bytes:
-        raise ResourceExhausted(f"model {spec.name!r} {dict(spec.kwargs) or ''} has {_mib(params)} MiB of "
+        kwargs = f" {dict(spec.kwargs)}" if spec.kwargs else ""
+        raise ResourceExhausted(f"model {spec.name!r}{kwargs} has {_mib(params)} MiB of "
                                 f"parameters; this process builds at most {_mib(lim.model_bytes)} MiB")
     if peak > lim.sample_bytes:
         raise ResourceExhausted(f"model {spec.name!r} with input {list(spec.input_shape)} makes a "

@@ -65,6 +65,10 @@ def class_table(run: Run) -> str:
     classes: dict[str, list[str]] = {}
     for c in run.clients:
         classes.setdefault(run.class_of(c), []).append(c)
+    if first.round == last.round:  # one round: one cuts column
+        return format_table(["device class", "clients", f"cuts round {first.round}"],
+                            [[k, len(v), _mix(first, v)] for k, v in classes.items()],
+                            title=f"{run.label}: cuts per device class")
     rows = [[k, len(v), _mix(first, v), _mix(last, v)] for k, v in classes.items()]
     return format_table(["device class", "clients", f"cuts round {first.round}", f"cuts round {last.round}"],
                         rows, title=f"{run.label}: cuts per device class")

@@ -247,6 +247,10 @@ def validate(settings: RunSettings) -> None:
 
     if settings.out:  # a folder in use, or holding a run this one neither resumes nor replaces
         runfolder.check(settings.out, settings.resume, settings.overwrite)
+    if settings.resume:  # a checkpoint of other math or other data
+        from server.app import check_resume
+
+        check_resume(settings)
     spec = settings.spec
     parse_partition(settings.partition)
     test_data(spec, settings.dataset, settings.seed)  # unknown dataset or shape mismatch

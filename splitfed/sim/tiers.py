@@ -46,6 +46,7 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
     if settings.addresses:
         yield TierChain(list(settings.addresses))
         return
+    from splitfed.models.zoo import ZOO
     from splitfed.transport.process import TierProcess
     from splitfed.transport.security import TlsConfig
 
@@ -53,13 +54,14 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
            if settings.tls_cert else None)
     # a segment idles at most one round (load to fetch): never let the tiers release one mid-round
     idle = max(IDLE_RELEASE_S, 2 * settings.round_timeout_s)
+    allow = () if settings.model in ZOO else (settings.model,)  # the run's own module:factory model
     with ExitStack() as stack:
         chain = TierChain([])
         nxt = None
         for name in reversed(tier_names(settings.tiers - 1)):
             proc = TierProcess.start(name, listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
                                      token_file=settings.token_file or None, insecure=tls is None,
-                                     extra_args=["--idle-release-s", f"{idle:g}"])
+                                     allow_models=allow, extra_args=["--idle-release-s", f"{idle:g}"])
             stack.callback(proc.stop)
             chain.addresses.insert(0, proc.address)
             chain.pids.insert(0, proc.pid)

@@ -143,13 +143,15 @@ def generate(root: Path = PROTO_ROOT, out: Path = OUT_ROOT, force: bool = False)
 
 
 _checked = False
+regenerated_at_import: str | None = None  # why ensure() regenerated the code in this process (None: it did not)
 
 
 def ensure() -> None:
     """Make sure the generated code exists and matches proto/ (once per process)."""
-    global _checked
+    global _checked, regenerated_at_import
     if _checked:
         return
-    if stale_reason() is not None:
-        generate()
+    reason = stale_reason()
+    if reason is not None and generate():
+        regenerated_at_import = reason
     _checked = True

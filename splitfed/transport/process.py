@@ -57,13 +57,16 @@ class TierProcess:
     def start(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None, *,
               role: str | None = None, tls: TlsConfig | None = None, token: str | None = None,
               token_file: str | Path | None = None, insecure: bool = False, threads: int | None = 1,
-              compress: str = "none", extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
-              client_tls: TlsConfig | None = None, startup_timeout: float = 120.0) -> TierProcess:
+              compress: str = "none", allow_models: Sequence[str] = (), extra_args: Sequence[str] = (),
+              env: dict[str, str] | None = None, client_tls: TlsConfig | None = None,
+              startup_timeout: float = 120.0) -> TierProcess:
         """Start the child and wait until it serves (its ``listening on`` line, then a health check).
 
         ``token`` is handed over in a private temporary file (never on the
         command line). Plaintext needs ``insecure=True``, as on the command line.
         ``client_tls``: credentials for the health check of a mutual-TLS tier.
+        ``allow_models``: ``module:factory`` models the tier serves besides the zoo (``--allow-model``);
+        the child runs in this process's working directory, so it imports what was importable from there.
         """
         role = role or ("edge" if next_address else "cloud")
         cmd = [sys.executable, "-m", "splitfed.cli", "tier", "--role", role, "--name", name, "--listen", listen,
@@ -86,6 +89,8 @@ class TierProcess:
             cmd.append("--insecure")
         if threads:
             cmd += ["--threads", str(threads)]
+        for m in allow_models:
+            cmd += ["--allow-model", m]
         cmd += list(extra_args)
         child_env = dict(os.environ if env is None else env)
         child_env["PYTHONUNBUFFERED"] = "1"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from splitfed.transport import _codegen
 from splitfed.transport._codegen import GEN_DIR, ensure, generate, source_digest, stale_reason
 
 __all__ = ["ensure", "generate", "source_digest", "stale_reason", "main"]
@@ -27,11 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     reason = stale_reason()
     if args.check:
-        print(reason or "generated code is current")
+        print(reason or _current())
         return 1 if reason else 0
     did = generate(force=args.force)
-    print(f"generated {GEN_DIR}" if did else "generated code is current")
+    print(f"generated {GEN_DIR}" if did else _current())
     return 0
+
+
+def _current() -> str:
+    """Current: as it was found, or because importing splitfed.transport (to run this) regenerated it."""
+    why = _codegen.regenerated_at_import
+    return f"generated {GEN_DIR} when splitfed.transport was imported ({why}); it is current" if why \
+        else "generated code is current"
 
 
 if __name__ == "__main__":
