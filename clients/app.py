@@ -52,7 +52,7 @@ from splitfed.flower.records import (
 )
 from splitfed.flower.transport import connect
 from splitfed.flower.workload import client_data, node_data, round_batches
-from splitfed.models.zoo import ModelSpec
+from splitfed.models.zoo import ModelSpec, first_line
 from splitfed.transport.describe import PROTOCOL
 
 if TYPE_CHECKING:
@@ -93,10 +93,10 @@ def query(msg: Message, context: Context) -> Message:
         spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
         x, _ = _data(node, spec, str(ask["dataset"]), str(ask["partition"]), int(ask["seed"]))
         samples = len(x)
-    link = _measure_link(node, ask) if ask.get("measure-link") else None
+    link, link_error = _measure_link(node, ask) if ask.get("measure-link") else (None, "")
     up, down, rtt = (link.up_mbps or 0.0, link.down_mbps or 0.0, link.rtt_ms) if link else (0.0, 0.0, 0.0)
     info = NodeInfo(node.partition_id, node.num_partitions, samples, node.device_profile, node.edge_address,
-                    up, down, rtt, PROTOCOL, splitfed.__version__)
+                    up, down, rtt, PROTOCOL, splitfed.__version__, link_error)
     return Message(RecordDict({NODE: info.to_record()}), reply_to=msg)
 
 
@@ -130,19 +130,20 @@ def train(msg: Message, context: Context) -> Message:
     return Message(reply, reply_to=msg)
 
 
-def _measure_link(node: NodeConfig, ask: ConfigRecord) -> LinkMeasure | None:
-    """This node's real link to its edge, for the optimizer's first plan (None, logged, if it cannot)."""
+def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | None, str]:
+    """This node's real link to its edge, for the optimizer's first plan; else None and why (logged here
+    and told to the coordinator, whose log is the one a user reads)."""
     from splitfed.transport.probe import measure_link
 
     try:
         with connect(node.edge_address or str(ask["edge-address"]), tls_ca=node.tls_ca or str(ask["tls-ca"]),
                      tls_cert=node.tls_cert or str(ask["tls-cert"]), tls_key=node.tls_key or str(ask["tls-key"]),
                      token_file=node.token_file or str(ask["token-file"]), deadline_s=30.0) as link:
-            return measure_link(link, count=3, bandwidth=True)
+            return measure_link(link, count=3, bandwidth=True), ""
     except SplitfedError as e:
         log(WARNING, "client%d: could not measure its link to the edge (its profile's is used): %s",
             node.partition_id, e)
-        return None
+        return None, first_line(e)[:300]
 
 
 EDGE_CHECKED = "splitfed-edge"  # ConfigRecord in context.state: the edge this node's own address was found to reach

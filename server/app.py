@@ -29,7 +29,7 @@ from flwr.app import ArrayRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from server.strategy import RoundRecord, SplitFedAvg
+from server.strategy import RoundRecord, RunStopped, SplitFedAvg
 from splitfed.data.datasets import dataset_digest
 from splitfed.engine.rounds import initial_state
 from splitfed.errors import ConfigError
@@ -63,7 +63,12 @@ def build_app(settings: RunSettings | None = None, progress: Progress | None = N
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         s = settings or RunSettings.from_mapping(dict(context.run_config), source="run config")
-        summary = run(grid, s, progress, stop)
+        try:
+            summary = run(grid, s, progress, stop)
+        except RunStopped:
+            if stop is not None and stop.is_set():
+                return  # stopped by its caller, who knows why: ending normally spares Flower's 3 s wait for it
+            raise
         if on_summary is not None:
             on_summary(summary)
 

@@ -161,6 +161,7 @@ class SplitFedAvg(FedAvg):
         replies = self.exchange(grid, msgs, s.node_wait_s)
         clients: dict[int, ClientInfo] = {}
         seen: dict[int, int] = {}
+        links: dict[int, str] = {}  # what each node's registration says of its link, for the log
         for msg in replies:
             node = msg.metadata.src_node_id
             if msg.has_error():
@@ -183,11 +184,13 @@ class SplitFedAvg(FedAvg):
             profile = info.profile or (profile_of(info) if profile_of else "")
             clients[node] = ClientInfo(f"client{info.partition_id}", node, info.partition_id, profile,
                                        info.samples, info.link)
+            links[node] = _link_text(info.link) or (
+                f" (link not measured: {info.link_error}; the profile's is used)" if info.link_error else "")
         if len(clients) < need:
             raise ConfigError(f"only {len(clients)} node(s) answered the query round; at least {need} needed")
         self.clients = dict(sorted(clients.items(), key=lambda kv: kv[1].partition_id))
         log(INFO, "Registered %d client(s): %s", len(self.clients),
-            ", ".join(f"{c.client_id}={c.profile or '?'}{_link_text(c.link)}" for c in self.clients.values()))
+            ", ".join(f"{c.client_id}={c.profile or '?'}{links[n]}" for n, c in self.clients.items()))
         return list(self.clients.values())
 
     def sample(self, server_round: int) -> list[ClientInfo]:

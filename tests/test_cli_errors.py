@@ -32,3 +32,33 @@ def test_a_refused_command_line_is_one_line_and_exit_2(capsys: pytest.CaptureFix
     assert exc.value.code == 2
     out, err = capsys.readouterr()
     assert err == line + "\n" and out == ""  # before: "usage: splitfed ..." lines first
+
+
+def test_the_console_script_runs_exit_handlers_and_flushes_before_its_quick_exit(tmp_path) -> None:
+    """``entry`` ends with ``os._exit`` (the interpreter's teardown of torch, gRPC and Ray took seconds, and
+    could join threads a stopped run left blocked forever): what is registered with ``atexit`` still runs, and
+    every byte written to stdout arrives, also when stdout is a pipe (block-buffered)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    marker = tmp_path / "atexit-ran"
+    script = textwrap.dedent(f"""
+        import atexit, pathlib, sys
+        atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text("yes"))
+        from splitfed.cli import entry
+        sys.argv = ["splitfed", "blocks", "--model", "resnet18", "--json"]
+        entry()
+    """)
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # CI sets it; users do not
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    import json
+
+    assert len(json.loads(p.stdout)["blocks"]) > 3  # the whole JSON document: nothing cut off at exit
+    assert marker.read_text() == "yes"
+    refused = subprocess.run([sys.executable, "-c", script.replace('"resnet18"', '"nosuchmodel"')],
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith("splitfed blocks: error: ") and marker.exists()

@@ -194,3 +194,38 @@ def test_the_coordinator_logs_measured_links_as_plain_numbers() -> None:
     assert _link_text(LinkProfile(up=1.9e6 / 8, down=0.0123e6 / 8, rtt=2.5)) == \
         " (measured up 1.9 Mbit/s, down 0.0123 Mbit/s, rtt 2500 ms)"
     assert _link_text(None) == ""
+
+
+def test_a_node_that_could_not_measure_its_link_says_why_in_the_coordinators_log(monkeypatch, tmp_path,
+                                                                                caplog) -> None:
+    """Before: the coordinator logged ``client1=rpi4`` and the reason was only in that node's own log."""
+    import logging
+
+    import clients.app
+    import server.app
+    import splitfed.transport.probe as probe
+    from splitfed.errors import TierError
+    from splitfed.flower.config import RunSettings
+    from tests.flower_fixtures import FakeGrid
+
+    real = probe.measure_link
+    calls: list[int] = []
+
+    def measure_once_then_fail(link, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)  # a TLS handshake lost on a loaded machine: the second node's measurement fails
+        if len(calls) == 2:
+            raise TierError("tier 127.0.0.1:1: probe: handshake failed\nsecond line")
+        return real(link, **kwargs)
+
+    monkeypatch.setattr(probe, "measure_link", measure_once_then_fail)
+    with serve_tier("cloud", insecure=True) as cloud, \
+            serve_tier("edge", next_address=cloud.address, insecure=True) as edge:
+        s = RunSettings(model="cnn", rounds=1, clients=2, tiers=3, cuts="adaptive", sim_clock=False,
+                        tier_addresses=f"{edge.address},{cloud.address}", out=str(tmp_path), node_wait_s=30,
+                        round_timeout_s=60)
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            server.app.run(FakeGrid(clients.app.app, 2), s)
+    registered = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Registered 2 client"))
+    assert registered.count("(measured up ") == 1, registered
+    assert ("(link not measured: tier 127.0.0.1:1: probe: handshake failed; the profile's is used)"
+            in registered), registered

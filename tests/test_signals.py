@@ -41,15 +41,20 @@ def _start(out: Path) -> subprocess.Popen:
 
 
 def _stop_after_round_1(p: subprocess.Popen, send) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    return _stop_at(p, "round 1/4", send)
+
+
+def _stop_at(p: subprocess.Popen, marker: str, send) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    """``send`` the run its signal at the first line starting with ``marker``; its exit code and output."""
     assert p.stdout is not None
     seen = []
     for line in p.stdout:
         seen.append(line)
-        if line.startswith("round 1/4"):
+        if line.startswith(marker):
             send(p)
             break
     else:
-        pytest.fail("the run ended before round 1:\n" + "".join(seen))
+        pytest.fail(f"the run ended before {marker!r}:\n" + "".join(seen))
     try:
         rest, _ = p.communicate(timeout=HANG)
     except subprocess.TimeoutExpired:
@@ -145,26 +150,10 @@ def test_a_signal_while_flower_is_inside_ray(tmp_path, sig, group, code, last):
         [sys.executable, "-c", HOOKED, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2",
          "--rounds", "2", "--out", str(tmp_path / "run")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    assert p.stdout is not None
-    seen = []
-    for line in p.stdout:
-        seen.append(line)
-        if line.startswith("HOOK:"):
-            if group:  # a terminal's Ctrl-C: the whole process group
-                os.killpg(p.pid, sig)
-            else:
-                p.send_signal(sig)
-            break
-    else:
-        pytest.fail("no engine thread reached Ray:\n" + "".join(seen))
-    try:
-        rest, _ = p.communicate(timeout=HANG)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        pytest.fail("the run did not stop after the signal (hang)")
-    text = "".join(seen) + rest
-    assert p.returncode == code, text
+    # group: a terminal's Ctrl-C reaches the whole process group; SIGTERM, the run's own process only
+    send = (lambda p: os.killpg(p.pid, sig)) if group else (lambda p: p.send_signal(sig))
+    returncode, text = _stop_at(p, "HOOK:", send)
+    assert returncode == code, text
     assert text.rstrip().endswith(last), text
     assert "with an engine thread inside Ray" not in text, text
     assert "core worker" not in text and "Traceback" not in text and "WARNING" not in text, text

@@ -163,6 +163,7 @@ class NodeInfo:
     rtt_ms: float = 0.0
     protocol: int = 0  # the splitfed wire protocol its library speaks (0: a splitfed too old to say)
     version: str = ""
+    link_error: str = ""  # why it could not measure its link when asked ("": measured, or not asked)
 
     @property
     def link(self) -> LinkProfile | None:
@@ -183,6 +184,7 @@ class NodeInfo:
                        int(record.get("samples", 0)), str(record.get("profile", "")),
                        str(record.get("edge-address", "")), float(record.get("up-mbps", 0.0)),
                        float(record.get("down-mbps", 0.0)), float(record.get("rtt-ms", 0.0)),
-                       int(record.get("protocol", 0)), str(record.get("version", "")))
+                       int(record.get("protocol", 0)), str(record.get("version", "")),
+                       str(record.get("link-error", "")))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{what}: malformed ({e})") from None
