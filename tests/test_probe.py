@@ -132,19 +132,33 @@ def test_ping_prints_this_host_as_a_fleet_entry_measured_against_a_real_edge(tmp
         assert speed.returncode == 0 and " Mbit/s, down " in speed.stdout
 
 
+def _run_two_nodes(tmp_path, caplog, sim_clock: bool):  # type: ignore[no-untyped-def]
+    """One adaptive round of two nodes (the real ClientApp, in process) through real edge and cloud tiers."""
+    import logging
+
+    import clients.app
+    import server.app
+    from splitfed.flower.config import RunSettings
+    from tests.flower_fixtures import FakeGrid
+
+    with serve_tier("cloud", insecure=True) as cloud, \
+            serve_tier("edge", next_address=cloud.address, insecure=True) as edge:
+        s = RunSettings(model="cnn", rounds=1, clients=2, tiers=3, cuts="adaptive", sim_clock=sim_clock,
+                        tier_addresses=f"{edge.address},{cloud.address}", out=str(tmp_path), node_wait_s=30,
+                        round_timeout_s=60)
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            server.app.run(FakeGrid(clients.app.app, 2), s)
+    return s
+
+
 @pytest.mark.parametrize("sim_clock", [False, True])
 def test_deployed_nodes_measure_their_links_at_registration_and_the_optimizer_plans_with_them(
         monkeypatch, tmp_path, caplog, sim_clock) -> None:  # type: ignore[no-untyped-def]
     """Real time (deployment): every node measures its link to the edge when it registers, and the first
     plan uses that instead of its profile's guess. Simulated time: the fleet file is the world, so nothing
     is measured (loopback speeds would replace the fleet's links)."""
-    import logging
 
-    import clients.app
-    import server.app
     import splitfed.flower.adaptive as adaptive
-    from splitfed.flower.config import RunSettings
-    from tests.flower_fixtures import FakeGrid
 
     seen: list = []
     real = adaptive.scenario
@@ -154,13 +168,7 @@ def test_deployed_nodes_measure_their_links_at_registration_and_the_optimizer_pl
         return real(settings, clients)
 
     monkeypatch.setattr(adaptive, "scenario", spy)
-    with serve_tier("cloud", insecure=True) as cloud, \
-            serve_tier("edge", next_address=cloud.address, insecure=True) as edge:
-        s = RunSettings(model="cnn", rounds=1, clients=2, tiers=3, cuts="adaptive", sim_clock=sim_clock,
-                        tier_addresses=f"{edge.address},{cloud.address}", out=str(tmp_path), node_wait_s=30,
-                        round_timeout_s=60)
-        with caplog.at_level(logging.INFO, logger="flwr"):
-            server.app.run(FakeGrid(clients.app.app, 2), s)
+    s = _run_two_nodes(tmp_path, caplog, sim_clock)
     links = [c.link for c in seen[0]]
     if sim_clock:
         assert links == [None, None] and "measured up" not in caplog.text
@@ -199,14 +207,9 @@ def test_the_coordinator_logs_measured_links_as_plain_numbers() -> None:
 def test_a_node_that_could_not_measure_its_link_says_why_in_the_coordinators_log(monkeypatch, tmp_path,
                                                                                 caplog) -> None:
     """Before: the coordinator logged ``client1=rpi4`` and the reason was only in that node's own log."""
-    import logging
 
-    import clients.app
-    import server.app
     import splitfed.transport.probe as probe
     from splitfed.errors import TierError
-    from splitfed.flower.config import RunSettings
-    from tests.flower_fixtures import FakeGrid
 
     real = probe.measure_link
     calls: list[int] = []
@@ -218,13 +221,7 @@ def test_a_node_that_could_not_measure_its_link_says_why_in_the_coordinators_log
         return real(link, **kwargs)
 
     monkeypatch.setattr(probe, "measure_link", measure_once_then_fail)
-    with serve_tier("cloud", insecure=True) as cloud, \
-            serve_tier("edge", next_address=cloud.address, insecure=True) as edge:
-        s = RunSettings(model="cnn", rounds=1, clients=2, tiers=3, cuts="adaptive", sim_clock=False,
-                        tier_addresses=f"{edge.address},{cloud.address}", out=str(tmp_path), node_wait_s=30,
-                        round_timeout_s=60)
-        with caplog.at_level(logging.INFO, logger="flwr"):
-            server.app.run(FakeGrid(clients.app.app, 2), s)
+    _run_two_nodes(tmp_path, caplog, sim_clock=False)
     registered = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Registered 2 client"))
     assert registered.count("(measured up ") == 1, registered
     assert ("(link not measured: tier 127.0.0.1:1: probe: handshake failed; the profile's is used)"
