@@ -304,10 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         saved: dict[str, Any] = {}
         if args.resume:  # as splitfed simulate --resume: the run's own settings, then what is given here
-            if args.out is not None and Path(args.out) != Path(args.resume):
-                raise ConfigError(f"--resume {args.resume} continues the run in {args.resume}: --out {args.out} "
-                                  "cannot move it (copy the folder first to continue a copy)")
-            saved = checkpoint.load(args.resume).settings
+            saved = checkpoint.resumed(args.resume, args.out).settings
         clients = args.clients if args.clients is not None else int(saved.get("clients", 2))
         rounds = args.rounds if args.rounds is not None else int(saved.get("rounds", 1))
         tiers = args.tiers if args.tiers is not None else int(saved.get("tiers", 3))

@@ -82,10 +82,8 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     base = RunSettings()
     if args.resume:
         # the stopped run's tier processes are gone: this run starts its own (or --config names them)
-        saved = {**checkpoint.load(args.resume).settings, "tier_addresses": "", "overwrite": False}
-        if getattr(args, "out", None) is not None and Path(args.out) != Path(args.resume):
-            raise ConfigError(f"--resume {args.resume} continues the run in {args.resume}: --out {args.out} "
-                              "cannot move it (copy the folder first to continue a copy)")
+        saved = {**checkpoint.resumed(args.resume, getattr(args, "out", None)).settings, "tier_addresses": "",
+                 "overwrite": False}
         base = RunSettings.from_mapping(saved, source=args.resume)
     if args.config:
         base = RunSettings.from_toml(args.config, base)

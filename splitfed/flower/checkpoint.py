@@ -69,6 +69,15 @@ def save(folder: str | Path, ckpt: Checkpoint) -> Path:
     return final
 
 
+def resumed(folder: str | Path, out: str | Path | None = None) -> Checkpoint:
+    """The checkpoint ``--resume FOLDER`` continues; an ``--out`` elsewhere is refused: a run cannot move."""
+    ckpt = load(folder)
+    if out is not None and Path(out) != Path(folder):
+        raise ConfigError(f"--resume {folder} continues the run in {folder}: --out {out} cannot move it "
+                          "(copy the folder first to continue a copy)")
+    return ckpt
+
+
 def load(folder: str | Path) -> Checkpoint:
     folder = Path(folder)
     path = folder / FILENAME

@@ -65,12 +65,9 @@ def class_table(run: Run) -> str:
     classes: dict[str, list[str]] = {}
     for c in run.clients:
         classes.setdefault(run.class_of(c), []).append(c)
-    if first.round == last.round:  # one round: one cuts column
-        return format_table(["device class", "clients", f"cuts round {first.round}"],
-                            [[k, len(v), _mix(first, v)] for k, v in classes.items()],
-                            title=f"{run.label}: cuts per device class")
-    rows = [[k, len(v), _mix(first, v), _mix(last, v)] for k, v in classes.items()]
-    return format_table(["device class", "clients", f"cuts round {first.round}", f"cuts round {last.round}"],
+    shown = [first] if first.round == last.round else [first, last]  # one round: one cuts column
+    rows = [[k, len(v), *(_mix(r, v) for r in shown)] for k, v in classes.items()]
+    return format_table(["device class", "clients", *(f"cuts round {r.round}" for r in shown)],
                         rows, title=f"{run.label}: cuts per device class")
 
 
