@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -352,6 +353,7 @@ def test_metrics_are_strict_json_even_when_the_model_diverged(tmp_path):
      "cannot train any legal cut"),
     (["--lr", "inf"], "learning rate must be a finite number > 0"),
     (["--momentum", "nan"], "momentum must be a finite number >= 0"),
+    (["--momentum", "1"], "command line: momentum must be below 1"),
     (["--weight-decay", "-1"], "weight decay must be a finite number >= 0"),
     (["--compress", "zip"], "unknown codec 'zip'"),
     (["--round-timeout-s", "0"], "round-timeout-s must be a positive number"),
@@ -385,6 +387,29 @@ def test_simulate_flags_override_the_config_file_and_absent_flags_keep_it(tmp_pa
             s.min_clients) == (False, "topk:0.1", "adam", 0.01, 0.0, 1e-4, 30.0, 2)
     assert settings("--u-shape").u_shape is True
     assert RunSettings().min_clients == 1  # what --help says the default is
+
+
+def test_a_config_file_and_the_flags_are_checked_as_a_whole_and_a_refusal_names_them(tmp_path):
+    """A file's min-clients = 9 is right once --clients 10 is given; checking the file alone refused it."""
+    from splitfed.cli import build_parser
+    from splitfed.commands.simulate import settings_from_args
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[simulate]\nmin-clients = 9\n")
+
+    def settings(*argv: str) -> RunSettings:
+        return settings_from_args(build_parser().parse_args(["simulate", "--config", str(cfg), *argv]))
+
+    s = settings("--clients", "10", "--out", "x")
+    assert (s.min_clients, s.clients, s.out) == (9, 10, "x")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(cfg))}: min-clients \(9\) is more than clients \(4\)"):
+        settings()  # the file alone: only the file is named (the run folder chosen for it is no one's doing)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(cfg))} \+ command line: min-clients \(9\) is more "
+                                          r"than clients \(3\)"):
+        settings("--clients", "3")
+    with pytest.raises(ConfigError, match=r"^run config: momentum must be below 1 \(0.9 is usual\), got 1.5"):
+        RunSettings.from_mapping({"momentum": 1.5}, source="run config")
+    assert RunSettings.from_mapping({"momentum": 0.99}).momentum == 0.99
 
 
 @pytest.mark.parametrize("error, code", [("round", 1), ("engine", 1), ("config", 2)])

@@ -75,24 +75,28 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     """Defaults <- checkpoint (--resume) <- config file <- flags."""
     from splitfed.errors import ConfigError
     from splitfed.flower import checkpoint
-    from splitfed.flower.config import RunSettings
+    from splitfed.flower.config import RunSettings, toml_table
 
     if getattr(args, "out", None) is not None and not args.out.strip():
         raise ConfigError("--out must name a folder (a run writes its metrics and checkpoint there)")
-    base = RunSettings()
+    layers: list[tuple[dict[str, Any], str | None]] = []
     if args.resume:
         # the stopped run's tier processes are gone: this run starts its own (or --config names them)
         saved = {**checkpoint.resumed(args.resume, getattr(args, "out", None)).settings, "tier_addresses": "",
                  "overwrite": False}
-        base = RunSettings.from_mapping(saved, source=args.resume)
+        layers.append((saved, args.resume))
     if args.config:
-        base = RunSettings.from_toml(args.config, base)
-    given = {f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}
+        table = toml_table(args.config)
+        if str(table.get("resume", "")).lower() in ("true", "1", "yes"):  # --resume takes its settings from the run
+            raise ConfigError(f"{args.config}: resume is for a run config (flwr run); to continue a run here, drop "
+                              "resume and give --resume FOLDER")
+        layers.append((table, args.config))
+    layers.append(({f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}, "command line"))
     if args.resume:
-        given.update(out=args.resume, resume=True)
-    elif "out" not in given and not base.out:
-        given["out"] = _fresh_folder(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))
-    return RunSettings.from_mapping(given, base, source="command line")
+        layers.append(({"out": args.resume, "resume": True}, None))
+    elif not any(values.get("out") for values, _ in layers):
+        layers.append(({"out": _fresh_folder(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))}, None))
+    return RunSettings.layered(layers)  # checked as a whole: a flag may make right what the file alone is not
 
 
 def _fresh_folder(stem: Path) -> str:

@@ -44,6 +44,8 @@ class OptimConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{name.replace('_', ' ')} must be a finite number >= 0, got {v}")
+        if self.momentum >= 1:  # v <- m*v + g never forgets a gradient at m = 1 and grows without bound above
+            raise ConfigError(f"momentum must be below 1 (0.9 is usual), got {self.momentum}")
 
     def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
         if not params:

@@ -13,7 +13,7 @@ import json
 import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -123,7 +123,7 @@ class RunSettings:
         from splitfed.cost.model import parse_codec
 
         OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
-        for name in ("lr", "momentum", "weight_decay"):  # finite and >= 0 by now; 1e300 fails later, at a tier
+        for name in ("lr", "weight_decay"):  # finite and >= 0 by now (momentum < 1); 1e300 fails later, at a tier
             v = getattr(self, name)
             if v > FLOAT32_MAX:
                 raise ConfigError(f"{_key(name)} {v:g} does not fit float32, which the tiers' optimizer works in: "
@@ -164,39 +164,62 @@ class RunSettings:
     def from_mapping(cls, values: Mapping[str, Any], base: RunSettings | None = None,
                      source: str = "config") -> RunSettings:
         """Settings from ``values`` (hyphen or underscore keys) over ``base``; unknown keys refused."""
+        return cls.layered([(values, source)], base)
+
+    @classmethod
+    def layered(cls, layers: Sequence[tuple[Mapping[str, Any], str | None]],
+                base: RunSettings | None = None) -> RunSettings:
+        """Settings from ``layers`` (later ones win) over ``base``, checked once as a whole.
+
+        Checking each layer alone would refuse a file whose ``min-clients = 9`` only a flag's ``--clients 10``
+        makes right. A refusal of the whole names the layers (sources) that gave values; ``None`` names none.
+        """
         types = {f.name: f.type for f in fields(cls)}
         changes: dict[str, Any] = {}
-        for raw, v in values.items():
-            name = raw.replace("-", "_")
-            name = ALIASES.get(name, name)
-            if name not in types:
-                raise unknown_key(raw, map(_key, types), source)
-            changes[name] = _coerce(v, str(types[name]), raw, source)
-        return dataclasses.replace(base or cls(), **changes)
+        named: list[str] = []
+        for values, source in layers:
+            where = source or "config"
+            for raw, v in values.items():
+                name = raw.replace("-", "_")
+                name = ALIASES.get(name, name)
+                if name not in types:
+                    raise unknown_key(raw, map(_key, types), where)
+                changes[name] = _coerce(v, str(types[name]), raw, where)
+            if values and source and source not in named:
+                named.append(source)
+        try:
+            return dataclasses.replace(base or cls(), **changes)
+        except ConfigError as e:
+            raise ConfigError(f"{' + '.join(named)}: {e}" if named else str(e)) from None
 
     @classmethod
     def from_toml(cls, path: str | Path, base: RunSettings | None = None) -> RunSettings:
-        p = Path(path)
-        try:
-            data = tomllib.loads(tomlio.read_text(p, "config file"))
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"cannot read config file {p}: {e}") from None
-        table = data.get("simulate", data)
-        if not isinstance(table, dict):
-            raise ConfigError(f"{p}: [simulate] must be a table")
-        if table is not data:  # an experiment's own keys may sit above [simulate]; a run setting there is lost
-            names = {f.name for f in fields(cls)} | set(ALIASES)
-            lost = sorted(k for k in data if k != "simulate" and k.replace("-", "_") in names)
-            if lost:
-                raise ConfigError(f"{p}: {', '.join(repr(k) for k in lost)} above [simulate] would be ignored: "
-                                  "put run settings under [simulate]")
-        return cls.from_mapping(table, base, source=str(p))
+        return cls.layered([(toml_table(path), str(path))], base)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def toml_table(path: str | Path) -> dict[str, Any]:
+    """A config file's run settings: its ``[simulate]`` table, or the whole file when it has none."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(tomlio.read_text(p, "config file"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"cannot read config file {p}: {e}") from None
+    table = data.get("simulate", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{p}: [simulate] must be a table")
+    if table is not data:  # an experiment's own keys may sit above [simulate]; a run setting there is lost
+        names = {f.name for f in fields(RunSettings)} | set(ALIASES)
+        lost = sorted(k for k in data if k != "simulate" and k.replace("-", "_") in names)
+        if lost:
+            raise ConfigError(f"{p}: {', '.join(repr(k) for k in lost)} above [simulate] would be ignored: "
+                              "put run settings under [simulate]")
+    return table
 
 
 def _key(name: str) -> str:
