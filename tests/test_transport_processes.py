@@ -344,3 +344,42 @@ def test_a_tier_counts_callers_it_did_not_authenticate() -> None:
             time.sleep(0.2)
         assert cloud.output().splitlines()[-1].endswith("0 step(s) served; 2 call(s) refused (2 UNAUTHENTICATED)"), \
             cloud.output()
+
+
+def test_a_terminals_ctrl_c_reaches_the_run_not_the_tiers_it_started_which_still_end_with_it(tmp_path) -> None:
+    """Ctrl-C in a terminal signals the whole foreground process group. A tier killed by it left the stopping
+    run retrying its releases against a dead tier (a stop took 6 s, not 3): a tier runs in a session of its
+    own, and the run stops it; a run that dies anyway still takes its tiers with it (their stdin)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = ("import signal, sys, time\n"
+              "from splitfed.transport.process import TierProcess\n"
+              "signal.signal(signal.SIGINT, lambda *a: print('run: stopping', flush=True))\n"
+              "tier = TierProcess.start('edge', insecure=True)\n"
+              "print(tier.pid, tier.address, flush=True)\n"
+              "time.sleep(600)\n")
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pid, address = run.stdout.readline().split()  # type: ignore[union-attr]
+        tier = psutil.Process(int(pid))
+        os.killpg(run.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+        assert run.stdout.readline().strip() == "run: stopping"  # type: ignore[union-attr]
+        client = GrpcTierClient(address, deadline_s=10)
+        try:
+            assert client.describe().name == "edge"  # still serving the run's last calls
+        finally:
+            client.close()
+        run.kill()  # the run dies without a word: its tier follows
+        end = time.monotonic() + 30
+        while tier.is_running() and tier.status() != psutil.STATUS_ZOMBIE and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not tier.is_running() or tier.status() == psutil.STATUS_ZOMBIE
+    finally:
+        run.kill()
+        run.wait()
