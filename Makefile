@@ -6,7 +6,7 @@ OUT ?= runs/main
 # CI has 2 cores: 2 pytest workers at most
 WORKERS ?= 2
 
-.PHONY: install run test test-fast lint bench clean proto
+.PHONY: install run test test-fast lint typecheck bench clean proto
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,11 @@ test-fast: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# the type hints of splitfed, server and clients ([tool.mypy] in pyproject.toml)
+typecheck: install
+	$(VENV)/bin/mypy
 
 bench: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/engine.py
@@ -41,4 +46,4 @@ bench: install
 	$(PY) benchmarks/simulation.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis splitfed/transport/proto/splitfed
+	rm -rf $(VENV) runs .pytest_cache .hypothesis .mypy_cache splitfed/transport/proto/splitfed

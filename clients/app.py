@@ -91,7 +91,10 @@ def query(msg: Message, context: Context) -> Message:
     samples = 0
     if "model" in ask:
         spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
-        x, _ = _data(node, spec, str(ask["dataset"]), str(ask["partition"]), int(ask["seed"]))
+        seed = ask["seed"]
+        if isinstance(seed, list):
+            raise ConfigError(f"query: seed must be one integer, got a list {seed!r}")
+        x, _ = _data(node, spec, str(ask["dataset"]), str(ask["partition"]), int(seed))
         samples = len(x)
     link, link_error = _measure_link(node, ask) if ask.get("measure-link") else (None, "")
     up, down, rtt = (link.up_mbps or 0.0, link.down_mbps or 0.0, link.rtt_ms) if link else (0.0, 0.0, 0.0)
@@ -176,11 +179,18 @@ def _remember(context: Context, report: TrainReport) -> None:
     """Running totals of this node, kept in its own context (not shared with other virtual nodes)."""
     old = context.state.metric_records.get(STATS, MetricRecord())
     stats = MetricRecord({
-        "rounds": int(old.get("rounds", 0)) + 1,
-        "bytes-up": int(old.get("bytes-up", 0)) + report.bytes_up,
-        "bytes-down": int(old.get("bytes-down", 0)) + report.bytes_down,
-        "compute-s": float(old.get("compute-s", 0.0)) + report.compute_s,
-        "link-s": float(old.get("link-s", 0.0)) + report.link_s,
+        "rounds": int(_total(old, "rounds")) + 1,
+        "bytes-up": int(_total(old, "bytes-up")) + report.bytes_up,
+        "bytes-down": int(_total(old, "bytes-down")) + report.bytes_down,
+        "compute-s": float(_total(old, "compute-s")) + report.compute_s,
+        "link-s": float(_total(old, "link-s")) + report.link_s,
         "throughput": report.throughput,
     })
     context.state[STATS] = stats
+
+
+def _total(stats: MetricRecord, key: str) -> int | float:
+    """One running total of :func:`_remember` (0 before the first round)."""
+    v = stats.get(key, 0)
+    assert not isinstance(v, list), key  # only _remember writes these records: one number per key
+    return v

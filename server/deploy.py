@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             p.error(f"--set wants KEY=VALUE, got {item!r}")
         sets[k.strip()] = v.strip()
-    files = [str(Path(f).resolve()) if f else "" for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file)]
+    tls_ca, tls_cert, tls_key, token_file = (str(Path(f).resolve()) if f else ""
+                                             for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file))
     try:
         saved: dict[str, Any] = {}
         if args.resume:  # as splitfed simulate --resume: the run's own settings, then what is given here
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 0
         workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
-        with Deployment(clients, workdir, *files, profiles=args.profile, tiers=tiers) as dep:
+        with Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file, profiles=args.profile,
+                        tiers=tiers) as dep:
             dep.start()
             print(f"tiers {', '.join(dep.tier_addresses)}; superlink {dep.superlink}; "
                   f"{clients} supernode(s); logs in {workdir}", flush=True)

@@ -236,8 +236,8 @@ class SplitFedAvg(FedAvg):
             for cid, why in rnd.why.items():  # what the round itself refused; node errors were logged above
                 log(WARNING, "%s dropped from round %d: %s", cid, server_round, why)
         record.failed = list(rnd.failed)
-        why = {**self._why, **rnd.why}
-        record.why_failed = {c: why.get(c, "no reply before the round timeout") for c in rnd.failed}
+        reasons = {**self._why, **rnd.why}
+        record.why_failed = {c: reasons.get(c, "no reply before the round timeout") for c in rnd.failed}
         record.measurements = [_measurement(r) for r in rnd.results]
         total = sum(r.samples for r in rnd.results)
         record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
@@ -352,8 +352,10 @@ class SplitFedAvg(FedAvg):
             if cid is None or cid not in self._expected:
                 continue
             if msg.has_error():
-                log(WARNING, "%s failed: %s", cid, msg.error.reason)
-                self._why[cid] = msg.error.reason
+                # Flower's Error.reason is optional: a reply without one still says what failed
+                reason = msg.error.reason or f"error reply with code {msg.error.code} and no reason"
+                log(WARNING, "%s failed: %s", cid, reason)
+                self._why[cid] = reason
                 continue
             try:
                 state = record_to_state(msg.content.array_records[ARRAYS])

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would name "splitfed", not the command they were given to
         commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-        commands.get(getattr(args, "command", None), parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        command: str | None = getattr(args, "command", None)
+        (commands.get(command, parser) if command else parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

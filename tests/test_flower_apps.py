@@ -122,6 +122,26 @@ def test_client_exception_becomes_a_failure(monkeypatch, tmp_path):
     assert row["failed"] == ["client2"] and row["clients"] == 3
 
 
+def test_error_reply_without_a_reason_is_a_failure_with_one(monkeypatch, tmp_path):
+    """A node's error reply need not carry a reason (Flower's ``Error.reason`` is optional): the client is
+    dropped as for any error, and the metrics row and the progress line name its error code."""
+    from flwr.app import Error, Message
+
+    real = clients.app.app
+
+    def app(msg, ctx):  # type: ignore[no-untyped-def]
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 2:
+            return Message(Error(code=3), reply_to=msg)
+        return real(msg, ctx)
+
+    lines: list[str] = []
+    _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)), grid=FakeGrid(app, 4), progress=lines.append)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row["failed"] == ["client2"] and row["clients"] == 3
+    assert row["why_failed"] == {"client2": "error reply with code 3 and no reason"}
+    assert sum("failed 1: client2 (error reply with code 3" in x for x in lines) == 1
+
+
 def _poison_first(state):  # type: ignore[no-untyped-def]
     state[min(state)].view(-1)[0] = float("inf")  # the same key whatever order the state comes in
 

@@ -107,6 +107,25 @@ def test_a_probe_needs_the_token() -> None:
         c.probe(10, 10)
 
 
+def test_fleet_entry_of_a_profile_without_a_measured_rate_is_refused_naming_why(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A profile with no timings (or no counted FLOPs) has no training rate: the entry is refused as such,
+    not written without ``flops`` and then refused as a fleet entry the user never wrote."""
+    import argparse
+
+    import splitfed.profile.profiler as profiler
+    from splitfed.commands.ping import _fleet_entry
+
+    untimed = profiler.ModelProfile.synthetic([1e6, 2e6], [100.0, 10.0], [400.0, 40.0], input_bytes=256.0)
+    assert untimed.host_flops() is None
+    monkeypatch.setattr(profiler, "profile_model", lambda *a, **k: untimed)
+    monkeypatch.setenv("SPLITFED_PROFILE_CACHE", str(tmp_path))
+    row = {"name": "edge", "address": "127.0.0.1:1", "up_mbps": 100.0, "down_mbps": 100.0, "rtt_ms": 1.0}
+    args = argparse.Namespace(model="cnn", input_shape=None, num_classes=None)
+    with pytest.raises(ConfigError, match="no training rate measured on this host") as e:
+        _fleet_entry("lab-box", row, args)
+    assert "missing 'flops'" not in str(e.value)
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("transport-processes")
 def test_ping_prints_this_host_as_a_fleet_entry_measured_against_a_real_edge(tmp_path) -> None:

@@ -119,6 +119,7 @@ def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> st
     import psutil
 
     from splitfed.commands.profile import cache_dir
+    from splitfed.errors import ConfigError
     from splitfed.models.zoo import resolve_spec
     from splitfed.profile.devices import MIB, DeviceProfile
     from splitfed.profile.fleet import device_entry
@@ -126,6 +127,9 @@ def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> st
 
     spec = resolve_spec(args.model or "cnn", args.input_shape, args.num_classes)
     flops = profile_model(spec, 32, cache_dir=cache_dir()).host_flops()
+    if flops is None:
+        raise ConfigError(f"model {spec.name}'s profile has no training rate measured on this host (no timed or "
+                          "counted FLOPs), so the fleet entry would lack flops: pick another --model")
     memory_mb = psutil.virtual_memory().total / MIB
     device = DeviceProfile(flops, memory_mb, row["up_mbps"], row["down_mbps"], row["rtt_ms"])
     to = f"to {row['name']} at {row['address']}"

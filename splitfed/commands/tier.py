@@ -121,7 +121,11 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if args.exit_with_stdin:
-        threading.Thread(target=lambda: (sys.stdin.buffer.read(), stop.set()), daemon=True).start()
+        def stop_at_eof() -> None:
+            sys.stdin.buffer.read()
+            stop.set()
+
+        threading.Thread(target=stop_at_eof, daemon=True).start()
     print(f"listening on {server.address}", flush=True)
     try:
         while not stop.wait(0.5):

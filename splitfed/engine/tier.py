@@ -138,7 +138,7 @@ class Tier:
             missing = [i for i in range(spec.start, spec.stop) if i not in replica.blocks]
             new = template.copy_blocks(spec.model, spec.start, spec.stop) if missing else {}
             segment = Segment(
-                {str(i): replica.blocks.get(i, new.get(i)) for i in range(spec.start, spec.stop)},  # type: ignore[arg-type]
+                {str(i): replica.blocks[i] if i in replica.blocks else new[i] for i in range(spec.start, spec.stop)},
                 spec.start, spec.stop)
             self._check_state(segment, spec.state or {}, missing, spec.replica)
             # nothing has changed yet: now commit

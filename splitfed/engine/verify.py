@@ -75,7 +75,7 @@ def reference_round(cfg: RoundConfig, global_state: State, assignment: dict[str,
     model = cfg.model
     n = template.num_blocks(model)
     if cfg.mode == "sflv1":
-        contributions = []
+        contributions: list[tuple[State, float]] = []
         for cid in assignment:
             whole = _whole(model, _load(model, global_state))
             _train_whole(cfg, cid, whole, data[cid])

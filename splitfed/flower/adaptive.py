@@ -52,8 +52,7 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
     for info in clients:
         if info.profile in names:
             base = names[info.profile]
-        elif info.profile in PROFILES and PROFILES[info.profile].up_mbps is not None:
-            p = PROFILES[info.profile]
+        elif (p := PROFILES.get(info.profile)) is not None and p.up_mbps is not None:
             base = Client(info.profile, info.profile, TierProfile(p.flops, p.memory_mb * MIB),
                           LinkProfile(mbps(p.up_mbps), mbps(p.down_mbps or p.up_mbps), (p.rtt_ms or 0) / 1e3),
                           info.samples or 1)

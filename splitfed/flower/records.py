@@ -127,7 +127,7 @@ class TrainReport:
         return (self.bytes_up + self.bytes_down) / self.link_s if self.link_s > 0 else 0.0
 
     def to_record(self) -> MetricRecord:
-        d: dict[str, int | float] = {"num-examples": self.samples}
+        d: dict[str, int | float | list[int] | list[float]] = {"num-examples": self.samples}  # MetricRecord's values
         for k, v in asdict(self).items():
             if k != "samples":
                 d[k.replace("_", "-")] = v

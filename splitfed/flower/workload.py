@@ -33,10 +33,12 @@ _BATCH_STREAM = 101  # derive_seed purpose of the per-client batch order
 
 
 @lru_cache(maxsize=4)
-def _split(spec_json: str, dataset: str, seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+def _split(spec_json: str, dataset: str,
+           seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """(train, test) tensors; cached because every virtual node of a process reads the same files."""
     train, test = for_model(ModelSpec.from_dict(json.loads(spec_json)), dataset, seed)
-    return tuple(tuple(d.tensors) for d in (train, test))  # type: ignore[return-value]
+    (x_train, y_train), (x_test, y_test) = train.tensors, test.tensors  # each dataset is (inputs, labels)
+    return (x_train, y_train), (x_test, y_test)
 
 
 @lru_cache(maxsize=8)

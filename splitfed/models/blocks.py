@@ -72,7 +72,7 @@ class Segment(nn.Sequential):
         self.start, self.stop = start, stop
         self._stochastic = {name: _is_stochastic(b) for name, b in blocks.items()}
 
-    def forward(self, x: torch.Tensor, rng: int | None = None) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, x: torch.Tensor, rng: int | None = None) -> torch.Tensor:
         for name, block in self._modules.items():
             if rng is not None and self._stochastic[name]:
                 # torch's generator is process-wide (splitfed.models.rng); only the CPU one is seeded
@@ -156,7 +156,7 @@ def _trace_blocks(model: nn.Module) -> Blocks:
         elif n.op == "get_attr":
             for u in n.users:
                 spans.setdefault(str(n.target), []).append(_use_pos(u, pos))
-    forbidden = set()
+    forbidden: set[int] = set()
     for uses in spans.values():
         forbidden.update(range(min(uses), max(uses)))
 
@@ -172,13 +172,13 @@ def _trace_blocks(model: nn.Module) -> Blocks:
                        "carries the whole state (every position has a skip connection or shared layer across it)")
 
     # ranges [a, b] of compute nodes; merge parameter-free ranges into the previous one
-    ranges: list[tuple[int, int, fx.Node]] = []  # (first, last, value out)
+    ranges: list[tuple[int, int, fx.node.Argument]] = []  # (first, last, value out)
     a = 0
     for i, live in cuts:
         ranges.append((a, i, live))
         a = i + 1
     ranges.append((a, end - 1, output.args[0]))
-    merged: list[tuple[int, int, fx.Node]] = []
+    merged: list[tuple[int, int, fx.node.Argument]] = []
     for r in ranges:
         if merged and not _has_state(gm, compute[r[0]: r[1] + 1]):
             merged[-1] = (merged[-1][0], r[1], r[2])
@@ -187,13 +187,15 @@ def _trace_blocks(model: nn.Module) -> Blocks:
     if len(merged) < 2:
         raise CutError(f"model {name} has no legal cut that leaves parameters on both sides")
 
-    modules, names = [], []
+    modules: list[nn.Module] = []
+    names: list[str] = []
     value_in: fx.Node = inputs[0]
     for first, last, out in merged:
         block_nodes = compute[first: last + 1]
         modules.append(_extract(gm, value_in, block_nodes, out))
         names.append(_describe(block_nodes))
-        value_in = out  # type: ignore[assignment]
+        if isinstance(out, fx.Node):  # always, but after the last block: the model's output may be a tuple
+            value_in = out
     return Blocks(modules, names, traced=True)
 
 
@@ -213,7 +215,7 @@ def _has_state(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> bool:
     return False
 
 
-def _extract(gm: fx.GraphModule, value_in: fx.Node, block_nodes: list[fx.Node], out: object) -> fx.GraphModule:
+def _extract(gm: fx.GraphModule, value_in: fx.Node, block_nodes: list[fx.Node], out: fx.node.Argument) -> fx.GraphModule:
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {value_in: g.placeholder("x")}
 

@@ -107,7 +107,7 @@ def vgg11(input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10, wid
     layers: list[nn.Module] = []
     c, h, w = _image_shape(input_shape, 32)
     for v in _VGG11:
-        if v == "M":
+        if isinstance(v, str):  # "M"
             layers.append(nn.MaxPool2d(2))
             h, w = h // 2, w // 2
         else:

@@ -61,6 +61,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -166,7 +167,7 @@ def _pareto(V: np.ndarray) -> np.ndarray:
     """
     m = V.shape[0]
     if m <= 256:
-        return ~_dominates(V).any(axis=0)
+        return ~cast(np.ndarray, _dominates(V).any(axis=0))  # 2-D in: an array (the stub allows a scalar)
     keep = np.zeros(m, bool)
     order = np.lexsort(V.T[::-1]) if V.shape[1] else np.arange(m)
     front = np.empty_like(V)
@@ -298,7 +299,7 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
             v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / cap
             if v.any() and math.isfinite(cap):
                 add(every, v, -np.inf, float(mem_rhs[s]))
-    for u, s in enumerate(union):  # sflv2: one shared replica per tier (see the module docstring)
+    for u, s in enumerate(union.tolist()):  # sflv2: one shared replica per tier (see the module docstring)
         cap = float(sc.memory_caps[s])
         for k, (c, a) in enumerate(zip(classes, allowed, strict=True)):
             ni = np.arange(starts[k], starts[k + 1])
@@ -365,7 +366,7 @@ def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray],
     if sc.mode == "sl":
         return np.max(np.concatenate([c.mem[a] for c, a, _ in used]), axis=0)
     fixed = sc._prefix["block_fixed"]
-    held = np.concatenate([c.blocks[a] for c, a, _ in used]).any(axis=0)  # (S, L)
+    held = cast(np.ndarray, np.concatenate([c.blocks[a] for c, a, _ in used]).any(axis=0))  # (S, L)
     act = np.concatenate([c.act[a] for c, a, _ in used]).max(axis=0)
     return np.array([math.fsum(fixed[held[t]]) + float(act[t]) for t in range(n_s)])
 
@@ -672,7 +673,8 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
     caps = sc.memory_caps
     fixed = sc._prefix["block_fixed"]
     L = sc.profile.n_blocks
-    best, cands = math.inf, []  # (value, flat index)
+    best = math.inf
+    cands: list[tuple[float, int]] = []  # (value, flat index)
     chunk = 250_000 if sc.mode != "sflv2" else max(1, 2_000_000 // (len(caps) * L))
     for start in range(0, total, chunk):
         idx = np.arange(start, min(total, start + chunk))
@@ -694,7 +696,7 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
         if held is not None:
             mem = mem + held.astype(float) @ fixed
         val = np.maximum(tmax, load.max(axis=1) if load.shape[1] else 0.0)
-        ok = (mem <= caps).all(axis=1)
+        ok = cast(np.ndarray, (mem <= caps).all(axis=1))  # 2-D in: an array (the stub allows a scalar)
         if not ok.any():
             continue
         vmin = float(val[ok].min())
@@ -710,10 +712,11 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
         if v in seen:  # equal sums in float: re-price one combination per value
             continue
         seen.add(v)
-        rem, assignment = flat, {}
+        digits = flat  # the flat index, one mixed-radix digit per client
+        assignment: dict[str, tuple[int, ...]] = {}
         for c, (opts, *_), m in zip(sc.clients, tables, sizes, strict=True):
-            assignment[c.name] = tuple(int(x) for x in opts[rem % m])
-            rem //= m
+            assignment[c.name] = tuple(int(x) for x in opts[digits % m])
+            digits //= m
         cost = evaluate(sc, assignment)
         if cost.feasible:
             results.append(cost)

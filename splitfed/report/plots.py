@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +193,7 @@ def _views(runs: Sequence[Run], d: Path, target: float | None) -> list[tuple[str
     for i, r in enumerate(runs):
         if r.clients:
             views.append((f"cuts: {r.label}", d / f"cuts_{i + 1}_{slug(r.label)}.png",
-                          lambda p, r=r: cuts_heatmap(r, p)))
+                          partial(cuts_heatmap, r)))
     return views
 
 

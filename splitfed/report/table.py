@@ -51,8 +51,8 @@ def cut_mix(cuts: Sequence[Cuts]) -> str:
 def round_table(run: Run, max_rows: int = 30) -> str:
     """Per round: accuracy, loss, simulated round time and bytes (long runs: first and last rounds)."""
     headers = ["round", "accuracy", "loss", "sim round s", "sim total s", "MB up", "MB down"]
-    rows = [[r.round, r.accuracy, r.loss, r.sim_round_s, t, r.bytes_up / MB, r.bytes_down / MB]
-            for r, t in zip(run.rounds, run.sim_time, strict=True)]
+    rows: list[list[Any]] = [[r.round, r.accuracy, r.loss, r.sim_round_s, t, r.bytes_up / MB, r.bytes_down / MB]
+                             for r, t in zip(run.rounds, run.sim_time, strict=True)]
     if len(rows) > max_rows:
         half = max_rows // 2
         rows = rows[:half] + [["..."] + [""] * (len(headers) - 1)] + rows[-half:]

@@ -19,12 +19,15 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitfed.errors import SplitfedError, Terminated
 from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import RayStartError, start_ray
 from splitfed.sim.tiers import start_tiers
+
+if TYPE_CHECKING:
+    from flwr.app import ConfigRecordValues
 
 
 class SimulationError(SplitfedError):
@@ -65,7 +68,8 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses))
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
             server_app = build_app(run_settings, signals.progress(progress), stop=stop, on_summary=summary.update)
-            backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}  # Ray is already up
+            backend: dict[str, dict[str, ConfigRecordValues]] = {  # Ray is already up
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
             try:
                 with signals.engine():
                     run_simulation(server_app, client_app, num_supernodes=settings.clients, backend_config=backend,

@@ -196,7 +196,7 @@ class GrpcTierClient:
 
         return self._call(what, attempt)
 
-    def _data(self, key: StepKey, phase: int, tensors: Iterable[tuple[torch.Tensor, tc.Codec]],
+    def _data(self, key: StepKey, phase: pb.Phase, tensors: Iterable[tuple[torch.Tensor, tc.Codec]],
               what: str) -> tuple[pb.StepResult, wire.Received | None, int]:
         head = pb.StepHeader(run_id=key.run_id, client_id=key.client_id, round=key.round, seq=key.seq, phase=phase,
                              reply_codec=self._reply_codec)

@@ -127,7 +127,7 @@ def _bytes_view(t: torch.Tensor) -> memoryview:
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16
         t = t.reshape(-1).view(torch.uint8)
     a = t.numpy()  # as few torch calls as possible: each costs more than the rest on a step's path
-    return memoryview(a).cast("B") if a.size else memoryview(b"")
+    return a.data.cast("B") if a.size else memoryview(b"")  # a.data: memoryview(a), the same view
 
 
 def topk_count(numel: int, fraction: float) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
@@ -86,7 +87,7 @@ def _field(num: int, payload: bytes) -> bytes:
 
 
 def codec_pb(c: tc.Codec) -> pb.Codec:
-    return pb.Codec(kind=c.code, topk_fraction=c.fraction if c.kind == "topk" else 0.0)
+    return pb.Codec(kind=cast(pb.CodecKind, c.code), topk_fraction=c.fraction if c.kind == "topk" else 0.0)
 
 
 def codec_of(m: pb.Codec) -> tc.Codec:
@@ -147,7 +148,7 @@ def iter_frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]],
         num = next(k for k, v in HEADS.items() if isinstance(head, v))
         prefix.append(_field(num, head.SerializeToString()))
     for name, e in tensors:
-        meta = _field(F_TENSOR, pb.TensorMeta(name=name, dtype=tc.DTYPE_CODES[e.dtype], shape=e.shape,
+        meta = _field(F_TENSOR, pb.TensorMeta(name=name, dtype=cast(pb.DType, tc.DTYPE_CODES[e.dtype]), shape=e.shape,
                                               nbytes=e.nbytes,
                                               codec=codec_pb(e.codec) if e.codec.lossy else None).SerializeToString())
         if metas and metas + len(meta) > meta_bytes:
@@ -234,7 +235,10 @@ def parse_frame(raw: bytes | memoryview) -> tuple[dict[int, list[memoryview]], m
     return fields, data
 
 
-def _message(cls: type[Message], segs: list[memoryview], what: str) -> Message:
+_M = TypeVar("_M", bound=Message)
+
+
+def _message(cls: type[_M], segs: list[memoryview], what: str) -> _M:
     try:
         return cls.FromString(b"".join(segs))  # several occurrences merge, as protobuf says
     except DecodeError as e:
@@ -294,7 +298,7 @@ class Reader:
         if self._frames > self.limits.max_frames:
             raise ResourceExhausted(f"{self.what}: more than {self.limits.max_frames} messages")
         for seg in fields.get(F_TENSOR, ()):
-            self._declare(_message(pb.TensorMeta, [seg], "tensor meta"))  # type: ignore[arg-type]
+            self._declare(_message(pb.TensorMeta, [seg], "tensor meta"))
         if data is not None and data.nbytes:
             self._consume(data)
 
