@@ -75,7 +75,7 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     """Defaults <- checkpoint (--resume) <- config file <- flags."""
     from splitfed.errors import ConfigError
     from splitfed.flower import checkpoint
-    from splitfed.flower.config import RunSettings, toml_table
+    from splitfed.flower.config import RunSettings, flag, toml_table
 
     if getattr(args, "out", None) is not None and not args.out.strip():
         raise ConfigError("--out must name a folder (a run writes its metrics and checkpoint there)")
@@ -87,7 +87,7 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
         layers.append((saved, args.resume))
     if args.config:
         table = toml_table(args.config)
-        if str(table.get("resume", "")).lower() in ("true", "1", "yes"):  # --resume takes its settings from the run
+        if flag(table, "resume", args.config):  # --resume takes its settings from the run
             raise ConfigError(f"{args.config}: resume is for a run config (flwr run); to continue a run here, drop "
                               "resume and give --resume FOLDER")
         layers.append((table, args.config))

@@ -222,6 +222,11 @@ def toml_table(path: str | Path) -> dict[str, Any]:
     return table
 
 
+def flag(values: Mapping[str, Any], key: str, source: str) -> bool:
+    """One layer's boolean setting, read as :class:`RunSettings` reads it (absent: false)."""
+    return key in values and bool(_coerce(values[key], "bool", key, source))
+
+
 def _key(name: str) -> str:
     return name.replace("_", "-")
 
