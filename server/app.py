@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from logging import INFO
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from splitfed.engine.rounds import initial_state
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
-from splitfed.flower.metrics import MetricsWriter, summarise
+from splitfed.flower.metrics import METRICS, MetricsWriter, check_rounds, summarise
 from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
 from splitfed.flower.workload import check_converging, evaluate, test_data
@@ -170,6 +171,7 @@ def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | No
         raise ConfigError(f"cannot resume: the files of dataset {settings.dataset!r} changed since the checkpoint "
                           f"(sha256 {ckpt.data[:12]}... then, {data[:12] or 'none'}... now); put the old files back "
                           "or start a new run")
+    check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
     return ckpt
 
 

@@ -54,11 +54,20 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except SplitfedError as e:
         print(f"splitfed {args.command}: error: {e}", file=sys.stderr)
+        _hint(args.command, e)
         return e.exit_code
     except KeyboardInterrupt as e:
         terminated = isinstance(e, Terminated)
         print(f"splitfed {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        _hint(args.command, e)
         return 143 if terminated else 130
+
+
+def _hint(command: str, e: BaseException) -> None:
+    """What the user can do next (``e.hint``, set by a command that knows, e.g. how to continue a run)."""
+    hint = getattr(e, "hint", "")
+    if hint:
+        print(f"splitfed {command}: {hint}", file=sys.stderr)
 
 
 def entry() -> None:

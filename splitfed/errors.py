@@ -26,6 +26,13 @@ class ConfigError(SplitfedError):
     """A config, fleet file or CLI value is malformed or impossible."""
 
 
+class RunFolderError(SplitfedError):
+    """The run folder could not be written (disk full, read-only, gone) while a run was going: what it
+    held before the failed write is kept, so the run can be continued with ``--resume`` once it is fixed."""
+
+    exit_code = 1
+
+
 class TierError(SplitfedError):
     """A tier refused a message; ``code`` names the gRPC status the transport sends back."""
 

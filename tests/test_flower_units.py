@@ -20,7 +20,7 @@ from splitfed.engine.rounds import (
     run_round,
 )
 from splitfed.engine.types import OptimConfig
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, RunFolderError
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import MetricsWriter, summarise
@@ -267,6 +267,39 @@ def test_round_failure_names_at_most_three_clients():
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
+def test_a_tier_that_is_gone_is_asked_to_release_once_a_round_not_once_per_client():
+    """Real tiers over gRPC; the cloud stops mid-round. Each release to it waits out its client's retries
+    (~2.3 s by default), so a failing round spent that per client before it said so; now once a round."""
+    from splitfed.transport.client import GrpcTierClient
+    from splitfed.transport.server import serve_tier
+
+    cloud = serve_tier("cloud", insecure=True)
+    edge = serve_tier("edge", next_address=cloud.address, insecure=True)
+    controls = [GrpcTierClient(a, insecure=True, deadline_s=5.0, retries=1) for a in (edge.address, cloud.address)]
+    asked = [0, 0]
+
+    def counted(t: int, release):  # type: ignore[no-untyped-def]
+        def release_counted(run_id: str, client_id: str) -> None:
+            asked[t] += 1
+            release(run_id, client_id)
+        return release_counted
+
+    for t, c in enumerate(controls):
+        c.release = counted(t, c.release)  # type: ignore[method-assign]
+    try:
+        rnd = SplitRound(RoundConfig("r", 1, SPEC, "sflv1"), controls, initial_state(SPEC, 0), ASSIGN)
+        rnd.begin(rnd.groups()[0])
+        assert edge.tier.clients() == cloud.tier.clients() == 3
+        cloud.stop(0)
+        rnd.close()
+        assert asked == [3, 1] and edge.tier.clients() == 0  # before: [3, 3]
+    finally:
+        edge.stop(0)
+        cloud.stop(0)
+        for c in controls:
+            c.close()
+
+
 # ---------------------------------------------------------------- checkpoint and metrics
 
 
@@ -290,7 +323,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(RunFolderError, match=f"cannot write the checkpoint in {tmp_path}: disk full"):
         checkpoint.save(tmp_path, checkpoint.Checkpoint(2, state, {}))
     monkeypatch.undo()
     assert checkpoint.load(tmp_path).round == 1

@@ -99,8 +99,14 @@ def test_simulate_starts_no_tier_when_ray_does_not_start(monkeypatch, tmp_path) 
 
     flwr = logging.getLogger("flwr")
     monkeypatch.setattr(flwr, "level", logging.DEBUG)  # a caller's own Flower logging
-    with pytest.raises(splitfed.sim.runner.SimulationError, match="the simulation engine failed: Ray did not start"):
-        splitfed.sim.runner.simulate(RunSettings(rounds=1, clients=2, out=str(tmp_path / "run")),
-                                     progress=lambda line: None)
+    lines: list[str] = []
+    for addresses in ("", "127.0.0.1:7001,127.0.0.1:7002"):
+        with pytest.raises(splitfed.sim.runner.SimulationError, match="the simulation engine failed: Ray did not start"):
+            splitfed.sim.runner.simulate(RunSettings(rounds=1, clients=2, out=str(tmp_path / "run"),
+                                                     tier_addresses=addresses), progress=lines.append)
     assert not (tmp_path / "run").exists()
     assert flwr.level == logging.DEBUG and not flwr.filters  # as it was: quieted only while the run lasted
+    # what it says it starts: its own tiers, or none when it is given theirs (before: "2 tier process(es)" both times)
+    assert lines[0].endswith("and 2 tier process(es)...")
+    assert [x for x in lines if x.startswith("starting")][1].endswith(
+        "using the tiers at 127.0.0.1:7001, 127.0.0.1:7002...")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -260,3 +261,67 @@ def test_resuming_a_finished_run_starts_nothing(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr()
     assert f"nothing to do: {tmp_path} already holds round 1 of 1" in out.err
     assert json.loads(out.out)["rounds"] == 1 and (tmp_path / METRICS).read_bytes() == rows
+
+
+def _two_rounds(folder: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        import server.app
+
+        server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(folder), rounds=2),
+                       progress=lambda line: None)
+
+
+def test_a_resume_with_nothing_to_do_writes_a_lost_summary_again(tmp_path, capsys, monkeypatch):
+    _two_rounds(tmp_path, monkeypatch)
+    want = json.loads((tmp_path / SUMMARY).read_text())
+    (tmp_path / SUMMARY).unlink()
+    assert main(["simulate", "--resume", str(tmp_path), "--json"]) == 0
+    assert "nothing to do" in capsys.readouterr().err
+    got = json.loads((tmp_path / SUMMARY).read_text())
+    assert got.pop("settings")["resume"] is True and want.pop("settings")["resume"] is False
+    assert got == want and got["rounds"] == 2
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda rows: rows[:1] + [rows[1][:-9]], r"lacks round\(s\) 2, but the checkpoint holds round 2"),  # torn
+    (lambda rows: rows[1:], r"lacks round\(s\) 1,"),  # a row cut out by hand
+    (lambda rows: rows[:1] + rows, r"holds round\(s\) 1 twice"),
+    (lambda rows: [], r"lacks round\(s\) 1, 2,"),
+], ids=["torn", "cut", "twice", "emptied"])
+def test_a_metrics_file_that_lacks_a_round_the_checkpoint_holds_is_not_continued(tmp_path, capsys, monkeypatch,
+                                                                                damage, words):
+    """A row is fsynced before its round's checkpoint, so a crash cannot leave the file behind the
+    checkpoint: only damage can, and continuing would leave a hole (before: rows 1, 2, 4, 5 later)."""
+    _two_rounds(tmp_path, monkeypatch)
+    rows = (tmp_path / METRICS).read_text().splitlines(keepends=True)
+    (tmp_path / METRICS).write_text("".join(damage(rows)))
+    before = _files(tmp_path)
+    for rounds in ("2", "3"):  # nothing to do, or more rounds: refused alike, before anything starts
+        assert main(["simulate", "--resume", str(tmp_path), "--rounds", rounds]) == 2
+        err = capsys.readouterr().err
+        assert re.search(words, err) and "--overwrite" in err, err
+        assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("extra, rounds_flag", [([], ""), (["--rounds", "5"], " --rounds 5")])
+def test_a_run_that_fails_after_a_kept_round_says_how_to_continue_it(tmp_path, capsys, monkeypatch, extra,
+                                                                     rounds_flag):
+    """The error is the run's; the next line is what to type (with --rounds when the checkpoint's differs)."""
+    import splitfed.sim.runner
+    from splitfed.engine.rounds import RoundFailed
+
+    _two_rounds(tmp_path, monkeypatch)
+    saved = checkpoint.load(tmp_path)
+    checkpoint.save(tmp_path, checkpoint.Checkpoint(1, saved.state, {**saved.settings, "rounds": 4 if not extra else 2},
+                                                    saved.assignment, saved.policy, saved.rng, saved.data))
+
+    def fails(settings, **kw):  # type: ignore[no-untyped-def]
+        raise RoundFailed("round 2: 0 of 2 clients finished")
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", fails)
+    assert main(["simulate", "--resume", str(tmp_path), *extra]) == 1
+    err = capsys.readouterr().err.splitlines()
+    total = 5 if extra else 4
+    assert err[-2:] == ["splitfed simulate: error: round 2: 0 of 2 clients finished",
+                        f"splitfed simulate: round 1 of {total} is kept in {tmp_path}; continue with: "
+                        f"splitfed simulate --resume {tmp_path}{rounds_flag}"]

@@ -68,12 +68,24 @@ def _rounds(out: Path) -> list[int]:
     return [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _ends_stopped(text: str, out: Path, word: str, rounds: int) -> None:
+    """The run's last lines: stopped, and (once a round is kept) how to continue it."""
+    from splitfed.flower import checkpoint
+
+    kept = checkpoint.load(out).round if (out / checkpoint.FILENAME).is_file() else 0
+    want = [f"splitfed simulate: {word}"]
+    if 0 < kept < rounds:
+        want.append(f"splitfed simulate: round {kept} of {rounds} is kept in {out}; continue with: "
+                    f"splitfed simulate --resume {out}")
+    assert text.rstrip().splitlines()[-len(want):] == want, text
+
+
 def test_ctrl_c_stops_cleanly_and_leaves_a_resumable_run(tmp_path):
     out = tmp_path / "run"
     # a terminal's Ctrl-C goes to the whole process group (Ray's workers and the tier processes too)
     code, text = _stop_after_round_1(_start(out), lambda p: os.killpg(p.pid, signal.SIGINT))
     assert code == 130, text
-    assert text.rstrip().endswith("splitfed simulate: interrupted"), text
+    _ends_stopped(text, out, "interrupted", 4)
     assert "Traceback" not in text and "ERROR" not in text, text
     done = _rounds(out)
     assert done and done == list(range(1, len(done) + 1))  # every finished round, none twice
@@ -86,7 +98,7 @@ def test_sigterm_stops_like_ctrl_c(tmp_path):
     out = tmp_path / "run"
     code, text = _stop_after_round_1(_start(out), lambda p: p.send_signal(signal.SIGTERM))
     assert code == 143, text
-    assert text.rstrip().endswith("splitfed simulate: terminated"), text
+    _ends_stopped(text, out, "terminated", 4)
     assert "SIGTERM received" not in text and "Traceback" not in text, text
     assert (out / "checkpoint.pt").is_file()
 
@@ -142,8 +154,8 @@ HOOKED = textwrap.dedent("""
 
 
 @pytest.mark.parametrize(("sig", "group", "code", "last"), [
-    (signal.SIGINT, True, 130, "splitfed simulate: interrupted"),
-    (signal.SIGTERM, False, 143, "splitfed simulate: terminated"),
+    (signal.SIGINT, True, 130, "interrupted"),
+    (signal.SIGTERM, False, 143, "terminated"),
 ], ids=["ctrl-c", "sigterm"])
 def test_a_signal_while_flower_is_inside_ray(tmp_path, sig, group, code, last):
     p = subprocess.Popen(
@@ -154,6 +166,6 @@ def test_a_signal_while_flower_is_inside_ray(tmp_path, sig, group, code, last):
     send = (lambda p: os.killpg(p.pid, sig)) if group else (lambda p: p.send_signal(sig))
     returncode, text = _stop_at(p, "HOOK:", send)
     assert returncode == code, text
-    assert text.rstrip().endswith(last), text
+    _ends_stopped(text, tmp_path / "run", last, 2)
     assert "with an engine thread inside Ray" not in text, text
     assert "core worker" not in text and "Traceback" not in text and "WARNING" not in text, text

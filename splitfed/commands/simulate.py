@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from splitfed.commands._args import positive_int
 from splitfed.engine.types import MODES
+from splitfed.errors import SplitfedError
 from splitfed.jsonio import dumps
 
 if TYPE_CHECKING:
@@ -113,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     validate(settings)
-    summary = _finished(settings) or simulate(settings, verbose=args.verbose)
+    try:
+        summary = _finished(settings) or simulate(settings, verbose=args.verbose)
+    except (SplitfedError, KeyboardInterrupt) as e:  # the run had started: say what is kept and how to go on
+        e.hint = _continue_hint(settings)  # type: ignore[union-attr]
+        raise
     if args.json:
         print(dumps(summary, indent=2, sort_keys=True))
         return 0
@@ -137,7 +142,28 @@ def _finished(settings: RunSettings) -> dict[str, Any] | None:
         return None
     print(f"nothing to do: {settings.out} already holds round {done} of {settings.rounds} "
           f"(to train on: --resume {settings.out} --rounds {done + 1} or more)", file=sys.stderr)
-    return summarise(MetricsWriter(settings.out).rows(), settings.to_dict())
+    writer = MetricsWriter(settings.out)
+    rows = [r for r in writer.rows() if int(r.get("round", 0)) <= done]  # checked (validate): rounds 1..done
+    summary = summarise(rows, settings.to_dict())
+    writer.write_summary(summary)  # a lost or stale summary.json is written again from the rows
+    return summary
+
+
+def _continue_hint(settings: RunSettings) -> str:
+    """How to continue a run that stopped before its last round ("": no round of it was kept)."""
+    from splitfed.flower import checkpoint
+
+    if not settings.out or not (Path(settings.out) / checkpoint.FILENAME).is_file():
+        return ""
+    try:
+        ckpt = checkpoint.load(settings.out)
+    except SplitfedError:
+        return ""
+    if ckpt.round >= settings.rounds:
+        return ""
+    rounds = "" if ckpt.settings.get("rounds") == settings.rounds else f" --rounds {settings.rounds}"
+    return (f"round {ckpt.round} of {settings.rounds} is kept in {settings.out}; continue with: "
+            f"splitfed simulate --resume {settings.out}{rounds}")
 
 
 def _report(out: str) -> int:

@@ -165,6 +165,7 @@ def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...]
 
 
 Cuts = tuple[int, ...]
+GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # a tier's answers to a release that say it is not there
 
 
 class RoundFailed(SplitfedError):
@@ -205,6 +206,7 @@ class SplitRound:
         self.lost: dict[str, str] = {}  # clients whose training failed where it ran (a node's error): -> reason
         self._loaded: list[str] = []
         self._group: list[str] = []
+        self._gone: set[int] = set()  # tiers a release found unreachable: the rest of this round skips them
 
     # ------------------------------------------------------------ the three steps
 
@@ -349,12 +351,20 @@ class SplitRound:
         return ", ".join(parts) + more or "none"
 
     def _release(self, cid: str) -> None:
+        """Forget ``cid``'s segments on every tier. A tier found unreachable or silent (its client has retried
+        already, or waited its whole deadline) is not asked again this round: a round that fails because a tier died would otherwise spend a
+        client's retries per client before it says so. Its segments go at the tier's idle release."""
         if cid not in self._loaded:
             return
         self._loaded.remove(cid)
-        for tier in self.tiers:
+        for t, tier in enumerate(self.tiers):
+            if t in self._gone:
+                continue
             try:
                 tier.release(self.cfg.run_id, cid)
+            except TierError as e:
+                if e.code in GONE:
+                    self._gone.add(t)
             except Exception:  # noqa: BLE001 - a vanished tier must not mask the round's outcome
                 pass
 

@@ -7,10 +7,19 @@ fsynced, then moved over the old one with ``os.replace`` (atomic on POSIX), and
 the folder is fsynced: a crash at any moment leaves either the old or the new
 checkpoint, never half of one. It is read with ``torch.load(weights_only=True)``,
 so a checkpoint file can hold tensors and plain values, never code.
+
+A crash cannot damage a checkpoint, but a disk, a copy or a hand can, and torch's
+zip reader checks no CRC: a flipped byte inside a tensor loads as a wrong weight.
+So the file carries the sha256 of what it holds (round, settings, RNG state and
+every tensor's name, dtype, shape and bytes), and :func:`load` refuses a file
+whose contents no longer match it. A disk that fails while a checkpoint is written
+(full, read-only, gone) is one :class:`~splitfed.errors.RunFolderError` line; the
+previous checkpoint is left as it was.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -21,7 +30,7 @@ from typing import Any
 import torch
 
 from splitfed.engine.types import State
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, RunFolderError
 
 FILENAME = "checkpoint.pt"
 FORMAT = 1
@@ -44,13 +53,43 @@ def place(folder: str | Path) -> str:
     return f"{socket.gethostname()}:{Path(folder).resolve()}"
 
 
+def digest(payload: dict[str, Any]) -> str:
+    """The sha256 of a checkpoint's contents (everything but the digest itself), independent of the zip's
+    layout: tensors by name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+
+    def tensor(name: str, t: torch.Tensor) -> None:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+    h.update(f"{payload['format']}|{payload['round']}|".encode())
+    h.update(str(payload["meta"]).encode())
+    tensor("rng", payload["rng"])
+    for k in sorted(payload["state"]):
+        tensor(f"state.{k}", payload["state"][k])
+    return h.hexdigest()
+
+
 def save(folder: str | Path, ckpt: Checkpoint) -> Path:
+    """Write ``ckpt`` atomically; a disk that fails on the way is one :class:`RunFolderError` line, and the
+    previous checkpoint is left whole."""
     folder = Path(folder)
+    try:
+        return _save(folder, ckpt)
+    except OSError as e:
+        raise RunFolderError(f"cannot write the checkpoint in {folder}: {e.strerror or e} (the previous one, if "
+                             "any, is kept: free space or fix the folder, then continue with --resume "
+                             f"{folder})") from None
+
+
+def _save(folder: Path, ckpt: Checkpoint) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data, "where": place(folder),
             "assignment": {k: list(v) for k, v in ckpt.assignment.items()}}
     payload = {"format": FORMAT, "round": int(ckpt.round), "meta": json.dumps(meta, sort_keys=True),
                "rng": ckpt.rng.clone(), "state": {k: v.detach().cpu().clone() for k, v in ckpt.state.items()}}
+    payload["sha256"] = digest(payload)
     final = folder / FILENAME
     tmp = folder / f".{FILENAME}.{os.getpid()}.tmp"
     try:
@@ -91,6 +130,11 @@ def load(folder: str | Path) -> Checkpoint:
         payload = torch.load(path, weights_only=True)
         if payload.get("format") != FORMAT:
             raise ConfigError(f"{path}: checkpoint format {payload.get('format')!r}, expected {FORMAT}")
+        saved = payload.get("sha256")  # None: a checkpoint from before the digest was kept
+        if saved is not None and saved != digest(payload):
+            raise ConfigError(f"cannot resume: {path} is damaged: what it holds no longer matches the sha256 "
+                              "written with it (a checkpoint is replaced whole, so this file was changed after "
+                              "it was written); restore it from a copy or start a new run")
         meta = json.loads(payload["meta"])
         return Checkpoint(round=int(payload["round"]), state=dict(payload["state"]), settings=meta["settings"],
                           assignment={k: tuple(v) for k, v in meta["assignment"].items()},

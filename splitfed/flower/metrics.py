@@ -6,17 +6,23 @@ after its checkpoint's round, so the file never holds a round twice.
 ``summary.json`` is written (atomically) at the end of the run. Both are strict
 JSON (what jq, browsers and pandas read): a NaN or infinite number, such as the
 loss of a diverged model, is written as ``null``.
+
+A round's row is fsynced before its checkpoint is written, so the file holds every
+round the checkpoint does: a resume whose file lacks one of them (damaged, or cut
+by hand) is refused rather than continued with a hole. A disk that fails while a
+row is written is one :class:`~splitfed.errors.RunFolderError` line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, RunFolderError
 from splitfed.jsonio import dumps, write_atomic
 
 METRICS = "metrics.jsonl"
@@ -43,6 +49,37 @@ def read_rows(path: str | Path) -> list[Any]:
     return rows
 
 
+def check_rounds(path: str | Path, round: int) -> None:
+    """Refuse to continue after ``round`` (the checkpoint's) unless the file holds rounds 1..``round``, each
+    once (rows after it are a round the crash cut short; the resume redoes it)."""
+    p = Path(path)
+    held = [int(r.get("round", 0)) for r in read_rows(p) if isinstance(r, dict)] if p.is_file() else []
+    held = [r for r in held if r <= round]
+    if held == list(range(1, round + 1)):
+        return
+    missing = sorted(set(range(1, round + 1)) - set(held))
+    twice = sorted({r for r in held if held.count(r) > 1})
+    what = (f"lacks round(s) {_rounds(missing)}" if missing else f"holds round(s) {_rounds(twice)} twice"
+            if twice else "holds its rounds out of order")
+    raise ConfigError(f"cannot resume: {p} {what}, but the checkpoint holds round {round} (rows are written "
+                      "before the checkpoint, so the file was changed after it was written); put the file back, "
+                      "or start the run again with --overwrite")
+
+
+def _rounds(rounds: Sequence[int], show: int = 5) -> str:
+    more = f", +{len(rounds) - show} more" if len(rounds) > show else ""
+    return ", ".join(map(str, rounds[:show])) + more
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        raise RunFolderError(f"cannot write {path}: {e.strerror or e} (the rounds before it are kept: free space "
+                             f"or fix the folder, then continue with --resume {path.parent})") from None
+
+
 class MetricsWriter:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -55,17 +92,19 @@ class MetricsWriter:
     def truncate_after(self, round: int) -> None:
         """Keep only rows of rounds <= ``round`` (a resumed run redoes the rest)."""
         keep = [r for r in self.rows() if int(r.get("round", 0)) <= round]
-        write_atomic(self.path, "".join(dumps(r) + "\n" for r in keep))
+        with _writing(self.path):
+            write_atomic(self.path, "".join(dumps(r) + "\n" for r in keep))
 
     def append(self, row: Mapping[str, Any]) -> None:
-        with open(self.path, "a") as f:
+        with _writing(self.path), open(self.path, "a") as f:
             f.write(dumps(dict(row)) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
         path = self.folder / SUMMARY
-        write_atomic(path, dumps(dict(summary), indent=2, sort_keys=True) + "\n")
+        with _writing(path):
+            write_atomic(path, dumps(dict(summary), indent=2, sort_keys=True) + "\n")
         return path
 
 

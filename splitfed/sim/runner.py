@@ -56,7 +56,9 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     summary: dict[str, Any] = {}
     before: dict[int, Any] = {}
     interrupted = False
-    progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) and {settings.tiers - 1} tier process(es)...")
+    tiers = (f"using the tiers at {', '.join(settings.addresses)}" if settings.addresses
+             else f"and {settings.tiers - 1} tier process(es)")
+    progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) {tiers}...")
     try:
         try:
             start_ray({"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
