@@ -3,6 +3,10 @@
 vgg11 (CIFAR size), batch 64, one thread, 3 tiers in-process (device | edge | cloud).
 Rounds of steps alternate between the two so that machine noise hits both.
 Writes benchmarks/results/engine.json. Target: ratio >= 0.97.
+
+With ``--tier-torch-device cuda`` a third side runs the same split step with the
+edge and cloud tiers on the GPU (the device's blocks stay on the CPU), and the
+JSON adds ``tiers_on_gpu_steps_per_s`` and ``gpu_tiers_vs_cpu_tiers``.
 """
 
 from __future__ import annotations
@@ -10,15 +14,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from splitfed.engine import template
+from splitfed.engine import compute, template
 from splitfed.engine.device import Device
 from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
 from splitfed.engine.types import OptimConfig
+from splitfed.errors import ConfigError
 from splitfed.jsonio import write_json
 from splitfed.models.zoo import resolve_spec
 
@@ -30,8 +36,14 @@ def main() -> None:
     ap.add_argument("--cuts", default="4,10", help="device | edge | cloud cut points")
     ap.add_argument("--reps", type=int, default=5, help="alternating rounds")
     ap.add_argument("--steps", type=int, default=3, help="steps per round and side")
+    ap.add_argument("--tier-torch-device", default="cpu", help="also time the split step with the server tiers "
+                                                                "on this device (e.g. cuda)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine.json"))
     args = ap.parse_args()
+    try:
+        tier_dev = compute.torch_device(args.tier_torch_device, "--tier-torch-device")
+    except ConfigError as e:
+        ap.error(str(e))
     torch.set_num_threads(1)
     spec = resolve_spec(args.model)
     cuts = tuple(int(c) for c in args.cuts.split(","))
@@ -56,20 +68,26 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    chain = inprocess_chain(len(cuts))
     cfg = RoundConfig("bench", 0, spec, optim=optim)
-    for tier, load in zip(chain.tiers, tier_loads(cfg, "c0", cuts, state), strict=True):
-        tier.load(load)
-    dev = Device(spec, chain.link, run_id="bench", client_id="c0", round=0, cuts=cuts, state=state, optim=optim)
 
-    def split_step() -> None:
-        dev.train_step(x, y)
+    def split_step_on(where: torch.device) -> Callable[[], None]:
+        """One client's split step; its server tiers compute on ``where`` (the loss's float waits for them)."""
+        chain = inprocess_chain(len(cuts), torch_device=where)
+        for tier, load in zip(chain.tiers, tier_loads(cfg, "c0", cuts, state), strict=True):
+            tier.load(load)
+        dev = Device(spec, chain.link, run_id="bench", client_id="c0", round=0, cuts=cuts, state=state,
+                     optim=optim)
+        return lambda: None if dev.train_step(x, y) else None
 
-    for f in (mono_step, split_step):  # warm-up
+    sides: dict[str, Callable[[], None]] = {"monolithic": mono_step, "split": split_step_on(torch.device("cpu"))}
+    if tier_dev.type != "cpu":
+        sides["tiers_on_gpu"] = split_step_on(tier_dev)
+    for f in sides.values():  # warm-up (on a GPU: its kernels and memory pool too)
         f()
-    times: dict[str, list[float]] = {"monolithic": [], "split": []}
+        f()
+    times: dict[str, list[float]] = {name: [] for name in sides}
     for rep in range(args.reps):
-        order = [("monolithic", mono_step), ("split", split_step)]
+        order = list(sides.items())
         if rep % 2:
             order.reverse()
         for name, f in order:
@@ -77,15 +95,21 @@ def main() -> None:
             for _ in range(args.steps):
                 f()
             times[name].append((time.perf_counter() - t0) / args.steps)
-        print(f"round {rep + 1}/{args.reps}: monolithic {1 / times['monolithic'][-1]:.2f} steps/s, "
-              f"split {1 / times['split'][-1]:.2f} steps/s", flush=True)
-    mono = statistics.median(times["monolithic"])
-    split = statistics.median(times["split"])
+        print(f"round {rep + 1}/{args.reps}: " + ", ".join(f"{name} {1 / t[-1]:.2f} steps/s"
+                                                            for name, t in times.items()), flush=True)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    mono, split = med["monolithic"], med["split"]
     result = {
         "benchmark": "engine", "model": spec.name, "batch": args.batch, "tiers": len(cuts) + 1, "cuts": list(cuts),
         "blocks": n, "threads": torch.get_num_threads(),
         "monolithic_steps_per_s": 1 / mono, "split_steps_per_s": 1 / split, "ratio": mono / split, "target": 0.97,
     }
+    if "tiers_on_gpu" in med:
+        result.update({"tier_torch_device": compute.describe(tier_dev),
+                       "tiers_on_gpu_steps_per_s": 1 / med["tiers_on_gpu"],
+                       "gpu_tiers_vs_cpu_tiers": split / med["tiers_on_gpu"]})
+        print(f"split step with the tiers on {compute.describe(tier_dev)} vs on the CPU: "
+              f"{result['gpu_tiers_vs_cpu_tiers']:.2f}x steps/s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result)
     print(f"split/monolithic steps/s ratio: {result['ratio']:.3f} (target >= 0.97) -> {args.out}")

@@ -247,11 +247,12 @@ def test_ping_checks_a_chain_of_tier_processes_over_mutual_tls_with_a_token(cert
         out = json.loads(ok.stdout)
         assert out["ok"] and [t["name"] for t in out["tiers"]] == ["edge", "cloud"]
         assert out["tiers"][0]["next_instance"] == out["tiers"][1]["instance"]
-        assert all(t["rtt_ms"] > 0 and t["protocol"] == PROTOCOL for t in out["tiers"])
+        assert all(t["rtt_ms"] > 0 and t["protocol"] == PROTOCOL and t["compute"] == "cpu" for t in out["tiers"])
 
         text = ping(edge.address, cloud.address, *creds, "--token-file", str(token), "--count", "1")
         assert text.returncode == 0 and "chain: edge -> cloud ok" in text.stdout
         assert f"forwards to {cloud.address}: reached" in text.stdout
+        assert text.stdout.count("computes on cpu with 1 thread(s)") == 2, text.stdout  # TierProcess: --threads 1
 
         big = ping(edge.address, cloud.address, *creds, "--token-file", str(token), "--model", "vgg11")
         assert big.returncode == 1

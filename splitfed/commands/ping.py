@@ -155,7 +155,8 @@ def _describe(row: dict[str, Any]) -> str:
     else:
         lines.append("  ends the chain (computes the loss)")
     lines.append(f"  holds {row['segments']} segment(s) of {row['runs']} run(s); {row['steps_served']} step(s) "
-                 f"served; up {row['uptime_s']:.0f} s; {row['threads']} thread(s); releases idle segments after "
+                 f"served; up {row['uptime_s']:.0f} s; computes on {row.get('compute') or 'cpu'} with {row['threads']} "
+                 "thread(s); releases idle segments after "
                  + (f"{idle:g} s" if idle else "never"))
     if row["model_error"]:
         lines.append(f"  will not build the model: {row['model_error']}")

@@ -44,6 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-sample-mb", type=positive_int, default=DEFAULT_LIMITS.sample_bytes >> 20,
                    help="largest tensor a model may make per sample, MiB (default: %(default)s)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--torch-device", default="cpu", metavar="DEV",
+                   help="where this tier computes: cpu, cuda or cuda:N (default: cpu); what crosses the wire "
+                        "is the same either way")
     p.add_argument("--idle-release-s", type=non_negative_float, default=IDLE_RELEASE_S, metavar="S",
                    help="release a client's segment nobody has used for S seconds: what a vanished coordinator "
                         "left behind (default %(default).0f; 0: never). Keep it above your longest round")
@@ -94,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     token = read_token(args.token_file) if args.token_file else None
     import torch
 
+    from splitfed.engine import compute
+
+    compute.torch_device(args.torch_device)  # before anything is served: a typo or a missing GPU is one line
+
     from splitfed.transport import wire
     from splitfed.transport.server import serve_tier
 
@@ -113,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                         insecure=args.insecure, max_workers=args.max_workers, limits=limits,
                         next_compress=args.compress, next_deadline_s=args.deadline,
                         allowed_models=args.allow_model, idle_release_s=args.idle_release_s or None,
-                        status_every_s=args.status_every_s or None)
+                        status_every_s=args.status_every_s or None, torch_device=args.torch_device)
     # the first optimizer built imports torch._dynamo (seconds): start that now rather than in a client's load
     threading.Thread(target=lambda: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
                      daemon=True).start()
@@ -126,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             stop.set()
 
         threading.Thread(target=stop_at_eof, daemon=True).start()
-    print(f"listening on {server.address}", flush=True)
+    print(f"listening on {server.address} (computing on {compute.describe(server.tier.torch_device)})", flush=True)
     try:
         while not stop.wait(0.5):
             pass

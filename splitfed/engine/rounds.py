@@ -134,15 +134,16 @@ class Chain:
         return getattr(self.link, "bytes_up", 0), getattr(self.link, "bytes_down", 0)
 
 
-def inprocess_chain(server_tiers: int = 2, compress_up=None, compress_down=None) -> Chain:  # type: ignore[no-untyped-def]
-    """Edge -> ... -> cloud as in-process tiers joined by in-process links."""
+def inprocess_chain(server_tiers: int = 2, compress_up=None, compress_down=None,  # type: ignore[no-untyped-def]
+                    torch_device: str | torch.device = "cpu") -> Chain:
+    """Edge -> ... -> cloud as in-process tiers joined by in-process links, computing on ``torch_device``."""
     if server_tiers < 1:
         raise ConfigError("a chain needs at least one server tier (2 tiers in all)")
     names = ["edge", *[f"tier{i}" for i in range(2, server_tiers)], "cloud"] if server_tiers > 1 else ["cloud"]
     tiers: list[Tier] = []
     nxt: InProcessLink | None = None
     for name in reversed(names):
-        tier = Tier(name, next=nxt)
+        tier = Tier(name, next=nxt, torch_device=torch_device)
         tiers.insert(0, tier)
         nxt = InProcessLink(tier, compress_up, compress_down)
     assert nxt is not None

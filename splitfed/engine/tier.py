@@ -8,6 +8,10 @@ the cached reply, an older one is refused. A segment nobody has used for
 ``idle_release_s`` is released (:meth:`Tier.sweep`): a tier is a long-lived
 service, and a coordinator that vanishes mid-round would otherwise leave its
 clients' replicas (weights and optimizer state) held for good.
+
+A tier computes on ``torch_device`` (the CPU, or a CUDA GPU): its segments and
+optimizer state live there, and what crosses its boundary (activations, labels,
+gradients, fetched weights) is on the CPU, where the checks and the codec work.
 """
 
 from __future__ import annotations
@@ -105,11 +109,12 @@ class Tier:
 
     def __init__(self, name: str = "edge", next: Link | None = None, *, max_batch: int = 4096,
                  max_clients: int = 10_000, idle_release_s: float | None = IDLE_RELEASE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, torch_device: str | torch.device = "cpu") -> None:
         if idle_release_s is not None and not (math.isfinite(idle_release_s) and idle_release_s > 0):
             raise ValueError(f"idle_release_s must be a positive number of seconds or None, got {idle_release_s}")
         self.name = name
         self.next = next
+        self.torch_device = torch.device(torch_device)
         self.max_batch = max_batch
         self.max_clients = max_clients
         self.idle_release_s = idle_release_s
@@ -136,7 +141,9 @@ class Tier:
             replica = self._replicas.get(rkey) or _Replica()
         with _holding(replica, self.name, "load"):
             missing = [i for i in range(spec.start, spec.stop) if i not in replica.blocks]
-            new = template.copy_blocks(spec.model, spec.start, spec.stop) if missing else {}
+            new = ({i: m.to(self.torch_device) for i, m in template.copy_blocks(spec.model, spec.start,
+                                                                                 spec.stop).items()}
+                   if missing else {})
             segment = Segment(
                 {str(i): replica.blocks[i] if i in replica.blocks else new[i] for i in range(spec.start, spec.stop)},
                 spec.start, spec.stop)
@@ -189,7 +196,7 @@ class Tier:
             raise FailedPrecondition(f"fetch of client {client_id!r} while its U-shape step {b.last_seq} "
                                      "waits for its backward")
         with _holding(b.replica, self.name, "fetch"):
-            return {k: v.detach().clone() for k, v in b.segment.state_dict().items()}
+            return {k: v.detach().to("cpu", copy=True) for k, v in b.segment.state_dict().items()}
 
     def release(self, run_id: str, client_id: str) -> None:
         with self._lock:
@@ -286,7 +293,7 @@ class Tier:
 
     def _input(self, b: _Binding, x: torch.Tensor) -> torch.Tensor:
         check_tensor(x, b.in_shape, b.in_dtype, "activation", self.max_batch)
-        x = x.detach()
+        x = x.detach().to(self.torch_device)
         if b.grad_in and x.is_floating_point():  # else nobody upstream could use it: none is sent
             x.requires_grad_(True)
         return x
@@ -330,22 +337,28 @@ class Tier:
         out = b.segment(x, rng=self._rng(b, key))
         onward = self._onward(b)
         if onward is None:
-            loss = F.cross_entropy(out, labels)
+            here = labels.to(self.torch_device)
+            loss = F.cross_entropy(out, here)
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise InvalidArgument("loss is not finite (diverged); the step was not applied")
             if loss.requires_grad:
                 loss.backward()
-            correct = int((out.detach().argmax(1) == labels).sum())
+            correct = int((out.detach().argmax(1) == here).sum())
         else:
-            down = onward.step(key, out.detach(), labels)
+            down = onward.step(key, self._out(out), labels)
             if down.grad is not None:
                 check_returned(down.grad, out, f"tier {self.name}: step {key.seq} of {key.client_id}: "
                                "the next tier's gradient")
                 if out.requires_grad:
-                    out.backward(down.grad)
+                    out.backward(down.grad.to(self.torch_device))
             value, correct = down.loss, down.correct
-        return StepReply(x.grad if x.requires_grad else None, value, correct)
+        return StepReply(self._out(x.grad) if x.requires_grad else None, value, correct)
+
+    def _out(self, t: torch.Tensor | None) -> torch.Tensor:
+        """What leaves the tier: detached, on the CPU (a no-op for a CPU tier)."""
+        assert t is not None
+        return t.detach().cpu()
 
     def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
         b = self._binding(key.run_id, key.client_id)
@@ -360,7 +373,7 @@ class Tier:
             with _undone_on_error(b.segment):
                 out = b.segment(x, rng=self._rng(b, key))
                 onward = self._onward(b)
-                result = onward.forward(key, out.detach()) if onward is not None else out.detach()
+                result = onward.forward(key, self._out(out)) if onward is not None else self._out(out)
         except BaseException:
             b.holds_lock = False
             b.replica.lock.release()
@@ -388,8 +401,8 @@ class Tier:
             check_returned(g, out, f"tier {self.name}: backward {key.seq} of {key.client_id}: "
                            "the next tier's gradient")
         if out.requires_grad and g is not None:
-            out.backward(g)
-        gx = x.grad if x.requires_grad else None
+            out.backward(g.to(self.torch_device))
+        gx = self._out(x.grad) if x.requires_grad else None
         b.pending = None
         self._finish(b, key, "backward", (gx,))
         b.holds_lock = False

@@ -75,13 +75,21 @@ class Segment(nn.Sequential):
     def forward(self, x: torch.Tensor, rng: int | None = None) -> torch.Tensor:
         for name, block in self._modules.items():
             if rng is not None and self._stochastic[name]:
-                # torch's generator is process-wide (splitfed.models.rng); only the CPU one is seeded
+                # torch's generators are process-wide (splitfed.models.rng): the one of the device x is on
                 with _rng.LOCK:
-                    torch.default_generator.manual_seed(_mix(rng, int(name)))
+                    _generator(x.device).manual_seed(_mix(rng, int(name)))
                     x = block(x)
             else:
                 x = block(x)
         return x
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    """The default generator dropout draws from on ``device`` (a CUDA kernel takes its seed when launched)."""
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None
+                                             else torch.cuda.current_device()]
+    return torch.default_generator
 
 
 def _mix(rng: int, block: int) -> int:

@@ -48,6 +48,7 @@ class TierInfo:
     steps_served: int = 0
     uptime_s: float = 0.0
     threads: int = 0
+    compute: str = ""  # "cpu" or "cuda:0 (NVIDIA H200)"; "": a tier older than the field (the CPU)
 
     def to_pb(self) -> pb.TierInfo:
         fields = {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -127,7 +127,7 @@ class TierProcess:
                 tp.kill()
                 raise RuntimeError(f"tier {name} exited with code {proc.returncode} before serving:\n{tp.output()}")
             if line.startswith(READY):
-                tp.address = line[len(READY):].strip()
+                tp.address = line[len(READY):].split()[0]  # "listening on HOST:PORT (computing on DEV)"
         tp._check_health(tls, client_tls, max(1.0, end - time.monotonic()))
         return tp
 

@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import splitfed
+from splitfed.engine import compute
 from splitfed.engine.limits import IDLE_RELEASE_S, current_limits
 from splitfed.engine.link import Link
 from splitfed.engine.tier import Tier
@@ -285,7 +286,8 @@ class TierServicer:
             max_clients=int(getattr(self.tier, "max_clients", 0)), max_model_bytes=limits.model_bytes,
             max_sample_bytes=limits.sample_bytes, max_tensor_bytes=self.limits.max_tensor_bytes,
             allowed_models=tuple(sorted(self.allowed)), model_error=model_error, segments=segments, runs=len(runs),
-            steps_served=steps, uptime_s=time.monotonic() - self.started, threads=torch.get_num_threads())
+            steps_served=steps, uptime_s=time.monotonic() - self.started, threads=torch.get_num_threads(),
+            compute=compute.describe(getattr(self.tier, "torch_device", torch.device("cpu"))))
 
 
 M = TypeVar("M", bound=Message)
@@ -377,7 +379,8 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
                max_workers: int = 32, max_concurrent_rpcs: int = 512, limits: wire.Limits | None = None,
                next_compress: str = "none", next_deadline_s: float = 60.0, next_token: str | None = None,
                allowed_models: Iterable[str] = (), tier: Any = None, max_batch: int = 4096,
-               idle_release_s: float | None = IDLE_RELEASE_S, status_every_s: float | None = None) -> TierServer:
+               idle_release_s: float | None = IDLE_RELEASE_S, status_every_s: float | None = None,
+               torch_device: str = "cpu") -> TierServer:
     """Start a tier service on ``listen`` (port 0: any free port; see ``.port``/``.address``).
 
     Serving in plaintext needs ``insecure=True``: TLS is the default, not an
@@ -385,7 +388,8 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     (with the same TLS config and, unless ``next_token`` is given, the same token).
     ``tier`` replaces the :class:`Tier` (tests, benchmarks). Segments unused for
     ``idle_release_s`` (None: never) are released, checked every ``min(60, idle_release_s / 4)`` s;
-    every ``status_every_s`` (None: never) the tier logs its status if it changed.
+    every ``status_every_s`` (None: never) the tier logs its status if it changed. ``torch_device`` (``cpu``,
+    ``cuda``, ``cuda:N``; checked here) is where the tier computes.
     """
     if tls is None and not insecure:
         raise ConfigError("refusing to serve without TLS: give a certificate and key (--tls-cert, --tls-key; "
@@ -393,6 +397,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     host, _ = parse_listen(listen)
     if next_address is not None:
         parse_address(next_address, "next tier address")
+    dev = compute.torch_device(torch_device)
     limits = limits or wire.Limits()
     next_link: Link | None = None
     client = None
@@ -401,7 +406,8 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
                                 deadline_s=next_deadline_s, compress=next_compress, limits=limits)
         next_link = client
     the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
-                                                  idle_release_s=idle_release_s)
+                                                  idle_release_s=idle_release_s,
+                                                  torch_device=dev)
     servicer = TierServicer(the_tier, limits, allowed_models, next=client)
     interceptors = [TokenInterceptor(token, on_refuse=servicer.count_refusal)] if token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),

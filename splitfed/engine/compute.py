@@ -1,0 +1,44 @@
+"""Where a server tier computes: the CPU, or one CUDA GPU of its machine.
+
+Tensors cross the wire on the CPU (the codec and the boundary checks work there):
+a tier on a GPU moves each incoming activation, label and gradient to it, and
+each outgoing one back. The option is named after torch's word (``cuda:1``)
+because "device" in splitfed is the client's tier.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from splitfed.errors import ConfigError
+
+CHOICES = "cpu, cuda or cuda:N"
+
+
+def torch_device(text: str, what: str = "--torch-device") -> torch.device:
+    """The torch device ``text`` names, refused in one line unless this machine can compute on it."""
+    try:
+        dev = torch.device(text.strip())
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{what} {text!r}: not a device torch knows; use {CHOICES}") from None
+    if dev.type == "cpu":
+        if dev.index not in (None, 0):
+            raise ConfigError(f"{what} {text!r}: the CPU has no index; use cpu")
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise ConfigError(f"{what} {text!r}: a tier computes on {CHOICES}, not {dev.type}")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU-only build)"
+        raise ConfigError(f"{what} {text}: this machine has no CUDA GPU that torch can use (torch "
+                          f"{torch.__version__}, built with {build}); use cpu")
+    count = torch.cuda.device_count()
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if index >= count:
+        raise ConfigError(f"{what} {text}: this machine has {count} CUDA GPU(s): cuda:0"
+                          + (f" .. cuda:{count - 1}" if count > 1 else ""))
+    return torch.device("cuda", index)
+
+
+def describe(dev: torch.device) -> str:
+    """``cpu``, or ``cuda:0 (NVIDIA H200)``: what a tier's log and status name."""
+    return f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else str(dev)
