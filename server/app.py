@@ -47,7 +47,8 @@ from splitfed.sim.tiers import tier_chain
 Progress = Callable[[str], None]
 
 # settings that may change between a run and its resumption (they do not change the math)
-RESUMABLE = {"rounds", "out", "resume", "overwrite", "tier_addresses", "round_timeout_s", "node_wait_s", "run_name",
+RESUMABLE = {"rounds", "out", "resume", "overwrite", "tier_addresses", "tier_torch_device", "round_timeout_s",
+             "node_wait_s", "run_name",
              "tls_ca", "tls_cert", "tls_key", "token_file", "sim_clock"}
 
 

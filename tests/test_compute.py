@@ -138,3 +138,44 @@ def test_a_gpu_the_machine_lacks_is_refused_naming_those_it_has():
         compute.torch_device(f"cuda:{n}")
     assert compute.torch_device("cuda") == torch.device("cuda", torch.cuda.current_device())
     assert compute.describe(torch.device("cuda", 0)).startswith("cuda:0 (")
+
+
+# ---------------------------------------------------------------- the run setting (simulate, flwr run)
+
+
+def test_the_run_setting_is_checked_for_form_where_it_is_read_and_for_the_machine_where_tiers_start():
+    from splitfed.flower.config import RunSettings
+
+    with pytest.raises(ConfigError, match="tier-torch-device 'gpu': not a device torch knows"):
+        RunSettings(tier_torch_device="gpu")
+    with pytest.raises(ConfigError, match="the tiers at tier-addresses run already: start them with splitfed tier "
+                                          "--torch-device cuda:1"):
+        RunSettings(tier_torch_device="cuda:1", tier_addresses="a:1,b:2")
+    # a checkpoint's settings, read on a machine without the GPU it ran on, are still settings
+    assert RunSettings(tier_torch_device="cuda:1").tier_torch_device == "cuda:1"
+
+
+@pytest.mark.skipif(CUDA, reason="this machine has a CUDA GPU")
+def test_simulate_on_tiers_this_machine_cannot_compute_on_is_refused_before_anything_starts(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "splitfed.cli", "simulate", "--clients", "2", "--rounds", "1",
+                        "--tier-torch-device", "cuda", "--out", str(tmp_path / "run")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "splitfed simulate: error: tier-torch-device cuda: this machine has no CUDA GPU that torch can use "
+        f"(torch {torch.__version__}, built with no CUDA (a CPU-only build)); use cpu"], p.stderr
+    assert not (tmp_path / "run").exists() and "Ray" not in p.stdout
+
+
+def test_the_tiers_a_run_starts_are_told_where_to_compute():
+    import psutil
+
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim.tiers import tier_chain
+
+    where = "cuda" if CUDA else "cpu"
+    with tier_chain(RunSettings(tier_torch_device=where)) as chain:
+        assert len(chain.pids) == 2
+        for pid in chain.pids:
+            args = psutil.Process(pid).cmdline()
+            assert args[args.index("--torch-device") + 1] == where
+        assert {i.compute.split()[0] for i in chain.infos} == {"cuda:0" if CUDA else "cpu"}

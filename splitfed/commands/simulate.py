@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # flag -> RunSettings field (flags left out keep the config file's or default value)
 _FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
            "batch_size", "local_epochs", "optimizer", "lr", "momentum", "weight_decay", "u_shape", "compress",
-           "min_clients", "fraction", "min_device_blocks", "round_timeout_s", "out", "overwrite")
+           "min_clients", "fraction", "min_device_blocks", "round_timeout_s", "tier_torch_device", "out", "overwrite")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,6 +62,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "never leave a device)")
     p.add_argument("--round-timeout-s", type=float, metavar="S",
                    help="how long a round waits for its clients (default 600)")
+    p.add_argument("--tier-torch-device", metavar="DEV", help="where the edge and cloud tiers it starts compute: "
+                                                               "cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--out", metavar="DIR", help="run folder (default runs/sim-<time>)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")

@@ -15,8 +15,9 @@ from splitfed.errors import ConfigError
 CHOICES = "cpu, cuda or cuda:N"
 
 
-def torch_device(text: str, what: str = "--torch-device") -> torch.device:
-    """The torch device ``text`` names, refused in one line unless this machine can compute on it."""
+def torch_device(text: str, what: str = "--torch-device", *, here: bool = True) -> torch.device:
+    """The torch device ``text`` names, refused in one line unless this machine can compute on it (``here``
+    False: only its form is checked, e.g. a setting read where the tiers do not run)."""
     try:
         dev = torch.device(text.strip())
     except (RuntimeError, ValueError):
@@ -27,6 +28,8 @@ def torch_device(text: str, what: str = "--torch-device") -> torch.device:
         return torch.device("cpu")
     if dev.type != "cuda":
         raise ConfigError(f"{what} {text!r}: a tier computes on {CHOICES}, not {dev.type}")
+    if not here:
+        return dev
     if not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU-only build)"
         raise ConfigError(f"{what} {text}: this machine has no CUDA GPU that torch can use (torch "

@@ -66,6 +66,7 @@ class RunSettings:
     fleet: str = "reference"  # fleet file (or shipped fleet name) the device profiles come from
     sim_clock: bool = True  # report the cost model's simulated round time (off in deployment)
     tier_addresses: str = ""  # "edge,cloud" in chain order; empty: the ServerApp starts its own
+    tier_torch_device: str = "cpu"  # where the tiers the run starts compute: cpu, cuda, cuda:N
     tls_ca: str = ""  # CA of the tier servers' certificates; empty: insecure (loopback only)
     tls_cert: str = ""  # the tier servers' certificate and key (used when the app starts them)
     tls_key: str = ""
@@ -119,6 +120,13 @@ class RunSettings:
                               f"{self.tiers} tiers need {self.tiers - 1}")
         for address in self.addresses:
             parse_address(address, "tier-addresses entry")
+        from splitfed.engine.compute import torch_device
+
+        torch_device(self.tier_torch_device, "tier-torch-device", here=False)  # whether this machine has it: at start
+        if self.addresses and torch_device(self.tier_torch_device, here=False).type != "cpu":
+            raise ConfigError(f"tier-torch-device {self.tier_torch_device} is for the tiers a run starts; the tiers at "
+                              "tier-addresses run already: start them with splitfed tier --torch-device "
+                              f"{self.tier_torch_device}")
         # the transport's own codec parser, imported only when settings are made
         from splitfed.cost.model import parse_codec
 

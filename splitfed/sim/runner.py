@@ -57,7 +57,8 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     before: dict[int, Any] = {}
     interrupted = False
     tiers = (f"using the tiers at {', '.join(settings.addresses)}" if settings.addresses
-             else f"and {settings.tiers - 1} tier process(es)")
+             else f"and {settings.tiers - 1} tier process(es)"
+             + (f" on {settings.tier_torch_device}" if settings.tier_torch_device != "cpu" else ""))
     progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) {tiers}...")
     try:
         try:
@@ -253,6 +254,10 @@ def validate(settings: RunSettings) -> None:
 
     if settings.out:  # a folder in use, or holding a run this one neither resumes nor replaces
         runfolder.check(settings.out, settings.resume, settings.overwrite)
+    if not settings.addresses:  # the tiers it starts compute where this machine can
+        from splitfed.engine.compute import torch_device
+
+        torch_device(settings.tier_torch_device, "tier-torch-device")
     if settings.resume:  # a checkpoint of other math or other data
         from server.app import check_resume
 

@@ -46,9 +46,12 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
     if settings.addresses:
         yield TierChain(list(settings.addresses))
         return
+    from splitfed.engine.compute import torch_device
     from splitfed.models.zoo import ZOO
     from splitfed.transport.process import TierProcess
     from splitfed.transport.security import TlsConfig
+
+    torch_device(settings.tier_torch_device, "tier-torch-device")  # this machine has it: one line, none started
 
     tls = (TlsConfig(cert=settings.tls_cert, key=settings.tls_key, ca=settings.tls_ca or None)
            if settings.tls_cert else None)
@@ -61,7 +64,8 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
         for name in reversed(tier_names(settings.tiers - 1)):
             proc = TierProcess.start(name, listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
                                      token_file=settings.token_file or None, insecure=tls is None,
-                                     allow_models=allow, extra_args=["--idle-release-s", f"{idle:g}"])
+                                     allow_models=allow, extra_args=["--idle-release-s", f"{idle:g}",
+                                                                     "--torch-device", settings.tier_torch_device])
             stack.callback(proc.stop)
             chain.addresses.insert(0, proc.address)
             chain.pids.insert(0, proc.pid)
