@@ -5,8 +5,9 @@
     python -m server.deploy --clients 3 --tls-ca ca.pem --tls-cert cert.pem --tls-key key.pem \\
         --token-file token --profile rpi4 --profile laptop --profile phone-mid
 
-What it starts (every process in its own session, all stopped on exit, error
-or Ctrl-C, children included):
+What it starts (every process in its own session, all stopped on exit, error,
+Ctrl-C or SIGTERM, children included; a guard process takes them all down if
+deploy itself dies, even by SIGKILL):
 
 1. the cloud and edge tier servers (``splitfed tier``), edge -> cloud;
 2. ``flower-superlink`` (Fleet, Control and Runtime APIs on one HTTP port);
@@ -19,7 +20,14 @@ or Ctrl-C, children included):
    ``[tool.flwr.app.config]`` so any of them can be overridden) and CONNECTION
    is written to a private ``FLWR_HOME/config.toml``. (Flower 1.42 keeps
    SuperLink connections there; run against the repository itself, ``flwr run``
-   would move ``[tool.flwr.federations]`` out of its pyproject.toml.)
+   would move ``[tool.flwr.federations]`` out of its pyproject.toml.) Its output
+   (the ServerApp's log) is shown as it comes and kept in ``WORKDIR/flwr-run.log``.
+
+Exit code: 0 once the run folder's checkpoint holds every requested round; 1 if
+the run stopped before (the line printed says where it stopped and how to
+continue it with ``--resume``); 2 for settings refused before anything started;
+130 after Ctrl-C, 143 after SIGTERM (everything stopped; the finished rounds
+stay in the run folder for ``--resume``).
 
 TLS: with ``--tls-ca/--tls-cert/--tls-key`` every hop is encrypted: SuperLink
 (``--ssl-*``), SuperNodes and ``flwr`` (verify it against the CA), and the
@@ -47,21 +55,157 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import psutil
 
 from splitfed import tomlio
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
 
 BIN = Path(sys.executable).parent
 CONNECTION = "splitfed-local"
+GRACE_S = 5.0  # from SIGTERM to SIGKILL when the deployment stops
+
+# The guard: a small process (``python -c GUARD GRACE SPARED_PGID``, in a session of its own) that takes
+# the deployment down however deploy ends, SIGKILL included. Deploy writes ``add PGID`` for each process
+# it starts (each leads its own session and process group) and holds the write end of the guard's stdin;
+# the guard also adopts the group of every process found under those groups' members (twice a second),
+# since Flower starts some in sessions of their own: a SuperLink's SuperExec and the flwr-serverapp it
+# runs, which outlive a dead SuperLink. ``kill PGID`` SIGKILLs a group and all found under it, then
+# answers ``killed PGID``. At EOF (deploy stopping or dead) it SIGTERMs every group with a live process,
+# SIGKILLs what is left after GRACE seconds, and exits. A group is forgotten once it has no live process,
+# so a process group number is never signalled after the kernel could have given it to another process.
+GUARD = r"""
+import os, select, signal, sys, time
+import psutil
+
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)  # it stops the others; it ends at EOF or by SIGKILL
+GRACE = float(sys.argv[1])
+SPARED = {os.getpgid(0), *(int(a) for a in sys.argv[2:])}
+root_of = {}  # process group -> the group deploy started that it was found under
+
+def scan():
+    table = {}
+    for p in psutil.process_iter(["ppid", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE:
+                table[p.pid] = (p.info["ppid"], os.getpgid(p.pid))
+        except (OSError, psutil.Error):
+            pass
+    kids = {}
+    for pid, (ppid, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    todo = [pid for pid, (_, g) in table.items() if g in root_of]
+    seen = set(todo)
+    while todo:
+        pid = todo.pop()
+        for kid in kids.get(pid, ()):
+            g = table[kid][1]
+            if kid not in seen and g not in SPARED:
+                seen.add(kid)
+                todo.append(kid)
+                root_of.setdefault(g, root_of[table[pid][1]])
+    live = {table[pid][1] for pid in seen}
+    for g in [g for g in root_of if g not in live]:
+        del root_of[g]
+    return live
+
+def stop(root=None, sig=signal.SIGTERM, grace=GRACE):
+    sent = set()
+    end = time.monotonic() + grace
+    while True:
+        live = {g for g in scan() if root is None or root_of.get(g) == root}
+        late = time.monotonic() >= end
+        if not live or time.monotonic() >= end + 5:
+            return
+        for g in live:
+            if late or g not in sent:
+                try:
+                    os.killpg(g, signal.SIGKILL if late else sig)
+                except OSError:
+                    pass
+                sent.add(g)
+        time.sleep(0.1)
+
+buf = b""
+scanned = 0.0
+while True:
+    if select.select([0], [], [], 0.5)[0]:
+        chunk = os.read(0, 4096)
+        if not chunk:
+            break
+        *lines, buf = (buf + chunk).split(b"\n")
+        for line in lines:
+            word, _, arg = line.decode().partition(" ")
+            if word == "add":
+                root_of[int(arg)] = int(arg)
+            elif word == "kill":
+                stop(int(arg), signal.SIGKILL, 0.0)
+                try:
+                    os.write(1, f"killed {arg}\n".encode())
+                except OSError:
+                    pass
+    if time.monotonic() - scanned >= 0.5:
+        scan()
+        scanned = time.monotonic()
+stop()
+"""
+
+
+class _Signals:
+    """SIGINT and SIGTERM as :class:`KeyboardInterrupt` and :class:`Terminated` in the main thread (what
+    :func:`main` installs), held back while a child is started and handed to the guard, so that none runs
+    unguarded. After the first, both are ignored: the stop that follows is not cut short (a SIGKILL still
+    ends deploy at once, and the guard then stops the rest)."""
+
+    def __init__(self) -> None:
+        self.holding = 0
+        self.pending: int | None = None
+
+    def handle(self, signum: int, frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        if self.holding:
+            self.pending = signum
+            return
+        raise self.interrupt(signum)
+
+    @staticmethod
+    def interrupt(signum: int) -> KeyboardInterrupt:
+        return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+            if not self.holding and self.pending is not None:
+                signum, self.pending = self.pending, None
+                raise self.interrupt(signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        old = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            self.pending = None
+
+
+_SIGNALS = _Signals()
 
 
 def free_port() -> int:
@@ -91,6 +235,9 @@ class Deployment:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     tier_addresses: list[str] = field(default_factory=list)
     superlink: str = ""
+    grace: float = GRACE_S  # seconds from SIGTERM to SIGKILL when stopping
+    _guard: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _flwr: subprocess.Popen | None = field(default=None, init=False, repr=False)  # the ``flwr run`` going on
 
     def __post_init__(self) -> None:
         if self.clients < 1:
@@ -112,12 +259,32 @@ class Deployment:
     # ------------------------------------------------------------ processes
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        out = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=self.env, cwd=self.workdir, start_new_session=True)
-        out.close()
-        self.procs[name] = proc
+        with open(self.workdir / f"{name}.log", "w") as out, _SIGNALS.held():
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.env, cwd=self.workdir, start_new_session=True)
+            self.procs[name] = proc
+            self._guarded(proc)
         return proc
+
+    def _guarded(self, proc: subprocess.Popen) -> None:
+        """Hand ``proc``'s process group (it leads its own session) to the guard, started on first use."""
+        if self._guard is None:
+            with open(self.workdir / "guard.log", "ab") as err:
+                self._guard = subprocess.Popen(
+                    [sys.executable, "-c", GUARD, str(self.grace), str(os.getpgid(0))], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=err, env=self.env, start_new_session=True)
+        self._tell(f"add {proc.pid}")
+
+    def _tell(self, line: str) -> bool:
+        guard = self._guard
+        if guard is None or guard.stdin is None or guard.stdin.closed:
+            return False
+        try:
+            guard.stdin.write(f"{line}\n".encode())
+            guard.stdin.flush()
+            return True
+        except OSError:  # the guard is gone: stop() still stops what it can see itself
+            return False
 
     def start(self) -> Deployment:
         """Start tiers, SuperLink and SuperNodes (all at once: they find each other by address)."""
@@ -182,27 +349,39 @@ class Deployment:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
     def kill(self, name: str) -> None:
-        """SIGKILL a process and everything it started (a machine that dies)."""
+        """SIGKILL a process, its process group and everything it started (a machine that dies)."""
         proc = self.procs[name]
-        for p in _tree(proc.pid):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        _signal([proc], _tree(proc.pid), signal.SIGKILL)
+        if self._tell(f"kill {proc.pid}") and self._guard is not None and self._guard.stdout is not None:
+            self._guard.stdout.readline()  # "killed PGID": the groups found under it are gone too
         proc.wait(10)
 
     def stop(self) -> None:
-        """SIGTERM every process tree, SIGKILL what is left after 5 s."""
-        trees = {name: _tree(p.pid) for name, p in self.procs.items() if p.poll() is None}
-        for tree in trees.values():
-            for p in tree:
-                with contextlib.suppress(psutil.Error):
-                    p.send_signal(signal.SIGTERM)
-        alive = [p for tree in trees.values() for p in tree]
-        _, alive = psutil.wait_procs(alive, timeout=5)
-        for p in alive:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        psutil.wait_procs(alive, timeout=5)
-        for p in self.procs.values():
+        """SIGTERM every process the deployment started: each one's process group (each leads its own
+        session), every process of their trees, and through the guard the groups those made (a SuperLink's
+        SuperExec and flwr-serverapp, which outlive a dead SuperLink and hold the run folder); SIGKILL
+        what is left after ``grace`` seconds."""
+        with _SIGNALS.held():  # a signal now is acted on once this stop is done
+            self._stop()
+
+    def _stop(self) -> None:
+        procs = [*self.procs.values(), *([self._flwr] if self._flwr is not None else [])]
+        tree = [q for p in procs if p.returncode is None for q in _tree(p.pid)]
+        _signal(procs, tree, signal.SIGTERM)
+        guard, self._guard = self._guard, None
+        if guard is not None and guard.stdin is not None:
+            with contextlib.suppress(OSError):
+                guard.stdin.close()  # EOF: the guard stops every group it knows the same way
+        end = time.monotonic() + self.grace
+        while time.monotonic() < end and (any(p.poll() is None for p in procs) or any(_alive(q) for q in tree)):
+            time.sleep(0.1)
+        _signal(procs, [q for q in tree if _alive(q)], signal.SIGKILL)
+        if guard is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                guard.wait(self.grace + 15)  # it ends once no group it knows has a live process
+            if guard.stdout is not None:
+                guard.stdout.close()
+        for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(5)
 
@@ -250,16 +429,49 @@ class Deployment:
         RunSettings.from_mapping(cfg, source="run config")  # refuse bad values before anything runs
         return cfg
 
-    def run(self, overrides: Mapping[str, Any], timeout: float = 1800.0) -> subprocess.CompletedProcess:
-        """``flwr run APP CONNECTION --run-config ... --stream``; returns when the run has ended."""
+    def run(self, overrides: Mapping[str, Any], timeout: float | None = None) -> subprocess.CompletedProcess:
+        """``flwr run APP CONNECTION --run-config ... --stream``; returns when the run has ended.
+
+        Its output (stdout and stderr, as one stream) is shown as it comes when ``log`` is set, and
+        written to ``flwr-run.log`` in the workdir; the result's ``stdout`` holds all of it. No time limit
+        unless ``timeout`` (then :class:`subprocess.TimeoutExpired`, as :func:`subprocess.run`)."""
         app = self.write_app()
         cmd = [str(BIN / "flwr"), "run", str(app), CONNECTION, "--run-config", _kv(self.run_config(overrides)),
                "--stream"]
-        out = subprocess.run(cmd, env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
-        (self.workdir / "flwr-run.log").write_text(out.stdout + out.stderr)
-        if self.log:
-            print(out.stdout[-4000:], out.stderr[-2000:], sep="\n")
-        return out
+        lines: list[str] = []
+        with open(self.workdir / "flwr-run.log", "w", encoding="utf-8") as log:
+            with _SIGNALS.held():
+                proc = self._flwr = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                     stdin=subprocess.DEVNULL, env=self.env, cwd=self.workdir,
+                                                     start_new_session=True)
+                self._guarded(proc)
+            pump = threading.Thread(target=self._pump, args=(proc, log, lines), daemon=True)
+            pump.start()
+            try:
+                proc.wait(timeout)
+            finally:
+                if proc.poll() is None:  # interrupted, or out of time: this run ends with it
+                    _signal([proc], _tree(proc.pid), signal.SIGTERM)
+                    try:
+                        proc.wait(self.grace)
+                    except subprocess.TimeoutExpired:
+                        _signal([proc], _tree(proc.pid), signal.SIGKILL)
+                        proc.wait(5)
+                pump.join(10)
+        return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
+
+    def _pump(self, proc: subprocess.Popen, log: TextIO, lines: list[str]) -> None:
+        """``proc``'s output, line by line, to ``log``, ``lines`` and (with ``self.log``) the terminal."""
+        assert proc.stdout is not None
+        with contextlib.suppress(OSError, ValueError), proc.stdout:
+            for raw in iter(proc.stdout.readline, b""):
+                text = raw.decode("utf-8", errors="replace")
+                lines.append(text)
+                log.write(text)
+                log.flush()
+                if self.log:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -270,9 +482,29 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal(leaders: Sequence[subprocess.Popen], procs: Sequence[psutil.Process], sig: int) -> None:
+    """``sig`` to the process group of each leader not yet waited for (while it is unwaited, its pid, and so
+    its group's number, cannot be another process's) and to each of ``procs`` (psutil checks that each is
+    still the process it was)."""
+    for leader in leaders:
+        if leader.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(leader.pid, sig)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(sig)
+
+
 # what the deployment itself sets (its processes, files and clock), never taken from a resumed run's checkpoint
-_DEPLOYMENT_OWN = {"clients", "tiers", "rounds", "out", "resume", "overwrite", "tier_addresses", "tls_ca", "tls_cert",
-                   "tls_key", "token_file", "sim_clock"}
+_DEPLOYMENT_OWN = {"clients", "tiers", "rounds", "out", "resume", "overwrite", "tier_addresses", "tier_torch_device",
+                   "tls_ca", "tls_cert", "tls_key", "token_file", "sim_clock"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         sets[k.strip()] = v.strip()
     tls_ca, tls_cert, tls_key, token_file = (str(Path(f).resolve()) if f else ""
                                              for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file))
+    wanted: RunSettings | None = None
     try:
         saved: dict[str, Any] = {}
         if args.resume:  # as splitfed simulate --resume: the run's own settings, then what is given here
@@ -331,19 +564,46 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 0
         workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
-        with Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file, profiles=args.profile,
-                        tiers=tiers) as dep:
+        with _SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,
+                                              profiles=args.profile, tiers=tiers) as dep:
             dep.start()
             print(f"tiers {', '.join(dep.tier_addresses)}; superlink {dep.superlink}; "
-                  f"{clients} supernode(s); logs in {workdir}", flush=True)
+                  f"{clients} supernode(s); logs in {dep.workdir}", flush=True)
             result = dep.run(overrides)
-            print(f"run folder: {overrides['out']}")
+            print(f"run folder: {wanted.out}", flush=True)
+            done = _kept(wanted.out)
+            if done < wanted.rounds:  # flwr run's own exit code says nothing of a ServerApp that died
+                logs = f"see {dep.workdir / 'flwr-run.log'} and {dep.workdir / 'superlink.log'}"
+                said = (f"after round {done} of {wanted.rounds} ({logs}); continue it with: "
+                        f"python -m server.deploy --resume {wanted.out}{_rounds_flag(wanted)}" if done else
+                        f"before round 1 of {wanted.rounds} ended ({logs}); nothing to resume")
+                print(f"deploy: error: the run stopped {said}", file=sys.stderr, flush=True)
+                return 1
             return result.returncode
     except ConfigError as e:
         print(f"deploy: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:  # everything it started is stopped by now
+        terminated = isinstance(e, Terminated)
+        print(f"deploy: {'terminated' if terminated else 'interrupted'}: every process it started is stopped",
+              file=sys.stderr)
+        with contextlib.suppress(ConfigError):
+            done = _kept(wanted.out) if wanted is not None else 0
+            if wanted is not None and 0 < done < wanted.rounds:
+                print(f"deploy: round {done} of {wanted.rounds} is kept in {wanted.out}; continue it with: "
+                      f"python -m server.deploy --resume {wanted.out}{_rounds_flag(wanted)}", file=sys.stderr)
+        return 143 if terminated else 130
+
+
+def _kept(out: str) -> int:
+    """The last round the run folder's checkpoint holds (0: none)."""
+    return checkpoint.load(out).round if (Path(out) / checkpoint.FILENAME).is_file() else 0
+
+
+def _rounds_flag(wanted: RunSettings) -> str:
+    """``--rounds N`` when a resume would not otherwise aim at this run's rounds (its checkpoint says others)."""
+    saved = checkpoint.load(wanted.out).settings.get("rounds")
+    return "" if saved == wanted.rounds else f" --rounds {wanted.rounds}"
 
 
 if __name__ == "__main__":

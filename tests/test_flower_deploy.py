@@ -14,8 +14,11 @@ ClientApp process for every message, so each run costs a minute or more here:
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -24,6 +27,7 @@ import psutil
 import pytest
 import torch
 
+from server import deploy
 from server.deploy import Deployment, _tree, main
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
@@ -100,12 +104,12 @@ def test_killed_client_does_not_stop_the_round(run):
     assert rows[1]["clients"] == 1 and rows[1]["failed"] == ["client1"]
 
 
-def _held_run(folder: Path) -> None:
-    """What a finished 1-round deployment leaves in its run folder."""
-    settings = RunSettings(clients=2, rounds=1, lr=0.2, sim_clock=False, out=str(folder),
+def _held_run(folder: Path, rounds: int = 1) -> None:
+    """What a finished deployment of ``rounds`` rounds leaves in its run folder."""
+    settings = RunSettings(clients=2, rounds=rounds, lr=0.2, sim_clock=False, out=str(folder),
                            tier_addresses="127.0.0.1:1,127.0.0.1:2")
-    checkpoint.save(folder, checkpoint.Checkpoint(1, {"w": torch.ones(2)}, settings.to_dict()))
-    (folder / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n")
+    checkpoint.save(folder, checkpoint.Checkpoint(rounds, {"w": torch.ones(2)}, settings.to_dict()))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, rounds + 1)))
 
 
 def test_deploy_again_into_a_run_folder_takes_the_flags_its_refusal_names(tmp_path, monkeypatch, capsys):
@@ -115,8 +119,9 @@ def test_deploy_again_into_a_run_folder_takes_the_flags_its_refusal_names(tmp_pa
     _held_run(out)
     runs: list[dict] = []
 
-    def fake_run(self, overrides, timeout=1800.0):  # type: ignore[no-untyped-def]
+    def fake_run(self, overrides, timeout=None):  # type: ignore[no-untyped-def]
         runs.append(self.run_config(overrides))
+        _held_run(out, overrides["num-server-rounds"])  # the run finishes every round
         return subprocess.CompletedProcess([], 0, "", "")
 
     monkeypatch.setattr(Deployment, "start", lambda self: self)  # nothing really starts here
@@ -136,3 +141,83 @@ def test_deploy_again_into_a_run_folder_takes_the_flags_its_refusal_names(tmp_pa
     assert runs[-1]["num-server-rounds"] == 2 and runs[-1]["out"] == str(out.resolve())
     assert main(["--out", str(out), "--overwrite", *work]) == 0
     assert runs[-1]["overwrite"] is True and "resume" not in runs[-1]
+
+
+def test_deploy_fails_when_the_run_stops_before_its_last_round(tmp_path, monkeypatch, capsys):
+    """``flwr run`` returns 0 when the ServerApp dies mid-run: deploy reads the run folder's checkpoint and
+    exits 1, naming the round it stopped after and the command that continues it (before: exit 0)."""
+    out = tmp_path / "run"
+    _held_run(out)
+
+    def stops_in_round_2(self, overrides, timeout=None):  # type: ignore[no-untyped-def]
+        return subprocess.CompletedProcess([], 0, "", "")  # what flwr run says when the ServerApp died
+
+    monkeypatch.setattr(Deployment, "start", lambda self: self)
+    monkeypatch.setattr(Deployment, "run", stops_in_round_2)
+    work = tmp_path / "work"
+    assert main(["--resume", str(out), "--rounds", "4", "--workdir", str(work)]) == 1
+    err = capsys.readouterr().err
+    assert (f"deploy: error: the run stopped after round 1 of 4 (see {work.resolve() / 'flwr-run.log'} and "
+            f"{work.resolve() / 'superlink.log'}); continue it with: python -m server.deploy --resume "
+            f"{out.resolve()}") in err, err
+    assert main(["--out", str(tmp_path / "fresh"), "--rounds", "2", "--workdir", str(work)]) == 1
+    assert "the run stopped before round 1 of 2 ended" in capsys.readouterr().err
+
+
+def _fake_flwr(folder: Path, body: str) -> None:
+    """A ``flwr`` command in ``folder`` (what ``Deployment.run`` starts, from its BIN) running ``body``."""
+    script = folder / "flwr"
+    script.write_text(f"#!{sys.executable}\nimport sys, time, pathlib\n{textwrap.dedent(body)}")
+    script.chmod(0o755)
+
+
+def test_flwr_run_output_is_shown_and_logged_as_it_comes(tmp_path, monkeypatch, capsys):
+    """Before: ``flwr run``'s output was captured and shown only once the run had ended (hours later)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    go_on = tmp_path / "go-on"
+    _fake_flwr(bin_dir, f"""
+        print("round 1/2 ...", flush=True)
+        print("a warning", file=sys.stderr, flush=True)
+        end = time.monotonic() + 30
+        while not pathlib.Path({str(go_on)!r}).exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        print("round 2/2 ...", flush=True)
+        sys.exit(3)
+    """)
+    monkeypatch.setattr(deploy, "BIN", bin_dir)
+    result: dict = {}
+    with Deployment(2, tmp_path / "work") as dep:
+        runner = threading.Thread(target=lambda: result.update(res=dep.run({"num-server-rounds": 2})))
+        runner.start()
+        log = tmp_path / "work" / "flwr-run.log"
+        shown = ""
+        end = time.monotonic() + 20
+        while time.monotonic() < end and not ("a warning" in shown and log.is_file()
+                                              and "a warning" in log.read_text()):
+            shown += capsys.readouterr().out
+            time.sleep(0.05)
+        live = runner.is_alive()
+        go_on.touch()
+        runner.join(60)
+    assert live, "flwr run ended before its output was seen"
+    assert "round 1/2 ..." in shown and "a warning" in shown and "round 2/2" not in shown, shown
+    res = result["res"]
+    assert res.returncode == 3
+    assert res.stdout.splitlines() == ["round 1/2 ...", "a warning", "round 2/2 ..."] == log.read_text().splitlines()
+    assert "round 2/2 ..." in capsys.readouterr().out
+
+
+def test_flwr_run_has_no_time_limit_unless_given(tmp_path, monkeypatch):
+    """Before: ``timeout=1800``: a run over 30 minutes died with a TimeoutExpired traceback."""
+    assert inspect.signature(Deployment.run).parameters["timeout"].default is None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_flwr(bin_dir, f"""
+        pathlib.Path({str(tmp_path / "pid")!r}).write_text(str(__import__("os").getpid()))
+        time.sleep(60)
+    """)
+    monkeypatch.setattr(deploy, "BIN", bin_dir)
+    with Deployment(2, tmp_path / "work", log=False) as dep, pytest.raises(subprocess.TimeoutExpired):
+        dep.run({"num-server-rounds": 1}, timeout=2)
+    assert not psutil.pid_exists(int((tmp_path / "pid").read_text()))  # the timed-out flwr run is stopped
