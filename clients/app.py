@@ -123,7 +123,8 @@ def train(msg: Message, context: Context) -> Message:
     try:
         if edge != ins.edge_address:
             _check_edge(context, link, ins)
-        dev, res = train_client(cfg, Chain([], link), ins.client_id, ins.cuts, weights, data)
+        dev, res = train_client(cfg, Chain([], link), ins.client_id, ins.cuts, weights, data,
+                                torch_device=node.torch_device)
     finally:
         link.close()
     report = TrainReport(res.samples, len(data), res.loss, res.correct, res.compute_s, res.link_s,

@@ -17,7 +17,15 @@ import torch
 
 from splitfed.data import synthetic
 from splitfed.engine import compute
-from splitfed.engine.rounds import Batches, RoundConfig, initial_state, inprocess_chain, run_round
+from splitfed.engine.rounds import (
+    Batches,
+    RoundConfig,
+    initial_state,
+    inprocess_chain,
+    run_round,
+    tier_loads,
+    train_client,
+)
 from splitfed.engine.types import OptimConfig
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import resolve_spec
@@ -99,7 +107,6 @@ def test_dropout_on_a_gpu_tier_draws_the_same_masks_every_time(mode, u_shape):
 
 @needs_cuda
 def test_a_tier_process_on_the_gpu_says_so_and_serves_a_round(tmp_path):
-    from splitfed.engine.rounds import tier_loads
     from splitfed.transport.client import GrpcTierClient
     from splitfed.transport.process import TierProcess
 
@@ -179,3 +186,41 @@ def test_the_tiers_a_run_starts_are_told_where_to_compute():
             args = psutil.Process(pid).cmdline()
             assert args[args.index("--torch-device") + 1] == where
         assert {i.compute.split()[0] for i in chain.infos} == {"cuda:0" if CUDA else "cpu"}
+
+
+# ---------------------------------------------------------------- a device (a Jetson's GPU)
+
+
+def test_a_node_names_where_its_device_computes_and_is_refused_a_gpu_it_lacks():
+    from splitfed.flower.node import NodeConfig
+
+    base = {"partition-id": 0, "num-partitions": 1}
+    assert NodeConfig.parse(base).torch_device == "cpu"
+    with pytest.raises(ConfigError, match="node config: torch-device 'gpu': not a device torch knows"):
+        NodeConfig.parse({**base, "torch-device": "gpu"})
+    if not CUDA:
+        with pytest.raises(ConfigError, match="node config: torch-device cuda: this machine has no CUDA GPU"):
+            NodeConfig.parse({**base, "torch-device": "cuda"})
+
+
+def _device_round(where: str, u_shape: bool) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """One client, its device on ``where``, the tiers on the CPU; dropout (block 2) on the edge."""
+    cuts = (1, 3, 4) if u_shape else (1, 3)
+    cfg = RoundConfig("r", 1, SPEC, "sflv1", u_shape=u_shape, optim=OptimConfig(lr=0.05, momentum=0.9), seed=3)
+    chain = inprocess_chain(2)
+    state = initial_state(SPEC, 0)
+    for tier, load in zip(chain.tiers, tier_loads(cfg, "c0", cuts, state), strict=True):
+        tier.load(load)
+    dev, res = train_client(cfg, chain, "c0", cuts, state, _batches(0, steps=4), torch_device=where)
+    return dev.state(), [res.loss]
+
+
+@needs_cuda
+@pytest.mark.parametrize("u_shape", [False, True], ids=["plain", "u-shape"])
+def test_a_device_on_the_gpu_trains_what_a_device_on_the_cpu_does(u_shape):
+    cpu, cpu_loss = _device_round("cpu", u_shape)
+    gpu, gpu_loss = _device_round("cuda", u_shape)
+    assert cpu.keys() == gpu.keys() and all(v.device.type == "cpu" for v in gpu.values())
+    for k in cpu:
+        torch.testing.assert_close(gpu[k], cpu[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4)

@@ -18,7 +18,7 @@ from tests.flower_fixtures import FakeGrid
 from tests.test_flower_apps import BASE, _run
 
 KNOWN = {"partition-id", "num-partitions", "device-profile", "edge-address", "data-file", "tls-ca", "tls-cert",
-         "tls-key", "token-file"}
+         "tls-key", "token-file", "torch-device"}
 
 
 def test_every_key_is_read_with_its_type(tmp_path) -> None:
@@ -26,10 +26,12 @@ def test_every_key_is_read_with_its_type(tmp_path) -> None:
     for f in files.values():
         f.write_text("x")
     node = NodeConfig.parse({"partition-id": 3, "num-partitions": "10", "device-profile": "rpi4",
-                             "edge-address": "edge:7000", **{k: str(f) for k, f in files.items()}})
+                             "edge-address": "edge:7000", "torch-device": "cpu",
+                             **{k: str(f) for k, f in files.items()}})
     assert (node.partition_id, node.num_partitions, node.device_profile, node.edge_address) == (3, 10, "rpi4",
                                                                                                  "edge:7000")
     assert node.data_file == str(files["data-file"]) and node.token_file == str(files["token-file"])
+    assert node.torch_device == "cpu"
     assert {f.replace("_", "-") for f in NodeConfig.__dataclass_fields__} == KNOWN
 
 

@@ -1,4 +1,9 @@
-"""The device tier of one client: it holds the head (and, U-shaped, the tail) and drives each step."""
+"""The device tier of one client: it holds the head (and, U-shaped, the tail) and drives each step.
+
+It computes on ``torch_device`` (a Jetson's GPU, say): its blocks, batches and
+optimizer state live there, and what it sends and receives is on the CPU, as on
+every tier's wire.
+"""
 
 from __future__ import annotations
 
@@ -21,12 +26,15 @@ class Device:
 
     def __init__(self, model: ModelSpec, link: Link, *, run_id: str, client_id: str, round: int,
                  cuts: tuple[int, ...], state: State, u_shape: bool = False,
-                 optim: OptimConfig | None = None, seed: int = 0) -> None:
+                 optim: OptimConfig | None = None, seed: int = 0,
+                 torch_device: str | torch.device = "cpu") -> None:
+        self.torch_device = dev = torch.device(torch_device)
         n = template.num_blocks(model)
         bounds = segment_bounds(cuts, n, u_shape)
         self.head_bounds = bounds[0]
         self.tail_bounds = bounds[-1] if u_shape else (n, n)
-        blocks = {**template.copy_blocks(model, *self.head_bounds), **template.copy_blocks(model, *self.tail_bounds)}
+        blocks = {i: m.to(dev) for i, m in {**template.copy_blocks(model, *self.head_bounds),
+                                             **template.copy_blocks(model, *self.tail_bounds)}.items()}
         self.head = Segment({str(i): blocks[i] for i in range(*self.head_bounds)}, *self.head_bounds)
         self.tail = Segment({str(i): blocks[i] for i in range(*self.tail_bounds)}, *self.tail_bounds)
         with torch.no_grad():
@@ -53,6 +61,7 @@ class Device:
         key = StepKey(self.run_id, self.client_id, self.round, self.seq)
         rng = step_rng(self.seed, self.client_id, self.round, self.seq)
         t0 = time.perf_counter()
+        labels, x, y = y, x.to(self.torch_device), y.to(self.torch_device)  # labels: the wire's (CPU) copy
         out = self.head(x, rng=rng)
         t1 = time.perf_counter()
         if self.local:
@@ -63,29 +72,31 @@ class Device:
             loss, correct = float(lt.detach()), int((logits.detach().argmax(1) == y).sum())
             t2 = t1
         elif not self.u_shape:
-            reply = self.link.step(key, out.detach(), y)
+            reply = self.link.step(key, out.detach().cpu(), labels)
             t2 = time.perf_counter()
             if reply.grad is not None:
                 check_returned(reply.grad, out, f"step {key.seq} of {self.client_id}: the edge's gradient")
                 if out.requires_grad:
-                    out.backward(reply.grad)
+                    out.backward(reply.grad.to(self.torch_device))
             loss, correct = reply.loss, reply.correct
         else:
-            mid = self.link.forward(key, out.detach()).detach()
+            mid = self.link.forward(key, out.detach().cpu()).detach()
             t2 = time.perf_counter()
             check_returned(mid, out, f"forward {key.seq} of {self.client_id}: the servers' output", batch_only=True)
+            mid = mid.to(self.torch_device)
             mid.requires_grad_(True)
             logits = self.tail(mid, rng=rng)
             lt = F.cross_entropy(logits, y)
             lt.backward()
             loss, correct = float(lt.detach()), int((logits.detach().argmax(1) == y).sum())
             t3 = time.perf_counter()
-            g = self.link.backward(key, mid.grad)  # type: ignore[arg-type]
+            assert mid.grad is not None
+            g = self.link.backward(key, mid.grad.cpu())
             t2 += time.perf_counter() - t3
             if g is not None:
                 check_returned(g, out, f"backward {key.seq} of {self.client_id}: the edge's gradient")
                 if out.requires_grad:
-                    out.backward(g)
+                    out.backward(g.to(self.torch_device))
         if self.optim is not None:
             self.optim.step()
             self.optim.zero_grad(set_to_none=True)
@@ -97,4 +108,5 @@ class Device:
         return loss, correct
 
     def state(self) -> State:
-        return {k: v.detach().clone() for k, v in {**self.head.state_dict(), **self.tail.state_dict()}.items()}
+        return {k: v.detach().to("cpu", copy=True)
+                for k, v in {**self.head.state_dict(), **self.tail.state_dict()}.items()}

@@ -151,10 +151,10 @@ def inprocess_chain(server_tiers: int = 2, compress_up=None, compress_down=None,
 
 
 def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...], state: State,
-           batches: Batches) -> tuple[Device, ClientResult]:
+           batches: Batches, torch_device: str | torch.device = "cpu") -> tuple[Device, ClientResult]:
     up0, down0 = chain.bytes
     dev = Device(cfg.model, chain.link, run_id=cfg.run_id, client_id=cid, round=cfg.round, cuts=cuts,
-                 state=state, u_shape=cfg.u_shape, optim=cfg.optim, seed=cfg.seed)
+                 state=state, u_shape=cfg.u_shape, optim=cfg.optim, seed=cfg.seed, torch_device=torch_device)
     losses, correct = [], 0
     for x, y in batches:
         loss, c = dev.train_step(x, y)

@@ -33,6 +33,7 @@ class NodeConfig:
     tls_cert: str = ""
     tls_key: str = ""
     token_file: str = ""
+    torch_device: str = "cpu"  # where this device computes: cpu, cuda, cuda:N (a Jetson's GPU)
 
     @classmethod
     def parse(cls, cfg: Mapping[str, Any]) -> NodeConfig:
@@ -63,6 +64,9 @@ class NodeConfig:
             raise ConfigError(f"node config: num-partitions must be >= 1, got {node.num_partitions}")
         if node.edge_address:
             parse_address(node.edge_address, "node config: edge-address")
+        from splitfed.engine.compute import torch_device
+
+        torch_device(node.torch_device, "node config: torch-device")  # read on the node: it must have that GPU
         if not 0 <= node.partition_id < node.num_partitions:
             raise ConfigError(f"node config: partition-id {node.partition_id} is outside 0..{node.num_partitions - 1} "
                               f"(num-partitions {node.num_partitions})")
