@@ -448,7 +448,7 @@ class Deployment:
             pump = threading.Thread(target=self._pump, args=(proc, log, lines), daemon=True)
             pump.start()
             try:
-                proc.wait(timeout)
+                _wait(proc, timeout)
             finally:
                 if proc.poll() is None:  # interrupted, or out of time: this run ends with it
                     _signal([proc], _tree(proc.pid), signal.SIGTERM)
@@ -480,6 +480,22 @@ def _tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> None:
+    """``proc.wait(timeout)`` in short slices: the kernel may hand SIGINT or SIGTERM to another thread (the
+    output pump), and Python runs its handler only when the main thread wakes; a bare ``waitpid`` would
+    keep deploy deaf to it until ``flwr run`` ended."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = 0.25 if end is None else min(0.25, end - time.monotonic())
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+        try:
+            proc.wait(left)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -105,7 +105,8 @@ def test_a_killed_deploy_takes_every_process_group_with_it(tmp_path, reaped):
         child = psutil.Process(int(holder.stdout.readline()))
         grandchild = psutil.Process(_escaped(tmp_path / "a.log"))
         reaped.extend([child, grandchild])
-        assert os.getsid(grandchild.pid) != os.getsid(child.pid)  # out of reach of its parent's group
+        # out of reach of its parent's group (once setsid has run: `$!` is known before it has)
+        assert _wait(lambda: os.getsid(grandchild.pid) != os.getsid(child.pid), 10)
         time.sleep(1.5)  # the guard looks for new groups twice a second
         everything = [*psutil.Process(holder.pid).children(recursive=True), grandchild]
         reaped.extend(everything)

@@ -217,7 +217,7 @@ def test_a_runs_own_tiers_never_release_a_segment_within_a_round(timeout_s: floa
         mp.setattr(TierProcess, "start", spy)
         with start_tiers(RunSettings(tiers=2, round_timeout_s=timeout_s)) as chain:
             assert len(chain.addresses) == 1
-    assert started == [["--idle-release-s", idle]]
+    assert started == [["--idle-release-s", idle, "--torch-device", "cpu"]]
 
 
 def test_a_runs_own_tiers_serve_its_own_model(tmp_path, monkeypatch) -> None:
@@ -363,7 +363,9 @@ def test_a_terminals_ctrl_c_reaches_the_run_not_the_tiers_it_started_which_still
               "signal.signal(signal.SIGINT, lambda *a: print('run: stopping', flush=True))\n"
               "tier = TierProcess.start('edge', insecure=True)\n"
               "print(tier.pid, tier.address, flush=True)\n"
-              "time.sleep(600)\n")
+              # short sleeps: the kernel may hand the signal to a thread reading the tier's output, and the
+              # Python handler runs only once the main thread wakes (a 600 s sleep hung the test)
+              "for _ in range(6000):\n    time.sleep(0.1)\n")
     run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         pid, address = run.stdout.readline().split()  # type: ignore[union-attr]
