@@ -353,12 +353,16 @@ class Tier:
                 if out.requires_grad:
                     out.backward(down.grad.to(self.torch_device))
             value, correct = down.loss, down.correct
-        return StepReply(self._out(x.grad) if x.requires_grad else None, value, correct)
+        return StepReply(self._grad_out(x), value, correct)
 
-    def _out(self, t: torch.Tensor | None) -> torch.Tensor:
+    @staticmethod
+    def _out(t: torch.Tensor) -> torch.Tensor:
         """What leaves the tier: detached, on the CPU (a no-op for a CPU tier)."""
-        assert t is not None
         return t.detach().cpu()
+
+    def _grad_out(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The gradient of a step's input, to send back (None: nobody upstream trains)."""
+        return self._out(x.grad) if x.requires_grad and x.grad is not None else None
 
     def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
         b = self._binding(key.run_id, key.client_id)
@@ -402,7 +406,7 @@ class Tier:
                            "the next tier's gradient")
         if out.requires_grad and g is not None:
             out.backward(g.to(self.torch_device))
-        gx = self._out(x.grad) if x.requires_grad else None
+        gx = self._grad_out(x)
         b.pending = None
         self._finish(b, key, "backward", (gx,))
         b.holds_lock = False

@@ -122,8 +122,9 @@ class RunSettings:
             parse_address(address, "tier-addresses entry")
         from splitfed.engine.compute import torch_device
 
-        torch_device(self.tier_torch_device, "tier-torch-device", here=False)  # whether this machine has it: at start
-        if self.addresses and torch_device(self.tier_torch_device, here=False).type != "cpu":
+        # its form here; whether this machine has it where the tiers start (a checkpoint's settings are read anywhere)
+        tier_device = torch_device(self.tier_torch_device, "tier-torch-device", here=False)
+        if self.addresses and tier_device.type != "cpu":
             raise ConfigError(f"tier-torch-device {self.tier_torch_device} is for the tiers a run starts; the tiers at "
                               "tier-addresses run already: start them with splitfed tier --torch-device "
                               f"{self.tier_torch_device}")
