@@ -236,6 +236,7 @@ class Deployment:
     tier_addresses: list[str] = field(default_factory=list)
     superlink: str = ""
     grace: float = GRACE_S  # seconds from SIGTERM to SIGKILL when stopping
+    torch_device: str = "cpu"  # where the tiers it starts compute (cpu, cuda, cuda:N)
     _guard: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _flwr: subprocess.Popen | None = field(default=None, init=False, repr=False)  # the ``flwr run`` going on
 
@@ -329,7 +330,8 @@ class Deployment:
             role = "edge" if idx + 1 < len(names) else "cloud"
             nxt = ["--next", self.tier_addresses[idx + 1]] if idx + 1 < len(names) else []
             self._spawn(names[idx], [str(BIN / "splitfed"), "tier", "--role", role, "--name", names[idx],
-                                     "--listen", self.tier_addresses[idx], *nxt, *security])
+                                     "--listen", self.tier_addresses[idx], *nxt, *security,
+                                     "--torch-device", self.torch_device])
         for name, port in zip(names, ports, strict=True):
             self._wait_port(port, name)
 
@@ -540,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls-key", default="")
     p.add_argument("--token-file", default="")
     p.add_argument("--profile", action="append", default=[], help="device profile of node i (cycled)")
+    p.add_argument("--tier-torch-device", default="cpu", metavar="DEV",
+                   help="where the edge and cloud tiers compute: cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run setting")
     args = p.parse_args(argv)
     sets: dict[str, Any] = {}
@@ -569,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
         wanted = RunSettings.from_mapping({"clients": clients, "tiers": tiers, "sim-clock": False, **overrides},
                                           source="deploy")
         runfolder.check(wanted.out, wanted.resume, wanted.overwrite)  # before anything starts
+        from splitfed.engine.compute import torch_device
+
+        torch_device(args.tier_torch_device, "--tier-torch-device")  # this machine has it: one line, none started
         if wanted.resume:
             from server.app import check_resume
 
@@ -581,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
         with _SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,
-                                              profiles=args.profile, tiers=tiers) as dep:
+                                              profiles=args.profile, tiers=tiers,
+                                              torch_device=args.tier_torch_device) as dep:
             dep.start()
             print(f"tiers {', '.join(dep.tier_addresses)}; superlink {dep.superlink}; "
                   f"{clients} supernode(s); logs in {dep.workdir}", flush=True)

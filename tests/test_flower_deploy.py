@@ -221,3 +221,18 @@ def test_flwr_run_has_no_time_limit_unless_given(tmp_path, monkeypatch):
     with Deployment(2, tmp_path / "work", log=False) as dep, pytest.raises(subprocess.TimeoutExpired):
         dep.run({"num-server-rounds": 1}, timeout=2)
     assert not psutil.pid_exists(int((tmp_path / "pid").read_text()))  # the timed-out flwr run is stopped
+
+
+def test_deploy_starts_its_tiers_where_it_is_told_and_refuses_a_gpu_the_machine_lacks(tmp_path, monkeypatch, capsys):
+    import torch
+
+    spawned: list[list[str]] = []
+    monkeypatch.setattr(Deployment, "_spawn", lambda self, name, cmd: spawned.append(cmd))
+    monkeypatch.setattr(Deployment, "_wait_port", lambda self, port, name, timeout=180.0: None)
+    Deployment(2, tmp_path / "work", torch_device="cuda:1")._start_tiers()
+    assert len(spawned) == 2 and all(cmd[cmd.index("--torch-device") + 1] == "cuda:1" for cmd in spawned)
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(Deployment, "start", lambda self: pytest.fail("a deployment started"))
+        assert main(["--clients", "2", "--out", str(tmp_path / "run"), "--tier-torch-device", "cuda"]) == 2
+        assert "deploy: error: --tier-torch-device cuda: this machine has no CUDA GPU" in capsys.readouterr().err
+        assert not (tmp_path / "run").exists()
