@@ -224,3 +224,28 @@ def test_a_device_on_the_gpu_trains_what_a_device_on_the_cpu_does(u_shape):
     for k in cpu:
         torch.testing.assert_close(gpu[k], cpu[k], rtol=1e-4, atol=1e-5, msg=k)
     assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4)
+
+
+# ---------------------------------------------------------------- profiling on a GPU
+
+
+@pytest.mark.skipif(CUDA, reason="this machine has a CUDA GPU")
+def test_profiling_on_a_gpu_the_machine_lacks_is_one_line():
+    p = subprocess.run([sys.executable, "-m", "splitfed.cli", "profile", "--model", "mlp", "--no-cache",
+                        "--torch-device", "cuda"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("splitfed profile: error: --torch-device cuda: this machine "
+                                                     "has no CUDA GPU"), p.stderr
+
+
+@needs_cuda
+def test_a_profile_measured_on_the_gpu_counts_what_the_cpu_does_and_says_where_it_ran():
+    from splitfed.profile.profiler import profile_model
+
+    spec = resolve_spec("cnn")
+    cpu = profile_model(spec, 16, reps=1)
+    gpu = profile_model(spec, 16, reps=1, torch_device="cuda")
+    assert gpu is not cpu and f"({compute.describe(torch.device('cuda', 0))})" in gpu.host
+    assert (gpu.fwd_flops, gpu.bwd_flops, gpu.param_bytes, gpu.out_bytes) == \
+        (cpu.fwd_flops, cpu.bwd_flops, cpu.param_bytes, cpu.out_bytes)
+    assert len(gpu.fwd_s) == gpu.n_blocks and all(t > 0 for t in gpu.fwd_s + gpu.bwd_s)
+    assert gpu.host_flops() is not None

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from splitfed.commands._args import add_model_args, batch_size, positive_int
+from splitfed.engine.compute import describe, torch_device
 from splitfed.jsonio import dumps
 from splitfed.models.zoo import resolve_spec
 from splitfed.profile.profiler import ModelProfile, profile_model
@@ -31,12 +32,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reps", type=positive_int, default=3, help="timed repetitions per block (median)")
     p.add_argument("--optimizer-slots", type=int, default=1, choices=(0, 1, 2),
                    help="optimizer tensors per parameter (SGD 0, momentum 1, Adam 2)")
+    p.add_argument("--torch-device", default="cpu", metavar="DEV",
+                   help="time the blocks on cpu | cuda | cuda:N (a GPU tier's rate; default cpu)")
     p.add_argument("--no-cache", action="store_true", help="measure again, keep nothing on disk")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=run)
 
 
-def render(prof: ModelProfile) -> str:
+def render(prof: ModelProfile, where: str = "this host") -> str:
     rows = [f"{prof.model}: {prof.n_blocks} blocks, batch {prof.batch}, input {prof.input_bytes / 1e3:.1f} kB/sample",
             f"{'#':>3} {'block':<28} {'fwd MFLOP':>10} {'bwd MFLOP':>10} {'params kB':>10} {'out kB':>8} "
             f"{'act kB':>8} {'fixed kB':>10} {'fwd ms':>8} {'bwd ms':>8}"]
@@ -49,13 +52,15 @@ def render(prof: ModelProfile) -> str:
     rate = prof.host_flops()
     rows.append(f"per sample: {sum(prof.fwd_flops) / 1e6:.1f} MFLOP forward, {sum(prof.bwd_flops) / 1e6:.1f} backward; "
                 f"{sum(prof.param_bytes) / 1e6:.2f} MB of parameters"
-                + (f"; this host trains at {rate / 1e9:.3g} GFLOP/s" if rate else ""))
+                + (f"; {where} trains at {rate / 1e9:.3g} GFLOP/s" if rate else ""))
     return "\n".join(rows)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    dev = torch_device(args.torch_device)
     prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=args.reps,
-                         cache_dir=cache_dir(args.no_cache))
-    print(dumps(prof.to_dict(), indent=1) if args.json else render(prof))
+                         cache_dir=cache_dir(args.no_cache), torch_device=dev)
+    where = "this host" if dev.type == "cpu" else f"this host's {describe(dev)}"
+    print(dumps(prof.to_dict(), indent=1) if args.json else render(prof, where))
     return 0

@@ -6,8 +6,8 @@ costs ~0 FLOPs), the bytes of its output activation (what crosses a cut after
 it), the activation memory autograd keeps for backward (saved tensors, unique
 storages, parameters excluded). Per block: parameter bytes and fixed memory
 (parameters + gradients + optimizer state). Measured forward/backward seconds
-per batch on this host are kept beside the FLOPs so that predictions can be
-checked against measurement.
+per batch on this host (or on one of its GPUs: ``torch_device``) are kept beside
+the FLOPs so that predictions can be checked against measurement.
 
 Profiles are cached in memory per (model spec, batch, optimizer slots) and, when
 a cache directory is given (or ``SPLITFED_PROFILE_CACHE`` is set), on disk.
@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from splitfed.engine import compute
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_atomic
 from splitfed.models import rng
@@ -115,19 +116,24 @@ class ModelProfile:
 _MEMORY: dict[str, ModelProfile] = {}
 
 
-def _key(spec: ModelSpec, batch: int, optimizer_slots: int) -> str:
-    raw = json.dumps({"spec": spec.to_dict(), "batch": batch, "slots": optimizer_slots,
-                      "torch": torch.__version__, "host": platform.node(), "v": PROFILE_VERSION},
-                     sort_keys=True, default=str)
+def _key(spec: ModelSpec, batch: int, optimizer_slots: int, where: torch.device) -> str:
+    key = {"spec": spec.to_dict(), "batch": batch, "slots": optimizer_slots, "torch": torch.__version__,
+           "host": platform.node(), "v": PROFILE_VERSION}
+    if where.type != "cpu":  # CPU profiles keep the keys they had before a device was a choice
+        key["device"] = compute.describe(where)
+    raw = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
 def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1, reps: int = 3,
-                  cache_dir: str | Path | None = None, seed: int = 0) -> ModelProfile:
-    """The model's block profile; profiled once per (spec, batch, optimizer slots) and cached."""
+                  cache_dir: str | Path | None = None, seed: int = 0,
+                  torch_device: str | torch.device = "cpu") -> ModelProfile:
+    """The model's block profile; profiled once per (spec, batch, optimizer slots, device) and cached. Its
+    times are measured on ``torch_device`` (a GPU: what a GPU tier's profile should say it does)."""
     if batch < 1:
         raise ConfigError(f"batch must be >= 1, got {batch}")
-    key = _key(spec, batch, optimizer_slots)
+    where = compute.torch_device(str(torch_device), "torch_device")  # "cuda" -> cuda:N, and there
+    key = _key(spec, batch, optimizer_slots, where)
     if key in _MEMORY:
         return _MEMORY[key]
     cache_dir = cache_dir or os.environ.get("SPLITFED_PROFILE_CACHE")
@@ -139,7 +145,7 @@ def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1,
     from splitfed.engine.template import admit
 
     admit(spec)  # a model too large to build here is refused before it is built
-    prof = _measure(spec, batch, optimizer_slots, max(1, reps), seed)
+    prof = _measure(spec, batch, optimizer_slots, max(1, reps), seed, where)
     _MEMORY[key] = prof
     if path is not None:
         _write_cache(path, prof)
@@ -199,13 +205,22 @@ def _backward(out: object) -> None:
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
 
-def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int) -> ModelProfile:
+def _to(x: object, where: torch.device) -> object:
+    if isinstance(x, torch.Tensor):
+        return x.to(where)
+    if isinstance(x, tuple | list):
+        return type(x)(_to(v, where) for v in x)
+    return x
+
+
+def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int,
+             where: torch.device = torch.device("cpu")) -> ModelProfile:
     model = build(spec, seed)
     model.train()
     blocks = to_blocks(model)
     check_input(spec, model)  # a wrong input shape is refused clearly, before batch-sized work (modes kept)
     try:
-        return _measure_blocks(spec, blocks, batch, slots, reps, seed)
+        return _measure_blocks(spec, blocks, batch, slots, reps, seed, where)
     except (MemoryError, RuntimeError) as e:
         if isinstance(e, MemoryError) or "alloc" in str(e).lower() or "out of memory" in str(e).lower():
             raise ConfigError(f"profiling model {spec.name} at batch {batch} runs out of memory: "
@@ -215,12 +230,19 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int) -> M
 
 
 def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, reps: int,
-                    seed: int) -> ModelProfile:
-    x: object = spec.example_input(batch)
+                    seed: int, where: torch.device) -> ModelProfile:
+    x: object = _to(spec.example_input(batch), where)
     input_bytes = _nbytes(x) / batch
+
+    def now() -> float:  # a GPU runs behind its caller: wait for it before reading the clock
+        if where.type == "cuda":
+            torch.cuda.synchronize(where)
+        return time.perf_counter()
+
     names, fwd, bwd, pbytes, obytes, abytes, fixed, fwd_s, bwd_s = ([] for _ in range(9))
     with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
+            block.to(where)
             xin = _detach(x, grad=i > 0)
             params = list(block.parameters())
             p_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -242,11 +264,11 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             tf, tb = [], []
             for rep in range(reps + 1):  # the first run warms caches up and is not counted
                 xin = _detach(x, grad=i > 0)
-                t0 = time.perf_counter()
+                t0 = now()
                 o = block(xin)
-                t1 = time.perf_counter()
+                t1 = now()
                 _backward(o)
-                t2 = time.perf_counter()
+                t2 = now()
                 if rep:
                     tf.append(t1 - t0)
                     tb.append(t2 - t1)
@@ -263,7 +285,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             x = _detach(out, grad=False)
     return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
-                        optimizer_slots=slots, host=platform.node(), spec=spec.to_dict())
+                        optimizer_slots=slots, spec=spec.to_dict(),
+                        host=platform.node() + (f" ({compute.describe(where)})" if where.type != "cpu" else ""))
 
 
 def clear_cache() -> None:
