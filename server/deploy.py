@@ -69,6 +69,7 @@ from splitfed import tomlio
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
+from splitfed.flower.metrics import summary_again
 
 BIN = Path(sys.executable).parent
 CONNECTION = "splitfed-local"
@@ -585,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"nothing to do: {wanted.out} already holds round {done} of {wanted.rounds} "
                       f"(to train on: --resume {args.resume or wanted.out} --rounds {done + 1} or more)",
                       file=sys.stderr)
+                summary_again(wanted.out, done, wanted.to_dict())
                 return 0
         workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
         with _SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,

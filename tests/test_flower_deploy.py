@@ -109,7 +109,8 @@ def _held_run(folder: Path, rounds: int = 1) -> None:
     settings = RunSettings(clients=2, rounds=rounds, lr=0.2, sim_clock=False, out=str(folder),
                            tier_addresses="127.0.0.1:1,127.0.0.1:2")
     checkpoint.save(folder, checkpoint.Checkpoint(rounds, {"w": torch.ones(2)}, settings.to_dict()))
-    (folder / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, rounds + 1)))
+    rows = [{"round": r, "loss": 0.5, "accuracy": 0.8} for r in range(1, rounds + 1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def test_deploy_again_into_a_run_folder_takes_the_flags_its_refusal_names(tmp_path, monkeypatch, capsys):
@@ -131,8 +132,10 @@ def test_deploy_again_into_a_run_folder_takes_the_flags_its_refusal_names(tmp_pa
     err = capsys.readouterr().err
     assert f"continue it with --resume {out.resolve()}, replace it with --overwrite" in err and not runs, err
 
+    assert not (out / "summary.json").exists()
     assert main(["--resume", str(out), "--rounds", "1", *work]) == 0  # round 1 is done: nothing starts
     assert "nothing to do" in capsys.readouterr().err and not runs
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 1  # written again from the rows
     assert main(["--resume", str(out), "--clients", "3", "--rounds", "2", *work]) == 2
     assert "cannot resume with different clients (2 -> 3)" in capsys.readouterr().err and not runs
 

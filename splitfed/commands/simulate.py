@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 def _finished(settings: RunSettings) -> dict[str, Any] | None:
     """A resumed run whose checkpoint already holds its last round: its summary, with nothing started."""
     from splitfed.flower import checkpoint
-    from splitfed.flower.metrics import MetricsWriter, summarise
+    from splitfed.flower.metrics import summary_again
 
     if not settings.resume:
         return None
@@ -144,11 +144,7 @@ def _finished(settings: RunSettings) -> dict[str, Any] | None:
         return None
     print(f"nothing to do: {settings.out} already holds round {done} of {settings.rounds} "
           f"(to train on: --resume {settings.out} --rounds {done + 1} or more)", file=sys.stderr)
-    writer = MetricsWriter(settings.out)
-    rows = [r for r in writer.rows() if int(r.get("round", 0)) <= done]  # checked (validate): rounds 1..done
-    summary = summarise(rows, settings.to_dict())
-    writer.write_summary(summary)  # a lost or stale summary.json is written again from the rows
-    return summary
+    return summary_again(settings.out, done, settings.to_dict())
 
 
 def _continue_hint(settings: RunSettings) -> str:

@@ -108,6 +108,16 @@ class MetricsWriter:
         return path
 
 
+def summary_again(folder: str | Path, done: int, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary of a run whose checkpoint holds its last round (``done``), written again from its rows
+    (a lost or stale ``summary.json``): what a resume with nothing left to do leaves behind."""
+    writer = MetricsWriter(folder)
+    rows = [r for r in writer.rows() if int(r.get("round", 0)) <= done]  # checked on resume: rounds 1..done
+    summary = summarise(rows, settings)
+    writer.write_summary(summary)
+    return summary
+
+
 def summarise(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> dict[str, Any]:
     """The run in one object: final and best accuracy, totals of time and bytes."""
     acc = [r["accuracy"] for r in rows if r.get("accuracy") is not None]
