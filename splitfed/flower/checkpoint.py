@@ -61,7 +61,7 @@ def digest(payload: dict[str, Any]) -> str:
     def tensor(name: str, t: torch.Tensor) -> None:
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own bytes, not a copy of them
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # the tensor's own bytes, not a copy
 
     h.update(f"{payload['format']}|{payload['round']}|".encode())
     h.update(str(payload["meta"]).encode())
