@@ -436,13 +436,15 @@ class Deployment:
         """``flwr run APP CONNECTION --run-config ... --stream``; returns when the run has ended.
 
         Its output (stdout and stderr, as one stream) is shown as it comes when ``log`` is set, and
-        written to ``flwr-run.log`` in the workdir; the result's ``stdout`` holds all of it. No time limit
+        appended to ``flwr-run.log`` in the workdir; the result's ``stdout`` holds all of it. No time limit
         unless ``timeout`` (then :class:`subprocess.TimeoutExpired`, as :func:`subprocess.run`)."""
         app = self.write_app()
         cmd = [str(BIN / "flwr"), "run", str(app), CONNECTION, "--run-config", _kv(self.run_config(overrides)),
                "--stream"]
         lines: list[str] = []
-        with open(self.workdir / "flwr-run.log", "w", encoding="utf-8") as log:
+        with open(self.workdir / "flwr-run.log", "a", encoding="utf-8") as log:  # a resume keeps the run before
+            if log.tell():
+                log.write(f"\n--- flwr run again, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
             with _SIGNALS.held():
                 proc = self._flwr = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                      stdin=subprocess.DEVNULL, env=self.env, cwd=self.workdir,
@@ -618,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
             if wanted is not None and 0 < done < wanted.rounds:
                 print(f"deploy: round {done} of {wanted.rounds} is kept in {wanted.out}; continue it with: "
                       f"python -m server.deploy --resume {wanted.out}{_rounds_flag(wanted)}", file=sys.stderr)
+            elif wanted is not None and done == 0:
+                print(f"deploy: no round was kept in {wanted.out}: run the same command again to start over",
+                      file=sys.stderr)
         return 143 if terminated else 130
 
 

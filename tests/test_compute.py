@@ -39,7 +39,7 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU on this machine")
     ("gpu", r"--torch-device 'gpu': not a device torch knows; use cpu, cuda or cuda:N"),
     ("cuda:x", r"not a device torch knows"),
     ("", r"not a device torch knows"),
-    ("meta", r"a tier computes on cpu, cuda or cuda:N, not meta"),
+    ("meta", r"splitfed computes on cpu, cuda or cuda:N, not meta"),
     ("cpu:1", r"the CPU has no index"),
     ("cuda:99", r"(no CUDA GPU that torch can use|this machine has \d+ CUDA GPU\(s\): cuda:0)"),
 ])
@@ -62,7 +62,7 @@ def test_without_cuda_a_cuda_tier_is_refused_before_it_serves():
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
         "splitfed tier: error: --torch-device cuda: this machine has no CUDA GPU that torch can use (torch "
-        f"{torch.__version__}, built with no CUDA (a CPU-only build)); use cpu"]
+        f"{torch.__version__}, a CPU-only build); use cpu"]
     assert "listening" not in p.stdout
 
 
@@ -169,7 +169,7 @@ def test_simulate_on_tiers_this_machine_cannot_compute_on_is_refused_before_anyt
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         "splitfed simulate: error: tier-torch-device cuda: this machine has no CUDA GPU that torch can use "
-        f"(torch {torch.__version__}, built with no CUDA (a CPU-only build)); use cpu"], p.stderr
+        f"(torch {torch.__version__}, a CPU-only build); use cpu"], p.stderr
     assert not (tmp_path / "run").exists() and "Ray" not in p.stdout
 
 

@@ -255,6 +255,8 @@ def test_sigterm_stops_deploy_like_ctrl_c(tmp_path, reaped):
         text = (tmp_path / "deploy.out").read_text()
         assert code == 143, text[-3000:]
         assert "deploy: terminated: every process it started is stopped" in text, text[-3000:]
+        kept = (out / checkpoint.FILENAME).is_file()  # stopped in round 1: as a rule, none
+        assert ("round 1 of 50 is kept" if kept else "deploy: no round was kept in") in text, text[-3000:]
         assert not _left(family), "still running after deploy exited"
         _not_in_use(out)
     finally:

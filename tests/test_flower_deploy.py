@@ -209,6 +209,11 @@ def test_flwr_run_output_is_shown_and_logged_as_it_comes(tmp_path, monkeypatch, 
     assert res.returncode == 3
     assert res.stdout.splitlines() == ["round 1/2 ...", "a warning", "round 2/2 ..."] == log.read_text().splitlines()
     assert "round 2/2 ..." in capsys.readouterr().out
+    with Deployment(2, tmp_path / "work", log=False) as dep:  # a resume in the same workdir: the log goes on
+        again = dep.run({"num-server-rounds": 2})
+    lines = log.read_text().splitlines()
+    assert lines[:3] == res.stdout.splitlines() and lines[4].startswith("--- flwr run again, ")
+    assert lines[5:] == again.stdout.splitlines() == ["round 1/2 ...", "a warning", "round 2/2 ..."]
 
 
 def test_flwr_run_has_no_time_limit_unless_given(tmp_path, monkeypatch):

@@ -331,7 +331,9 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match="cannot resume"):
+    with pytest.raises(ConfigError, match=f"cannot resume: there is no folder {tmp_path / 'typo'}$"):
+        checkpoint.load(tmp_path / "typo")  # before: "typo/checkpoint.pt does not exist (no round ... finished)"
+    with pytest.raises(ConfigError, match="does not exist \\(no round of that run finished: start it again with --out"):
         checkpoint.load(tmp_path)
     (tmp_path / checkpoint.FILENAME).write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="cannot read checkpoint"):

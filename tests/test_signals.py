@@ -77,6 +77,8 @@ def _ends_stopped(text: str, out: Path, word: str, rounds: int) -> None:
     if 0 < kept < rounds:
         want.append(f"splitfed simulate: round {kept} of {rounds} is kept in {out}; continue with: "
                     f"splitfed simulate --resume {out}")
+    elif not kept:
+        want.append(f"splitfed simulate: no round was kept in {out}: run the same command again to start over")
     assert text.rstrip().splitlines()[-len(want):] == want, text
 
 

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = _finished(settings) or simulate(settings, verbose=args.verbose)
     except (SplitfedError, KeyboardInterrupt) as e:  # the run had started: say what is kept and how to go on
-        e.hint = _continue_hint(settings)  # type: ignore[union-attr]
+        e.hint = _continue_hint(settings, stopped=isinstance(e, KeyboardInterrupt))  # type: ignore[union-attr]
         raise
     if args.json:
         print(dumps(summary, indent=2, sort_keys=True))
@@ -147,12 +147,13 @@ def _finished(settings: RunSettings) -> dict[str, Any] | None:
     return summary_again(settings.out, done, settings.to_dict())
 
 
-def _continue_hint(settings: RunSettings) -> str:
-    """How to continue a run that stopped before its last round ("": no round of it was kept)."""
+def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:
+    """How to continue a run that ended before its last round ("": nothing to say). A run ``stopped`` (Ctrl-C,
+    SIGTERM) before any round was kept is started again; one that failed then would only fail again."""
     from splitfed.flower import checkpoint
 
     if not settings.out or not (Path(settings.out) / checkpoint.FILENAME).is_file():
-        return ""
+        return f"no round was kept in {settings.out}: run the same command again to start over" if stopped else ""
     try:
         ckpt = checkpoint.load(settings.out)
     except SplitfedError:

@@ -27,13 +27,13 @@ def torch_device(text: str, what: str = "--torch-device", *, here: bool = True) 
             raise ConfigError(f"{what} {text!r}: the CPU has no index; use cpu")
         return torch.device("cpu")
     if dev.type != "cuda":
-        raise ConfigError(f"{what} {text!r}: a tier computes on {CHOICES}, not {dev.type}")
+        raise ConfigError(f"{what} {text!r}: splitfed computes on {CHOICES}, not {dev.type}")
     if not here:
         return dev
     if not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU-only build)"
+        build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise ConfigError(f"{what} {text}: this machine has no CUDA GPU that torch can use (torch "
-                          f"{torch.__version__}, built with {build}); use cpu")
+                          f"{torch.__version__}, {build}); use cpu")
     count = torch.cuda.device_count()
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     if index >= count:

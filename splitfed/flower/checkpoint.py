@@ -124,8 +124,11 @@ def load(folder: str | Path) -> Checkpoint:
         raise ConfigError(f"cannot resume: {folder} is a file, not a run folder")
     if path.exists() and not path.is_file():
         raise ConfigError(f"cannot resume: {path} is not a file")
+    if not folder.exists():
+        raise ConfigError(f"cannot resume: there is no folder {folder}")
     if not path.is_file():
-        raise ConfigError(f"cannot resume: {path} does not exist (no round of that run finished)")
+        raise ConfigError(f"cannot resume: {path} does not exist (no round of that run finished: start it again "
+                          "with --out)")
     try:
         payload = torch.load(path, weights_only=True)
         if payload.get("format") != FORMAT:
