@@ -599,11 +599,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{clients} supernode(s); logs in {dep.workdir}", flush=True)
             result = dep.run(overrides)
             print(f"run folder: {wanted.out}", flush=True)
-            done = _kept(wanted.out)
+            done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds)
             if done < wanted.rounds:  # flwr run's own exit code says nothing of a ServerApp that died
                 logs = f"see {dep.workdir / 'flwr-run.log'} and {dep.workdir / 'superlink.log'}"
                 said = (f"after round {done} of {wanted.rounds} ({logs}); continue it with: "
-                        f"python -m server.deploy --resume {wanted.out}{_rounds_flag(wanted)}" if done else
+                        f"python -m server.deploy --resume {wanted.out}{rounds}" if done else
                         f"before round 1 of {wanted.rounds} ended ({logs}); nothing to resume")
                 print(f"deploy: error: the run stopped {said}", file=sys.stderr, flush=True)
                 return 1
@@ -616,25 +616,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"deploy: {'terminated' if terminated else 'interrupted'}: every process it started is stopped",
               file=sys.stderr)
         with contextlib.suppress(ConfigError):
-            done = _kept(wanted.out) if wanted is not None else 0
+            done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds) if wanted is not None else (0, "")
             if wanted is not None and 0 < done < wanted.rounds:
                 print(f"deploy: round {done} of {wanted.rounds} is kept in {wanted.out}; continue it with: "
-                      f"python -m server.deploy --resume {wanted.out}{_rounds_flag(wanted)}", file=sys.stderr)
+                      f"python -m server.deploy --resume {wanted.out}{rounds}", file=sys.stderr)
             elif wanted is not None and done == 0:
                 print(f"deploy: no round was kept in {wanted.out}: run the same command again to start over",
                       file=sys.stderr)
         return 143 if terminated else 130
-
-
-def _kept(out: str) -> int:
-    """The last round the run folder's checkpoint holds (0: none)."""
-    return checkpoint.load(out).round if (Path(out) / checkpoint.FILENAME).is_file() else 0
-
-
-def _rounds_flag(wanted: RunSettings) -> str:
-    """``--rounds N`` when a resume would not otherwise aim at this run's rounds (its checkpoint says others)."""
-    saved = checkpoint.load(wanted.out).settings.get("rounds")
-    return "" if saved == wanted.rounds else f" --rounds {wanted.rounds}"
 
 
 if __name__ == "__main__":

@@ -152,16 +152,15 @@ def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:
     SIGTERM) before any round was kept is started again; one that failed then would only fail again."""
     from splitfed.flower import checkpoint
 
-    if not settings.out or not (Path(settings.out) / checkpoint.FILENAME).is_file():
-        return f"no round was kept in {settings.out}: run the same command again to start over" if stopped else ""
     try:
-        ckpt = checkpoint.load(settings.out)
+        done, rounds = checkpoint.resume_point(settings.out, settings.rounds) if settings.out else (0, "")
     except SplitfedError:
         return ""
-    if ckpt.round >= settings.rounds:
+    if not done:
+        return f"no round was kept in {settings.out}: run the same command again to start over" if stopped else ""
+    if done >= settings.rounds:
         return ""
-    rounds = "" if ckpt.settings.get("rounds") == settings.rounds else f" --rounds {settings.rounds}"
-    return (f"round {ckpt.round} of {settings.rounds} is kept in {settings.out}; continue with: "
+    return (f"round {done} of {settings.rounds} is kept in {settings.out}; continue with: "
             f"splitfed simulate --resume {settings.out}{rounds}")
 
 

@@ -117,6 +117,16 @@ def resumed(folder: str | Path, out: str | Path | None = None) -> Checkpoint:
     return ckpt
 
 
+def resume_point(folder: str | Path, rounds: int) -> tuple[int, str]:
+    """Where a run that ended early can be continued from: the last round its checkpoint holds (0: none kept)
+    and the ``--rounds`` flag its resume needs ("" when the checkpoint already aims at ``rounds``). A
+    checkpoint that cannot be read raises, as :func:`load` does."""
+    if not (Path(folder) / FILENAME).is_file():
+        return 0, ""
+    ckpt = load(folder)
+    return ckpt.round, "" if ckpt.settings.get("rounds") == rounds else f" --rounds {rounds}"
+
+
 def load(folder: str | Path) -> Checkpoint:
     folder = Path(folder)
     path = folder / FILENAME
