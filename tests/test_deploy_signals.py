@@ -128,7 +128,8 @@ def test_stop_takes_the_group_of_an_orphan(tmp_path, reaped):
         orphan = psutil.Process(_escaped(tmp_path / "a.log"))
         # b's group holds a process that is not in b's tree: its parent (a subshell) is gone
         b = dep._spawn("b", ["sh", "-c", "(sleep 300 </dev/null >/dev/null 2>&1 &); exec sleep 300"])
-        b_kids = _wait(lambda: not psutil.Process(b.pid).children() and _group(b.pid) - {b.pid}, 10)
+        # b's shell waits for its subshell before it execs sleep: once b is sleep, the subshell is gone
+        b_kids = _wait(lambda: psutil.Process(b.pid).name() == "sleep" and _group(b.pid) - {b.pid}, 10)
         assert isinstance(b_kids, set) and b_kids and not psutil.Process(b.pid).children(), b_kids
         b_kids = [psutil.Process(pid) for pid in b_kids]
         reaped.extend([orphan, *b_kids])
