@@ -49,6 +49,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -57,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -74,6 +77,8 @@ from splitfed.flower.metrics import summary_again
 BIN = Path(sys.executable).parent
 CONNECTION = "splitfed-local"
 GRACE_S = 5.0  # from SIGTERM to SIGKILL when the deployment stops
+KEPT_LINES = 10_000  # of flwr run's output, in the result; flwr-run.log has all of it
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # Flower's colours: kept for a terminal only
 
 # The guard: a small process (``python -c GUARD GRACE SPARED_PGID``, in a session of its own) that takes
 # the deployment down however deploy ends, SIGKILL included. Deploy writes ``add PGID`` for each process
@@ -436,12 +441,13 @@ class Deployment:
         """``flwr run APP CONNECTION --run-config ... --stream``; returns when the run has ended.
 
         Its output (stdout and stderr, as one stream) is shown as it comes when ``log`` is set, and
-        appended to ``flwr-run.log`` in the workdir; the result's ``stdout`` holds all of it. No time limit
+        appended to ``flwr-run.log`` in the workdir; the result's ``stdout`` holds its last ``KEPT_LINES``
+        lines (a run of days must not grow in memory). Colour codes reach a terminal only. No time limit
         unless ``timeout`` (then :class:`subprocess.TimeoutExpired`, as :func:`subprocess.run`)."""
         app = self.write_app()
         cmd = [str(BIN / "flwr"), "run", str(app), CONNECTION, "--run-config", _kv(self.run_config(overrides)),
                "--stream"]
-        lines: list[str] = []
+        lines: deque[str] = deque(maxlen=KEPT_LINES)
         with open(self.workdir / "flwr-run.log", "a", encoding="utf-8") as log:  # a resume keeps the run before
             if log.tell():
                 log.write(f"\n--- flwr run again, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
@@ -465,17 +471,19 @@ class Deployment:
                 pump.join(10)
         return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
 
-    def _pump(self, proc: subprocess.Popen, log: TextIO, lines: list[str]) -> None:
+    def _pump(self, proc: subprocess.Popen, log: TextIO, lines: deque[str]) -> None:
         """``proc``'s output, line by line, to ``log``, ``lines`` and (with ``self.log``) the terminal."""
         assert proc.stdout is not None
+        coloured = self.log and sys.stdout.isatty()
         with contextlib.suppress(OSError, ValueError), proc.stdout:
             for raw in iter(proc.stdout.readline, b""):
                 text = raw.decode("utf-8", errors="replace")
-                lines.append(text)
-                log.write(text)
+                plain = _ANSI.sub("", text)
+                lines.append(plain)
+                log.write(plain)
                 log.flush()
                 if self.log:
-                    sys.stdout.write(text)
+                    sys.stdout.write(text if coloured else plain)
                     sys.stdout.flush()
 
 
@@ -526,6 +534,22 @@ def _signal(leaders: Sequence[subprocess.Popen], procs: Sequence[psutil.Process]
 # what the deployment itself sets (its processes, files and clock), never taken from a resumed run's checkpoint
 _DEPLOYMENT_OWN = {"clients", "tiers", "rounds", "out", "resume", "overwrite", "tier_addresses", "tier_torch_device",
                    "tls_ca", "tls_cert", "tls_key", "token_file", "sim_clock"}
+
+
+def _again(args: argparse.Namespace, out: str, rounds: str) -> str:
+    """The command that continues this run: the checkpoint keeps the run's settings, not the deployment's own
+    (TLS, token, node profiles, where the tiers compute, where the logs go), so those are repeated."""
+    cmd = ["python", "-m", "server.deploy", "--resume", out, *rounds.split()]
+    if args.workdir:  # the same logs (flwr-run.log is appended to) and the same FLWR_HOME
+        cmd += ["--workdir", str(Path(args.workdir).resolve())]
+    for flag in ("tls_ca", "tls_cert", "tls_key", "token_file"):
+        if getattr(args, flag):
+            cmd += [f"--{flag.replace('_', '-')}", str(Path(getattr(args, flag)).resolve())]
+    for name in args.profile:
+        cmd += ["--profile", name]
+    if args.tier_torch_device != "cpu":
+        cmd += ["--tier-torch-device", args.tier_torch_device]
+    return shlex.join(cmd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -603,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
             if done < wanted.rounds:  # flwr run's own exit code says nothing of a ServerApp that died
                 logs = f"see {dep.workdir / 'flwr-run.log'} and {dep.workdir / 'superlink.log'}"
                 said = (f"after round {done} of {wanted.rounds} ({logs}); continue it with: "
-                        f"python -m server.deploy --resume {wanted.out}{rounds}" if done else
+                        f"{_again(args, wanted.out, rounds)}" if done else
                         f"before round 1 of {wanted.rounds} ended ({logs}); nothing to resume")
                 print(f"deploy: error: the run stopped {said}", file=sys.stderr, flush=True)
                 return 1
@@ -619,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
             done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds) if wanted is not None else (0, "")
             if wanted is not None and 0 < done < wanted.rounds:
                 print(f"deploy: round {done} of {wanted.rounds} is kept in {wanted.out}; continue it with: "
-                      f"python -m server.deploy --resume {wanted.out}{rounds}", file=sys.stderr)
+                      f"{_again(args, wanted.out, rounds)}", file=sys.stderr)
             elif wanted is not None and done == 0:
                 print(f"deploy: no round was kept in {wanted.out}: run the same command again to start over",
                       file=sys.stderr)

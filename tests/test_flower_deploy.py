@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -167,6 +169,32 @@ def test_deploy_fails_when_the_run_stops_before_its_last_round(tmp_path, monkeyp
     assert "the run stopped before round 1 of 2 ended" in capsys.readouterr().err
 
 
+def test_the_command_that_continues_a_deployment_repeats_its_own_flags(tmp_path, monkeypatch, capsys):
+    """The checkpoint keeps the run's settings, not the deployment's: the printed --resume command repeats
+    --workdir, the token, the node profiles and where the tiers compute, so pasting it continues the same
+    deployment (before: a bare --resume, which would have started it without its token)."""
+    out = tmp_path / "my run"  # a space: the command is quoted as a shell reads it
+    _held_run(out)
+    monkeypatch.setattr(Deployment, "start", lambda self: self)
+    monkeypatch.setattr(Deployment, "run", lambda self, overrides, timeout=None: subprocess.CompletedProcess([], 0))
+    from splitfed.engine import compute
+
+    form_only = compute.torch_device  # no GPU here: only the name's form is checked
+    monkeypatch.setattr(compute, "torch_device", lambda text, what="", here=True: form_only(text, what, here=False))
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    work = tmp_path / "work"
+    assert main(["--resume", str(out), "--rounds", "4", "--workdir", str(work), "--token-file", str(token),
+                 "--profile", "rpi4", "--profile", "phone-mid", "--tier-torch-device", "cuda:1"]) == 1
+    err = capsys.readouterr().err
+    said = re.search(r"continue it with: (.+)$", err, re.M)
+    assert said, err
+    assert shlex.split(said[1]) == ["python", "-m", "server.deploy", "--resume", str(out.resolve()),
+                                    "--rounds", "4", "--workdir", str(work.resolve()), "--token-file",
+                                    str(token.resolve()), "--profile", "rpi4", "--profile", "phone-mid",
+                                    "--tier-torch-device", "cuda:1"], said[1]
+
+
 def _fake_flwr(folder: Path, body: str) -> None:
     """A ``flwr`` command in ``folder`` (what ``Deployment.run`` starts, from its BIN) running ``body``."""
     script = folder / "flwr"
@@ -214,6 +242,27 @@ def test_flwr_run_output_is_shown_and_logged_as_it_comes(tmp_path, monkeypatch, 
     lines = log.read_text().splitlines()
     assert lines[:3] == res.stdout.splitlines() and lines[4].startswith("--- flwr run again, ")
     assert lines[5:] == again.stdout.splitlines() == ["round 1/2 ...", "a warning", "round 2/2 ..."]
+
+
+def test_flwr_run_output_loses_its_colours_off_a_terminal_and_is_kept_in_bounds(tmp_path, monkeypatch, capsys):
+    """Flower colours its log lines even into a pipe: flwr-run.log, the result and piped output get them
+    plain (before: escape codes in each). The result keeps the last KEPT_LINES lines, the log all of them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_flwr(bin_dir, """
+        print("\\x1b[92mINFO \\x1b[0m:      [ROUND 1]", flush=True)
+        print("\\x1b[1;31mERROR\\x1b[0m : it broke", flush=True)
+        for i in range(25):
+            print(f"line {i}")
+    """)
+    monkeypatch.setattr(deploy, "BIN", bin_dir)
+    monkeypatch.setattr(deploy, "KEPT_LINES", 20)
+    with Deployment(2, tmp_path / "work") as dep:
+        res = dep.run({"num-server-rounds": 1})
+    logged = (tmp_path / "work" / "flwr-run.log").read_text().splitlines()
+    assert logged[:3] == ["INFO :      [ROUND 1]", "ERROR : it broke", "line 0"] and len(logged) == 27, logged
+    assert capsys.readouterr().out.splitlines() == logged  # pytest's capture is no terminal
+    assert res.stdout.splitlines() == logged[-20:]
 
 
 def test_flwr_run_has_no_time_limit_unless_given(tmp_path, monkeypatch):
