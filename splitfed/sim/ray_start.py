@@ -33,7 +33,7 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
     pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
     last: BaseException | None = None
     for attempt in range(1, attempts + 1):
-        before = {p.pid for p in _children()}
+        before = set(_children())  # by pid and start time: a pid freed and taken again is another process
         try:
             with warnings.catch_warnings():
                 # a tip about a future default (GPU visibility for num_gpus=0 actors), not about this run
@@ -44,7 +44,7 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
             last = e
             if ray.is_initialized():
                 ray.shutdown()
-            _kill([p for p in _children() if p.pid not in before and _is_ray(p)])
+            _kill([p for p in _children() if p not in before and _is_ray(p)])
             log(f"Ray did not start (attempt {attempt}/{attempts}): {type(e).__name__}: {e}")
     raise RayStartError(f"Ray did not start in {attempts} attempts; last error: {type(last).__name__}: {last}") \
         from last
