@@ -138,7 +138,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles)
             if writer is not None:
                 writer.append(row)  # a diverged round's row too (loss null): the user sees where it went
-            say(_progress_line(row, settings.rounds, profiles))
+            say(progress_line(row, settings.rounds, profiles))
             check_converging(rnd, loss, settings.lr)
             if writer is not None:
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
@@ -231,7 +231,7 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
     }
 
 
-def _progress_line(row: dict[str, Any], rounds: int, profiles: dict[str, str]) -> str:
+def progress_line(row: dict[str, Any], rounds: int, profiles: dict[str, str]) -> str:
     sim = (f"  sim {row['sim_round_s']:.2f}s" if row["sim_round_s"] is not None
            else f"  measured {row['measured_round_s']:.2f}s")
     failed = f"  failed {len(row['failed'])}{_why_failed(row)}" if row["failed"] else ""

@@ -23,22 +23,27 @@ import csv
 import dataclasses
 import json
 import os
+import shutil
+import signal
 import sys
 import time
 import tomllib
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from splitfed import jsonio
-from splitfed.errors import ConfigError, SplitfedError, unknown_key
+from splitfed.errors import ConfigError, SplitfedError, Terminated, unknown_key
 
 C = TypeVar("C")
 CONFIGS = Path(__file__).resolve().parent / "configs"
 RESULTS = "results.json"
+RUNS = "runs"  # each training run's own run folder, under the output folder
+OUTPUTS = (RESULTS, "results.csv", "summary.md", RUNS)  # what an experiment writes (and figures, *.png)
 
 
 # ---------------------------------------------------------------- config files
@@ -180,6 +185,7 @@ def scenario(model: str, fleet: Any, tiers: int, batch: int) -> Any:
 
 
 BACKENDS = ("flower", "inprocess")
+_EXPERIMENT_OWN = ("out", "resume", "overwrite")  # set by train() for each run
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,10 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        for key in self.simulate:
+            if key.replace("-", "_") in _EXPERIMENT_OWN:  # would be ignored: say so rather than drop it
+                raise ValueError(f"[simulate] {key}: an experiment gives each run a folder of its own under "
+                                 "--out; remove the key")
         self.settings()  # a bad [simulate] key or value is refused when the file is read
 
     def settings(self) -> Any:
@@ -228,7 +238,7 @@ def train(settings: Any, out: Path, label: str, backend: str = "flower") -> Any:
     else:
         from splitfed.sim.inprocess import train_inprocess
 
-        train_inprocess(settings)
+        train_inprocess(settings, progress=lambda line: print(f"  [{label}] {line}", flush=True))
     _label_run(out, label)
     return load_run(out, label=label)
 
@@ -279,13 +289,37 @@ def resolve_policy(policy: str, settings: Any) -> tuple[str, str]:
 
 
 def run_cases(cases: Sequence[tuple[str, Any]], out: Path, backend: str) -> list[Any]:
-    """Train each ``(label, settings)`` into ``out/runs/<label>``; the runs, in order."""
+    """Train each ``(label, settings)`` into ``out/runs/<label>``; the runs, in order. Every case is checked
+    before the first trains: a typo in the last policy must not cost the minutes of the ones before it."""
     from splitfed.report.plots import slug
 
+    check_cases(cases, backend)
     runs = []
     for label, settings in cases:
-        runs.append(train(settings, out / "runs" / slug(label), label, backend))
+        runs.append(train(settings, out / RUNS / slug(label), label, backend))
     return runs
+
+
+def check_cases(cases: Sequence[tuple[str, Any]], backend: str) -> None:
+    """Refuse, before anything trains, what one of ``cases`` would fail on when its turn came, and two cases
+    that would train into one folder."""
+    from splitfed.report.plots import slug
+    from splitfed.sim.inprocess import check_inprocess
+    from splitfed.sim.runner import validate
+
+    seen: dict[str, str] = {}
+    for label, settings in cases:
+        if slug(label) in seen:
+            raise ConfigError(f"{label!r} is given twice (as {seen[slug(label)]!r}): each run needs a folder of "
+                              "its own; list it once")
+        seen[slug(label)] = label
+        try:
+            mine = settings.with_(out="", resume=False, overwrite=False)  # the folder is train()'s
+            if backend == "inprocess":
+                check_inprocess(mine)
+            validate(mine)
+        except SplitfedError as e:
+            raise type(e)(f"{label}: {e}") from None
 
 
 def report_runs(runs: Sequence[Any], out: Path, target: float | None = None, title: str = "") -> dict[str, str]:
@@ -326,22 +360,78 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
     parser.add_argument("--config", default=str(CONFIGS / f"{name}.toml"),
                         help=f"TOML config (default: simulations/configs/{name}.toml)")
     parser.add_argument("--out", default=None, help=f"output folder (default: runs/simulations/{name})")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results the --out folder holds (without it, such a folder is refused)")
     args = parser.parse_args(argv)
+    if args.out is not None and not args.out.strip():
+        parser.error("--out is empty: name a folder, or leave --out out for the default")
     _threads()
     out = Path(args.out or Path("runs") / "simulations" / name)
+    prog = f"simulations.{name}"
     try:
-        cfg = load_config(args.config, config_cls)
-        out.mkdir(parents=True, exist_ok=True)
-        print(f"{name}: config {args.config}; writing to {out}", flush=True)
-        t0 = time.perf_counter()
-        results = experiment(cfg, out)
-        write_json(out / RESULTS, {"experiment": name, "config": dataclasses.asdict(cfg),  # type: ignore[call-overload]
-                                   "elapsed_s": time.perf_counter() - t0, **results})
+        with _interrupts():
+            cfg = load_config(args.config, config_cls)
+            with output_folder(out, args.overwrite):
+                print(f"{name}: config {args.config}; writing to {out}", flush=True)
+                t0 = time.perf_counter()
+                results = experiment(cfg, out)
+                write_json(out / RESULTS, {"experiment": name,
+                                           "config": dataclasses.asdict(cfg),  # type: ignore[call-overload]
+                                           "elapsed_s": time.perf_counter() - t0, **results})
     except SplitfedError as e:
-        print(f"simulations.{name}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated): the runs that ended are kept
+        terminated = isinstance(e, Terminated)
+        print(f"{prog}: {'terminated' if terminated else 'interrupted'}; the runs that ended are in "
+              f"{out / RUNS}, without {RESULTS}; to start over: the same command with --overwrite", file=sys.stderr)
+        return 143 if terminated else 130
     print(f"{name}: results in {out.resolve()}")
     return 0
+
+
+@contextmanager
+def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Hold ``out`` for one experiment (as a run holds its run folder), refusing one that holds an earlier
+    experiment's results unless ``overwrite`` (which removes them first: no stale ``results.json`` beside
+    new runs) and one that holds anything an experiment does not write (a run folder, say)."""
+    from splitfed.flower import runfolder
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    held = sorted(p.name for p in out.iterdir() if p.name != runfolder.LOCK) if out.is_dir() else []
+    foreign = [n for n in held if n not in OUTPUTS and not n.endswith(".png")]
+    if foreign:
+        raise ConfigError(f"--out {out} holds what no experiment writes ({', '.join(foreign[:3])}"
+                          f"{', ...' if len(foreign) > 3 else ''}): choose another --out")
+    if held and not overwrite:
+        raise ConfigError(f"--out {out} already holds an experiment's results ({', '.join(held[:3])}"
+                          f"{', ...' if len(held) > 3 else ''}): replace them with --overwrite, or choose another --out")
+    with runfolder.claim(out, resume=False, overwrite=False):  # one experiment at a time in a folder
+        for name in held:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        yield out
+
+
+@contextmanager
+def _interrupts() -> Iterator[None]:
+    """SIGTERM as Ctrl-C (:class:`Terminated`) outside a Flower run too (which handles both itself)."""
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread: signals are not ours to take
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _threads() -> None:

@@ -8,6 +8,10 @@ configs do.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from simulations import (
 from splitfed.errors import ConfigError
 
 CONFIGS = Path(common.__file__).parent / "configs"
+ROOT = Path(common.__file__).resolve().parents[1]
 
 
 def run_tiny(module, name: str, out: Path, capsys: pytest.CaptureFixture[str], config: Path | None = None) -> dict:
@@ -203,3 +208,128 @@ def test_static_vs_adaptive_through_flower(tmp_path: Path, capsys: pytest.Captur
     local = common.train(settings, tmp_path / "local", "local", backend="inprocess")
     assert [r.accuracy for r in local.rounds] == pytest.approx(pol["accuracy"], abs=1e-6)
     assert [r.sim_round_s for r in local.rounds] == pytest.approx(pol["sim_round_s"], rel=1e-9)
+
+
+# ---------------------------------------------------------------- what a user gets wrong, refused up front
+
+
+def _tiny(tmp_path: Path, name: str, change: dict[str, str]) -> Path:
+    """The script's tiny config with lines replaced (``old -> new``), as a file."""
+    text = (CONFIGS / f"{name}.tiny.toml").read_text()
+    for old, new in change.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("module", "name", "change", "said"), [
+    (static_vs_adaptive, "static_vs_adaptive",
+     {'policies = ["static:best", "static:0,0"]': 'policies = ["static:best", "adaptve"]'},
+     "adaptve: unknown cut policy 'adaptve'"),
+    (static_vs_adaptive, "static_vs_adaptive",
+     {'policies = ["static:best", "static:0,0"]': 'policies = ["static:0,0", "static:9,9"]'}, "static:9,9: "),
+    (static_vs_adaptive, "static_vs_adaptive", {"seed = 0": "seed = 0\nfraction = 0.5"}, "fraction must be 1"),
+    (compression, "compression", {'codecs = ["none", "int8"]': 'codecs = ["none", "int8", "none"]'},
+     "'none' is given twice"),
+    (variants, "variants", {'cuts = "static:2,5"': 'cuts = "static:2,5"\nu-shape = true'},
+     "sl: 3 tiers in U-shape need 3 cut(s), got 2"),
+])
+def test_a_case_that_would_fail_is_refused_before_any_trains(tmp_path, capsys, module, name, change, said) -> None:
+    """Before: the cases before the bad one trained (minutes, at the shipped sizes), then it failed."""
+    out = tmp_path / "out"
+    assert module.cli(["--config", str(_tiny(tmp_path, name, change)), "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert said in printed.err and f"simulations.{name}: error: " in printed.err, printed.err
+    assert "] round 1/" not in printed.out and not (out / "runs").exists(), printed.out
+
+
+def test_simulate_keys_an_experiment_sets_itself_are_refused(tmp_path) -> None:
+    """Before: ``out`` in [simulate] was accepted and silently replaced by each run's own folder."""
+    p = tmp_path / "c.toml"
+    p.write_text('backend = "inprocess"\n[simulate]\nout = "runs/x"\n')
+    with pytest.raises(ConfigError, match=r"\[simulate\] out: an experiment gives each run a folder"):
+        common.load_config(p, variants.Config)
+
+
+def test_a_run_that_fails_while_training_exits_1(tmp_path, capsys) -> None:
+    """2 is for input refused before anything ran (before: 2 for this too, unlike splitfed simulate)."""
+    cfg = _tiny(tmp_path, "static_vs_adaptive", {"seed = 0": "seed = 0\nlr = 1000.0"})
+    assert static_vs_adaptive.cli(["--config", str(cfg), "--out", str(tmp_path / "out")]) == 1
+    assert "diverged" in capsys.readouterr().err
+
+
+def test_in_process_runs_show_each_round(tmp_path, capsys) -> None:
+    run_tiny(compression, "compression", tmp_path / "out", capsys)  # reads the output: printed again below
+    cfg = CONFIGS / "compression.tiny.toml"
+    assert compression.cli(["--config", str(cfg), "--out", str(tmp_path / "again")]) == 0
+    out = capsys.readouterr().out
+    for codec in ("none", "int8"):
+        assert f"  [{codec}] round 1/" in out and f"  [{codec}] round 2/" in out, out
+
+
+# ---------------------------------------------------------------- the output folder
+
+
+def test_an_output_folder_that_holds_results_is_refused_then_replaced_with_overwrite(tmp_path, capsys) -> None:
+    """Before: a second run into one --out mixed its runs with the first's, and a stopped one left the
+    first's results.json and summary.md beside its own runs."""
+    out = tmp_path / "out"
+    cfg = CONFIGS / "compression.tiny.toml"
+    run_tiny(compression, "compression", out, capsys)
+    (out / "runs" / "topk_0_5").mkdir()  # a run of an earlier config that this one does not have
+    before = (out / "results.json").read_text()
+    assert compression.cli(["--config", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} already holds an experiment's results" in err and "--overwrite" in err, err
+    assert (out / "results.json").read_text() == before and (out / "runs" / "topk_0_5").is_dir()
+    assert compression.cli(["--config", str(cfg), "--out", str(out), "--overwrite"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["int8", "none"]
+    assert json.loads((out / "results.json").read_text())["elapsed_s"] != json.loads(before)["elapsed_s"]
+    assert not (out / ".splitfed.lock").exists()
+
+
+def test_an_output_folder_of_something_else_is_refused_even_with_overwrite(tmp_path, capsys) -> None:
+    run = tmp_path / "a-simulate-run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"round": 1}\n')
+    cfg = str(CONFIGS / "compression.tiny.toml")
+    assert compression.cli(["--config", cfg, "--out", str(run), "--overwrite"]) == 2
+    assert "holds what no experiment writes (metrics.jsonl)" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == '{"round": 1}\n'
+    afile = tmp_path / "results.txt"
+    afile.write_text("mine\n")
+    assert compression.cli(["--config", cfg, "--out", str(afile)]) == 2  # before: a FileExistsError traceback
+    assert f"--out {afile} is a file, not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        compression.cli(["--config", cfg, "--out", " "])  # before: the default folder, silently
+    assert stop.value.code == 2 and "--out is empty" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- Ctrl-C and SIGTERM
+
+
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated")])
+def test_a_stopped_experiment_says_so_in_one_line(tmp_path, sig, code, said) -> None:
+    """Before: a traceback, and SIGTERM (a batch system's stop) exited 1 from a Flower run and silently
+    from an in-process one."""
+    cfg = _tiny(tmp_path, "compression", {"rounds = 2": "rounds = 200"})
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "simulations.compression", "--config", str(cfg), "--out", str(out)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            if "] round 2/200" in line:
+                break
+        p.send_signal(sig)
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == code, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert f"simulations.compression: {said}; the runs that ended are in {out / 'runs'}" in stderr, stderr

@@ -8,12 +8,21 @@ in one process. A transport changes no number, so its models equal a Flower run'
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from splitfed.errors import ConfigError
 
 
-def train_inprocess(settings: Any) -> dict[str, Any]:
+def check_inprocess(settings: Any) -> None:
+    """What this backend refuses that a Flower run takes (named before anything trains)."""
+    if settings.resume:
+        raise ConfigError("the in-process backend does not resume: run it again (with overwrite)")
+    if settings.fraction != 1.0:
+        raise ConfigError("the in-process backend trains every client each round: fraction must be 1")
+
+
+def train_inprocess(settings: Any, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The ServerApp's rounds in this process: in-process tiers and links, no Flower, no gRPC.
 
     Built from the same pieces as the Flower run: the policy (:func:`make_policy`),
@@ -22,25 +31,25 @@ def train_inprocess(settings: Any) -> dict[str, Any]:
     evaluation, and the metrics writer, so its ``metrics.jsonl`` has the same
     fields. "A transport changes no number": its models equal the Flower run's;
     its byte counts are tensor payloads (gRPC adds message framing).
-    Every client trains every round (``fraction`` must be 1).
+    Every client trains every round (``fraction`` must be 1). ``progress`` gets the line per round that a
+    Flower run prints.
     """
     import torch
 
     from splitfed.flower import runfolder
 
-    if settings.resume:
-        raise ConfigError("the in-process backend does not resume: run it again (with overwrite)")
+    check_inprocess(settings)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every process of a Flower run: the same kernels, so the same numbers
     try:
         with runfolder.claim(settings.out, resume=False, overwrite=settings.overwrite):
-            return _train(settings)
+            return _train(settings, progress)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(settings: Any) -> dict[str, Any]:
-    from server.app import metrics_row
+def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, Any]:
+    from server.app import metrics_row, progress_line
     from server.strategy import RoundRecord, moves
     from splitfed.engine.rounds import (
         RoundConfig,
@@ -63,8 +72,6 @@ def _train(settings: Any) -> dict[str, Any]:
     from splitfed.transport.compress import get as codec
 
     s = settings
-    if s.fraction != 1.0:
-        raise ConfigError("the in-process backend trains every client each round: fraction must be 1")
     spec = s.spec
     policy = make_policy(s)
     fleet = fleet_for(s)
@@ -97,7 +104,10 @@ def _train(settings: Any) -> dict[str, Any]:
         previous.update(assignment)
         record.decision = policy.observe(rnd, record.measurements)
         acc, loss = evaluate(spec, state, test_x, test_y)
-        writer.append(metrics_row(record, acc, loss, time.perf_counter() - t0, profiles))
+        row = metrics_row(record, acc, loss, time.perf_counter() - t0, profiles)
+        writer.append(row)
+        if progress is not None:
+            progress(progress_line(row, s.rounds, profiles))
         check_converging(rnd, loss, s.lr)
     summary = summarise(writer.rows(), s.to_dict())
     writer.write_summary(summary)
