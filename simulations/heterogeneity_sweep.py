@@ -12,11 +12,19 @@ distinct devices (and so the exact optimizer's MILP) small at any fleet size.
 Every policy is priced by the one cost model: the exact optimizer
 (``splitfed.optimizer``), the best single static cut for everyone, per-device
 greedy, and all-on-server.
+
+The config is checked when it is read (one line naming the key): every spread a
+finite number >= 0, fleet sizes >= 1, known policies, at least one of each, none
+listed twice (it would be priced and drawn twice), and a solver time limit > 0
+(``inf``: none). A spread so large that the fleet's numbers overflow or vanish is
+refused before anything is priced.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,13 +50,33 @@ class Config:
     solve_time_limit_s: float = 60.0
 
     def __post_init__(self) -> None:
-        bad = [p for p in self.policies if p not in POLICIES]
-        if bad:
-            raise ValueError(f"unknown policies {bad} (known: {', '.join(POLICIES)})")
-        if not self.clients or min(self.clients) < 1:
-            raise ValueError("clients must list fleet sizes >= 1")
-        if not self.spreads or min(self.spreads) < 0:
-            raise ValueError("spreads must list factors >= 0")
+        known = ", ".join(POLICIES)
+        if not self.policies:
+            raise ConfigError(f"policies must name at least one of {known}")
+        bad = next((p for p in self.policies if p not in POLICIES), None)
+        if bad is not None:
+            raise ConfigError(f"policies: unknown {bad!r} (known: {known})")
+        if not self.clients:
+            raise ConfigError("clients must list at least one fleet size")
+        small = next((n for n in self.clients if n < 1), None)
+        if small is not None:
+            raise ConfigError(f"clients: {small} is not a fleet size >= 1")
+        if not self.spreads:
+            raise ConfigError("spreads must list at least one spread factor")
+        wrong = next((s for s in self.spreads if not (math.isfinite(s) and s >= 0)), None)
+        if wrong is not None:  # nan and inf reached the optimizer (IndexError) and _ratio (ZeroDivisionError)
+            raise ConfigError(f"spreads: {wrong} is not a finite number >= 0")
+        for key, values in (("clients", self.clients), ("spreads", self.spreads), ("policies", self.policies)):
+            _once(key, values)
+        if not self.solve_time_limit_s > 0:  # the optimizer would run it as 0.1 s
+            raise ConfigError(f"solve_time_limit_s must be > 0 seconds, got {self.solve_time_limit_s}")
+
+
+def _once(key: str, values: Sequence[Any]) -> None:
+    """Refuse a value listed twice: it would be priced twice and drawn twice, one curve over the other."""
+    twice = next((v for v, n in Counter(values).items() if n > 1), None)
+    if twice is not None:
+        raise ConfigError(f"{key} lists {twice!r} twice")
 
 
 def spread_fleet(fleet: Any, s: float) -> Any:
@@ -68,8 +96,15 @@ def spread_fleet(fleet: Any, s: float) -> Any:
     def spread(c: Any) -> Any:
         key = (c.device, c.link)
         if key not in cache:
-            cache[key] = (TierProfile(scale(c.device.flops, "flops"), c.device.memory),
-                          LinkProfile(scale(c.link.up, "up"), scale(c.link.down, "down"), c.link.rtt))
+            try:
+                values = [scale(c.device.flops, "flops"), scale(c.link.up, "up"), scale(c.link.down, "down")]
+            except OverflowError:
+                values = [math.inf]
+            if not all(math.isfinite(v) and v > 0 for v in values):
+                raise ConfigError(f"spreads: {s:g} scales a device's FLOP/s or bandwidth of this fleet out of "
+                                  "the numbers a float holds (overflow or 0); use a smaller spread")
+            flops, up, down = values
+            cache[key] = (TierProfile(flops, c.device.memory), LinkProfile(up, down, c.link.rtt))
         dev, link = cache[key]
         return replace(c, device=dev, link=link)
 
@@ -97,9 +132,11 @@ def sweep(cfg: Config) -> list[dict[str, Any]]:
     from splitfed.profile import load_fleet
 
     base = load_fleet(cfg.fleet)
+    fleets = {n: base.sample(n, seed=cfg.seed) for n in cfg.clients}
+    for drawn in fleets.values():  # the widest spread is the one that may overflow: refused before any pricing
+        spread_fleet(drawn, max(cfg.spreads))
     rows: list[dict[str, Any]] = []
-    for n in cfg.clients:
-        drawn = base.sample(n, seed=cfg.seed)
+    for n, drawn in fleets.items():
         for s in cfg.spreads:
             fleet = spread_fleet(drawn, s)
             sc = scenario(cfg.model, fleet, cfg.tiers, cfg.batch)
@@ -145,10 +182,33 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
                          {"linestyle": ["-", "--", ":", "-."][i % 4], "color": f"C{j}"})
                   for i, n in enumerate(cfg.clients) for j, other in enumerate(others)]
         figures["speedup"] = str(line_plot(
-            series, out / "speedup_vs_spread.png", hline=1.0, hline_label="no gain", xlabel=xlabel,
+            untie(series), out / "speedup_vs_spread.png", hline=1.0, hline_label="no gain", xlabel=xlabel,
             title=f"Optimizer's speed-up over each policy ({cfg.model}, {cfg.tiers} tiers)",
             ylabel="makespan ratio (policy / optimizer)", note="policies over a server's memory are left out"))
     return {"rows": rows, "speedups": speedups, "figures": figures}
+
+
+def untie(series: Sequence[Any]) -> list[Any]:
+    """``series`` with each group of curves that have the same points (policies that tie, e.g. best-static and
+    greedy at 1.0 on a homogeneous fleet) drawn so that every one shows: dashes of one length, each curve's
+    dashes in its own place along the line (its colour in turn), and its own marker, larger and hollow for
+    each after the first. A curve that ties no other is left as it is."""
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(series):
+        if len(s.x):
+            groups.setdefault((tuple(s.x), tuple(np.round(np.asarray(s.y, dtype=float), 9))), []).append(i)
+    out = list(series)
+    dash = 4.0
+    for members in (g for g in groups.values() if len(g) > 1):
+        for j, i in enumerate(members):
+            style = {**series[i].style, "linestyle": (j * dash, (dash, dash * (len(members) - 1))),
+                     "marker": _TIE_MARKERS[j % len(_TIE_MARKERS)], "markersize": 4 + 2.5 * j,
+                     "markerfacecolor": "none" if j else None}
+            out[i] = replace(series[i], style=style)
+    return out
+
+
+_TIE_MARKERS = ("o", "s", "D", "^", "v", "P")
 
 
 def _speedups(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:

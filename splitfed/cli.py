@@ -4,6 +4,10 @@ Each command module defines ``add_parser(subparsers)`` (registering itself with
 ``set_defaults(func=run)``) and ``run(args) -> int``. Errors a user can act on
 (:class:`SplitfedError`) become one line on stderr and exit code 2 for refused
 input, 1 for a run that started and failed (a round, the simulation engine).
+
+A stdout whose reader has gone (``splitfed report RUNS | head -2``) ends the command
+quietly, as it ends a Unix tool: nothing on stderr, exit code 141 (128 + SIGPIPE, what
+a shell reports for a tool that signal ended, as 130 and 143 are for SIGINT and SIGTERM).
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ import importlib
 import logging
 import os
 import pkgutil
+import select
 import sys
 from typing import NoReturn
 
 from splitfed.errors import SplitfedError, Terminated
+
+STDOUT_CLOSED = 141  # 128 + SIGPIPE
 
 
 class Parser(argparse.ArgumentParser):
@@ -56,11 +63,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"splitfed {args.command}: error: {e}", file=sys.stderr)
         _hint(args.command, e)
         return e.exit_code
+    except BrokenPipeError:
+        if not _stdout_gone():  # a socket's or a child's pipe: a failure to show
+            raise
+        _stdout_to_devnull()
+        return STDOUT_CLOSED
     except KeyboardInterrupt as e:
         terminated = isinstance(e, Terminated)
         print(f"splitfed {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         _hint(args.command, e)
         return 143 if terminated else 130
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has gone: a BrokenPipeError is also what a socket or a
+    child's pipe raises, and only this one is the user's ``| head``."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a descriptor (a test's capture)
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's descriptor at /dev/null: what is still buffered for it goes there at the last flush,
+    rather than raising a second BrokenPipeError (and a traceback) then."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _hint(command: str, e: BaseException) -> None:
@@ -86,7 +120,10 @@ def entry() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a reader gone (``| head``), or closed: nothing more can reach it
+        except BrokenPipeError:  # a reader gone (``| head``) before the output, all of it buffered, reached it
+            if stream is sys.stdout and code == 0:
+                code = STDOUT_CLOSED  # the same end as a print the closed pipe refused (main)
+        except (OSError, ValueError):  # closed: nothing more can reach it
             pass
     os._exit(code)
 

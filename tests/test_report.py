@@ -337,3 +337,155 @@ def test_a_diverged_rounds_null_accuracy_is_kept_and_one_run_is_not_reported_twi
     write_run(tmp_path / "run", make_rows(2))
     with pytest.raises(ConfigError, match="is the same run as"):
         load_runs([tmp_path / "run", tmp_path / "x" / ".." / "run"])
+
+
+# ---------------------------------------------------------------- found by a user audit
+
+
+def _report_runs_column(report: Path) -> list[str]:
+    import csv
+
+    return [r["run"] for r in csv.DictReader((report / "summary.csv").open())]
+
+
+def test_report_again_on_the_same_glob_leaves_its_own_output_folder_out(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``splitfed report runs/*`` writes runs/report; before, the same command again globbed that folder in
+    and was refused: "runs/report is not a run folder: no metrics.jsonl in it", rc 2."""
+    runs = tmp_path / "runs"
+    write_run(runs / "a", make_rows(2), {"label": "a"})
+    write_run(runs / "b", make_rows(2), {"label": "b"})
+    assert cli(["report", *map(str, sorted(runs.iterdir()))]) == 0
+    again = sorted(runs.iterdir())  # what the shell's runs/* is now
+    assert runs / "report" in again
+    capsys.readouterr()
+    assert cli(["report", *map(str, again)]) == 0, capsys.readouterr().err
+    assert _report_runs_column(runs / "report") == ["a", "b"]
+    elsewhere = tmp_path / "elsewhere"  # the folder --out names, given among the runs, is left out too
+    assert cli(["report", str(runs / "a"), str(runs / "b"), "--out", str(elsewhere)]) == 0
+    assert cli(["report", str(runs / "a"), str(runs / "b"), str(elsewhere) + "/", "--out", str(elsewhere)]) == 0
+    assert _report_runs_column(elsewhere) == ["a", "b"]
+    (runs / "notes").mkdir()  # any other folder without metrics.jsonl is still refused
+    capsys.readouterr()
+    assert cli(["report", str(runs / "a"), str(runs / "b"), str(runs / "notes")]) == 2
+    assert capsys.readouterr().err == (f"splitfed report: error: {runs / 'notes'} is not a run folder: "
+                                       "no metrics.jsonl in it\n")
+
+
+def test_report_of_a_metrics_file_writes_beside_its_run_folder(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "cannot write the report to RUN/metrics.jsonl/report: Not a directory"."""
+    from splitfed.commands.report import default_out
+
+    write_run(tmp_path / "run", make_rows(2))
+    assert cli(["report", str(tmp_path / "run" / "metrics.jsonl")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "run" / "report" / "summary.md").is_file()
+    assert default_out([tmp_path / "run" / "metrics.jsonl"]) == tmp_path / "run" / "report"
+    with pytest.raises(ConfigError, match="is the same run as"):  # before: reported twice, as run#1 and run#2
+        load_runs([tmp_path / "run", tmp_path / "run" / "metrics.jsonl"])
+
+
+def test_report_tells_of_a_run_that_did_not_finish_and_of_a_cut_short_last_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a run stopped after round 1 of 3, its last row cut short, was shown like any finished run."""
+    write_run(tmp_path / "done", make_rows(3), {"label": "done"})
+    stopped = write_run(tmp_path / "stopped", make_rows(3))  # no summary.json: it never got to the end
+    metrics = stopped / "metrics.jsonl"
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    metrics.write_bytes(b"".join(lines[:1]) + lines[1][:-20])  # round 2's append was cut short
+    assert cli(["report", str(tmp_path / "done"), str(stopped)]) == 0
+    out, err = capsys.readouterr()
+    assert err == (f"splitfed report: note: {stopped} has no summary.json: it did not finish, or is still running "
+                   "(1 round kept)\n"
+                   f"splitfed report: note: {metrics}: its last line was cut short (a crash, or a round still being "
+                   "written) and is left out\n"), err
+    assert "stopped" in out
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "## Notes" in md and f"{stopped} has no summary.json" in md and "cut short" in md
+    assert load_run(tmp_path / "done").finished and not load_run(tmp_path / "done").cut_short
+    run = load_run(stopped)
+    assert not run.finished and run.cut_short and [r.round for r in run.rounds] == [1]
+    capsys.readouterr()
+    assert cli(["report", str(tmp_path / "done")]) == 0
+    assert capsys.readouterr().err == ""  # a finished, whole run: nothing to say
+    assert "## Notes" not in (tmp_path / "done" / "report" / "summary.md").read_text()
+
+
+def test_only_clashing_labels_change_and_by_the_shortest_path_that_tells_them_apart(tmp_path: Path) -> None:
+    """Before: ``runs/adaptive#1``, ``runs/adaptive#2``, ``best static (0,7)#3``."""
+    for where in ("a", "b"):
+        write_run(tmp_path / where / "runs" / "adaptive", make_rows(2), {"label": "adaptive"})
+    write_run(tmp_path / "a" / "runs" / "best_static", make_rows(2), {"label": "best static (0,7)"})
+    runs = load_runs([tmp_path / "a" / "runs" / "adaptive", tmp_path / "b" / "runs" / "adaptive",
+                      tmp_path / "a" / "runs" / "best_static"])
+    assert [r.label for r in runs] == ["a/runs/adaptive", "b/runs/adaptive", "best static (0,7)"]
+    from splitfed.report.runs import unique_labels
+
+    # a summary's label that is not its folder's name keeps its words; folders of one parent are told by name
+    assert unique_labels(["fast", "fast"], [Path("/x/a/runs/f1"), Path("/x/b/runs/f1")]) == ["a/runs/fast",
+                                                                                           "b/runs/fast"]
+    assert unique_labels(["fast", "fast"], [Path("/runs/f1"), Path("/runs/f2")]) == ["fast (f1)", "fast (f2)"]
+
+
+_PART = st.sampled_from(["a", "b", "runs", "adaptive"])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["adaptive", "a", "runs/adaptive", "a/runs/adaptive", "x"]),
+                          st.lists(_PART, min_size=1, max_size=4)), min_size=1, max_size=8,
+                unique_by=lambda t: tuple(t[1])))
+def test_unique_labels_are_unique_and_leave_labels_that_do_not_clash_alone(runs) -> None:  # type: ignore[no-untyped-def]
+    from collections import Counter
+
+    from splitfed.report.runs import unique_labels
+
+    labels = [label for label, _ in runs]
+    folders = [Path("/", *parts) for _, parts in runs]
+    got = unique_labels(labels, folders)
+    assert len(set(got)) == len(got)
+    counts = Counter(labels)
+    for label, new in zip(labels, got, strict=True):
+        assert new == label if counts[label] == 1 else (new != label and label in new)
+
+
+def test_a_reader_that_closes_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``splitfed report RUNS | head -2``: before, a BrokenPipeError traceback and rc 1 (a command's own
+    prints were not guarded, only the console script's last flush); now rc 141 (128 + SIGPIPE, as a shell
+    reports for a Unix tool a closed pipe ended) and nothing on stderr, whether the reader was gone at a print
+    (unbuffered) or only at the last flush."""
+    import os
+    import subprocess
+    import sys
+
+    write_run(tmp_path / "runs" / "a", make_rows(3), {"label": "a"})
+    write_run(tmp_path / "runs" / "b", make_rows(3), {"label": "b"})
+    for unbuffered in (True, False):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        if unbuffered:
+            env["PYTHONUNBUFFERED"] = "1"
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the first line: no race with the command's prints
+        try:
+            p = subprocess.run([sys.executable, "-m", "splitfed.cli", "report", str(tmp_path / "runs" / "a"),
+                                str(tmp_path / "runs" / "b")], stdout=write, stderr=subprocess.PIPE, text=True,
+                               timeout=300, env=env)
+        finally:
+            os.close(write)
+        assert (p.returncode, p.stderr) == (141, ""), (unbuffered, p.stderr)
+        assert (tmp_path / "runs" / "report" / "summary.md").is_file()
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BrokenPipeError of a socket or a child's pipe, stdout still there, is not taken for ``| head``."""
+    import argparse
+
+    from splitfed import cli as cli_module
+
+    def broken(args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = cli_module.build_parser()
+    monkeypatch.setattr(cli_module, "build_parser", lambda: parser)
+    report = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["report"]
+    report.set_defaults(func=broken)
+    with pytest.raises(BrokenPipeError):
+        cli(["report", "x"])

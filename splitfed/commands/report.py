@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from splitfed.errors import ConfigError
@@ -22,7 +23,9 @@ def _accuracy(text: str) -> float:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="plots and a Markdown summary of one or more run folders",
                        description=__doc__)
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (each with metrics.jsonl)")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                   help="run folders (each with metrics.jsonl), or their metrics.jsonl files; the output folder "
+                        "itself, given among them (runs/* once runs/report is there), is left out")
     p.add_argument("--out", default=None,
                    help="output folder (default: RUN_DIR/report for one run, else COMMON_PARENT/report)")
     p.add_argument("--target", type=_accuracy, default=None,
@@ -31,22 +34,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def default_out(paths: list[Path]) -> Path:
-    """Beside the runs; runs with nothing but ``/`` in common get ``./report`` rather than ``/report``."""
-    if len(paths) == 1:
-        return paths[0] / "report"
-    common = Path(os.path.commonpath([p.resolve() for p in paths]))
+    """Beside the runs (a ``metrics.jsonl`` given stands for its folder); runs with nothing but ``/`` in
+    common get ``./report`` rather than ``/report``."""
+    from splitfed.report.runs import run_folder
+
+    folders = [run_folder(p) for p in paths]
+    if len(folders) == 1:
+        return folders[0] / "report"
+    common = Path(os.path.commonpath([p.resolve() for p in folders]))
     return Path("report") if common == Path(common.anchor) else common / "report"
+
+
+def without_out(paths: list[Path], out: Path) -> list[Path]:
+    """``paths`` less the output folder itself where it is among them and holds no run: ``splitfed report
+    runs/*`` writes ``runs/report``, which the same command's ``runs/*`` then names too. Any other folder
+    without ``metrics.jsonl`` is still refused (by the reader), and so is the output folder given alone."""
+    from splitfed.flower.metrics import METRICS
+
+    def is_out(p: Path) -> bool:
+        return p.is_dir() and not (p / METRICS).exists() and p.resolve() == out.resolve()
+
+    kept = [p for p in paths if not is_out(p)]
+    return kept or paths
 
 
 def run(args: argparse.Namespace) -> int:
     from splitfed.report.plots import standard_plot_files, standard_plots
-    from splitfed.report.runs import load_runs
+    from splitfed.report.runs import load_runs, run_notes
     from splitfed.report.summary import csv_files, summary_markdown, summary_rows, write_csv
     from splitfed.report.table import class_table, format_table
 
     paths = [Path(p) for p in args.runs]
-    runs = load_runs(paths)
-    out = Path(args.out) if args.out else default_out(paths)
+    out = Path(args.out) if args.out else default_out(paths)  # from every path given: where a report before wrote
+    runs = load_runs(without_out(paths, out))
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder")
     # every file checked before any is written: a refusal half way left new figures beside an old summary
@@ -75,4 +95,6 @@ def run(args: argparse.Namespace) -> int:
             print()
             print(class_table(r))
     print(f"\nreport: {len(images)} figure(s), summary.md, summary.csv and rounds.csv in {out}")
+    for note in (note for r in runs for note in run_notes(r)):  # on stderr: seen also when stdout is a file
+        print(f"splitfed report: note: {note}", file=sys.stderr)
     return 0

@@ -9,6 +9,11 @@ i.e. a deployment, writes ``null`` and its ``measured_round_s`` is used); ``loss
 ``bytes_down`` and ``cuts`` (client -> cut vector, or a list in client order)
 default to empty. Unknown keys are kept in :attr:`RoundRow.extra`.
 
+A run that stopped before its end has no ``summary.json`` (it is written last), and a
+crash can cut the last line of ``metrics.jsonl`` short (the rows before it are read,
+by :func:`splitfed.flower.metrics.read_rows`): :attr:`Run.finished` and
+:attr:`Run.cut_short` say so, and :func:`run_notes` puts it in words for the reader.
+
 Device classes (for "cuts per device class"): ``summary.json``'s ``classes``
 mapping (client -> class; what a caller states wins), else a round's
 ``classes`` mapping, its ``profiles`` mapping or its ``per_client`` objects'
@@ -20,9 +25,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +64,18 @@ class RoundRow:
 
 @dataclass(frozen=True)
 class Run:
-    """A run's rounds (in round order), its summary, and each client's device class."""
+    """A run's rounds (in round order), its summary, and each client's device class.
+
+    ``finished``: the run folder has its ``summary.json``; ``cut_short``: the last line of its
+    ``metrics.jsonl`` was cut short and left out (both read from a folder; rows in memory are whole)."""
 
     label: str
     rounds: tuple[RoundRow, ...]
     summary: Mapping[str, Any] = field(default_factory=dict)
     classes: Mapping[str, str] = field(default_factory=dict)
     path: Path | None = None
+    finished: bool = True
+    cut_short: bool = False
 
     @property
     def sim_time(self) -> list[float]:
@@ -175,13 +187,23 @@ def rows_to_run(rows: Sequence[Mapping[str, Any]], label: str = "run", summary: 
     return Run(label, tuple(parsed), summary, _classes(parsed, rows, summary), path)
 
 
+def run_folder(path: str | Path) -> Path:
+    """The run folder ``path`` names: itself, or the folder of a ``metrics.jsonl`` given directly."""
+    p = Path(path)
+    return p.parent if p.is_file() else p
+
+
 def load_run(path: str | Path, label: str | None = None) -> Run:
     """Read a run folder (or a ``metrics.jsonl`` file directly)."""
     p = Path(path)
-    folder, metrics = (p.parent, p) if p.is_file() else (p, p / METRICS)
+    folder = run_folder(p)
+    metrics = p if p.is_file() else p / METRICS
     if not metrics.is_file():
         what = "is not a run folder" if p.exists() else "does not exist"
         raise ConfigError(f"{p} {what}: no {METRICS} in it")
+    # lines counted before the rows are read: a row a running run appends between the two reads is not
+    # taken for a cut one (read_rows alone knows which line it leaves out, and leaves out only a cut last one)
+    lines = sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip())
     rows = read_rows(metrics)  # a run still writing its last row: the rows before it
     summary: dict[str, Any] = {}
     sp = folder / SUMMARY
@@ -199,32 +221,73 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         raise ConfigError(f"{metrics}: {e}") from None
     if not run.rounds:
         raise ConfigError(f"{metrics}: no rounds in it")
-    return run
+    return replace(run, finished=(folder / SUMMARY).is_file(), cut_short=lines > len(rows))
+
+
+def run_notes(run: Run) -> list[str]:
+    """What a reader of the run's numbers must be told: it did not finish (or is still running), or the
+    last line of its metrics was cut short and left out. One line each; none for a whole, finished run."""
+    where = run.path if run.path is not None else run.label
+    notes = []
+    if not run.finished:
+        n = len(run.rounds)
+        notes.append(f"{where} has no {SUMMARY}: it did not finish, or is still running "
+                     f"({n} round{'' if n == 1 else 's'} kept)")
+    if run.cut_short:
+        notes.append(f"{Path(where) / METRICS}: its last line was cut short (a crash, or a round still being "
+                     "written) and is left out")
+    return notes
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """Several run folders, labels made unique (a clash gets the parent folder's name prefixed)."""
+    """Several run folders, labels made unique (:func:`unique_labels`)."""
     seen: dict[Path, str | Path] = {}
     for p in paths:
-        key = Path(p).resolve()
+        key = run_folder(p).resolve()  # a folder and its metrics.jsonl are one run
         if key in seen:
             raise ConfigError(f"{p} is the same run as {seen[key]}: each run once")
         seen[key] = p
     runs = [load_run(p) for p in paths]
-    counts: dict[str, int] = {}
-    for r in runs:
-        counts[r.label] = counts.get(r.label, 0) + 1
-    out = []
-    for i, r in enumerate(runs):
-        if counts[r.label] > 1:
-            parent = r.path.resolve().parent.name if r.path else ""
-            r = Run(f"{parent}/{r.label}" if parent else f"{r.label}#{i + 1}", r.rounds, r.summary, r.classes,
-                    r.path)
-        out.append(r)
-    labels = [r.label for r in out]
-    if len(set(labels)) != len(labels):
-        out = [Run(f"{r.label}#{i + 1}", r.rounds, r.summary, r.classes, r.path) for i, r in enumerate(out)]
+    labels = unique_labels([r.label for r in runs], [r.path or Path(r.label) for r in runs])
+    return [r if r.label == label else replace(r, label=label) for r, label in zip(runs, labels, strict=True)]
+
+
+def unique_labels(labels: Sequence[str], folders: Sequence[Path]) -> list[str]:
+    """``labels`` with those that clash told apart by the shortest end of their folders' paths that differs
+    (``a/runs/adaptive``, ``b/runs/adaptive``; ``fast (f1)``, ``fast (f2)`` where only the folder names
+    differ); a label that clashes with none is left as it is. Experiment scripts write every run to
+    ``OUT/runs/LABEL``, so a parent folder's name alone rarely tells two runs apart."""
+    out = list(labels)
+    counts = Counter(labels)
+    for label in (label for label, n in counts.items() if n > 1):
+        where = [i for i, x in enumerate(labels) if x == label]
+        parts = [Path(os.path.abspath(folders[i])).parts[1:] or (label,) for i in where]
+        others = set(labels) - {label}
+        for k in range(1, max(map(len, parts)) + 1):
+            names = [_told_apart(label, p, k) for p in parts]
+            if len(set(names)) == len(names) and not others & set(names):
+                break
+        for i, name in zip(where, names, strict=True):
+            out[i] = name
+    used = {x for x, old in zip(out, labels, strict=True) if x == old}
+    for i, (x, old) in enumerate(zip(out, labels, strict=True)):  # last resort: two paths that end alike
+        if x == old:
+            continue
+        n, name = 1, x
+        while name in used:
+            n += 1
+            name = f"{x}#{n}"
+        used.add(name)
+        out[i] = name
     return out
+
+
+def _told_apart(label: str, parts: Sequence[str], k: int) -> str:
+    """``label`` named by the last ``k`` parts of its folder's path (the last part being the folder itself);
+    the whole path, from ``/``, when it has no more parts (``/a`` against ``/b/a``)."""
+    if k == 1:
+        return f"{label} ({parts[-1]})"
+    return ("/" if k > len(parts) else "") + "/".join([*parts[-k:-1], label])
 
 
 # ---------------------------------------------------------------- writing

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitfed.report.runs import Run
+from splitfed.report.runs import Run, run_notes
 from splitfed.report.table import MB, format_value
 
 HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
@@ -51,9 +51,13 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 def summary_markdown(runs: Sequence[Run], target: float | None = None,
                      images: Mapping[str, str | Path] | None = None, title: str = "splitfed report") -> str:
-    """``summary.md``: the runs table, where each run came from, and the figures (relative links)."""
+    """``summary.md``: the runs table, what a reader must know of a run (did not finish, a cut line),
+    where each run came from, and the figures (relative links)."""
     headers, rows = summary_rows(runs, target)
     parts = [f"# {title}", "", markdown_table(headers, rows), ""]
+    notes = [f"- {note}" for r in runs for note in run_notes(r)]
+    if notes:
+        parts += ["## Notes", "", *notes, ""]
     if target is not None:
         parts += [f"Time to target: simulated seconds (cost-model clock) until the global model's test "
                   f"accuracy first reaches {target:g}; `-`: never.", ""]
