@@ -237,3 +237,42 @@ def test_resume_on_a_changed_dataset_is_refused_before_anything_starts(tmp_path,
     assert err.count("\n") == 1, err
     assert f"cannot resume: the files of dataset 'npz:{data}' changed since the checkpoint (sha256 000000000000" \
            "... then, " in err, err
+
+
+_MCU_FLEET = """
+[edge]
+profile = "edge-server"
+[cloud]
+profile = "cloud-gpu"
+[[device]]
+name = "mcu"
+flops = 2e7
+memory_mb = 0.25
+up_mbps = 0.7
+down_mbps = 0.7
+rtt_ms = 50
+[[device]]
+name = "pi"
+profile = "rpi4"
+"""
+
+
+def test_static_cuts_a_device_cannot_hold_are_refused_naming_its_fleet_entry(tmp_path, capsys) -> None:
+    """Before: simulate ran them and its clock priced rounds no such device could train, while
+    ``splitfed optimize --static`` refused the same cuts (a static baseline that is physically impossible)."""
+    fleet = tmp_path / "mcu.toml"
+    fleet.write_text(_MCU_FLEET)
+    out = tmp_path / "run"
+    assert main(["simulate", "--fleet", str(fleet), "--cuts", "static:7,7", "--clients", "3", "--rounds", "1",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"cuts 7,7 do not fit fleet device 'mcu' \((client\d, )*client\d\): they need 0\.775 MiB "
+                     r"of its 0\.25 MiB", err), err
+    assert not out.exists()
+    assert main(["optimize", "--model", "cnn", "--fleet", str(fleet), "--static", "7,7"]) == 2  # the same verdict
+    assert "do not fit device 'mcu" in capsys.readouterr().err
+    from splitfed.sim.runner import validate
+
+    settings = RunSettings(fleet=str(fleet), clients=3, rounds=1)
+    validate(settings.with_(cuts="static:0,7"))  # cuts that keep nothing on the device fit every device
+    validate(settings.with_(cuts="static:7,7/0,7/0,7"))  # dealt out by client: the mcus (client1, 2) get 0,7

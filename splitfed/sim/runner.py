@@ -17,11 +17,11 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from splitfed.errors import SplitfedError, Terminated
+from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import RayStartError, start_ray
 from splitfed.sim.tiers import start_tiers
@@ -102,6 +102,31 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         if not interrupted:
             logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
     return summary
+
+
+def static_fits(settings: RunSettings, policy: Any, clients: Sequence[Any]) -> None:
+    """Static cuts that a device's memory cannot hold are refused, as ``splitfed optimize --static`` refuses
+    them: the simulated clock would price a round no such device could train (adaptive and greedy plan
+    within memory)."""
+    from splitfed.cost import evaluate
+    from splitfed.flower.adaptive import scenario
+
+    sc = scenario(settings, clients)
+    cost = evaluate(sc, policy.assign(1, clients))
+    short: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    need: dict[tuple[str, tuple[int, ...]], tuple[float, float]] = {}
+    for info, client, cc in zip(clients, sc.clients, cost.clients, strict=True):
+        if not cc.fits_device:
+            key = (client.kind, tuple(cc.cuts))  # the fleet entry the user wrote
+            short.setdefault(key, []).append(info.client_id)
+            need[key] = (cc.memory[0] / 2**20, client.device.memory / 2**20)
+    if short:
+        key, who = next(iter(short.items()))
+        more = f"; {len(short) - 1} more device(s) or cuts alike" if len(short) > 1 else ""
+        raise ConfigError(f"cuts {','.join(map(str, key[1]))} do not fit fleet device {key[0]!r} "
+                          f"({', '.join(who[:3])}{', ...' if len(who) > 3 else ''}): they need {need[key][0]:.3g} "
+                          f"MiB of its {need[key][1]:.3g} MiB{more}; give it cuts that keep fewer blocks on the "
+                          "device (static:K1,K2/K1,K2 deals cut vectors out by client) or use --cuts adaptive")
 
 
 class _Signals:
@@ -275,6 +300,8 @@ def validate(settings: RunSettings) -> None:
     fleet = fleet_for(settings)
     if isinstance(policy, AdaptivePolicy | GreedyPolicy):
         policy.assign(1, sim_clients(settings, fleet))  # the optimizer's plan: a device nothing fits is named now
+    if isinstance(policy, StaticPolicy):
+        static_fits(settings, policy, sim_clients(settings, fleet))
     if settings.addresses:  # tiers already running elsewhere: a chain they cannot form is named now, too
         from splitfed.sim.tiers import tier_chain
 
