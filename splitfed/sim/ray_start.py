@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -54,12 +55,21 @@ def _children() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
 
 
-def _is_ray(p: psutil.Process) -> bool:
-    """Ray's own processes (gcs_server, raylet, its Python helpers) name it on their command line."""
-    try:
-        return "ray" in " ".join(p.cmdline())
-    except psutil.Error:
-        return False
+def _is_ray(p: psutil.Process, wait_s: float = 2.0) -> bool:
+    """Ray's own processes (gcs_server, raylet, its Python helpers) name it on their command line. A process
+    still inside ``execve`` shows an empty one (its parent may already have returned from starting it), so
+    an empty command line is read again, for up to ``wait_s``."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return False
+            cmd = p.cmdline()
+        except psutil.Error:
+            return False
+        if cmd or time.monotonic() > end:
+            return "ray" in " ".join(cmd)
+        time.sleep(0.01)
 
 
 def _kill(procs: list[psutil.Process]) -> None:
