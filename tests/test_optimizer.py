@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 from hypothesis import event, given, settings
@@ -124,7 +125,7 @@ def _scenario(clients, edge_mem: float = 2**34, cloud_mem: float = 2**35) -> Sce
 def test_infeasible_device_is_named() -> None:
     sc = _scenario([_client("phone-1"), _client("watch", memory=1e5), _client("phone-2")])
     for fn in (solve, exhaustive, greedy):
-        with pytest.raises(ConfigError, match="device 'watch' cannot train any legal cut .* 0.1 MiB"):
+        with pytest.raises(ConfigError, match="device 'watch' cannot train any legal cut .* 0.0954 MiB"):
             fn(sc)
     with pytest.raises(ConfigError, match="do not fit device 'watch'"):
         static(sc, (2, 4))
@@ -184,6 +185,133 @@ def test_exhaustive_refuses_large_fleets() -> None:
     with pytest.raises(ConfigError, match="exhaustive search over 6 clients would check .* assignments "
                                           "\\(limit 2,000,000\\); use the default exact MILP"):
         exhaustive(sc)
+
+
+def _kinds_fleet(counts: list[int]) -> str:
+    kinds = ["phone-mid", "rpi4", "laptop"]
+    return "[edge]\nprofile = 'edge-server'\n[cloud]\nprofile = 'cloud-gpu'\n" + "".join(
+        f"[[device]]\nname = 'k{j}'\nprofile = '{kinds[j]}'\ncount = {n}\n" for j, n in enumerate(counts))
+
+
+def _count_tables(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from splitfed.optimizer import assign
+
+    calls: list[int] = []
+    real = assign.option_table
+
+    def counted(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(assign, "option_table", counted)
+    return calls
+
+
+def test_exhaustive_refuses_a_fleet_of_any_size_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitfed.profile import parse_fleet
+
+    # before: OverflowError: int too large to convert to float (15^300 formatted with .3g)
+    sc = Scenario.from_fleet(PROF, parse_fleet(_kinds_fleet([300]), "f.toml"), tiers=3)
+    calls = _count_tables(monkeypatch)
+    with pytest.raises(ConfigError, match=r"^exhaustive search over 300 clients would check ~6\.72e\+352 "
+                                          r"assignments \(limit 2,000,000\); use the default exact MILP instead$"):
+        exhaustive(sc)
+    assert len(calls) == 1  # one table for 300 identical clients (before: one each)
+    # 5,000 distinct clients: refused once the product passes the limit (before: 5,000 tables, 3.4 s)
+    distinct = _scenario([_client(f"c{i}", up=1e5 * (1 + i)) for i in range(5000)])
+    with pytest.raises(ConfigError, match=r"over 5,000 clients would check more than [0-9,]+ assignments"):
+        exhaustive(distinct)
+    assert len(calls) <= 1 + math.ceil(math.log(2e6) / math.log(2))
+
+
+@settings(max_examples=40)
+@given(counts=st.lists(st.integers(1, 3000), min_size=1, max_size=3), limit=st.sampled_from([1, 50, 5000]))
+def test_exhaustive_solves_or_refuses_any_fleet_cheaply(counts: list[int], limit: int) -> None:
+    from splitfed.optimizer import assign
+    from splitfed.profile import parse_fleet
+
+    sc = Scenario.from_fleet(PROF, parse_fleet(_kinds_fleet(counts), "f.toml"), tiers=3)
+    calls: list[int] = []
+    real = assign.option_table
+
+    def counted(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return real(*a, **k)
+
+    sizes = [int(option_table(sc, sc.clients[sum(counts[:j])]).fits_device.sum()) for j in range(len(counts))]
+    total = math.prod(m**n for m, n in zip(sizes, counts, strict=True))
+    with mock.patch.object(assign, "option_table", counted):
+        try:
+            sol = exhaustive(sc, limit=limit)
+        except ConfigError as e:
+            assert total > limit and "\n" not in str(e) and f"(limit {limit:,})" in str(e)
+            assert len(calls) <= len(counts)
+            return
+    assert total <= limit and sol.cost.feasible and len(calls) == len(counts)
+
+
+def test_memory_in_refusals_keeps_three_significant_figures() -> None:
+    # before: .1f: "its memory is 0.0 MiB ... needs 0.0 MiB", and 0.25 MiB read "0.2 MiB"
+    tiny = _scenario([_client("tiny", memory=0.005 * 2**20)])
+    for fn in (solve, exhaustive, greedy):
+        with pytest.raises(ConfigError, match=r"device 'tiny' cannot train .*: its memory is 0\.005 MiB and the "
+                                              r"smallest device share needs 0\.[0-9]{3} MiB|[0-9.]+ bytes"):
+            fn(tiny)
+    quarter = _scenario([_client("q", memory=0.25 * 2**20)])
+    with pytest.raises(ConfigError, match=r"do not fit device 'q': they need [0-9.]+ MiB of its 0\.25 MiB$"):
+        static(quarter, (4, 4))
+    with pytest.raises(ConfigError, match=r"the server tiers \(edge 0\.25 MiB, cloud 0\.5 MiB\)"):
+        solve(_scenario([_client("a", memory=2**20)], edge_mem=0.25 * 2**20, cloud_mem=0.5 * 2**20), method="direct")
+
+
+@settings(max_examples=200)
+@given(st.floats(0, 1e18, allow_nan=False))
+def test_mib_text_keeps_three_significant_figures(nbytes: float) -> None:
+    from splitfed.profile.fleet import mib_text
+
+    text = mib_text(nbytes)
+    number, unit = text.replace(",", "").split(" ")
+    back = float(number) * {"MiB": 2**20, "bytes": 1}[unit]
+    assert back == pytest.approx(nbytes, rel=5e-3, abs=5e-3)  # 3 significant figures (or more)
+    assert (float(number) > 0) == (nbytes > 0)  # never "0.0 MiB" for a device that has memory
+    assert "e" not in number or unit == "bytes" and nbytes < 1e-3
+
+
+def test_time_limit_is_one_budget_for_the_whole_solve(monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: each MILP got max(0.1, what was left): past the deadline every further MILP ran 0.1 s more
+    from types import SimpleNamespace
+
+    from splitfed.optimizer import assign
+
+    sc = Scenario(PROF, tuple(_client(f"c{i}", flops=1e9 * (3 + i), up=1e6 * (1 + i)) for i in range(12)),
+                  (TierProfile(3e10, 2**34), TierProfile(9e10, 2**35)), (LinkProfile(1e7, 1e7, 0.02),), batch=32)
+    assert "10 MILP(s)" in solve(sc).note  # a bisection of several steps
+    clock = [0.0]  # the solver's clock: every MILP takes 0.08 s of it, nothing else does
+    monkeypatch.setattr(assign, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    runs: list[tuple[float, float]] = []
+    real = assign.milp
+
+    def slow(*a, options, **k):  # noqa: ANN002, ANN003, ANN202
+        runs.append((clock[0], options["time_limit"]))
+        clock[0] += 0.08
+        return real(*a, options=options, **k)
+
+    monkeypatch.setattr(assign, "milp", slow)
+    budget = 0.3
+    try:
+        sol = solve(sc, time_limit=budget)
+        assert not sol.optimal  # the best found so far, said to be unproven
+    except ConfigError as e:
+        assert "time limit ran out before the MILP found any assignment" in str(e)
+    assert len(runs) == 4 and all(start + limit == pytest.approx(budget) for start, limit in runs), runs
+
+
+def test_a_time_limit_spent_before_any_answer_is_said_so() -> None:
+    # before: each MILP still ran 0.1 s; with none allowed the refusal would have blamed server memory
+    sc = _scenario([_client(f"c{i}", up=1e5 * (1 + i)) for i in range(8)])
+    with pytest.raises(ConfigError, match=r"^the time limit ran out before the MILP found any assignment for the 8 "
+                                          r"clients of synthetic: raise it \(--time-limit\)$"):
+        solve(sc, time_limit=1e-9)
 
 
 def test_gap_and_time_limit_are_reported() -> None:
@@ -253,6 +381,20 @@ def test_optimize_command_errors(fleet_file: str, tmp_path, capsys) -> None:  # 
     tiny.write_text(FLEET.replace('samples = 200', 'samples = 200\nmemory_mb = 0.001'))
     assert main(["optimize", "--model", "cnn", "--fleet", str(tiny)]) == 2
     assert "device 'pi' cannot train any legal cut" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "0", "inf", "-inf"])
+def test_optimize_refuses_a_time_limit_that_is_not_a_positive_number(fleet_file: str, capsys, value: str) -> None:  # noqa: ANN001
+    # before: -1, nan and 0 were taken silently (and run as 0.1 s per MILP)
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, f"--time-limit={value}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--time-limit must be a finite number of seconds > 0, got {float(value)}" in err
+
+
+def test_optimize_table_prints_device_memory_to_three_figures(fleet_file: str, capsys) -> None:  # noqa: ANN001
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--all-on-server"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(("phone-0", "pi "))]
+    assert len(rows) == 2 and all(r.endswith((" MiB", " bytes")) for r in rows), rows
 
 
 def test_shipped_reference_fleet_solves() -> None:

@@ -24,7 +24,7 @@ from splitfed.transport.server import serve_tier
 
 EDGE = "[edge]\nflops = 1e12\nmemory_mb = 1024\n"
 
-positive = st.floats(1e-3, 1e15, allow_nan=False, allow_infinity=False)
+positive = st.floats(1, 1e9, allow_nan=False, allow_infinity=False)  # inside every range of fleet.RANGES
 names = st.text(st.characters(blacklist_categories=("Z", "C")), min_size=1, max_size=12)
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import tempfile
+from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from splitfed.cli import main
@@ -71,12 +76,105 @@ def test_profile_is_cached_in_memory_and_on_disk(tmp_path, monkeypatch) -> None:
         raise AssertionError("profiled again")
 
     monkeypatch.setattr(profiler_mod, "_measure", boom)
-    assert profile_model(spec, batch=3, cache_dir=tmp_path) is first
+    assert profile_model(spec, batch=3, reps=1, cache_dir=tmp_path) is first
     profiler_mod.clear_cache()
-    again = profile_model(spec, batch=3, cache_dir=tmp_path)
+    again = profile_model(spec, batch=3, reps=1, cache_dir=tmp_path)
     assert again == first
     with pytest.raises(AssertionError):
         profile_model(spec, batch=5)  # another batch is another profile
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The reps of every measurement made from now on (the real one is run); the memory cache emptied."""
+    profiler_mod.clear_cache()
+    made: list[int] = []
+    real = profiler_mod._measure
+
+    def measure(spec, batch, slots, reps, *a):  # noqa: ANN001, ANN002, ANN202
+        made.append(reps)
+        return real(spec, batch, slots, reps, *a)
+
+    monkeypatch.setattr(profiler_mod, "_measure", measure)
+    return made
+
+
+def test_a_profile_cached_with_fewer_reps_is_measured_again(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    # before: reps were not in the key and a hit returned whatever was stored (1-rep timings for --reps 500)
+    spec = resolve_spec("mlp")
+    made = _counting(monkeypatch)
+    one = profile_model(spec, batch=3, reps=1, cache_dir=tmp_path)
+    four = profile_model(spec, batch=3, reps=4, cache_dir=tmp_path)
+    assert made == [1, 4] and (one.reps, four.reps) == (1, 4)
+    (entry,) = tmp_path.glob("mlp-*.json")
+    assert json.loads(entry.read_text())["reps"] == 4  # the better profile replaced the other
+    profiler_mod.clear_cache()
+    assert profile_model(spec, batch=3, reps=2, cache_dir=tmp_path) == four  # more reps than asked: a hit
+    assert profile_model(spec, batch=3, reps=4, cache_dir=tmp_path) == four
+    assert made == [1, 4]
+
+
+def test_no_cache_neither_reads_nor_writes_a_cache(tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
+    # before: --no-cache passed cache_dir=None, which fell through to SPLITFED_PROFILE_CACHE
+    monkeypatch.setenv("SPLITFED_PROFILE_CACHE", str(tmp_path))
+    made = _counting(monkeypatch)
+    argv = ["profile", "--model", "mlp", "--batch", "2", "--reps", "1", "--json"]
+    assert main([*argv, "--no-cache"]) == 0
+    assert not list(tmp_path.iterdir())  # nothing written
+    assert main(argv) == 0
+    (entry,) = tmp_path.glob("mlp-*.json")
+    doctored = {**json.loads(entry.read_text()), "reps": 99, "fwd_s": [123.0] * 3}
+    entry.write_text(json.dumps(doctored))
+    profiler_mod.clear_cache()
+    capsys.readouterr()
+    assert main([*argv, "--no-cache"]) == 0
+    assert json.loads(capsys.readouterr().out)["fwd_s"] != [123.0] * 3  # the cached entry was not read
+    assert json.loads(entry.read_text()) == doctored  # nor rewritten
+    assert made == [1, 1, 1]
+    spec = resolve_spec("mlp")
+    kept = profile_model(spec, batch=2, reps=1)
+    assert profile_model(spec, batch=2, reps=1, use_cache=False) is not kept  # nor the one in memory
+
+
+def test_profile_after_optimize_measures_its_own_reps(tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
+    # before: optimize kept a 1-rep profile and `splitfed profile` (3 reps) printed its timings
+    monkeypatch.setenv("SPLITFED_PROFILE_CACHE", str(tmp_path))
+    assert main(["optimize", "--model", "mlp", "--fleet", "small", "--json"]) == 0
+    made = _counting(monkeypatch)
+    capsys.readouterr()
+    assert main(["profile", "--model", "mlp", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["reps"] == 3
+    assert made == [3]
+    assert main(["profile", "--model", "mlp", "--reps", "5"]) == 0
+    assert "median of 5 run(s)" in capsys.readouterr().out
+    assert made == [3, 5]
+
+
+@settings(max_examples=40)
+@given(asks=st.lists(st.tuples(st.integers(1, 6), st.booleans()), min_size=1, max_size=8))
+def test_the_cache_returns_at_least_the_reps_asked_and_measures_only_for_more(asks: list[tuple[int, bool]]) -> None:
+    """Any sequence of requests (some after the in-memory cache is dropped, as in a new process): each
+    answer was timed with at least the reps asked; a measurement happens exactly when more are asked for
+    than any cached profile has."""
+    spec = resolve_spec("mlp")
+    made: list[int] = []
+
+    def measure(spec, batch, slots, reps, *a):  # noqa: ANN001, ANN002, ANN202
+        made.append(reps)
+        return dataclasses.replace(ModelProfile.synthetic([1.0], [1.0], [1.0], input_bytes=1.0), reps=reps)
+
+    profiler_mod.clear_cache()
+    with tempfile.TemporaryDirectory() as d, mock.patch.object(profiler_mod, "_measure", measure):
+        best, expected = 0, []
+        for reps, new_process in asks:
+            if new_process:
+                profiler_mod.clear_cache()
+            got = profile_model(spec, batch=2, reps=reps, cache_dir=d)
+            if reps > best:
+                best = reps
+                expected.append(reps)
+            assert got.reps == best >= reps
+            assert made == expected
+    profiler_mod.clear_cache()
 
 
 def test_profile_json_round_trip() -> None:

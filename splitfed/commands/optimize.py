@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from splitfed.commands._args import add_model_args, batch_size, int_list, positive_int
 from splitfed.commands.profile import cache_dir
@@ -21,7 +22,7 @@ from splitfed.optimizer.assign import (
     solve,
     static,
 )
-from splitfed.profile.fleet import load_fleet, shipped_fleets
+from splitfed.profile.fleet import load_fleet, mib_text, shipped_fleets
 from splitfed.profile.profiler import profile_model
 
 
@@ -50,7 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--greedy", action="store_true", help="each device minimises its own time, ignoring sharing")
     g.add_argument("--all-on-server", action="store_true", help="devices only send their data")
     p.add_argument("--gap", type=float, default=DEFAULT_GAP, help="relative optimality gap the MILP must prove")
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the MILP")
+    p.add_argument("--time-limit", type=float, default=60.0,
+                   help="seconds for the whole exact solve, all its MILPs together (> 0); when they run out, the "
+                        "best assignment found so far is printed, marked not proven optimal")
     p.add_argument("--json", action="store_true", help="print a JSON object (makespan_s, clients, ...)")
     p.set_defaults(func=run)
 
@@ -58,12 +61,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def render(sc: Scenario, sol: Solution, header: str) -> str:
     cost = sol.cost
     w = max(6, *(len(c.name) for c in cost.clients))
-    rows = [header, f"{'client':<{w}}  {'cuts':<10} {'time_s':>10} {'device MiB':>11}"]
+    rows = [header, f"{'client':<{w}}  {'cuts':<10} {'time_s':>10} {'device memory':>15}"]
     for c in cost.clients:
-        rows.append(f"{c.name:<{w}}  {','.join(map(str, c.cuts)):<10} {c.round_s:10.3f} {c.memory[0] / 2**20:11.1f}")
+        rows.append(f"{c.name:<{w}}  {','.join(map(str, c.cuts)):<10} {c.round_s:10.3f} {mib_text(c.memory[0]):>15}")
     shared = ", ".join(f"{k} {v:.3f} s" for k, v in cost.shared_s.items())
     rows.append(f"makespan {cost.makespan_s:.3f} s (bottleneck: {cost.bottleneck}); shared busy: {shared}")
-    rows.append(f"{sol.method}: solved in {sol.solve_s:.3f} s" + (f"; {sol.note}" if sol.note else ""))
+    rows.append(f"{sol.method}: solved in {sol.solve_s:.3f} s" + (f"; {sol.note}" if sol.note else "")
+                + ("; the time limit ran out: the best assignment found, not proven optimal"
+                   if sol.method == "milp" and not sol.optimal else ""))
     for v in cost.violations:
         rows.append(f"INFEASIBLE: {v}")
     return "\n".join(rows)
@@ -74,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--min-device-blocks must be >= 0")
     if not 0 <= args.gap < 1:
         raise ConfigError(f"--gap must be in [0, 1), got {args.gap}")
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):  # -1, 0 and nan ran as 0.1 s per MILP
+        raise ConfigError(f"--time-limit must be a finite number of seconds > 0, got {args.time_limit}")
     spec = resolve_spec(args.model, args.input_shape, args.num_classes)
     fleet = load_fleet(args.fleet).at_round(args.round)
     prof = profile_model(spec, args.batch, reps=1, cache_dir=cache_dir())

@@ -13,10 +13,9 @@ from splitfed.models.zoo import resolve_spec
 from splitfed.profile.profiler import ModelProfile, profile_model
 
 
-def cache_dir(no_cache: bool = False) -> Path | None:
-    """Where commands keep measured profiles (``SPLITFED_PROFILE_CACHE``, else the XDG cache)."""
-    if no_cache:
-        return None
+def cache_dir() -> Path:
+    """Where commands keep measured profiles (``SPLITFED_PROFILE_CACHE``, else the XDG cache). No cache
+    at all is ``profile_model(..., use_cache=False)``: a ``None`` here would fall back to the variable."""
     env = os.environ.get("SPLITFED_PROFILE_CACHE")
     if env:
         return Path(env)
@@ -29,18 +28,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.splitlines()[0])
     add_model_args(p)
     p.add_argument("--batch", type=batch_size, default=32)
-    p.add_argument("--reps", type=positive_int, default=3, help="timed repetitions per block (median)")
+    p.add_argument("--reps", type=positive_int, default=3,
+                   help="timed repetitions per block (median); a cached profile timed with fewer is measured again")
     p.add_argument("--optimizer-slots", type=int, default=1, choices=(0, 1, 2),
                    help="optimizer tensors per parameter (SGD 0, momentum 1, Adam 2)")
     p.add_argument("--torch-device", default="cpu", metavar="DEV",
                    help="time the blocks on cpu | cuda | cuda:N (a GPU tier's rate; default cpu)")
-    p.add_argument("--no-cache", action="store_true", help="measure again, keep nothing on disk")
+    p.add_argument("--no-cache", action="store_true", help="measure again; read and keep no cached profile")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=run)
 
 
 def render(prof: ModelProfile, where: str = "this host") -> str:
-    rows = [f"{prof.model}: {prof.n_blocks} blocks, batch {prof.batch}, input {prof.input_bytes / 1e3:.1f} kB/sample",
+    reps = f", times: median of {prof.reps} run(s)" if prof.reps and prof.fwd_s else ""
+    rows = [f"{prof.model}: {prof.n_blocks} blocks, batch {prof.batch}, input {prof.input_bytes / 1e3:.1f} kB/sample"
+            + reps,
             f"{'#':>3} {'block':<28} {'fwd MFLOP':>10} {'bwd MFLOP':>10} {'params kB':>10} {'out kB':>8} "
             f"{'act kB':>8} {'fixed kB':>10} {'fwd ms':>8} {'bwd ms':>8}"]
     times = prof.fwd_s and prof.bwd_s
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     spec = resolve_spec(args.model, args.input_shape, args.num_classes)
     dev = torch_device(args.torch_device)
     prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=args.reps,
-                         cache_dir=cache_dir(args.no_cache), torch_device=dev)
+                         cache_dir=cache_dir(), torch_device=dev, use_cache=not args.no_cache)
     where = "this host" if dev.type == "cpu" else f"this host's {describe(dev)}"
     print(dumps(prof.to_dict(), indent=1) if args.json else render(prof, where))
     return 0

@@ -80,7 +80,7 @@ from splitfed.cost.model import (
     tier_of_blocks,
 )
 from splitfed.errors import ConfigError, SplitfedError
-from splitfed.profile.fleet import Client
+from splitfed.profile.fleet import Client, mib_text
 
 EXHAUSTIVE_LIMIT = 2_000_000
 _SCALE = 1e4  # the optimum's size in scaled units (see module docstring)
@@ -146,8 +146,8 @@ def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np
     more = f" (and {len(members) - 1} more like it)" if len(members) > 1 else ""
     return ConfigError(
         f"device {c.name!r}{more} cannot train any legal cut of {sc.profile.model} at batch {sc.batch}: "
-        f"its memory is {c.device.memory / 2**20:.1f} MiB and the smallest device share needs "
-        f"{t_mem[best] / 2**20:.1f} MiB (cuts {','.join(map(str, options[best]))})")
+        f"its memory is {mib_text(c.device.memory)} and the smallest device share needs "
+        f"{mib_text(t_mem[best])} (cuts {','.join(map(str, options[best]))})")
 
 
 def _dominates(V: np.ndarray) -> np.ndarray:
@@ -336,7 +336,7 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         obj[iM] = 1.0 if minimize else 0.0
     opts: dict = {"mip_rel_gap": gap, "disp": False}
     if time_limit is not None:
-        opts["time_limit"] = max(0.1, time_limit)
+        opts["time_limit"] = time_limit  # what is left of the solve's budget (the caller stops at 0)
     res = milp(obj, integrality=integrality, bounds=Bounds(np.zeros(nvar), ub),
                constraints=LinearConstraint(A, lo, hi), options=opts)
     if res.status == 2:
@@ -372,7 +372,7 @@ def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray],
 
 
 def _shared_infeasible(sc: Scenario) -> ConfigError:
-    caps = ", ".join(f"{n} {m / 2**20:.0f} MiB" for n, m in zip(sc.tier_names[1:], sc.memory_caps, strict=True))
+    caps = ", ".join(f"{n} {mib_text(m)}" for n, m in zip(sc.tier_names[1:], sc.memory_caps, strict=True))
     return ConfigError(f"no assignment fits: the server tiers ({caps}) cannot hold the segments of all "
                        f"{len(sc.clients)} clients of {sc.profile.model} at batch {sc.batch}, whatever the cuts")
 
@@ -403,6 +403,14 @@ class _Solver:
         self.calls = 0
         self.proven = True  # every MILP so far finished (no time limit hit)
 
+    def no_answer(self) -> ConfigError:
+        """The refusal when no MILP found an assignment: none fits, or (some MILP stopped at the time
+        limit) none was found in time; "the servers cannot hold it" would then be a wrong diagnosis."""
+        if self.proven:
+            return _shared_infeasible(self.sc)
+        return ConfigError(f"the time limit ran out before the MILP found any assignment for the "
+                           f"{len(self.sc.clients)} clients of {self.sc.profile.model}: raise it (--time-limit)")
+
     def run(self, allowed: list[np.ndarray], time_rows: bool, m_max: float = math.inf,
             minimize: bool = True, objective: list[np.ndarray] | None = None
             ) -> tuple[_Result, list[np.ndarray] | None]:
@@ -412,6 +420,9 @@ class _Solver:
         rhs = np.ones(len(self.sc.memory_caps))
         for _ in range(4):
             left = None if self.deadline is None else self.deadline - time.perf_counter()
+            if left is not None and left <= 0:  # the budget is spent: "unknown", like HiGHS at its limit
+                self.proven = False
+                return _Result([], math.inf, 0.0, False), None
             self.calls += 1
             r = _milp(self.sc, self.classes, allowed, time_rows=time_rows, scale=self.scale, gap=self.gap,
                       time_limit=left, mem_rhs=rhs, m_max=m_max, minimize=minimize, objective=objective)
@@ -436,7 +447,7 @@ def _direct(s: _Solver) -> tuple[RoundCost, float]:
     allowed = [np.arange(len(c.T)) for c in s.classes]
     r, ok = s.run(allowed, time_rows=True)
     if ok is None:
-        raise _shared_infeasible(s.sc)
+        raise s.no_answer()
     return s.price(allowed, r), r.bound
 
 
@@ -474,7 +485,7 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
         a = allowed(last)
         r, ok = s.run(a, time_rows=False)
         if ok is None:
-            raise _shared_infeasible(s.sc)
+            raise s.no_answer()
         return s.price(a, r), r.bound
     lo, hi = 0, last  # infeasible at lo, feasible at hi
     while hi - lo > 1:
@@ -609,6 +620,9 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     (the MILP as written, one binary per client and option; kept for cross-checks).
     ``prefer``: current cuts; among assignments within a relative ``tie_rel`` of the optimum, return
     one of least total move cost from them (them, when they are optimal).
+    ``time_limit``: seconds for the whole solve from this call on, every MILP together (each gets what is
+    left; none starts once it is spent; None: no limit). When it runs out the best assignment found so far
+    is returned, ``optimal`` False; when none was found, a ConfigError says so.
     """
     t0 = time.perf_counter()
     if method == "auto":  # direct's one big MILP is slower to prove than bisect's yes/no MILPs
@@ -645,31 +659,59 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
 # ---------------------------------------------------------------- reference and baseline policies
 
 
+def _count_text(sizes: Sequence[int]) -> str:
+    """The product of ``sizes`` (each >= 1) for a message: exact (``2,000,000``) while it is small, else
+    ``~1.23e+400`` from its logarithm (``{n:.3g}`` of such an int raised OverflowError, and the exact
+    product of 10^5 counts takes long to build)."""
+    log = math.fsum(math.log10(m) for m in sizes)
+    if log < 15:
+        return f"{math.prod(sizes):,}"
+    e = math.floor(log)
+    m = 10 ** (log - e)
+    if m >= 9.995:  # would print as 10
+        m, e = m / 10, e + 1
+    return f"~{m:.3g}e+{e}"
+
+
+def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]:
+    """Each client's device-feasible options (options, T, load, mem, act, blocks), refusing as soon as the
+    product of their counts passes ``limit``: identical clients share one table (200 of a kind cost one),
+    and the product only grows, so distinct clients are priced only until it is too large."""
+    memo: dict[tuple, tuple[np.ndarray, ...]] = {}
+    tables = []
+    total = 1
+    for i, c in enumerate(sc.clients):
+        k = client_key(c)
+        if k not in memo:
+            t = option_table(sc, c)
+            if not t.fits_device.any():
+                raise _infeasible(sc, [i], t.memory[:, 0], t.options)
+            ok = t.fits_device
+            if sc.mode == "sl":
+                ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
+                if not ok.any():
+                    raise _shared_infeasible(sc)
+            tiers = tier_of_blocks(sc, t.options[ok])
+            blocks = np.stack([tiers == s for s in range(1, sc.tiers)], axis=1)  # (m, S, L)
+            memo[k] = (t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:],
+                       t.act_memory[ok, 1:], blocks)
+        tables.append(memo[k])
+        total *= len(memo[k][1])
+        if total > limit:
+            known = [len(memo[kd][1]) for kd in map(client_key, sc.clients) if kd in memo]
+            more = "more than " if len(known) < len(sc.clients) else ""
+            raise ConfigError(f"exhaustive search over {len(sc.clients):,} clients would check {more}"
+                              f"{_count_text(known)} assignments (limit {limit:,}); use the default exact MILP "
+                              "instead")
+    return tables
+
+
 def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
     """Brute force over every combination of device-feasible cuts (small fleets only), for ``sc.mode``."""
     t0 = time.perf_counter()
-    raw = []
-    for i, c in enumerate(sc.clients):
-        t = option_table(sc, c)
-        if not t.fits_device.any():
-            raise _infeasible(sc, [i], t.memory[:, 0], t.options)
-        raw.append(t)
-    tables = []
-    for t in raw:
-        ok = t.fits_device
-        if sc.mode == "sl":
-            ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
-            if not ok.any():
-                raise _shared_infeasible(sc)
-        tiers = tier_of_blocks(sc, t.options[ok])
-        blocks = np.stack([tiers == s for s in range(1, sc.tiers)], axis=1)  # (m, S, L)
-        tables.append((t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:],
-                       t.act_memory[ok, 1:], blocks))
+    tables = _exhaustive_tables(sc, limit)
     sizes = [len(t[1]) for t in tables]
     total = math.prod(sizes)
-    if total > limit:
-        raise ConfigError(f"exhaustive search over {len(sizes)} clients would check {total:.3g} assignments "
-                          f"(limit {limit:,}); use the default exact MILP instead")
     caps = sc.memory_caps
     fixed = sc._prefix["block_fixed"]
     L = sc.profile.n_blocks
@@ -734,7 +776,7 @@ def static(sc: Scenario, cuts: Sequence[int]) -> Solution:
     for c, cc in zip(sc.clients, cost.clients, strict=True):
         if not cc.fits_device:
             raise ConfigError(f"cuts {','.join(map(str, cuts))} do not fit device {c.name!r}: they need "
-                              f"{cc.memory[0] / 2**20:.1f} MiB of its {c.device.memory / 2**20:.1f} MiB")
+                              f"{mib_text(cc.memory[0])} of its {mib_text(c.device.memory)}")
     return Solution(f"static {','.join(map(str, cuts))}", cost, time.perf_counter() - t0, False)
 
 

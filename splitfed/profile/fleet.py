@@ -24,7 +24,8 @@ A fleet file is TOML::
     # rtt_ms = 200              # ... or set (flops, up_mbps, down_mbps, rtt_ms)
 
 Unknown keys and impossible values are refused with the file, entry and key named; so is a fleet of
-more than :data:`MAX_CLIENTS` clients (counts added up), which would exhaust memory before anything ran.
+more than :data:`MAX_CLIENTS` clients (counts added up), which would exhaust memory before anything ran,
+and a number outside its field's physical range (:data:`RANGES`; drift included, as it compounds).
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ _DRIFT_SCALE = {"flops_scale": "flops", "up_scale": "up_mbps", "down_scale": "do
 _DRIFT_KEYS = {"round", *_DRIFT_SET, *_DRIFT_SCALE}
 DEFAULT_SAMPLES = 500
 MAX_CLIENTS = 100_000  # clients in one fleet (counts added up, or one sample): each is an object held in memory
+MAX_SAMPLES = 10**12  # one device's local dataset: beyond any device's; samples x epochs stays exact in a float
+
+# The range of each number a fleet file gives, in file units, and why. Outside it a value is a typo or a
+# unit mix-up, not a device; inside it every internal figure (bytes, bytes/s, seconds of a round) stays
+# finite and normal: memory_mb = 1e308 was inf bytes (every cut fitted), up_mbps = 1e-320 overflowed a
+# division (and the refusal then blamed server memory), flops = 5e-324 did the same.
+RANGES: dict[str, tuple[float, float, str]] = {  # key: (low, high, "unit (why)")
+    "flops": (1.0, 1e20, "FLOP/s (1e20 is ~50x the fastest supercomputer)"),
+    "memory_mb": (1e-6, 1e9, "MiB (1e-6 MiB is ~1 byte; 1e9 MiB, ~1 PiB, is 1000x any one machine)"),
+    "up_mbps": (1e-6, 1e9, "Mbit/s (1 bit/s to 1 Pbit/s)"),
+    "down_mbps": (1e-6, 1e9, "Mbit/s (1 bit/s to 1 Pbit/s)"),
+    "rtt_ms": (0.0, 1e7, "ms (1e7 ms is ~3 hours; Earth to Mars and back is under 45 minutes)"),
+}
+SCALE_RANGE = (1e-9, 1e9)  # a drift factor (rtt_scale may be 0); what it makes must stay in RANGES too
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,18 @@ class Fleet:
 # ---------------------------------------------------------------- writing
 
 
+def mib_text(nbytes: float) -> str:
+    """Bytes for a message, in the fleet file's unit (MiB) to 3 significant figures, so a refusal reads
+    against ``memory_mb`` (``.1f`` showed 0.005 MiB as "0.0 MiB" and 0.25 MiB as "0.2 MiB"); under a KiB,
+    in bytes."""
+    if not math.isfinite(nbytes):
+        return f"{nbytes} bytes"
+    if abs(nbytes) < 1024:
+        return f"{nbytes:.3g} bytes"
+    v = nbytes / MIB
+    return f"{v:,.0f} MiB" if abs(v) >= 999.5 else f"{v:.3g} MiB"
+
+
 def device_entry(name: str, device: DeviceProfile, notes: Mapping[str, str] | None = None) -> str:
     """One ``[[device]]`` entry of a fleet file (what :func:`parse_fleet` reads back), each number
     followed by its ``notes`` (where it came from) as a comment."""
@@ -205,10 +232,10 @@ def shipped_fleets() -> list[str]:
 def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:  # TOMLDecodeError, or an integer of more than 4300 digits (a ValueError)
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
     _keys(doc, _TOP_KEYS, source, "top level")
-    default_samples = _int(doc, "samples", source, "top level", default=DEFAULT_SAMPLES)
+    default_samples = _int(doc, "samples", source, "top level", default=DEFAULT_SAMPLES, most=MAX_SAMPLES)
     name = doc.get("name", Path(source).stem)
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{source}: top level: 'name' must be a non-empty string")
@@ -255,10 +282,10 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
         count = _int(d, "count", source, where, default=1)
         total += count
         if total > MAX_CLIENTS:  # refused before any client is made: 10**8 of them exhaust memory
-            raise ConfigError(f"{source}: {where}: 'count' {count:,} brings the fleet to {total:,} clients, more "
-                              f"than the {MAX_CLIENTS:,} splitfed holds (MAX_CLIENTS): lower 'count'")
-        samples = _int(d, "samples", source, where, default=default_samples)
-        drift = _drifts(d.get("drift", []), source, where)
+            raise ConfigError(f"{source}: {where}: 'count' {_shown(count)} brings the fleet to {_shown(total)} "
+                              f"clients, more than the {MAX_CLIENTS:,} splitfed holds (MAX_CLIENTS): lower 'count'")
+        samples = _int(d, "samples", source, where, default=default_samples, most=MAX_SAMPLES)
+        drift = _drifts(d.get("drift", []), source, where, v)
         base = Client(dname, dname, TierProfile(v["flops"], v["memory_mb"] * MIB), _link(v), samples, drift)
         kinds[dname] = count
         if count == 1:
@@ -287,21 +314,44 @@ def _keys(d: Mapping[str, Any], allowed: set[str], source: str, where: str) -> N
             raise unknown_key(k, allowed, f"{source}: {where}")
 
 
-def _int(d: Mapping[str, Any], key: str, source: str, where: str, default: int) -> int:
+def _int(d: Mapping[str, Any], key: str, source: str, where: str, default: int, most: int | None = None) -> int:
     if key not in d:
         return default
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{source}: {where}: {key!r} must be an integer >= 1, got {v!r}")
+        raise ConfigError(f"{source}: {where}: {key!r} must be an integer >= 1, got {_shown(v)}")
+    if most is not None and v > most:
+        raise ConfigError(f"{source}: {where}: {key!r} must be an integer from 1 to {most:,}, got {_shown(v)}")
     return v
 
 
-def _num(v: Any, key: str, source: str, where: str, zero_ok: bool = False) -> float:
-    ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)
-    if not ok:
-        want = ">= 0" if zero_ok else "> 0"
+def _shown(v: Any) -> str:
+    """``v`` for a message; an integer of hundreds of digits as ~1.23e+400 (its ``repr`` is a line of
+    digits, and past 4300 digits ``repr`` raises)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**15:
+        e = int(math.log10(abs(v)))
+        e -= abs(v) < 10**e  # log10 rounds up just below a power of ten
+        lead = abs(v) // 10 ** (e - 2)
+        return f"~{'-' if v < 0 else ''}{lead / 100:g}e+{e}"
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else repr(v)
+
+
+def _num(v: Any, key: str, source: str, where: str, bounds: tuple[float, float, str], zero_ok: bool = False) -> float:
+    """``v`` as a float: a number (not a bool), finite, > 0 (>= 0 with ``zero_ok``) and within ``bounds``
+    (low, high, why), else a one-line refusal naming the file, entry, key and range."""
+    want = ">= 0" if zero_ok else "> 0"
+    if isinstance(v, bool) or not isinstance(v, int | float):
         raise ConfigError(f"{source}: {where}: {key!r} must be a finite number {want}, got {v!r}")
-    return float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond any float (1 and 400 zeros): math.isfinite raised on it
+        f = math.inf if v > 0 else -math.inf
+    if math.isnan(f) or (isinstance(v, float) and math.isinf(f)) or not (f >= 0 if zero_ok else f > 0):
+        raise ConfigError(f"{source}: {where}: {key!r} must be a finite number {want}, got {_shown(v)}")
+    if not bounds[0] <= f <= bounds[1]:
+        lo, hi, why = bounds
+        raise ConfigError(f"{source}: {where}: {key!r} must be in [{lo:g}, {hi:g}] {why}, got {_shown(v)}")
+    return f
 
 
 def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool) -> dict[str, float]:
@@ -309,13 +359,16 @@ def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool) ->
     vals: dict[str, float] = {}
     if "profile" in d:
         pname = d["profile"]
+        if not isinstance(pname, str):  # a list or table: `in PROFILES` raised "unhashable type"
+            raise ConfigError(f"{source}: {where}: 'profile' must be a string naming a device profile "
+                              f"(known: {', '.join(PROFILES)}), got {type(pname).__name__} {pname!r}")
         if pname not in PROFILES:
             raise ConfigError(f"{source}: {where}: 'profile' {pname!r} is unknown "
                               f"(known: {', '.join(PROFILES)})")
         vals.update(PROFILES[pname].fields())
     for k in ("flops", "memory_mb", *_LINK):
         if k in d:
-            vals[k] = _num(d[k], k, source, where, zero_ok=(k == "rtt_ms"))
+            vals[k] = _num(d[k], k, source, where, RANGES[k], zero_ok=(k == "rtt_ms"))
     need = ["flops", "memory_mb", *(_LINK if need_link else ())]
     for k in need:
         if k not in vals:
@@ -323,7 +376,7 @@ def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool) ->
     return vals
 
 
-def _drifts(items: Any, source: str, where: str) -> tuple[Drift, ...]:
+def _drifts(items: Any, source: str, where: str, base: Mapping[str, float]) -> tuple[Drift, ...]:
     if not isinstance(items, list):
         raise ConfigError(f"{source}: {where}: 'drift' must be an array of tables ([[device.drift]])")
     out = []
@@ -334,11 +387,35 @@ def _drifts(items: Any, source: str, where: str) -> tuple[Drift, ...]:
         if "round" not in d:
             raise ConfigError(f"{source}: {w}: missing 'round' (the first round it applies to, from 1)")
         r = _int(d, "round", source, w, default=1)
-        sets = tuple((k, _num(d[k], k, source, w, zero_ok=(k == "rtt_ms"))) for k in _DRIFT_SET if k in d)
-        scales = tuple((f, _num(d[k], k, source, w, zero_ok=(k == "rtt_scale"))) for k, f in _DRIFT_SCALE.items()
-                       if k in d)
+        sets = tuple((k, _num(d[k], k, source, w, RANGES[k], zero_ok=(k == "rtt_ms"))) for k in _DRIFT_SET if k in d)
+        scales = tuple((f, _num(d[k], k, source, w, _scale_range(k), zero_ok=(k == "rtt_scale")))
+                       for k, f in _DRIFT_SCALE.items() if k in d)
         if not sets and not scales:
             raise ConfigError(f"{source}: {w}: changes nothing (give one of "
                               f"{', '.join(sorted(_DRIFT_KEYS - {'round'}))})")
         out.append(Drift(r, sets, scales))
+    _check_drifted(out, base, source, where)
     return tuple(out)
+
+
+def _scale_range(key: str) -> tuple[float, float, str]:
+    lo, hi = SCALE_RANGE
+    return (0.0 if key == "rtt_scale" else lo), hi, "(a factor; what it gives must stay in range too)"
+
+
+def _check_drifted(drifts: list[Drift], base: Mapping[str, float], source: str, where: str) -> None:
+    """Apply the drifts as :meth:`Client.at_round` does (round order, sets then scales) and refuse one that
+    takes a value out of its range: scales compound, so each factor in range is not enough."""
+    vals = dict(base)
+    order = sorted(range(len(drifts)), key=lambda j: drifts[j].round)
+    for j in order:
+        d = drifts[j]
+        for k, v in d.set:
+            vals[k] = v
+        for k, v in d.scale:
+            vals[k] *= v
+            lo, hi, why = RANGES[k]
+            if not lo <= vals[k] <= hi:
+                key = next(s for s, f in _DRIFT_SCALE.items() if f == k)
+                raise ConfigError(f"{source}: {where} drift #{j + 1}: {key!r} brings {k!r} to {vals[k]:.3g} "
+                                  f"from round {d.round} on, outside [{lo:g}, {hi:g}] {why}")

@@ -10,7 +10,10 @@ per batch on this host (or on one of its GPUs: ``torch_device``) are kept beside
 the FLOPs so that predictions can be checked against measurement.
 
 Profiles are cached in memory per (model spec, batch, optimizer slots) and, when
-a cache directory is given (or ``SPLITFED_PROFILE_CACHE`` is set), on disk.
+a cache directory is given (or ``SPLITFED_PROFILE_CACHE`` is set), on disk. A cached
+profile answers a request for as many timed repetitions as it was measured with, or
+fewer; a request for more measures again and keeps the better profile (see
+:func:`profile_model`).
 """
 
 from __future__ import annotations
@@ -60,9 +63,12 @@ class ModelProfile:
     optimizer_slots: int = 1      # optimizer tensors per parameter (SGD momentum: 1, Adam: 2)
     host: str = ""
     spec: dict | None = None
+    reps: int = 0                 # timed repetitions behind fwd_s and bwd_s (0: none or not recorded)
 
     def __post_init__(self) -> None:
         n = len(self.names)
+        if isinstance(self.reps, bool) or not isinstance(self.reps, int) or self.reps < 0:
+            raise ConfigError(f"profile of {self.model}: reps must be an integer >= 0, got {self.reps!r}")
         for f in ("fwd_flops", "bwd_flops", "param_bytes", "out_bytes", "act_bytes", "fixed_bytes"):
             v = getattr(self, f)
             object.__setattr__(self, f, tuple(float(x) for x in v))
@@ -127,29 +133,46 @@ def _key(spec: ModelSpec, batch: int, optimizer_slots: int, where: torch.device)
 
 def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1, reps: int = 3,
                   cache_dir: str | Path | None = None, seed: int = 0,
-                  torch_device: str | torch.device = "cpu") -> ModelProfile:
+                  torch_device: str | torch.device = "cpu", use_cache: bool = True) -> ModelProfile:
     """The model's block profile; profiled once per (spec, batch, optimizer slots, device) and cached. Its
-    times are measured on ``torch_device`` (a GPU: what a GPU tier's profile should say it does)."""
+    times are measured on ``torch_device`` (a GPU: what a GPU tier's profile should say it does), each the
+    median of ``reps`` timed runs.
+
+    The cache (in memory, and on disk in ``cache_dir``, else ``SPLITFED_PROFILE_CACHE`` when set) holds
+    one profile per key, the one timed with the most repetitions: one timed with fewer than ``reps`` is
+    measured again and replaced; one with as many or more is returned (its medians are at least as good;
+    FLOPs and bytes do not depend on ``reps``). Reps are not in the key, so the 1-rep profile ``optimize``
+    keeps (it uses no times) gives way to the 3 reps ``profile`` asks for, and a 500-rep one serves both,
+    with one file per model rather than one per reps ever asked. ``use_cache=False`` measures afresh and
+    neither reads nor writes any cache (``--no-cache``; ``cache_dir=None`` means the default cache).
+    """
     if batch < 1:
         raise ConfigError(f"batch must be >= 1, got {batch}")
+    reps = max(1, reps)
     where = compute.torch_device(str(torch_device), "torch_device")  # "cuda" -> cuda:N, and there
+    if not use_cache:
+        return _measured(spec, batch, optimizer_slots, reps, seed, where)
     key = _key(spec, batch, optimizer_slots, where)
-    if key in _MEMORY:
+    if key in _MEMORY and _MEMORY[key].reps >= reps:
         return _MEMORY[key]
     cache_dir = cache_dir or os.environ.get("SPLITFED_PROFILE_CACHE")
     path = Path(cache_dir) / f"{spec.name.replace(':', '_').replace('/', '_')}-{key}.json" if cache_dir else None
     prof = _read_cache(path) if path is not None else None
-    if prof is not None:
+    if prof is not None and prof.reps >= reps:
         _MEMORY[key] = prof
         return prof
-    from splitfed.engine.template import admit
-
-    admit(spec)  # a model too large to build here is refused before it is built
-    prof = _measure(spec, batch, optimizer_slots, max(1, reps), seed, where)
+    prof = _measured(spec, batch, optimizer_slots, reps, seed, where)
     _MEMORY[key] = prof
     if path is not None:
         _write_cache(path, prof)
     return prof
+
+
+def _measured(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int, where: torch.device) -> ModelProfile:
+    from splitfed.engine.template import admit
+
+    admit(spec)  # a model too large to build here is refused before it is built
+    return _measure(spec, batch, slots, reps, seed, where)
 
 
 def _read_cache(path: Path) -> ModelProfile | None:
@@ -285,7 +308,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             x = _detach(out, grad=False)
     return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
-                        optimizer_slots=slots, spec=spec.to_dict(),
+                        optimizer_slots=slots, spec=spec.to_dict(), reps=reps,
                         host=platform.node() + (f" ({compute.describe(where)})" if where.type != "cpu" else ""))
 
 
