@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -70,6 +70,7 @@ from scipy.sparse import coo_array
 from splitfed.cost.model import (
     Assignment,
     Cuts,
+    OptionTable,
     RoundCost,
     Scenario,
     client_key,
@@ -673,6 +674,21 @@ def _count_text(sizes: Sequence[int]) -> str:
     return f"~{m:.3g}e+{e}"
 
 
+def _kinds(sc: Scenario) -> Iterator[tuple[Client, tuple, OptionTable | None]]:
+    """Each client with its kind's key and, where the kind is first seen, its option table (identical
+    clients are priced once); a device that no option fits is refused, named."""
+    seen: set[tuple] = set()
+    for i, c in enumerate(sc.clients):
+        k = client_key(c)
+        t = None
+        if k not in seen:
+            seen.add(k)
+            t = option_table(sc, c)
+            if not t.fits_device.any():
+                raise _infeasible(sc, [i], t.memory[:, 0], t.options)
+        yield c, k, t
+
+
 def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]:
     """Each client's device-feasible options (options, T, load, mem, act, blocks), refusing as soon as the
     product of their counts passes ``limit``: identical clients share one table (200 of a kind cost one),
@@ -680,12 +696,8 @@ def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]
     memo: dict[tuple, tuple[np.ndarray, ...]] = {}
     tables = []
     total = 1
-    for i, c in enumerate(sc.clients):
-        k = client_key(c)
-        if k not in memo:
-            t = option_table(sc, c)
-            if not t.fits_device.any():
-                raise _infeasible(sc, [i], t.memory[:, 0], t.options)
+    for _, k, t in _kinds(sc):
+        if t is not None:
             ok = t.fits_device
             if sc.mode == "sl":
                 ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
@@ -823,12 +835,8 @@ def greedy(sc: Scenario) -> Solution:
     t0 = time.perf_counter()
     assignment: dict[str, Cuts] = {}
     memo: dict[tuple, Cuts] = {}
-    for i, c in enumerate(sc.clients):
-        k = client_key(c)
-        if k not in memo:
-            t = option_table(sc, c)
-            if not t.fits_device.any():
-                raise _infeasible(sc, [i], t.memory[:, 0], t.options)
+    for c, k, t in _kinds(sc):
+        if t is not None:
             r = np.where(t.fits_device, t.round_s, np.inf)
             memo[k] = tuple(int(x) for x in t.options[int(np.argmin(r))])
         assignment[c.name] = memo[k]
