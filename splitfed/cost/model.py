@@ -112,7 +112,7 @@ import numpy as np
 from splitfed.errors import ConfigError, CutError
 from splitfed.models.blocks import validate_cuts
 from splitfed.profile.devices import LinkProfile, TierProfile
-from splitfed.profile.fleet import Client, Fleet
+from splitfed.profile.fleet import Client, Fleet, mib_text
 from splitfed.profile.profiler import ModelProfile
 
 Cuts = tuple[int, ...]
@@ -601,9 +601,9 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
     used = server_memory(sc, np.asarray(cuts_of), np.array([c.memory[1:] for c in cc]),
                          np.array([c.act_memory[1:] for c in cc]))
     shared_mem = {names[t]: float(used[t - 1]) for t in range(1, sc.tiers)}
-    violations = [f"{c.name}: device memory {c.memory[0] / 2**20:.1f} MiB > {sc.clients[i].device.memory / 2**20:.1f} MiB"
+    violations = [f"{c.name}: device memory {mib_text(c.memory[0])} > {mib_text(sc.clients[i].device.memory)}"
                   for i, c in enumerate(cc) if not c.fits_device]
-    violations += [f"{names[t]} memory {shared_mem[names[t]] / 2**20:.1f} MiB > {cap / 2**20:.1f} MiB"
+    violations += [f"{names[t]} memory {mib_text(shared_mem[names[t]])} > {mib_text(cap)}"
                    for t, cap in enumerate(sc.memory_caps, 1) if shared_mem[names[t]] > cap]
     return RoundCost(cc, makespan, bottleneck, shared_s, shared_mem, tuple(violations), sc.mode)
 
