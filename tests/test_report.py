@@ -136,6 +136,8 @@ def test_report_names_an_output_folder_it_cannot_write(tmp_path: Path, capsys: p
 
     assert default_out([Path("/a/x"), Path("/b/y")]) == Path("report")  # not /report
     assert default_out([tmp_path / "a", tmp_path / "b"]) == tmp_path.resolve() / "report"
+    assert cli(["report", str(tmp_path / "run"), "--out", ""]) == 2  # before: the default folder, silently
+    assert "--out is empty" in capsys.readouterr().err and not (tmp_path / "run" / "report").exists()
 
 
 @pytest.mark.parametrize("blocked", ["summary.md", "rounds.csv", "cuts_1_run.png"])

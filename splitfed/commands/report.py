@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.report.table import class_table, format_table
 
     paths = [Path(p) for p in args.runs]
+    if args.out is not None and not args.out.strip():  # "" would have meant the default folder, silently
+        raise ConfigError("--out is empty: name a folder, or leave --out out for the default")
     out = Path(args.out) if args.out else default_out(paths)  # from every path given: where a report before wrote
     runs = load_runs(without_out(paths, out))
     if out.exists() and not out.is_dir():
