@@ -373,6 +373,10 @@ def test_optimize_command_table_and_policies(fleet_file: str, capsys) -> None:  
 def test_optimize_command_errors(fleet_file: str, tmp_path, capsys) -> None:  # noqa: ANN001
     assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--static", "1,2,3"]) == 2
     assert "3 tiers need 2 cut(s)" in capsys.readouterr().err
+    for typo in ("3,,5", "3,5,", ","):  # a number left out (before: "3,,5" ran as 3,5)
+        with pytest.raises(SystemExit) as stop:
+            main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--static", typo])
+        assert stop.value.code == 2 and "expected comma-separated integers" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     bad.write_text(FLEET + "colour = 'red'\n")
     assert main(["optimize", "--model", "cnn", "--fleet", str(bad)]) == 2

@@ -10,13 +10,12 @@ from splitfed.flower.config import MAX_SEED
 
 def int_list(text: str) -> tuple[int, ...]:
     """``"3,7"`` -> ``(3, 7)``; a clear argparse error otherwise."""
-    try:
-        vals = tuple(int(p) for p in text.split(",") if p.strip() != "")
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    try:  # an empty entry ("3,,5", "3,5,") is a number left out, not nothing: refused, not dropped
+        return tuple(int(p) for p in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return vals
 
 
 def shape(text: str) -> tuple[int, ...]:
