@@ -279,6 +279,9 @@ def test_an_output_folder_that_holds_results_is_refused_then_replaced_with_overw
     cfg = CONFIGS / "compression.tiny.toml"
     run_tiny(compression, "compression", out, capsys)
     (out / "runs" / "topk_0_5").mkdir()  # a run of an earlier config that this one does not have
+    earlier = json.loads((out / "results.json").read_text())
+    (out / "results.json").write_text(json.dumps({**earlier, "earlier": True}))  # to tell it from the new one
+    (out / "old.png").write_bytes(b"")  # an earlier experiment's figure
     before = (out / "results.json").read_text()
     assert compression.cli(["--config", str(cfg), "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -287,7 +290,7 @@ def test_an_output_folder_that_holds_results_is_refused_then_replaced_with_overw
     assert compression.cli(["--config", str(cfg), "--out", str(out), "--overwrite"]) == 0
     capsys.readouterr()
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["int8", "none"]
-    assert json.loads((out / "results.json").read_text())["elapsed_s"] != json.loads(before)["elapsed_s"]
+    assert "earlier" not in json.loads((out / "results.json").read_text()) and not (out / "old.png").exists()
     assert not (out / ".splitfed.lock").exists()
 
 
