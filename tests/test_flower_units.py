@@ -119,7 +119,7 @@ def test_min_device_blocks_names_the_device_that_cannot_keep_them(tmp_path):
     clients = sim_clients(s, fleet_for(s))
     sensor = next(c.client_id for c in clients if c.profile.startswith("sensor"))
     assert make_policy(s).assign(1, clients)[sensor][0] == 0  # it fits only by keeping nothing
-    with pytest.raises(ConfigError, match=f"device '{sensor}'.*cannot train any legal cut"):
+    with pytest.raises(ConfigError, match=f"device '{sensor}' \\(fleet entry 'sensor'\\) cannot train any legal cut"):
         make_policy(s.with_(min_device_blocks=1)).assign(1, clients)
 
 

@@ -145,8 +145,9 @@ def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np
     c = sc.clients[members[0]]
     best = int(np.argmin(t_mem))
     more = f" (and {len(members) - 1} more like it)" if len(members) > 1 else ""
+    entry = f" (fleet entry {c.kind!r})" if c.kind and c.kind != c.name else ""  # simulate names clients by id
     return ConfigError(
-        f"device {c.name!r}{more} cannot train any legal cut of {sc.profile.model} at batch {sc.batch}: "
+        f"device {c.name!r}{entry}{more} cannot train any legal cut of {sc.profile.model} at batch {sc.batch}: "
         f"its memory is {mib_text(c.device.memory)} and the smallest device share needs "
         f"{mib_text(t_mem[best])} (cuts {','.join(map(str, options[best]))})")
 
