@@ -223,17 +223,20 @@ def train(settings: Any, out: Path, label: str, backend: str = "flower") -> Any:
     ``splitfed simulate`` runs. ``inprocess``: the same rounds without Flower or
     gRPC (:func:`splitfed.sim.inprocess.train_inprocess`), for smoke tests and quick looks.
     """
+    check_cases([(label, settings)], backend)
+    return _train_checked(settings, out, label, backend)
+
+
+def _train_checked(settings: Any, out: Path, label: str, backend: str) -> Any:
+    """:func:`train` of settings :func:`check_cases` has passed (each case is checked once)."""
     from splitfed.report.runs import load_run
 
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     settings = settings.with_(out=str(out), overwrite=True)  # the experiment's own folder: a rerun replaces it
     print(f"  [{label}] {backend}: cuts={settings.cuts} mode={settings.mode} compress={settings.compress} "
           f"-> {out}", flush=True)
     if backend == "flower":
-        from splitfed.sim.runner import simulate, validate
+        from splitfed.sim.runner import simulate
 
-        validate(settings)
         simulate(settings, progress=lambda line: print(f"  [{label}] {line}", flush=True))
     else:
         from splitfed.sim.inprocess import train_inprocess
@@ -296,7 +299,7 @@ def run_cases(cases: Sequence[tuple[str, Any]], out: Path, backend: str) -> list
     check_cases(cases, backend)
     runs = []
     for label, settings in cases:
-        runs.append(train(settings, out / RUNS / slug(label), label, backend))
+        runs.append(_train_checked(settings, out / RUNS / slug(label), label, backend))
     return runs
 
 
@@ -307,6 +310,8 @@ def check_cases(cases: Sequence[tuple[str, Any]], backend: str) -> None:
     from splitfed.sim.inprocess import check_inprocess
     from splitfed.sim.runner import validate
 
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     seen: dict[str, str] = {}
     for label, settings in cases:
         if slug(label) in seen:

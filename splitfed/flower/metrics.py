@@ -33,6 +33,12 @@ def read_rows(path: str | Path) -> list[Any]:
     """The rows of a metrics file. A last line without its newline is a row whose append a crash (or a
     write still in progress) cut short: it is dropped, and a resumed run redoes that round. Any
     other line that is not JSON is refused with its line number."""
+    return read_rows_cut(path)[0]
+
+
+def read_rows_cut(path: str | Path) -> tuple[list[Any], bool]:
+    """:func:`read_rows`, and whether a cut-short last line was dropped (one read: a row appended
+    meanwhile is not taken for a cut one)."""
     p = Path(path)
     text = p.read_text(errors="replace")
     lines = text.splitlines()
@@ -44,9 +50,9 @@ def read_rows(path: str | Path) -> list[Any]:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
             if n == len(lines) and not text.endswith("\n"):
-                break
+                return rows, True
             raise ConfigError(f"{p}:{n}: not valid JSON: {e.msg}") from None
-    return rows
+    return rows, False
 
 
 def check_rounds(path: str | Path, round: int) -> None:

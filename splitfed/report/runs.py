@@ -11,7 +11,7 @@ default to empty. Unknown keys are kept in :attr:`RoundRow.extra`.
 
 A run that stopped before its end has no ``summary.json`` (it is written last), and a
 crash can cut the last line of ``metrics.jsonl`` short (the rows before it are read,
-by :func:`splitfed.flower.metrics.read_rows`): :attr:`Run.finished` and
+by :func:`splitfed.flower.metrics.read_rows_cut`): :attr:`Run.finished` and
 :attr:`Run.cut_short` say so, and :func:`run_notes` puts it in words for the reader.
 
 Device classes (for "cuts per device class"): ``summary.json``'s ``classes``
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError
-from splitfed.flower.metrics import METRICS, SUMMARY, read_rows
+from splitfed.flower.metrics import METRICS, SUMMARY, read_rows_cut
 from splitfed.jsonio import dumps, write_atomic, write_json
 
 REQUIRED = ("round", "accuracy", "sim_round_s")
@@ -201,10 +201,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if not metrics.is_file():
         what = "is not a run folder" if p.exists() else "does not exist"
         raise ConfigError(f"{p} {what}: no {METRICS} in it")
-    # lines counted before the rows are read: a row a running run appends between the two reads is not
-    # taken for a cut one (read_rows alone knows which line it leaves out, and leaves out only a cut last one)
-    lines = sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip())
-    rows = read_rows(metrics)  # a run still writing its last row: the rows before it
+    rows, cut_short = read_rows_cut(metrics)  # a run still writing its last row: the rows before it
     summary: dict[str, Any] = {}
     sp = folder / SUMMARY
     if sp.is_file():
@@ -221,7 +218,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         raise ConfigError(f"{metrics}: {e}") from None
     if not run.rounds:
         raise ConfigError(f"{metrics}: no rounds in it")
-    return replace(run, finished=(folder / SUMMARY).is_file(), cut_short=lines > len(rows))
+    return replace(run, finished=(folder / SUMMARY).is_file(), cut_short=cut_short)
 
 
 def run_notes(run: Run) -> list[str]:
