@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,33 +21,43 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from splitfed.cli import Parser, script
+from splitfed.commands._args import batch_size, int_list, positive_int
 from splitfed.engine import compute, template
 from splitfed.engine.device import Device
 from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
 from splitfed.engine.types import OptimConfig
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_json
+from splitfed.models.blocks import validate_cuts
 from splitfed.models.zoo import resolve_spec
 
+PROG = "benchmarks/engine.py"
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def main(argv: list[str] | None = None) -> int:
+    ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="vgg11")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--cuts", default="4,10", help="device | edge | cloud cut points")
-    ap.add_argument("--reps", type=int, default=5, help="alternating rounds")
-    ap.add_argument("--steps", type=int, default=3, help="steps per round and side")
+    ap.add_argument("--batch", type=batch_size, default=64)
+    ap.add_argument("--cuts", type=int_list, default=(4, 10), help="device | edge | cloud cut points")
+    ap.add_argument("--reps", type=positive_int, default=5, help="alternating rounds")
+    ap.add_argument("--steps", type=positive_int, default=3, help="steps per round and side")
     ap.add_argument("--tier-torch-device", default="cpu", help="also time the split step with the server tiers "
                                                                 "on this device (e.g. cuda)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine.json"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     try:
         tier_dev = compute.torch_device(args.tier_torch_device, "--tier-torch-device")
     except ConfigError as e:
         ap.error(str(e))
+    return script(PROG, lambda: measure(args, tier_dev))
+
+
+def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
     torch.set_num_threads(1)
     spec = resolve_spec(args.model)
-    cuts = tuple(int(c) for c in args.cuts.split(","))
+    cuts = args.cuts
+    validate_cuts(cuts, template.num_blocks(spec), model=spec.name)  # cuts the model cannot take: one line
     state = initial_state(spec, 0)
     optim = OptimConfig(lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(0)
@@ -113,7 +124,8 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result)
     print(f"split/monolithic steps/s ratio: {result['ratio']:.3f} (target >= 0.97) -> {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -38,12 +38,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfed.cost.model import MODES, RoundCost, Scenario, option_table
+from splitfed.cli import Parser, script
+from splitfed.commands._args import int_list
+from splitfed.cost.model import MODES, RoundCost, Scenario, option_table, parse_codec
 from splitfed.errors import SplitfedError
 from splitfed.jsonio import write_json
 from splitfed.models.zoo import resolve_spec
 from splitfed.optimizer.assign import Solution, all_on_server, best_static, greedy, solve
-from splitfed.profile.fleet import Fleet, load_fleet
+from splitfed.profile.fleet import MAX_CLIENTS, Fleet, load_fleet
 from splitfed.profile.profiler import profile_model
 
 OUT = Path(__file__).parent / "results" / "optimizer.json"
@@ -179,15 +181,40 @@ def sweep(prof, fleet: Fleet, sizes: list[int], kw: dict) -> list[dict]:  # type
     return out
 
 
+def fleet_sizes(text: str) -> tuple[int, ...]:
+    """``--sweep``: fleet sizes in 1..MAX_CLIENTS, or none (empty)."""
+    if not text.strip():
+        return ()
+    sizes = int_list(text)
+    if not all(1 <= n <= MAX_CLIENTS for n in sizes):
+        raise argparse.ArgumentTypeError(f"fleet sizes must lie in 1..{MAX_CLIENTS:,}, got {text!r}")
+    return sizes
+
+
+def codec(text: str) -> str:
+    try:
+        parse_codec(text)
+    except SplitfedError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+PROG = "benchmarks/optimizer.py"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--mode", default="sflv1", choices=MODES)
-    ap.add_argument("--codec", default="none")
+    ap.add_argument("--codec", type=codec, default="none")
     ap.add_argument("--no-scaling", action="store_true", help="skip the solve-time table")
-    ap.add_argument("--sweep", default="60,125,250,500,1000,2000,5000",
+    ap.add_argument("--sweep", type=fleet_sizes, default=(60, 125, 250, 500, 1000, 2000, 5000),
                     help="fleet sizes of the contention sweep (comma-separated; empty: none)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
+    return script(PROG, lambda: measure(args))
+
+
+def measure(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     fleet = load_fleet("reference")
     kw = {"tiers": 3, "batch": 32, "mode": args.mode, "codec": args.codec}
@@ -228,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntargets (>= {TARGET}x vs best static and never slower than a memory-feasible greedy) met in "
           f"{len(met)} of {len(rows)} cases: " + ("; ".join(result["cases_meeting_targets"]) or "none"))
 
-    sizes = [int(x) for x in args.sweep.split(",") if x.strip()]
+    sizes = list(args.sweep)
     if sizes:
         print(f"\ncontention sweep: optimizer speed-up over the best static cut (any cut), fleets drawn from the "
               f"reference classes sharing one edge and cloud ({args.mode}); bound: what sets the makespan")

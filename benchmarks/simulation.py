@@ -33,7 +33,11 @@ from pathlib import Path
 
 import psutil
 
+from splitfed.cli import Parser, script
+from splitfed.commands._args import int_list, positive_int
 from splitfed.jsonio import dumps, write_json
+
+PROG = "benchmarks/simulation.py"
 
 
 def _tree_memory(root: psutil.Process) -> tuple[int, int, dict[str, int]]:
@@ -53,9 +57,16 @@ def _tree_memory(root: psutil.Process) -> tuple[int, int, dict[str, int]]:
     return rss_sum, pss_sum, parts
 
 
+def settings(clients: int, rounds: int, out: Path):  # type: ignore[no-untyped-def]
+    """The run each fleet size is: built (and so checked) by the parent before any child starts."""
+    from splitfed.flower.config import RunSettings
+
+    return RunSettings(rounds=rounds, clients=clients, cuts="static:2,5", dataset="digits", partition="iid",
+                       batch_size=16, out=str(out), node_wait_s=600, round_timeout_s=1800)
+
+
 def one(clients: int, rounds: int, out: Path) -> dict:
     """One fleet size, in this process (the child)."""
-    from splitfed.flower.config import RunSettings
     from splitfed.sim.runner import simulate
 
     me = psutil.Process()
@@ -72,10 +83,8 @@ def one(clients: int, rounds: int, out: Path) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    settings = RunSettings(rounds=rounds, clients=clients, cuts="static:2,5", dataset="digits", partition="iid",
-                           batch_size=16, out=str(out), node_wait_s=600, round_timeout_s=1800)
     t0 = time.perf_counter()
-    simulate(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    simulate(settings(clients, rounds, out), progress=lambda line: print(line, file=sys.stderr, flush=True))
     total_s = time.perf_counter() - t0
     done.set()
     sampler.join()
@@ -143,23 +152,29 @@ def accuracy(out: Path) -> None:
     print(dumps(report, indent=2))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", default="10,50,100", help="fleet sizes, comma-separated")
-    ap.add_argument("--rounds", type=int, default=3)
+def main(argv: list[str] | None = None) -> int:
+    ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int_list, default=(10, 50, 100), help="fleet sizes, comma-separated")
+    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "simulation.json"))
     ap.add_argument("--accuracy", action="store_true", help="run the accuracy check instead (see above)")
-    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one fleet size
+    ap.add_argument("--one", type=positive_int, help=argparse.SUPPRESS)  # child mode: one fleet size
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    return script(PROG, lambda: measure(args))
+
+
+def measure(args: argparse.Namespace) -> int:
     if args.accuracy:
         accuracy(Path(args.out).with_name("accuracy.json"))
-        return
-    if args.one:
+        return 0
+    if args.one is not None:
         print(dumps(one(args.one, args.rounds, Path(args.run_dir))))
-        return
-    results = []
-    for n in (int(x) for x in args.clients.split(",")):
+        return 0
+    for n in args.clients:  # every size checked before the first child starts (minutes each)
+        settings(n, args.rounds, Path("unused"))
+    results, failed = [], 0
+    for n in args.clients:
         with tempfile.TemporaryDirectory(prefix="splitfed-bench-") as tmp:
             cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--run-dir",
                    str(Path(tmp) / "run")]
@@ -167,6 +182,7 @@ def main() -> None:
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 results.append({"clients": n, "error": proc.stderr.strip().splitlines()[-1:]})
+                failed += 1
                 continue
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             print(f"{n:4d} clients: {res['seconds_per_round']:.2f} s/round (first {res['first_round_s']:.1f} s), "
@@ -177,7 +193,11 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, report)
     print(f"wrote {args.out}")
+    if failed:
+        print(f"{PROG}: {failed} of {len(args.clients)} fleet sizes failed (their errors are above and in "
+              f"{args.out})", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -39,6 +39,8 @@ from pathlib import Path
 import grpc
 import torch
 
+from splitfed.cli import Parser, script
+from splitfed.commands._args import batch_size, positive_int
 from splitfed.jsonio import write_json
 
 MB = 1 << 20
@@ -290,20 +292,27 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
         child.wait(10)
 
 
-def main() -> None:
+PROG = "benchmarks/transport.py"
+
+
+def main() -> int:
     if "--serve" in sys.argv:
         serve()
-        return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=5, help="(a): alternating rounds")
-    ap.add_argument("--steps", type=int, default=2, help="(a): steps per round and side")
-    ap.add_argument("--reps-b", type=int, default=15, help="(b): calls per side, one side after the other")
+        return 0
+    ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=batch_size, default=64)
+    ap.add_argument("--reps", type=positive_int, default=5, help="(a): alternating rounds")
+    ap.add_argument("--steps", type=positive_int, default=2, help="(a): steps per round and side")
+    ap.add_argument("--reps-b", type=positive_int, default=15, help="(b): calls per side, one side after the other")
     ap.add_argument("--skip-a", action="store_true", help="only (b) and (c) (no vgg11 training)")
     ap.add_argument("--no-malloc-tuning", action="store_true",
                     help="leave glibc's malloc as it is in every process (see splitfed.transport.memory)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "transport.json"))
     args = ap.parse_args()
+    return script(PROG, lambda: measure(args))
+
+
+def measure(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     if not args.no_malloc_tuning:
         from splitfed.transport.memory import keep_freed_memory
@@ -337,7 +346,8 @@ def main() -> None:
               f"wire {row['messages_up'] + row['messages_down']:>8} B  x{row['ratio_to_none']:.3f}  "
               f"max error {row['max_abs_error']:.3g}")
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

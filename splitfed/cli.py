@@ -20,6 +20,7 @@ import os
 import pkgutil
 import select
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from splitfed.errors import SplitfedError, Terminated
@@ -73,6 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"splitfed {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         _hint(args.command, e)
         return 143 if terminated else 130
+
+
+def script(prog: str, body: Callable[[], int | None]) -> int:
+    """A script's ``main`` (the benchmarks) under the command's rules: a :class:`SplitfedError` is one line
+    and its exit code, Ctrl-C one line and 130, rather than a traceback."""
+    try:
+        return int(body() or 0)
+    except SplitfedError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _stdout_gone() -> bool:

@@ -1,0 +1,48 @@
+"""A benchmark refuses a bad flag in one line, exit 2, before it measures or writes anything.
+
+Before, each of these cases was a traceback (ZeroDivisionError, StatisticsError,
+ValueError, a tier's InvalidArgument), `simulation.py --rounds 0` wrote its JSON and
+exited 0, and `simulation.py --clients 0` started the whole default benchmark again
+in its child (``--one 0`` read as "no --one").
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = [
+    ("engine", ["--batch", "0"], "argument --batch: expected an integer in 1..1,048,576, got 0"),
+    ("engine", ["--steps", "0"], "argument --steps: expected a positive integer, got 0"),
+    ("engine", ["--reps", "-1"], "argument --reps: expected a positive integer, got -1"),
+    ("engine", ["--cuts", "junk"], "argument --cuts: expected comma-separated integers, got 'junk'"),
+    ("engine", ["--cuts", "5,2"], "cuts must be non-decreasing, got 5,2"),
+    ("engine", ["--model", "cnn", "--cuts", "2,99"], "cut 99 is out of range: cnn has"),
+    ("engine", ["--model", "nope"], "unknown model 'nope'"),
+    ("optimizer", ["--codec", "junk"], "argument --codec: unknown codec 'junk'"),
+    ("optimizer", ["--sweep", "60,x"], "argument --sweep: expected comma-separated integers, got '60,x'"),
+    ("optimizer", ["--sweep", "0"], "argument --sweep: fleet sizes must lie in 1..100,000, got '0'"),
+    ("simulation", ["--clients", "0"], "clients must be >= 1, got 0"),
+    ("simulation", ["--clients", "2,-1"], "clients must be >= 1, got -1"),
+    ("simulation", ["--rounds", "0"], "argument --rounds: expected a positive integer, got 0"),
+    ("transport", ["--batch", "0", "--skip-a"], "argument --batch: expected an integer in 1..1,048,576, got 0"),
+    ("transport", ["--reps-b", "0", "--skip-a"], "argument --reps-b: expected a positive integer, got 0"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "message"), CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
+def test_a_bad_flag_is_one_line_and_nothing_is_written(tmp_path: Path, name: str, args: list[str],
+                                                       message: str) -> None:
+    out = tmp_path / "result.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args, "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"benchmarks/{name}.py: error: "), p.stderr[-2000:]
+    assert message in lines[0]
+    assert p.stdout == "" and not out.exists() and not list(tmp_path.iterdir())
