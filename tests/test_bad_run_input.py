@@ -276,3 +276,22 @@ def test_static_cuts_a_device_cannot_hold_are_refused_naming_its_fleet_entry(tmp
     settings = RunSettings(fleet=str(fleet), clients=3, rounds=1)
     validate(settings.with_(cuts="static:0,7"))  # cuts that keep nothing on the device fit every device
     validate(settings.with_(cuts="static:7,7/0,7/0,7"))  # dealt out by client: the mcus (client1, 2) get 0,7
+
+
+def test_the_memory_a_device_needs_counts_the_run_s_optimizer_state(tmp_path, capsys) -> None:
+    """Adam keeps two tensors per parameter, SGD with momentum one, plain SGD none. Before, simulate's
+    memory model counted one whatever the run's optimizer: an Adam run was let onto a device it overflows."""
+    from splitfed.sim.runner import validate
+
+    fleet = tmp_path / "mcu.toml"
+    fleet.write_text(_MCU_FLEET.replace("memory_mb = 0.25", "memory_mb = 0.8"))
+    settings = RunSettings(fleet=str(fleet), clients=3, rounds=1, cuts="static:7,7")
+    validate(settings)  # SGD, momentum 0.9: 0.775 MiB
+    validate(settings.with_(momentum=0.0))  # plain SGD: 0.722 MiB
+    with pytest.raises(ConfigError, match=r"do not fit fleet device 'mcu' .*need 0\.828 MiB of its 0\.8 MiB"):
+        validate(settings.with_(optimizer="adam"))
+    base = ["optimize", "--model", "cnn", "--fleet", str(fleet), "--static", "7,7"]
+    assert main([*base, "--optimizer-slots", "1"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--optimizer-slots", "2"]) == 2  # the same verdict from the same cost model
+    assert "do not fit device 'mcu" in capsys.readouterr().err

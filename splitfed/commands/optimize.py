@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tiers", type=int, choices=(2, 3), default=3)
     p.add_argument("--batch", type=batch_size, default=32)
     p.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round")
+    p.add_argument("--optimizer-slots", type=int, default=1, choices=(0, 1, 2),
+                   help="optimizer tensors per parameter the tiers hold (SGD 0, momentum 1, Adam 2; default 1)")
     p.add_argument("--mode", choices=("sl", "sflv1", "sflv2"), default="sflv1",
                    help="variant to price: sflv1 (parallel, replica per client), sflv2 (shared server model, "
                         "clients in turn on it), sl (clients in turn)")
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--time-limit must be a finite number of seconds > 0, got {args.time_limit}")
     spec = resolve_spec(args.model, args.input_shape, args.num_classes)
     fleet = load_fleet(args.fleet).at_round(args.round)
-    prof = profile_model(spec, args.batch, reps=1, cache_dir=cache_dir())
+    prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=1, cache_dir=cache_dir())
     sc = Scenario.from_fleet(prof, fleet, tiers=args.tiers, batch=args.batch, u_shape=args.u_shape,
                              mode=args.mode, codec=args.codec,
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)

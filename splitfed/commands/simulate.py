@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-epochs", type=positive_int)
     p.add_argument("--optimizer", choices=("sgd", "adam"), help="every tier's optimizer (default sgd)")
     p.add_argument("--lr", type=float, help="learning rate (default 0.05)")
-    p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
+    p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9; Adam keeps its own betas, 0.9 and 0.999)")
     p.add_argument("--weight-decay", type=float, help="(default 0)")
     p.add_argument("--u-shape", action=argparse.BooleanOptionalAction, default=None,
                    help="the device also holds the last blocks and the loss: labels never leave it")

@@ -47,6 +47,12 @@ class OptimConfig:
         if self.momentum >= 1:  # v <- m*v + g never forgets a gradient at m = 1 and grows without bound above
             raise ConfigError(f"momentum must be below 1 (0.9 is usual), got {self.momentum}")
 
+    @property
+    def slots(self) -> int:
+        """Tensors this optimizer keeps per parameter (Adam: two moments; SGD: a momentum buffer, if any):
+        what the memory model counts for it."""
+        return 2 if self.name == "adam" else int(self.momentum > 0)
+
     def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
         if not params:
             return None

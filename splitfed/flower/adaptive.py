@@ -62,7 +62,7 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
         if info.link is not None:  # what the device measured to its edge beats what its profile guessed
             base = replace(base, link=info.link)
         picked.append(replace(base, name=info.client_id, samples=info.samples or base.samples))
-    profile = profile_model(settings.spec, batch=settings.batch_size)
+    profile = profile_model(settings.spec, batch=settings.batch_size, optimizer_slots=settings.optim.slots)
     return Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked), kinds={}), tiers=settings.tiers,
                                batch=settings.batch_size, u_shape=settings.u_shape,
                                epochs=settings.local_epochs, mode=settings.mode, codec=settings.compress,

@@ -28,7 +28,7 @@ def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
     from splitfed.cost import Scenario, evaluate, move_cost
     from splitfed.profile.profiler import profile_model
 
-    profile = profile_model(settings.spec, batch=settings.batch_size)
+    profile = profile_model(settings.spec, batch=settings.batch_size, optimizer_slots=settings.optim.slots)
     base = Scenario.from_fleet(profile, fleet, tiers=settings.tiers, batch=settings.batch_size,
                                u_shape=settings.u_shape, epochs=settings.local_epochs, mode=settings.mode,
                                codec=settings.compress, min_device_blocks=settings.min_device_blocks)
