@@ -30,7 +30,7 @@ from splitfed.engine.tier import Tier
 from splitfed.engine.types import MODES, OptimConfig, SegmentLoad, State
 from splitfed.errors import ConfigError, SplitfedError, TierError
 from splitfed.models.blocks import segment_bounds, validate_cuts
-from splitfed.models.zoo import ModelSpec, build
+from splitfed.models.zoo import ModelSpec
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
 SHARED = "shared"
@@ -66,9 +66,9 @@ class ClientResult:
 
 def initial_state(model: ModelSpec, seed: int) -> State:
     """The global model before round 1: the same in every process for a seed."""
-    from splitfed.models.blocks import to_blocks
+    from splitfed.models.zoo import model_blocks
 
-    return {k: v.detach().clone() for k, v in to_blocks(build(model, seed)).whole().state_dict().items()}
+    return {k: v.detach().clone() for k, v in model_blocks(model, seed)[1].whole().state_dict().items()}
 
 
 def block_of(key: str) -> int:

@@ -17,8 +17,8 @@ from torch import nn
 
 from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
 from splitfed.errors import ResourceExhausted, SplitfedError
-from splitfed.models.blocks import Blocks, to_blocks
-from splitfed.models.zoo import ZOO, ModelSpec, build, check_input, input_error
+from splitfed.models.blocks import Blocks
+from splitfed.models.zoo import ZOO, ModelSpec, build, input_error, model_blocks
 
 _lock = threading.Lock()
 
@@ -101,11 +101,7 @@ def _mib(n: int) -> str:
 
 @lru_cache(maxsize=16)
 def _template(key: str) -> Blocks:
-    spec = ModelSpec.from_dict(json.loads(key))
-    model = build(spec, seed=0)
-    blocks = to_blocks(model)  # first: a model that cannot be cut says so whatever its input
-    check_input(spec, model)  # the one place a spec meets its input shape: refuse it clearly
-    return blocks
+    return model_blocks(ModelSpec.from_dict(json.loads(key)), seed=0)[1]
 
 
 def template(spec: ModelSpec) -> Blocks:

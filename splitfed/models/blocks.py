@@ -8,6 +8,12 @@ uses its input), and no module or parameter is used on both sides of it.
 Parameter-free blocks of a traced model are merged into the block before them,
 which keeps the cut *after* a pool or activation (the smaller tensor).
 
+Whatever the model's kind, blocks that hold one tensor between them (weight
+tying: a parameter or buffer object two blocks use) become one block, as do
+blocks with a tuple crossing between them (:func:`join_at_tuples`): a tier
+trains its own copy of its blocks and sends one tensor on, so a cut there would
+untie the weight or have nothing to send.
+
 A *segment* is the contiguous run of blocks ``[start, stop)`` one tier holds.
 Its ``state_dict`` keys are ``"<block index>.<key inside block>"``, the same keys
 as the whole model's, so replicas of a block are averaged by key wherever they
@@ -73,6 +79,8 @@ class Segment(nn.Sequential):
         self._stochastic = {name: _is_stochastic(b) for name, b in blocks.items()}
 
     def forward(self, x: torch.Tensor, rng: int | None = None) -> torch.Tensor:
+        if x.is_leaf and x.requires_grad:  # a tier's input, whose .grad it sends back: an in-place first op
+            x = x.clone()                  # (ReLU(inplace=True)) may not write a leaf that requires grad
         for name, block in self._modules.items():
             if rng is not None and self._stochastic[name]:
                 # torch's generators are process-wide (splitfed.models.rng): the one of the device x is on
@@ -118,14 +126,83 @@ def make_segment(blocks: Blocks, start: int, stop: int) -> Segment:
 
 
 def to_blocks(model: nn.Module) -> Blocks:
-    """The model's blocks: children of a Sequential, else cut points found by tracing."""
+    """The model's blocks: children of a Sequential, else cut points found by tracing; blocks that share a
+    parameter or buffer are one block."""
     if isinstance(model, nn.Sequential):
-        mods = list(model.children())
+        # every entry, in order: children() yields a module used twice only once, silently dropping its
+        # second use (Sequential(lin, act, lin2, act) would lose its last activation)
+        mods = [m for m in model._modules.values() if m is not None]
         if len(mods) < 2:
             raise CutError(f"Sequential model has {len(mods)} child; it needs at least 2 to be cut")
-        names = [_leaf_names(m) for m in mods]
-        return Blocks(mods, names, traced=False)
-    return _trace_blocks(model)
+        blocks = Blocks(mods, [_leaf_names(m) for m in mods], traced=False)
+    else:
+        blocks = _trace_blocks(model)
+    return _join(blocks, _shared(blocks), type(model).__name__)
+
+
+def join_at_tuples(blocks: Blocks, example: torch.Tensor, model: str = "model") -> Blocks:
+    """``blocks`` with each block whose output is not one tensor (a tuple, a dict) joined to the next one:
+    a link carries one tensor. ``example`` is a batch of the model's input (the model runs it in eval mode
+    without gradients; every module's mode is given back)."""
+    x: object = example
+    spans: list[tuple[int, int, str]] = []
+    modes = [(m, m.training) for b in blocks.modules for m in b.modules()]
+    try:
+        with torch.no_grad():
+            for i, m in enumerate(blocks.modules[:-1]):
+                m.eval()
+                x = m(x)
+                if not isinstance(x, torch.Tensor):
+                    spans.append((i, i + 1, f"block {i} ({blocks.names[i]}) outputs a {type(x).__name__}, "
+                                            "not one tensor"))
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    return _join(blocks, spans, model)
+
+
+def _shared(blocks: Blocks) -> list[tuple[int, int, str]]:
+    """``(first, last, why)`` for every parameter or buffer object that blocks ``first`` and ``last`` both hold."""
+    seen: dict[int, tuple[int, str]] = {}
+    spans = []
+    for i, m in enumerate(blocks.modules):
+        held = [*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False)]
+        for name, t in held:
+            first = seen.setdefault(id(t), (i, name))
+            if first[0] != i:
+                spans.append((first[0], i, f"block {first[0]}'s {first[1]!r} is also block {i}'s {name!r} "
+                                            "(a shared weight)"))
+    return spans
+
+
+def _join(blocks: Blocks, spans: Sequence[tuple[int, int, str]], model: str) -> Blocks:
+    """Blocks ``first..last`` of every span as one block (an ``nn.Sequential`` of them, so their shared tensors
+    stay shared when a tier copies it)."""
+    if not spans:
+        return blocks
+    last_of = list(range(len(blocks)))  # each block joins up to this index
+    for a, b, _ in spans:
+        for i in range(a, b + 1):
+            last_of[i] = max(last_of[i], b)
+    modules: list[nn.Module] = []
+    names: list[str] = []
+    i = 0
+    while i < len(blocks):
+        j = i
+        while j < last_of[j]:
+            j = last_of[j]  # a span that starts inside this one carries it further
+        if i == j:
+            modules.append(blocks.modules[i])
+            names.append(blocks.names[i])
+        else:
+            modules.append(nn.Sequential(*blocks.modules[i: j + 1]))
+            parts = blocks.names[i: j + 1]
+            names.append("+".join(parts[:3]) + ("+..." if len(parts) > 3 else ""))
+        i = j + 1
+    if len(modules) < 2:
+        raise CutError(f"model {model} has no legal cut: {spans[0][2]}, so blocks {spans[0][0]}..{spans[0][1]} "
+                       "and all between must stay on one tier, and that is the whole model")
+    return Blocks(modules, names, traced=blocks.traced)
 
 
 def _leaf_names(m: nn.Module) -> str:
@@ -136,10 +213,20 @@ def _leaf_names(m: nn.Module) -> str:
 def _trace_blocks(model: nn.Module) -> Blocks:
     name = type(model).__name__
     try:
-        gm = fx.symbolic_trace(model)
+        gm = _traced_in(model, training=True)
     except Exception as e:  # noqa: BLE001 - tracing failures come in many types
         raise CutError(f"model {name} cannot be traced by torch.fx, so no cut point can be found: "
                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    try:
+        evaluating = _traced_in(model, training=False).code
+    except Exception:  # noqa: BLE001 - traceable in training only: it reads self.training as well
+        evaluating = None
+    if evaluating != gm.code:
+        # a graph fixes what forward read of self.training (F.dropout(x, p, self.training), `if
+        # self.training:`) when it was traced: its blocks would train as traced and evaluate so too
+        raise CutError(f"model {name} reads self.training in its own forward, which torch.fx fixes when it "
+                       "traces: its blocks would act the same in training and evaluation. Do what differs in "
+                       "modules (nn.Dropout, nn.BatchNorm, or a module of your own, which the tracer keeps whole)")
     nodes = list(gm.graph.nodes)
     inputs = [n for n in nodes if n.op == "placeholder"]
     if len(inputs) != 1:
@@ -205,6 +292,17 @@ def _trace_blocks(model: nn.Module) -> Blocks:
         if isinstance(out, fx.Node):  # always, but after the last block: the model's output may be a tuple
             value_in = out
     return Blocks(modules, names, traced=True)
+
+
+def _traced_in(model: nn.Module, training: bool) -> fx.GraphModule:
+    """``model`` traced in training or evaluation mode; every module's mode is given back."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.train(training)
+        return fx.symbolic_trace(model)
+    finally:
+        for m, mode in modes:
+            m.training = mode
 
 
 def _use_pos(u: fx.Node, pos: dict[fx.Node, int]) -> int:

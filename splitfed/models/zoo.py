@@ -18,6 +18,7 @@ from torch import nn
 
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.models import rng
+from splitfed.models.blocks import Blocks, join_at_tuples, to_blocks
 
 
 @dataclass(frozen=True)
@@ -368,11 +369,24 @@ def input_error(spec: ModelSpec, e: BaseException) -> ConfigError:
     """The one-line refusal of a model that fails on its input shape (or its build options)."""
     shape = tuple(spec.input_shape)
     what = f"model {spec.name}" + (f" with {dict(spec.kwargs)}" if spec.kwargs else "")
-    return ConfigError(f"{what} does not take inputs of shape {shape}: {first_line(e)}")
+    # a zoo model says what it expects itself; a user's may fail on the dtype (an nn.Embedding given floats)
+    kind = "" if spec.name in ZOO else f" (integer tokens below {spec.vocab})" if spec.vocab else " (floats)"
+    return ConfigError(f"{what} does not take inputs of shape {shape}{kind}: {first_line(e)}")
+
+
+def model_blocks(spec: ModelSpec, seed: int | None = None) -> tuple[nn.Module, Blocks]:
+    """The model of ``spec`` and its blocks: the one way every part (template, profiler, initial weights)
+    cuts a model, so they all count the same blocks."""
+    model = build(spec, seed)
+    blocks = to_blocks(model)  # first: a model that cannot be cut says so whatever its input
+    check_input(spec, model)  # then the one place a spec meets its input shape: refused clearly
+    return model, join_at_tuples(blocks, spec.example_input(2), spec.name)
 
 
 def check_input(spec: ModelSpec, model: nn.Module) -> None:
-    """Run one example sample through ``model`` (built from ``spec``); a ConfigError if it does not fit.
+    """Run an example batch of two samples through ``model`` (built from ``spec``); a ConfigError if it does
+    not fit. Two, not one: a BatchNorm that keeps no running statistics normalises by the batch's own even in
+    eval mode, and one sample has no spread.
 
     The model runs in eval mode without gradients, so it draws nothing from torch's generator
     and updates no statistics; its mode is given back afterwards. The output must be
@@ -382,7 +396,7 @@ def check_input(spec: ModelSpec, model: nn.Module) -> None:
     try:
         model.eval()
         with torch.no_grad():
-            out = model(spec.example_input(1))
+            out = model(spec.example_input(2))
     except SplitfedError:
         raise
     except Exception as e:  # noqa: BLE001 - shape errors come as RuntimeError, ValueError, IndexError...
@@ -392,8 +406,8 @@ def check_input(spec: ModelSpec, model: nn.Module) -> None:
             m.training = mode
     if not isinstance(out, torch.Tensor) or out.dim() != 2:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"model {spec.name} outputs {got} for one sample of shape {tuple(spec.input_shape)}; "
-                          f"expected logits of shape [1, {spec.num_classes}]")
+        raise ConfigError(f"model {spec.name} outputs {got} for two samples of shape {tuple(spec.input_shape)}; "
+                          f"expected logits of shape [2, {spec.num_classes}]")
     if out.shape[1] != spec.num_classes:
         raise ConfigError(f"model {spec.name} outputs {out.shape[1]} classes, --num-classes is {spec.num_classes}")
 

@@ -36,10 +36,10 @@ from splitfed.engine import compute
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_atomic
 from splitfed.models import rng
-from splitfed.models.blocks import Blocks, to_blocks
-from splitfed.models.zoo import ModelSpec, build, check_input, first_line
+from splitfed.models.blocks import Blocks
+from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: blocks that share a weight or pass a tuple are one block
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +238,8 @@ def _to(x: object, where: torch.device) -> object:
 
 def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int,
              where: torch.device = torch.device("cpu")) -> ModelProfile:
-    model = build(spec, seed)
+    model, blocks = model_blocks(spec, seed)  # a wrong input shape is refused clearly, before batch-sized work
     model.train()
-    blocks = to_blocks(model)
-    check_input(spec, model)  # a wrong input shape is refused clearly, before batch-sized work (modes kept)
     try:
         return _measure_blocks(spec, blocks, batch, slots, reps, seed, where)
     except (MemoryError, RuntimeError) as e:

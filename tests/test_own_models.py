@@ -1,0 +1,114 @@
+"""A user's model trains as itself when split: checked against plain torch training of the user's own module.
+
+``verify`` compares split training with whole training of the same *blocks*, so a model
+the blocks misrepresent passes it. These tests train the module the factory returns,
+with plain torch, beside splitfed's split training of it. Each model here once trained
+as something else: a module used twice lost its second use, tied weights were untied,
+a tuple crossing a cut, an in-place first op and a statistics-only BatchNorm crashed
+or were refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from splitfed.engine import template
+from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, run_round
+from splitfed.engine.types import OptimConfig
+from splitfed.errors import ConfigError, CutError
+from splitfed.models.blocks import Segment
+from splitfed.models.zoo import build, resolve_spec
+
+SEED, STEPS, BATCH = 3, 4, 6
+OPTIM = OptimConfig(lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+
+def _spec(factory: str):  # type: ignore[no-untyped-def]
+    return resolve_spec(f"tests.own_models:{factory}", input_shape=(16,), num_classes=3)
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(BATCH, 16, generator=g), torch.randint(0, 3, (BATCH,), generator=g)) for _ in range(STEPS)]
+
+
+def _blocks_as_model(spec, state) -> Segment:  # type: ignore[no-untyped-def]
+    """The model's blocks, end to end, holding ``state`` (the keys a split run's global state has)."""
+    n = template.num_blocks(spec)
+    whole = Segment({str(i): m for i, m in template.copy_blocks(spec, 0, n).items()}, 0, n)
+    whole.load_state_dict(state)
+    return whole
+
+
+MODELS = ["reused_activation", "reused_layer", "tied_sequential", "tied_traced", "tuple_between", "inplace_first",
+          "batch_statistics"]
+
+
+@pytest.mark.parametrize("factory", MODELS)
+def test_split_training_equals_plain_torch_training_of_the_users_own_module(factory: str) -> None:
+    spec = _spec(factory)
+    n = template.num_blocks(spec)
+    probe = torch.randn(5, 16, generator=torch.Generator().manual_seed(11))
+
+    own = build(spec, SEED)  # the module the user wrote, trained by plain torch
+    start = _blocks_as_model(spec, initial_state(spec, SEED))
+    own.eval(), start.eval()
+    with torch.no_grad():
+        assert torch.equal(start(probe), own(probe)), "the blocks compute another function than the model"
+    own.train()
+    opt = OPTIM.build(list(own.parameters()))
+    assert opt is not None
+    for x, y in _batches():
+        F.cross_entropy(own(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for cuts in [(1, n - 1), (n - 1, n - 1), (1, 1)]:  # 3 tiers; every tier's first op after a cut included
+        cfg = RoundConfig("own", 0, spec, "sl", False, OPTIM, SEED)
+        state, results = run_round(cfg, inprocess_chain(2), initial_state(spec, SEED), {"c0": cuts},
+                                   {"c0": _batches()})
+        assert [r.error for r in results if getattr(r, "error", None)] == []
+        split = _blocks_as_model(spec, state)
+        split.eval(), own.eval()
+        with torch.no_grad():
+            diff = (split(probe) - own(probe)).abs().max().item()
+        assert diff <= 1e-6, (factory, cuts, diff)
+        own.train()
+
+
+def test_a_module_used_twice_keeps_both_uses() -> None:
+    assert template.num_blocks(_spec("reused_activation")) == 5  # before: 4, the second ReLU gone
+
+
+def test_blocks_that_share_a_weight_are_one_block() -> None:
+    blocks = template.template(_spec("tied_sequential"))
+    assert len(blocks) == 4 and blocks.names[1] == "Linear+ReLU+Linear"  # children 1..3 joined
+    joined = blocks.modules[1]
+    assert joined[0].weight is joined[2].weight  # type: ignore[index]  # one tensor, as the user tied it
+    copy = template.copy_blocks(_spec("tied_sequential"), 1, 2)[1]
+    assert copy[0].weight is copy[2].weight  # type: ignore[index]  # and still one in a tier's copy
+
+
+def test_a_weight_tied_across_the_whole_model_is_refused_in_one_line() -> None:
+    with pytest.raises(CutError, match=r"model Sequential has no legal cut: block 0's 'weight' is also block 4's "
+                                       r"'weight' \(a shared weight\), so blocks 0\.\.4 and all between must stay"):
+        template.template(_spec("tied_ends"))
+
+
+def test_a_traced_model_that_reads_self_training_is_refused() -> None:
+    """torch.fx fixes F.dropout(x, p, self.training) at trace time: evaluation would drop units too."""
+    with pytest.raises(CutError, match=r"model _DropoutByFlag reads self.training in its own forward"):
+        template.template(_spec("dropout_by_flag"))
+
+
+def test_a_tuple_crossing_is_never_a_cut() -> None:
+    blocks = template.template(_spec("tuple_between"))
+    assert blocks.names[:2] == ["Linear", "_Pair+Linear"]  # the leaves of children 1 and 2, joined
+    assert all(isinstance(template.boundary(_spec("tuple_between"), i)[0], tuple) for i in range(len(blocks) + 1))
+
+
+def test_an_input_of_the_wrong_kind_says_which_kind_the_model_takes() -> None:
+    with pytest.raises(ConfigError, match=r"does not take inputs of shape \(7,\) \(floats\): "):
+        template.template(resolve_spec("tests.own_models:reused_layer", input_shape=(7,), num_classes=3))
