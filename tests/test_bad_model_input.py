@@ -79,7 +79,7 @@ def test_user_factory_errors(capsys: pytest.CaptureFixture[str], mymods: str) ->
     assert f"model factory {mymods}:needs_arg raised TypeError: " in line
     line = _refused(capsys, ["verify", "--model", f"{mymods}:good", "--input-shape", "64", "--num-classes", "20",
                              "--cuts", "2"])
-    assert f"model {mymods}:good outputs 10 classes, --num-classes is 20" in line
+    assert f"model {mymods}:good outputs 10 classes, and 20 are expected (--num-classes" in line
     assert main(["blocks", "--model", f"{mymods}:good", "--input-shape", "64"]) == 0
 
 

@@ -207,3 +207,35 @@ def test_the_digest_covers_every_file_a_dataset_reads(tmp_path) -> None:
             assert dataset_digest(dataset) != before
             f.write_bytes(data)
         assert dataset_digest(dataset) == before
+
+
+def test_a_run_has_as_many_classes_as_its_npz_labels_name(tmp_path) -> None:
+    """Before, every run had 10 classes: a user's 3-class model was refused ("--num-classes is 10", a flag
+    simulate does not have) and a 100-class file could not be trained at all (labels beyond 9 refused)."""
+    from splitfed.data.datasets import spec_for
+    from splitfed.engine import template
+
+    rng = np.random.default_rng(0)
+    three = save(tmp_path / "three.npz", x_train=rng.normal(size=(30, 16)).astype(np.float32),
+                 y_train=np.arange(30) % 3, x_test=rng.normal(size=(6, 16)).astype(np.float32),
+                 y_test=np.arange(6) % 2)
+    spec = spec_for("tests.own_models:reused_layer", f"npz:{three}")  # a user model with 3 outputs
+    assert (spec.input_shape, spec.num_classes) == ((16,), 3)
+    template.template(spec)  # its outputs fit: accepted
+    assert spec_for("mlp", f"npz:{three}").num_classes == 3  # a zoo model's head follows the data too
+    many = save(tmp_path / "many.npz", x_train=rng.normal(size=(40, 1, 8, 8)).astype(np.float32),
+                y_train=np.arange(40), x_test=rng.normal(size=(4, 1, 8, 8)).astype(np.float32),
+                y_test=np.arange(4))
+    spec = spec_for("cnn", f"npz:{many}")
+    assert spec.num_classes == 40
+    (train, _test) = read_npz(many, spec)
+    assert int(train.tensors[1].max()) == 39  # labels beyond 9 load
+    assert spec_for("cnn", "digits").num_classes == 10
+
+
+def test_a_user_model_on_synthetic_data_is_refused_saying_why() -> None:
+    from splitfed.data.datasets import spec_for
+
+    with pytest.raises(ConfigError, match=r"takes its input shape from the dataset's samples, and 'synthetic' "
+                                          r"has none of its own: use digits"):
+        spec_for("tests.own_models:reused_layer", "synthetic")

@@ -369,21 +369,46 @@ def sample_shape(dataset: str) -> tuple[int, ...] | None:
     return None
 
 
+def sample_classes(dataset: str) -> int | None:
+    """How many classes an ``.npz`` dataset's labels name (its largest label + 1, over ``y_train`` and
+    ``y_test``); None for the named datasets (10 classes each, as every zoo model's default) or a file
+    that cannot be read now, which :func:`for_model` then names."""
+    name, sep, path = str(dataset).strip().partition(":")
+    if name.lower() != "npz" or not sep:
+        return None
+    try:
+        with np.load(path.strip(), allow_pickle=False) as f:
+            ys = [f[k] for k in ("y_train", "y_test")]
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        return None
+    if any(y.dtype.kind not in "iu" or y.size == 0 for y in ys):
+        return None
+    top = max(int(y.max()) for y in ys)
+    return top + 1 if top >= 1 else None  # one class is no classifier: read_npz's checks speak to it
+
+
 def spec_for(model: str, dataset: str) -> ModelSpec:
     """A run's model, shaped for its dataset's samples: a zoo image model takes the dataset's
     ``(C, H, W)`` (``cnn`` on MNIST is 1x28x28, on CIFAR-10 3x32x32), a zoo vector model takes them
-    flat, a token model keeps its own; a user's ``module:factory`` takes the samples as stored."""
+    flat, a token model keeps its own; a user's ``module:factory`` takes the samples as stored. Its
+    classes are the dataset's: an ``.npz``'s labels (:func:`sample_classes`), else 10."""
     native = sample_shape(dataset)
+    classes = sample_classes(dataset)
     if model not in ZOO:
-        return resolve_spec(model, native)
+        if native is None:
+            why = ("'synthetic' has none of its own: use digits, mnist:PATH, cifar10:PATH or npz:FILE"
+                   if str(dataset).strip().lower() == "synthetic" else
+                   f"none can be read from {str(dataset).strip()!r} (an .npz needs x_train)")
+            raise ConfigError(f"model {model!r} takes its input shape from the dataset's samples, and {why}")
+        return resolve_spec(model, native, classes)
     default = ZOO[model].input_shape
     if native is None or ZOO[model].vocab:
-        return resolve_spec(model)
+        return resolve_spec(model, num_classes=classes)
     if len(default) == 3 and len(native) == 3:
-        return resolve_spec(model, native)
+        return resolve_spec(model, native, classes)
     if len(default) == 1:
-        return resolve_spec(model, (math.prod(native),))
-    return resolve_spec(model)
+        return resolve_spec(model, (math.prod(native),), classes)
+    return resolve_spec(model, num_classes=classes)
 
 
 def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048) -> Split:

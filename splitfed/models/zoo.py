@@ -409,7 +409,8 @@ def check_input(spec: ModelSpec, model: nn.Module) -> None:
         raise ConfigError(f"model {spec.name} outputs {got} for two samples of shape {tuple(spec.input_shape)}; "
                           f"expected logits of shape [2, {spec.num_classes}]")
     if out.shape[1] != spec.num_classes:
-        raise ConfigError(f"model {spec.name} outputs {out.shape[1]} classes, --num-classes is {spec.num_classes}")
+        raise ConfigError(f"model {spec.name} outputs {out.shape[1]} classes, and {spec.num_classes} are expected "
+                          "(--num-classes, or as many as the run's dataset has)")
 
 
 def with_kwargs(spec: ModelSpec, **kwargs: object) -> ModelSpec:
