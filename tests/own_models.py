@@ -92,3 +92,13 @@ class _DropoutByFlag(nn.Module):
 
 def dropout_by_flag() -> nn.Module:
     return _DropoutByFlag()
+
+
+class _Mean(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(1)
+
+
+def tokens() -> nn.Module:
+    """Integer tokens in (an nn.Embedding first): a user's own token model."""
+    return nn.Sequential(nn.Embedding(20, 8), _Mean(), nn.Linear(8, 8), nn.Linear(8, 3))

@@ -112,3 +112,25 @@ def test_a_tuple_crossing_is_never_a_cut() -> None:
 def test_an_input_of_the_wrong_kind_says_which_kind_the_model_takes() -> None:
     with pytest.raises(ConfigError, match=r"does not take inputs of shape \(7,\) \(floats\): "):
         template.template(resolve_spec("tests.own_models:reused_layer", input_shape=(7,), num_classes=3))
+
+
+def test_a_token_model_of_ones_own_takes_integer_inputs(tmp_path) -> None:
+    """``--vocab`` (and an .npz of integers) make a user's model take tokens; before, only a zoo model could,
+    and a user's nn.Embedding was handed floats and refused "does not take inputs of shape"."""
+    import numpy as np
+
+    from splitfed.cli import main
+    from splitfed.data.datasets import spec_for
+
+    spec = resolve_spec("tests.own_models:tokens", input_shape=(6,), num_classes=3, vocab=20)
+    assert spec.input_dtype == torch.int64 and template.num_blocks(spec) == 4
+    assert main(["verify", "--model", "tests.own_models:tokens", "--input-shape", "6", "--num-classes", "3",
+                 "--vocab", "20", "--cuts", "1,3"]) == 0
+    with pytest.raises(ConfigError, match="model cnn takes floats, not tokens"):
+        resolve_spec("cnn", vocab=20)
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tok.npz"
+    np.savez(path, x_train=rng.integers(0, 20, (12, 6)), y_train=np.arange(12) % 3,
+             x_test=rng.integers(0, 15, (4, 6)), y_test=np.arange(4) % 3)
+    spec = spec_for("tests.own_models:tokens", f"npz:{path}")
+    assert (spec.input_shape, spec.num_classes, spec.vocab) == ((6,), 3, int(np.load(path)["x_train"].max()) + 1)

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from splitfed.flower.config import MAX_SEED
+from splitfed.models.zoo import MAX_VOCAB, ModelSpec, resolve_spec
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -75,3 +76,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "transformer) or module.path:factory")
     p.add_argument("--input-shape", type=shape, default=None, help="input shape without batch, e.g. 3,32,32")
     p.add_argument("--num-classes", type=num_classes, default=None)
+    p.add_argument("--vocab", type=bounded_int(2, MAX_VOCAB), default=None,
+                   help="the model takes integer tokens below this (an nn.Embedding first), not floats")
+
+
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """The spec ``add_model_args``' flags name."""
+    return resolve_spec(args.model, args.input_shape, args.num_classes, vocab=getattr(args, "vocab", None))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from splitfed.commands._args import add_model_args
+from splitfed.commands._args import add_model_args, model_spec
 from splitfed.engine import template
 from splitfed.jsonio import dumps
-from splitfed.models.zoo import resolve_spec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +28,7 @@ def describe(spec) -> list[dict]:  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    spec = model_spec(args)
     rows = describe(spec)
     if args.json:
         print(dumps({"model": spec.name, "input_shape": list(spec.input_shape), "blocks": rows}))

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import math
 
-from splitfed.commands._args import add_model_args, batch_size, int_list, positive_int
+from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
 from splitfed.commands.profile import cache_dir
 from splitfed.cost.model import Scenario
 from splitfed.errors import ConfigError
 from splitfed.jsonio import dumps
-from splitfed.models.zoo import resolve_spec
 from splitfed.optimizer.assign import (
     DEFAULT_GAP,
     EXHAUSTIVE_LIMIT,
@@ -83,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--gap must be in [0, 1), got {args.gap}")
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):  # -1, 0 and nan ran as 0.1 s per MILP
         raise ConfigError(f"--time-limit must be a finite number of seconds > 0, got {args.time_limit}")
-    spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    spec = model_spec(args)
     fleet = load_fleet(args.fleet).at_round(args.round)
     prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=1, cache_dir=cache_dir())
     sc = Scenario.from_fleet(prof, fleet, tiers=args.tiers, batch=args.batch, u_shape=args.u_shape,

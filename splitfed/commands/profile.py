@@ -6,10 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
-from splitfed.commands._args import add_model_args, batch_size, positive_int
+from splitfed.commands._args import add_model_args, batch_size, model_spec, positive_int
 from splitfed.engine.compute import describe, torch_device
 from splitfed.jsonio import dumps
-from splitfed.models.zoo import resolve_spec
 from splitfed.profile.profiler import ModelProfile, profile_model
 
 
@@ -59,7 +58,7 @@ def render(prof: ModelProfile, where: str = "this host") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    spec = model_spec(args)
     dev = torch_device(args.torch_device)
     prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=args.reps,
                          cache_dir=cache_dir(), torch_device=dev, use_cache=not args.no_cache)

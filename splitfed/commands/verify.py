@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from splitfed.commands._args import add_model_args, batch_size, positive_int, seed
+from splitfed.commands._args import add_model_args, batch_size, model_spec, positive_int, seed
 from splitfed.engine import template
 from splitfed.engine.types import MODES
 from splitfed.errors import ConfigError
 from splitfed.jsonio import dumps
 from splitfed.models.blocks import validate_cuts
-from splitfed.models.zoo import ZOO, resolve_spec
+from splitfed.models.zoo import ZOO
 
 
 def _cut_vectors(text: str) -> list[tuple[int, ...]]:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.engine.rounds import inprocess_chain
     from splitfed.engine.verify import verify
 
-    spec = resolve_spec(args.model, args.input_shape, args.num_classes)
+    spec = model_spec(args)
     n = template.num_blocks(spec)
     width = len(args.cuts[0])
     tiers = args.tiers or width + 1 - (1 if args.u_shape else 0)

@@ -20,6 +20,8 @@ from splitfed.errors import ConfigError, SplitfedError
 from splitfed.models import rng
 from splitfed.models.blocks import Blocks, join_at_tuples, to_blocks
 
+MAX_VOCAB = 1 << 24  # token ids: an embedding table beyond this is no model splitfed can build
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -295,12 +297,18 @@ ZOO: dict[str, _ZooEntry] = {
 
 
 def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_classes: int | None = None,
-                 **kwargs: object) -> ModelSpec:
-    """A spec for a zoo name or a ``module:factory`` path; user paths need an input shape."""
+                 *, vocab: int | None = None, **kwargs: object) -> ModelSpec:
+    """A spec for a zoo name or a ``module:factory`` path; user paths need an input shape. ``vocab``: the
+    model takes integer tokens below it (an ``nn.Embedding`` first), not floats; it is not passed to a
+    user's factory."""
+    if vocab is not None and not 2 <= vocab <= MAX_VOCAB:
+        raise ConfigError(f"vocab must be in 2..{MAX_VOCAB:,}, got {vocab}")
     if name in ZOO:
         e = ZOO[name]
+        if vocab is not None and not e.vocab:
+            raise ConfigError(f"model {name} takes floats, not tokens: --vocab is for a token model")
         return ModelSpec(name, tuple(input_shape or e.input_shape), num_classes or e.num_classes,
-                         vocab=e.vocab, kwargs=dict(kwargs))
+                         vocab=vocab or e.vocab, kwargs=dict(kwargs))
     if ":" not in name:
         raise ConfigError(
             f"unknown model {name!r}: use one of {', '.join(sorted(ZOO))} or 'module.path:factory'"
@@ -308,7 +316,7 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
     _import_factory(name)  # fail early with a clear message
     if input_shape is None:
         raise ConfigError(f"model {name!r} is not in the zoo: give --input-shape (e.g. 3,32,32)")
-    return ModelSpec(name, tuple(input_shape), num_classes or 10, kwargs=dict(kwargs))
+    return ModelSpec(name, tuple(input_shape), num_classes or 10, vocab=vocab or 0, kwargs=dict(kwargs))
 
 
 def _import_factory(path: str) -> Callable[..., nn.Module]:
