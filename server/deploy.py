@@ -9,7 +9,8 @@ What it starts (every process in its own session, all stopped on exit, error,
 Ctrl-C or SIGTERM, children included; a guard process takes them all down if
 deploy itself dies, even by SIGKILL):
 
-1. the cloud and edge tier servers (``splitfed tier``), edge -> cloud;
+1. the cloud and edge tier servers (``splitfed tier``), edge -> cloud (the edge with the run's
+   ``--compress``: every link carries the run's codec);
 2. ``flower-superlink`` (Fleet, Control and Runtime APIs on one HTTP port);
 3. ``flower-supernode`` i = 0..N-1 with ``--node-config 'partition-id=i
    num-partitions=N device-profile="..." edge-address="..."'`` (and the TLS
@@ -243,6 +244,7 @@ class Deployment:
     superlink: str = ""
     grace: float = GRACE_S  # seconds from SIGTERM to SIGKILL when stopping
     torch_device: str = "cpu"  # where the tiers it starts compute (cpu, cuda, cuda:N)
+    compress: str = "none"  # the run's codec: each tier it starts that forwards sends with it (--compress)
     _guard: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _flwr: subprocess.Popen | None = field(default=None, init=False, repr=False)  # the ``flwr run`` going on
 
@@ -334,7 +336,8 @@ class Deployment:
             security += ["--token-file", self.token_file]
         for idx in reversed(range(len(names))):
             role = "edge" if idx + 1 < len(names) else "cloud"
-            nxt = ["--next", self.tier_addresses[idx + 1]] if idx + 1 < len(names) else []
+            nxt = (["--next", self.tier_addresses[idx + 1], "--compress", self.compress]
+                   if idx + 1 < len(names) else [])
             self._spawn(names[idx], [str(BIN / "splitfed"), "tier", "--role", role, "--name", names[idx],
                                      "--listen", self.tier_addresses[idx], *nxt, *security,
                                      "--torch-device", self.torch_device])
@@ -617,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
         with _SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,
                                               profiles=args.profile, tiers=tiers,
-                                              torch_device=args.tier_torch_device) as dep:
+                                              torch_device=args.tier_torch_device, compress=wanted.compress) as dep:
             dep.start()
             print(f"tiers {', '.join(dep.tier_addresses)}; superlink {dep.superlink}; "
                   f"{clients} supernode(s); logs in {dep.workdir}", flush=True)

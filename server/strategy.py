@@ -16,8 +16,8 @@ shared server-side model, so a round is one configure/aggregate pair per
 client; ``aggregate_train`` returns ``None`` arrays until the round is complete.
 Both are the same :class:`~splitfed.engine.rounds.SplitRound`.
 
-Failures: a node that returns an error, times out, or sends a malformed reply,
-and a client whose weights (device or server replicas) are not finite, is
+Failures: a node that returns an error, times out, or sends a malformed reply
+(weights other than its device segment's keys, shapes and dtypes), and a client whose weights (device or server replicas) are not finite, is
 dropped from the round; the round completes with the others as long as at
 least ``min_train_nodes`` finish, otherwise it raises ``RoundFailed`` and the
 global model stays as it was.
@@ -35,6 +35,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -125,7 +126,7 @@ class SplitFedAvg(FedAvg):
         self._record: RoundRecord | None = None
         self._groups: list[list[str]] = []
         self._node_of: dict[str, int] = {}
-        self._expected: dict[str, set[str]] = {}
+        self._expected: dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}  # cid -> key -> shape, dtype
         self._why: dict[str, str] = {}  # this round's node errors and malformed replies
 
     def summary(self) -> None:
@@ -194,9 +195,14 @@ class SplitFedAvg(FedAvg):
         return list(self.clients.values())
 
     def sample(self, server_round: int) -> list[ClientInfo]:
-        """This round's clients: the same for a (seed, round) in every run, so resume is exact."""
+        """This round's clients: the same for a (seed, round) in every run, so resume is exact.
+
+        As many as ``ceil(fraction * registered)``, at least ``min_train_nodes``, at most all. The product
+        is rounded to 9 decimals before the ceiling, so that float error never adds a client (0.07 * 100 is
+        7.000000000000001 in floats: 7 clients, not 8).
+        """
         pool = list(self.clients.values())
-        k = min(len(pool), max(math.ceil(self.fraction_train * len(pool)), self.min_train_nodes))
+        k = min(len(pool), max(math.ceil(round(self.fraction_train * len(pool), 9)), self.min_train_nodes))
         rng = np.random.default_rng(derive_seed(self.settings.seed, _SAMPLE_STREAM, server_round))
         picked = sorted(rng.choice(len(pool), size=k, replace=False).tolist())
         return [pool[i] for i in picked]
@@ -213,7 +219,7 @@ class SplitFedAvg(FedAvg):
         weights = self._round.begin(group)
         msgs = []
         for cid in group:
-            self._expected[cid] = set(weights[cid])
+            self._expected[cid] = {k: (tuple(v.shape), v.dtype) for k, v in weights[cid].items()}
             content = RecordDict({ARRAYS: state_to_record(weights[cid]),
                                   CONFIG: self._instruction(server_round, cid, config)})
             msgs.append(Message(content, dst_node_id=self._node_of[cid], message_type=MessageType.TRAIN,
@@ -360,10 +366,8 @@ class SplitFedAvg(FedAvg):
             try:
                 state = record_to_state(msg.content.array_records[ARRAYS])
                 report = TrainReport.from_record(msg.content.metric_records[METRICS])
-                if set(state) != self._expected[cid]:
-                    raise ConfigError(f"returned weights for {sorted(set(state) ^ self._expected[cid])[:3]} "
-                                      "instead of its device segment")
-            except (ConfigError, KeyError) as e:
+                _check_weights(state, self._expected[cid])
+            except (ConfigError, KeyError, TypeError, ValueError) as e:  # a reply that does not decode, too
                 log(WARNING, "%s sent a malformed reply, dropped: %s", cid, e)
                 self._why[cid] = f"malformed reply: {e}"
                 continue
@@ -371,6 +375,25 @@ class SplitFedAvg(FedAvg):
                 cid, self._round.assignment[cid], report.samples, report.loss, report.correct,
                 report.compute_s, report.link_s, report.bytes_up, report.bytes_down))
         return out
+
+
+def _check_weights(state: Mapping[str, torch.Tensor],
+                   expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """Refuse a node's weights unless they are its device segment: the keys it was sent, each tensor of the
+    shape and dtype the global model has for that key (anything else would fail the whole round's average,
+    or silently turn the global model's dtype)."""
+    if set(state) != set(expected):
+        raise ConfigError(f"returned weights for {sorted(set(state) ^ set(expected))[:3]} "
+                          "instead of its device segment")
+    for k, (shape, dtype) in expected.items():
+        t = state[k]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ConfigError(f"returned {k!r} as {_kind(tuple(t.shape), t.dtype)}, but the global model's is "
+                              f"{_kind(shape, dtype)}")
+
+
+def _kind(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+    return f"{str(dtype).removeprefix('torch.')} {list(shape)}"
 
 
 def _measurement(r: ClientResult) -> Measurement:

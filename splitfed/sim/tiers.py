@@ -2,7 +2,11 @@
 
 Started tiers listen on 127.0.0.1 at ports the OS picks (``:0``), the cloud
 first so the edge can be pointed at it; they are stopped when the ``with``
-block ends, whichever way it ends (return, error, Ctrl-C).
+block ends, whichever way it ends (return, error, Ctrl-C). Each started tier
+that forwards gets the run's ``compress`` (its ``--compress``: the codec towards
+its next tier), so that every link of the chain carries the run's codec, as in
+the in-process backend and the cost model; tiers given by address are checked
+for it (:func:`check_tiers`).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
         for name in reversed(tier_names(settings.tiers - 1)):
             proc = TierProcess.start(name, listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
                                      token_file=settings.token_file or None, insecure=tls is None,
+                                     compress=settings.compress if nxt is not None else "none",
                                      allow_models=allow, extra_args=["--idle-release-s", f"{idle:g}",
                                                                      "--torch-device", settings.tier_torch_device])
             stack.callback(proc.stop)
@@ -90,10 +95,12 @@ def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
 
 
 def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient]) -> list[TierInfo]:
-    """Ask every tier what it is, and refuse a chain this run could not train through (one error, all reasons)."""
+    """Ask every tier what it is, and refuse a chain this run could not train through (one error, all reasons),
+    among them a tier whose codec towards its next tier (its ``--compress``) is not the run's ``compress``."""
     from splitfed.transport.describe import check_chain
 
     spec = settings.spec
     infos = [c.describe(spec, deadline_s=DESCRIBE_S) for c in clients]
-    check_chain(addresses, infos, model=spec.name, round_timeout_s=settings.round_timeout_s)
+    check_chain(addresses, infos, model=spec.name, round_timeout_s=settings.round_timeout_s,
+                compress=settings.compress)
     return infos

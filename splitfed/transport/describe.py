@@ -49,6 +49,7 @@ class TierInfo:
     uptime_s: float = 0.0
     threads: int = 0
     compute: str = ""  # "cpu" or "cuda:0 (NVIDIA H200)"; "": a tier older than the field (the CPU)
+    next_compress: str = ""  # its codec towards next_address (--compress); "": no next tier, or an older tier
 
     def to_pb(self) -> pb.TierInfo:
         fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -69,18 +70,30 @@ class TierInfo:
                 for k, v in ((k, getattr(self, k)) for k in self.__dataclass_fields__)}
 
 
+def _codec_name(name: str) -> str:
+    """A codec's canonical name (``topk:0.10`` is ``topk:0.1``); a name no codec has, as given."""
+    from splitfed.transport.codec import Codec
+
+    try:
+        return Codec.parse(name).name
+    except ConfigError:
+        return name
+
+
 def this_version() -> str:
     return f"splitfed {splitfed.__version__} (protocol {PROTOCOL})"
 
 
 def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: str = "",
-                round_timeout_s: float | None = None) -> None:
+                round_timeout_s: float | None = None, compress: str | None = None) -> None:
     """Refuse a chain its coordinator could not train through; every problem found, in one error.
 
     ``addresses`` are the coordinator's (``tier-addresses``, chain order) and
     ``infos`` what each tier answered. ``model`` names the model the tiers were
     asked about (their ``model_error`` says why they would refuse it);
-    ``round_timeout_s`` is checked against each tier's idle release.
+    ``round_timeout_s`` is checked against each tier's idle release. ``compress`` is the run's codec: every
+    link of the chain must carry it, so a tier that forwards with another ``--compress`` is refused (one that
+    does not say, older than ``next_compress``, is not).
     """
     if len(addresses) != len(infos):
         raise ValueError(f"{len(addresses)} addresses but {len(infos)} descriptions")
@@ -118,6 +131,11 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
                 problems.append(f"{at} forwards to {info.next_address}, which is not the tier at {nxt_addr} "
                                 f"({nxt.name}): start it with --next {nxt_addr}, or list its next tier in "
                                 "tier-addresses")
+            if compress is not None and info.next_address and info.next_compress:
+                want, has = _codec_name(compress), _codec_name(info.next_compress)
+                if want != has:
+                    problems.append(f"{at} sends to its next tier with --compress {has}, but this run compresses "
+                                    f"every link with {want}: restart it with --compress {want}")
     if problems:
         raise ConfigError("the tier chain " + " -> ".join(addresses) + " cannot run: " + "; ".join(problems))
 

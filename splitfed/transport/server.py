@@ -287,7 +287,8 @@ class TierServicer:
             max_sample_bytes=limits.sample_bytes, max_tensor_bytes=self.limits.max_tensor_bytes,
             allowed_models=tuple(sorted(self.allowed)), model_error=model_error, segments=segments, runs=len(runs),
             steps_served=steps, uptime_s=time.monotonic() - self.started, threads=torch.get_num_threads(),
-            compute=compute.describe(getattr(self.tier, "torch_device", torch.device("cpu"))))
+            compute=compute.describe(getattr(self.tier, "torch_device", torch.device("cpu"))),
+            next_compress=self.next.codec.name if self.next is not None else "")
 
 
 M = TypeVar("M", bound=Message)
