@@ -2,11 +2,19 @@
 
 - ``sflv1``: every client trains its own replica of every server-side segment;
   all replicas and device segments are averaged layer-wise at the end.
-- ``sflv2``: one shared server-side model per tier, trained by the clients in
-  turn; device segments are averaged, and each shared block is averaged with
-  the device copies of that block (weighted by the clients that trained it there).
+- ``sflv2``: one server-side model, trained by the clients in turn whichever
+  server tier each client puts a block on; every client's device segments start
+  from the global model and are averaged, and each server-side block is averaged
+  with the device copies of that block (weighted by the samples that trained it
+  on the servers).
 - ``sl``: vanilla split learning: clients in turn, the whole model handed on
   from one client to the next, no averaging.
+
+``sl`` and ``sflv2`` hand the model on the same way: each client's turn loads
+its server segments from the model as the clients before it left it, and only
+a client that finishes hands its trained segments on (fetched back from the
+tiers). A client that fails leaves the round as if it had not taken part, and a
+block may sit on the edge for one client and on the cloud for the next.
 
 :class:`SplitRound` is the round's tier bookkeeping, cut open where the clients
 train; :func:`run_round` drives it with clients trained in this process, and the
@@ -33,7 +41,6 @@ from splitfed.models.blocks import segment_bounds, validate_cuts
 from splitfed.models.zoo import ModelSpec
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
-SHARED = "shared"
 
 
 @dataclass(frozen=True)
@@ -95,16 +102,14 @@ def device_state(state: State, cuts: Sequence[int], n_blocks: int, u_shape: bool
 
 
 def tier_loads(cfg: RoundConfig, client_id: str, cuts: Sequence[int], state: State | None,
-               replica: str | None = None, skip: Sequence[set[int]] | None = None) -> list[SegmentLoad]:
-    """One load per server tier; ``skip[t]``: blocks tier t already holds for a shared replica."""
+               replica: str | None = None) -> list[SegmentLoad]:
+    """One load per server tier (``replica``: the weights it binds to; the client's own by default)."""
     n = template.num_blocks(cfg.model)
     bounds = server_bounds(cuts, n, cfg.u_shape)
     end = bounds[-1][1]  # where the servers' part ends: the tier that reaches it ends the chain
     loads = []
     for t, (a, z) in enumerate(bounds):
-        part = None
-        if state is not None:
-            part = {k: v for k, v in select(state, a, z).items() if not (skip and block_of(k) in skip[t])}
+        part = None if state is None else select(state, a, z)
         loads.append(SegmentLoad(
             run_id=cfg.run_id, client_id=client_id, round=cfg.round, model=cfg.model, start=a, stop=z,
             replica=replica or client_id, state=part, optim=cfg.optim, seed=cfg.seed,
@@ -198,9 +203,9 @@ class SplitRound:
         self.order = list(assignment)
         self.min_clients = min_clients or len(self.order)
         self.n_blocks = template.num_blocks(cfg.model)
-        self.current = dict(global_state)  # sl: the model handed from client to client
-        self.held: list[set[int]] = [set() for _ in self.tiers]  # sflv2: blocks in the shared replica
-        self.trained: list[dict[int, float]] = [{} for _ in self.tiers]
+        # sl: the model handed from client to client; sflv2: the server-side model (its server blocks)
+        self.current = dict(global_state)
+        self.trained: dict[int, float] = {}  # sflv2: block -> samples that trained it on the servers
         self.done: dict[str, Outcome] = {}
         self.failed: list[str] = []
         self.why: dict[str, str] = {}  # failures the round itself found (fetch, NaN weights): client -> reason
@@ -217,19 +222,14 @@ class SplitRound:
     def begin(self, group: Sequence[str]) -> dict[str, State]:
         """Load the group's server-side segments; return each client's device weights."""
         cfg = self.cfg
-        base = self.current if cfg.mode == "sl" else self.global_state
+        base = self.current if cfg.mode == "sl" else self.global_state  # where device segments start
+        server = self.global_state if cfg.mode == "sflv1" else self.current  # where server segments start
         self._group = list(group)
         for cid in group:
-            cuts = self.assignment[cid]
-            if cfg.mode == "sflv2":
-                loads = tier_loads(cfg, cid, cuts, self.global_state, replica=SHARED, skip=self.held)
-            else:
-                loads = tier_loads(cfg, cid, cuts, base)
+            loads = tier_loads(cfg, cid, self.assignment[cid], server)
             self._loaded.append(cid)
-            for t, (tier, load) in enumerate(zip(self.tiers, loads, strict=True)):
+            for tier, load in zip(self.tiers, loads, strict=True):
                 tier.load(load)
-                if cfg.mode == "sflv2":
-                    self.held[t].update(range(load.start, load.stop))
         return {cid: device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape) for cid in group}
 
     def end(self, outcomes: Mapping[str, Outcome], lost: Mapping[str, str] | None = None) -> None:
@@ -242,19 +242,20 @@ class SplitRound:
             if out is None or self._refused(cid, "device", out.state):
                 self._drop(cid)
                 continue
-            if self.cfg.mode == "sl":
+            if self.cfg.mode in ("sl", "sflv2"):  # clients in turn: hand the model on (a dropped client doesn't)
                 fetched = self._replicas(cid)
                 if fetched is None:
                     self._drop(cid)
                     continue
-                self.current.update(out.state)
+                if self.cfg.mode == "sl":
+                    self.current.update(out.state)
                 for part in fetched:
                     self.current.update(part)
                 self._release(cid)
-            elif self.cfg.mode == "sflv2":
-                for t, (a, z) in enumerate(server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape)):
-                    for i in range(a, z):
-                        self.trained[t][i] = self.trained[t].get(i, 0.0) + out.result.samples
+                if self.cfg.mode == "sflv2":
+                    for a, z in server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape):
+                        for i in range(a, z):
+                            self.trained[i] = self.trained.get(i, 0.0) + out.result.samples
             self.done[cid] = out
         self._group = []
 
@@ -305,19 +306,13 @@ class SplitRound:
         return aggregate(contributions, previous=self.global_state)
 
     def _finish_v2(self) -> State:
+        """Device segments, and the one server-side model (as the last client to finish left it) for each
+        block weighted by the samples that trained it on the servers: the clients in turn fetched it back
+        and refused what was not finite, so it holds only finished clients' steps."""
         contributions: list[tuple[State, float]] = [(self.done[c].state, self.done[c].result.samples)
                                                     for c in self.order if c in self.done]
-        for t, tier in enumerate(self.tiers):
-            bank: State = {}
-            for cid in self.order:
-                if cid in self.done:
-                    bank.update(tier.fetch(self.cfg.run_id, cid))
-            if (key := _nonfinite(bank)) is not None:  # every later client trained on it: nothing to keep
-                raise RoundFailed(f"round {self.cfg.round}: the shared model on the {self._label(t)} holds NaN "
-                                  f"or infinite values ({key!r}; diverged: lower the learning rate?); "
-                                  "the global model is unchanged")
-            for i, w in self.trained[t].items():
-                contributions.append((select(bank, i, i + 1), w))
+        for i, w in self.trained.items():
+            contributions.append((select(self.current, i, i + 1), w))
         return aggregate(contributions, previous=self.global_state)
 
     def _replicas(self, cid: str) -> list[State] | None:

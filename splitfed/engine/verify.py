@@ -6,7 +6,8 @@ detach, no link) on the same batches from the same seed:
 - ``sflv1``: FedAvg of the unsplit model (each client trains a whole copy);
 - ``sl``: one whole model trained by the clients in turn;
 - ``sflv2``: each client trains a whole model assembled from its own device
-  copy and the tiers' shared blocks, which it updates in place.
+  copy and the blocks of the one server-side model, which it updates in place
+  (whichever server tier the client puts them on).
 
 Tolerance: 1e-5 absolute on float32 weights. Split and whole training run the
 same kernels in the same order, so the difference is normally exactly 0; the
@@ -38,6 +39,7 @@ from splitfed.engine.rounds import (
     server_bounds,
 )
 from splitfed.engine.types import OptimConfig, State
+from splitfed.errors import ConfigError
 from splitfed.models.blocks import Segment, step_rng
 from splitfed.models.zoo import ModelSpec
 
@@ -86,24 +88,23 @@ def reference_round(cfg: RoundConfig, global_state: State, assignment: dict[str,
         for cid in assignment:
             _train_whole(cfg, cid, whole, data[cid])
         return {k: v.detach().clone() for k, v in whole.state_dict().items()}
-    # sflv2: per-tier shared banks of blocks, device copies per client
-    banks = [_load(model, global_state) for _ in range(n_tiers - 1)]
-    trained: list[dict[int, float]] = [{} for _ in banks]
+    # sflv2: one server-side model (whatever the tiers), device copies per client
+    bank = _load(model, global_state)
+    trained: dict[int, float] = {}
     contributions = []
     for cid, cuts in assignment.items():
         own = _load(model, global_state)
         blocks = dict(own)
-        for t, (a, z) in enumerate(server_bounds(cuts, n, cfg.u_shape)):
+        for a, z in server_bounds(cuts, n, cfg.u_shape):
             for i in range(a, z):
-                blocks[i] = banks[t][i]
-                trained[t][i] = trained[t].get(i, 0.0) + sum(int(x.shape[0]) for x, _ in data[cid])
+                blocks[i] = bank[i]
+                trained[i] = trained.get(i, 0.0) + sum(int(x.shape[0]) for x, _ in data[cid])
         _train_whole(cfg, cid, _whole(model, blocks), data[cid])
         dev = device_state(_whole(model, own).state_dict(), cuts, n, cfg.u_shape)
         contributions.append((dev, sum(int(x.shape[0]) for x, _ in data[cid])))
-    for t, bank in enumerate(banks):
-        state = _whole(model, bank).state_dict()
-        for i, w in trained[t].items():
-            contributions.append((select(state, i, i + 1), w))
+    state = _whole(model, bank).state_dict()
+    for i, w in trained.items():
+        contributions.append((select(state, i, i + 1), w))
     return aggregate(contributions, previous=global_state)
 
 
@@ -148,6 +149,8 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
     """Train split (one cut vector per client) and whole; compare the final global weights."""
     from splitfed.data import synthetic
 
+    if not cuts or not cuts[0]:
+        raise ConfigError("verify needs a cut vector per client, e.g. cuts=[(2, 5)]: got none")
     n_tiers = len(cuts[0]) + 1 - (1 if u_shape else 0)
     chain = chain or inprocess_chain(n_tiers - 1)
     optim = optim or OptimConfig(lr=0.05, momentum=0.9)
