@@ -102,3 +102,8 @@ class _Mean(nn.Module):
 def tokens() -> nn.Module:
     """Integer tokens in (an nn.Embedding first): a user's own token model."""
     return nn.Sequential(nn.Embedding(20, 8), _Mean(), nn.Linear(8, 8), nn.Linear(8, 3))
+
+
+def digits_batchnorm() -> nn.Module:
+    """Digits (1x8x8) through a BatchNorm1d: one sample per channel in a batch of one."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))

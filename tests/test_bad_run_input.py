@@ -295,3 +295,16 @@ def test_the_memory_a_device_needs_counts_the_run_s_optimizer_state(tmp_path, ca
     capsys.readouterr()
     assert main([*base, "--optimizer-slots", "2"]) == 2  # the same verdict from the same cost model
     assert "do not fit device 'mcu" in capsys.readouterr().err
+
+
+def test_a_last_batch_of_one_sample_a_batchnorm_cannot_train_on_is_refused() -> None:
+    """Before: that client failed every round ("Expected more than 1 value per channel"), each time dropped."""
+    from splitfed.sim.runner import validate
+
+    settings = RunSettings(model="tests.own_models:digits_batchnorm", clients=2, rounds=1, cuts="static:1,3",
+                           batch_size=718)  # digits: 1437 training samples, so 719 and 718
+    with pytest.raises(ConfigError, match=r"client\d has 719 sample\(s\): with batch size 718 its last batch "
+                                          r"holds one sample, and model .* cannot train on one \(Expected more"):
+        validate(settings)
+    validate(settings.with_(batch_size=64))  # 719 % 64 = 15
+    validate(settings.with_(model="cnn"))  # its BatchNorm2d sees 4x4 values a channel: one sample trains

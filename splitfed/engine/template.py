@@ -18,7 +18,7 @@ from torch import nn
 from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
 from splitfed.errors import ResourceExhausted, SplitfedError
 from splitfed.models.blocks import Blocks
-from splitfed.models.zoo import ZOO, ModelSpec, build, input_error, model_blocks
+from splitfed.models.zoo import ZOO, ModelSpec, build, first_line, input_error, model_blocks
 
 _lock = threading.Lock()
 
@@ -143,6 +143,24 @@ def _boundaries(key: str) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
 def boundary(spec: ModelSpec, index: int) -> tuple[tuple[int, ...], torch.dtype]:
     """Per-sample shape and dtype of the tensor entering block ``index`` (``L``: the logits)."""
     return _boundaries(_key(spec))[index]
+
+
+@lru_cache(maxsize=64)
+def _one_sample_error(key: str) -> str:
+    spec = ModelSpec.from_dict(json.loads(key))
+    whole = copy.deepcopy(template(spec).whole()).train()  # a copy: its statistics may move
+    try:
+        with torch.no_grad():
+            whole(spec.example_input(1))
+    except Exception as e:  # noqa: BLE001 - whatever a layer raises for one sample
+        return first_line(e)
+    return ""
+
+
+def one_sample_error(spec: ModelSpec) -> str:
+    """Why the model cannot train on a batch of one sample ("": it can): a BatchNorm over one value per
+    channel has no spread to normalise by, so a client whose last batch holds one sample fails each round."""
+    return _one_sample_error(_key(spec))
 
 
 @lru_cache(maxsize=256)

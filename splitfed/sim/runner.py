@@ -104,6 +104,22 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     return summary
 
 
+def one_sample_batches(settings: RunSettings, clients: Sequence[Any]) -> None:
+    """A client whose last batch would hold one sample, of a model that cannot train on one (BatchNorm), is
+    refused now: it would fail every round, each time dropped from it."""
+    from splitfed.engine import template
+
+    b = settings.batch_size
+    short = [c for c in clients if c.samples % b == 1 or (b == 1 and c.samples)]  # batch size 1: every batch
+    if not short or not (why := template.one_sample_error(settings.spec)):
+        return
+    c = short[0]
+    more = f" (and {len(short) - 1} more client(s))" if len(short) > 1 else ""
+    raise ConfigError(f"{c.client_id} has {c.samples} sample(s): with batch size {b} its last batch holds one "
+                      f"sample{more}, and model {settings.spec.name} cannot train on one ({why}); choose another "
+                      "batch size or number of clients")
+
+
 def static_fits(settings: RunSettings, policy: Any, clients: Sequence[Any]) -> None:
     """Static cuts that a device's memory cannot hold are refused, as ``splitfed optimize --static`` refuses
     them: the simulated clock would price a round no such device could train (adaptive and greedy plan
@@ -302,6 +318,7 @@ def validate(settings: RunSettings) -> None:
         policy.assign(1, sim_clients(settings, fleet))  # the optimizer's plan: a device nothing fits is named now
     if isinstance(policy, StaticPolicy):
         static_fits(settings, policy, sim_clients(settings, fleet))
+    one_sample_batches(settings, sim_clients(settings, fleet))
     if settings.addresses:  # tiers already running elsewhere: a chain they cannot form is named now, too
         from splitfed.sim.tiers import tier_chain
 
