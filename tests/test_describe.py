@@ -251,7 +251,7 @@ def test_ping_checks_a_chain_of_tier_processes_over_mutual_tls_with_a_token(cert
 
         text = ping(edge.address, cloud.address, *creds, "--token-file", str(token), "--count", "1")
         assert text.returncode == 0 and "chain: edge -> cloud ok" in text.stdout
-        assert f"forwards to {cloud.address}: reached" in text.stdout
+        assert f"forwards to {cloud.address}, compressing with none: reached" in text.stdout
         assert text.stdout.count("computes on cpu with 1 thread(s)") == 2, text.stdout  # TierProcess: --threads 1
 
         big = ping(edge.address, cloud.address, *creds, "--token-file", str(token), "--model", "vgg11")

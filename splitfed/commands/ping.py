@@ -151,7 +151,8 @@ def _describe(row: dict[str, Any]) -> str:
     if row["next_address"]:
         reached = (f"not reached: {row['next_error']}" if row["next_error"]
                    else f"reached (instance {row['next_instance']})")
-        lines.append(f"  forwards to {row['next_address']}: {reached}")
+        codec = f", compressing with {row['next_compress']}" if row.get("next_compress") else ""
+        lines.append(f"  forwards to {row['next_address']}{codec}: {reached}")
     else:
         lines.append("  ends the chain (computes the loss)")
     lines.append(f"  holds {row['segments']} segment(s) of {row['runs']} run(s); {row['steps_served']} step(s) "
