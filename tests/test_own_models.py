@@ -134,3 +134,19 @@ def test_a_token_model_of_ones_own_takes_integer_inputs(tmp_path) -> None:
              x_test=rng.integers(0, 15, (4, 6)), y_test=np.arange(4) % 3)
     spec = spec_for("tests.own_models:tokens", f"npz:{path}")
     assert (spec.input_shape, spec.num_classes, spec.vocab) == ((6,), 3, int(np.load(path)["x_train"].max()) + 1)
+
+
+def test_a_step_leaves_torch_s_generator_as_it_was() -> None:
+    """Dropout draws from a generator reseeded per block and step; before, it stayed reseeded, so a
+    Python-API user's own torch.rand after a step (or a verify) drew other numbers than without it."""
+    from splitfed.models.blocks import make_segment
+
+    spec = resolve_spec("mlp")  # has Dropout
+    seg = make_segment(template.template(spec), 0, template.num_blocks(spec)).train()
+    torch.manual_seed(123)
+    want = torch.rand(3)
+    torch.manual_seed(123)
+    seg(spec.example_input(4), rng=99)
+    assert torch.equal(torch.rand(3), want)
+    a = seg(spec.example_input(4), rng=5)
+    assert torch.equal(seg(spec.example_input(4), rng=5), a)  # the same key, the same mask

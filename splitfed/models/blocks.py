@@ -83,10 +83,16 @@ class Segment(nn.Sequential):
             x = x.clone()                  # (ReLU(inplace=True)) may not write a leaf that requires grad
         for name, block in self._modules.items():
             if rng is not None and self._stochastic[name]:
-                # torch's generators are process-wide (splitfed.models.rng): the one of the device x is on
+                # torch's generators are process-wide (splitfed.models.rng): the one of the device x is on,
+                # given back as it was (a caller's own draws after a step are theirs, not this step's)
                 with _rng.LOCK:
-                    _generator(x.device).manual_seed(_mix(rng, int(name)))
-                    x = block(x)
+                    gen = _generator(x.device)
+                    before = gen.get_state()
+                    gen.manual_seed(_mix(rng, int(name)))
+                    try:
+                        x = block(x)
+                    finally:
+                        gen.set_state(before)
             else:
                 x = block(x)
         return x
