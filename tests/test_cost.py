@@ -153,11 +153,12 @@ def test_makespan_does_not_depend_on_client_order() -> None:
 def test_move_cost_ships_the_blocks_that_change_tier() -> None:
     sc = scenario()
     assert move_cost(sc, DEV, (1, 2), (1, 2)) == 0
-    # both blocks, params + momentum (2 x 1500 B), device -> cloud: up link 1 and up link 2
-    assert move_cost(sc, DEV, (2, 2), (0, 0)) == pytest.approx(3000 / 1e5 + 0.01 + 3000 / 1e6 + 0.005)
-    assert move_cost(sc, DEV, (0, 0), (2, 2)) == pytest.approx(3000 / 2e5 + 0.01 + 3000 / 1e6 + 0.005)
-    # block 1 (1000 B with momentum) edge -> cloud only
-    assert move_cost(sc, DEV, (1, 2), (1, 1)) == pytest.approx(1000 / 1e6 + 0.005)
+    # both blocks' parameters (1500 B; no optimizer state: none is kept across rounds), device -> cloud:
+    # up link 1 and up link 2
+    assert move_cost(sc, DEV, (2, 2), (0, 0)) == pytest.approx(1500 / 1e5 + 0.01 + 1500 / 1e6 + 0.005)
+    assert move_cost(sc, DEV, (0, 0), (2, 2)) == pytest.approx(1500 / 2e5 + 0.01 + 1500 / 1e6 + 0.005)
+    # block 1 (500 B) edge -> cloud only
+    assert move_cost(sc, DEV, (1, 2), (1, 1)) == pytest.approx(500 / 1e6 + 0.005)
 
 
 def test_bad_cuts_and_assignments_are_refused() -> None:

@@ -87,8 +87,9 @@ which bounds every shared resource too. Resource "clients in turn", capacity
 1 s/s. Server memory: ONE replica, the segment of the client training now: max_c
 memory_c (so each client's option must fit each server on its own).
 
-Moving a client's cuts ships every block whose tier changes (parameters and
-optimizer state, p_i (1 + slots)) along the links between its old and new tier:
+Moving a client's cuts ships every block whose tier changes (its parameters
+p_i: each tier builds a fresh optimizer for each client each round, so no
+optimizer state travels) along the links between its old and new tier:
 ``move_cost`` = sum over links and directions of bytes / bandwidth + rtt / 2.
 Control messages and framing are not counted. The bytes priced here are
 exactly what :class:`splitfed.engine.link.InProcessLink` counts, for every cut
@@ -276,7 +277,7 @@ class Scenario:
         return {"work": pre(work), "fwd": pre(p.fwd_flops), "param": pre(p.param_bytes), "fixed": pre(p.fixed_bytes),
                 "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "floating": np.array([not token_input] + [True] * p.n_blocks),
-                "move": np.asarray(p.param_bytes, dtype=float) * (1 + p.optimizer_slots),
+                "move": np.asarray(p.param_bytes, dtype=float),  # optimizer state is not kept across rounds
                 "block_fixed": np.asarray(p.fixed_bytes, dtype=float)}
 
     @cached_property
