@@ -191,3 +191,85 @@ def test_adaptation_in_the_other_variants(mode: str) -> None:
         truth = Scenario.from_fleet(PROF, parse_fleet(FLEET, "f.toml").at_round(9), tiers=3, batch=32, mode=mode)
         cost = evaluate(truth, cuts[8])
         assert cost.makespan_s == pytest.approx(sum(cost.times().values()))
+
+
+_ONE = """
+name = "one"
+samples = 150
+[edge]
+profile = "edge-server"
+[cloud]
+profile = "cloud-gpu"
+[[device]]
+name = "dev"
+flops = 1e8
+memory_mb = 1024
+up_mbps = 8
+down_mbps = 30
+rtt_ms = 50
+"""
+
+
+def test_a_round_trip_that_grows_moves_the_cut(tmp_path) -> None:
+    """The clock priced a device's new round trip, but the policy never learned it (a Measurement had no
+    latency): it kept a cut 4.7x slower than the best, saying "already optimal"."""
+    import json
+
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim.inprocess import train_inprocess
+
+    fleet = tmp_path / "rtt.toml"
+    fleet.write_text(_ONE + "[[device.drift]]\nround = 2\nrtt_ms = 2000\n")
+    out = tmp_path / "run"
+    train_inprocess(RunSettings(rounds=4, clients=1, fleet=str(fleet), cuts="adaptive", out=str(out)))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["cuts"]["client0"] for r in rows] == [[0, 7], [0, 7], [7, 7], [7, 7]]  # keep every message home
+    assert rows[1]["decision"]["moved"] == ["client0"]
+    assert rows[3]["sim_round_s"] < rows[1]["sim_round_s"] / 4
+
+
+def test_a_deployed_client_s_waiting_is_not_all_wire(tmp_path) -> None:
+    """A deployed device measures link_s: the wire, every message's latency and the servers' compute. Before,
+    all of it was taken as wire time, so a device exactly as believed was learned 4x slower on its uplink."""
+    from dataclasses import replace
+
+    from splitfed.cost import client_cost
+    from splitfed.flower.adaptive import AdaptivePolicy
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.policy import ClientInfo
+    from splitfed.flower.policy import Measurement as Measured
+
+    fleet = tmp_path / "one.toml"
+    fleet.write_text(_ONE.replace("flops = 1e8", "flops = 3e8"))
+    policy = AdaptivePolicy(RunSettings(rounds=6, clients=1, fleet=str(fleet), cuts="adaptive", sim_clock=False))
+    info = [ClientInfo("client0", 1, 0, "dev-0", 150)]
+    cuts = policy.assign(1, info)["client0"]
+    truth = policy.adapter.belief  # the fleet as written: here, the world as it is
+
+    def round_on(world: Scenario) -> Measured:
+        c = client_cost(world, "client0", cuts)
+        link_s = c.round_s - c.compute_s[0] - c.exchange_s  # what the device times as waiting on the chain
+        return Measured("client0", cuts, 150, c.compute_s[0], link_s, int(c.up_bytes[0]), int(c.down_bytes[0]))
+
+    policy.observe(1, [round_on(truth)])
+    believed = policy.adapter.belief.clients[0].link
+    true = truth.clients[0].link
+    assert (believed.up, believed.down) == pytest.approx((true.up, true.down), rel=1e-6)  # nothing to learn
+    slower = truth.with_clients([replace(truth.clients[0], link=replace(true, up=true.up / 2, down=true.down / 2))])
+    policy.observe(2, [round_on(slower)])
+    believed = policy.adapter.belief.clients[0].link  # half the bandwidth, within the jump: smoothed halfway
+    assert believed.up == pytest.approx(0.75 * true.up, rel=1e-6)
+    assert believed.down == true.down  # cut 0: nothing comes back down this link, so nothing to learn
+
+
+def test_a_measured_round_trip_is_smoothed_like_a_rate() -> None:
+    sc = Scenario.from_fleet(PROF, parse_fleet(FLEET, "f.toml"), tiers=3, batch=32)
+    adapter = Adapter(sc, rounds=10, alpha=0.5, jump=3.0)
+    phone = sc.clients[0]
+    rtt = phone.link.rtt
+    adapter.update({phone.name: Measurement(rtt_s=1.5 * rtt)})
+    assert adapter.belief.clients[0].link.rtt == pytest.approx(1.25 * rtt)  # within the jump: halfway
+    adapter.update({phone.name: Measurement(rtt_s=40 * rtt)})
+    assert adapter.belief.clients[0].link.rtt == pytest.approx(40 * rtt)  # a change of regime: at once
+    adapter.update({phone.name: Measurement()})
+    assert adapter.belief.clients[0].link.rtt == pytest.approx(40 * rtt)  # not measured: kept

@@ -143,10 +143,7 @@ class AdaptivePolicy:
                 seen[m.client_id] = Seen.from_cost(client_cost(truth_sc, true, m.cuts), true)
         else:
             for m in measurements:
-                flops = client_cost(sc, m.client_id, m.cuts).flops[0]
-                total = max(1, m.bytes_up + m.bytes_down)
-                seen[m.client_id] = Seen(flops, m.compute_s, m.bytes_up, m.link_s * m.bytes_up / total,
-                                         m.bytes_down, m.link_s * m.bytes_down / total)
+                seen[m.client_id] = _measured(sc, m)
         d = self.adapter.observe(round, seen)
         return {"moved": list(d.moved), "reason": d.reason, "predicted_s": d.before_s,
                 "predicted_after_s": d.after_s, "move_s": d.move_s}  # the metrics writer nulls inf
@@ -155,15 +152,37 @@ class AdaptivePolicy:
         if self.adapter is None:
             return dict(self._saved or {})
         return {"assignment": {k: list(v) for k, v in self.adapter.assignment.items()},
-                "beliefs": {c.name: [c.device.flops, c.link.up, c.link.down] for c in self.adapter.belief.clients}}
+                "beliefs": {c.name: [c.device.flops, c.link.up, c.link.down, c.link.rtt]
+                            for c in self.adapter.belief.clients}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._saved = state if state.get("assignment") else None
 
 
+def _measured(sc: Any, m: Measurement) -> Any:
+    """What a deployed client's round teaches about its link. ``link_s`` is all its waiting on the chain: the
+    wire both ways, each message's latency and the servers' compute; only the wire is its bandwidth's doing.
+    So the latency and the servers' part (as now believed) come off first, and the rest is shared between
+    the directions as the believed wire times share it. Nothing left (the servers ran slower than believed,
+    say) teaches nothing about the link."""
+    from splitfed.cost import client_cost
+    from splitfed.optimizer import Measurement as Seen
+
+    cc = client_cost(sc, m.client_id, m.cuts)
+    link = sc.clients[sc.index(m.client_id)].link
+    wire_up, wire_down = cc.up_bytes[0] / link.up, cc.down_bytes[0] / link.down
+    latency = cc.up_s[0] + cc.down_s[0] - wire_up - wire_down
+    servers = sum(cc.compute_s[1:]) + sum(cc.up_s[1:]) + sum(cc.down_s[1:])
+    wire = m.link_s - latency - servers
+    if wire <= 0 or wire_up + wire_down <= 0:
+        return Seen(cc.flops[0], m.compute_s)
+    share = wire_up / (wire_up + wire_down)
+    return Seen(cc.flops[0], m.compute_s, m.bytes_up, wire * share, m.bytes_down, wire * (1 - share))
+
+
 def _with_belief(client: Any, belief: Sequence[float]) -> Any:
     from splitfed.profile import LinkProfile, TierProfile
 
-    flops, up, down = belief
+    flops, up, down, *rtt = belief  # a checkpoint from before round trips were learned has three
     return replace(client, device=TierProfile(flops, client.device.memory),
-                   link=LinkProfile(up, down, client.link.rtt))
+                   link=LinkProfile(up, down, rtt[0] if rtt else client.link.rtt))

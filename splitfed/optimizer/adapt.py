@@ -1,8 +1,8 @@
 """Online adaptation: after each round, learn the devices' real speeds and move cuts that pay off.
 
 After round r the :class:`Adapter` takes what each client measured (FLOPs and
-seconds on the device, bytes and seconds on its link; optionally the servers'
-FLOP/s) and updates its beliefs, one rate at a time:
+seconds on the device, bytes and seconds on its link, its round trip;
+optionally the servers' FLOP/s) and updates its beliefs, one value at a time:
 
     belief <- measured                          if measured / belief > jump or < 1 / jump
     belief <- (1 - alpha) belief + alpha measured  otherwise
@@ -53,8 +53,9 @@ from splitfed.profile.fleet import Client
 class Measurement:
     """One client's round as measured: work done and the seconds it took, per resource.
 
-    ``up_s``/``down_s`` are time on the wire (latency excluded). A resource with no
-    work or no seconds teaches nothing and leaves the belief as it was.
+    ``up_s``/``down_s`` are time on the wire (latency excluded); ``rtt_s`` the link's
+    round trip (None: not measured). A resource with no work or no seconds teaches
+    nothing and leaves the belief as it was.
     """
 
     compute_flops: float = 0.0
@@ -64,6 +65,7 @@ class Measurement:
     down_bytes: float = 0.0
     down_s: float = 0.0
     round_s: float | None = None
+    rtt_s: float | None = None
 
     @classmethod
     def from_cost(cls, cost: ClientCost, true_client: Client) -> Measurement:
@@ -71,7 +73,7 @@ class Measurement:
         up = cost.up_bytes[0] + cost.exchange_bytes
         down = cost.down_bytes[0] + cost.exchange_bytes
         return cls(cost.flops[0], cost.flops[0] / true_client.device.flops, up, up / true_client.link.up,
-                   down, down / true_client.link.down, cost.round_s)
+                   down, down / true_client.link.down, cost.round_s, true_client.link.rtt)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,13 @@ class Decision:
 def _smooth(belief: float, work: float, seconds: float, alpha: float, jump: float) -> float:
     if work <= 0 or seconds <= 0:
         return belief
-    seen = work / seconds
+    return _toward(belief, work / seconds, alpha, jump)
+
+
+def _toward(belief: float, seen: float, alpha: float, jump: float) -> float:
+    """The smoothing rule on one value (a rate, or a round trip)."""
+    if belief <= 0:
+        return seen
     ratio = seen / belief
     if ratio > jump or ratio < 1 / jump:
         return seen
@@ -129,8 +137,9 @@ class Adapter:
                 clients.append(c)
                 continue
             dev = TierProfile(_smooth(c.device.flops, m.compute_flops, m.compute_s, a, j), c.device.memory)
+            rtt = c.link.rtt if m.rtt_s is None or m.rtt_s < 0 else _toward(c.link.rtt, m.rtt_s, a, j)
             link = LinkProfile(_smooth(c.link.up, m.up_bytes, m.up_s, a, j),
-                               _smooth(c.link.down, m.down_bytes, m.down_s, a, j), c.link.rtt)
+                               _smooth(c.link.down, m.down_bytes, m.down_s, a, j), rtt)
             clients.append(replace(c, device=dev, link=link))
         srv = list(self.belief.servers)
         for name, (work, secs) in (servers or {}).items():
