@@ -134,12 +134,15 @@ def explain(sc: Scenario, cost: RoundCost) -> str:
         if cost.makespan_s <= alone * (1 + 1e-9):
             return (f"straggler-bound: a {kind} client needs {alone:.1f} s even alone at its best cuts "
                     f"{','.join(map(str, cuts))} ({_largest_part(sc, cost, name)}); no policy can be faster")
-        why = (f"the servers' memory is {mem} ({'one replica per client' if sc.mode == 'sflv1' else 'one replica'})"
+        why = (f"the servers' memory is {mem} ({'one replica per client' if sc.mode == 'sflv1' else 'one client at a time'})"
                if max(u / cap for u, cap in zip(cost.shared_memory.values(), sc.memory_caps, strict=True)) > 0.9
                else f"busiest shared resource {busiest} at {cost.shared_s[busiest]:.1f} s")
         return (f"client-bound: {name} ({kind}) at {','.join(map(str, cost.assignment()[name]))} takes "
                 f"{cost.makespan_s:.1f} s, {cost.makespan_s / alone:.1f}x its {alone:.1f} s alone, because its "
                 f"faster cuts would put more on the shared servers: {why}; {_largest_part(sc, cost, name)}")
+    if sc.in_turn:  # sl, sflv2: the clients' rounds add up, so every client's own time counts
+        return (f"clients in turn: the {len(sc.clients)} clients' rounds add up to {cost.shared_s[b]:.1f} s; cuts "
+                f"shorten each client's own round (memory: {mem})")
     return (f"shared-resource-bound: {b} is busy {cost.shared_s[b]:.1f} s with {len(sc.clients)} clients' work; "
             f"cuts trade it against the devices and other tiers (memory: {mem})")
 

@@ -217,42 +217,62 @@ def test_sl_runs_the_clients_in_turn() -> None:
     assert round_time(sc, cuts, {"c1": 2.0}) == evaluate(sc, cuts, extra_s={"c1": 2.0}).makespan_s
 
 
-def test_sflv2_serialises_the_shared_model_by_hand() -> None:
+def test_sflv2_runs_the_clients_in_turn_as_sl() -> None:
+    """SplitFed v2 is priced as the engine runs it: one client after another, the server-side model handed
+    on from each to the next (``SplitRound``: a group per client, groups in turn), so its round is sum_i R_i
+    and each server holds one client's segment at a time, exactly as in sl. (It was priced as devices in
+    parallel against one shared server, max(max_i R_i, sum_i V_i), with the union of the clients' blocks
+    in memory: a schedule the engine does not run, 6x too short on the iot fleet.)"""
     many = [Client(f"c{i}", "c", DEV.device, DEV.link, samples=10) for i in range(50)]
     sc = replace(scenario(many), mode="sflv2")
-    assert sc.resource_names[-1] == "edge shared model (clients in turn)"
+    assert sc.in_turn and sc.resource_names[-1] == "clients in turn" and sc.capacities[-1] == 1.0
     r = evaluate(sc, {c.name: (0, 0) for c in many})
-    # V per client: cloud compute 10 x 9 MFLOP / 100 GFLOP/s, plus the edge->cloud link inside the
-    # edge's step: (8000 B input + 80 B labels) / 1 MB/s + 3 messages x 5 ms
-    V = 10 * 9e6 / 1e11 + 8080 / 1e6 + 3 * 0.005
-    assert r.clients[0].server_s == pytest.approx(V)
-    assert r.shared_s["edge shared model (clients in turn)"] == pytest.approx(50 * V)
-    assert r.makespan_s == pytest.approx(50 * V) and r.bottleneck == "edge shared model (clients in turn)"
+    assert r.shared_s["clients in turn"] == pytest.approx(50 * 0.13478)
+    assert r.makespan_s == pytest.approx(50 * 0.13478) and r.bottleneck == "clients in turn"
     v1 = evaluate(replace(sc, mode="sflv1"), {c.name: (0, 0) for c in many})
     assert v1.makespan_s == pytest.approx(max(50 * 8080 / 1e6, 0.13478))  # in parallel: far shorter
-    # ONE replica: both blocks' fixed bytes once (4500) + one batch of activations (4 x 4100)
+    # one client's segment at a time: both blocks' fixed bytes (4500) + one batch of activations (4 x 4100)
     assert r.shared_memory["cloud"] == pytest.approx(4500 + 4 * 4100)
     assert v1.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100))
+    # a client's extra time (moving its weights) delays every client after it
+    cuts = {c.name: (0, 0) for c in many}
+    assert evaluate(sc, cuts, extra_s={"c1": 2.0}).makespan_s == pytest.approx(r.makespan_s + 2.0)
 
 
-def test_sflv2_memory_is_the_union_of_blocks() -> None:
+def test_sflv2_costs_what_sl_costs() -> None:
+    """The two variants differ in what the round computes, not in its schedule or its bytes: the same
+    exchange of the device's segment (the engine sends it down and back in both), the same turns."""
+    rng = random.Random(3)
+    for u in (False, True):
+        base = scenario(_fleet(4), u_shape=u)
+        opts = [tuple(int(x) for x in o) for o in base.options]
+        for _ in range(20):
+            cuts = {c.name: rng.choice(opts) for c in base.clients}
+            extra = {"c2": rng.random()}
+            v2, sl = evaluate(replace(base, mode="sflv2"), cuts, extra), evaluate(replace(base, mode="sl"), cuts, extra)
+            assert v2.clients == sl.clients and v2.shared_s == sl.shared_s
+            assert v2.shared_memory == sl.shared_memory and v2.violations == sl.violations
+            assert (v2.makespan_s, v2.bottleneck) == (sl.makespan_s, sl.bottleneck)
+    # memory: the larger client's segment, not the union of the blocks the clients put there
     a, b = _fleet(2)
-    sc = replace(scenario([a, b]), mode="sflv2")
-    r = evaluate(sc, {"c0": (0, 1), "c1": (1, 1)})  # edge: block 0 for c0, nothing for c1; cloud: block 1 both
-    assert r.shared_memory["edge"] == pytest.approx(3000 + 4 * 4000)
-    assert r.shared_memory["cloud"] == pytest.approx(1500 + 4 * 100)
-    r = evaluate(sc, {"c0": (0, 1), "c1": (0, 2)})  # edge: block 0 (both), block 1 (c1): the union
-    assert r.shared_memory["edge"] == pytest.approx(3000 + 1500 + 4 * 4100)
+    r = evaluate(replace(scenario([a, b]), mode="sflv2"), {"c0": (0, 1), "c1": (1, 2)})  # edge: block 0, block 1
+    assert r.shared_memory["edge"] == pytest.approx(max(3000 + 4 * 4000, 1500 + 4 * 100))
 
 
-def test_sflv2_u_shape_server_section_includes_the_trip_to_the_tail() -> None:
-    sc = scenario(u_shape=True)
-    sc = replace(sc, mode="sflv2")
-    c = client_cost(sc, "c", (0, 1, 1))
-    # edge forward+backward of block 0, then (lock held) a_1 down link 1, the tail on the device,
-    # the tail's input gradient up link 1
-    assert c.server_s == pytest.approx(10 * 3e6 / 1e10 + (0.2 + 0.03) + 10 * 6e6 / 1e9 + (0.4 + 0.03))
-    assert client_cost(sc, "c", (1, 1, 1)).server_s == 0  # the servers do nothing
+def test_cost_model_modes_schedule_clients_as_the_engine_groups_them() -> None:
+    """``Scenario.in_turn`` (clients one after another) is exactly the variants whose round runs one
+    client per group (``SplitRound.groups``; the groups run in turn)."""
+    from splitfed.engine.rounds import RoundConfig, SplitRound, initial_state, inprocess_chain
+    from splitfed.models.zoo import resolve_spec
+
+    spec = resolve_spec("cnn")
+    state = initial_state(spec, 0)
+    assignment = {"a": (1, 2), "b": (2, 3), "c": (0, 4)}
+    for mode in ("sl", "sflv1", "sflv2"):
+        rnd = SplitRound(RoundConfig("r", 1, spec, mode), inprocess_chain(2).tiers, state, assignment)
+        in_turn = rnd.groups() == [[c] for c in assignment]
+        assert in_turn == (rnd.groups() != [list(assignment)])
+        assert replace(scenario(), mode=mode).in_turn == in_turn, mode
 
 
 def test_shared_resources_per_mode_follow_resource_names() -> None:
@@ -260,10 +280,9 @@ def test_shared_resources_per_mode_follow_resource_names() -> None:
         sc = replace(scenario(), mode=mode)
         t = option_table(sc, DEV)
         assert t.shared_load.shape[1] == len(sc.resource_names) == len(sc.capacities) == 4 + extra
-        if mode == "sflv2":
-            assert (t.shared_load[:, -1] == t.server_s).all()
-        if mode == "sl":
+        if mode != "sflv1":  # clients in turn (sl and sflv2 alike): the serial resource is the round itself
             assert (t.shared_load[:, -1] == t.round_s).all() and sc.capacities[-1] == 1.0
+            assert sc.serial_resource == len(sc.resource_names) - 1
 
 
 # ---------------------------------------------------------------- codecs

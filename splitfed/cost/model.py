@@ -37,12 +37,6 @@ Per client, per round (prefix sums make each term O(1) per option):
   X = P / down_1 + P / up_1 + rtt_1  (only if P > 0; server replicas stay put)
 - round time (one client's batches run sequentially along the chain):
   R = sum_t C_t + sum_j (U_j + D_j) + X;  one batch: the same with S = B, n = 1.
-- server section (SplitFed v2): V = sum_{t>=1} C_t + sum_{j>=2} (U_j + D_j), the
-  time the first server tier is busy with this client's steps; with U-shape
-  also the trip to the device's tail and back (a_E down link 1, the tail's
-  forward and backward, its gradient up link 1), because a server tier holds
-  its replica from a step's forward to its backward and calls the next tier
-  inside that (``splitfed.engine.tier.Tier``).
 - memory on tier t: sum_{i in tier t} (m_i + B h_i); the device adds B a_0 (its
   input batch) and its tail.
 
@@ -60,32 +54,24 @@ batches interleave, which is the regime of a fleet):
 
 Server memory: the sum over its clients (one replica, and its activations, per client).
 
-``sflv2`` (SplitFed v2: one shared server-side model; the devices compute in
-parallel, the server serves their steps one at a time). Three things must each
-fit in the round: every client's own chain (its batches are sequential: R_i);
-the shared model, which is busy V_i with client i and serves one client at a
-time, so sum_i V_i; and every shared resource (as in sflv1, implied by sum_i V_i
-but kept for the report):
+``sl`` (vanilla split learning) and ``sflv2`` (SplitFed v2: one server-side
+model) train the clients strictly in turn, as the engine runs them
+(``splitfed.engine.rounds.SplitRound``: each client is its own group, and the
+groups run one after another): a client's turn loads its server segments from
+the model as the clients before it left it, trains, and hands them on (fetched
+back and released) before the next client's turn. So, in both,
 
-    makespan = max( max_i R_i,  sum_i V_i,  the sflv1 fluid bounds )
+    makespan = sum_i R_i      (each R_i includes its own weight exchange X_i)
 
-It is a lower bound on any schedule, and reached up to the pipeline's fill and
-drain (one client's device-side part of one batch at either end) by a server
-that serves whichever client is waiting. Resource "<edge> shared model
-(clients in turn)", capacity 1 s/s. Server memory: ONE replica, the union of
-the blocks any client places on that tier (fixed bytes once each) plus one
-step's activations, the largest over its clients: sum_{i in union} m_i +
-max_c B h(segment_c). (Linear with a binary per block and tier; see the optimizer.)
-
-``sl`` (vanilla split learning: the clients train strictly in turn, the model
-handed on from one to the next). A client starts when the previous one has
-handed the weights on, so
-
-    makespan = sum_i R_i      (each R_i includes its own hand-over X_i)
-
-which bounds every shared resource too. Resource "clients in turn", capacity
-1 s/s. Server memory: ONE replica, the segment of the client training now: max_c
-memory_c (so each client's option must fit each server on its own).
+which bounds every shared resource too (``Scenario.in_turn``). Resource
+"clients in turn", capacity 1 s/s; a client's extra time (moving its weights
+first) delays every client after it, so it adds to that resource. Server
+memory: the segment of the client training now, one at a time: max_c memory_c
+(so each client's option must fit each server on its own). What differs is
+only where a client's device segment starts and what the round returns (sl:
+the model as the last client left it, device segment included; sflv2: device
+segments start from the global model and are averaged with the server-side
+one); the bytes are the same, X_i in both.
 
 Moving a client's cuts ships every block whose tier changes (its parameters
 p_i: each tier builds a fresh optimizer for each client each round, so no
@@ -237,23 +223,27 @@ class Scenario:
         return tuple(parse_codec(n) for n in names)
 
     @property
+    def in_turn(self) -> bool:
+        """The clients train strictly one after another (sl and sflv2; see the module docstring)."""
+        return self.mode in ("sl", "sflv2")
+
+    @property
     def serial_resource(self) -> int | None:
-        """Column of the resource that serialises clients (sflv2: the shared model; sl: the round), else None."""
-        return None if self.mode == "sflv1" else len(self.resource_names) - 1
+        """Column of the resource that serialises clients (sl, sflv2: "clients in turn"), else None."""
+        return len(self.resource_names) - 1 if self.in_turn else None
 
     @property
     def resource_names(self) -> tuple[str, ...]:
         """Shared resources whose busy time bounds the makespan, in ``shared_load`` column order."""
         n = self.tier_names
         links = [f"{n[j - 1]}->{n[j]} link {d}" for d in ("up", "down") for j in range(2, self.tiers)]
-        serial = {"sflv1": (), "sflv2": (f"{n[1]} shared model (clients in turn)",),
-                  "sl": ("clients in turn",)}[self.mode]
+        serial = ("clients in turn",) if self.in_turn else ()
         return (*(f"{n[t]} compute" for t in range(1, self.tiers)), *links, *serial)
 
     @cached_property
     def capacities(self) -> np.ndarray:
         """Capacity of each shared resource (FLOP/s, bytes/s, or 1 s/s), ``resource_names`` order."""
-        serial = () if self.mode == "sflv1" else (1.0,)
+        serial = (1.0,) if self.in_turn else ()
         return np.array([*(s.flops for s in self.servers), *(lk.up for lk in self.server_links),
                          *(lk.down for lk in self.server_links), *serial], dtype=float)
 
@@ -319,7 +309,6 @@ class OptionTable:
     memory: np.ndarray       # (m, T) bytes
     shared_load: np.ndarray  # (m, R) work on each shared resource (FLOPs, bytes or seconds)
     fits_device: np.ndarray  # (m,) bool
-    server_s: np.ndarray     # (m,)  V: seconds the first server tier is busy with this client (sflv2)
     act_memory: np.ndarray   # (m, T) the activation part of ``memory`` (one step's)
 
 
@@ -363,15 +352,12 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
         return sc.epochs * (full * wire_bytes(cd, a, B, fl) + wire_bytes(cd, a, short, fl))
 
     up_r, down_r, up_b, down_b = (np.zeros((m, T - 1)) for _ in range(4))
-    tail_r1 = np.zeros(m)
     for j, cd in enumerate(sc.link_codecs):
         act_r, act_b = per_round(cd, a_k[:, j], fl_k[:, j]), wire_bytes(cd, a_k[:, j], B, fl_k[:, j])
         if sc.u_shape:
             tail_r, tail_b = per_round(cd, a_e, fl_e), wire_bytes(cd, a_e, B, fl_e)
             up_r[:, j], up_b[:, j] = act_r + tail_r, act_b + tail_b  # a_E's gradient: always
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r + tail_r, grad[:, j] * act_b + tail_b
-            if j == 0:
-                tail_r1 = tail_r
         else:
             up_r[:, j], up_b[:, j] = act_r + S * LABEL_BYTES, act_b + B * LABEL_BYTES
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r, grad[:, j] * act_b
@@ -387,11 +373,6 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     lk0 = client.link
     exchange_s = np.where(dev_params > 0, dev_params / lk0.down + dev_params / lk0.up + lk0.rtt, 0.0)
     round_s = _sum(compute_s) + _sum(up_s) + _sum(down_s) + exchange_s
-    server_s = _sum(compute_s[:, 1:]) + _sum(up_s[:, 1:]) + _sum(down_s[:, 1:])
-    if sc.u_shape:  # the server holds its replica while the device's tail runs (see the module docstring)
-        trip = (tail_ps * S / client.device.flops + tail_r1 / down_bw[0] + n * half_rtt[0]
-                + tail_r1 / up_bw[0] + n * half_rtt[0])
-        server_s = server_s + cross[:, 0] * trip
     fwd_ps = P["fwd"][edges[:, 1:]] - P["fwd"][edges[:, :-1]]
     fwd_ps[:, 0] += P["fwd"][L] - P["fwd"][E]
     batch_up = cross * up_b / up_bw + up_msgs * half_rtt
@@ -404,11 +385,10 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     act[:, 0] += B * (P["act"][L] - P["act"][E]) + B * P["bound"][0]
     memory = (P["fixed"][edges[:, 1:]] - P["fixed"][edges[:, :-1]]) + act
     memory[:, 0] += P["fixed"][L] - P["fixed"][E]
-    serial = {"sflv1": [], "sflv2": [server_s[:, None]], "sl": [round_s[:, None]]}[sc.mode]
+    serial = [round_s[:, None]] if sc.in_turn else []
     shared = np.concatenate([flops[:, 1:], up_bytes[:, 1:], down_bytes[:, 1:], *serial], axis=1)
     return OptionTable(C, round_s, batch_s, batch_parts, exchange_s, dev_params, compute_s, flops, up_bytes,
-                       down_bytes, up_s, down_s, memory, shared, memory[:, 0] <= client.device.memory,
-                       server_s, act)
+                       down_bytes, up_s, down_s, memory, shared, memory[:, 0] <= client.device.memory, act)
 
 
 def move_costs(sc: Scenario, client: Client, old: Sequence[int], options: np.ndarray | None = None) -> np.ndarray:
@@ -450,20 +430,16 @@ _tier_of_blocks = tier_of_blocks  # the old private name
 def server_memory(sc: Scenario, cuts: np.ndarray, memory: np.ndarray, act: np.ndarray) -> np.ndarray:
     """Bytes used on each server tier by clients with cut vectors ``cuts`` (n, .), their per-tier
     ``memory`` (n, S) and its activation part ``act`` (n, S), S = server tiers, by ``sc.mode``:
-    sflv1 the sum (a replica each), sl the largest (one client at a time), sflv2 the union of the
-    blocks held (fixed bytes once) plus the largest step's activations."""
+    sflv1 the sum (a replica each), sl and sflv2 the largest (one client at a time). (``cuts`` and
+    ``act`` are not needed by any variant now; the signature keeps them for its callers.)"""
     n_s = sc.tiers - 1
     memory = np.asarray(memory, dtype=float).reshape(-1, n_s)
     act = np.asarray(act, dtype=float).reshape(-1, n_s)
     if memory.shape[0] == 0:
         return np.zeros(n_s)
-    if sc.mode == "sflv1":
-        return np.array([math.fsum(memory[:, s]) for s in range(n_s)])
-    if sc.mode == "sl":
+    if sc.in_turn:
         return memory.max(axis=0)
-    held = tier_of_blocks(sc, cuts)
-    fixed = sc._prefix["block_fixed"]
-    return np.array([math.fsum(fixed[(held == s + 1).any(axis=0)]) + float(act[:, s].max()) for s in range(n_s)])
+    return np.array([math.fsum(memory[:, s]) for s in range(n_s)])
 
 
 # ---------------------------------------------------------------- one client, one assignment
@@ -490,7 +466,6 @@ class ClientCost:
     down_s: tuple[float, ...]
     memory: tuple[float, ...]       # bytes per tier
     fits_device: bool
-    server_s: float = 0.0           # V: the first server tier's busy time with this client (sflv2)
     act_memory: tuple[float, ...] = ()  # the activation part of ``memory``, per tier
 
     def batch(self) -> dict[str, tuple[float, ...]]:
@@ -504,7 +479,7 @@ class ClientCost:
                 "exchange_s": self.exchange_s, "exchange_bytes": self.exchange_bytes,
                 "compute_s": list(self.compute_s), "up_s": list(self.up_s), "down_s": list(self.down_s),
                 "up_bytes": list(self.up_bytes), "down_bytes": list(self.down_bytes),
-                "memory_bytes": list(self.memory), "server_s": self.server_s}
+                "memory_bytes": list(self.memory)}
 
 
 def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> ClientCost:
@@ -515,7 +490,7 @@ def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> Cl
                       float(t.round_s[r]), float(t.batch_s[r]), tup(t.batch_parts), float(t.exchange_s[r]),
                       float(t.exchange_bytes[r]), tup(t.compute_s),
                       tup(t.flops), tup(t.up_bytes), tup(t.down_bytes), tup(t.up_s), tup(t.down_s),
-                      tup(t.memory), bool(t.fits_device[r]), float(t.server_s[r]), tup(t.act_memory))
+                      tup(t.memory), bool(t.fits_device[r]), tup(t.act_memory))
 
 
 def client_cost(sc: Scenario, client: Client | str, cuts: Sequence[int]) -> ClientCost:
@@ -563,8 +538,8 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
     """The round's cost under ``assignment`` (every client of ``sc`` needs cuts), for ``sc.mode``.
 
     ``extra_s`` adds seconds to some clients' own time (e.g. moving their weights first; in ``sl``
-    also to the round, whose clients run in turn). Shared sums use ``math.fsum``: the makespan does
-    not depend on client order.
+    and ``sflv2`` also to the round, whose clients run in turn). Shared sums use ``math.fsum``: the
+    makespan does not depend on client order.
     """
     missing = [c.name for c in sc.clients if c.name not in assignment]
     if missing:
@@ -590,7 +565,7 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
     cc = tuple(c for c in costs if c is not None)
     load = np.array(loads, dtype=float).reshape(len(cc), -1)
     shared_s = {name: math.fsum(load[:, r]) / sc.capacities[r] for r, name in enumerate(sc.resource_names)}
-    if sc.mode == "sl":  # the clients run in turn: a client's extra time delays everyone after it
+    if sc.in_turn:  # the clients run in turn: a client's extra time delays everyone after it
         shared_s[sc.resource_names[-1]] = math.fsum([*load[:, -1], *(extra.get(c.name, 0.0) for c in cc)])
     times = [c.round_s + extra.get(c.name, 0.0) for c in cc]
     worst = max(range(len(cc)), key=lambda i: times[i])

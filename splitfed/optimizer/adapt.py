@@ -212,7 +212,7 @@ class Adapter:
         def J() -> tuple[float, float, float]:
             shared = load.sum(axis=0)
             M = max(float(T.max()), float(shared.max()) if R else 0.0)
-            if sc.mode == "sl" and serial is not None:  # clients in turn: a move delays all after it
+            if sc.in_turn and serial is not None:  # clients in turn (sl, sflv2): a move delays all after it
                 shared[serial] += mv.sum()
             M1 = max(float((T + mv).max()), float(shared.max()) if R else 0.0)
             fits = bool((server_memory(sc, cuts, mem, act) <= sc.memory_caps).all())

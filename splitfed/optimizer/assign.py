@@ -2,10 +2,10 @@
 
 Exact within the cost model (:mod:`splitfed.cost.model`), for every variant
 (``Scenario.mode``). The makespan is the max of each client's own round time and
-the busy time of every shared resource (sflv2 adds the shared server model,
-busy sum_i V_i; sl adds "clients in turn", busy sum_i R_i), and memory limits
-are linear, so the problem is a MILP over one option per client (x_io = 1:
-client i uses cut vector o):
+the busy time of every shared resource (sl and sflv2, whose clients train in
+turn, add "clients in turn", busy sum_i R_i), and memory limits are linear, so
+the problem is a MILP over one option per client (x_io = 1: client i uses cut
+vector o):
 
     minimise M  s.t.  sum_o x_io = 1                           every client i
                       M >= sum_o R_io x_io                     every client i
@@ -14,11 +14,8 @@ client i uses cut vector o):
                       x_io in {0, 1}, only options o that fit device i's memory
 
 Server memory by variant: sflv1 sum_io mem_ios x_io (a replica per client); sl
-one client at a time, so an option that does not fit a server alone is dropped;
-sflv2 one shared replica: binaries y_sb (block b is on tier s: y_sb >= x_io for
-every option placing b there), w_o (option o is used) and z_s >= act_os w_o (one
-step's activations, the largest), and sum_b m_b y_sb + z_s <= memory_s. These
-rows are added only for a tier the whole model could overflow.
+and sflv2 one client at a time, so an option that does not fit a server alone
+is dropped (no memory rows).
 
 solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
 
@@ -28,9 +25,8 @@ solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
   same makespan, so the optimum is unchanged and the MILP's size depends on the
   number of classes, not of clients (10,000 clients of 7 kinds: 7 classes).
 - *dominance*: an option no better than another in every column (time, each
-  shared load, each server memory; sflv2: its activations and the set of blocks
-  it puts on each server, so that the union can only shrink) is dropped:
-  swapping it for the dominating one never raises the makespan or breaks a limit.
+  shared load; sflv1: each server memory) is dropped: swapping it for the
+  dominating one never raises the makespan or breaks a limit.
 - *bisection on tau*, the largest client time (``_bisect``): with counts the
   per-client rows M >= R_io need a weak big-M, so instead ask, for a candidate
   tau (a distinct option time), "is there an assignment using only options with
@@ -38,9 +34,9 @@ solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
   The first tau_k that says yes and one optimising MILP below it give
   M* = min(tau_k, S(tau_{k-1})); see ``_bisect`` for the argument.
 
-``sl`` needs none of it: the makespan sum_i R_i is separable and every memory
-limit is per option, so each client's fastest option is optimal (``sequential``,
-the default there; the MILPs remain available for cross-checks).
+``sl`` and ``sflv2`` need none of it: the makespan sum_i R_i is separable and
+every memory limit is per option, so each client's fastest option is optimal
+(``sequential``, the default there; the MILPs remain available for cross-checks).
 
 ``direct`` (the MILP above as written, per client) is kept for cross-checks:
 both are checked against brute force in the tests. HiGHS proves
@@ -78,7 +74,6 @@ from splitfed.cost.model import (
     move_cost,
     move_costs,
     option_table,
-    tier_of_blocks,
 )
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.profile.fleet import Client, mib_text
@@ -122,9 +117,7 @@ class _Class:
     T: np.ndarray               # own round seconds
     load: np.ndarray            # (m, R) seconds of each shared resource (work / capacity)
     mem: np.ndarray             # (m, S) bytes of this client on each server
-    act: np.ndarray             # (m, S) of which one step's activations
-    blocks: np.ndarray          # (m, S, L) block b on server s
-    dom: np.ndarray             # (m, K) further columns for dominance: memory (by mode), move cost
+    dom: np.ndarray             # (m, K) further columns for dominance: memory (sflv1), move cost
     all_options: int = 0
     move: np.ndarray | None = None  # (m,) seconds to move here from the preferred cuts
     _dom: np.ndarray | None = None
@@ -137,8 +130,7 @@ class _Class:
         return np.nonzero(~self._dom[:p, :p].any(axis=0))[0]
 
     def single(self, i: int) -> _Class:
-        return _Class([i], self.options, self.T, self.load, self.mem, self.act, self.blocks, self.dom,
-                      self.all_options, self.move)
+        return _Class([i], self.options, self.T, self.load, self.mem, self.dom, self.all_options, self.move)
 
 
 def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np.ndarray) -> ConfigError:
@@ -183,20 +175,10 @@ def _pareto(V: np.ndarray) -> np.ndarray:
     return keep
 
 
-def _union_tiers(sc: Scenario) -> np.ndarray:
-    """sflv2: the server tiers whose memory the whole model (all fixed bytes and every activation) could
-    overflow; only they need the union rows."""
-    if sc.mode != "sflv2":
-        return np.zeros(len(sc.memory_caps), bool)
-    P = sc._prefix
-    most = (P["fixed"][-1] + sc.batch * P["act"][-1]) * (1 + 1e-9)
-    return np.array([most > cap for cap in sc.memory_caps], dtype=bool)
-
-
 def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
     """Group clients (by their inputs; with ``prefer``, also by their preferred cuts) and price each
-    group's legal options; raises for a device no cut fits (first), then, in sl, for a server no
-    option fits."""
+    group's legal options; raises for a device no cut fits (first), then, in sl and sflv2, for a
+    server no option fits."""
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(sc.clients):
         pc = None if prefer is None or c.name not in prefer else sc.check_cuts(prefer[c.name])
@@ -213,35 +195,25 @@ def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
     fits = {}
     for k, t in tables.items():
         ok = t.fits_device
-        if sc.mode == "sl":  # one client at a time on the servers: its option must fit them alone
+        if sc.in_turn:  # one client at a time on the servers: its option must fit them alone
             ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
             if not ok.any():
                 raise _shared_infeasible(sc)
         fits[k] = ok
-    union = np.nonzero(_union_tiers(sc))[0]
-    weighty = sc._prefix["block_fixed"] > 0
     out = []
     for (key, pc), members in groups.items():
         t, ok = tables[key], fits[key]
         opts = t.options[ok]
-        T, load, mem, act = t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:], t.act_memory[ok, 1:]
-        tiers = tier_of_blocks(sc, opts)
-        blocks = np.stack([tiers == s for s in range(1, sc.tiers)], axis=1)
-        if sc.mode == "sflv1":
-            dom = mem
-        else:
-            cols = [np.zeros((len(T), 0))]
-            for s in union:
-                cols += [act[:, s:s + 1], blocks[:, s][:, weighty].astype(float)]
-            dom = np.concatenate(cols, axis=1)
+        T, load, mem = t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:]
+        dom = np.zeros((len(T), 0)) if sc.in_turn else mem
         move = None
         if pc is not None:
             move = move_costs(sc, sc.clients[members[0]], pc, opts)
             dom = np.concatenate([dom, move[:, None]], axis=1)
         keep = np.nonzero(_pareto(np.concatenate([T[:, None], load, dom], axis=1)))[0]
         keep = keep[np.argsort(T[keep], kind="stable")]  # by time: "T <= tau" is a prefix
-        out.append(_Class(members, opts[keep], T[keep], load[keep], mem[keep], act[keep], blocks[keep], dom[keep],
-                          len(ok), None if move is None else move[keep]))
+        out.append(_Class(members, opts[keep], T[keep], load[keep], mem[keep], dom[keep], len(ok),
+                          None if move is None else move[keep]))
     return out
 
 
@@ -264,14 +236,7 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
     nc = sum(sizes)
     iM = nc
     starts = np.cumsum([0, *sizes])
-    union = np.nonzero(_union_tiers(sc))[0]
-    fixed = sc._prefix["block_fixed"]
-    weighty = np.nonzero(fixed > 0)[0]
-    nb = len(weighty)
-    iw = nc + 1                                   # w_o: option o is used (sflv2 union rows only)
-    iy = iw + (nc if len(union) else 0)           # y_sb: block b on tier s
-    iz = iy + len(union) * nb                     # z_s: one step's activations on tier s
-    nvar = iz + len(union)
+    nvar = nc + 1
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     vals: list[np.ndarray] = []
@@ -296,27 +261,11 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         v = np.concatenate([c.load[a, r] for c, a in zip(classes, allowed, strict=True)]) * scale
         if v.any():
             add(np.append(every, iM), np.append(v, -ones), -np.inf, 0.0)
-    if sc.mode == "sflv1":
+    if not sc.in_turn:  # sflv1: a replica per client (in turn, every allowed option fits the servers alone)
         for s, cap in enumerate(sc.memory_caps):
             v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / cap
             if v.any() and math.isfinite(cap):
                 add(every, v, -np.inf, float(mem_rhs[s]))
-    for u, s in enumerate(union.tolist()):  # sflv2: one shared replica per tier (see the module docstring)
-        cap = float(sc.memory_caps[s])
-        for k, (c, a) in enumerate(zip(classes, allowed, strict=True)):
-            ni = np.arange(starts[k], starts[k + 1])
-            if u == 0:
-                for i in ni:
-                    add(np.array([i, iw + i]), np.array([1.0, -len(c.members)]), -np.inf, 0.0)
-            for q, b in enumerate(weighty):
-                use = np.nonzero(c.blocks[a, s, b])[0]
-                if len(use):
-                    add(np.append(iw + ni[use], iy + u * nb + q), np.append(np.ones(len(use)), -len(use)),
-                        -np.inf, 0.0)
-            for o in np.nonzero(c.act[a, s] > 0)[0]:
-                add(np.array([iw + ni[o], iz + u]), np.array([c.act[a[o], s] / cap, -1.0]), -np.inf, 0.0)
-        add(np.append(iy + u * nb + np.arange(nb), iz + u), np.append(fixed[weighty] / cap, 1.0), -np.inf,
-            float(mem_rhs[s]))
     if lo:
         A = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(len(lo), nvar)).tocsr()
@@ -325,10 +274,8 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         lo, hi = [-np.inf], [np.inf]
     ub = np.full(nvar, np.inf)
     ub[iM] = m_max * scale
-    ub[iw:iz] = 1.0
     integrality = np.ones(nvar)
     integrality[iM] = 0
-    integrality[iz:] = 0
     for k, c in enumerate(classes):
         ub[starts[k]:starts[k + 1]] = len(c.members)
     obj = np.zeros(nvar)
@@ -362,15 +309,10 @@ def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray],
     """Bytes on each server tier for these counts, exactly as :func:`~splitfed.cost.model.server_memory`."""
     n_s = len(sc.memory_caps)
     used = [(c, a[n > 0], n[n > 0]) for c, a, n in zip(classes, allowed, counts, strict=True)]
-    if sc.mode == "sflv1":
-        return np.array([math.fsum(np.concatenate([np.repeat(c.mem[a, t], n) for c, a, n in used]))
-                         for t in range(n_s)])
-    if sc.mode == "sl":
+    if sc.in_turn:
         return np.max(np.concatenate([c.mem[a] for c, a, _ in used]), axis=0)
-    fixed = sc._prefix["block_fixed"]
-    held = cast(np.ndarray, np.concatenate([c.blocks[a] for c, a, _ in used]).any(axis=0))  # (S, L)
-    act = np.concatenate([c.act[a] for c, a, _ in used]).max(axis=0)
-    return np.array([math.fsum(fixed[held[t]]) + float(act[t]) for t in range(n_s)])
+    return np.array([math.fsum(np.concatenate([np.repeat(c.mem[a, t], n) for c, a, n in used]))
+                     for t in range(n_s)])
 
 
 def _shared_infeasible(sc: Scenario) -> ConfigError:
@@ -508,7 +450,7 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
 
 
 def _sequential(s: _Solver) -> tuple[RoundCost | None, float]:
-    """sl: the makespan is sum_i R_i and every limit is per option, so each client's fastest option
+    """sl, sflv2: the makespan is sum_i R_i and every limit is per option, so each client's fastest option
     (option 0 of its class: options are sorted by time) is optimal. None if a shared resource other
     than the round itself were to set the makespan (it cannot: sum_i R_i bounds them all)."""
     allowed = [np.zeros(1, np.int64) for _ in s.classes]
@@ -617,8 +559,9 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
 
     ``gap``: relative optimality gap HiGHS must prove (0: exact; the default 1e-5 is 10 us per second
     of round, and spares a proof that can take minutes when shared tiers set the makespan). ``method``:
-    ``bisect`` (``auto`` for sflv1 and sflv2: its yes/no MILPs are far cheaper than one big proof, even
-    for distinct clients), ``sequential`` (``auto`` for sl: each client's fastest option) or ``direct``
+    ``bisect`` (``auto`` for sflv1: its yes/no MILPs are far cheaper than one big proof, even for
+    distinct clients), ``sequential`` (``auto`` for sl and sflv2, whose clients train in turn: each
+    client's fastest option) or ``direct``
     (the MILP as written, one binary per client and option; kept for cross-checks).
     ``prefer``: current cuts; among assignments within a relative ``tie_rel`` of the optimum, return
     one of least total move cost from them (them, when they are optimal).
@@ -628,11 +571,11 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     """
     t0 = time.perf_counter()
     if method == "auto":  # direct's one big MILP is slower to prove than bisect's yes/no MILPs
-        method = "sequential" if sc.mode == "sl" else "bisect"
+        method = "sequential" if sc.in_turn else "bisect"
     if method not in ("direct", "bisect", "sequential"):
         raise ConfigError(f"method must be auto, direct, bisect or sequential, got {method!r}")
-    if method == "sequential" and sc.mode != "sl":
-        raise ConfigError(f"method sequential is exact for mode sl only, not {sc.mode}")
+    if method == "sequential" and not sc.in_turn:
+        raise ConfigError(f"method sequential is exact for modes sl and sflv2 only, not {sc.mode}")
     classes = _classes(sc)
     if method == "direct" and any(len(c.members) > 1 for c in classes):
         classes = [c.single(i) for c in classes for i in c.members]
@@ -691,7 +634,7 @@ def _kinds(sc: Scenario) -> Iterator[tuple[Client, tuple, OptionTable | None]]:
 
 
 def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]:
-    """Each client's device-feasible options (options, T, load, mem, act, blocks), refusing as soon as the
+    """Each client's device-feasible options (options, T, load, mem), refusing as soon as the
     product of their counts passes ``limit``: identical clients share one table (200 of a kind cost one),
     and the product only grows, so distinct clients are priced only until it is too large."""
     memo: dict[tuple, tuple[np.ndarray, ...]] = {}
@@ -700,14 +643,11 @@ def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]
     for _, k, t in _kinds(sc):
         if t is not None:
             ok = t.fits_device
-            if sc.mode == "sl":
+            if sc.in_turn:  # one client at a time on the servers: its option must fit them alone
                 ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
                 if not ok.any():
                     raise _shared_infeasible(sc)
-            tiers = tier_of_blocks(sc, t.options[ok])
-            blocks = np.stack([tiers == s for s in range(1, sc.tiers)], axis=1)  # (m, S, L)
-            memo[k] = (t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:],
-                       t.act_memory[ok, 1:], blocks)
+            memo[k] = (t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:])
         tables.append(memo[k])
         total *= len(memo[k][1])
         if total > limit:
@@ -726,30 +666,22 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
     sizes = [len(t[1]) for t in tables]
     total = math.prod(sizes)
     caps = sc.memory_caps
-    fixed = sc._prefix["block_fixed"]
-    L = sc.profile.n_blocks
     best = math.inf
     cands: list[tuple[float, int]] = []  # (value, flat index)
-    chunk = 250_000 if sc.mode != "sflv2" else max(1, 2_000_000 // (len(caps) * L))
+    chunk = 250_000
     for start in range(0, total, chunk):
         idx = np.arange(start, min(total, start + chunk))
         rem = idx.copy()
         tmax = np.zeros(len(idx))
         load = np.zeros((len(idx), tables[0][2].shape[1]))
-        mem = np.zeros((len(idx), len(caps)))
-        held = np.zeros((len(idx), len(caps), L), bool) if sc.mode == "sflv2" else None
-        for (_, T, ld, mm, ac, bl), m in zip(tables, sizes, strict=True):
+        mem = np.zeros((len(idx), len(caps)))  # in turn: every option already fits the servers alone
+        for (_, T, ld, mm), m in zip(tables, sizes, strict=True):
             d = rem % m
             rem //= m
             tmax = np.maximum(tmax, T[d])
             load += ld[d]
-            if sc.mode == "sflv1":
+            if not sc.in_turn:
                 mem += mm[d]
-            elif sc.mode == "sflv2":
-                held |= bl[d]
-                mem = np.maximum(mem, ac[d])  # the largest step's activations; the union's weights below
-        if held is not None:
-            mem = mem + held.astype(float) @ fixed
         val = np.maximum(tmax, load.max(axis=1) if load.shape[1] else 0.0)
         ok = cast(np.ndarray, (mem <= caps).all(axis=1))  # 2-D in: an array (the stub allows a scalar)
         if not ok.any():
@@ -811,7 +743,7 @@ def best_static(sc: Scenario) -> Solution:
         load += n * t.shared_load
         if sc.mode == "sflv1":
             mem += n * t.memory[:, 1:]
-        else:  # one shared replica (sflv2: the same segment for all) or one client at a time (sl)
+        else:  # one client at a time (sl, sflv2)
             mem = np.maximum(mem, t.memory[:, 1:])
     ok &= (mem <= sc.memory_caps * (1 + 1e-9)).all(axis=1)
     val = np.maximum(round_s, (load / sc.capacities).max(axis=1) if load.shape[1] else 0.0)
