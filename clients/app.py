@@ -124,7 +124,7 @@ def train(msg: Message, context: Context) -> Message:
         if edge != ins.edge_address:
             _check_edge(context, link, ins)
         dev, res = train_client(cfg, Chain([], link), ins.client_id, ins.cuts, weights, data,
-                                torch_device=node.torch_device)
+                                torch_device=node.torch_device, secret=ins.secret)
     finally:
         link.close()
     report = TrainReport(res.samples, len(data), res.loss, res.correct, res.compute_s, res.link_s,

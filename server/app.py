@@ -102,6 +102,10 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
     data = dataset_digest(settings.dataset)  # once: hashing a dataset's files each round would cost seconds
     ckpt = _resume(settings, data)
     settings = named(settings, ckpt)
+    # the key of the clients' binding secrets: a run resumed under its own name keeps it (its loads then
+    # replace the segments the crashed run left on the tiers), any other run gets its own
+    kept = ckpt is not None and ckpt.binding_key and ckpt.settings.get("run_name") == settings.run_name
+    binding_key = ckpt.binding_key if ckpt is not None and kept else secrets.token_hex(16)
     spec = settings.spec
     writer = MetricsWriter(settings.out) if settings.out else None
     if writer is not None:
@@ -117,7 +121,8 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
     with tier_chain(settings) as chain:
         clock = make_clock(settings, fleet) if settings.sim_clock else None
         strategy = SplitFedAvg(settings, chain.controls, policy, clock=clock, edge_address=chain.addresses[0],
-                               edge_instance=chain.infos[0].instance if chain.infos else "", stop=stop)
+                               edge_instance=chain.infos[0].instance if chain.infos else "", stop=stop,
+                               binding_key=binding_key)
         strategy.register(grid, profile_of=lambda info: fleet.clients[info.partition_id % len(fleet.clients)].name)
         if ckpt is not None:
             strategy.previous = dict(ckpt.assignment)
@@ -143,7 +148,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             if writer is not None:
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
                     rnd, state_now, settings.to_dict(), dict(strategy.previous), policy.state_dict(),
-                    torch.get_rng_state(), data))
+                    torch.get_rng_state(), data, binding_key=binding_key))
             started = time.perf_counter()
 
         strategy.start(grid, state_to_record(state), num_rounds=settings.rounds,

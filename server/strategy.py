@@ -107,7 +107,7 @@ class SplitFedAvg(FedAvg):
 
     def __init__(self, settings: RunSettings, tiers: Sequence[TierControl], policy: AssignmentPolicy, *,
                  clock: Clock | None = None, edge_address: str = "", edge_instance: str = "",
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, binding_key: str = "") -> None:
         super().__init__(fraction_train=settings.fraction, fraction_evaluate=0.0,
                          min_train_nodes=settings.min_clients, min_evaluate_nodes=0,
                          min_available_nodes=1)
@@ -117,6 +117,8 @@ class SplitFedAvg(FedAvg):
         self.policy = policy
         self.clock = clock
         self.stop = stop
+        # derives each client's binding secret per round (RoundConfig.secret_of); "": a random one per round
+        self.binding_key = binding_key
         self.edge_address = edge_address or (settings.addresses[0] if settings.addresses else "")
         self.edge_instance = edge_instance  # from the chain check: who a node's own edge-address must reach
         self.clients: dict[int, ClientInfo] = {}  # node id -> client
@@ -319,7 +321,7 @@ class SplitFedAvg(FedAvg):
         assignment = self.policy.assign(server_round, sampled)
         order = [c.client_id for c in sampled]
         assignment = {cid: tuple(int(k) for k in assignment[cid]) for cid in order}
-        cfg = RoundConfig(s.run_id, server_round, self.spec, s.mode, s.u_shape, s.optim, s.seed)
+        cfg = RoundConfig(s.run_id, server_round, self.spec, s.mode, s.u_shape, s.optim, s.seed, self.binding_key)
         self._node_of = {c.client_id: c.node_id for c in sampled}
         self._round = SplitRound(cfg, self.tiers, record_to_state(arrays), assignment,
                                  min_clients=min(self.min_train_nodes, len(order)))
@@ -343,6 +345,7 @@ class SplitFedAvg(FedAvg):
             partition=s.partition, batch_size=s.batch_size, local_epochs=s.local_epochs,
             edge_address=self.edge_address, tls_ca=s.tls_ca, tls_cert=s.tls_cert, tls_key=s.tls_key,
             token_file=s.token_file, compress=s.compress, edge_instance=self.edge_instance,
+            secret=rnd.cfg.secret_of(cid),
         ).to_record()
         for k, v in extra.items():
             rec.setdefault(k, v)

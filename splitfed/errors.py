@@ -55,6 +55,10 @@ class ResourceExhausted(TierError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class PermissionDenied(TierError):
+    code = "PERMISSION_DENIED"
+
+
 class Unavailable(TierError):
     code = "UNAVAILABLE"
 

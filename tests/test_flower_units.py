@@ -278,9 +278,9 @@ def test_a_tier_that_is_gone_is_asked_to_release_once_a_round_not_once_per_clien
     asked = [0, 0]
 
     def counted(t: int, release):  # type: ignore[no-untyped-def]
-        def release_counted(run_id: str, client_id: str) -> None:
+        def release_counted(run_id: str, client_id: str, secret: str = "") -> None:
             asked[t] += 1
-            release(run_id, client_id)
+            release(run_id, client_id, secret)
         return release_counted
 
     for t, c in enumerate(controls):

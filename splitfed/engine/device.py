@@ -27,7 +27,7 @@ class Device:
     def __init__(self, model: ModelSpec, link: Link, *, run_id: str, client_id: str, round: int,
                  cuts: tuple[int, ...], state: State, u_shape: bool = False,
                  optim: OptimConfig | None = None, seed: int = 0,
-                 torch_device: str | torch.device = "cpu") -> None:
+                 torch_device: str | torch.device = "cpu", secret: str = "") -> None:
         self.torch_device = dev = torch.device(torch_device)
         n = template.num_blocks(model)
         bounds = segment_bounds(cuts, n, u_shape)
@@ -50,6 +50,7 @@ class Device:
         self.local = self.head_bounds[1] == (self.tail_bounds[0] if u_shape else n)
         self.link, self.u_shape, self.seed = link, u_shape, seed
         self.run_id, self.client_id, self.round = run_id, client_id, round
+        self.secret = secret  # the client's binding secret (SegmentLoad.secret): every step carries it
         self.optim = (optim or OptimConfig()).build([*self.head.parameters(), *self.tail.parameters()])
         self.seq = 0
         self.compute_s = 0.0
@@ -58,7 +59,7 @@ class Device:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
         """One step across the whole chain; returns (loss, correct predictions)."""
-        key = StepKey(self.run_id, self.client_id, self.round, self.seq)
+        key = StepKey(self.run_id, self.client_id, self.round, self.seq, self.secret)
         rng = step_rng(self.seed, self.client_id, self.round, self.seq)
         t0 = self._now()
         labels, x, y = y, x.to(self.torch_device), y.to(self.torch_device)  # labels: the wire's (CPU) copy

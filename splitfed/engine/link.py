@@ -41,13 +41,13 @@ class Link(Protocol):
 
 @runtime_checkable
 class TierControl(Protocol):
-    """Control path of one tier for a round: bind, collect, forget."""
+    """Control path of one tier for a round: bind, collect, forget (``secret``: the binding's, as loaded)."""
 
     def load(self, spec: SegmentLoad) -> None: ...
 
-    def fetch(self, run_id: str, client_id: str) -> State: ...
+    def fetch(self, run_id: str, client_id: str, secret: str = "") -> State: ...
 
-    def release(self, run_id: str, client_id: str) -> None: ...
+    def release(self, run_id: str, client_id: str, secret: str = "") -> None: ...
 
 
 def nbytes(t: torch.Tensor | None) -> int:
@@ -101,8 +101,8 @@ class InProcessLink:
     def load(self, spec: SegmentLoad) -> None:
         self.tier.load(spec)
 
-    def fetch(self, run_id: str, client_id: str) -> State:
-        return self.tier.fetch(run_id, client_id)
+    def fetch(self, run_id: str, client_id: str, secret: str = "") -> State:
+        return self.tier.fetch(run_id, client_id, secret)
 
-    def release(self, run_id: str, client_id: str) -> None:
-        self.tier.release(run_id, client_id)
+    def release(self, run_id: str, client_id: str, secret: str = "") -> None:
+        self.tier.release(run_id, client_id, secret)

@@ -24,8 +24,11 @@ the round logic exists once.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -45,6 +48,9 @@ Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass(frozen=True)
 class RoundConfig:
+    """One round's settings. ``binding_key`` (random per round, made by :class:`SplitRound`; never shown)
+    derives each client's binding secret (:meth:`secret_of`); empty: the clients' segments are unprotected."""
+
     run_id: str
     round: int
     model: ModelSpec
@@ -52,10 +58,19 @@ class RoundConfig:
     u_shape: bool = False
     optim: OptimConfig = field(default_factory=OptimConfig)
     seed: int = 0
+    binding_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+    def secret_of(self, client_id: str) -> str:
+        """``client_id``'s binding secret this round, the same on every tier (:attr:`SegmentLoad.secret`):
+        unguessable without ``binding_key``, and another client's tells nothing of it. "" without a key."""
+        if not self.binding_key:
+            return ""
+        msg = f"{self.run_id}\0{self.round}\0{client_id}".encode()
+        return hmac.new(self.binding_key.encode(), msg, hashlib.sha256).hexdigest()[:32]
 
 
 @dataclass
@@ -113,7 +128,7 @@ def tier_loads(cfg: RoundConfig, client_id: str, cuts: Sequence[int], state: Sta
         loads.append(SegmentLoad(
             run_id=cfg.run_id, client_id=client_id, round=cfg.round, model=cfg.model, start=a, stop=z,
             replica=replica or client_id, state=part, optim=cfg.optim, seed=cfg.seed,
-            loss_here=z == end and (t == 0 or bounds[t - 1][1] < end),
+            loss_here=z == end and (t == 0 or bounds[t - 1][1] < end), secret=cfg.secret_of(client_id),
         ))
     return loads
 
@@ -156,10 +171,14 @@ def inprocess_chain(server_tiers: int = 2, compress_up=None, compress_down=None,
 
 
 def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...], state: State,
-           batches: Batches, torch_device: str | torch.device = "cpu") -> tuple[Device, ClientResult]:
+           batches: Batches, torch_device: str | torch.device = "cpu",
+           secret: str | None = None) -> tuple[Device, ClientResult]:
+    """Train ``cid`` on its batches over ``chain``; its steps carry ``secret`` (by default the one ``cfg``
+    derives: a node given only its own secret passes it here)."""
     up0, down0 = chain.bytes
     dev = Device(cfg.model, chain.link, run_id=cfg.run_id, client_id=cid, round=cfg.round, cuts=cuts,
-                 state=state, u_shape=cfg.u_shape, optim=cfg.optim, seed=cfg.seed, torch_device=torch_device)
+                 state=state, u_shape=cfg.u_shape, optim=cfg.optim, seed=cfg.seed, torch_device=torch_device,
+                 secret=cfg.secret_of(cid) if secret is None else secret)
     losses, correct = [], 0
     for x, y in batches:
         loss, c = dev.train_step(x, y)
@@ -193,11 +212,18 @@ Trainer = Callable[[RoundConfig, Mapping[str, Cuts], Mapping[str, State]], Mappi
 
 
 class SplitRound:
-    """The tier bookkeeping of one round (see the module docstring)."""
+    """The tier bookkeeping of one round (see the module docstring).
+
+    Each client's segments are loaded with its own binding secret (``cfg.secret_of``; a ``cfg`` without a
+    ``binding_key`` gets a random one here): a trainer gives a client its secret (``self.cfg`` derives it),
+    and no other caller of the tiers can step, fetch, release or reload that client's segments.
+    """
 
     def __init__(self, cfg: RoundConfig, tiers: Sequence[TierControl], global_state: State,
                  assignment: Mapping[str, Cuts], min_clients: int = 0) -> None:
         check_assignment(cfg.model, dict(assignment), len(tiers) + 1, cfg.u_shape)
+        if not cfg.binding_key:
+            cfg = replace(cfg, binding_key=secrets.token_hex(16))
         self.cfg, self.tiers, self.global_state = cfg, list(tiers), global_state
         self.assignment = dict(assignment)
         self.order = list(assignment)
@@ -318,7 +344,7 @@ class SplitRound:
     def _replicas(self, cid: str) -> list[State] | None:
         """``cid``'s trained server segments, one per tier; None (and why) if a tier fails or one is not finite."""
         try:
-            parts = [tier.fetch(self.cfg.run_id, cid) for tier in self.tiers]
+            parts = [tier.fetch(self.cfg.run_id, cid, self.cfg.secret_of(cid)) for tier in self.tiers]
         except TierError as e:
             self.why[cid] = f"fetch failed: {e}"
             return None
@@ -357,7 +383,7 @@ class SplitRound:
             if t in self._gone:
                 continue
             try:
-                tier.release(self.cfg.run_id, cid)
+                tier.release(self.cfg.run_id, cid, self.cfg.secret_of(cid))
             except TierError as e:
                 if e.code in GONE:
                     self._gone.add(t)

@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import threading
+from collections import OrderedDict
 from functools import lru_cache
 
 import torch
@@ -24,6 +25,9 @@ _lock = threading.Lock()
 
 SMALL_INPUT_BYTES = 1 << 20  # above this, a forward pass on meta sizes the activations (~2 s once a process)
 SMALL_NUM_CLASSES = 1000  # above this, a zoo model's head alone may exceed the limits: it is measured
+SMALL_VOCAB = 1 << 16  # above this, a zoo token model's embedding table alone may exceed the limits: it is measured
+TEMPLATE_CACHE_BYTES = 256 << 20  # built templates kept beyond the last one used: at most this many bytes of weights
+TEMPLATE_CACHE_SIZE = 16
 
 
 def _key(spec: ModelSpec) -> str:
@@ -81,9 +85,7 @@ def admit(spec: ModelSpec) -> None:
     and those models are small.
     """
     lim = current_limits()
-    if (spec.name in ZOO and not spec.kwargs and math.prod(spec.input_shape) * 8 <= SMALL_INPUT_BYTES
-            and spec.num_classes <= SMALL_NUM_CLASSES
-            and lim.model_bytes >= DEFAULT_LIMITS.model_bytes and lim.sample_bytes >= DEFAULT_LIMITS.sample_bytes):
+    if small(spec):
         return
     params, peak = size(spec)
     if params > lim.model_bytes:
@@ -95,13 +97,36 @@ def admit(spec: ModelSpec) -> None:
                                 f"{_mib(peak)} MiB tensor per sample; at most {_mib(lim.sample_bytes)} MiB")
 
 
+def small(spec: ModelSpec) -> bool:
+    """Whether ``spec`` is a zoo model as the zoo defines it, on a small input, under the default limits:
+    admitted unmeasured, and cheap to build."""
+    lim = current_limits()
+    return (spec.name in ZOO and not spec.kwargs and math.prod(spec.input_shape) * 8 <= SMALL_INPUT_BYTES
+            and spec.num_classes <= SMALL_NUM_CLASSES and spec.vocab <= SMALL_VOCAB
+            and lim.model_bytes >= DEFAULT_LIMITS.model_bytes and lim.sample_bytes >= DEFAULT_LIMITS.sample_bytes)
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.3g}" if n < 10 << 20 else f"{n / 2**20:.0f}"
 
 
-@lru_cache(maxsize=16)
+_templates: OrderedDict[str, tuple[Blocks, int]] = OrderedDict()  # key -> (blocks, bytes of weights), LRU last
+
+
 def _template(key: str) -> Blocks:
-    return model_blocks(ModelSpec.from_dict(json.loads(key)), seed=0)[1]
+    """The built blocks of ``key`` (call under ``_lock``). Kept: the last one used, and others while all of them
+    hold at most TEMPLATE_CACHE_BYTES of weights (a Describe of many large models does not keep them all)."""
+    hit = _templates.get(key)
+    if hit is not None:
+        _templates.move_to_end(key)
+        return hit[0]
+    blocks = model_blocks(ModelSpec.from_dict(json.loads(key)), seed=0)[1]
+    nbytes = sum(t.numel() * t.element_size() for m in blocks.modules for t in [*m.parameters(), *m.buffers()])
+    _templates[key] = (blocks, nbytes)
+    while len(_templates) > 1 and (len(_templates) > TEMPLATE_CACHE_SIZE
+                                   or sum(n for _, n in _templates.values()) > TEMPLATE_CACHE_BYTES):
+        _templates.popitem(last=False)
+    return blocks
 
 
 def template(spec: ModelSpec) -> Blocks:

@@ -3,8 +3,13 @@
 It talks only to its next tier through a :class:`~splitfed.engine.link.Link`.
 Every incoming message is checked before anything changes; a refused message
 raises a :class:`~splitfed.errors.TierError` whose ``code`` the gRPC server
-turns into a status. Steps are idempotent: a repeated sequence number returns
-the cached reply, an older one is refused. A segment nobody has used for
+turns into a status. Every call for a client after its load (step, fetch,
+release, re-load) must carry the secret the client was loaded with
+(:attr:`SegmentLoad.secret`), and so must a load that joins its replica, or it
+is refused with PERMISSION_DENIED: a tier's token lets a caller in, the secret
+says which segment is its own. Steps are idempotent: a repeated sequence number
+with the same request returns the cached reply, with another request (other
+tensors) it is refused, and an older one is refused. A segment nobody has used for
 ``idle_release_s`` is released (:meth:`Tier.sweep`): a tier is a long-lived
 service, and a coordinator that vanishes mid-round would otherwise leave its
 clients' replicas (weights and optimizer state) held for good.
@@ -17,6 +22,8 @@ gradients, fetched weights) is on the CPU, where the checks and the codec work.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import math
 import threading
@@ -37,6 +44,7 @@ from splitfed.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     Unavailable,
 )
@@ -54,6 +62,8 @@ class _Replica:
     blocks: dict[int, nn.Module] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     users: set[str] = field(default_factory=set)
+    secret: str = field(default="", repr=False)  # of the load that made it: only loads with it may bind to it
+    loading: int = 0  # loads binding to it now: a replica being loaded is never dropped nor duplicated
 
 
 @dataclass
@@ -66,12 +76,30 @@ class _Binding:
     in_dtype: torch.dtype
     out_shape: tuple[int, ...]
     grad_in: bool  # a block before this segment has parameters: its input's gradient goes back
+    ends_model: bool = True  # the segment's output is the logits: a step may compute the loss here
     last_seq: int = -1
     last_phase: str = ""
     cached: object = None
+    digest: bytes = b""  # of the request whose reply is ``cached`` (_digest): a retry must be that request
     pending: tuple[torch.Tensor, torch.Tensor] | None = None
     holds_lock: bool = False
     last_used: float = 0.0
+
+
+def _same_secret(held: str, given: str) -> bool:
+    """Whether ``given`` is the binding's secret (in constant time: a caller learns nothing from the timing)."""
+    return hmac.compare_digest(held.encode(), given.encode())
+
+
+def _digest(phase: str, *tensors: torch.Tensor) -> bytes:
+    """What tells a request apart beyond its step key: its phase and its tensors (dtype, shape, bytes)."""
+    h = hashlib.sha256(phase.encode())
+    for t in tensors:
+        t = t.detach()
+        h.update(f"|{t.dtype}|{list(t.shape)}|".encode())
+        if t.numel():
+            h.update(t.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().data)
+    return h.digest()
 
 
 def _few(names: list[str], show: int = 3) -> str:
@@ -131,14 +159,44 @@ class Tier:
         n = template.num_blocks(spec.model)
         if not 0 <= spec.start <= spec.stop <= n:
             raise InvalidArgument(f"segment [{spec.start}, {spec.stop}) is outside the model's {n} blocks")
+        if spec.round < 0:
+            raise InvalidArgument(f"round must be >= 0, got {spec.round}: no step could ever use this segment")
         rkey = (spec.run_id, spec.replica)
         with self._lock:
             bkey = (spec.run_id, spec.client_id)
+            self._authorize_load(spec, rkey)
             if bkey not in self._bindings and len(self._bindings) >= self.max_clients:
                 self._sweep_locked()  # a full tier first lets go of what vanished coordinators left
             if bkey not in self._bindings and len(self._bindings) >= self.max_clients:
                 raise ResourceExhausted(f"tier {self.name} already serves {self.max_clients} clients")
-            replica = self._replicas.get(rkey) or _Replica()
+            # got or made under the lock: clients of one replica loaded at once all bind to the same one
+            replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret))
+            replica.loading += 1
+        try:
+            binding = self._bind(spec, replica)
+        except BaseException:
+            with self._lock:
+                replica.loading -= 1
+                if not replica.users and not replica.loading and self._replicas.get(rkey) is replica:
+                    del self._replicas[rkey]  # a failed first load leaves no empty replica behind
+            raise
+        with self._lock:
+            replica.loading -= 1
+            try:
+                self._authorize_load(spec, rkey)  # again: a concurrent load may have bound the client meanwhile
+            except PermissionDenied:
+                if not replica.users and not replica.loading and self._replicas.get(rkey) is replica:
+                    del self._replicas[rkey]
+                raise
+            old = self._bindings.get(bkey)
+            if old is not None:
+                self._unbind(bkey, old)
+            replica.users.add(spec.client_id)
+            self._replicas[rkey] = replica
+            self._bindings[bkey] = binding
+
+    def _bind(self, spec: SegmentLoad, replica: _Replica) -> _Binding:
+        """The binding of ``spec`` to ``replica``, its missing blocks written into it; nothing changes if refused."""
         with _holding(replica, self.name, "load"):
             missing = [i for i in range(spec.start, spec.stop) if i not in replica.blocks]
             new = ({i: m.to(self.torch_device) for i, m in template.copy_blocks(spec.model, spec.start,
@@ -157,16 +215,22 @@ class Tier:
             segment.train()
             in_shape, in_dtype = template.boundary(spec.model, spec.start)
             out_shape, _ = template.boundary(spec.model, spec.stop)
-            binding = _Binding(spec, replica, segment, spec.optim.build(list(segment.parameters())),
-                               in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start),
-                               last_used=self._clock())
-        with self._lock:
-            old = self._bindings.get(bkey)
-            if old is not None:
-                self._unbind(bkey, old)
-            replica.users.add(spec.client_id)
-            self._replicas[rkey] = replica
-            self._bindings[bkey] = binding
+            return _Binding(spec, replica, segment, spec.optim.build(list(segment.parameters())),
+                            in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start),
+                            ends_model=spec.stop == template.num_blocks(spec.model), last_used=self._clock())
+
+    def _authorize_load(self, spec: SegmentLoad, rkey: tuple[str, str]) -> None:
+        """A load may rebind a client, or bind to a replica that exists, only with their secret (under
+        ``self._lock``): else any caller could overwrite, reset or read another client's weights."""
+        old = self._bindings.get((spec.run_id, spec.client_id))
+        if old is not None and not _same_secret(old.spec.secret, spec.secret):
+            raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
+                                   "refused: the client is bound already, with another secret (only the "
+                                   "coordinator that loaded it may load it again)")
+        replica = self._replicas.get(rkey)
+        if replica is not None and not _same_secret(replica.secret, spec.secret):
+            raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
+                                   f"refused: replica {spec.replica!r} is held under another secret")
 
     @staticmethod
     def _check_state(segment: Segment, state: State, missing: list[int], replica: str) -> None:
@@ -190,17 +254,19 @@ class Tier:
             if not all_finite(v):
                 raise InvalidArgument(f"state {k!r} contains NaN or infinite values")
 
-    def fetch(self, run_id: str, client_id: str) -> State:
-        b = self._binding(run_id, client_id)
+    def fetch(self, run_id: str, client_id: str, secret: str = "") -> State:
+        b = self._binding(run_id, client_id, secret)
         if b.holds_lock:
             raise FailedPrecondition(f"fetch of client {client_id!r} while its U-shape step {b.last_seq} "
                                      "waits for its backward")
         with _holding(b.replica, self.name, "fetch"):
             return {k: v.detach().to("cpu", copy=True) for k, v in b.segment.state_dict().items()}
 
-    def release(self, run_id: str, client_id: str) -> None:
+    def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         with self._lock:
             b = self._bindings.get((run_id, client_id))
+            if b is not None and not _same_secret(b.spec.secret, secret):
+                raise self._denied("release", run_id, client_id, secret)
             if b is not None:
                 self._unbind((run_id, client_id), b)
 
@@ -211,7 +277,7 @@ class Tier:
         del self._bindings[bkey]
         b.replica.users.discard(bkey[1])
         rkey = (bkey[0], b.spec.replica)
-        if not b.replica.users and self._replicas.get(rkey) is b.replica:
+        if not b.replica.users and not b.replica.loading and self._replicas.get(rkey) is b.replica:
             del self._replicas[rkey]
 
     def clients(self) -> int:
@@ -255,23 +321,45 @@ class Tier:
 
     # ------------------------------------------------------------ data path
 
-    def _binding(self, run_id: str, client_id: str) -> _Binding:
+    def _binding(self, run_id: str, client_id: str, secret: str) -> _Binding:
+        """The client's binding, if ``secret`` is its secret (else PERMISSION_DENIED; NOT_FOUND if none)."""
         with self._lock:
             b = self._bindings.get((run_id, client_id))
-            if b is not None:
-                b.last_used = self._clock()
+            allowed = b is not None and _same_secret(b.spec.secret, secret)
+            if b is not None and allowed:
+                b.last_used = self._clock()  # a refused call does not keep a segment from its idle release
         if b is None:
             raise NotFound(f"tier {self.name}: no segment loaded for client {client_id!r} in run {run_id!r}"
                            + (f" (segments unused for {self.idle_release_s:.0f} s are released)"
                               if self.idle_release_s is not None else ""))
+        if not allowed:
+            raise self._denied("call", run_id, client_id, secret)
         return b
 
-    def _admit(self, b: _Binding, key: StepKey, phase: str) -> object | None:
+    def _denied(self, what: str, run_id: str, client_id: str, secret: str) -> PermissionDenied:
+        """The refusal of a call for a client that does not carry its binding's secret (never shown)."""
+        return PermissionDenied(f"tier {self.name}: {what} for client {client_id!r} in run {run_id!r} refused: "
+                                f"{'it carries another secret than' if secret else 'it carries no secret, but'} "
+                                "the one the client was loaded with (each client's calls must carry the secret "
+                                "its coordinator gave it for the round)")
+
+    def _cached(self, b: _Binding, key: StepKey, phase: str, digest: bytes) -> object | None:
+        """The cached reply of a retried call (the seq and phase last applied), else None; a retry whose request
+        is not the one applied (other tensors) is refused: its sender would take another request's reply."""
+        if key.seq != b.last_seq or phase != b.last_phase or b.cached is None:
+            return None
+        if not hmac.compare_digest(digest, b.digest):
+            raise FailedPrecondition(f"tier {self.name}: {phase} {key.seq} of client {key.client_id!r} was applied "
+                                     "already with another request: a retry must resend the same tensors")
+        return b.cached
+
+    def _admit(self, b: _Binding, key: StepKey, phase: str, digest: bytes) -> object | None:
         """Sequence check; returns the cached reply of a retried call."""
         if key.round != b.spec.round:
             raise FailedPrecondition(f"step for round {key.round}, but round {b.spec.round} is loaded")
-        if key.seq == b.last_seq and phase == b.last_phase and b.cached is not None:
-            return b.cached
+        cached = self._cached(b, key, phase, digest)
+        if cached is not None:
+            return cached
         expect_same = phase == "backward"
         want = b.last_seq if expect_same else b.last_seq + 1
         if expect_same and b.last_phase != "forward":
@@ -298,11 +386,11 @@ class Tier:
             x.requires_grad_(True)
         return x
 
-    def _finish(self, b: _Binding, key: StepKey, phase: str, reply: object) -> None:
+    def _finish(self, b: _Binding, key: StepKey, phase: str, reply: object, digest: bytes) -> None:
         if b.optim is not None:
             b.optim.step()
             b.optim.zero_grad(set_to_none=True)
-        b.last_seq, b.last_phase, b.cached = key.seq, phase, reply
+        b.last_seq, b.last_phase, b.cached, b.digest = key.seq, phase, reply, digest
         with self._lock:
             self.steps_served += 1
 
@@ -314,11 +402,16 @@ class Tier:
         return step_rng(b.spec.seed, key.client_id, key.round, key.seq)
 
     def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
-        b = self._binding(key.run_id, key.client_id)
+        b = self._binding(key.run_id, key.client_id, key.secret)
         if b.holds_lock:
             raise FailedPrecondition(f"step {key.seq} while U-shape step {b.last_seq} waits for its backward")
+        if self._onward(b) is None and not b.ends_model:
+            raise FailedPrecondition(f"tier {self.name}: step {key.seq} of client {key.client_id!r}: its segment "
+                                     f"[{b.spec.start}, {b.spec.stop}) ends the chain but not the model, so the loss "
+                                     "cannot be computed here (a U-shape client calls forward and backward)")
+        digest = _digest("step", activation, labels)
         with _holding(b.replica, self.name, "step"):
-            cached = self._admit(b, key, "step")
+            cached = self._admit(b, key, "step", digest)
             if cached is not None:
                 return cached  # type: ignore[return-value]
             x = self._input(b, activation)
@@ -330,7 +423,7 @@ class Tier:
                 if b.optim is not None:
                     b.optim.zero_grad(set_to_none=True)  # a failed step leaves no gradient behind
                 raise
-            self._finish(b, key, "step", reply)
+            self._finish(b, key, "step", reply, digest)
             return reply
 
     def _step(self, b: _Binding, key: StepKey, x: torch.Tensor, labels: torch.Tensor) -> StepReply:
@@ -365,34 +458,52 @@ class Tier:
         return self._out(x.grad) if x.requires_grad and x.grad is not None else None
 
     def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
-        b = self._binding(key.run_id, key.client_id)
-        if not b.holds_lock and not b.replica.lock.acquire(timeout=SHARED_WAIT_S):
+        b = self._binding(key.run_id, key.client_id, key.secret)
+        digest = _digest("forward", activation)
+        if b.holds_lock:
+            # this client's forward waits for its backward and keeps the replica's lock: a retry of it gets its
+            # reply again; anything else is refused, and the lock stays where it is
+            cached = self._admit(b, key, "forward", digest)
+            if cached is not None:
+                return cached  # type: ignore[return-value]
+            raise FailedPrecondition(f"step {key.seq} before the backward of step {b.last_seq}")  # pragma: no cover
+        x = self._input(b, activation)  # checked before waiting for the lock: a malformed call waits for nobody
+        if not b.replica.lock.acquire(timeout=SHARED_WAIT_S):
             raise Unavailable(f"tier {self.name}: replica {b.spec.replica!r} busy for {SHARED_WAIT_S:.0f}s")
-        b.holds_lock = True
-        try:
-            if key.seq == b.last_seq and b.last_phase == "forward" and b.cached is not None:
-                return b.cached  # type: ignore[return-value]
-            self._admit(b, key, "forward")
-            x = self._input(b, activation)
+        try:  # the lock is ours from here: it is let go of on any refusal, kept only for the backward
+            cached = self._admit(b, key, "forward", digest)
+            if cached is not None:  # pragma: no cover - a forward's reply is cached only while its lock is held
+                b.replica.lock.release()
+                return cached  # type: ignore[return-value]
             with _undone_on_error(b.segment):
                 out = b.segment(x, rng=self._rng(b, key))
                 onward = self._onward(b)
                 result = onward.forward(key, self._out(out)) if onward is not None else self._out(out)
         except BaseException:
-            b.holds_lock = False
             b.replica.lock.release()
             raise
+        with self._lock:  # as _unbind sees it: a segment released meanwhile must not keep the lock for good
+            bound = self._bindings.get((key.run_id, key.client_id)) is b
+            b.holds_lock = bound
+        if not bound:
+            b.replica.lock.release()
+            raise NotFound(f"tier {self.name}: the segment of client {key.client_id!r} was released during "
+                           f"its forward {key.seq}")
         b.pending = (x, out)
-        b.last_seq, b.last_phase, b.cached = key.seq, "forward", result
+        b.last_seq, b.last_phase, b.cached, b.digest = key.seq, "forward", result, digest
         return result
 
     def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
-        b = self._binding(key.run_id, key.client_id)
-        if key.seq == b.last_seq and b.last_phase == "backward" and b.cached is not None:
-            return b.cached[0]  # type: ignore[index]
+        b = self._binding(key.run_id, key.client_id, key.secret)
+        if key.round != b.spec.round:
+            raise FailedPrecondition(f"step for round {key.round}, but round {b.spec.round} is loaded")
+        digest = _digest("backward", grad)
+        cached = self._cached(b, key, "backward", digest)
+        if cached is not None:
+            return cached[0]  # type: ignore[index]
         if not b.holds_lock or b.pending is None:
             raise FailedPrecondition(f"backward of step {key.seq} without its forward")
-        self._admit(b, key, "backward")
+        self._admit(b, key, "backward", digest)
         x, out = b.pending
         onward = self._onward(b)
         want = b.out_shape if onward is None else None
@@ -408,7 +519,9 @@ class Tier:
             out.backward(g.to(self.torch_device))
         gx = self._grad_out(x)
         b.pending = None
-        self._finish(b, key, "backward", (gx,))
-        b.holds_lock = False
-        b.replica.lock.release()
+        self._finish(b, key, "backward", (gx,), digest)
+        with self._lock:  # unless a release let go of it meanwhile
+            held, b.holds_lock = b.holds_lock, False
+        if held:
+            b.replica.lock.release()
         return gx

@@ -18,12 +18,17 @@ MODES = ("sl", "sflv1", "sflv2")
 
 @dataclass(frozen=True)
 class StepKey:
-    """Identifies one training step of one client; ``seq`` grows by one per step in a round."""
+    """Identifies one training step of one client; ``seq`` grows by one per step in a round.
+
+    ``secret`` is the client's binding secret (:attr:`SegmentLoad.secret`): a tier refuses a step
+    that does not carry the secret its segment was loaded with. Never shown in a repr or message.
+    """
 
     run_id: str
     client_id: str
     round: int
     seq: int
+    secret: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,10 @@ class SegmentLoad:
     ``loss_here``: this tier ends the client's chain (no later tier holds a
     block of it): it computes the loss, or (U-shape) hands its output back to
     the device; it never calls the next tier for this client.
+    ``secret``: the binding's secret, chosen by the coordinator per client and round
+    (:meth:`RoundConfig.secret_of <splitfed.engine.rounds.RoundConfig.secret_of>`) and given only
+    to that client: every later step, fetch, release and re-load of the client must carry it, and so
+    must a load that joins a replica other clients are bound to. Empty: an unprotected binding.
     """
 
     run_id: str
@@ -93,6 +102,7 @@ class SegmentLoad:
     optim: OptimConfig = field(default_factory=OptimConfig)
     seed: int = 0
     loss_here: bool = True
+    secret: str = field(default="", repr=False)
 
 
 @dataclass

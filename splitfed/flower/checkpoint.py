@@ -46,6 +46,9 @@ class Checkpoint:
     rng: torch.Tensor = field(default_factory=torch.get_rng_state)
     data: str = ""  # sha256 of the dataset's files ("": none read, or a checkpoint from before it was kept)
     where: str = ""  # "HOST:/absolute/folder" it was written in ("": a checkpoint from before it was kept)
+    # the run's key of its clients' binding secrets (RoundConfig.binding_key): a run resumed under its own name
+    # derives the secrets the crashed one loaded with, so its loads may replace what it left on the tiers
+    binding_key: str = field(default="", repr=False)
 
 
 def place(folder: str | Path) -> str:
@@ -86,7 +89,7 @@ def save(folder: str | Path, ckpt: Checkpoint) -> Path:
 def _save(folder: Path, ckpt: Checkpoint) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data, "where": place(folder),
-            "assignment": {k: list(v) for k, v in ckpt.assignment.items()}}
+            "assignment": {k: list(v) for k, v in ckpt.assignment.items()}, "binding_key": ckpt.binding_key}
     payload = {"format": FORMAT, "round": int(ckpt.round), "meta": json.dumps(meta, sort_keys=True),
                "rng": ckpt.rng.clone(), "state": {k: v.detach().cpu().clone() for k, v in ckpt.state.items()}}
     payload["sha256"] = digest(payload)
@@ -152,7 +155,7 @@ def load(folder: str | Path) -> Checkpoint:
         return Checkpoint(round=int(payload["round"]), state=dict(payload["state"]), settings=meta["settings"],
                           assignment={k: tuple(v) for k, v in meta["assignment"].items()},
                           policy=meta["policy"], rng=payload["rng"], data=str(meta.get("data", "")),
-                          where=str(meta.get("where", "")))
+                          where=str(meta.get("where", "")), binding_key=str(meta.get("binding_key", "")))
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,9 @@ class TrainInstruction:
     compress: str = "none"
     deadline_s: float = 60.0
     edge_instance: str = ""  # the run's edge tier process (Describe): a node reaching another one is told
+    # this client's binding secret for the round (SegmentLoad.secret): its steps carry it, and a tier refuses
+    # every call for its segments without it; sent to this node only, never shown
+    secret: str = field(default="", repr=False)
 
     def to_record(self) -> ConfigRecord:
         d: dict[str, Any] = {}

@@ -199,7 +199,7 @@ class GrpcTierClient:
     def _data(self, key: StepKey, phase: pb.Phase, tensors: Iterable[tuple[torch.Tensor, tc.Codec]],
               what: str) -> tuple[pb.StepResult, wire.Received | None, int]:
         head = pb.StepHeader(run_id=key.run_id, client_id=key.client_id, round=key.round, seq=key.seq, phase=phase,
-                             reply_codec=self._reply_codec)
+                             reply_codec=self._reply_codec, secret=key.secret)
         enc = [("", tc.encode(t, c)) for t, c in tensors]
         # one message up and (the activation's gradient) one message down: a unary call
         act = enc[0][1]
@@ -243,14 +243,14 @@ class GrpcTierClient:
             start=spec.start, stop=spec.stop, replica=spec.replica,
             optim=pb.OptimConfig(name=spec.optim.name, lr=spec.optim.lr, momentum=spec.optim.momentum,
                                  weight_decay=spec.optim.weight_decay),
-            seed=spec.seed, loss_here=spec.loss_here, has_state=spec.state is not None)
+            seed=spec.seed, loss_here=spec.loss_here, has_state=spec.state is not None, secret=spec.secret)
         tensors = [(k, tc.encode(v)) for k, v in sorted((spec.state or {}).items())]
         chunk = self.limits.chunk_bytes
         self._call(f"load of {spec.client_id}",
                    lambda t: self._load(wire.iter_frames(head, tensors, chunk), timeout=t, metadata=self._metadata))
 
-    def fetch(self, run_id: str, client_id: str) -> State:
-        req = pb.ClientRef(run_id=run_id, client_id=client_id).SerializeToString()
+    def fetch(self, run_id: str, client_id: str, secret: str = "") -> State:
+        req = pb.ClientRef(run_id=run_id, client_id=client_id, secret=secret).SerializeToString()
 
         def attempt(timeout: float) -> State:
             stream = self._fetch(req, timeout=timeout, metadata=self._metadata)
@@ -259,8 +259,8 @@ class GrpcTierClient:
 
         return self._call(f"fetch of {client_id}", attempt)
 
-    def release(self, run_id: str, client_id: str) -> None:
-        req = pb.ClientRef(run_id=run_id, client_id=client_id).SerializeToString()
+    def release(self, run_id: str, client_id: str, secret: str = "") -> None:
+        req = pb.ClientRef(run_id=run_id, client_id=client_id, secret=secret).SerializeToString()
         self._call(f"release of {client_id}", lambda t: self._release(req, timeout=t, metadata=self._metadata))
 
     def describe(self, model: ModelSpec | None = None, *, deadline_s: float | None = None,

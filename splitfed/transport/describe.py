@@ -21,8 +21,10 @@ import splitfed
 from splitfed.errors import ConfigError
 from splitfed.transport.pb import pb
 
-PROTOCOL = 1
-"""The wire protocol's version: raise it whenever tier.proto changes what an older peer would misread."""
+PROTOCOL = 2
+"""The wire protocol's version: raise it whenever tier.proto changes what an older peer would misread.
+
+2: a binding secret on every Load, Step, Fetch and Release (an older peer would drop it and be refused)."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from splitfed.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     TierError,
     Unavailable,
@@ -25,10 +26,6 @@ class DeadlineExceeded(TierError):
 
 class Unauthenticated(TierError):
     code = "UNAUTHENTICATED"
-
-
-class PermissionDenied(TierError):
-    code = "PERMISSION_DENIED"
 
 
 class RpcFailed(TierError):

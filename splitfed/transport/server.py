@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
+import math
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
@@ -38,7 +40,7 @@ from splitfed.errors import (
     SplitfedError,
     TierError,
 )
-from splitfed.models.zoo import ZOO, ModelSpec
+from splitfed.models.zoo import ZOO, ModelSpec, model_blocks
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
 from splitfed.transport.address import parse_address
@@ -55,17 +57,85 @@ PHASE_TENSORS = {pb.PHASE_STEP: ("activation", "labels"), pb.PHASE_FORWARD: ("ac
                  pb.PHASE_BACKWARD: ("gradient",)}
 
 
-def _check_ids(run_id: str, client_id: str) -> None:
+STREAM_IDLE_S = 30.0  # a request stream that sends no message for this long is cancelled: it holds a worker thread
+
+
+class _IdleStreams:
+    """Cancels request streams (StepStream, Load) that send nothing for ``idle_s``: reading one holds one of the
+    server's few worker threads, so a caller that opens streams and goes quiet would otherwise stop every call.
+    A client sends a call's frames as fast as its link takes them; one watcher thread, only while streams are open."""
+
+    def __init__(self, idle_s: float | None) -> None:
+        if idle_s is not None and not (math.isfinite(idle_s) and idle_s > 0):
+            raise ConfigError(f"stream_idle_s must be a positive number of seconds or None, got {idle_s}")
+        self.idle_s = idle_s
+        self.on_cancel: Callable[[grpc.StatusCode], None] | None = None  # counts it as a refusal
+        self.cancelled = 0
+        self._lock = threading.Lock()
+        self._open: dict[int, list[Any]] = {}  # id -> [last message (monotonic), context, cancelled]
+        self._ids = itertools.count()
+        self._watcher: threading.Thread | None = None
+
+    def watch(self, frames: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        if self.idle_s is None:
+            yield from frames
+            return
+        entry: list[Any] = [time.monotonic(), context, False]
+        with self._lock:
+            key = next(self._ids)
+            self._open[key] = entry
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._loop, name="tier-idle-streams", daemon=True)
+                self._watcher.start()
+        try:
+            for f in frames:
+                entry[0] = time.monotonic()
+                yield f
+        finally:
+            with self._lock:
+                self._open.pop(key, None)
+
+    def _loop(self) -> None:
+        assert self.idle_s is not None
+        while True:
+            time.sleep(min(1.0, self.idle_s / 4))
+            now, quiet = time.monotonic(), []
+            with self._lock:
+                if not self._open:
+                    self._watcher = None
+                    return
+                for entry in self._open.values():
+                    if not entry[2] and now - entry[0] > self.idle_s:
+                        entry[2] = True
+                        quiet.append(entry[1])
+                self.cancelled += len(quiet)
+            for context in quiet:
+                log.warning("cancelled a request stream that sent nothing for %.0f s (from %s)", self.idle_s,
+                            context.peer())
+                why = f"request stream sent nothing for {self.idle_s:g} s: cancelled (it held a worker thread)"
+                try:  # with a status that says why: grpc's call object (internal); a plain CANCELLED otherwise
+                    context._rpc_event.call.cancel(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], why)
+                except Exception:  # noqa: BLE001 - another grpc version: cancel all the same
+                    context.cancel()
+                if self.on_cancel is not None:
+                    self.on_cancel(grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+def _check_ids(run_id: str, client_id: str, secret: str = "") -> None:
     for what, v in (("run_id", run_id), ("client_id", client_id)):
         if not v or len(v) > MAX_ID:
             raise InvalidArgument(f"{what} must have 1..{MAX_ID} characters, got {len(v)}")
+    if len(secret) > MAX_ID:  # its value is never shown
+        raise InvalidArgument(f"secret must have at most {MAX_ID} characters, got {len(secret)}")
 
 
 class TierServicer:
     """The RPCs of ``splitfed.v1.Tier`` over one tier (raw-bytes handlers, parsed here)."""
 
     def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = (),
-                 next: GrpcTierClient | None = None) -> None:
+                 next: GrpcTierClient | None = None, stream_idle_s: float | None = STREAM_IDLE_S) -> None:
+        self.idle_streams = _IdleStreams(stream_idle_s)
+        self.idle_streams.on_cancel = self.count_refusal
         self.tier = tier
         self.limits = limits
         self.allowed = set(allowed_models)
@@ -154,14 +224,15 @@ class TierServicer:
 
     def StepStream(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         with self._guard(context, "step"):
-            head, items = wire.read_all(request_iterator, wire.F_STEP, self.limits, what="step request")
+            head, items = wire.read_all(self.idle_streams.watch(request_iterator, context), wire.F_STEP,
+                                        self.limits, what="step request")
             assert isinstance(head, pb.StepHeader)
             self._check(head, items)
             frames = self._run(head, items)
         yield from frames  # built lazily: each frame's copy overlaps the sending of the last
 
     def _check(self, head: pb.StepHeader, items: Sequence[wire.Received]) -> None:
-        _check_ids(head.run_id, head.client_id)
+        _check_ids(head.run_id, head.client_id, head.secret)
         names = PHASE_TENSORS.get(head.phase)
         if names is None:
             raise InvalidArgument(f"unknown phase {head.phase}")
@@ -174,7 +245,7 @@ class TierServicer:
     def _run(self, head: pb.StepHeader, items: Sequence[wire.Received], chunk: int = 0) -> Iterator[bytes]:
         """Call the tier for the phase; the reply's frames."""
         reply_codec = wire.codec_of(head.reply_codec)
-        key = StepKey(head.run_id, head.client_id, int(head.round), int(head.seq))
+        key = StepKey(head.run_id, head.client_id, int(head.round), int(head.seq), head.secret)
         result = pb.StepResult()
         if head.phase == pb.PHASE_STEP:
             reply = self.tier.step(key, items[0].tensor, items[1].tensor)
@@ -191,13 +262,14 @@ class TierServicer:
 
     def Load(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "load"):
-            head, items = wire.read_all(request_iterator, wire.F_LOAD, self.limits, what="load request")
+            head, items = wire.read_all(self.idle_streams.watch(request_iterator, context), wire.F_LOAD,
+                                        self.limits, what="load request")
             assert isinstance(head, pb.LoadHeader)
             self.tier.load(self._segment_load(head, items))
         return b""
 
     def _segment_load(self, h: pb.LoadHeader, items: Sequence[wire.Received]) -> SegmentLoad:
-        _check_ids(h.run_id, h.client_id)
+        _check_ids(h.run_id, h.client_id, h.secret)
         if not h.replica or len(h.replica) > MAX_ID:
             raise InvalidArgument(f"replica must have 1..{MAX_ID} characters")
         spec = self._model(h.model)
@@ -212,10 +284,13 @@ class TierServicer:
             raise InvalidArgument("load: tensors sent but has_state is false")
         state = {it.name: it.tensor for it in items} if h.has_state else None
         return SegmentLoad(h.run_id, h.client_id, int(h.round), spec, int(h.start), int(h.stop), h.replica, state,
-                           optim, int(h.seed), bool(h.loss_here))
+                           optim, int(h.seed), bool(h.loss_here), h.secret)
 
-    def _model(self, m: pb.ModelSpec) -> ModelSpec:
-        """The spec if this tier serves and can build it; else the refusal (PERMISSION_DENIED, ...)."""
+    def _model(self, m: pb.ModelSpec, keep: bool = True) -> ModelSpec:
+        """The spec if this tier serves and can build it; else the refusal (PERMISSION_DENIED, ...).
+
+        ``keep=False`` (Describe): a zoo model sized by its options is built on the meta device, where it
+        allocates nothing and nothing of it is kept; a load builds it for real."""
         if m.name not in ZOO and m.name not in self.allowed:
             raise PermissionDenied(f"tier {self.tier.name} does not serve model {m.name!r} "
                                    "(zoo models only, unless started with --allow-model)")
@@ -223,7 +298,12 @@ class TierServicer:
         try:
             from splitfed.engine import template
 
-            template.num_blocks(spec)  # build once here: a model that does not build is the caller's error
+            if keep or spec.name not in ZOO or template.small(spec):
+                template.num_blocks(spec)  # build once here: a model that does not build is the caller's error
+            else:
+                template.admit(spec)  # sized on meta first: a model too large is refused before it is built
+                with torch.device("meta"):
+                    model_blocks(spec)
         except SplitfedError:
             raise
         except (TypeError, ValueError, RuntimeError) as e:
@@ -233,7 +313,7 @@ class TierServicer:
     def Fetch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         with self._guard(context, "fetch"):
             ref = _client_ref(request)
-            state = self.tier.fetch(ref.run_id, ref.client_id)
+            state = self.tier.fetch(ref.run_id, ref.client_id, ref.secret)
             out = wire.iter_frames(None, [(k, tc.encode(v)) for k, v in sorted(state.items())],
                                    self.limits.chunk_bytes)
         yield from out
@@ -241,7 +321,7 @@ class TierServicer:
     def Release(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "release"):
             ref = _client_ref(request)
-            self.tier.release(ref.run_id, ref.client_id)
+            self.tier.release(ref.run_id, ref.client_id, ref.secret)
         return b""
 
     def Describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -267,9 +347,11 @@ class TierServicer:
         model_error = ""
         if model is not None:
             try:
-                self._model(model)
+                self._model(model, keep=False)
             except TierError as e:
                 model_error = f"{e.code}: {e}"
+            except SplitfedError as e:  # a model that does not build: the answer says so, as a Load would
+                model_error = f"INVALID_ARGUMENT: {e}"
         next_instance = next_error = ""
         if self.next is not None and not shallow:
             try:
@@ -304,7 +386,7 @@ def _parse(message: type[M], raw: bytes) -> M:
 
 def _client_ref(raw: bytes) -> pb.ClientRef:
     ref = _parse(pb.ClientRef, raw)
-    _check_ids(ref.run_id, ref.client_id)
+    _check_ids(ref.run_id, ref.client_id, ref.secret)
     return ref
 
 
@@ -381,7 +463,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
                next_compress: str = "none", next_deadline_s: float = 60.0, next_token: str | None = None,
                allowed_models: Iterable[str] = (), tier: Any = None, max_batch: int = 4096,
                idle_release_s: float | None = IDLE_RELEASE_S, status_every_s: float | None = None,
-               torch_device: str = "cpu") -> TierServer:
+               torch_device: str = "cpu", stream_idle_s: float | None = STREAM_IDLE_S) -> TierServer:
     """Start a tier service on ``listen`` (port 0: any free port; see ``.port``/``.address``).
 
     Serving in plaintext needs ``insecure=True``: TLS is the default, not an
@@ -390,7 +472,8 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     ``tier`` replaces the :class:`Tier` (tests, benchmarks). Segments unused for
     ``idle_release_s`` (None: never) are released, checked every ``min(60, idle_release_s / 4)`` s;
     every ``status_every_s`` (None: never) the tier logs its status if it changed. ``torch_device`` (``cpu``,
-    ``cuda``, ``cuda:N``; checked here) is where the tier computes.
+    ``cuda``, ``cuda:N``; checked here) is where the tier computes. A request stream (StepStream, Load) that sends
+    nothing for ``stream_idle_s`` (None: never) is cancelled: it would hold one of the ``max_workers`` threads.
     """
     if tls is None and not insecure:
         raise ConfigError("refusing to serve without TLS: give a certificate and key (--tls-cert, --tls-key; "
@@ -409,7 +492,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
                                                   idle_release_s=idle_release_s,
                                                   torch_device=dev)
-    servicer = TierServicer(the_tier, limits, allowed_models, next=client)
+    servicer = TierServicer(the_tier, limits, allowed_models, next=client, stream_idle_s=stream_idle_s)
     interceptors = [TokenInterceptor(token, on_refuse=servicer.count_refusal)] if token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),
                          interceptors=interceptors, options=server_options(limits),

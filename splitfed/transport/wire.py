@@ -22,7 +22,7 @@ import torch
 from google.protobuf.message import DecodeError, Message
 
 from splitfed.errors import ConfigError, InvalidArgument, ResourceExhausted
-from splitfed.models.zoo import ModelSpec
+from splitfed.models.zoo import MAX_VOCAB, ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport.pb import pb
 
@@ -105,13 +105,39 @@ def model_pb(spec: ModelSpec) -> pb.ModelSpec:
                         kwargs_json=json.dumps(spec.kwargs, sort_keys=True) if spec.kwargs else "")
 
 
+MAX_KWARGS_JSON = 64 << 10  # a model's options: a few numbers and names, never megabytes
+MAX_KWARGS_DEPTH = 16  # nesting of lists and objects in them
+
+
+def _depth(value: object, limit: int) -> int:
+    """How deep lists and objects nest in ``value`` (counted without recursion), or ``limit + 1`` if deeper."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict | list):
+            d += 1
+            if d > limit:
+                return d
+            deepest = max(deepest, d)
+            todo.extend((x, d) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def model_of(m: pb.ModelSpec) -> ModelSpec:
     """The spec a message names (INVALID_ARGUMENT if malformed); whether it may be built is the tier's call."""
+    if len(m.kwargs_json) > MAX_KWARGS_JSON:
+        raise InvalidArgument(f"model: kwargs_json has {len(m.kwargs_json)} characters, at most {MAX_KWARGS_JSON}")
+    if not (m.vocab == 0 or 2 <= m.vocab <= MAX_VOCAB):
+        raise InvalidArgument(f"model: vocab must be 0 (float inputs) or in 2..{MAX_VOCAB:,}, got {m.vocab}")
     try:
         kwargs = json.loads(m.kwargs_json) if m.kwargs_json else {}
         if not isinstance(kwargs, dict):
             raise ValueError("kwargs must be a JSON object")
+        if _depth(kwargs, MAX_KWARGS_DEPTH) > MAX_KWARGS_DEPTH:
+            raise ValueError(f"kwargs nest deeper than {MAX_KWARGS_DEPTH} levels")
         return ModelSpec(m.name, tuple(int(d) for d in m.input_shape), int(m.num_classes), int(m.vocab), kwargs)
+    except RecursionError:
+        raise InvalidArgument(f"model: kwargs nest deeper than {MAX_KWARGS_DEPTH} levels") from None
     except (ValueError, ConfigError) as e:
         raise InvalidArgument(f"model: {e}") from None
 
