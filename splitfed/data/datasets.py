@@ -369,19 +369,27 @@ def sample_shape(dataset: str) -> tuple[int, ...] | None:
     return None
 
 
-def sample_classes(dataset: str) -> int | None:
-    """How many classes an ``.npz`` dataset's labels name (its largest label + 1, over ``y_train`` and
-    ``y_test``); None for the named datasets (10 classes each, as every zoo model's default) or a file
-    that cannot be read now, which :func:`for_model` then names."""
+def _npz_integers(dataset: str, keys: tuple[str, str]) -> list[np.ndarray] | None:
+    """Arrays ``keys`` of an ``npz:`` dataset if both hold integers; None otherwise (another dataset, float
+    arrays, or a file that cannot be read now, which :func:`for_model` then names)."""
     name, sep, path = str(dataset).strip().partition(":")
     if name.lower() != "npz" or not sep:
         return None
     try:
         with np.load(path.strip(), allow_pickle=False) as f:
-            ys = [f[k] for k in ("y_train", "y_test")]
+            arrays = [f[k] for k in keys]
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
         return None
-    if any(y.dtype.kind not in "iu" or y.size == 0 for y in ys):
+    if any(a.dtype.kind not in "iu" or a.size == 0 for a in arrays):
+        return None
+    return arrays
+
+
+def sample_classes(dataset: str) -> int | None:
+    """How many classes an ``.npz`` dataset's labels name (its largest label + 1, over ``y_train`` and
+    ``y_test``); None for the named datasets (10 classes each, as every zoo model's default)."""
+    ys = _npz_integers(dataset, ("y_train", "y_test"))
+    if ys is None:
         return None
     top = max(int(y.max()) for y in ys)
     return top + 1 if top >= 1 else None  # one class is no classifier: read_npz's checks speak to it
@@ -390,17 +398,8 @@ def sample_classes(dataset: str) -> int | None:
 def sample_vocab(dataset: str) -> int | None:
     """An ``.npz`` whose inputs are integers holds tokens: its largest token + 1 (over ``x_train`` and
     ``x_test``); None otherwise."""
-    name, sep, path = str(dataset).strip().partition(":")
-    if name.lower() != "npz" or not sep:
-        return None
-    try:
-        with np.load(path.strip(), allow_pickle=False) as f:
-            xs = [f[k] for k in ("x_train", "x_test")]
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
-        return None
-    if any(x.dtype.kind not in "iu" or x.size == 0 for x in xs):
-        return None
-    return max(2, max(int(x.max()) for x in xs) + 1)
+    xs = _npz_integers(dataset, ("x_train", "x_test"))
+    return None if xs is None else max(2, max(int(x.max()) for x in xs) + 1)
 
 
 def spec_for(model: str, dataset: str) -> ModelSpec:
