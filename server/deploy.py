@@ -37,6 +37,13 @@ certificate). The certificate must name 127.0.0.1 (or the host you use) and
 allow both server and client authentication. Without certificates everything
 runs with ``--insecure``, which is only sensible on loopback.
 
+Tokens: the tiers get ``--token-file`` (the devices' token, which the SuperNodes
+get in their node config) and a coordinator token of their own
+(``--coordinator-token-file``, or ``WORKDIR/coordinator-token`` made for the
+deployment), which alone allows load, fetch and release; only the ServerApp
+gets it (``coordinator-token-file`` in the run config), so no device can claim
+or release a client's segment.
+
 On real machines run the same pieces by hand: ``splitfed tier --role cloud``
 on the cloud, ``splitfed tier --role edge --next CLOUD`` on the edge,
 ``flower-superlink`` on the coordinator, one ``flower-supernode`` per device
@@ -51,6 +58,7 @@ import argparse
 import contextlib
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -237,6 +245,7 @@ class Deployment:
     tls_key: str = ""
     token_file: str = ""
     profiles: Sequence[str] = ()
+    coordinator_token_file: str = ""  # the ServerApp's own token for the tiers ("": one is made in the workdir)
     tiers: int = 3
     log: bool = True
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -257,6 +266,13 @@ class Deployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home = self.workdir / "flwr-home"
         self.home.mkdir(exist_ok=True)
+        if not self.coordinator_token_file:  # the ServerApp's alone: the nodes never see it
+            path = self.workdir / "coordinator-token"
+            path.unlink(missing_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32))
+            self.coordinator_token_file = str(path)
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                     "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
                     "OMP_NUM_THREADS": "1"}
@@ -334,6 +350,7 @@ class Deployment:
                     if self.secure else ["--insecure"])
         if self.token_file:
             security += ["--token-file", self.token_file]
+        security += ["--coordinator-token-file", self.coordinator_token_file]
         for idx in reversed(range(len(names))):
             role = "edge" if idx + 1 < len(names) else "cloud"
             nxt = (["--next", self.tier_addresses[idx + 1], "--compress", self.compress]
@@ -436,6 +453,7 @@ class Deployment:
             cfg.update({"tls-ca": self.tls_ca, "tls-cert": self.tls_cert, "tls-key": self.tls_key})
         if self.token_file:
             cfg["token-file"] = self.token_file
+        cfg["coordinator-token-file"] = self.coordinator_token_file  # the ServerApp's: load, fetch, release
         cfg.update(overrides)
         RunSettings.from_mapping(cfg, source="run config")  # refuse bad values before anything runs
         return cfg
@@ -536,7 +554,7 @@ def _signal(leaders: Sequence[subprocess.Popen], procs: Sequence[psutil.Process]
 
 # what the deployment itself sets (its processes, files and clock), never taken from a resumed run's checkpoint
 _DEPLOYMENT_OWN = {"clients", "tiers", "rounds", "out", "resume", "overwrite", "tier_addresses", "tier_torch_device",
-                   "tls_ca", "tls_cert", "tls_key", "token_file", "sim_clock"}
+                   "tls_ca", "tls_cert", "tls_key", "token_file", "coordinator_token_file", "sim_clock"}
 
 
 def _again(args: argparse.Namespace, out: str, rounds: str) -> str:
@@ -545,7 +563,7 @@ def _again(args: argparse.Namespace, out: str, rounds: str) -> str:
     cmd = ["python", "-m", "server.deploy", "--resume", out, *rounds.split()]
     if args.workdir:  # the same logs (flwr-run.log is appended to) and the same FLWR_HOME
         cmd += ["--workdir", str(Path(args.workdir).resolve())]
-    for flag in ("tls_ca", "tls_cert", "tls_key", "token_file"):
+    for flag in ("tls_ca", "tls_cert", "tls_key", "token_file", "coordinator_token_file"):
         if getattr(args, flag):
             cmd += [f"--{flag.replace('_', '-')}", str(Path(getattr(args, flag)).resolve())]
     for name in args.profile:
@@ -570,7 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls-ca", default="")
     p.add_argument("--tls-cert", default="")
     p.add_argument("--tls-key", default="")
-    p.add_argument("--token-file", default="")
+    p.add_argument("--token-file", default="", help="the devices' token: every tier and SuperNode gets it")
+    p.add_argument("--coordinator-token-file", default="",
+                   help="the ServerApp's own token: alone allows load, fetch and release on the tiers "
+                        "(default: one made in the workdir)")
     p.add_argument("--profile", action="append", default=[], help="device profile of node i (cycled)")
     p.add_argument("--tier-torch-device", default="cpu", metavar="DEV",
                    help="where the edge and cloud tiers compute: cpu | cuda | cuda:N (default cpu)")
@@ -582,8 +603,9 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             p.error(f"--set wants KEY=VALUE, got {item!r}")
         sets[k.strip()] = v.strip()
-    tls_ca, tls_cert, tls_key, token_file = (str(Path(f).resolve()) if f else ""
-                                             for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file))
+    tls_ca, tls_cert, tls_key, token_file, coordinator_token_file = (
+        str(Path(f).resolve()) if f else ""
+        for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file, args.coordinator_token_file))
     wanted: RunSettings | None = None
     try:
         saved: dict[str, Any] = {}
@@ -620,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
         with _SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,
                                               profiles=args.profile, tiers=tiers,
+                                              coordinator_token_file=coordinator_token_file,
                                               torch_device=args.tier_torch_device, compress=wanted.compress) as dep:
             dep.start()
             print(f"tiers {', '.join(dep.tier_addresses)}; superlink {dep.superlink}; "

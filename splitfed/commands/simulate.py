@@ -86,7 +86,7 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     if args.resume:
         # the stopped run's tier processes are gone: this run starts its own (or --config names them)
         saved = {**checkpoint.resumed(args.resume, getattr(args, "out", None)).settings, "tier_addresses": "",
-                 "overwrite": False}
+                 "coordinator_token_file": "", "overwrite": False}
         layers.append((saved, args.resume))
     if args.config:
         table = toml_table(args.config)

@@ -33,7 +33,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-ca", metavar="F", help="PEM CA: require client certificates it signed (mutual TLS), "
                    "and verify the next tier with it")
     p.add_argument("--token-file", metavar="F", help="bearer token every caller must present (and that this "
-                   "tier presents to --next)")
+                   "tier presents to --next); with --coordinator-token-file, the devices' token: steps only")
+    p.add_argument("--coordinator-token-file", metavar="F",
+                   help="bearer token that alone allows loading, fetching and releasing segments (the "
+                        "coordinator's; another than --token-file). Without it, any caller with --token-file's "
+                        "token may, so a device could claim a client's segment before the coordinator loads it")
     p.add_argument("--insecure", action="store_true", help="serve without TLS (explicit choice)")
     p.add_argument("--compress", default="none", help="codec towards --next: none, fp16, int8, topk:F")
     p.add_argument("--deadline", type=float, default=60.0, help="seconds per call to --next")
@@ -95,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("refusing to serve without TLS: give --tls-cert and --tls-key (and --tls-ca for mutual "
                           "TLS), or --insecure to serve in plaintext on purpose")
     token = read_token(args.token_file) if args.token_file else None
+    coordinator_token = read_token(args.coordinator_token_file) if args.coordinator_token_file else None
+    if coordinator_token is not None and coordinator_token == token:
+        raise ConfigError(f"--coordinator-token-file {args.coordinator_token_file} holds the same token as "
+                          f"--token-file {args.token_file}: every device holds that one; give the coordinator "
+                          "a token of its own")
     import torch
 
     from splitfed.engine import compute
@@ -117,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     limits = wire.Limits(max_tensor_bytes=args.max_tensor_mb << 20,
                          max_call_bytes=max(1 << 30, 2 * (args.max_tensor_mb << 20)))
     server = serve_tier(args.name or role, args.listen, args.next_address, tls=tls, token=token,
+                        coordinator_token=coordinator_token,
                         insecure=args.insecure, max_workers=args.max_workers, limits=limits,
                         next_compress=args.compress, next_deadline_s=args.deadline,
                         allowed_models=args.allow_model, idle_release_s=args.idle_release_s or None,

@@ -70,7 +70,11 @@ class RunSettings:
     tls_ca: str = ""  # CA of the tier servers' certificates; empty: insecure (loopback only)
     tls_cert: str = ""  # the tier servers' certificate and key (used when the app starts them)
     tls_key: str = ""
-    token_file: str = ""  # shared secret the tier servers require (file holding it)
+    token_file: str = ""  # shared secret the tier servers require (file holding it); the devices get it too
+    # the coordinator's own token (file holding it): alone allows load, fetch and release on tiers started with
+    # --coordinator-token-file; never sent to a node. Empty: token-file (tiers without one), or, for the tiers a
+    # run starts, one made for the run
+    coordinator_token_file: str = ""
     compress: str = "none"
     out: str = ""  # run folder: metrics.jsonl, summary.json, checkpoint; empty: none written
     resume: bool = False  # continue from ``out``'s checkpoint

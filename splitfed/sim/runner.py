@@ -68,7 +68,8 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
             raise SimulationError(f"the simulation engine failed: {e}") from e
         before = signals.install()  # after Ray's start: its SIGTERM handler would abort the process instead
         with start_tiers(settings) as chain:
-            run_settings = settings.with_(tier_addresses=",".join(chain.addresses))
+            run_settings = settings.with_(tier_addresses=",".join(chain.addresses),
+                                          coordinator_token_file=chain.coordinator_token_file)
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
             server_app = build_app(run_settings, signals.progress(progress), stop=stop, on_summary=summary.update)
             backend: dict[str, dict[str, ConfigRecordValues]] = {  # Ray is already up

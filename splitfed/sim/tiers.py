@@ -7,13 +7,24 @@ that forwards gets the run's ``compress`` (its ``--compress``: the codec towards
 its next tier), so that every link of the chain carries the run's codec, as in
 the in-process backend and the cost model; tiers given by address are checked
 for it (:func:`check_tiers`).
+
+Started tiers also get a coordinator token (``--coordinator-token-file``: the
+run's ``coordinator-token-file``, or one made for the run in a private
+temporary file, removed when the block ends): only the run's coordinator may
+load, fetch and release their segments, whatever token its devices hold. The
+control clients of :func:`tier_chain` present it (or, for tiers given by
+address without ``coordinator-token-file``, ``token-file``).
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from splitfed.engine.limits import IDLE_RELEASE_S
@@ -42,13 +53,14 @@ class TierChain:
     controls: list[TierControl] = field(default_factory=list)  # one control client per tier
     pids: list[int] = field(default_factory=list)  # processes started here (empty: external tiers)
     infos: list[TierInfo] = field(default_factory=list)  # what each tier said of itself (the chain check)
+    coordinator_token_file: str = ""  # the token the control clients present ("": the run's token-file)
 
 
 @contextmanager
 def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
     """Start ``settings.tiers - 1`` tier processes on 127.0.0.1 (or use ``tier-addresses``)."""
     if settings.addresses:
-        yield TierChain(list(settings.addresses))
+        yield TierChain(list(settings.addresses), coordinator_token_file=settings.coordinator_token_file)
         return
     from splitfed.engine.compute import torch_device
     from splitfed.models.zoo import ZOO
@@ -63,11 +75,18 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
     idle = max(IDLE_RELEASE_S, 2 * settings.round_timeout_s)
     allow = () if settings.model in ZOO else (settings.model,)  # the run's own module:factory model
     with ExitStack() as stack:
-        chain = TierChain([])
+        coordinator = settings.coordinator_token_file
+        if not coordinator:  # one of the run's own: no device (token-file holder) loads, fetches or releases
+            fd, coordinator = tempfile.mkstemp(prefix="splitfed-coordinator-token-")
+            stack.callback(Path(coordinator).unlink, missing_ok=True)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32))
+        chain = TierChain([], coordinator_token_file=coordinator)
         nxt = None
         for name in reversed(tier_names(settings.tiers - 1)):
             proc = TierProcess.start(name, listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
                                      token_file=settings.token_file or None, insecure=tls is None,
+                                     coordinator_token_file=coordinator,
                                      compress=settings.compress if nxt is not None else "none",
                                      allow_models=allow, extra_args=["--idle-release-s", f"{idle:g}",
                                                                      "--torch-device", settings.tier_torch_device])
@@ -86,7 +105,8 @@ def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
         clients = []
         for addr in chain.addresses:
             c = connect(addr, tls_ca=settings.tls_ca, tls_cert=settings.tls_cert, tls_key=settings.tls_key,
-                        token_file=settings.token_file, deadline_s=settings.round_timeout_s)
+                        token_file=chain.coordinator_token_file or settings.token_file,
+                        deadline_s=settings.round_timeout_s)
             stack.callback(c.close)
             clients.append(c)
         chain.infos.extend(check_tiers(settings, chain.addresses, clients))

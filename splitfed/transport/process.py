@@ -56,14 +56,16 @@ class TierProcess:
     @classmethod
     def start(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None, *,
               role: str | None = None, tls: TlsConfig | None = None, token: str | None = None,
-              token_file: str | Path | None = None, insecure: bool = False, threads: int | None = 1,
+              token_file: str | Path | None = None, coordinator_token_file: str | Path | None = None,
+              insecure: bool = False, threads: int | None = 1,
               compress: str = "none", allow_models: Sequence[str] = (), extra_args: Sequence[str] = (),
               env: dict[str, str] | None = None, client_tls: TlsConfig | None = None,
               startup_timeout: float = 120.0) -> TierProcess:
         """Start the child and wait until it serves (its ``listening on`` line, then a health check).
 
         ``token`` is handed over in a private temporary file (never on the
-        command line). Plaintext needs ``insecure=True``, as on the command line.
+        command line); ``coordinator_token_file``: the token that alone allows load, fetch and release
+        (``--coordinator-token-file``). Plaintext needs ``insecure=True``, as on the command line.
         ``client_tls``: credentials for the health check of a mutual-TLS tier.
         ``allow_models``: ``module:factory`` models the tier serves besides the zoo (``--allow-model``);
         the child runs in this process's working directory, so it imports what was importable from there.
@@ -85,6 +87,8 @@ class TierProcess:
             token_file = tmp_token
         if token_file is not None:
             cmd += ["--token-file", str(token_file)]
+        if coordinator_token_file is not None:
+            cmd += ["--coordinator-token-file", str(coordinator_token_file)]
         if insecure:
             cmd.append("--insecure")
         if threads:

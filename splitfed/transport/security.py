@@ -8,13 +8,16 @@ next tier uses its own config as a client of that tier.
 
 Tokens travel as ``authorization: Bearer <token>`` metadata and are compared in
 constant time by :class:`TokenInterceptor`; only the gRPC health service is
-exempt, so that orchestrators can probe a tier without the token.
+exempt, so that orchestrators can probe a tier without the token. A tier may
+hold two: the devices' token (steps, and what any caller may ask) and the
+coordinator's, which alone allows the control calls (load, fetch, release), so
+that a device, which holds the devices' token, cannot claim or release a segment.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,25 +154,51 @@ def _wrap_abort(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: 
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses any call without the right bearer token with UNAUTHENTICATED."""
+    """Refuses any call without the right bearer token with UNAUTHENTICATED.
 
-    def __init__(self, token: str, on_refuse: Callable[[grpc.StatusCode], None] | None = None) -> None:
-        if not token:
+    ``token`` is the devices' token; with a ``coordinator`` token the methods in ``control`` (full gRPC
+    names: the tier's Load, Fetch, Release) need that one, and a caller presenting the devices' token there
+    is refused with PERMISSION_DENIED. Every other method takes either token, and none when there is no
+    ``token`` (a tier with a coordinator token only: its steps are as open as a tier without tokens)."""
+
+    def __init__(self, token: str | None, on_refuse: Callable[[grpc.StatusCode], None] | None = None, *,
+                 coordinator: str | None = None, control: Iterable[str] = ()) -> None:
+        if not token and not coordinator:
             raise ConfigError("the bearer token is empty")
-        self._want = f"Bearer {token}".encode()
+        if token and coordinator and hmac.compare_digest(token.encode(), coordinator.encode()):
+            raise ConfigError("the coordinator token is the devices' token: every device would hold it")
+        self._want = f"Bearer {token}".encode() if token else None
+        self._coordinator = f"Bearer {coordinator}".encode() if coordinator else None
+        self._control = frozenset(control) if coordinator else frozenset()
         self._on_refuse = on_refuse  # counts refusals where the tier counts its own (its status line)
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(EXEMPT_PREFIXES):
+        method = handler_call_details.method
+        if handler is None or method.startswith(EXEMPT_PREFIXES):
             return handler
         got = None
         for k, v in handler_call_details.invocation_metadata or ():
             if k == AUTH_HEADER:
                 got = v.encode() if isinstance(v, str) else bytes(v)
-        if got is not None and hmac.compare_digest(got, self._want):
+        # both compared, in constant time, whatever the method
+        device = got is not None and self._want is not None and hmac.compare_digest(got, self._want)
+        coordinator = got is not None and self._coordinator is not None and hmac.compare_digest(got, self._coordinator)
+        if method in self._control:
+            if coordinator:
+                return handler
+            if device:
+                name = method.rsplit("/", 1)[-1]
+                return self._refused(handler, grpc.StatusCode.PERMISSION_DENIED,
+                                     f"{name} needs the coordinator's token (this tier was started with "
+                                     "--coordinator-token-file): the devices' token allows steps only")
+        elif self._want is None or device or coordinator:
             return handler
+        return self._refused(handler, grpc.StatusCode.UNAUTHENTICATED,
+                             "missing bearer token (authorization metadata)" if got is None
+                             else "invalid bearer token")
+
+    def _refused(self, handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
         if self._on_refuse is not None:
-            self._on_refuse(grpc.StatusCode.UNAUTHENTICATED)
-        return _wrap_abort(handler, grpc.StatusCode.UNAUTHENTICATED,
-                           "missing bearer token (authorization metadata)" if got is None else "invalid bearer token")
+            self._on_refuse(code)
+        return _wrap_abort(handler, code, details)

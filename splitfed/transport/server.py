@@ -47,12 +47,13 @@ from splitfed.transport.address import parse_address
 from splitfed.transport.client import DEADLINE, GrpcTierClient, server_options
 from splitfed.transport.describe import PROTOCOL, TierInfo
 from splitfed.transport.errors import PermissionDenied, status_of
-from splitfed.transport.pb import SERVICE, pb
+from splitfed.transport.pb import SERVICE, method, pb
 from splitfed.transport.security import TlsConfig, TokenInterceptor
 
 log = logging.getLogger(__name__)
 
 MAX_ID = 256
+CONTROL = ("Load", "Fetch", "Release")  # the coordinator's calls: a coordinator token keeps them its own
 PHASE_TENSORS = {pb.PHASE_STEP: ("activation", "labels"), pb.PHASE_FORWARD: ("activation",),
                  pb.PHASE_BACKWARD: ("gradient",)}
 
@@ -133,8 +134,11 @@ class TierServicer:
     """The RPCs of ``splitfed.v1.Tier`` over one tier (raw-bytes handlers, parsed here)."""
 
     def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = (),
-                 next: GrpcTierClient | None = None, stream_idle_s: float | None = STREAM_IDLE_S) -> None:
+                 next: GrpcTierClient | None = None, stream_idle_s: float | None = STREAM_IDLE_S,
+                 require_secret: bool = False) -> None:
         self.idle_streams = _IdleStreams(stream_idle_s)
+        # a tier with a coordinator token holds no open segment: every load must carry a binding secret
+        self.require_secret = require_secret
         self.idle_streams.on_cancel = self.count_refusal
         self.tier = tier
         self.limits = limits
@@ -270,6 +274,10 @@ class TierServicer:
 
     def _segment_load(self, h: pb.LoadHeader, items: Sequence[wire.Received]) -> SegmentLoad:
         _check_ids(h.run_id, h.client_id, h.secret)
+        if self.require_secret and not h.secret:
+            raise PermissionDenied(f"tier {self.tier.name} refuses a load without a binding secret: it has a "
+                                   "coordinator token, and a segment without a secret would be open to every "
+                                   "device (load with the client's secret)")
         if not h.replica or len(h.replica) > MAX_ID:
             raise InvalidArgument(f"replica must have 1..{MAX_ID} characters")
         spec = self._model(h.model)
@@ -461,14 +469,17 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
                tls: TlsConfig | None = None, token: str | None = None, insecure: bool = False,
                max_workers: int = 32, max_concurrent_rpcs: int = 512, limits: wire.Limits | None = None,
                next_compress: str = "none", next_deadline_s: float = 60.0, next_token: str | None = None,
-               allowed_models: Iterable[str] = (), tier: Any = None, max_batch: int = 4096,
+               coordinator_token: str | None = None, allowed_models: Iterable[str] = (), tier: Any = None,
+               max_batch: int = 4096,
                idle_release_s: float | None = IDLE_RELEASE_S, status_every_s: float | None = None,
                torch_device: str = "cpu", stream_idle_s: float | None = STREAM_IDLE_S) -> TierServer:
     """Start a tier service on ``listen`` (port 0: any free port; see ``.port``/``.address``).
 
     Serving in plaintext needs ``insecure=True``: TLS is the default, not an
     option to forget. ``next_address`` makes this tier forward to the next one
-    (with the same TLS config and, unless ``next_token`` is given, the same token).
+    (with the same TLS config and, unless ``next_token`` is given, the same token: the devices' token, as it
+    only steps there). With ``coordinator_token`` the control calls (Load, Fetch, Release) need that token,
+    ``token`` (the devices') allows the rest only, and a load without a binding secret is refused.
     ``tier`` replaces the :class:`Tier` (tests, benchmarks). Segments unused for
     ``idle_release_s`` (None: never) are released, checked every ``min(60, idle_release_s / 4)`` s;
     every ``status_every_s`` (None: never) the tier logs its status if it changed. ``torch_device`` (``cpu``,
@@ -492,8 +503,16 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
                                                   idle_release_s=idle_release_s,
                                                   torch_device=dev)
-    servicer = TierServicer(the_tier, limits, allowed_models, next=client, stream_idle_s=stream_idle_s)
-    interceptors = [TokenInterceptor(token, on_refuse=servicer.count_refusal)] if token else []
+    servicer = TierServicer(the_tier, limits, allowed_models, next=client, stream_idle_s=stream_idle_s,
+                            require_secret=bool(coordinator_token))
+    try:
+        interceptors = ([TokenInterceptor(token, on_refuse=servicer.count_refusal, coordinator=coordinator_token,
+                                          control=[method(m) for m in CONTROL])]
+                        if token or coordinator_token else [])
+    except ConfigError:
+        if client:
+            client.close()
+        raise
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),
                          interceptors=interceptors, options=server_options(limits),
                          maximum_concurrent_rpcs=max_concurrent_rpcs)
