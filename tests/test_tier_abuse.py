@@ -293,3 +293,21 @@ def test_a_step_with_a_bad_round_after_a_forward_is_refused_over_grpc(server) ->
         client.release("ru", "c")
     finally:
         client.close()
+
+
+def test_a_tier_process_takes_its_stream_idle_time_from_the_command_line() -> None:
+    """``splitfed tier --stream-idle-s 1``: a quiet stream is cancelled after about a second (the default, 30 s,
+    suits slow links; before, the time could not be set from the command line)."""
+    from splitfed.transport.process import TierProcess
+
+    with TierProcess.start("cloud", insecure=True, extra_args=["--stream-idle-s", "1"]) as cloud:
+        stop = threading.Event()
+        with grpc.insecure_channel(cloud.address) as ch:
+            def quiet() -> Iterator[bytes]:
+                yield pb.Frame(step=pb.StepHeader(run_id="S", client_id="s", phase=pb.PHASE_STEP)).SerializeToString()
+                stop.wait(30)
+
+            with pytest.raises(grpc.RpcError) as e:  # the default (30 s) would let it run into its deadline
+                list(ch.stream_stream(method("StepStream"))(quiet(), timeout=20))
+            stop.set()
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value

@@ -16,7 +16,13 @@ import sys
 import threading
 
 from splitfed.commands._args import non_negative_float, positive_int
-from splitfed.engine.limits import DEFAULT_LIMITS, IDLE_RELEASE_S, BuildLimits, set_limits
+from splitfed.engine.limits import (
+    DEFAULT_LIMITS,
+    IDLE_RELEASE_S,
+    STREAM_IDLE_S,
+    BuildLimits,
+    set_limits,
+)
 from splitfed.errors import ConfigError
 
 
@@ -54,6 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--idle-release-s", type=non_negative_float, default=IDLE_RELEASE_S, metavar="S",
                    help="release a client's segment nobody has used for S seconds: what a vanished coordinator "
                         "left behind (default %(default).0f; 0: never). Keep it above your longest round")
+    p.add_argument("--stream-idle-s", type=non_negative_float, default=STREAM_IDLE_S, metavar="S",
+                   help="cancel a request stream that sends nothing for S seconds: it holds a worker thread "
+                        "(default %(default).0f; 0: never). Keep it above one message's time on your slowest link")
     p.add_argument("--status-every-s", type=non_negative_float, default=300.0, metavar="S",
                    help="log what the tier holds and has served every S seconds, when it changed "
                         "(default %(default).0f; 0: never)")
@@ -130,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
                         insecure=args.insecure, max_workers=args.max_workers, limits=limits,
                         next_compress=args.compress, next_deadline_s=args.deadline,
                         allowed_models=args.allow_model, idle_release_s=args.idle_release_s or None,
-                        status_every_s=args.status_every_s or None, torch_device=args.torch_device)
+                        status_every_s=args.status_every_s or None, torch_device=args.torch_device,
+                        stream_idle_s=args.stream_idle_s or None)
     # the first optimizer built imports torch._dynamo (seconds): start that now rather than in a client's load
     threading.Thread(target=lambda: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
                      daemon=True).start()

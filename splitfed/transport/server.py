@@ -29,7 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import splitfed
 from splitfed.engine import compute
-from splitfed.engine.limits import IDLE_RELEASE_S, current_limits
+from splitfed.engine.limits import IDLE_RELEASE_S, STREAM_IDLE_S, current_limits
 from splitfed.engine.link import Link
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey
@@ -58,7 +58,6 @@ PHASE_TENSORS = {pb.PHASE_STEP: ("activation", "labels"), pb.PHASE_FORWARD: ("ac
                  pb.PHASE_BACKWARD: ("gradient",)}
 
 
-STREAM_IDLE_S = 30.0  # a request stream that sends no message for this long is cancelled: it holds a worker thread
 
 
 class _IdleStreams:
