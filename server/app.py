@@ -178,7 +178,29 @@ def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | No
                           f"(sha256 {ckpt.data[:12]}... then, {data[:12] or 'none'}... now); put the old files back "
                           "or start a new run")
     check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
+    _same_model(settings, ckpt)
     return ckpt
+
+
+def _same_model(settings: RunSettings, ckpt: checkpoint.Checkpoint) -> None:
+    """The model these settings build must be the one the checkpoint holds, tensor by tensor: the same
+    settings can size another model after an upgrade (a run on an .npz now has its labels' classes, where
+    it had 10), and a mismatch would otherwise surface only when the tiers load the weights."""
+    from splitfed.engine.rounds import initial_state
+
+    here = initial_state(settings.spec, settings.seed)
+    there = ckpt.state
+    odd = sorted(set(here) ^ set(there))
+    if not odd:
+        odd = [k for k in here if (here[k].shape, here[k].dtype) != (there[k].shape, there[k].dtype)]
+    if odd:
+        k = odd[0]
+        show = {n: (f"{str(t[k].dtype).removeprefix('torch.')} {list(t[k].shape)}" if k in t else "absent")
+                for n, t in (("checkpoint", there), ("run", here))}
+        raise ConfigError(f"cannot resume: the checkpoint holds another model than this run builds from its "
+                          f"settings and data ({k!r}: {show['checkpoint']} in the checkpoint, {show['run']} "
+                          f"here; {len(odd)} tensor(s) differ), as when a newer splitfed sizes the model "
+                          "differently; start the run over with --overwrite")
 
 
 def check_resume(settings: RunSettings) -> None:

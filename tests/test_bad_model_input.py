@@ -72,7 +72,7 @@ def test_wrong_input_shape_in_optimize(capsys: pytest.CaptureFixture[str], tmp_p
 
 def test_user_factory_errors(capsys: pytest.CaptureFixture[str], mymods: str) -> None:
     line = _refused(capsys, ["blocks", "--model", f"{mymods}:good", "--input-shape", "32"])
-    assert f"model {mymods}:good does not take inputs of shape (32,) (floats): mat1 and mat2" in line
+    assert f"model {mymods}:good does not take inputs of shape (32,) (floats; a model that takes tokens, an nn.Embedding first, needs --vocab N): mat1 and mat2" in line
     line = _refused(capsys, ["blocks", "--model", f"{mymods}:boom", "--input-shape", "64"])
     assert f"model factory {mymods}:boom raised RuntimeError: no weights here" in line
     line = _refused(capsys, ["profile", "--model", f"{mymods}:needs_arg", "--input-shape", "64", "--no-cache"])

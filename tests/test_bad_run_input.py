@@ -308,3 +308,30 @@ def test_a_last_batch_of_one_sample_a_batchnorm_cannot_train_on_is_refused() -> 
         validate(settings)
     validate(settings.with_(batch_size=64))  # 719 % 64 = 15
     validate(settings.with_(model="cnn"))  # its BatchNorm2d sees 4x4 values a channel: one sample trains
+
+
+def test_resume_of_a_checkpoint_holding_another_model_is_refused_before_anything_starts(tmp_path, monkeypatch,
+                                                                                         capsys) -> None:
+    """A checkpoint from before a run on an .npz took its labels' classes holds a 10-class head; before, the
+    resume started Ray and the tiers, failed at the first load, exited 2 and suggested the same command."""
+    import splitfed.sim.runner
+    from splitfed.data.datasets import spec_for
+    from splitfed.engine.rounds import initial_state
+    from splitfed.models.zoo import resolve_spec
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", lambda *a, **k: pytest.fail("started"))
+    rng = np.random.default_rng(0)
+    data = tmp_path / "three.npz"
+    np.savez(data, x_train=rng.normal(size=(30, 1, 8, 8)).astype(np.float32), y_train=np.arange(30) % 3,
+             x_test=rng.normal(size=(6, 1, 8, 8)).astype(np.float32), y_test=np.arange(6) % 3)
+    run = tmp_path / "run"
+    settings = RunSettings(model="mlp", dataset=f"npz:{data}", clients=2, rounds=1, out=str(run))
+    assert spec_for("mlp", f"npz:{data}").num_classes == 3
+    old = initial_state(resolve_spec("mlp", (64,), 10), 0)  # what the run was sized as before: 10 classes
+    checkpoint.save(run, checkpoint.Checkpoint(1, old, settings.to_dict()))
+    (run / "metrics.jsonl").write_text('{"round": 1}\n')
+    assert main(["simulate", "--resume", str(run), "--rounds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot resume: the checkpoint holds another model than this run builds from its settings and data" \
+           in err and "[10, 64] in the checkpoint, float32 [3, 64] here" in err and "--overwrite" in err, err
+    assert "continue with" not in err

@@ -110,7 +110,7 @@ def test_a_tuple_crossing_is_never_a_cut() -> None:
 
 
 def test_an_input_of_the_wrong_kind_says_which_kind_the_model_takes() -> None:
-    with pytest.raises(ConfigError, match=r"does not take inputs of shape \(7,\) \(floats\): "):
+    with pytest.raises(ConfigError, match=r"does not take inputs of shape \(7,\) \(floats; "):
         template.template(resolve_spec("tests.own_models:reused_layer", input_shape=(7,), num_classes=3))
 
 
@@ -132,8 +132,21 @@ def test_a_token_model_of_ones_own_takes_integer_inputs(tmp_path) -> None:
     path = tmp_path / "tok.npz"
     np.savez(path, x_train=rng.integers(0, 20, (12, 6)), y_train=np.arange(12) % 3,
              x_test=rng.integers(0, 15, (4, 6)), y_test=np.arange(4) % 3)
-    spec = spec_for("tests.own_models:tokens", f"npz:{path}")
-    assert (spec.input_shape, spec.num_classes, spec.vocab) == ((6,), 3, int(np.load(path)["x_train"].max()) + 1)
+    spec = spec_for("tests.own_models:tokens", f"npz:{path}", vocab=20)  # a run's vocab setting
+    assert (spec.input_shape, spec.num_classes, spec.vocab) == ((6,), 3, 20)
+    template.template(spec)
+    # without it, integer inputs are numbers (uint8 pixels, say): a float model of one's own takes them
+    pixels = tmp_path / "pixels.npz"
+    np.savez(pixels, x_train=rng.integers(0, 255, (12, 16), dtype=np.uint8), y_train=np.arange(12) % 3,
+             x_test=rng.integers(0, 255, (4, 16), dtype=np.uint8), y_test=np.arange(4) % 3)
+    spec = spec_for("tests.own_models:reused_layer", f"npz:{pixels}")
+    assert spec.vocab == 0
+    template.template(spec)
+    from splitfed.flower.config import RunSettings
+
+    assert RunSettings(model="tests.own_models:tokens", dataset=f"npz:{path}", vocab=20).spec.vocab == 20
+    with pytest.raises(ConfigError, match=r"vocab must be 0 \(float inputs\) or in 2\.\."):
+        RunSettings(vocab=1)
 
 
 def test_a_step_leaves_torch_s_generator_as_it_was() -> None:

@@ -395,19 +395,12 @@ def sample_classes(dataset: str) -> int | None:
     return top + 1 if top >= 1 else None  # one class is no classifier: read_npz's checks speak to it
 
 
-def sample_vocab(dataset: str) -> int | None:
-    """An ``.npz`` whose inputs are integers holds tokens: its largest token + 1 (over ``x_train`` and
-    ``x_test``); None otherwise."""
-    xs = _npz_integers(dataset, ("x_train", "x_test"))
-    return None if xs is None else max(2, max(int(x.max()) for x in xs) + 1)
-
-
-def spec_for(model: str, dataset: str) -> ModelSpec:
+def spec_for(model: str, dataset: str, vocab: int = 0) -> ModelSpec:
     """A run's model, shaped for its dataset's samples: a zoo image model takes the dataset's
     ``(C, H, W)`` (``cnn`` on MNIST is 1x28x28, on CIFAR-10 3x32x32), a zoo vector model takes them
     flat, a token model keeps its own; a user's ``module:factory`` takes the samples as stored. Its
-    classes are the dataset's: an ``.npz``'s labels (:func:`sample_classes`), else 10; a user's model
-    on an ``.npz`` of integers takes them as tokens (:func:`sample_vocab`)."""
+    classes are the dataset's: an ``.npz``'s labels (:func:`sample_classes`), else 10. ``vocab`` > 0: the
+    model takes integer tokens below it (a zoo token model has its own; a float zoo model is refused)."""
     native = sample_shape(dataset)
     classes = sample_classes(dataset)
     if model not in ZOO:
@@ -416,10 +409,10 @@ def spec_for(model: str, dataset: str) -> ModelSpec:
                    if str(dataset).strip().lower() == "synthetic" else
                    f"none can be read from {str(dataset).strip()!r} (an .npz needs x_train)")
             raise ConfigError(f"model {model!r} takes its input shape from the dataset's samples, and {why}")
-        return resolve_spec(model, native, classes, vocab=sample_vocab(dataset))  # integer inputs: tokens
+        return resolve_spec(model, native, classes, vocab=vocab or None)
     default = ZOO[model].input_shape
-    if native is None or ZOO[model].vocab:
-        return resolve_spec(model, num_classes=classes)
+    if native is None or ZOO[model].vocab or vocab:
+        return resolve_spec(model, num_classes=classes, vocab=vocab or None)
     if len(default) == 3 and len(native) == 3:
         return resolve_spec(model, native, classes)
     if len(default) == 1:

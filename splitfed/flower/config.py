@@ -59,6 +59,7 @@ class RunSettings:
     weight_decay: float = 0.0
     u_shape: bool = False
     min_device_blocks: int = 0  # blocks every device keeps; >= 1: raw inputs never leave a device
+    vocab: int = 0  # > 0: a module:factory model takes integer tokens below it (an nn.Embedding first)
     fraction: float = 1.0  # share of the registered clients sampled each round
     min_clients: int = 1  # fewest clients that must finish a round; fewer and the round fails
     round_timeout_s: float = 600.0
@@ -97,6 +98,10 @@ class RunSettings:
             raise ConfigError(f"seed must be an integer in 0..{MAX_SEED:,} (2**32-1), got {self.seed}")
         if self.min_device_blocks < 0:
             raise ConfigError(f"min-device-blocks must be >= 0, got {self.min_device_blocks}")
+        from splitfed.models.zoo import MAX_VOCAB
+
+        if not (self.vocab == 0 or 2 <= self.vocab <= MAX_VOCAB):
+            raise ConfigError(f"vocab must be 0 (float inputs) or in 2..{MAX_VOCAB:,}, got {self.vocab}")
         if not 0 < self.fraction <= 1:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.clients > MAX_CLIENTS:
@@ -154,7 +159,7 @@ class RunSettings:
         """The run's model, shaped for its dataset's samples (:func:`splitfed.data.datasets.spec_for`)."""
         from splitfed.data.datasets import spec_for
 
-        return spec_for(self.model, self.dataset)
+        return spec_for(self.model, self.dataset, self.vocab)
 
     @property
     def addresses(self) -> tuple[str, ...]:

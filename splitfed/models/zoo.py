@@ -378,7 +378,8 @@ def input_error(spec: ModelSpec, e: BaseException) -> ConfigError:
     shape = tuple(spec.input_shape)
     what = f"model {spec.name}" + (f" with {dict(spec.kwargs)}" if spec.kwargs else "")
     # a zoo model says what it expects itself; a user's may fail on the dtype (an nn.Embedding given floats)
-    kind = "" if spec.name in ZOO else f" (integer tokens below {spec.vocab})" if spec.vocab else " (floats)"
+    kind = ("" if spec.name in ZOO else f" (integer tokens below {spec.vocab})" if spec.vocab
+            else " (floats; a model that takes tokens, an nn.Embedding first, needs --vocab N)")
     return ConfigError(f"{what} does not take inputs of shape {shape}{kind}: {first_line(e)}")
 
 
