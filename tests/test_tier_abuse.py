@@ -77,15 +77,14 @@ def test_a_refused_ushape_forward_keeps_the_pending_forward_and_its_lock(monkeyp
 
 
 def test_a_malformed_ushape_forward_does_not_wait_for_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tier_mod, "SHARED_WAIT_S", 5.0)
+    # u0's forward holds the shared replica's lock; a waiter would give up at once and say UNAVAILABLE (busy)
+    monkeypatch.setattr(tier_mod, "SHARED_WAIT_S", 0.0)
     t = Tier("edge", idle_release_s=None)
     for cid in ("u0", "u1"):
         t.load(seg(cid, 2, 5, replica="shared"))
     t.forward(StepKey("run", "u0", 0, 0), act())
-    t0 = time.monotonic()
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(InvalidArgument):  # checked before the lock: refused for what it is, not for waiting
         t.forward(StepKey("run", "u1", 0, 0), torch.randn(4, 3))
-    assert time.monotonic() - t0 < 1.0
 
 
 # ---------------------------------------------------------------- 2. concurrent loads of one shared replica
@@ -262,9 +261,9 @@ def test_quiet_request_streams_are_cancelled_and_the_server_keeps_serving() -> N
             stop.wait(30)
 
         calls = [ch.stream_stream(method("StepStream"))(quiet(), timeout=30) for _ in range(2)]
-        t0 = time.monotonic()
-        assert client.describe(deadline_s=10).name == "cloud"  # served once the quiet streams are let go
-        assert time.monotonic() - t0 < 6
+        # both workers are held by the quiet streams: only their cancellation (after 1 s) lets this be served
+        # within its deadline
+        assert client.describe(deadline_s=10).name == "cloud"
         for c in calls:
             with pytest.raises(grpc.RpcError):
                 list(c)
