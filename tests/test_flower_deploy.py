@@ -27,10 +27,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
 from server import deploy
 from server.deploy import Deployment, _tree, main
+from splitfed.engine.rounds import initial_state
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
 
@@ -110,7 +110,8 @@ def _held_run(folder: Path, rounds: int = 1) -> None:
     """What a finished deployment of ``rounds`` rounds leaves in its run folder."""
     settings = RunSettings(clients=2, rounds=rounds, lr=0.2, sim_clock=False, out=str(folder),
                            tier_addresses="127.0.0.1:1,127.0.0.1:2")
-    checkpoint.save(folder, checkpoint.Checkpoint(rounds, {"w": torch.ones(2)}, settings.to_dict()))
+    state = initial_state(settings.spec, settings.seed)  # the run's own model: a resume checks it is
+    checkpoint.save(folder, checkpoint.Checkpoint(rounds, state, settings.to_dict()))
     rows = [{"round": r, "loss": 0.5, "accuracy": 0.8} for r in range(1, rounds + 1)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
