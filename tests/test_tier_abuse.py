@@ -29,6 +29,7 @@ from splitfed.transport import wire
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.pb import method, pb
 from splitfed.transport.server import serve_tier
+from tests.transport_fixtures import plain_server  # noqa: F401
 
 SPEC = resolve_spec("cnn")  # 7 blocks; the tensor entering block 2 is 16x4x4
 
@@ -166,15 +167,6 @@ def test_a_token_model_with_a_huge_vocab_is_refused_before_it_is_built() -> None
 # ---------------------------------------------------------------- servers
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator:  # type: ignore[type-arg]
-    srv = serve_tier("cloud", insecure=True, max_workers=8)
-    try:
-        yield srv
-    finally:
-        srv.stop(0)
-
-
 def _describe_raw(address: str, **model: object) -> pb.TierInfo:
     with grpc.insecure_channel(address) as ch:
         req = pb.DescribeRequest(model=pb.ModelSpec(**model), shallow=True)  # type: ignore[arg-type]
@@ -201,11 +193,11 @@ def _load_raw(address: str, **model: object) -> grpc.StatusCode:
     '{"a":' * 40 + "1" + "}" * 40,
     '{"x": "' + "x" * 100_000 + '"}',
 ])
-def test_deep_or_long_kwargs_are_invalid_argument(server, kwargs_json: str) -> None:  # type: ignore[no-untyped-def]
+def test_deep_or_long_kwargs_are_invalid_argument(plain_server, kwargs_json: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     model = dict(name="mlp", input_shape=[64], num_classes=10, kwargs_json=kwargs_json)
-    assert _load_raw(server.address, **model) == grpc.StatusCode.INVALID_ARGUMENT
-    assert _describe_raw(server.address, **model).model_error.startswith("INVALID_ARGUMENT: model: kwargs")
-    assert server.servicer.refusals().count("INTERNAL") == 0
+    assert _load_raw(plain_server.address, **model) == grpc.StatusCode.INVALID_ARGUMENT
+    assert _describe_raw(plain_server.address, **model).model_error.startswith("INVALID_ARGUMENT: model: kwargs")
+    assert plain_server.servicer.refusals().count("INTERNAL") == 0
 
 
 # ---------------------------------------------------------------- 6. Describe answers
@@ -216,17 +208,17 @@ def test_deep_or_long_kwargs_are_invalid_argument(server, kwargs_json: str) -> N
     dict(name="cnn", input_shape=[1, 2], num_classes=10),
     dict(name="transformer", input_shape=[64], num_classes=10, vocab=40_000_000),
 ])
-def test_describe_answers_a_model_that_does_not_build_with_its_error(server, model) -> None:  # type: ignore[no-untyped-def]
-    info = _describe_raw(server.address, **model)
+def test_describe_answers_a_model_that_does_not_build_with_its_error(plain_server, model) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    info = _describe_raw(plain_server.address, **model)
     assert info.model_error.startswith("INVALID_ARGUMENT: "), info.model_error
-    assert _load_raw(server.address, **model) == grpc.StatusCode.INVALID_ARGUMENT
+    assert _load_raw(plain_server.address, **model) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 # ---------------------------------------------------------------- 8. Describe keeps no model
 
 
-def test_describe_sizes_a_model_without_keeping_it(server) -> None:  # type: ignore[no-untyped-def]
-    client = GrpcTierClient(server.address, insecure=True, retries=0)
+def test_describe_sizes_a_model_without_keeping_it(plain_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    client = GrpcTierClient(plain_server.address, insecure=True, retries=0)
     try:
         spec = ModelSpec("mlp", (64,), 10, kwargs={"hidden": 4321})
         assert client.describe(spec).model_error == ""
@@ -279,8 +271,8 @@ def test_quiet_request_streams_are_cancelled_and_the_server_keeps_serving() -> N
         srv.stop(0)
 
 
-def test_a_step_with_a_bad_round_after_a_forward_is_refused_over_grpc(server) -> None:  # type: ignore[no-untyped-def]
-    client = GrpcTierClient(server.address, insecure=True, retries=0)
+def test_a_step_with_a_bad_round_after_a_forward_is_refused_over_grpc(plain_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    client = GrpcTierClient(plain_server.address, insecure=True, retries=0)
     try:
         (ld,) = tier_loads(RoundConfig("ru", 0, SPEC, u_shape=True), "c", (2, 5), initial_state(SPEC, 0))
         client.load(ld)

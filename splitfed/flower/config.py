@@ -15,6 +15,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,9 +155,10 @@ class RunSettings:
     def optim(self) -> OptimConfig:
         return OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)
 
-    @property
+    @cached_property
     def spec(self) -> ModelSpec:
-        """The run's model, shaped for its dataset's samples (:func:`splitfed.data.datasets.spec_for`)."""
+        """The run's model, shaped for its dataset's samples (:func:`splitfed.data.datasets.spec_for`): worked
+        out once per settings object, as it reads the dataset's files (an .npz's labels, whole)."""
         from splitfed.data.datasets import spec_for
 
         return spec_for(self.model, self.dataset, self.vocab)
