@@ -68,6 +68,8 @@ def test_settings_from_run_config_and_toml(tmp_path):
     ({"resume": True}, "resume needs the run folder"),
     ({"lr": -1.0}, "learning rate"),
     ({"min-device-blocks": -1}, "min-device-blocks must be >= 0"),
+    ({"model": ["cnn", "mlp"]}, "model must be a string, got a list"),  # before: ran as model 'cnn,mlp'
+    ({"cuts": ["static:2", "5"]}, "cuts must be a string, got a list"),  # before: ran as static:2,5
 ])
 def test_settings_refuse_bad_values(values, words):
     with pytest.raises(ConfigError, match=words):
@@ -375,8 +377,8 @@ def test_metrics_are_strict_json_even_when_the_model_diverged(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--cuts", "static:9,9"], "cut 9 is out of range"),
-    (["--tiers", "2"], "2 tiers need 1 cut"),
+    (["--cuts", "static:9,9"], "cuts 'static:9,9' (--cuts, or cuts = in the run config): cut 9 is out of range"),
+    (["--tiers", "2"], "cuts 'static:2,5' (--cuts, or cuts = in the run config): 2 tiers need 1 cut"),  # the default's
     (["--partition", "dirichlet:-1"], "bad Dirichlet alpha"),
     (["--dataset", "imagenet"], "unknown dataset"),
     (["--cuts", "adaptive", "--fraction", "0.5"], "use fraction 1"),

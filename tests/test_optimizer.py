@@ -519,3 +519,25 @@ def test_prefer_keeps_optimal_current_cuts() -> None:
     moved = solve(sc, prefer=worse)
     assert moved.makespan_s == plain.makespan_s
     assert {n for n in worse if moved.assignment[n] != worse[n]} == {"straggler"}
+
+
+def test_optimize_exits_1_when_the_priced_policy_overflows_a_server(fleet_file: str, tmp_path, capsys) -> None:  # noqa: ANN001
+    # before: the table ended with an "INFEASIBLE:" line and the command exited 0, so a script took it as a plan
+    small_edge = tmp_path / "small_edge.toml"
+    small_edge.write_text(FLEET.replace('profile = "edge-server"', 'profile = "edge-server"\nmemory_mb = 1', 1))
+    assert main(["optimize", "--model", "cnn", "--fleet", str(small_edge), "--tiers", "2", "--all-on-server"]) == 1
+    out, err = capsys.readouterr()
+    assert "INFEASIBLE: edge memory" in out and "makespan" in out  # the priced result is still shown
+    assert err.count("\n") == 1 and "all-on-server does not fit: edge memory" in err
+    assert main(["optimize", "--model", "cnn", "--fleet", str(small_edge), "--tiers", "2", "--all-on-server",
+                 "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["feasible"] is False
+
+
+def test_optimize_with_two_tiers_says_the_fleets_cloud_is_not_used(fleet_file: str, capsys) -> None:  # noqa: ANN001
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--tiers", "2"]) == 0
+    assert "(the fleet's [cloud] is not used)" in capsys.readouterr().out.splitlines()[0]
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--tiers", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cloud_unused"] is True
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cloud_unused"] is False

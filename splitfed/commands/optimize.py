@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
 from splitfed.commands.profile import cache_dir
@@ -102,9 +103,14 @@ def run(args: argparse.Namespace) -> int:
         sol = solve(sc, gap=args.gap, time_limit=args.time_limit)
     if args.json:
         print(dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
-                          "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict()}, indent=1))
+                     "cloud_unused": args.tiers == 2 and fleet.cloud is not None,
+                     "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict()}, indent=1))
     else:
         header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({len(sc.clients)} clients), "
-                  f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}")
+                  f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}"
+                  + (" (the fleet's [cloud] is not used)" if args.tiers == 2 and fleet.cloud is not None else ""))
         print(render(sc, sol, header))
+    if sol.cost.violations:  # a priced policy that overflows a tier is a result, but not a usable one
+        print(f"splitfed optimize: error: {sol.method} does not fit: {'; '.join(sol.cost.violations)}", file=sys.stderr)
+        return 1
     return 0

@@ -271,7 +271,9 @@ def _coerce(v: Any, typ: str, key: str, source: str) -> Any:
         if isinstance(v, dict):  # model = {name = "cnn"}: str() would make "{'name': 'cnn'}" of it
             hint = " (a zoo name or module:factory)" if key.replace("_", "-") == "model" else ""
             raise ConfigError(f"{source}: {key} must be a string{hint}, got a table")
-        if isinstance(v, list):  # e.g. tier-addresses = ["a", "b"]
+        if isinstance(v, list):  # tier-addresses = ["a", "b"]; any other list was joined into a value nobody wrote
+            if _key(key) != "tier-addresses":
+                raise ConfigError(f"{source}: {key} must be a string, got a list {v!r}")
             return ",".join(str(x) for x in v)
         return str(v)
     except (TypeError, ValueError, OverflowError):  # OverflowError: lr = 10**400

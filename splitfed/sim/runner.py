@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from splitfed.errors import ConfigError, SplitfedError, Terminated
+from splitfed.errors import ConfigError, CutError, SplitfedError, Terminated
 from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import RayStartError, start_ray
 from splitfed.sim.tiers import start_tiers
@@ -312,7 +312,10 @@ def validate(settings: RunSettings) -> None:
     n = template.num_blocks(spec)
     if isinstance(policy, StaticPolicy):
         for cuts in policy.options:
-            validate_cuts(cuts, n, settings.tiers, settings.u_shape, model=spec.name)
+            try:
+                validate_cuts(cuts, n, settings.tiers, settings.u_shape, model=spec.name)
+            except CutError as e:  # say which setting holds them: the default's cuts are not the user's own
+                raise CutError(f"cuts {settings.cuts!r} (--cuts, or cuts = in the run config): {e}") from None
     cut_options(n, settings.tiers, settings.u_shape, settings.min_device_blocks)  # some cut keeps them
     fleet = fleet_for(settings)
     if isinstance(policy, AdaptivePolicy | GreedyPolicy):
