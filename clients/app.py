@@ -107,6 +107,8 @@ def query(msg: Message, context: Context) -> Message:
 @_refusals_as_replies
 def train(msg: Message, context: Context) -> Message:
     """One round of split training of this node's device segment."""
+    from splitfed.transport.probe import round_trip_ms
+
     ins = TrainInstruction.from_record(msg.content.config_records[CONFIG])
     node = NodeConfig.parse(context.node_config)
     pid = node.partition_id
@@ -123,12 +125,14 @@ def train(msg: Message, context: Context) -> Message:
     try:
         if edge != ins.edge_address:
             _check_edge(context, link, ins)
+        # this round's round trip: the adaptive policy learns it, and no longer takes a longer one for a slower link
+        rtt_ms = round_trip_ms(link, 3, min(10.0, ins.deadline_s))
         dev, res = train_client(cfg, Chain([], link), ins.client_id, ins.cuts, weights, data,
                                 torch_device=node.torch_device, secret=ins.secret)
     finally:
         link.close()
     report = TrainReport(res.samples, len(data), res.loss, res.correct, res.compute_s, res.link_s,
-                         res.bytes_up, res.bytes_down)
+                         res.bytes_up, res.bytes_down, rtt_ms)
     _remember(context, report)
     reply = RecordDict({ARRAYS: state_to_record(dev.state()), METRICS: report.to_record()})
     return Message(reply, reply_to=msg)

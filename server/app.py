@@ -235,7 +235,8 @@ def _untagged(name: str) -> str:
 def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str]) -> dict[str, Any]:
     per_client = {m.client_id: {"profile": profiles.get(m.client_id, ""), "cuts": list(m.cuts),
                                 "samples": m.samples, "compute_s": m.compute_s, "link_s": m.link_s,
-                                "bytes_up": m.bytes_up, "bytes_down": m.bytes_down}
+                                "bytes_up": m.bytes_up, "bytes_down": m.bytes_down,
+                                "rtt_ms": None if m.rtt_s is None else m.rtt_s * 1e3}
                   for m in rec.measurements}
     return {
         "round": rec.round,

@@ -376,7 +376,8 @@ class SplitFedAvg(FedAvg):
                 continue
             out[cid] = Outcome(state, ClientResult(
                 cid, self._round.assignment[cid], report.samples, report.loss, report.correct,
-                report.compute_s, report.link_s, report.bytes_up, report.bytes_down))
+                report.compute_s, report.link_s, report.bytes_up, report.bytes_down,
+                report.rtt_ms / 1e3 if math.isfinite(report.rtt_ms) and report.rtt_ms >= 0 else None))
         return out
 
 
@@ -400,7 +401,8 @@ def _kind(shape: tuple[int, ...], dtype: torch.dtype) -> str:
 
 
 def _measurement(r: ClientResult) -> Measurement:
-    return Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s, r.bytes_up, r.bytes_down)
+    return Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s, r.bytes_up, r.bytes_down,
+                       r.rtt_s)
 
 
 def _link_text(link: LinkProfile | None) -> str:

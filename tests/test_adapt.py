@@ -273,3 +273,55 @@ def test_a_measured_round_trip_is_smoothed_like_a_rate() -> None:
     assert adapter.belief.clients[0].link.rtt == pytest.approx(40 * rtt)  # a change of regime: at once
     adapter.update({phone.name: Measurement()})
     assert adapter.belief.clients[0].link.rtt == pytest.approx(40 * rtt)  # not measured: kept
+
+
+def test_a_deployed_client_s_longer_round_trip_is_learned_as_latency_not_bandwidth(tmp_path) -> None:
+    """Deployed, a device's round trip was never measured after the first round: a round trip 10x longer than
+    believed was all taken as wire time, so the policy learned a link several times slower than it is (and
+    kept believing the old round trip). Each node now times its round trip every round and reports it."""
+    from dataclasses import replace
+
+    from splitfed.cost import client_cost
+    from splitfed.flower.adaptive import AdaptivePolicy
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.policy import ClientInfo
+    from splitfed.flower.policy import Measurement as Measured
+
+    fleet = tmp_path / "one.toml"
+    fleet.write_text(_ONE.replace("flops = 1e8", "flops = 3e8"))
+    policy = AdaptivePolicy(RunSettings(rounds=6, clients=1, fleet=str(fleet), cuts="adaptive", sim_clock=False))
+    cuts = policy.assign(1, [ClientInfo("client0", 1, 0, "dev-0", 150)])["client0"]
+    truth = policy.adapter.belief
+    true = truth.clients[0].link
+    world = truth.with_clients([replace(truth.clients[0], link=replace(true, rtt=10 * true.rtt))])
+    c = client_cost(world, "client0", cuts)
+    link_s = c.round_s - c.compute_s[0] - c.exchange_s
+    measured = Measured("client0", cuts, 150, c.compute_s[0], link_s, int(c.up_bytes[0]), int(c.down_bytes[0]))
+    unaware = AdaptivePolicy(policy.settings)
+    unaware.assign(1, [ClientInfo("client0", 1, 0, "dev-0", 150)])
+    unaware.observe(1, [measured])  # the round trip not measured: the latency is taken for a slower wire
+    assert unaware.adapter.belief.clients[0].link.up < 0.9 * true.up
+    policy.observe(1, [replace(measured, rtt_s=10 * true.rtt)])
+    believed = policy.adapter.belief.clients[0].link
+    assert believed.rtt == pytest.approx(10 * true.rtt)  # a change of regime: learned at once
+    assert (believed.up, believed.down) == pytest.approx((true.up, true.down), rel=1e-6)  # the wire is as it was
+
+
+def test_a_node_reports_its_round_trip_and_the_metrics_keep_it(monkeypatch, tmp_path) -> None:
+    import json
+
+    import clients.app
+    import server.app
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.records import TrainReport
+    from tests.flower_fixtures import FakeGrid, inprocess_tiers
+
+    s = RunSettings(rounds=1, clients=2, cuts="static:1,3", node_wait_s=5.0, round_timeout_s=30.0,
+                    out=str(tmp_path))
+    with inprocess_tiers(monkeypatch, 2):
+        server.app.run(FakeGrid(clients.app.app, 2), s, progress=lambda line: None)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert all(p["rtt_ms"] is not None and p["rtt_ms"] >= 0 for p in row["per_client"].values()), row
+    # a node from before round trips were reported is read as "not measured", not refused
+    old = {k: v for k, v in TrainReport(10, 1, 0.5, 3, 0.1, 0.2, 100, 100, 4.0).to_record().items() if k != "rtt-ms"}
+    assert TrainReport.from_record(old).rtt_ms == -1.0

@@ -84,6 +84,7 @@ class ClientResult:
     link_s: float
     bytes_up: int = 0
     bytes_down: int = 0
+    rtt_s: float | None = None  # the device's round trip to its first tier, as measured this round (None: not)
 
 
 def initial_state(model: ModelSpec, seed: int) -> State:

@@ -164,20 +164,26 @@ def _measured(sc: Any, m: Measurement) -> Any:
     wire both ways, each message's latency and the servers' compute; only the wire is its bandwidth's doing.
     So the latency and the servers' part (as now believed) come off first, and the rest is shared between
     the directions as the believed wire times share it. Nothing left (the servers ran slower than believed,
-    say) teaches nothing about the link."""
+    say) teaches nothing about the link. A round trip the device measured this round prices the latency
+    (else the believed one does: a longer round trip would be learned as a slower link), and is learned too."""
     from splitfed.cost import client_cost
     from splitfed.optimizer import Measurement as Seen
 
+    me = sc.clients[sc.index(m.client_id)]
+    if m.rtt_s is not None:
+        me = replace(me, link=replace(me.link, rtt=m.rtt_s))
+        sc = sc.with_clients([me if c.name == me.name else c for c in sc.clients])
     cc = client_cost(sc, m.client_id, m.cuts)
-    link = sc.clients[sc.index(m.client_id)].link
+    link = me.link
     wire_up, wire_down = cc.up_bytes[0] / link.up, cc.down_bytes[0] / link.down
     latency = cc.up_s[0] + cc.down_s[0] - wire_up - wire_down
     servers = sum(cc.compute_s[1:]) + sum(cc.up_s[1:]) + sum(cc.down_s[1:])
     wire = m.link_s - latency - servers
     if wire <= 0 or wire_up + wire_down <= 0:
-        return Seen(cc.flops[0], m.compute_s)
+        return Seen(cc.flops[0], m.compute_s, rtt_s=m.rtt_s)
     share = wire_up / (wire_up + wire_down)
-    return Seen(cc.flops[0], m.compute_s, m.bytes_up, wire * share, m.bytes_down, wire * (1 - share))
+    return Seen(cc.flops[0], m.compute_s, m.bytes_up, wire * share, m.bytes_down, wire * (1 - share),
+                rtt_s=m.rtt_s)
 
 
 def _with_belief(client: Any, belief: Sequence[float]) -> Any:

@@ -42,6 +42,7 @@ class Measurement:
     link_s: float  # waiting on the chain: transfer plus the server tiers' compute
     bytes_up: int
     bytes_down: int
+    rtt_s: float | None = None  # the device's round trip to its first tier (None: not measured)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "cuts": list(self.cuts)}

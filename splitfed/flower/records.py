@@ -123,6 +123,7 @@ class TrainReport:
     link_s: float
     bytes_up: int
     bytes_down: int
+    rtt_ms: float = -1.0  # round trip to the edge, measured this round (< 0: not measured)
 
     @property
     def throughput(self) -> float:
@@ -142,7 +143,8 @@ class TrainReport:
         what = "train report"
         try:
             vals = {f.name: _cast(f.type, _get(record, f.name.replace("_", "-"), what))
-                    for f in fields(cls) if f.name != "samples"}
+                    for f in fields(cls) if f.name not in ("samples", "rtt_ms")}
+            vals["rtt_ms"] = float(record.get("rtt-ms", -1.0))  # a node from before round trips were measured
             return cls(samples=int(_get(record, "num-examples", what)), **vals)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{what}: malformed ({e})") from None
