@@ -49,8 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    try:  # the commands import torch: a second or more, in which a Ctrl-C is as much the user's as later
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+    except KeyboardInterrupt:
+        print("splitfed: interrupted", file=sys.stderr)
+        return 130
     if extra:  # argparse would name "splitfed", not the command they were given to
         commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
         command: str | None = getattr(args, "command", None)

@@ -62,3 +62,25 @@ def test_the_console_script_runs_exit_handlers_and_flushes_before_its_quick_exit
     refused = subprocess.run([sys.executable, "-c", script.replace('"resnet18"', '"nosuchmodel"')],
                              capture_output=True, text=True, timeout=300, env=env)
     assert refused.returncode == 2 and refused.stderr.startswith("splitfed blocks: error: ") and marker.exists()
+
+
+def test_a_ctrl_c_while_the_commands_are_imported_is_one_line_and_130() -> None:
+    """Building the parser imports every command (torch with them: a second or more). A Ctrl-C then printed
+    the interpreter's KeyboardInterrupt traceback (60 lines) and ended by the signal, not with 130."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, signal, sys
+        import splitfed.cli as cli
+        build = cli.build_parser
+        def interrupted_while_building():
+            os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, delivered during the imports below
+            return build()
+        cli.build_parser = interrupted_while_building
+        sys.argv = ["splitfed", "blocks", "--model", "cnn"]
+        cli.entry()
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert (p.returncode, p.stderr, p.stdout) == (130, "splitfed: interrupted\n", "")
