@@ -10,6 +10,9 @@ labels or token ids always travel exactly):
   +-65504 (a lossy codec stays lossy; it does not turn a finite tensor into an
   infinite one), while NaN and +-inf stay as they are and the receiver refuses them;
 - ``int8``: affine per tensor: float32 scale and offset, then one uint8 per value;
+  finite values beyond +-INT8_MAX (a quarter of float32's range) saturate there,
+  so that the span and the decoder's steps stay finite, while a NaN or +-inf
+  makes the whole tensor arrive non-finite (and the receiver refuses it);
 - ``topk:F``: the ceil(F * n) largest magnitudes: int32 indices (strictly
   increasing), then their values in the tensor's dtype.
 
@@ -81,7 +84,11 @@ class Codec:
 
     @property
     def name(self) -> str:
-        return f"topk:{self.fraction:g}" if self.kind == "topk" else self.kind
+        """The codec's spelling; parsing it gives this codec back (``:g`` would round a fraction to 6 digits)."""
+        if self.kind != "topk":
+            return self.kind
+        short = f"{self.fraction:g}"
+        return f"topk:{short if float(short) == self.fraction else repr(self.fraction)}"
 
     @property
     def code(self) -> int:
@@ -124,8 +131,8 @@ def _bytes_view(t: torch.Tensor) -> memoryview:
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16
-        t = t.reshape(-1).view(torch.uint8)
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16; a view as int16 (same size) works at any stride,
+        t = t.view(torch.int16)  # unlike one as uint8 (a one-element tensor may have any stride, 0 included)
     a = t.numpy()  # as few torch calls as possible: each costs more than the rest on a step's path
     return a.data.cast("B") if a.size else memoryview(b"")  # a.data: memoryview(a), the same view
 
@@ -149,6 +156,9 @@ def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
         x = flat.to(torch.float32)
         if x.numel():
             lo, hi = x.min(), x.max()
+            if not float(torch.maximum(hi, -lo)) <= INT8_MAX:  # NaN, +-inf or a huge value: rare (one sync)
+                x = _saturate(flat if flat.dtype == torch.float64 else x, INT8_MAX).to(torch.float32)
+                lo, hi = x.min(), x.max()
         else:
             lo = hi = torch.zeros((), dtype=torch.float32)
         scale = (hi - lo) / 255.0
@@ -166,6 +176,14 @@ def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
 
 
 FP16_MAX = float(torch.finfo(torch.float16).max)
+# int8's saturation bound: with |x| <= F32_MAX / 4 the span hi - lo, x - lo and the decoder's q * scale
+# (at most 255 steps of span / 255, rounded) all stay below float32's largest value.
+INT8_MAX = float(torch.finfo(torch.float32).max) / 4
+
+
+def _saturate(wide: torch.Tensor, bound: float) -> torch.Tensor:
+    """Finite values clamped to +-``bound``; NaN and +-inf left as they are (the receiver refuses them)."""
+    return torch.where(torch.isfinite(wide), wide.clamp(-bound, bound), wide)
 
 
 def _half(flat: torch.Tensor) -> torch.Tensor:
@@ -174,7 +192,7 @@ def _half(flat: torch.Tensor) -> torch.Tensor:
     if flat.dtype == torch.float16 or math.isfinite(h.sum(dtype=torch.float32).item()):
         return h
     wide = flat if flat.dtype == torch.float64 else flat.float()  # +-65504 is not a bfloat16 value
-    return torch.where(torch.isfinite(wide), wide.clamp(-FP16_MAX, FP16_MAX), wide).to(torch.float16)
+    return _saturate(wide, FP16_MAX).to(torch.float16)
 
 
 def payload_size(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec) -> int:
@@ -211,6 +229,11 @@ def check_meta(dtype_code: int, shape: list[int] | tuple[int, ...], codec: Codec
     size = math.prod(shape) * dtype.itemsize
     if max_bytes is not None and max(size, nbytes) > max_bytes:
         raise ResourceExhausted(f"{what}: {max(size, nbytes)} bytes exceed the limit of {max_bytes}")
+    # An empty shape passes any byte limit, but torch still multiplies its other dimensions (strides,
+    # storage size) in 64 bits: [2**62, 4, 0] would fail in torch.empty, an internal error, not a refusal.
+    if math.prod(max(d, 1) for d in shape) * dtype.itemsize >= 2**63:
+        raise InvalidArgument(f"{what}: shape {list(shape)} is too large for a tensor (its dimensions "
+                              "multiply past 2**63 bytes)")
     want = payload_size(dtype, shape, codec)
     if nbytes != want:
         raise InvalidArgument(f"{what}: payload is {nbytes} bytes, but {str(dtype).removeprefix('torch.')} "
