@@ -185,7 +185,7 @@ def mib_text(nbytes: float) -> str:
     if not math.isfinite(nbytes):
         return f"{nbytes} bytes"
     if abs(nbytes) < 1024:  # from 100 up, whole bytes: .3g made "1e+03 bytes" of 1000
-        return f"{nbytes:.0f} bytes" if abs(nbytes) >= 99.5 else f"{nbytes:.3g} bytes"
+        return f"{nbytes:.0f} bytes" if abs(nbytes) >= 100 else f"{nbytes:.3g} bytes"
     v = nbytes / MIB
     return f"{v:,.0f} MiB" if abs(v) >= 999.5 else f"{v:.3g} MiB"
 
