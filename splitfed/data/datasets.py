@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import math
 import zipfile
+import zlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -34,6 +35,9 @@ _CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 _CIFAR_STD = (0.2470, 0.2435, 0.2616)
 _NEVER = "splitfed never downloads: put the files there yourself"
 _FORMS = "'digits', 'synthetic', 'mnist:PATH', 'cifar10:PATH' or 'npz:FILE'"
+# what reading a damaged file raises: zlib.error (a corrupt deflate stream in a .gz or a compressed .npz)
+# is no OSError, and would otherwise escape as a traceback instead of a refusal naming the file
+_UNREADABLE = (OSError, EOFError, zlib.error)
 
 
 # ---------------------------------------------------------------- digits
@@ -135,7 +139,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as e:  # also gzip.BadGzipFile
+    except _UNREADABLE as e:  # also gzip.BadGzipFile
         raise ConfigError(f"cannot read IDX file {path}: {e}") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise ConfigError(f"{path} is not an IDX file (bad magic number)")
@@ -153,17 +157,26 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 def mnist(root: str | Path) -> Split:
-    """MNIST from the four standard IDX files in ``root``: float32 (N, 1, 28, 28), normalised."""
+    """MNIST from the four standard IDX files in ``root``: float32 (N, 1, 28, 28), normalised.
+
+    Each split must hold at least one 28x28 image (the shape a run's model is built for before any
+    file is read; an empty test set would score 0 silently); refusals name the files.
+    """
     root = Path(root)
     out = []
     for split, (images_name, labels_name) in _MNIST_FILES.items():
-        images = read_idx(_find(root, images_name, "mnist"))
-        labels = read_idx(_find(root, labels_name, "mnist"))
+        images_path, labels_path = _find(root, images_name, "mnist"), _find(root, labels_name, "mnist")
+        images, labels = read_idx(images_path), read_idx(labels_path)
+        where = f"mnist {split} ({images_path}, {labels_path})"
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise ConfigError(f"mnist {split}: images {images.shape} and labels {labels.shape} "
-                              f"do not match (want (N, H, W) and (N,))")
-        if labels.size and labels.max() > 9:
-            raise ConfigError(f"mnist {split}: label {labels.max()} out of range 0..9")
+            raise ConfigError(f"{where}: images {images.shape} and labels {labels.shape} "
+                              f"do not match (want (N, 28, 28) and (N,))")
+        if images.shape[1:] != MNIST_SHAPE[1:]:
+            raise ConfigError(f"{where}: images are {images.shape[1]}x{images.shape[2]}, MNIST's are 28x28")
+        if not len(labels):
+            raise ConfigError(f"{where}: no samples (the header says 0 images)")
+        if labels.max() > 9:
+            raise ConfigError(f"{labels_path}: label {labels.max()} out of range 0..9")
         x = (torch.from_numpy(images.astype(np.float32) / 255.0) - _MNIST_MEAN) / _MNIST_STD
         out.append(TensorDataset(x.unsqueeze(1), torch.from_numpy(labels.astype(np.int64))))
     return out[0], out[1]
@@ -175,17 +188,21 @@ _CIFAR_RECORD = 1 + 3 * 32 * 32  # label byte, then R, G, B planes of 32x32
 
 
 def _read_cifar_bin(paths: list[Path]) -> TensorDataset:
+    """Records of ``paths`` in order; an unreadable or malformed file is refused by name."""
     chunks = []
     for path in paths:
-        raw = np.fromfile(path, dtype=np.uint8)
+        try:
+            raw = np.fromfile(path, dtype=np.uint8)
+        except OSError as e:  # a folder of that name, no permission: a refusal, not a traceback
+            raise ConfigError(f"cannot read CIFAR-10 file {path}: {e.strerror or e}") from None
         if raw.size == 0 or raw.size % _CIFAR_RECORD:
             raise ConfigError(f"{path}: {raw.size} bytes is not a whole number of "
                               f"{_CIFAR_RECORD}-byte CIFAR-10 records")
+        if raw[::_CIFAR_RECORD].max() > 9:
+            raise ConfigError(f"{path}: CIFAR-10 label {raw[::_CIFAR_RECORD].max()} out of range 0..9")
         chunks.append(raw.reshape(-1, _CIFAR_RECORD))
     records = np.concatenate(chunks)
     labels = records[:, 0].astype(np.int64)
-    if labels.max() > 9:
-        raise ConfigError(f"{paths[0].parent}: CIFAR-10 label {labels.max()} out of range 0..9")
     x = torch.from_numpy(records[:, 1:].reshape(-1, *CIFAR10_SHAPE).astype(np.float32) / 255.0)
     mean = torch.tensor(_CIFAR_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(_CIFAR_STD).view(1, 3, 1, 1)
@@ -205,8 +222,12 @@ def cifar10(root: str | Path) -> Split:
     """
     folder, train, test = _cifar_files(Path(root))
     if not train:
+        pickled = next((p for p in (Path(root), Path(root) / "cifar-10-batches-py")
+                        if p.name == "cifar-10-batches-py" and p.is_dir()), None)
+        hint = (f"; {pickled} is the python (pickle) version, which splitfed never reads: get the binary "
+                f"version (cifar-10-binary.tar.gz)" if pickled else "")  # what torchvision leaves
         raise ConfigError(f"cifar10: missing {folder / 'data_batch_1.bin'} "
-                          f"(want data_batch_1..5.bin and test_batch.bin); {_NEVER}")
+                          f"(want data_batch_1..5.bin and test_batch.bin){hint}; {_NEVER}")
     if not test.is_file():
         raise ConfigError(f"cifar10: missing {test}; {_NEVER}")
     return _read_cifar_bin(train), _read_cifar_bin([test])
@@ -246,7 +267,7 @@ def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS
             arrays = {k: f[k] for k in keys}
     except ConfigError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a truncated npz, or object arrays (pickle)
+    except (*_UNREADABLE, ValueError, zipfile.BadZipFile) as e:  # a truncated or corrupt npz, or object arrays
         raise ConfigError(f"{where}: cannot read it as a NumPy .npz without pickle: {type(e).__name__}: {e}") \
             from None
     out = []
@@ -363,7 +384,7 @@ def sample_shape(dataset: str) -> tuple[int, ...] | None:
                 version = np.lib.format.read_magic(fh)
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
                 shape = read(fh)[0]
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        except (*_UNREADABLE, KeyError, ValueError, zipfile.BadZipFile):
             return None
         return tuple(int(d) for d in shape[1:]) or None
     return None
@@ -378,7 +399,7 @@ def _npz_integers(dataset: str, keys: tuple[str, str]) -> list[np.ndarray] | Non
     try:
         with np.load(path.strip(), allow_pickle=False) as f:
             arrays = [f[k] for k in keys]
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+    except (*_UNREADABLE, KeyError, ValueError, zipfile.BadZipFile):
         return None
     if any(a.dtype.kind not in "iu" or a.size == 0 for a in arrays):
         return None

@@ -78,17 +78,22 @@ def partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: str |
         parts = np.array_split(rng.permutation(n), num_clients)
     else:
         assert scheme.alpha is not None
-        parts = _dirichlet(y, num_clients, scheme.alpha, derive_seed(seed, 1))
+        order = np.random.default_rng(derive_seed(seed, 2)).permutation(n)
+        parts = _dirichlet(y, num_clients, scheme.alpha, derive_seed(seed, 1), order)
     parts = [np.asarray(p, dtype=np.int64) for p in parts]
     _fill_to_min_size(parts, min_size, rng)
     return [np.sort(p) for p in parts]
 
 
-def _dirichlet(y: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[np.ndarray]:
+def _dirichlet(y: np.ndarray, num_clients: int, alpha: float, seed: int,
+               order: np.ndarray) -> list[np.ndarray]:
     """Per-class Dirichlet(alpha) shares over clients, via flwr-datasets' DirichletPartitioner.
 
     It runs offline on an in-memory ``datasets.Dataset``. ``min_partition_size=0`` because its
     own minimum handling redraws up to 10 times and then raises; we fix sizes afterwards.
+    It cuts each class into *contiguous* runs in row order (client 0 the first samples of every
+    class), so it is handed the rows in the random ``order``: which samples of a class a client
+    gets is then random, and only the labels are skewed, never the file's order (its sources, dates).
     Imported lazily: ``flwr_datasets`` costs seconds to import and IID does not need it.
     """
     from datasets import Dataset
@@ -99,7 +104,7 @@ def _dirichlet(y: np.ndarray, num_clients: int, alpha: float, seed: int) -> list
                              seed=seed % 2**32)
     # Arrow format: in datasets 4.x the default (and the numpy) format hands the partitioner a
     # lazy Column that np.array() reads row by row: seconds for MNIST-sized label arrays.
-    rows = {"label": y, "_row": np.arange(len(y), dtype=np.int64)}
+    rows = {"label": y[order], "_row": np.asarray(order, dtype=np.int64)}
     p.dataset = Dataset.from_dict(rows).with_format("arrow")
     return [p.load_partition(i)["_row"].to_numpy().astype(np.int64) for i in range(num_clients)]
 
