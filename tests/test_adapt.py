@@ -325,3 +325,28 @@ def test_a_node_reports_its_round_trip_and_the_metrics_keep_it(monkeypatch, tmp_
     # a node from before round trips were reported is read as "not measured", not refused
     old = {k: v for k, v in TrainReport(10, 1, 0.5, 3, 0.1, 0.2, 100, 100, 4.0).to_record().items() if k != "rtt-ms"}
     assert TrainReport.from_record(old).rtt_ms == -1.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_measurement_that_is_not_a_number_teaches_nothing(bad: float) -> None:
+    """A NaN time got past the ``seconds <= 0`` guard and stayed in the belief for good (every later plan
+    priced NaN); it now leaves the belief as it was, as a measurement of no work does."""
+    from splitfed.optimizer.adapt import _smooth, _toward
+
+    assert _smooth(3.0, 10.0, bad, 0.3, 4.0) == 3.0
+    assert _smooth(3.0, bad, 2.0, 0.3, 4.0) == 3.0
+    assert _toward(0.05, bad, 0.3, 4.0) == 0.05
+
+
+@pytest.mark.parametrize("key, value", [("compute-s", float("nan")), ("link-s", float("inf")),
+                                        ("bytes-up", -5), ("num-examples", -1)])
+def test_a_node_s_report_with_an_impossible_number_is_refused(key: str, value: float) -> None:
+    """A node's report feeds the adaptive policy's beliefs: one NaN would have stayed there. Its reply is now
+    malformed (the client is dropped from the round, with the reason)."""
+    from splitfed.errors import ConfigError
+    from splitfed.flower.records import TrainReport
+
+    good = dict(TrainReport(10, 1, 0.5, 3, 0.1, 0.2, 100, 100, 4.0).to_record().items())
+    assert TrainReport.from_record(good).compute_s == 0.1
+    with pytest.raises(ConfigError, match=f"{key.replace('num-examples', 'samples')} must be a finite number >= 0"):
+        TrainReport.from_record({**good, key: value})

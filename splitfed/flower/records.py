@@ -145,9 +145,15 @@ class TrainReport:
             vals = {f.name: _cast(f.type, _get(record, f.name.replace("_", "-"), what))
                     for f in fields(cls) if f.name not in ("samples", "rtt_ms")}
             vals["rtt_ms"] = float(record.get("rtt-ms", -1.0))  # a node from before round trips were measured
-            return cls(samples=int(_get(record, "num-examples", what)), **vals)
+            report = cls(samples=int(_get(record, "num-examples", what)), **vals)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{what}: malformed ({e})") from None
+        # what the adaptive policy learns from: a NaN or negative time would stay in its beliefs for good
+        for name in ("samples", "steps", "correct", "compute_s", "link_s", "bytes_up", "bytes_down"):
+            v = getattr(report, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{what}: {name.replace('_', '-')} must be a finite number >= 0, got {v}")
+        return report
 
 
 def _cast(typ: Any, v: Any) -> Any:

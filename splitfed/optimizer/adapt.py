@@ -5,7 +5,7 @@ seconds on the device, bytes and seconds on its link, its round trip;
 optionally the servers' FLOP/s) and updates its beliefs, one value at a time:
 
     belief <- measured                          if measured / belief > jump or < 1 / jump
-    belief <- (1 - alpha) belief + alpha measured  otherwise
+    belief <- (1 - alpha) belief + alpha measured  otherwise (kept within [belief, measured])
 
 (smoothing absorbs noise; a jump beyond ``jump``x is a change of regime and is
 believed at once). It then re-solves (exact, :func:`~splitfed.optimizer.assign.solve`)
@@ -29,6 +29,7 @@ optimal. Every price follows the scenario's variant (``Scenario.mode``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -90,19 +91,24 @@ class Decision:
 
 
 def _smooth(belief: float, work: float, seconds: float, alpha: float, jump: float) -> float:
-    if work <= 0 or seconds <= 0:
-        return belief
+    if not (0 < work < math.inf and 0 < seconds < math.inf):  # nothing done, NaN or inf: teaches nothing
+        return belief  # (a NaN would stay in the belief for good; an infinite time would make it 0)
     return _toward(belief, work / seconds, alpha, jump)
 
 
 def _toward(belief: float, seen: float, alpha: float, jump: float) -> float:
-    """The smoothing rule on one value (a rate, or a round trip)."""
+    """The smoothing rule on one value (a rate, or a round trip). The blend is a convex combination, so it
+    is clamped to [belief, seen]: rounding alone moved it out (0.7 * 0.005 + 0.3 * 0.005 = 0.004999...),
+    so a measurement equal to the belief changed the belief."""
+    if not math.isfinite(seen) or seen < 0:  # not a measurement: a NaN belief would price every cut NaN
+        return belief
     if belief <= 0:
         return seen
     ratio = seen / belief
     if ratio > jump or ratio < 1 / jump:
         return seen
-    return (1 - alpha) * belief + alpha * seen
+    blend = (1 - alpha) * belief + alpha * seen
+    return min(max(blend, min(belief, seen)), max(belief, seen))
 
 
 class Adapter:
