@@ -234,7 +234,7 @@ def _tiny(tmp_path: Path, name: str, change: dict[str, str]) -> Path:
     (compression, "compression", {'codecs = ["none", "int8"]': 'codecs = ["none", "int8", "none"]'},
      "'none' is given twice"),
     (variants, "variants", {'cuts = "static:2,5"': 'cuts = "static:2,5"\nu-shape = true'},
-     "sl: 3 tiers in U-shape need 3 cut(s), got 2"),
+     "sl: cuts 'static:2,5': 3 tiers in U-shape need 3 cut(s), got 2"),
 ])
 def test_a_case_that_would_fail_is_refused_before_any_trains(tmp_path, capsys, module, name, change, said) -> None:
     """Before: the cases before the bad one trained (minutes, at the shipped sizes), then it failed."""

@@ -315,7 +315,7 @@ def validate(settings: RunSettings) -> None:
             try:
                 validate_cuts(cuts, n, settings.tiers, settings.u_shape, model=spec.name)
             except CutError as e:  # say which setting holds them: the default's cuts are not the user's own
-                raise CutError(f"cuts {settings.cuts!r} (--cuts, or cuts = in the run config): {e}") from None
+                raise CutError(f"cuts {settings.cuts!r}: {e}") from None
     cut_options(n, settings.tiers, settings.u_shape, settings.min_device_blocks)  # some cut keeps them
     fleet = fleet_for(settings)
     if isinstance(policy, AdaptivePolicy | GreedyPolicy):
