@@ -356,3 +356,17 @@ def test_priced_bytes_equal_what_the_in_process_link_counts(codec: str, model: s
         c = client_cost(sc, dev, cuts)
         assert c.up_bytes == (res[0].bytes_up, edge_link.bytes_up), (u, cuts)
         assert c.down_bytes == (res[0].bytes_down, edge_link.bytes_down), (u, cuts)
+
+
+def test_a_top_k_fraction_is_priced_as_the_codec_sends_it() -> None:
+    """The scenario kept ``topk:0.1000004`` as ``topk:0.1`` (``:g``), so it priced 800,000 bytes for a message
+    of a million floats that the codec sends as 800,008."""
+    import torch
+
+    from splitfed.cost.model import wire_bytes
+    from splitfed.transport.codec import Codec, payload_size
+
+    sc = replace(scenario(), codec="topk:0.1000004")
+    assert sc.codec == "topk:0.1000004"
+    sent = payload_size(torch.float32, (10**6,), Codec.parse("topk:0.1000004"))
+    assert float(wire_bytes(sc.codec, 4.0, 10**6)) == sent == 800008

@@ -124,7 +124,12 @@ def parse_codec(name: object) -> WireCodec:
 
 
 def codec_name(c: WireCodec) -> str:
-    return f"topk:{c[1]:g}" if c[0] == "topk" else c[0]
+    """The transport's own spelling (``:g`` rounded ``topk:0.1000004`` to the 0.1 the cost model then priced)."""
+    if c[0] != "topk":
+        return c[0]
+    from splitfed.transport.codec import Codec
+
+    return Codec("topk", c[1]).name
 
 
 def wire_bytes(codec: WireCodec | str, per_sample: np.ndarray | float, samples: int,
