@@ -218,9 +218,9 @@ class SplitFedAvg(FedAvg):
             self._open(server_round, arrays)
         assert self._round is not None
         group = self._groups.pop(0)
-        weights = self._round.begin(group)
+        weights = self._round.begin(group)  # a client whose segments a tier refused is dropped already
         msgs = []
-        for cid in group:
+        for cid in weights:
             self._expected[cid] = {k: (tuple(v.shape), v.dtype) for k, v in weights[cid].items()}
             content = RecordDict({ARRAYS: state_to_record(weights[cid]),
                                   CONFIG: self._instruction(server_round, cid, config)})
@@ -297,6 +297,8 @@ class SplitFedAvg(FedAvg):
         Flower's HTTP grid sleeps 3 s between pulls; a SplitFed round of quick
         clients (and every client turn of sl/sflv2) would mostly wait on that.
         """
+        if not msgs:  # every client of the group was dropped before training
+            return []
         ids = set(grid.push_messages(msgs))
         end = time.monotonic() + timeout
         out: list[Message] = []

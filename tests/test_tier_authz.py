@@ -217,3 +217,64 @@ def test_a_run_resumed_under_its_own_name_can_reload_what_its_crashed_round_left
     (other,) = tier_loads(RoundConfig(RUN, 2, SPEC, binding_key="x" * 32), "c0", (2,), initial_state(SPEC, 0))
     with pytest.raises(PermissionDenied, match="bound already, with another secret"):
         tier.load(other)
+
+
+class _ReleaseBlinks:
+    """A tier whose first release does not reach it (UNAVAILABLE), while the tier stays up."""
+
+    def __init__(self, tier) -> None:  # noqa: ANN001
+        self.tier, self.blinked = tier, False
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.tier, name)
+
+    def release(self, run_id: str, client_id: str, secret: str = "") -> None:
+        if not self.blinked:
+            self.blinked = True
+            from splitfed.errors import Unavailable
+
+            raise Unavailable("tier edge: the network blinked")
+        self.tier.release(run_id, client_id, secret)
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 1, 8, 8, generator=g), labels()) for _ in range(2)]
+
+
+def test_a_segment_an_earlier_rounds_release_did_not_reach_does_not_fail_the_next_round() -> None:
+    """Round 1's release of c0 did not reach the edge (UNAVAILABLE; the edge stayed up), so c0 stayed bound
+    there under round 1's secret. Before, round 2's load of c0 was refused (PERMISSION_DENIED: another
+    secret), which failed the whole round (a Flower run ended) until the tier's idle release, an hour on.
+    The coordinator derives every round's secret: it releases the old binding with its own and loads again."""
+    from splitfed.engine.rounds import Chain, drive, local_trainer
+
+    ref = inprocess_chain(2)
+    edge = _ReleaseBlinks(ref.tiers[0])
+    chain = Chain([edge, ref.tiers[1]], ref.link)
+    key = "k" * 32
+    state = initial_state(SPEC, 0)
+    for r in (1, 2):
+        rnd = SplitRound(RoundConfig(RUN, r, SPEC, binding_key=key), chain.tiers, state, {"c0": CUTS})
+        state = drive(rnd, local_trainer(chain, {"c0": _batches()}))
+        assert [res.client_id for res in rnd.results] == ["c0"] and not rnd.failed
+        assert ref.tiers[1].clients() == 0  # the cloud's release reached it
+    assert edge.blinked and ref.tiers[0].clients() == 0  # round 2 released round 1's binding, then its own
+
+
+def test_a_client_a_tier_refuses_to_load_is_dropped_alone() -> None:
+    """A tier that refuses one client's segments (full, here) failed the whole round; now that client is
+    dropped with the reason and the others train."""
+    from splitfed.engine.rounds import Chain, drive, local_trainer
+    from splitfed.engine.tier import Tier
+
+    ref = inprocess_chain(2)
+    ref.tiers[1].max_clients = 2  # the cloud serves two clients
+    assert isinstance(ref.tiers[1], Tier)
+    chain = Chain(ref.tiers, ref.link)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), chain.tiers, initial_state(SPEC, 0),
+                     {c: CUTS for c in ("c0", "c1", "c2")}, min_clients=2)
+    drive(rnd, local_trainer(chain, {c: _batches() for c in ("c0", "c1", "c2")}))
+    assert sorted(res.client_id for res in rnd.results) == ["c0", "c1"] and rnd.failed == ["c2"]
+    assert "could not be loaded" in rnd.why["c2"] and "already serves 2 clients" in rnd.why["c2"]
+    assert [t.clients() for t in ref.tiers] == [0, 0]

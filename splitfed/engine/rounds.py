@@ -251,13 +251,46 @@ class SplitRound:
         cfg = self.cfg
         base = self.current if cfg.mode == "sl" else self.global_state  # where device segments start
         server = self.global_state if cfg.mode == "sflv1" else self.current  # where server segments start
-        self._group = list(group)
+        out = {}
         for cid in group:
-            loads = tier_loads(cfg, cid, self.assignment[cid], server)
-            self._loaded.append(cid)
-            for tier, load in zip(self.tiers, loads, strict=True):
+            try:
+                self._load(cid, server)
+            except TierError as e:
+                if e.code in GONE:  # a tier that is not there fails every client alike: the round, at once
+                    raise
+                self.why[cid] = f"its server segments could not be loaded: {e}"  # a refusal for this client alone
+                self._drop(cid)
+                continue
+            out[cid] = device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape)
+        self._group = list(out)
+        return out
+
+    def _load(self, cid: str, server: State) -> None:
+        """Load ``cid``'s segments on every server tier. A tier may still hold the client from an earlier
+        round of this run, whose release did not reach it (UNAVAILABLE then, up again now): it refuses this
+        round's secret, so that binding is released with its own secret first (this coordinator derives
+        every round's) and the load is tried again."""
+        self._loaded.append(cid)
+        for tier, load in zip(self.tiers, tier_loads(self.cfg, cid, self.assignment[cid], server), strict=True):
+            try:
                 tier.load(load)
-        return {cid: device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape) for cid in group}
+            except TierError as e:
+                if e.code != "PERMISSION_DENIED" or not self._release_earlier(tier, cid):
+                    raise
+                tier.load(load)
+
+    def _release_earlier(self, tier: TierControl, cid: str) -> bool:
+        """Release what an earlier round of this run left bound for ``cid`` on ``tier`` (newest round first);
+        whether one was."""
+        for r in range(self.cfg.round - 1, -1, -1):
+            try:
+                tier.release(self.cfg.run_id, cid, replace(self.cfg, round=r).secret_of(cid))
+            except TierError as e:
+                if e.code == "PERMISSION_DENIED":  # bound, but not in round r
+                    continue
+                return False
+            return True
+        return False
 
     def end(self, outcomes: Mapping[str, Outcome], lost: Mapping[str, str] | None = None) -> None:
         """Take the group's trained device weights; clients missing from ``outcomes`` failed (``lost``:
@@ -402,7 +435,7 @@ def drive(rnd: SplitRound, train: Trainer, lost: Mapping[str, str] | None = None
     try:
         for group in rnd.groups():
             weights = rnd.begin(group)
-            rnd.end(train(rnd.cfg, {c: rnd.assignment[c] for c in group}, weights), lost)
+            rnd.end(train(rnd.cfg, {c: rnd.assignment[c] for c in weights}, weights), lost)
         return rnd.finish()
     finally:
         rnd.close()
