@@ -10,7 +10,7 @@ Ctrl-C or SIGTERM, children included; a guard process takes them all down if
 deploy itself dies, even by SIGKILL):
 
 1. the cloud and edge tier servers (``splitfed tier``), edge -> cloud (the edge with the run's
-   ``--compress``: every link carries the run's codec);
+   codec for that link as its ``--compress``: one codec for every link, or one per link);
 2. ``flower-superlink`` (Fleet, Control and Runtime APIs on one HTTP port);
 3. ``flower-supernode`` i = 0..N-1 with ``--node-config 'partition-id=i
    num-partitions=N device-profile="..." edge-address="..."'`` (and the TLS
@@ -253,7 +253,7 @@ class Deployment:
     superlink: str = ""
     grace: float = GRACE_S  # seconds from SIGTERM to SIGKILL when stopping
     torch_device: str = "cpu"  # where the tiers it starts compute (cpu, cuda, cuda:N)
-    compress: str = "none"  # the run's codec: each tier it starts that forwards sends with it (--compress)
+    compress: str = "none"  # the run's codec(s): each tier it starts that forwards sends with its link's (--compress)
     _guard: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _flwr: subprocess.Popen | None = field(default=None, init=False, repr=False)  # the ``flwr run`` going on
 
@@ -351,9 +351,12 @@ class Deployment:
         if self.token_file:
             security += ["--token-file", self.token_file]
         security += ["--coordinator-token-file", self.coordinator_token_file]
+        from splitfed.cost.model import link_codecs
+
+        codecs = link_codecs(self.compress, len(names))  # link idx + 1 joins tier idx to the next
         for idx in reversed(range(len(names))):
             role = "edge" if idx + 1 < len(names) else "cloud"
-            nxt = (["--next", self.tier_addresses[idx + 1], "--compress", self.compress]
+            nxt = (["--next", self.tier_addresses[idx + 1], "--compress", codecs[idx + 1]]
                    if idx + 1 < len(names) else [])
             self._spawn(names[idx], [str(BIN / "splitfed"), "tier", "--role", role, "--name", names[idx],
                                      "--listen", self.tier_addresses[idx], *nxt, *security,

@@ -346,7 +346,7 @@ class SplitFedAvg(FedAvg):
             u_shape=s.u_shape, model=self.spec, optim=s.optim, seed=s.seed, dataset=s.dataset,
             partition=s.partition, batch_size=s.batch_size, local_epochs=s.local_epochs,
             edge_address=self.edge_address, tls_ca=s.tls_ca, tls_cert=s.tls_cert, tls_key=s.tls_key,
-            token_file=s.token_file, compress=s.compress, edge_instance=self.edge_instance,
+            token_file=s.token_file, compress=s.codecs[0], edge_instance=self.edge_instance,
             secret=rnd.cfg.secret_of(cid),
         ).to_record()
         for k, v in extra.items():

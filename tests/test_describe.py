@@ -255,6 +255,9 @@ def test_ping_checks_a_chain_of_tier_processes_over_mutual_tls_with_a_token(cert
         other = ping(edge.address, cloud.address, *creds, "--token-file", str(token), "--count", "1",
                      "--compress", "int8")  # the codec a run with compress = "int8" would want: not this chain's
         assert other.returncode == 1 and "restart it with --compress int8" in other.stdout + other.stderr, other
+        per_link = ping(edge.address, cloud.address, *creds, "--token-file", str(token), "--count", "1",
+                        "--compress", "int8,none")  # compress the device's link only: this chain's edge fits
+        assert per_link.returncode == 0 and "chain: edge -> cloud ok" in per_link.stdout, per_link
         assert text.stdout.count("computes on cpu with 1 thread(s)") == 2, text.stdout  # TierProcess: --threads 1
 
         big = ping(edge.address, cloud.address, *creds, "--token-file", str(token), "--model", "vgg11")

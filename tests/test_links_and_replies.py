@@ -79,6 +79,68 @@ def test_a_runs_own_tiers_compress_every_link_as_the_inprocess_backend_does() ->
     assert [(i.name, i.next_compress) for i in infos] == [("edge", "int8"), ("cloud", "")]
 
 
+def test_a_run_can_compress_each_link_with_its_own_codec() -> None:
+    """``compress = "none,int8"``: the device's link to the edge travels exactly, the edge -> cloud link
+    (the WAN) as int8. Since every link was made to carry the run's one codec, this could not be said."""
+    assignment = {"client0": (2, 5), "client1": (1, 4)}
+    data = _batches(2)
+    state0 = initial_state(SPEC, 0)
+    run = RunSettings(model="cnn", tiers=3, compress="none, int8")
+    assert run.codecs == ("none", "int8")
+
+    def cfg() -> RoundConfig:
+        return RoundConfig(f"links-{uuid.uuid4().hex[:6]}", 1, SPEC, "sflv1", False, OptimConfig(lr=0.1), 0)
+
+    with tier_chain(run) as chain:
+        link = connect(chain.addresses[0], compress=run.codecs[0])
+        try:
+            grpc_state, grpc_results = run_round(cfg(), Chain(chain.controls, link), state0, assignment, data)
+        finally:
+            link.close()
+        assert [(i.name, i.next_compress) for i in chain.infos] == [("edge", "int8"), ("cloud", "")]
+    wan = inprocess_chain(2, links=[codec("none"), codec("int8")])
+    local_state, local_results = run_round(cfg(), wan, state0, assignment, data)
+    plain_state, plain_results = run_round(cfg(), inprocess_chain(2), state0, assignment, data)
+    int8_state, _ = run_round(cfg(), inprocess_chain(2, *codec("int8")), state0, assignment, data)
+    assert all(torch.equal(grpc_state[k], local_state[k]) for k in local_state)
+    assert max_abs_diff(local_state, plain_state) > 0 and max_abs_diff(local_state, int8_state) > 0
+    # the device's own link is not compressed: its bytes are the plain run's
+    assert ([(r.bytes_up, r.bytes_down) for r in grpc_results] == [(r.bytes_up, r.bytes_down) for r in local_results]
+            == [(r.bytes_up, r.bytes_down) for r in plain_results])
+    from splitfed.cost.model import Scenario
+
+    assert Scenario.from_fleet(_profile(), _fleet(), codec=run.compress).codec == ("none", "int8")
+
+
+def _profile():  # noqa: ANN202
+    from splitfed.profile.profiler import profile_model
+
+    return profile_model(SPEC, 8, reps=1)
+
+
+def _fleet():  # noqa: ANN202
+    from splitfed.profile.fleet import load_fleet
+
+    return load_fleet("small")
+
+
+def test_a_per_link_codec_is_checked_on_its_own_link_and_counted() -> None:
+    with serve_tier("cloud", insecure=True) as cloud, \
+            serve_tier("edge", next_address=cloud.address, insecure=True, next_compress="int8") as edge:
+        addrs = [edge.address, cloud.address]
+        with tier_chain(_settings(addrs, "none,int8")) as chain:  # the edge sends what link 2 carries
+            assert [i.next_compress for i in chain.infos] == ["int8", ""]
+        with pytest.raises(ConfigError) as err, tier_chain(_settings(addrs, "int8,none")):
+            pytest.fail("an int8 edge was accepted by a run that leaves edge -> cloud uncompressed")
+        assert (f"tier edge at {edge.address} sends to its next tier with --compress int8, but this run "
+                "compresses that link (link 2 of the chain) with none: restart it with --compress none") in str(err.value)
+    with pytest.raises(ConfigError, match=r"compress: 1 link\(s\) need one codec for all or one each, got 2"):
+        RunSettings(tiers=2, compress="none,int8")
+    with pytest.raises(ConfigError, match="unknown codec 'zip'"):
+        RunSettings(compress="none,zip")
+    assert RunSettings.from_mapping({"compress": ["none", "fp16"]}).codecs == ("none", "fp16")  # a TOML list
+
+
 def _settings(addresses: list[str], compress: str) -> RunSettings:
     return RunSettings(model="cnn", tiers=len(addresses) + 1, tier_addresses=",".join(addresses), compress=compress)
 
@@ -112,6 +174,8 @@ def test_deploy_starts_its_edge_with_the_runs_codec(tmp_path, monkeypatch) -> No
     Deployment(2, tmp_path / "work", compress="int8")._start_tiers()
     edge, cloud = spawned["edge"], spawned["cloud"]
     assert edge[edge.index("--compress") + 1] == "int8" and "--compress" not in cloud
+    Deployment(2, tmp_path / "work2", compress="int8,fp16")._start_tiers()  # one codec per link: the edge's is 2nd
+    assert spawned["edge"][spawned["edge"].index("--compress") + 1] == "fp16"
 
     told: list[str] = []
 
@@ -127,13 +191,15 @@ def test_deploy_starts_its_edge_with_the_runs_codec(tmp_path, monkeypatch) -> No
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("flower-real")
-def test_a_flower_simulation_with_compression_equals_the_inprocess_backend(tmp_path) -> None:
+@pytest.mark.parametrize("compress", ["int8", "none,int8"])
+def test_a_flower_simulation_with_compression_equals_the_inprocess_backend(tmp_path, compress: str) -> None:
     """The audit's case: ``splitfed simulate --tiers 3 --compress int8`` (real Flower, real tier processes)
-    used to equal the in-process backend with int8 on the device link only; now it equals it outright."""
+    used to equal the in-process backend with int8 on the device link only; now it equals it outright.
+    With a codec per link, the node's link gets the first and the edge the second, as in-process."""
     from splitfed.sim.inprocess import train_inprocess
     from splitfed.sim.runner import simulate
 
-    s = RunSettings(rounds=1, clients=2, tiers=3, mode="sflv1", cuts="static:2,5", compress="int8", batch_size=32,
+    s = RunSettings(rounds=1, clients=2, tiers=3, mode="sflv1", cuts="static:2,5", compress=compress, batch_size=32,
                     lr=0.05, seed=1)
     simulate(s.with_(out=str(tmp_path / "flower")), progress=lambda line: None)
     train_inprocess(s.with_(out=str(tmp_path / "local")))

@@ -38,8 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--round-timeout-s", type=float, default=None, metavar="S",
                    help="also check each tier keeps idle segments longer than a round of S seconds")
     p.add_argument("--compress", metavar="CODEC", default=None,
-                   help="also check every forwarding tier sends with the codec a run would use (a run's "
-                        "compress, none by default): none | fp16 | int8 | topk:F")
+                   help="also check every forwarding tier sends with the codec a run would use for its onward "
+                        "link (a run's compress, none by default): none | fp16 | int8 | topk:F for every link, or "
+                        "one per link, device's first (none,int8)")
     p.add_argument("--count", type=positive_int, default=5, help="round trips timed per tier (default 5)")
     p.add_argument("--bandwidth", action="store_true",
                    help="also measure each link's bandwidth up and down (Probe calls of up to 4 MiB)")
@@ -64,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
         if v is not None and not (math.isfinite(v) and v > 0):
             raise ConfigError(f"{flag} must be a positive, finite number of seconds, got {v}")
     if args.compress is not None:
-        from splitfed.cost.model import parse_codec
+        from splitfed.cost.model import link_codecs
 
-        parse_codec(args.compress)  # an unknown codec is refused before any tier is asked
+        link_codecs(args.compress, len(args.addresses))  # an unknown codec, or too many: before any tier is asked
     for addr in args.addresses:  # every address before any is tried: a typo is no tier that is down
         parse_address(addr)
     if args.tls_ca or args.tls_cert or args.tls_key:

@@ -54,7 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--u-shape", action=argparse.BooleanOptionalAction, default=None,
                    help="the device also holds the last blocks and the loss: labels never leave it")
     p.add_argument("--compress", metavar="CODEC", help="activations and gradients on the wire: none | fp16 | "
-                                                        "int8 | topk:F (default none)")
+                                                        "int8 | topk:F for every link (default none), or one per "
+                                                        "link, the device's first: none,int8 compresses only "
+                                                        "edge -> cloud")
     p.add_argument("--min-clients", type=int, help="fewest clients that must finish a round (default 1)")
     p.add_argument("--fraction", type=float, help="share of clients sampled per round (default 1)")
     p.add_argument("--min-device-blocks", type=int, metavar="K",

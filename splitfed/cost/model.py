@@ -123,6 +123,19 @@ def parse_codec(name: object) -> WireCodec:
     return (c.kind, c.fraction)
 
 
+def link_codecs(compress: object, links: int) -> tuple[str, ...]:
+    """A run's ``compress``, one codec per link in chain order (device -> edge first): ``CODEC`` for every
+    link, or ``C1,C2,...`` one per link (compress only the WAN link: ``none,int8``); names normalised."""
+    parts = ([p.strip() for p in compress.split(",")] if isinstance(compress, str)
+             else ["none"] if compress is None else list(compress))  # type: ignore[call-overload]
+    if len(parts) == 1:
+        parts *= links
+    if len(parts) != links:
+        raise ConfigError(f"compress: {links} link(s) need one codec for all or one each, got {len(parts)}: "
+                          f"{','.join(map(str, parts))}")
+    return tuple(codec_name(parse_codec(p)) for p in parts)
+
+
 def codec_name(c: WireCodec) -> str:
     """The transport's own spelling (``:g`` rounded ``topk:0.1000004`` to the 0.1 the cost model then priced)."""
     if c[0] != "topk":
@@ -190,17 +203,8 @@ class Scenario:
             raise ConfigError("a scenario needs at least one client")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        links = len(self.servers)
-        raw = self.codec
-        if isinstance(raw, str) or raw is None or not isinstance(raw, Sequence):
-            names: tuple[str, ...] | str = codec_name(parse_codec(raw))
-        else:
-            if len(raw) != links:
-                raise ConfigError(f"codec: {links} link(s) need {links} codec(s), got {len(raw)}")
-            names = tuple(codec_name(parse_codec(c)) for c in raw)
-            if len(set(names)) == 1:
-                names = names[0]
-        object.__setattr__(self, "codec", names)
+        names = link_codecs(self.codec, len(self.servers))
+        object.__setattr__(self, "codec", names[0] if len(set(names)) == 1 else names)  # one codec: its name
 
     @classmethod
     def from_fleet(cls, profile: ModelProfile, fleet: Fleet, tiers: int = 3, batch: int = 32,

@@ -156,17 +156,22 @@ class Chain:
 
 
 def inprocess_chain(server_tiers: int = 2, compress_up=None, compress_down=None,  # type: ignore[no-untyped-def]
-                    torch_device: str | torch.device = "cpu") -> Chain:
-    """Edge -> ... -> cloud as in-process tiers joined by in-process links, computing on ``torch_device``."""
+                    torch_device: str | torch.device = "cpu", links=None) -> Chain:
+    """Edge -> ... -> cloud as in-process tiers joined by in-process links, computing on ``torch_device``.
+    Every link compresses with ``compress_up``/``compress_down``, or ``links`` gives each its own
+    (up, down) pair, in chain order (link 0: the device's to the first tier)."""
     if server_tiers < 1:
         raise ConfigError("a chain needs at least one server tier (2 tiers in all)")
     names = ["edge", *[f"tier{i}" for i in range(2, server_tiers)], "cloud"] if server_tiers > 1 else ["cloud"]
+    pairs = list(links) if links is not None else [(compress_up, compress_down)] * len(names)
+    if len(pairs) != len(names):
+        raise ConfigError(f"{len(names)} link(s) need {len(names)} codec pair(s), got {len(pairs)}")
     tiers: list[Tier] = []
     nxt: InProcessLink | None = None
-    for name in reversed(names):
-        tier = Tier(name, next=nxt, torch_device=torch_device)
+    for i in reversed(range(len(names))):
+        tier = Tier(names[i], next=nxt, torch_device=torch_device)
         tiers.insert(0, tier)
-        nxt = InProcessLink(tier, compress_up, compress_down)
+        nxt = InProcessLink(tier, *pairs[i])
     assert nxt is not None
     return Chain(list(tiers), nxt)
 

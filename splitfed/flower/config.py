@@ -77,7 +77,7 @@ class RunSettings:
     # --coordinator-token-file; never sent to a node. Empty: token-file (tiers without one), or, for the tiers a
     # run starts, one made for the run
     coordinator_token_file: str = ""
-    compress: str = "none"
+    compress: str = "none"  # codec on the wire: one for every link, or one per link ("none,int8": the WAN only)
     out: str = ""  # run folder: metrics.jsonl, summary.json, checkpoint; empty: none written
     resume: bool = False  # continue from ``out``'s checkpoint
     overwrite: bool = False  # replace the run ``out`` holds (without it, such a folder is refused)
@@ -139,7 +139,7 @@ class RunSettings:
                               "tier-addresses run already: start them with splitfed tier --torch-device "
                               f"{self.tier_torch_device}")
         # the transport's own codec parser, imported only when settings are made
-        from splitfed.cost.model import parse_codec
+        from splitfed.cost.model import link_codecs
 
         OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
         for name in ("lr", "weight_decay"):  # finite and >= 0 by now (momentum < 1); 1e300 fails later, at a tier
@@ -147,9 +147,16 @@ class RunSettings:
             if v > FLOAT32_MAX:
                 raise ConfigError(f"{_key(name)} {v:g} does not fit float32, which the tiers' optimizer works in: "
                                   f"give at most {FLOAT32_MAX:.4g}")
-        parse_codec(self.compress)  # refuses an unknown codec before any tier or client sees it
+        link_codecs(self.compress, self.tiers - 1)  # an unknown codec, or too many, before any tier sees them
 
     # ------------------------------------------------------------ derived
+
+    @property
+    def codecs(self) -> tuple[str, ...]:
+        """One codec per link, device -> edge first (``compress``: one for all, or one each)."""
+        from splitfed.cost.model import link_codecs
+
+        return link_codecs(self.compress, self.tiers - 1)
 
     @property
     def optim(self) -> OptimConfig:
@@ -272,7 +279,7 @@ def _coerce(v: Any, typ: str, key: str, source: str) -> Any:
             hint = " (a zoo name or module:factory)" if key.replace("_", "-") == "model" else ""
             raise ConfigError(f"{source}: {key} must be a string{hint}, got a table")
         if isinstance(v, list):  # tier-addresses = ["a", "b"]; any other list was joined into a value nobody wrote
-            if _key(key) != "tier-addresses":
+            if _key(key) not in ("tier-addresses", "compress"):
                 raise ConfigError(f"{source}: {key} must be a string, got a list {v!r}")
             return ",".join(str(x) for x in v)
         return str(v)

@@ -81,7 +81,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
     test_x, test_y = test_data(spec, s.dataset, s.seed)
     writer = MetricsWriter(s.out)
     writer.truncate_after(0)
-    chain = inprocess_chain(s.tiers - 1, *codec(s.compress))
+    chain = inprocess_chain(s.tiers - 1, links=[codec(c) for c in s.codecs])
     state = initial_state(spec, s.seed)
     profiles = {c.client_id: c.profile for c in clients}
     previous: dict[str, tuple[int, ...]] = {}  # each client's cuts when it last trained (the clock prices moves)

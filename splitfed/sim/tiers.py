@@ -3,10 +3,10 @@
 Started tiers listen on 127.0.0.1 at ports the OS picks (``:0``), the cloud
 first so the edge can be pointed at it; they are stopped when the ``with``
 block ends, whichever way it ends (return, error, Ctrl-C). Each started tier
-that forwards gets the run's ``compress`` (its ``--compress``: the codec towards
-its next tier), so that every link of the chain carries the run's codec, as in
-the in-process backend and the cost model; tiers given by address are checked
-for it (:func:`check_tiers`).
+that forwards gets the run's codec for the link to its next tier (its
+``--compress``; ``compress`` names one codec for every link or one per link), so
+that each link carries what the in-process backend and the cost model price;
+tiers given by address are checked for it (:func:`check_tiers`).
 
 Started tiers also get a coordinator token (``--coordinator-token-file``: the
 run's ``coordinator-token-file``, or one made for the run in a private
@@ -83,11 +83,12 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
                 f.write(secrets.token_urlsafe(32))
         chain = TierChain([], coordinator_token_file=coordinator)
         nxt = None
-        for name in reversed(tier_names(settings.tiers - 1)):
-            proc = TierProcess.start(name, listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
+        names = tier_names(settings.tiers - 1)
+        for i in reversed(range(len(names))):  # tier i sends to tier i + 1 over link i + 1 (link 0: the device's)
+            proc = TierProcess.start(names[i], listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
                                      token_file=settings.token_file or None, insecure=tls is None,
                                      coordinator_token_file=coordinator,
-                                     compress=settings.compress if nxt is not None else "none",
+                                     compress=settings.codecs[i + 1] if nxt is not None else "none",
                                      allow_models=allow, extra_args=["--idle-release-s", f"{idle:g}",
                                                                      "--torch-device", settings.tier_torch_device])
             stack.callback(proc.stop)
@@ -116,7 +117,7 @@ def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
 
 def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient]) -> list[TierInfo]:
     """Ask every tier what it is, and refuse a chain this run could not train through (one error, all reasons),
-    among them a tier whose codec towards its next tier (its ``--compress``) is not the run's ``compress``."""
+    among them a tier whose codec towards its next tier (its ``--compress``) is not the run's for that link."""
     from splitfed.transport.describe import check_chain
 
     spec = settings.spec

@@ -93,12 +93,15 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
     ``addresses`` are the coordinator's (``tier-addresses``, chain order) and
     ``infos`` what each tier answered. ``model`` names the model the tiers were
     asked about (their ``model_error`` says why they would refuse it);
-    ``round_timeout_s`` is checked against each tier's idle release. ``compress`` is the run's codec: every
-    link of the chain must carry it, so a tier that forwards with another ``--compress`` is refused (one that
-    does not say, older than ``next_compress``, is not).
+    ``round_timeout_s`` is checked against each tier's idle release. ``compress`` is the run's codec, one for
+    every link or one per link (device -> first tier first): a tier that forwards with another ``--compress``
+    than its onward link's is refused (one that does not say, older than ``next_compress``, is not).
     """
     if len(addresses) != len(infos):
         raise ValueError(f"{len(addresses)} addresses but {len(infos)} descriptions")
+    from splitfed.cost.model import link_codecs
+
+    codecs = None if compress is None else link_codecs(compress, len(addresses))
     problems: list[str] = []
     seen: dict[str, str] = {}
     for i, (addr, info) in enumerate(zip(addresses, infos, strict=True)):
@@ -133,11 +136,12 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
                 problems.append(f"{at} forwards to {info.next_address}, which is not the tier at {nxt_addr} "
                                 f"({nxt.name}): start it with --next {nxt_addr}, or list its next tier in "
                                 "tier-addresses")
-            if compress is not None and info.next_address and info.next_compress:
-                want, has = _codec_name(compress), _codec_name(info.next_compress)
+            if codecs is not None and info.next_address and info.next_compress:
+                want, has = codecs[i + 1], _codec_name(info.next_compress)
                 if want != has:
+                    link = "every link" if len(set(codecs)) == 1 else f"that link (link {i + 2} of the chain)"
                     problems.append(f"{at} sends to its next tier with --compress {has}, but this run compresses "
-                                    f"every link with {want}: restart it with --compress {want}")
+                                    f"{link} with {want}: restart it with --compress {want}")
     if problems:
         raise ConfigError("the tier chain " + " -> ".join(addresses) + " cannot run: " + "; ".join(problems))
 
