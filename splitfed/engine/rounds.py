@@ -228,6 +228,7 @@ class SplitRound:
     def __init__(self, cfg: RoundConfig, tiers: Sequence[TierControl], global_state: State,
                  assignment: Mapping[str, Cuts], min_clients: int = 0) -> None:
         check_assignment(cfg.model, dict(assignment), len(tiers) + 1, cfg.u_shape)
+        self._run_key = bool(cfg.binding_key)  # a key for the whole run: earlier rounds' secrets can be derived
         if not cfg.binding_key:
             cfg = replace(cfg, binding_key=secrets.token_hex(16))
         self.cfg, self.tiers, self.global_state = cfg, list(tiers), global_state
@@ -286,8 +287,8 @@ class SplitRound:
 
     def _release_earlier(self, tier: TierControl, cid: str) -> bool:
         """Release what an earlier round of this run left bound for ``cid`` on ``tier`` (newest round first);
-        whether one was."""
-        for r in range(self.cfg.round - 1, -1, -1):
+        whether one was. Only a run-wide key derives them (a key made for this round alone does not)."""
+        for r in range(self.cfg.round - 1, -1, -1) if self._run_key else ():
             try:
                 tier.release(self.cfg.run_id, cid, replace(self.cfg, round=r).secret_of(cid))
             except TierError as e:
