@@ -1,8 +1,13 @@
 """Split vs monolithic training steps/s, measured side by side in one run.
 
 vgg11 (CIFAR size), batch 64, one thread, 3 tiers in-process (device | edge | cloud).
-Rounds of steps alternate between the two so that machine noise hits both.
-Writes benchmarks/results/engine.json. Target: ratio >= 0.97.
+Rounds of steps alternate between the two (ABBA) so that machine noise hits both;
+each side's step time is the median over the rounds of its mean step time in a round.
+Both sides start from the same weights and take the same steps on the same batch, so
+they end with the same weights (to float rounding; a model with dropout draws other
+masks in the unseeded monolithic model): the JSON records the largest difference, the
+check that neither side does less work. Writes benchmarks/results/engine.json, with
+each round's step times (what it prints) and the run's context. Target: ratio >= 0.97.
 
 With ``--tier-torch-device cuda`` a third side runs the same split step with the
 edge and cloud tiers on the GPU (the device's blocks stay on the CPU), and the
@@ -12,6 +17,7 @@ JSON adds ``tiers_on_gpu_steps_per_s`` and ``gpu_tiers_vs_cpu_tiers``.
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import sys
 import time
@@ -26,7 +32,7 @@ from splitfed.commands._args import batch_size, int_list, positive_int
 from splitfed.engine import compute, template
 from splitfed.engine.device import Device
 from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
-from splitfed.engine.types import OptimConfig
+from splitfed.engine.types import OptimConfig, State
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_json
 from splitfed.models.blocks import validate_cuts
@@ -51,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         ap.error(str(e))
     return script(PROG, lambda: measure(args, tier_dev))
+
+
+def max_abs_diff(a: State, b: State) -> float:
+    """The largest difference between two sides' final weights and buffers (the same keys)."""
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:3]
+    return max((float((a[k].detach().cpu().double() - b[k].detach().cpu().double()).abs().max())
+                for k in a if a[k].numel()), default=0.0)
 
 
 def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
@@ -81,21 +94,32 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
 
     cfg = RoundConfig("bench", 0, spec, optim=optim)
 
-    def split_step_on(where: torch.device) -> Callable[[], None]:
+    finals: dict[str, Callable[[], State]] = {"monolithic": whole.state_dict}
+
+    def split_step_on(name: str, where: torch.device) -> Callable[[], None]:
         """One client's split step; its server tiers compute on ``where`` (the loss's float waits for them)."""
         chain = inprocess_chain(len(cuts), torch_device=where)
         for tier, load in zip(chain.tiers, tier_loads(cfg, "c0", cuts, state), strict=True):
             tier.load(load)
         dev = Device(spec, chain.link, run_id="bench", client_id="c0", round=0, cuts=cuts, state=state,
                      optim=optim)
+        finals[name] = lambda: {k: v for t in chain.tiers for k, v in t.fetch("bench", "c0").items()} | dev.state()
         return lambda: None if dev.train_step(x, y) else None
 
-    sides: dict[str, Callable[[], None]] = {"monolithic": mono_step, "split": split_step_on(torch.device("cpu"))}
+    sides: dict[str, Callable[[], None]] = {"monolithic": mono_step,
+                                            "split": split_step_on("split", torch.device("cpu"))}
     if tier_dev.type != "cpu":
-        sides["tiers_on_gpu"] = split_step_on(tier_dev)
+        sides["tiers_on_gpu"] = split_step_on("tiers_on_gpu", tier_dev)
+
+    def done() -> None:
+        """A GPU side's timer stops once its queued work (the tiers' last optimizer step) has run."""
+        if tier_dev.type == "cuda":
+            torch.cuda.synchronize(tier_dev)
+
     for f in sides.values():  # warm-up (on a GPU: its kernels and memory pool too)
         f()
         f()
+    done()
     times: dict[str, list[float]] = {name: [] for name in sides}
     for rep in range(args.reps):
         order = list(sides.items())
@@ -105,15 +129,23 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 f()
+            done()
             times[name].append((time.perf_counter() - t0) / args.steps)
         print(f"round {rep + 1}/{args.reps}: " + ", ".join(f"{name} {1 / t[-1]:.2f} steps/s"
                                                             for name, t in times.items()), flush=True)
     med = {name: statistics.median(t) for name, t in times.items()}
     mono, split = med["monolithic"], med["split"]
+    final = {name: f() for name, f in finals.items()}
     result = {
         "benchmark": "engine", "model": spec.name, "batch": args.batch, "tiers": len(cuts) + 1, "cuts": list(cuts),
-        "blocks": n, "threads": torch.get_num_threads(),
+        "blocks": n, "threads": torch.get_num_threads(), "reps": args.reps, "steps": args.steps,
+        "warmup_steps": 2, "seed": 0, "statistic": "median over reps rounds of the mean step time in a round",
         "monolithic_steps_per_s": 1 / mono, "split_steps_per_s": 1 / split, "ratio": mono / split, "target": 0.97,
+        "round_step_s": times,  # what each "round i/n" line prints, as seconds per step
+        "max_abs_weight_diff_vs_monolithic": {name: max_abs_diff(final["monolithic"], w)
+                                              for name, w in final.items() if name != "monolithic"},
+        "host": platform.node(), "python": platform.python_version(), "torch_version": torch.__version__,
+        "args": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items()},
     }
     if "tiers_on_gpu" in med:
         result.update({"tier_torch_device": compute.describe(tier_dev),

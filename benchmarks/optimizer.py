@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import scipy
 import torch
 
 from splitfed.cli import Parser, script
@@ -223,7 +224,9 @@ def measure(args: argparse.Namespace) -> int:
     kw = {"tiers": 3, "batch": 32, "mode": args.mode, "codec": args.codec}
     result: dict = {"fleet": fleet.name, "clients": len(fleet.clients), "tiers": 3, "batch": 32,
                     "mode": args.mode, "codec": args.codec, "target_vs_best_static": TARGET,
-                    "host": platform.node(), "python": sys.version.split()[0], "models": {}, "scaling": {}}
+                    "host": platform.node(), "python": sys.version.split()[0], "numpy": np.__version__,
+                    "scipy": scipy.__version__, "torch_version": torch.__version__,  # HiGHS (scipy) sets solve times
+                    "threads": torch.get_num_threads(), "args": vars(args), "models": {}, "scaling": {}}
     rows = []
     for model in ("vgg11", "resnet18"):
         prof = profile_model(resolve_spec(model), 32, reps=1)

@@ -8,8 +8,9 @@ ServerApp, Ray's processes and workers, the tier servers) every 0.5 s and
 reports the peak of the summed RSS (counts shared pages, e.g. torch's
 libraries, once per process: an upper bound) and of the summed PSS (shared
 pages split between their users: what the tree really costs); seconds per round come from the run's ``metrics.jsonl``
-(round 1, which starts Ray's workers, is reported apart). No pass/fail.
-Writes ``benchmarks/results/simulation.json``.
+(round 1, which starts Ray's workers, is reported apart: seconds per round is the mean of
+rounds 2 on, none with ``--rounds 1``). No pass/fail.
+Writes ``benchmarks/results/simulation.json``, with the run's flags and context.
 
 ``--accuracy`` instead runs the issue's accuracy check, ``splitfed simulate
 --clients 10 --rounds 20 --dataset digits --partition dirichlet:0.5``, beside
@@ -23,12 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import psutil
@@ -94,7 +97,7 @@ def one(clients: int, rounds: int, out: Path) -> dict:
         "clients": clients,
         "rounds": rounds,
         "first_round_s": rows[0]["wall_s"],
-        "seconds_per_round": statistics.mean(later) if later else rows[0]["wall_s"],
+        "seconds_per_round": statistics.mean(later) if later else None,  # round 1 starts Ray: not a round's time
         "round_s": [r["wall_s"] for r in rows],
         "total_s": total_s,
         "peak_rss_sum_mb": peak["rss"] / 2**20,
@@ -185,11 +188,14 @@ def measure(args: argparse.Namespace) -> int:
                 failed += 1
                 continue
             res = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"{n:4d} clients: {res['seconds_per_round']:.2f} s/round (first {res['first_round_s']:.1f} s), "
+            per_round = "n/a" if res["seconds_per_round"] is None else f"{res['seconds_per_round']:.2f}"
+            print(f"{n:4d} clients: {per_round} s/round (first {res['first_round_s']:.1f} s), "
                   f"peak PSS {res['peak_pss_mb']:.0f} MB (RSS sum {res['peak_rss_sum_mb']:.0f} MB)", flush=True)
             results.append(res)
     report = {"benchmark": "simulation", "cpus": len(os.sched_getaffinity(0)), "model": "cnn", "dataset": "digits",
-              "mode": "sflv1", "tiers": 3, "results": results}
+              "mode": "sflv1", "tiers": 3, "rounds": args.rounds, "host": platform.node(),
+              "python": platform.python_version(), "versions": {m: version(m) for m in ("torch", "flwr", "ray")},
+              "args": vars(args), "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, report)
     print(f"wrote {args.out}")

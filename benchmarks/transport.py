@@ -2,7 +2,8 @@
 
 (a) split training steps/s, gRPC loopback (the edge tier in its own process)
     vs in-process: vgg11, batch 64, cut after the 2nd pool (block 4), device |
-    edge, one torch thread everywhere. Target: ratio >= 0.9.
+    edge, one torch thread everywhere; steps/s is 1 / the median step time.
+    Target: ratio >= 0.9.
 (b) the Step RPC's effective MB/s (activation up + gradient down) for 1, 8 and
     32 MB activations, vs a bare gRPC bytes echo of the same size to the same
     server process: unary (one message each way) and streamed (the same chunks,
@@ -10,7 +11,8 @@
     activation as its gradient after the tier's checks of it (dtype, shape,
     finite values), so (b) measures transport only: framing, codec, validation,
     gRPC. Also a sweep of (chunk, unary) sizes, in rotating order, for every
-    size. Target: >= 0.9.
+    size. MB/s: 2**20 bytes a second, from the median call (``_best``: the fastest).
+    Target: >= 0.9.
     Beside them, the ceiling: an echo that makes only the copies a tensor RPC
     cannot avoid in gRPC Python (which sends only ``bytes``): the request's bytes
     made from the tensor on each call, a fresh reply on the server (the gradient
@@ -20,8 +22,9 @@
 (c) payload and wire bytes of one vgg11 step (activation + labels up, gradient
     down) with each codec.
 
-Rounds alternate between the compared sides so that machine noise hits both.
-Writes benchmarks/results/transport.json.
+Rounds alternate between the compared sides so that machine noise hits both ((a):
+in ABBA order, so that a drift within a round does not always fall on one side).
+Writes benchmarks/results/transport.json, with the run's flags and context.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -172,14 +176,14 @@ def bench_a(args: argparse.Namespace) -> dict:
         for d in devs.values():
             d.train_step(x, y)  # warm up
         times: dict[str, list[float]] = {k: [] for k in devs}
-        for _ in range(args.reps):
-            for k, d in devs.items():
+        for rep in range(args.reps):
+            for k, d in (reversed(devs.items()) if rep % 2 else devs.items()):  # ABBA: drift hits both
                 times[k] += timed(lambda d=d: d.train_step(x, y), args.steps)
         bytes_up, bytes_down = remote.bytes
         close_chain(remote)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "model": "vgg11", "batch": args.batch, "cuts": list(cuts), "threads": 1,
+        "model": "vgg11", "batch": args.batch, "cuts": list(cuts), "threads": torch.get_num_threads(),
         "activation_bytes": int(devs["grpc"].head(x).numel() * 4),
         "steps_per_s": {k: 1 / v for k, v in med.items()},
         "step_s": times,
@@ -318,7 +322,9 @@ def measure(args: argparse.Namespace) -> int:
         from splitfed.transport.memory import keep_freed_memory
 
         keep_freed_memory()
-    result: dict = {"torch_threads": 1, "grpc": grpc.__version__, "malloc_tuning": not args.no_malloc_tuning}
+    result: dict = {"torch_threads": torch.get_num_threads(), "grpc": grpc.__version__,
+                    "malloc_tuning": not args.no_malloc_tuning, "host": platform.node(),
+                    "python": platform.python_version(), "torch_version": torch.__version__, "args": vars(args)}
     if not args.skip_a:  # first: (b)'s 32 MB messages leave this process's heap unlike a training process's
         result["a_training"] = bench_a(args)
     b, sweep, c = bench_bc(args)

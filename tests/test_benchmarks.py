@@ -3,13 +3,16 @@
 Nothing here looks at a speed: the numbers a benchmark measures are its own
 business (and vary by machine). What is checked is that it runs, that its JSON
 has the documented fields, and the facts that do not depend on the machine: the
-exact optimizer is never beaten by the policies it is compared with, and each
-codec's bytes on the wire.
+exact optimizer is never beaten by the policies it is compared with, each
+codec's bytes on the wire, that the two sides of the engine benchmark do the
+same work, and that a JSON holds what its script prints and the run's context.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +41,21 @@ def test_engine_benchmark(tmp_path: Path) -> None:
     assert "split/monolithic steps/s ratio" in out
 
 
+def test_engine_sides_do_the_same_work_and_the_json_holds_the_printout(tmp_path: Path) -> None:
+    """vgg11 has no dropout: the same steps from the same weights end with the same weights on both sides
+    (a side that skipped work would not), and each printed round's steps/s is in the JSON with its context."""
+    res, out = bench("engine", "--batch", "2", "--reps", "2", "--steps", "1", out=tmp_path / "engine.json")
+    assert res["max_abs_weight_diff_vs_monolithic"]["split"] <= 1e-6
+    times = res["round_step_s"]
+    assert set(times) == {"monolithic", "split"} and all(len(t) == 2 for t in times.values())
+    printed = re.findall(r"round \d/2: monolithic ([\d.]+) steps/s, split ([\d.]+) steps/s", out)
+    assert printed == [(f"{1 / m:.2f}", f"{1 / s:.2f}") for m, s in zip(times["monolithic"], times["split"],
+                                                                          strict=True)]
+    assert res["ratio"] == pytest.approx(statistics.median(times["monolithic"]) / statistics.median(times["split"]))
+    assert res["threads"] == 1 and res["reps"] == 2 and res["steps"] == 1 and res["args"]["batch"] == 2
+    assert res["torch_version"] and res["host"] and res["python"]
+
+
 def test_optimizer_benchmark(tmp_path: Path) -> None:
     res, out = bench("optimizer", "--no-scaling", "--sweep", "60,500", out=tmp_path / "optimizer.json")
     assert set(res["models"]) == {"vgg11", "resnet18"} and res["clients"] >= 50
@@ -58,6 +76,8 @@ def test_optimizer_benchmark(tmp_path: Path) -> None:
             assert p["ratio"] == pytest.approx(p["best_static_s"] / p["optimizer_s"]) and p["ratio"] >= 1 - 1e-9
             assert p["bound"] in ("straggler", "client", "shared")
     assert "contention sweep" in out
+    assert res["args"]["sweep"] == [60, 500] and res["args"]["no_scaling"] and res["threads"] == 1
+    assert res["scipy"] and res["numpy"] and res["torch_version"] and res["host"]
 
 
 def test_transport_benchmark(tmp_path: Path) -> None:
@@ -65,6 +85,8 @@ def test_transport_benchmark(tmp_path: Path) -> None:
                    out=tmp_path / "transport.json")
     a = res["a_training"]
     assert a["steps_per_s"]["grpc"] > 0 and a["steps_per_s"]["inproc"] > 0
+    assert a["threads"] == 1 and res["torch_threads"] == 1 and all(len(t) == 1 for t in a["step_s"].values())
+    assert res["args"]["reps_b"] == 1 and res["args"]["batch"] == 2 and res["torch_version"] and res["host"]
     assert [r["activation_mb"] for r in res["b_step_rpc_vs_echo"]] == [1, 8, 32]
     assert all(r["mb_per_s"]["step_rpc"] > 0 and r["copy_ceiling"] > 0 for r in res["b_step_rpc_vs_echo"])
     codecs = {r["codec"]: r for r in res["c_bytes_per_codec"]}
@@ -80,4 +102,7 @@ def test_simulation_benchmark(tmp_path: Path) -> None:
     (row,) = res["results"]
     assert row["clients"] == 2 and row["rounds"] == 1 and len(row["round_s"]) == 1
     assert row["peak_pss_mb"] > 0 and 0 <= row["final_accuracy"] <= 1
-    assert "2 clients" in out
+    # one round is the first, which starts Ray's workers: no round's time to report as seconds per round
+    assert row["seconds_per_round"] is None and row["first_round_s"] > 0
+    assert "2 clients: n/a s/round" in out
+    assert res["rounds"] == 1 and res["args"]["clients"] == [2] and set(res["versions"]) == {"torch", "flwr", "ray"}
