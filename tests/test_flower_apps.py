@@ -408,3 +408,17 @@ def test_a_run_gives_the_callers_thread_count_back(monkeypatch, tmp_path):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_client_a_tier_will_not_load_is_dropped_and_the_round_goes_on(monkeypatch, tmp_path):
+    """A tier's refusal to load one client's segments (here: the cloud is full) failed the round, and with it
+    the Flower run; now that client is dropped with the tier's reason and the others train."""
+    s = BASE.with_(rounds=1, out=str(tmp_path), min_clients=2)
+    grid = FakeGrid(clients.app.app, s.clients)
+    with inprocess_tiers(monkeypatch, 2) as chain:
+        chain.controls[1].max_clients = 3
+        server.app.run(grid, s, progress=lambda line: None)
+        assert [t.clients() for t in chain.controls] == [0, 0]
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row["clients"] == 3 and row["failed"] == ["client3"]
+    assert "could not be loaded" in row["why_failed"]["client3"] and "serves 3 clients" in row["why_failed"]["client3"]
