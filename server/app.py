@@ -32,6 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from server.strategy import RoundRecord, RunStopped, SplitFedAvg
 from splitfed.data.datasets import dataset_digest
+from splitfed.data.partition import parse_partition
 from splitfed.engine.rounds import initial_state
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint, runfolder
@@ -39,7 +40,7 @@ from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import METRICS, MetricsWriter, check_rounds, summarise
 from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
-from splitfed.flower.workload import check_converging, evaluate, test_data
+from splitfed.flower.workload import check_converging, evaluate, partitions_digest, test_data
 from splitfed.models import rng
 from splitfed.sim.clock import fleet_for, make_clock
 from splitfed.sim.tiers import tier_chain
@@ -99,7 +100,7 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
 
 
 def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None) -> dict[str, Any]:
-    data = dataset_digest(settings.dataset)  # once: hashing a dataset's files each round would cost seconds
+    data = data_digest(settings)  # once: hashing a dataset's files each round would cost seconds
     ckpt = _resume(settings, data)
     settings = named(settings, ckpt)
     # the key of the clients' binding secrets: a run resumed under its own name keeps it (its loads then
@@ -162,9 +163,16 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
     return summary
 
 
+def data_digest(settings: RunSettings) -> str:
+    """What a checkpoint keeps of the run's data: the digest of the dataset's files, then (after ``+``) that
+    of the samples each client is dealt (:func:`~splitfed.flower.workload.partitions_digest`)."""
+    return dataset_digest(settings.dataset) + "+" + partitions_digest(
+        settings.spec, settings.dataset, settings.partition, settings.clients, settings.seed)
+
+
 def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | None:
     """The checkpoint to continue from, if it may be: the same math (settings) on the same data (``data``,
-    the digest of the dataset's files now)."""
+    :func:`data_digest` now)."""
     if not settings.resume:
         return None
     ckpt = checkpoint.load(settings.out)
@@ -173,10 +181,17 @@ def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | No
     if changed:
         raise ConfigError("cannot resume with different " + ", ".join(
             f"{k.replace('_', '-')} ({before.to_dict()[k]!r} -> {settings.to_dict()[k]!r})" for k in changed))
-    if ckpt.data and data != ckpt.data:
+    files, kept_parts, parts = ckpt.data.partition("+")
+    now_files, _, now_parts = data.partition("+")
+    if files and now_files != files:
         raise ConfigError(f"cannot resume: the files of dataset {settings.dataset!r} changed since the checkpoint "
-                          f"(sha256 {ckpt.data[:12]}... then, {data[:12] or 'none'}... now); put the old files back "
-                          "or start a new run")
+                          f"(sha256 {files[:12]}... then, {now_files[:12] or 'none'}... now); put the old files "
+                          "back or start a new run")
+    if data and now_parts != parts and (kept_parts or parse_partition(settings.partition).kind == "dirichlet"):
+        # a checkpoint without the digest is from before Dirichlet draws changed: its IID deals are as now
+        raise ConfigError(f"cannot resume: the clients would train on other samples than before the checkpoint "
+                          f"(partition {settings.partition!r} deals them out otherwise in this splitfed version); "
+                          "start the run over with --overwrite")
     check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
     _same_model(settings, ckpt)
     return ckpt
@@ -207,7 +222,7 @@ def check_resume(settings: RunSettings) -> None:
     """Refuse now, before anything starts, the resumption :func:`_resume` would refuse once the run has
     started: other math, or dataset files that changed since the checkpoint."""
     if settings.resume:
-        _resume(settings, dataset_digest(settings.dataset))
+        _resume(settings, data_digest(settings))
 
 
 def named(settings: RunSettings, ckpt: checkpoint.Checkpoint | None = None) -> RunSettings:

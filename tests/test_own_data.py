@@ -178,7 +178,7 @@ def test_a_run_does_not_resume_on_data_that_changed_under_it(monkeypatch, tmp_pa
     path = digits_npz(tmp_path / "d.npz")
     s = BASE.with_(model="cnn", rounds=1, dataset=f"npz:{path}", out=str(tmp_path / "run"))
     _run(monkeypatch, s)
-    assert checkpoint.load(tmp_path / "run").data == dataset_digest(s.dataset) != ""
+    assert checkpoint.load(tmp_path / "run").data.startswith(dataset_digest(s.dataset) + "+") and dataset_digest(s.dataset)
     _run(monkeypatch, s.with_(rounds=2, resume=True))  # the same file: resumes
     assert checkpoint.load(tmp_path / "run").round == 2
     with np.load(path) as f:
@@ -239,3 +239,28 @@ def test_a_user_model_on_synthetic_data_is_refused_saying_why() -> None:
     with pytest.raises(ConfigError, match=r"takes its input shape from the dataset's samples, and 'synthetic' "
                                           r"has none of its own: use digits"):
         spec_for("tests.own_models:reused_layer", "synthetic")
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet:0.5"])
+def test_a_run_does_not_resume_on_samples_dealt_out_otherwise(monkeypatch, tmp_path, partition: str) -> None:
+    """The same settings and files can be dealt out to the clients otherwise by another splitfed (its Dirichlet
+    draws changed): the checkpoint keeps a digest of each client's samples, and a resume that would train on
+    others is refused. A checkpoint from before the digest resumes an IID run (dealt as now), not a Dirichlet one."""
+    from dataclasses import replace
+
+    s = BASE.with_(model="cnn", rounds=1, partition=partition, out=str(tmp_path / "run"))
+    _run(monkeypatch, s)
+    kept = checkpoint.load(tmp_path / "run")
+    files, sep, parts = kept.data.partition("+")
+    assert sep and len(parts) == 64
+    checkpoint.save(tmp_path / "run", replace(kept, data=f"{files}+{'0' * 64}"))  # dealt otherwise back then
+    with pytest.raises(ConfigError, match=r"cannot resume: the clients would train on other samples than before "
+                                          r"the checkpoint \(partition '.*' deals them out otherwise"):
+        _run(monkeypatch, s.with_(rounds=2, resume=True))
+    checkpoint.save(tmp_path / "run", replace(kept, data=files))  # a checkpoint written before the digest
+    if partition == "iid":
+        _run(monkeypatch, s.with_(rounds=2, resume=True))
+        assert checkpoint.load(tmp_path / "run").round == 2
+    else:
+        with pytest.raises(ConfigError, match="cannot resume: the clients would train on other samples"):
+            _run(monkeypatch, s.with_(rounds=2, resume=True))

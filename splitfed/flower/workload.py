@@ -10,6 +10,7 @@ instead train on its own file (:func:`node_data`), batched the same way.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from functools import lru_cache
@@ -49,6 +50,16 @@ def _parts(spec_json: str, dataset: str, scheme: str, num_partitions: int, seed:
 
 def _key(spec: ModelSpec) -> str:
     return json.dumps(spec.to_dict(), sort_keys=True)
+
+
+def partitions_digest(spec: ModelSpec, dataset: str, scheme: str, num_partitions: int, seed: int) -> str:
+    """sha256 of which samples each client trains on: a resume compares it, since the same settings and files
+    can be dealt out otherwise by another splitfed (its Dirichlet draws changed once)."""
+    h = hashlib.sha256()
+    for part in _parts(_key(spec), dataset, scheme, num_partitions, seed):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
+    return h.hexdigest()
 
 
 def client_data(spec: ModelSpec, dataset: str, scheme: str, num_partitions: int, partition_id: int,
