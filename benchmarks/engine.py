@@ -33,6 +33,7 @@ from splitfed.engine import compute, template
 from splitfed.engine.device import Device
 from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
 from splitfed.engine.types import OptimConfig, State
+from splitfed.engine.verify import max_abs_diff
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_json
 from splitfed.models.blocks import validate_cuts
@@ -57,13 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         ap.error(str(e))
     return script(PROG, lambda: measure(args, tier_dev))
-
-
-def max_abs_diff(a: State, b: State) -> float:
-    """The largest difference between two sides' final weights and buffers (the same keys)."""
-    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:3]
-    return max((float((a[k].detach().cpu().double() - b[k].detach().cpu().double()).abs().max())
-                for k in a if a[k].numel()), default=0.0)
 
 
 def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
@@ -103,7 +97,14 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
             tier.load(load)
         dev = Device(spec, chain.link, run_id="bench", client_id="c0", round=0, cuts=cuts, state=state,
                      optim=optim)
-        finals[name] = lambda: {k: v for t in chain.tiers for k, v in t.fetch("bench", "c0").items()} | dev.state()
+
+        def final() -> State:  # the device's blocks and every tier's, on the CPU (as verify compares them)
+            out = dict(dev.state())
+            for t in chain.tiers:
+                out.update(t.fetch("bench", "c0"))
+            return {k: v.detach().cpu() for k, v in out.items()}
+
+        finals[name] = final
         return lambda: None if dev.train_step(x, y) else None
 
     sides: dict[str, Callable[[], None]] = {"monolithic": mono_step,

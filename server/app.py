@@ -181,13 +181,13 @@ def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | No
     if changed:
         raise ConfigError("cannot resume with different " + ", ".join(
             f"{k.replace('_', '-')} ({before.to_dict()[k]!r} -> {settings.to_dict()[k]!r})" for k in changed))
-    files, kept_parts, parts = ckpt.data.partition("+")
+    files, has_digest, parts = ckpt.data.partition("+")
     now_files, _, now_parts = data.partition("+")
     if files and now_files != files:
         raise ConfigError(f"cannot resume: the files of dataset {settings.dataset!r} changed since the checkpoint "
                           f"(sha256 {files[:12]}... then, {now_files[:12] or 'none'}... now); put the old files "
                           "back or start a new run")
-    if data and now_parts != parts and (kept_parts or parse_partition(settings.partition).kind == "dirichlet"):
+    if data and now_parts != parts and (has_digest or parse_partition(settings.partition).kind == "dirichlet"):
         # a checkpoint without the digest is from before Dirichlet draws changed: its IID deals are as now
         raise ConfigError(f"cannot resume: the clients would train on other samples than before the checkpoint "
                           f"(partition {settings.partition!r} deals them out otherwise in this splitfed version); "

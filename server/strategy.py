@@ -123,6 +123,7 @@ class SplitFedAvg(FedAvg):
         self.edge_instance = edge_instance  # from the chain check: who a node's own edge-address must reach
         self.clients: dict[int, ClientInfo] = {}  # node id -> client
         self.history: list[RoundRecord] = []
+        self._unreleased: dict[tuple[int, str], int] = {}  # releases that did not reach a tier (SplitRound)
         self.previous: dict[str, Cuts] = {}  # each client's cuts when it last trained (the clock's moves)
         self._round: SplitRound | None = None
         self._record: RoundRecord | None = None
@@ -326,7 +327,7 @@ class SplitFedAvg(FedAvg):
         cfg = RoundConfig(s.run_id, server_round, self.spec, s.mode, s.u_shape, s.optim, s.seed, self.binding_key)
         self._node_of = {c.client_id: c.node_id for c in sampled}
         self._round = SplitRound(cfg, self.tiers, record_to_state(arrays), assignment,
-                                 min_clients=min(self.min_train_nodes, len(order)))
+                                 min_clients=min(self.min_train_nodes, len(order)), unreleased=self._unreleased)
         self._groups = self._round.groups()
         sim = self.clock(server_round, assignment, sampled, self.previous) if self.clock is not None else None
         self._record = RoundRecord(server_round, assignment, sim_round_s=sim,
@@ -379,7 +380,7 @@ class SplitFedAvg(FedAvg):
             out[cid] = Outcome(state, ClientResult(
                 cid, self._round.assignment[cid], report.samples, report.loss, report.correct,
                 report.compute_s, report.link_s, report.bytes_up, report.bytes_down,
-                report.rtt_ms / 1e3 if math.isfinite(report.rtt_ms) and report.rtt_ms >= 0 else None))
+                report.rtt_ms / 1e3 if report.rtt_ms >= 0 else None))
         return out
 
 

@@ -1,9 +1,10 @@
 """Accuracy vs bytes on the wire, for each link codec (none, fp16, int8, top-k).
 
 Compression acts on the boundary activations going up and their gradients
-coming down, on every link of the chain (:mod:`splitfed.transport.compress`;
-a case ``"none,int8"`` gives each link its own, here only edge -> cloud), so it
-trades bytes for noise in training. Each codec trains the same run; the
+coming down, on every link of the chain (:mod:`splitfed.transport.compress`),
+so it trades bytes for noise in training. A case is one codec for every link:
+the bytes counted are the devices' (a codec per link, ``none,int8``, would
+show only its first). Each codec trains the same run; the
 figure is test accuracy against the cumulative megabytes the devices sent and
 received, and the numbers are each codec's bytes, accuracy, and bytes until
 ``target_accuracy`` (also relative to no compression).
@@ -48,10 +49,14 @@ def bytes_to_target(run: Any, target: float) -> int | None:
 
 def run(cfg: Config, out: Path) -> dict[str, Any]:
     from splitfed.cost.model import link_codecs
+    from splitfed.errors import ConfigError
 
     base = cfg.settings()
-    for c in cfg.codecs:  # one codec for every link, or one per link ("none,int8": the WAN only)
-        link_codecs(c, base.tiers - 1)  # a bad codec name fails before any training
+    for c in cfg.codecs:  # a bad codec name fails before any training
+        link_codecs(c, base.tiers - 1, what="codecs entry")
+        if "," in c:
+            raise ConfigError(f"codecs entry {c!r}: one codec per case, for every link: this experiment counts the "
+                              "devices' bytes, which a codec per link would show only the first of")
     runs = run_cases([(c, base.with_(compress=c)) for c in cfg.codecs], out, cfg.backend)
     figures = report_runs(runs, out, cfg.target_accuracy, title="Link compression: accuracy vs bytes")
     records = []

@@ -350,3 +350,33 @@ def test_a_node_s_report_with_an_impossible_number_is_refused(key: str, value: f
     assert TrainReport.from_record(good).compute_s == 0.1
     with pytest.raises(ConfigError, match=f"{key.replace('num-examples', 'samples')} must be a finite number >= 0"):
         TrainReport.from_record({**good, key: value})
+
+
+def test_a_nan_belief_a_checkpoint_may_hold_is_replaced_by_the_next_measurement() -> None:
+    """Before NaN measurements were ignored, one could reach a belief and the checkpoint: it stayed NaN."""
+    from splitfed.optimizer.adapt import _smooth, _toward
+
+    assert _toward(float("nan"), 0.05, 0.5, 3.0) == 0.05
+    assert _smooth(float("nan"), 1e9, 1.0, 0.5, 3.0) == 1e9
+    assert _toward(float("inf"), 0.05, 0.5, 3.0) == 0.05
+
+
+def test_a_failed_health_check_is_no_round_trip() -> None:
+    """round_trip_ms timed the refusal of a health check that failed (0.06 ms to a closed port), and a node
+    reported it as its round trip, which the adaptive policy believed at once. Now it raises, and the node
+    reports -1 (not measured)."""
+    import socket
+
+    from splitfed.errors import TierError
+    from splitfed.flower.transport import connect
+    from splitfed.transport.probe import round_trip_ms
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = connect(f"127.0.0.1:{port}", deadline_s=5)
+    try:
+        with pytest.raises(TierError, match="health check failed, so no round trip was timed"):
+            round_trip_ms(c, 3, 1.0)
+    finally:
+        c.close()

@@ -302,7 +302,8 @@ def test_codec_bytes_on_the_wire_by_hand() -> None:
     # per link: the device's link compressed, the edge->cloud link not
     c = client_cost(replace(scenario(), codec=("fp16", "none")), "c", (0, 1))
     assert c.up_bytes == (4000 + 80, 40000 + 80) and replace(scenario(), codec=("int8", "int8")).codec == "int8"
-    with pytest.raises(ConfigError, match="2 link\\(s\\) need one codec for all or one each, got 3"):
+    with pytest.raises(ConfigError, match=r"'fp16,int8,none': 3 tiers have 2 link\(s\): give one codec for every "
+                                          r"link, or 2, one per link"):
         replace(scenario(), codec=("fp16", "int8", "none"))
     assert replace(scenario(), codec="none, int8").codec == ("none", "int8")  # as a run's compress spells it
     assert replace(scenario(), codec=("fp16",)).codec == "fp16"  # one for all

@@ -134,8 +134,12 @@ def test_a_per_link_codec_is_checked_on_its_own_link_and_counted() -> None:
             pytest.fail("an int8 edge was accepted by a run that leaves edge -> cloud uncompressed")
         assert (f"tier edge at {edge.address} sends to its next tier with --compress int8, but this run "
                 "compresses that link (link 2 of the chain) with none: restart it with --compress none") in str(err.value)
-    with pytest.raises(ConfigError, match=r"compress: 1 link\(s\) need one codec for all or one each, got 2"):
+    with pytest.raises(ConfigError, match=r"compress 'none,int8': 2 tiers have 1 link\(s\): give one codec$"):
         RunSettings(tiers=2, compress="none,int8")
+    with pytest.raises(ConfigError, match=r"compress 'int8,': codec 2 of 2 is empty"):  # was: int8 and none
+        RunSettings(compress="int8,")
+    assert RunSettings(compress="none, INT8").compress == "none,int8"  # one spelling: a resume compares it
+    assert RunSettings(compress="int8,int8").compress == "int8"
     with pytest.raises(ConfigError, match="unknown codec 'zip'"):
         RunSettings(compress="none,zip")
     assert RunSettings.from_mapping({"compress": ["none", "fp16"]}).codecs == ("none", "fp16")  # a TOML list

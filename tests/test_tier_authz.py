@@ -254,12 +254,46 @@ def test_a_segment_an_earlier_rounds_release_did_not_reach_does_not_fail_the_nex
     chain = Chain([edge, ref.tiers[1]], ref.link)
     key = "k" * 32
     state = initial_state(SPEC, 0)
+    unreleased: dict[tuple[int, str], int] = {}  # what the coordinator keeps across rounds
     for r in (1, 2):
-        rnd = SplitRound(RoundConfig(RUN, r, SPEC, binding_key=key), chain.tiers, state, {"c0": CUTS})
+        rnd = SplitRound(RoundConfig(RUN, r, SPEC, binding_key=key), chain.tiers, state, {"c0": CUTS},
+                         unreleased=unreleased)
         state = drive(rnd, local_trainer(chain, {"c0": _batches()}))
         assert [res.client_id for res in rnd.results] == ["c0"] and not rnd.failed
         assert ref.tiers[1].clients() == 0  # the cloud's release reached it
+        assert unreleased == ({(0, "c0"): 1} if r == 1 else {})
     assert edge.blinked and ref.tiers[0].clients() == 0  # round 2 released round 1's binding, then its own
+
+
+def test_a_binding_the_coordinator_did_not_leave_costs_one_refused_load_not_a_release_per_round() -> None:
+    """A device's claim of c0 (its own secret; a tier without --coordinator-token-file allows it) is nothing
+    the coordinator left: c0 is dropped after one refused load. (A first version tried every earlier round's
+    secret on it: a release call per past round, every round.)"""
+    from splitfed.engine.rounds import Chain, drive, local_trainer
+
+    ref = inprocess_chain(2)
+    calls: list[str] = []
+
+    class Counting:
+        def __init__(self, tier) -> None:  # noqa: ANN001
+            self.tier = tier
+
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(self.tier, name)
+
+        def release(self, *a, **k) -> None:  # noqa: ANN002, ANN003
+            calls.append("release")
+            self.tier.release(*a, **k)
+
+    (claim, _) = tier_loads(RoundConfig(RUN, 50, SPEC, binding_key="the-device's-own"), "c0", CUTS,
+                            initial_state(SPEC, 0))
+    ref.tiers[0].load(claim)
+    chain = Chain([Counting(ref.tiers[0]), ref.tiers[1]], ref.link)
+    rnd = SplitRound(RoundConfig(RUN, 100, SPEC, binding_key="k" * 32), chain.tiers, initial_state(SPEC, 0),
+                     {"c0": CUTS, "c1": CUTS}, min_clients=1)
+    drive(rnd, local_trainer(chain, {c: _batches() for c in ("c0", "c1")}))
+    assert rnd.failed == ["c0"] and "bound already" in rnd.why["c0"]
+    assert len(calls) <= 3  # c0's drop and c1's end: no search through 99 earlier rounds
 
 
 def test_a_client_a_tier_refuses_to_load_is_dropped_alone() -> None:

@@ -67,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     if args.compress is not None:
         from splitfed.cost.model import link_codecs
 
-        link_codecs(args.compress, len(args.addresses))  # an unknown codec, or too many: before any tier is asked
+        # an unknown codec, or too many for the addresses given: before any tier is asked
+        link_codecs(args.compress, len(args.addresses), what="--compress (a codec per link needs every address of "
+                                                             "the chain)")
     for addr in args.addresses:  # every address before any is tried: a typo is no tier that is down
         parse_address(addr)
     if args.tls_ca or args.tls_cert or args.tls_key:

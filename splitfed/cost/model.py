@@ -123,17 +123,24 @@ def parse_codec(name: object) -> WireCodec:
     return (c.kind, c.fraction)
 
 
-def link_codecs(compress: object, links: int) -> tuple[str, ...]:
+def link_codecs(compress: object, links: int, what: str = "compress") -> tuple[str, ...]:
     """A run's ``compress``, one codec per link in chain order (device -> edge first): ``CODEC`` for every
-    link, or ``C1,C2,...`` one per link (compress only the WAN link: ``none,int8``); names normalised."""
+    link, or ``C1,C2,...`` one per link (compress only the WAN link: ``none,int8``); names normalised.
+    ``what`` names the setting or flag in a refusal."""
     parts = ([p.strip() for p in compress.split(",")] if isinstance(compress, str)
-             else ["none"] if compress is None else list(compress))  # type: ignore[call-overload]
+             else ["none"] if compress is None else [str(p).strip() for p in compress])  # type: ignore[attr-defined]
+    shown = ",".join(parts)
+    if len(parts) > 1 and not all(parts):  # "int8," would leave a link uncompressed that was meant not to be
+        raise ConfigError(f"{what} {shown!r}: codec {parts.index('') + 1} of {len(parts)} is empty")
     if len(parts) == 1:
         parts *= links
     if len(parts) != links:
-        raise ConfigError(f"compress: {links} link(s) need one codec for all or one each, got {len(parts)}: "
-                          f"{','.join(map(str, parts))}")
-    return tuple(codec_name(parse_codec(p)) for p in parts)
+        give = "one codec" if links == 1 else f"one codec for every link, or {links}, one per link (the device's first)"
+        raise ConfigError(f"{what} {shown!r}: {links + 1} tiers have {links} link(s): give {give}")
+    try:
+        return tuple(codec_name(parse_codec(p)) for p in parts)
+    except ConfigError as e:
+        raise ConfigError(f"{what}: {e}") from None
 
 
 def codec_name(c: WireCodec) -> str:

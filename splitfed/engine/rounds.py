@@ -226,9 +226,12 @@ class SplitRound:
     """
 
     def __init__(self, cfg: RoundConfig, tiers: Sequence[TierControl], global_state: State,
-                 assignment: Mapping[str, Cuts], min_clients: int = 0) -> None:
+                 assignment: Mapping[str, Cuts], min_clients: int = 0,
+                 unreleased: dict[tuple[int, str], int] | None = None) -> None:
         check_assignment(cfg.model, dict(assignment), len(tiers) + 1, cfg.u_shape)
-        self._run_key = bool(cfg.binding_key)  # a key for the whole run: earlier rounds' secrets can be derived
+        # (tier index, client) -> the round whose release did not reach that tier: the caller keeps it across
+        # the run's rounds (under one binding key), so a later load can release what was left (see _load)
+        self.unreleased = {} if unreleased is None else unreleased
         if not cfg.binding_key:
             cfg = replace(cfg, binding_key=secrets.token_hex(16))
         self.cfg, self.tiers, self.global_state = cfg, list(tiers), global_state
@@ -273,30 +276,21 @@ class SplitRound:
 
     def _load(self, cid: str, server: State) -> None:
         """Load ``cid``'s segments on every server tier. A tier may still hold the client from an earlier
-        round of this run, whose release did not reach it (UNAVAILABLE then, up again now): it refuses this
-        round's secret, so that binding is released with its own secret first (this coordinator derives
-        every round's) and the load is tried again."""
+        round whose release did not reach it (UNAVAILABLE then, up again now; ``unreleased``): it refuses this
+        round's secret, so that binding is released with that round's own (the run's key derives it) and the
+        load is tried again."""
         self._loaded.append(cid)
-        for tier, load in zip(self.tiers, tier_loads(self.cfg, cid, self.assignment[cid], server), strict=True):
+        loads = tier_loads(self.cfg, cid, self.assignment[cid], server)
+        for t, (tier, load) in enumerate(zip(self.tiers, loads, strict=True)):
             try:
                 tier.load(load)
             except TierError as e:
-                if e.code != "PERMISSION_DENIED" or not self._release_earlier(tier, cid):
+                left = self.unreleased.get((t, cid))
+                if e.code != "PERMISSION_DENIED" or left is None:
                     raise
+                tier.release(self.cfg.run_id, cid, replace(self.cfg, round=left).secret_of(cid))
+                del self.unreleased[(t, cid)]
                 tier.load(load)
-
-    def _release_earlier(self, tier: TierControl, cid: str) -> bool:
-        """Release what an earlier round of this run left bound for ``cid`` on ``tier`` (newest round first);
-        whether one was. Only a run-wide key derives them (a key made for this round alone does not)."""
-        for r in range(self.cfg.round - 1, -1, -1) if self._run_key else ():
-            try:
-                tier.release(self.cfg.run_id, cid, replace(self.cfg, round=r).secret_of(cid))
-            except TierError as e:
-                if e.code == "PERMISSION_DENIED":  # bound, but not in round r
-                    continue
-                return False
-            return True
-        return False
 
     def end(self, outcomes: Mapping[str, Outcome], lost: Mapping[str, str] | None = None) -> None:
         """Take the group's trained device weights; clients missing from ``outcomes`` failed (``lost``:
@@ -421,14 +415,18 @@ class SplitRound:
         self._loaded.remove(cid)
         for t, tier in enumerate(self.tiers):
             if t in self._gone:
+                self.unreleased[(t, cid)] = self.cfg.round
                 continue
             try:
                 tier.release(self.cfg.run_id, cid, self.cfg.secret_of(cid))
             except TierError as e:
+                self.unreleased[(t, cid)] = self.cfg.round
                 if e.code in GONE:
                     self._gone.add(t)
             except Exception:  # noqa: BLE001 - a vanished tier must not mask the round's outcome
-                pass
+                self.unreleased[(t, cid)] = self.cfg.round
+            else:
+                self.unreleased.pop((t, cid), None)
 
 
 def _nonfinite(state: State) -> str | None:

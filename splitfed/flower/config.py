@@ -147,7 +147,9 @@ class RunSettings:
             if v > FLOAT32_MAX:
                 raise ConfigError(f"{_key(name)} {v:g} does not fit float32, which the tiers' optimizer works in: "
                                   f"give at most {FLOAT32_MAX:.4g}")
-        link_codecs(self.compress, self.tiers - 1)  # an unknown codec, or too many, before any tier sees them
+        codecs = link_codecs(self.compress, self.tiers - 1)  # an unknown codec, or too many: before any tier sees them
+        # kept as spelt once ("none, INT8" is "none,int8"): a resume compares it with the checkpoint's
+        object.__setattr__(self, "compress", codecs[0] if len(set(codecs)) == 1 else ",".join(codecs))
 
     # ------------------------------------------------------------ derived
 

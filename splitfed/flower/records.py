@@ -144,7 +144,8 @@ class TrainReport:
         try:
             vals = {f.name: _cast(f.type, _get(record, f.name.replace("_", "-"), what))
                     for f in fields(cls) if f.name not in ("samples", "rtt_ms")}
-            vals["rtt_ms"] = float(record.get("rtt-ms", -1.0))  # a node from before round trips were measured
+            rtt = float(record.get("rtt-ms", -1.0))  # a node from before round trips were measured: -1
+            vals["rtt_ms"] = rtt if math.isfinite(rtt) and rtt >= 0 else -1.0  # anything else: not measured
             report = cls(samples=int(_get(record, "num-examples", what)), **vals)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{what}: malformed ({e})") from None

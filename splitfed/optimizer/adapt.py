@@ -102,8 +102,8 @@ def _toward(belief: float, seen: float, alpha: float, jump: float) -> float:
     so a measurement equal to the belief changed the belief."""
     if not math.isfinite(seen) or seen < 0:  # not a measurement: a NaN belief would price every cut NaN
         return belief
-    if belief <= 0:
-        return seen
+    if not belief > 0 or belief == math.inf:  # no belief yet, or a NaN/inf one (a checkpoint from before the
+        return seen  # guards above may hold one): the measurement replaces it
     ratio = seen / belief
     if ratio > jump or ratio < 1 / jump:
         return seen

@@ -14,6 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from splitfed.errors import Unavailable
 from splitfed.transport.client import GrpcTierClient
 
 START_BYTES = 16 << 10  # 1.3 s at 0.1 Mbit/s (BLE): a slow link is measured quickly too
@@ -27,12 +28,16 @@ class LinkMeasure:
 
 
 def round_trip_ms(client: GrpcTierClient, count: int, timeout: float) -> float:
-    """Median round trip of the health check, a bare unary call (the connection is up by now)."""
+    """Median round trip of the health check, a bare unary call (the connection is up by now). A check that
+    fails is no round trip (its time is a refusal's, or the timeout's): Unavailable."""
     times = []
     for _ in range(count):
         t0 = time.perf_counter()
-        client.health(timeout)
-        times.append((time.perf_counter() - t0) * 1e3)
+        ok = client.health(timeout)
+        took = (time.perf_counter() - t0) * 1e3
+        if not ok:
+            raise Unavailable(f"tier {client.address}: its health check failed, so no round trip was timed")
+        times.append(took)
     return statistics.median(times)
 
 
