@@ -154,7 +154,7 @@ def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | No
     except SplitfedError as e:
         log(WARNING, "client%d: could not measure its link to the edge (its profile's is used): %s",
             node.partition_id, e)
-        return None, first_line(e)[:300]
+        return None, first_line(e)[:1000]  # the hint at its end included
 
 
 EDGE_CHECKED = "splitfed-edge"  # ConfigRecord in context.state: the edge this node's own address was found to reach

@@ -626,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides["overwrite"] = True
         overrides.update(sets)
         wanted = RunSettings.from_mapping({"clients": clients, "tiers": tiers, "sim-clock": False, **overrides},
-                                          source="deploy")
+                                          source="command line")  # deploy's own prefix is printed once
         runfolder.check(wanted.out, wanted.resume, wanted.overwrite)  # before anything starts
         from splitfed.engine.compute import torch_device
 

@@ -25,6 +25,9 @@ from typing import NoReturn
 
 from splitfed.errors import SplitfedError, Terminated
 
+# gRPC's C core logs each refused TLS handshake (one line per retry) at INFO: a refusal is splitfed's one line
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 STDOUT_CLOSED = 141  # 128 + SIGPIPE
 
 

@@ -99,4 +99,5 @@ def test_deploy_commands_use_options_that_exist(tmp_path: Path, monkeypatch) -> 
     assert NodeConfig.parse(node_cfg).edge_address == "edge.example:7000"
     run_cfg = parse_config_args([" ".join(run.group(1).split())])
     settings = RunSettings.from_mapping(run_cfg, source="README")
-    assert settings.tier_addresses and not settings.sim_clock and settings.token_file == "token"
+    assert settings.tier_addresses and not settings.sim_clock and settings.token_file == "/etc/splitfed/token"
+    assert settings.out and Path(settings.out).is_absolute()  # a run with nothing kept, or kept where the SuperLink runs

@@ -166,11 +166,17 @@ class GrpcTierClient:
             if self._tls and ("closed" in details.lower() or "handshake" in details.lower()
                               or "ssl" in details.lower()):
                 hint = (" (over TLS this is also how a refused handshake looks: check that the tier's CA "
-                        "signed this client's certificate, and that tls.ca signed the tier's)")
+                        "signed this client's certificate, and that the CA given here (--tls-ca / tls-ca) "
+                        "signed the tier's)")
             elif not self._tls and "socket closed" in details.lower():
                 hint = (" (a tier that serves TLS closes a plaintext connection this way: connect with the CA "
                         "that signed its certificate, e.g. --tls-ca / tls-ca)")
             return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}{hint}")
+        if code == grpc.StatusCode.UNAUTHENTICATED:  # an operator rotating tokens needs to know which file to fix
+            return error_of(code, f"{where}: {details} (the tier holds another token than this connection's: "
+                                  "check --token-file / token-file, and for a run's coordinator "
+                                  "coordinator-token-file, which the tier must hold too: splitfed tier "
+                                  "--coordinator-token-file)")
         if code == grpc.StatusCode.NOT_FOUND and tries:
             return NotFound(f"{where}: {details} (the tier was unreachable before: it may have restarted and "
                             "lost this client's segment; load it again)")
