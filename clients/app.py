@@ -151,10 +151,22 @@ def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | No
                      tls_cert=node.tls_cert or str(ask["tls-cert"]), tls_key=node.tls_key or str(ask["tls-key"]),
                      token_file=node.token_file or str(ask["token-file"]), deadline_s=30.0) as link:
             return measure_link(link, count=3, bandwidth=True), ""
+    except TierError as e:
+        if e.code != "UNAUTHENTICATED":
+            return _unmeasured(node, e)
+        # no network blip: this node's every step through its edge would be refused, so it is left out now
+        which = (f"this node's token-file {node.token_file}" if node.token_file
+                 else f"the run's token-file {str(ask['token-file'])}")
+        raise ConfigError(f"the edge refuses {which} (UNAUTHENTICATED): give the node the token the tiers hold "
+                          "(node config token-file)") from None
     except SplitfedError as e:
-        log(WARNING, "client%d: could not measure its link to the edge (its profile's is used): %s",
-            node.partition_id, e)
-        return None, first_line(e)[:1000]  # the hint at its end included
+        return _unmeasured(node, e)
+
+
+def _unmeasured(node: NodeConfig, e: SplitfedError) -> tuple[None, str]:
+    log(WARNING, "client%d: could not measure its link to the edge (its profile's is used): %s",
+        node.partition_id, e)
+    return None, first_line(e)[:1000]  # the hint at its end included
 
 
 EDGE_CHECKED = "splitfed-edge"  # ConfigRecord in context.state: the edge this node's own address was found to reach

@@ -151,3 +151,29 @@ def test_a_refusal_goes_back_as_a_one_line_error_reply_and_a_bug_still_raises() 
     train = Message(RecordDict(), dst_node_id=node, message_type="train", group_id="1")  # no instruction: a bug
     with pytest.raises(KeyError, match="config"):
         clients.app.app(train, context)
+
+
+def test_a_node_whose_token_the_edge_refuses_is_left_out_at_registration(tmp_path) -> None:  # noqa: ANN001
+    """A device with an old token registered (its link measurement's failure logged at INFO) and then failed
+    every round it sent an activation to the edge; its query now fails, naming the file, so the coordinator
+    leaves it out as it does a bad node config. Any other failure to measure still registers it."""
+    import pytest
+    from flwr.app import ConfigRecord
+
+    from clients.app import _measure_link
+    from splitfed.errors import ConfigError
+    from splitfed.flower.node import NodeConfig
+    from splitfed.transport.server import serve_tier
+
+    old = tmp_path / "old-token"
+    old.write_text("rotated-away\n")
+    ask = ConfigRecord({"edge-address": "", "tls-ca": "", "tls-cert": "", "tls-key": "", "token-file": ""})
+    with serve_tier("edge", insecure=True, token="current") as edge:
+        node = NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "edge-address": edge.address,
+                                "token-file": str(old)})
+        with pytest.raises(ConfigError, match=f"the edge refuses this node's token-file {old} \\(UNAUTHENTICATED\\)"):
+            _measure_link(node, ask)
+    gone = NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "edge-address": edge.address,
+                                "token-file": str(old)})
+    link, why = _measure_link(gone, ask)  # the edge is down now: a network failure, not this node's config
+    assert link is None and why
