@@ -491,3 +491,15 @@ def test_a_broken_pipe_that_is_not_stdout_is_still_a_failure(monkeypatch: pytest
     report.set_defaults(func=broken)
     with pytest.raises(BrokenPipeError):
         cli(["report", "x"])
+
+
+def test_report_says_a_deployed_runs_times_are_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A deployment writes no simulated round time (null) and its measured one stands in, under "sim time s"
+    and on the "simulated time" axes, without a word: the reader took measured times for simulated ones."""
+    rows = [{**r, "sim_round_s": None, "measured_round_s": 1.5} for r in make_rows(2)]
+    deployed = write_run(tmp_path / "deployed", rows, {"label": "deployed"})
+    write_run(tmp_path / "simulated", make_rows(2), {"label": "simulated"})
+    assert cli(["report", str(deployed), str(tmp_path / "simulated")]) == 0
+    err = capsys.readouterr().err
+    assert err == (f"splitfed report: note: {deployed} has no simulated clock (a deployment): its times (sim time, "
+                   "the time axes) are the measured round times\n"), err

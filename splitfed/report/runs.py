@@ -138,7 +138,7 @@ def parse_row(obj: Mapping[str, Any], where: str = "row") -> RoundRow:
         return float(v)
 
     if obj.get("sim_round_s") is None and obj.get("measured_round_s") is not None:
-        obj = {**obj, "sim_round_s": obj["measured_round_s"]}
+        obj = {**obj, "sim_round_s": obj["measured_round_s"], MEASURED: True}  # run_notes says so
     rnd = num("round")
     if not rnd.is_integer() or rnd < 0:
         raise ConfigError(f"{where}: 'round' must be a non-negative integer, got {obj['round']!r}")
@@ -221,6 +221,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     return replace(run, finished=(folder / SUMMARY).is_file(), cut_short=cut_short)
 
 
+MEASURED = "sim_round_s_is_measured"  # a row's marker: no simulated clock, its measured round time stands in
+
+
 def run_notes(run: Run) -> list[str]:
     """What a reader of the run's numbers must be told: it did not finish (or is still running), or the
     last line of its metrics was cut short and left out. One line each; none for a whole, finished run."""
@@ -233,6 +236,9 @@ def run_notes(run: Run) -> list[str]:
     if run.cut_short:
         notes.append(f"{Path(where) / METRICS}: its last line was cut short (a crash, or a round still being "
                      "written) and is left out")
+    if any(r.extra.get(MEASURED) for r in run.rounds):
+        notes.append(f"{where} has no simulated clock (a deployment): its times (sim time, the time axes) are "
+                     "the measured round times")
     return notes
 
 
