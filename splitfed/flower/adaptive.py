@@ -170,10 +170,9 @@ def _measured(sc: Any, m: Measurement) -> Any:
     from splitfed.optimizer import Measurement as Seen
 
     me = sc.clients[sc.index(m.client_id)]
-    if m.rtt_s is not None:
+    if m.rtt_s is not None:  # priced as this client alone: no new scenario of every client per measurement
         me = replace(me, link=replace(me.link, rtt=m.rtt_s))
-        sc = sc.with_clients([me if c.name == me.name else c for c in sc.clients])
-    cc = client_cost(sc, m.client_id, m.cuts)
+    cc = client_cost(sc, me, m.cuts)
     link = me.link
     wire_up, wire_down = cc.up_bytes[0] / link.up, cc.down_bytes[0] / link.down
     latency = cc.up_s[0] + cc.down_s[0] - wire_up - wire_down

@@ -153,9 +153,10 @@ class RunSettings:
 
     # ------------------------------------------------------------ derived
 
-    @property
+    @cached_property
     def codecs(self) -> tuple[str, ...]:
-        """One codec per link, device -> edge first (``compress``: one for all, or one each)."""
+        """One codec per link, device -> edge first (``compress``: one for all, or one each); parsed once, as
+        a run asks for it per client and round."""
         from splitfed.cost.model import link_codecs
 
         return link_codecs(self.compress, self.tiers - 1)
