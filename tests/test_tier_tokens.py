@@ -32,6 +32,7 @@ from splitfed.engine.rounds import (
     tier_loads,
 )
 from splitfed.engine.types import OptimConfig, StepKey
+from splitfed.errors import ConfigError
 from splitfed.flower.config import RunSettings
 from splitfed.flower.transport import connect
 from splitfed.sim.tiers import tier_chain
@@ -245,3 +246,52 @@ def test_deploy_gives_the_coordinator_token_to_the_tiers_and_the_serverapp_only(
     dep.start_supernode(0)
     node = spawned["supernode0"]
     assert str(made) not in " ".join(node) and str(dev) in " ".join(node)
+
+
+def test_a_run_without_the_coordinators_token_is_refused_before_round_one(tmp_path: Path) -> None:
+    """Tiers started with --coordinator-token-file say so in Describe: a run config without
+    coordinator-token-file is refused when the chain is checked, naming the setting (before: the check
+    passed and every Load of round 1 was refused). With the token the same chain is accepted, and a tier
+    without a coordinator token is accepted either way."""
+    dev, coord = _files(tmp_path)
+    with serve_tier("cloud", token=DEVICE, coordinator_token=COORD, insecure=True) as cloud, \
+            serve_tier("edge", next_address=cloud.address, token=DEVICE, coordinator_token=COORD,
+                       insecure=True) as edge:
+        addrs = f"{edge.address},{cloud.address}"
+        with pytest.raises(ConfigError) as e, tier_chain(RunSettings(tier_addresses=addrs, token_file=str(dev))):
+            pass
+        msg = str(e.value)
+        for srv in (edge, cloud):
+            assert (f"tier {srv.tier.name} at {srv.address} takes Load, Fetch and Release only with the "
+                    "coordinator's token") in msg
+        assert "give this run coordinator-token-file" in msg and DEVICE not in msg and COORD not in msg
+        assert edge.tier.clients() == cloud.tier.clients() == 0
+        with tier_chain(RunSettings(tier_addresses=addrs, token_file=str(dev),
+                                    coordinator_token_file=str(coord))) as ok:
+            assert [i.control_token for i in ok.infos] == [True, True]
+    with serve_tier("cloud", token=DEVICE, insecure=True) as plain:
+        with tier_chain(RunSettings(tiers=2, tier_addresses=plain.address, token_file=str(dev))) as ok:
+            assert [i.control_token for i in ok.infos] == [False]
+
+
+def test_ping_says_which_tiers_need_the_coordinators_token(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    dev, _ = _files(tmp_path)
+    with serve_tier("cloud", token=DEVICE, coordinator_token=COORD, insecure=True) as cloud:
+        assert main(["ping", cloud.address, "--token-file", str(dev), "--count", "1"]) == 0
+        assert "takes Load, Fetch and Release only with the coordinator's token" in capsys.readouterr().out
+
+
+def test_two_authorization_headers_are_refused_whichever_comes_last() -> None:
+    """A call carrying the tokens twice is refused, not decided by which header a proxy put last."""
+    import grpc
+
+    with serve_tier("cloud", token=DEVICE, coordinator_token=COORD, insecure=True) as cloud, \
+            grpc.insecure_channel(cloud.address) as channel:
+        describe = channel.unary_unary("/splitfed.v1.Tier/Describe")
+        describe(b"", metadata=[("authorization", f"Bearer {DEVICE}")], timeout=10)  # one: allowed
+        for pair in ((DEVICE, COORD), (COORD, DEVICE), ("wrong", DEVICE), (DEVICE, DEVICE)):
+            with pytest.raises(grpc.RpcError) as e:
+                describe(b"", metadata=[("authorization", f"Bearer {t}") for t in pair], timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "2 authorization headers: send exactly one bearer token" in (e.value.details() or "")

@@ -170,6 +170,8 @@ def _describe(row: dict[str, Any]) -> str:
                  f"served; up {row['uptime_s']:.0f} s; computes on {row.get('compute') or 'cpu'} with {row['threads']} "
                  "thread(s); releases idle segments after "
                  + (f"{idle:g} s" if idle else "never"))
+    if row.get("control_token"):
+        lines.append("  takes Load, Fetch and Release only with the coordinator's token (--coordinator-token-file)")
     if row["model_error"]:
         lines.append(f"  will not build the model: {row['model_error']}")
     return "\n".join(lines)

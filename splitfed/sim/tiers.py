@@ -110,18 +110,21 @@ def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
                         deadline_s=settings.round_timeout_s)
             stack.callback(c.close)
             clients.append(c)
-        chain.infos.extend(check_tiers(settings, chain.addresses, clients))
+        chain.infos.extend(check_tiers(settings, chain.addresses, clients,
+                                       coordinator_token=bool(chain.coordinator_token_file)))
         chain.controls.extend(clients)
         yield chain
 
 
-def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient]) -> list[TierInfo]:
+def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient], *,
+                coordinator_token: bool | None = None) -> list[TierInfo]:
     """Ask every tier what it is, and refuse a chain this run could not train through (one error, all reasons),
-    among them a tier whose codec towards its next tier (its ``--compress``) is not the run's for that link."""
+    among them a tier whose codec towards its next tier (its ``--compress``) is not the run's for that link, and
+    (``coordinator_token``: whether the control clients hold one) a tier that needs the coordinator's token."""
     from splitfed.transport.describe import check_chain
 
     spec = settings.spec
     infos = [c.describe(spec, deadline_s=DESCRIBE_S) for c in clients]
     check_chain(addresses, infos, model=spec.name, round_timeout_s=settings.round_timeout_s,
-                compress=settings.compress)
+                compress=settings.compress, coordinator_token=coordinator_token)
     return infos

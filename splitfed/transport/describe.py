@@ -52,6 +52,7 @@ class TierInfo:
     threads: int = 0
     compute: str = ""  # "cpu" or "cuda:0 (NVIDIA H200)"; "": a tier older than the field (the CPU)
     next_compress: str = ""  # its codec towards next_address (--compress); "": no next tier, or an older tier
+    control_token: bool = False  # Load, Fetch and Release need the coordinator's token (False also: an older tier)
 
     def to_pb(self) -> pb.TierInfo:
         fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -87,7 +88,8 @@ def this_version() -> str:
 
 
 def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: str = "",
-                round_timeout_s: float | None = None, compress: str | None = None) -> None:
+                round_timeout_s: float | None = None, compress: str | None = None,
+                coordinator_token: bool | None = None) -> None:
     """Refuse a chain its coordinator could not train through; every problem found, in one error.
 
     ``addresses`` are the coordinator's (``tier-addresses``, chain order) and
@@ -96,6 +98,8 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
     ``round_timeout_s`` is checked against each tier's idle release. ``compress`` is the run's codec, one for
     every link or one per link (device -> first tier first): a tier that forwards with another ``--compress``
     than its onward link's is refused (one that does not say, older than ``next_compress``, is not).
+    ``coordinator_token`` says whether the coordinator presents a coordinator token (None: not checked): without
+    one, a tier whose control calls need it would refuse every Load of round 1.
     """
     if len(addresses) != len(infos):
         raise ValueError(f"{len(addresses)} addresses but {len(infos)} descriptions")
@@ -118,6 +122,10 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
             back = "itself" if earlier[0] == i else f"tier {infos[earlier[0]].name} at {addresses[earlier[0]]}"
             problems.append(f"{at} forwards back to {back} ({info.next_address}): the chain is a loop; give it "
                             "--next the following tier, or none if it ends the chain")
+        if coordinator_token is False and info.control_token:
+            problems.append(f"{at} takes Load, Fetch and Release only with the coordinator's token (it was "
+                            "started with --coordinator-token-file): give this run coordinator-token-file (a file "
+                            "holding the same token)")
         if model and info.model_error:
             problems.append(f"{at} will not build model {model!r}: {info.model_error}")
         if (round_timeout_s is not None and info.idle_release_s is not None

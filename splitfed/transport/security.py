@@ -177,10 +177,12 @@ class TokenInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or method.startswith(EXEMPT_PREFIXES):
             return handler
-        got = None
-        for k, v in handler_call_details.invocation_metadata or ():
-            if k == AUTH_HEADER:
-                got = v.encode() if isinstance(v, str) else bytes(v)
+        sent = [v.encode() if isinstance(v, str) else bytes(v)
+                for k, v in handler_call_details.invocation_metadata or () if k == AUTH_HEADER]
+        if len(sent) > 1:  # which one counts would be a proxy's choice, not the caller's
+            return self._refused(handler, grpc.StatusCode.UNAUTHENTICATED,
+                                 f"{len(sent)} authorization headers: send exactly one bearer token")
+        got = sent[0] if sent else None
         # both compared, in constant time, whatever the method
         device = got is not None and self._want is not None and hmac.compare_digest(got, self._want)
         coordinator = got is not None and self._coordinator is not None and hmac.compare_digest(got, self._coordinator)

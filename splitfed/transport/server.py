@@ -377,7 +377,7 @@ class TierServicer:
             allowed_models=tuple(sorted(self.allowed)), model_error=model_error, segments=segments, runs=len(runs),
             steps_served=steps, uptime_s=time.monotonic() - self.started, threads=torch.get_num_threads(),
             compute=compute.describe(getattr(self.tier, "torch_device", torch.device("cpu"))),
-            next_compress=self.next.codec.name if self.next is not None else "")
+            next_compress=self.next.codec.name if self.next is not None else "", control_token=self.require_secret)
 
 
 M = TypeVar("M", bound=Message)
