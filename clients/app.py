@@ -54,6 +54,7 @@ from splitfed.flower.transport import connect
 from splitfed.flower.workload import client_data, node_data, round_batches
 from splitfed.models.zoo import ModelSpec, first_line
 from splitfed.transport.describe import PROTOCOL
+from splitfed.transport.errors import TlsRefused
 
 if TYPE_CHECKING:
     from splitfed.transport.client import GrpcTierClient
@@ -151,6 +152,9 @@ def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | No
                      tls_cert=node.tls_cert or str(ask["tls-cert"]), tls_key=node.tls_key or str(ask["tls-key"]),
                      token_file=node.token_file or str(ask["token-file"]), deadline_s=30.0) as link:
             return measure_link(link, count=3, bandwidth=True), ""
+    except TlsRefused as e:  # no network blip either: every step through the edge would be refused
+        raise ConfigError(f"the edge refuses this node's TLS ({e}); node config tls-ca, tls-cert and tls-key "
+                          "(or the run's) give the files") from None
     except TierError as e:
         if e.code != "UNAUTHENTICATED":
             return _unmeasured(node, e)

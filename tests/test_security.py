@@ -8,7 +8,7 @@ import pytest
 from splitfed.engine.types import StepKey
 from splitfed.errors import ConfigError
 from splitfed.transport.client import GrpcTierClient
-from splitfed.transport.errors import Unauthenticated
+from splitfed.transport.errors import TlsRefused, Unauthenticated, Unavailable
 from splitfed.transport.pb import method
 from splitfed.transport.security import TlsConfig, read_token
 from splitfed.transport.server import serve_tier
@@ -45,6 +45,13 @@ def test_mutual_tls_rejects_no_cert_and_a_cert_of_another_ca(certs: Certs, who: 
         msg = _refused(c)
         assert msg.startswith("UNAVAILABLE"), msg
         assert srv.tier.clients() == 0
+        # told apart from a tier that is down: one handshake says which side refuses what
+        with pytest.raises(TlsRefused) as e:
+            c.describe()
+        want = {"no_cert": "it requires a client certificate (mutual TLS) and none was given: --tls-cert",
+                "rogue": f"it refuses this side's certificate {certs.rogue.cert} (one its CA did not sign?)"}[who]
+        assert "TLS refused: the tier closed the connection after the TLS handshake" in str(e.value)
+        assert want in str(e.value)
 
 
 def test_client_verifies_the_server(certs: Certs, tmp_path) -> None:  # noqa: F811, ANN001
@@ -58,7 +65,14 @@ def test_client_verifies_the_server(certs: Certs, tmp_path) -> None:  # noqa: F8
         with GrpcTierClient(srv.address, tls=TlsConfig(ca=certs.ca)) as c:
             _ok(c)  # TLS without client certificates
         with GrpcTierClient(srv.address, tls=TlsConfig(ca=other_ca), retries=0, deadline_s=10) as c:
-            assert _refused(c).startswith("UNAVAILABLE")
+            msg = _refused(c)
+            assert msg.startswith("UNAVAILABLE") and (
+                f"TLS refused: this side does not trust the tier's certificate by the CA in {other_ca} "
+                "(unable to get local issuer certificate): give the CA that signed it (--tls-ca / tls-ca)") in msg
+        # a certificate for other names than the one asked for
+        with GrpcTierClient(srv.address, tls=TlsConfig(ca=certs.ca, server_name="elsewhere.example"), retries=0,
+                            deadline_s=10) as c:
+            assert "Hostname mismatch" in _refused(c)
         with GrpcTierClient(srv.address, retries=0, deadline_s=10) as c:  # plaintext to a TLS port
             msg = _refused(c)
             assert msg.startswith("UNAVAILABLE") and "a tier that serves TLS closes a plaintext connection" in msg
@@ -134,3 +148,39 @@ def test_a_chain_of_mutual_tls_tiers_with_tokens_changes_no_number(certs: Certs)
                 verify(resolve_spec("cnn"), [(2, 5)], mode="sflv1", chain=chain, transport="grpc")
         finally:
             close_chain(chain)
+
+
+def test_a_tls_client_of_a_plaintext_tier_and_a_tier_that_is_down(certs: Certs) -> None:  # noqa: F811
+    """TLS to a tier serving plaintext is a configuration to fix, said as such; a tier that is not there is
+    plain UNAVAILABLE (a network matter: retried, and no TLS verdict)."""
+    with serve_tier("cloud", insecure=True) as srv, \
+            GrpcTierClient(srv.address, tls=certs.client, retries=0, deadline_s=10) as c:
+        with pytest.raises(TlsRefused, match=r"the tier does not speak TLS \(WRONG_VERSION_NUMBER\): it serves "
+                                             r"plaintext"):
+            c.describe()
+        address = srv.address
+    with GrpcTierClient(address, tls=certs.client, retries=1, deadline_s=10) as c:
+        with pytest.raises(Unavailable) as e:
+            c.describe()
+        assert not isinstance(e.value, TlsRefused) and "TLS" not in str(e.value)
+
+
+def test_a_node_whose_certificate_the_edge_refuses_is_left_out_at_registration(certs: Certs) -> None:  # noqa: F811
+    """Before, a refused handshake read as a link that could not be measured: the node registered and then
+    failed every round it sent an activation to the edge. Now its query fails naming its TLS, and the
+    coordinator leaves it out as it does a bad node config; a good certificate measures its link."""
+    from flwr.app import ConfigRecord
+
+    from clients.app import _measure_link
+    from splitfed.flower.node import NodeConfig
+
+    ask = ConfigRecord({"edge-address": "", "tls-ca": "", "tls-cert": "", "tls-key": "", "token-file": ""})
+    with serve_tier("edge", tls=certs.server) as edge:
+        def node(tls: TlsConfig) -> NodeConfig:
+            return NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "edge-address": edge.address,
+                                     "tls-ca": str(tls.ca), "tls-cert": str(tls.cert), "tls-key": str(tls.key)})
+
+        with pytest.raises(ConfigError, match=f"the edge refuses this node's TLS .*{certs.rogue.cert}"):
+            _measure_link(node(certs.rogue), ask)
+        link, why = _measure_link(node(certs.client), ask)
+        assert link is not None and link.rtt_ms > 0 and why == ""

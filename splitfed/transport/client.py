@@ -30,9 +30,9 @@ from splitfed.transport import codec as tc
 from splitfed.transport import wire
 from splitfed.transport.address import parse_address
 from splitfed.transport.describe import PROTOCOL, TierInfo, this_version
-from splitfed.transport.errors import DeadlineExceeded, RpcFailed, error_of
+from splitfed.transport.errors import DeadlineExceeded, RpcFailed, TlsRefused, error_of
 from splitfed.transport.pb import SERVICE, method, pb
-from splitfed.transport.security import TlsConfig, bearer
+from splitfed.transport.security import TlsConfig, bearer, tls_refusal
 
 T = TypeVar("T")
 
@@ -106,7 +106,8 @@ class GrpcTierClient:
         channel = (grpc.secure_channel(address, tls.channel_credentials(), options=opts) if tls
                    else grpc.insecure_channel(address, options=opts))
         self._raw_channel = channel
-        self._tls = tls is not None
+        self._tls = tls
+        self._health_failed: tuple[grpc.StatusCode, str, float] | None = None
         if interceptors:
             channel = grpc.intercept_channel(channel, *interceptors)
         self._metadata = (bearer(token),) if token else ()
@@ -163,12 +164,12 @@ class GrpcTierClient:
             return DeadlineExceeded(f"{where}: no answer within the deadline of {budget:.3g}s ({details})")
         if code == grpc.StatusCode.UNAVAILABLE:
             hint = ""
-            if self._tls and ("closed" in details.lower() or "handshake" in details.lower()
-                              or "ssl" in details.lower()):
-                hint = (" (over TLS this is also how a refused handshake looks: check that the tier's CA "
-                        "signed this client's certificate, and that the CA given here (--tls-ca / tls-ca) "
-                        "signed the tier's)")
-            elif not self._tls and "socket closed" in details.lower():
+            if self._tls is not None:
+                host, port = parse_address(self.address, "tier address")
+                refusal = tls_refusal(host, port, self._tls, timeout_s=min(3.0, budget))
+                if refusal:
+                    return TlsRefused(f"{where}: TLS refused: {refusal}")
+            elif "socket closed" in details.lower():
                 hint = (" (a tier that serves TLS closes a plaintext connection this way: connect with the CA "
                         "that signed its certificate, e.g. --tls-ca / tls-ca)")
             return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}{hint}")
@@ -312,9 +313,22 @@ class GrpcTierClient:
         try:
             r = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout,
                                    wait_for_ready=wait)
-        except grpc.RpcError:
+        except grpc.RpcError as e:
+            self._health_failed = (*_status(e), timeout)
             return False
-        return r.status == health_pb2.HealthCheckResponse.SERVING
+        self._health_failed = None
+        if r.status != health_pb2.HealthCheckResponse.SERVING:
+            self._health_failed = (grpc.StatusCode.UNAVAILABLE, f"serving status {r.status}", timeout)
+            return False
+        return True
+
+    def health_failure(self) -> TierError | None:
+        """Why the last :meth:`health` check failed, as a call's error (a refused TLS handshake is
+        :class:`TlsRefused`); None if it did not. Worked out on demand: polling a starting tier stays cheap."""
+        if self._health_failed is None:
+            return None
+        code, details, timeout = self._health_failed
+        return self._error(code, details, "health check", 0, timeout)
 
     def close(self) -> None:
         self._raw_channel.close()

@@ -20,6 +20,11 @@ from splitfed.errors import (
 )
 
 
+class TlsRefused(Unavailable):
+    """UNAVAILABLE because the TLS handshake was refused (not the network): a configuration to fix, not
+    a tier to wait for."""
+
+
 class DeadlineExceeded(TierError):
     code = "DEADLINE_EXCEEDED"
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from splitfed.errors import Unavailable
 from splitfed.transport.client import GrpcTierClient
+from splitfed.transport.errors import TlsRefused
 
 START_BYTES = 16 << 10  # 1.3 s at 0.1 Mbit/s (BLE): a slow link is measured quickly too
 
@@ -36,7 +37,11 @@ def round_trip_ms(client: GrpcTierClient, count: int, timeout: float) -> float:
         ok = client.health(timeout)
         took = (time.perf_counter() - t0) * 1e3
         if not ok:
-            raise Unavailable(f"tier {client.address}: its health check failed, so no round trip was timed")
+            why = client.health_failure()
+            if isinstance(why, TlsRefused):  # a configuration to fix, not a link to measure later
+                raise why
+            raise Unavailable(f"tier {client.address}: its health check failed, so no round trip was timed"
+                              + (f" ({why})" if why is not None else ""))
         times.append(took)
     return statistics.median(times)
 

@@ -17,6 +17,8 @@ that a device, which holds the devices' token, cannot claim or release a segment
 from __future__ import annotations
 
 import hmac
+import socket
+import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +119,68 @@ class TlsConfig:
 
     def channel_options(self) -> list[tuple[str, str]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
+
+
+def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0) -> str | None:
+    """Why this TLS config's handshake with the tier at ``host:port`` fails, or None if it does not (or the
+    tier cannot be reached at all: that is no TLS question).
+
+    gRPC reports a refused handshake as UNAVAILABLE, as it does a network blip, so a device with the wrong
+    certificate looked like one whose edge was down. One handshake here tells them apart: this side
+    refusing the tier's certificate fails the handshake with OpenSSL's reason, and a tier refusing this
+    side's certificate (mutual TLS) closes the connection right after it, where a gRPC server that
+    accepted it would send its HTTP/2 settings first."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if tls.ca is not None:
+            ctx.load_verify_locations(cafile=str(tls.ca))
+        else:
+            ctx.load_default_certs()
+        if tls.cert is not None:
+            ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    except (OSError, ssl.SSLError):  # TlsConfig.check names a bad file; gRPC would refuse it too
+        return None
+    ctx.set_alpn_protocols(["h2"])
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError:
+        return None
+    with raw:
+        try:
+            conn = ctx.wrap_socket(raw, server_hostname=tls.server_name or host)
+        except ssl.SSLCertVerificationError as e:
+            ca = f"the CA in {tls.ca}" if tls.ca is not None else "the system's CAs"
+            return (f"this side does not trust the tier's certificate by {ca} ({e.verify_message}): give the CA "
+                    "that signed it (--tls-ca / tls-ca); its names must include the address's host")
+        except ssl.SSLError as e:
+            if e.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+                return (f"the tier does not speak TLS ({e.reason}): it serves plaintext (splitfed tier "
+                        "--insecure); start it with --tls-cert and --tls-key, or connect without TLS")
+            return f"the TLS handshake failed ({e.reason or e})"
+        except OSError:
+            return None
+        with conn:
+            try:
+                conn.sendall(H2_PREFACE)
+                answer = conn.recv(9)
+            except (ssl.SSLError, ConnectionError) as e:
+                answer, alert = b"", f" ({getattr(e, 'reason', None) or e})"
+            except OSError:  # a timeout: no verdict
+                return None
+            else:
+                alert = ""
+            if answer:
+                return None
+            if tls.cert is None:
+                return (f"the tier closed the connection after the TLS handshake{alert}: it requires a client "
+                        "certificate (mutual TLS) and none was given: --tls-cert and --tls-key / tls-cert and tls-key")
+            return (f"the tier closed the connection after the TLS handshake{alert}: it refuses this side's "
+                    f"certificate {tls.cert} (one its CA did not sign?): give a certificate the tier's CA signed, "
+                    "--tls-cert and --tls-key / tls-cert and tls-key")
 
 
 def read_token(path: str | Path) -> str:
