@@ -127,6 +127,23 @@ def test_mnist_matches_the_idx_spec_pixel_for_pixel(tmp_path: Path, layout: str)
         assert np.array_equal(y.numpy(), arrays[labels_name])
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "folders"])
+def test_mnist_reads_kaggles_spelling(tmp_path: Path, nested: bool) -> None:
+    """Kaggle's copy names the files ``train-images.idx3-ubyte`` (and nests each in a folder of that name);
+    it was reported missing."""
+    plain = tmp_path / "plain"
+    arrays = write_mnist(plain)
+    kaggle = tmp_path / "kaggle"
+    for name in arrays:
+        spelt = name.replace("-idx", ".idx")
+        to = kaggle / spelt / spelt if nested else kaggle / spelt
+        to.parent.mkdir(parents=True, exist_ok=True)
+        to.write_bytes((plain / name).read_bytes())
+    for got, want in zip(mnist(kaggle), mnist(plain), strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got.tensors, want.tensors, strict=True))
+    assert dataset_digest(f"mnist:{kaggle}") == dataset_digest(f"mnist:{plain}")  # the same bytes read
+
+
 def test_read_idx_reads_any_unsigned_byte_idx_array(tmp_path: Path) -> None:
     a = np.arange(2 * 3 * 5, dtype=np.uint8).reshape(2, 3, 5)
     (tmp_path / "a").write_bytes(idx_bytes(a))

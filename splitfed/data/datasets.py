@@ -124,12 +124,14 @@ _MNIST_FILES = {
 
 
 def _find(root: Path, name: str, dataset: str) -> Path:
-    """``root/name`` or ``root/name.gz``, also under torchvision's ``MNIST/raw`` layout."""
+    """``root/name`` or ``root/name.gz``, also under torchvision's ``MNIST/raw`` layout, and as Kaggle's copy
+    spells and nests it (``train-images.idx3-ubyte``, each in a folder of its own name)."""
+    kaggle = name.replace("-idx", ".idx")
     for folder in (root, root / "MNIST" / "raw"):
-        for candidate in (folder / name, folder / f"{name}.gz"):
+        for candidate in (folder / name, folder / f"{name}.gz", folder / kaggle, folder / kaggle / kaggle):
             if candidate.is_file():
                 return candidate
-    raise ConfigError(f"{dataset}: missing {root / name}[.gz]; {_NEVER}")
+    raise ConfigError(f"{dataset}: missing {root / name}[.gz] (or {kaggle}); {_NEVER}")
 
 
 def read_idx(path: str | Path) -> np.ndarray:
