@@ -507,6 +507,28 @@ def test_an_npz_gives_its_sample_shape_from_the_header(tmp_path: Path) -> None:
     assert sample_shape(f"npz:{tmp_path / 'missing.npz'}") is None  # named later, by the reader
 
 
+@pytest.mark.parametrize("stored,refused", [((32, 32, 3), True), ((28, 28, 1), True), ((64, 64, 4), True),
+                                             ((3, 32, 32), False), ((1, 28, 28), False), ((4, 4, 3), False)])
+def test_channel_last_images_are_refused_for_a_zoo_image_model(tmp_path: Path, stored: tuple[int, ...],
+                                                                refused: bool) -> None:
+    """An .npz stored (N, H, W, C) built cnn for C = W channels of H x W... silently: a (32, 32, 3) input
+    read as 32 channels of 32x3. It is refused with the transpose that fixes it; a module:factory model
+    takes its samples as stored."""
+    from splitfed.data.datasets import spec_for
+    from splitfed.errors import ConfigError
+
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=np.zeros((5, *stored), np.float32), y_train=np.zeros(5, np.int64),
+             x_test=np.zeros((2, *stored), np.float32), y_test=np.zeros(2, np.int64))
+    if not refused:
+        assert spec_for("cnn", f"npz:{path}").input_shape == stored
+        return
+    with pytest.raises(ConfigError, match=r"looks channel-last \(H, W, C\); model 'cnn' takes \(C, H, W\).*"
+                                          r"x.transpose\(0, 3, 1, 2\)"):
+        spec_for("cnn", f"npz:{path}")
+    assert spec_for("mlp", f"npz:{path}").input_shape == (int(np.prod(stored)),)  # a vector model: flat
+
+
 def test_mnist_files_train_a_cnn_sized_for_them(tmp_path: Path) -> None:
     """The README's ``mnist:PATH`` with the zoo's cnn: one in-process round, end to end."""
     from splitfed.flower.config import RunSettings

@@ -437,6 +437,11 @@ def spec_for(model: str, dataset: str, vocab: int = 0) -> ModelSpec:
     if native is None or ZOO[model].vocab or vocab:
         return resolve_spec(model, num_classes=classes, vocab=vocab or None)
     if len(default) == 3 and len(native) == 3:
+        if native[-1] in (1, 3, 4) and native[0] not in (1, 3, 4) and native[0] > native[-1]:
+            raise ConfigError(f"{str(dataset).strip()}: samples are {native}, which looks channel-last (H, W, C); "
+                              f"model {model!r} takes (C, H, W) and would read {native[0]} channels of "
+                              f"{native[1]}x{native[2]}: store x_train and x_test as x.transpose(0, 3, 1, 2) "
+                              "(or train a module:factory model, which takes samples as stored)")
         return resolve_spec(model, native, classes)
     if len(default) == 1:
         return resolve_spec(model, (math.prod(native),), classes)
