@@ -145,6 +145,17 @@ def test_large_rank_and_zero_dim_tensors_travel_exactly(dtype: torch.dtype) -> N
         assert got.shape == t.shape and _bits(got) == _bits(t) == bytes(tc.encode(t).payload)
 
 
+@pytest.mark.parametrize("codec", ["none", "fp16", "int8", "topk:0.5"])
+def test_a_tensor_of_17_dimensions_is_refused_by_its_sender_as_by_its_receiver(codec: str) -> None:
+    """The receiver refuses more than 16 dimensions; the sender (and so an in-process lossy link, which ran
+    the same encoder and then accepted it) now says so before anything is sent."""
+    t = torch.ones((1,) * 17)
+    with pytest.raises(InvalidArgument, match="a tensor of 17 dimensions cannot travel \\(at most 16\\)"):
+        tc.encode(t, codec)
+    with pytest.raises(InvalidArgument, match="17 dimensions"):
+        tc.roundtrip(t, codec)
+
+
 @pytest.mark.parametrize("make", [
     lambda: torch.tensor(1.5, dtype=torch.bfloat16).expand(1),       # one element, stride 0
     lambda: torch.arange(3.0).to(torch.bfloat16).reshape(1, 3)[:, ::3],  # one element, stride 3

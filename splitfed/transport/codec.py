@@ -147,6 +147,8 @@ def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
         raise InvalidArgument(f"dtype {t.dtype} cannot travel (supported: "
                               f"{', '.join(str(d).removeprefix('torch.') for d in DTYPE_CODES)})")
     shape = tuple(t.shape)
+    if len(shape) > MAX_DIMS:  # the receiver's limit, said by the sender (in-process lossy links included)
+        raise InvalidArgument(f"a tensor of {len(shape)} dimensions cannot travel (at most {MAX_DIMS})")
     if codec.kind == "none":
         return Encoded(t.dtype, shape, codec, _bytes_view(t))
     flat = t.detach().reshape(-1)
