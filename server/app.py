@@ -55,11 +55,14 @@ RESUMABLE = {"rounds", "out", "resume", "overwrite", "tier_addresses", "tier_tor
 
 def build_app(settings: RunSettings | None = None, progress: Progress | None = None,
               stop: threading.Event | None = None,
-              on_summary: Callable[[dict[str, Any]], None] | None = None) -> ServerApp:
+              on_summary: Callable[[dict[str, Any]], None] | None = None,
+              recorded_as: RunSettings | None = None) -> ServerApp:
     """A ServerApp for ``settings``; without them it reads ``context.run_config`` (``flwr run``).
 
     ``stop`` ends the run between polls (Ctrl-C in ``splitfed simulate``);
-    ``on_summary`` receives the run's summary (``run_simulation`` returns nothing).
+    ``on_summary`` receives the run's summary (``run_simulation`` returns nothing); ``recorded_as``: the
+    settings the summary and checkpoint record, when ``settings`` carry what only this process knows (the
+    addresses and temporary token of tiers ``splitfed simulate`` started for the run).
     """
     server_app = ServerApp()
 
@@ -67,7 +70,7 @@ def build_app(settings: RunSettings | None = None, progress: Progress | None = N
     def main(grid: Grid, context: Context) -> None:
         s = settings or RunSettings.from_mapping(dict(context.run_config), source="run config")
         try:
-            summary = run(grid, s, progress, stop)
+            summary = run(grid, s, progress, stop, recorded_as=recorded_as)
         except RunStopped:
             if stop is not None and stop.is_set():
                 return  # stopped by its caller, who knows why: ending normally spares Flower's 3 s wait for it
@@ -82,27 +85,30 @@ app = build_app()
 
 
 def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
-        stop: threading.Event | None = None) -> dict[str, Any]:
-    """The whole run (see the module docstring); returns the summary."""
+        stop: threading.Event | None = None, recorded_as: RunSettings | None = None) -> dict[str, Any]:
+    """The whole run (see the module docstring); returns the summary (see :func:`build_app`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every other process of a run: the same kernels, so the same numbers
     try:
-        return _run(grid, settings, progress or (lambda line: log(INFO, "%s", line)), stop)
+        return _run(grid, settings, progress or (lambda line: log(INFO, "%s", line)), stop, recorded_as)
     finally:
         torch.set_num_threads(threads)  # the caller's process (a notebook, a test) gets its setting back
 
 
-def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None) -> dict[str, Any]:
+def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None,
+         recorded_as: RunSettings | None) -> dict[str, Any]:
     if not settings.out:
-        return _run_in(grid, settings, say, stop)
+        return _run_in(grid, settings, say, stop, recorded_as)
     with runfolder.claim(settings.out, settings.resume, settings.overwrite):  # one run per folder, held to the end
-        return _run_in(grid, settings, say, stop)
+        return _run_in(grid, settings, say, stop, recorded_as)
 
 
-def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None) -> dict[str, Any]:
+def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None,
+            recorded_as: RunSettings | None = None) -> dict[str, Any]:
     data = data_digest(settings)  # once: hashing a dataset's files each round would cost seconds
     ckpt = _resume(settings, data)
     settings = named(settings, ckpt)
+    recorded = (recorded_as or settings).with_(run_name=settings.run_name).to_dict()
     # the key of the clients' binding secrets: a run resumed under its own name keeps it (its loads then
     # replace the segments the crashed run left on the tiers), any other run gets its own
     kept = ckpt is not None and ckpt.binding_key and ckpt.settings.get("run_name") == settings.run_name
@@ -148,7 +154,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             check_converging(rnd, loss, settings.lr)
             if writer is not None:
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
-                    rnd, state_now, settings.to_dict(), dict(strategy.previous), policy.state_dict(),
+                    rnd, state_now, recorded, dict(strategy.previous), policy.state_dict(),
                     torch.get_rng_state(), data, binding_key=binding_key))
             started = time.perf_counter()
 
@@ -156,7 +162,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
                        timeout=settings.round_timeout_s, first_round=first, on_round=on_round)
 
     rows = writer.rows() if writer is not None else []
-    summary = summarise(rows, settings.to_dict())
+    summary = summarise(rows, recorded)
     if writer is not None:
         path = writer.write_summary(summary)
         say(f"wrote {writer.path} and {path}")

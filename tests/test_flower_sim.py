@@ -51,7 +51,12 @@ def test_simulation_trains_and_equals_unsplit_fedavg(two_rounds):
         assert r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["sim_round_s"] > 0
         assert r["cuts"] == {"client0": [1, 3], "client1": [2, 5], "client2": [0, 4], "client3": [3, 7]}
     assert rows[1]["accuracy"] > rows[0]["accuracy"] > 0.2  # 10 classes: chance is 0.1
-    assert (out / "summary.json").is_file()
+    # what the user asked for is recorded, not the addresses and temporary token of the tiers started for it
+    recorded = json.loads((out / "summary.json").read_text())["settings"]
+    assert recorded == checkpoint.load(out).settings
+    assert recorded["tier_addresses"] == recorded["coordinator_token_file"] == ""
+    assert {k: v for k, v in recorded.items() if k != "run_name"} == {
+        k: v for k, v in SETTINGS.with_(out=str(out)).to_dict().items() if k != "run_name"}
     got = checkpoint.load(out).state
     assert max_abs_diff(got, reference_run(SETTINGS)) <= TOLERANCE
 

@@ -71,7 +71,8 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses),
                                           coordinator_token_file=chain.coordinator_token_file)
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
-            server_app = build_app(run_settings, signals.progress(progress), stop=stop, on_summary=summary.update)
+            server_app = build_app(run_settings, signals.progress(progress), stop=stop, on_summary=summary.update,
+                                   recorded_as=settings)
             backend: dict[str, dict[str, ConfigRecordValues]] = {  # Ray is already up
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
             try:
