@@ -503,3 +503,27 @@ def test_report_says_a_deployed_runs_times_are_measured(tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert err == (f"splitfed report: note: {deployed} has no simulated clock (a deployment): its times (sim time, "
                    "the time axes) are the measured round times\n"), err
+
+
+def test_headers_and_axes_name_the_clock_the_runs_have(tmp_path: Path) -> None:
+    """Measured times under "sim time s" and on "simulated time" axes misled a reader even with the note:
+    the headers, the round table and the axes now name the clock (sim, measured, or both for a mix)."""
+    from splitfed.report.plots import _views
+    from splitfed.report.runs import clock_of, load_runs
+    from splitfed.report.summary import summary_markdown, summary_rows
+    from splitfed.report.table import round_table
+
+    measured_rows = [{**r, "sim_round_s": None, "measured_round_s": 1.5} for r in make_rows(2)]
+    deployed = write_run(tmp_path / "deployed", measured_rows, {"label": "deployed"})
+    simulated = write_run(tmp_path / "simulated", make_rows(2), {"label": "simulated"})
+    for paths, clock, axis in (([simulated], "sim", "simulated"), ([deployed], "measured", "measured"),
+                               ([deployed, simulated], "sim/measured", "simulated or measured")):
+        runs = load_runs(paths)
+        assert clock_of(runs) == clock
+        headers, _ = summary_rows(runs, target=0.7)
+        assert headers[4:6] == [f"{clock} time s", f"mean {clock} round s"] and headers[-2] == f"{clock} s to 0.7"
+        assert f"| {clock} time s |" in summary_markdown(runs, target=0.7)
+        assert f"{clock_of(runs[:1])} round s" in round_table(runs[0])
+        names = [name for name, _, _ in _views(runs, tmp_path, None)]
+        assert f"accuracy vs {axis} time" in names
+    assert summary_rows(load_runs([deployed]))[1][0][4] == 3.0  # the measured times themselves: 2 x 1.5 s

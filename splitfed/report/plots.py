@@ -25,8 +25,10 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from splitfed.report.runs import Run
+from splitfed.report.runs import Run, clock_of
 from splitfed.report.table import MB
+
+_CLOCK = {"sim": "simulated", "measured": "measured", "sim/measured": "simulated or measured"}  # clock_of's words
 
 DPI = 120
 _MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
@@ -86,10 +88,13 @@ def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel:
 
 
 def accuracy_vs_time_plot(runs: Sequence[Run], path: str | Path, target: float | None = None,
-                          title: str = "Test accuracy vs simulated time") -> Path:
-    """Accuracy after each round against the simulated clock (cost-model makespans summed)."""
+                          title: str = "") -> Path:
+    """Accuracy after each round against the simulated clock (cost-model makespans summed), or a
+    deployment's measured one (:func:`~splitfed.report.runs.clock_of` names which on the axis)."""
     series = [Series(r.label, *_with_start(r, r.sim_time)) for r in runs]
-    return line_plot(series, path, title=title, xlabel="simulated time (s)", ylabel="test accuracy",
+    kind = _CLOCK[clock_of(runs)]
+    return line_plot(series, path, title=title or f"Test accuracy vs {kind} time", xlabel=f"{kind} time (s)",
+                     ylabel="test accuracy",
                      hline=target, hline_label=f"target {target:g}" if target is not None else "")
 
 
@@ -99,11 +104,14 @@ def accuracy_per_round_plot(runs: Sequence[Run], path: str | Path,
     return line_plot(series, path, title=title, xlabel="round", ylabel="test accuracy", integer_x=True)
 
 
-def makespan_plot(runs: Sequence[Run], path: str | Path, title: str = "Simulated round time (makespan)",
+def makespan_plot(runs: Sequence[Run], path: str | Path, title: str = "",
                   mark_round: int | None = None) -> Path:
-    """Each round's simulated makespan; ``mark_round`` draws a vertical line (e.g. where drift starts)."""
+    """Each round's simulated makespan (a deployment's measured round time); ``mark_round`` draws a vertical
+    line (e.g. where drift starts)."""
     series = [Series(r.label, [x.round for x in r.rounds], [x.sim_round_s for x in r.rounds]) for r in runs]
-    return line_plot(series, path, title=title, xlabel="round", ylabel="makespan (simulated s)", integer_x=True,
+    kind = _CLOCK[clock_of(runs)]
+    return line_plot(series, path, title=title or f"{kind.capitalize()} round time (makespan)", xlabel="round",
+                     ylabel=f"makespan ({kind} s)", integer_x=True,
                      vline=None if mark_round is None else mark_round - 0.5,
                      vline_label=f"change from round {mark_round}" if mark_round is not None else "")
 
@@ -184,7 +192,7 @@ def standard_plots(runs: Sequence[Run], out: str | Path, target: float | None = 
 def _views(runs: Sequence[Run], d: Path, target: float | None) -> list[tuple[str, Path, Callable[[Path], Path]]]:
     """(name, PNG path, how to draw it) of each standard view: one list for the files and the drawing."""
     views: list[tuple[str, Path, Callable[[Path], Path]]] = [
-        ("accuracy vs simulated time", d / "accuracy_vs_time.png", lambda p: accuracy_vs_time_plot(runs, p, target)),
+        (f"accuracy vs {_CLOCK[clock_of(runs)]} time", d / "accuracy_vs_time.png", lambda p: accuracy_vs_time_plot(runs, p, target)),
         ("accuracy per round", d / "accuracy_per_round.png", lambda p: accuracy_per_round_plot(runs, p)),
         ("makespan per round", d / "makespan.png", lambda p: makespan_plot(runs, p)),
         ("bytes per round", d / "bytes.png", lambda p: bytes_plot(runs, p)),

@@ -224,6 +224,13 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
 MEASURED = "sim_round_s_is_measured"  # a row's marker: no simulated clock, its measured round time stands in
 
 
+def clock_of(runs: Sequence[Run]) -> str:
+    """What the runs' times are, for headers and axes: ``sim`` (the cost model's clock), ``measured`` (a
+    deployment, which has none: its measured round times stand in) or ``sim/measured`` (both kinds)."""
+    measured = {any(r.extra.get(MEASURED) for r in run.rounds) for run in runs}
+    return "sim/measured" if len(measured) > 1 else "measured" if measured == {True} else "sim"
+
+
 def run_notes(run: Run) -> list[str]:
     """What a reader of the run's numbers must be told: it did not finish (or is still running), or the
     last line of its metrics was cut short and left out. One line each; none for a whole, finished run."""

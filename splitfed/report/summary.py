@@ -12,18 +12,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitfed.report.runs import Run, run_notes
+from splitfed.report.runs import Run, clock_of, run_notes
 from splitfed.report.table import MB, format_value
 
 HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
-           "MB on the wire", "wall s")
+           "MB on the wire", "wall s")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
 
 
 def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list[str], list[list[Any]]]:
     """Headers and one row per run (with time and rounds to ``target`` accuracy when given)."""
-    headers = list(HEADERS)
+    clock = clock_of(runs)
+    headers = [h.replace("sim", clock) for h in HEADERS]
     if target is not None:
-        headers += [f"sim s to {target:g}", f"rounds to {target:g}"]
+        headers += [f"{clock} s to {target:g}", f"rounds to {target:g}"]
     rows = []
     for r in runs:
         n = len(r.rounds)
@@ -59,7 +60,9 @@ def summary_markdown(runs: Sequence[Run], target: float | None = None,
     if notes:
         parts += ["## Notes", "", *notes, ""]
     if target is not None:
-        parts += [f"Time to target: simulated seconds (cost-model clock) until the global model's test "
+        seconds = {"sim": "simulated seconds (cost-model clock)", "measured": "measured seconds (round times)"}.get(
+            clock_of(runs), "simulated seconds (cost-model clock), or measured ones for a deployment")
+        parts += [f"Time to target: {seconds} until the global model's test "
                   f"accuracy first reaches {target:g}; `-`: never.", ""]
     sources = [f"- **{r.label}**: `{r.path}`" for r in runs if r.path is not None]
     if sources:

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from splitfed.report.runs import Cuts, RoundRow, Run, rows_to_run
+from splitfed.report.runs import Cuts, RoundRow, Run, clock_of, rows_to_run
 
 MB = 1e6
 _FILLERS = ("", "...", None)
@@ -50,7 +50,8 @@ def cut_mix(cuts: Sequence[Cuts]) -> str:
 
 def round_table(run: Run, max_rows: int = 30) -> str:
     """Per round: accuracy, loss, simulated round time and bytes (long runs: first and last rounds)."""
-    headers = ["round", "accuracy", "loss", "sim round s", "sim total s", "MB up", "MB down"]
+    clock = clock_of([run])
+    headers = ["round", "accuracy", "loss", f"{clock} round s", f"{clock} total s", "MB up", "MB down"]
     rows: list[list[Any]] = [[r.round, r.accuracy, r.loss, r.sim_round_s, t, r.bytes_up / MB, r.bytes_down / MB]
                              for r, t in zip(run.rounds, run.sim_time, strict=True)]
     if len(rows) > max_rows:
