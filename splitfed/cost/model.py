@@ -26,9 +26,11 @@ Per client, per round (prefix sums make each term O(1) per option):
   goes up again (that backward call also releases the replicas the servers hold
   since the forward, even when nothing before E has parameters).
 - bytes on the wire (``codec``, per link; what :mod:`splitfed.transport.compress`
-  sends for a float32 tensor of N = b * a / 4 values, b samples in the message):
-  none: 4N; fp16: 2N; int8: 8 + N (float32 scale and offset, one byte a value);
-  topk:F: min(N, max(1, ceil(F N))) * (4 + 4) (int32 index + float32 value).
+  sends for the boundary's tensor of N = b * a / s values, b samples in the message,
+  s the element size of the dtype the profiler saw there: ``ModelProfile.dtypes``):
+  none: sN; fp16: 2N; int8: 8 + N (float32 scale and offset, one byte a value);
+  topk:F: min(N, max(1, ceil(F N))) * (4 + s) (int32 index + the value in its dtype),
+  each read off :func:`splitfed.transport.codec.payload_size` (``wire_bytes``).
   Integer tensors (token-id inputs, labels) travel exactly. A round sends, per
   epoch, floor(samples / B) full batches and one short batch of r samples.
   Weights (the exchange below, and moves) always travel uncompressed.
@@ -91,7 +93,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property, reduce
+from functools import cache, cached_property, reduce
 from operator import add
 
 import numpy as np
@@ -107,7 +109,6 @@ Assignment = Mapping[str, Sequence[int]]
 
 MODES = ("sl", "sflv1", "sflv2")  # the engine's variants (splitfed.engine.types.MODES)
 LABEL_BYTES = 8.0  # int64 label per sample (the tiers accept int64 labels only)
-FLOAT_BYTES = 4    # boundary tensors are float32 (every model of the zoo)
 WireCodec = tuple[str, float]  # (kind, top-k fraction)
 
 
@@ -153,22 +154,49 @@ def codec_name(c: WireCodec) -> str:
 
 
 def wire_bytes(codec: WireCodec | str, per_sample: np.ndarray | float, samples: int,
-               floating: np.ndarray | bool = True) -> np.ndarray:
-    """Bytes one message carries for a float32 boundary tensor of ``samples`` x ``per_sample`` bytes
-    (exactly :func:`splitfed.transport.codec.payload_size`); integer tensors travel as they are."""
+               floating: np.ndarray | bool = True, itemsize: np.ndarray | float = 4.0) -> np.ndarray:
+    """Bytes one message carries for a boundary tensor of ``samples`` x ``per_sample`` bytes whose values
+    are ``itemsize`` bytes each (its dtype's; 0 or ``floating`` False: not floating, e.g. token ids, which
+    every codec sends as they are): exactly :func:`splitfed.transport.codec.payload_size`, whose rules
+    :func:`codec_rules` reads off. Arrays broadcast (one entry per boundary); the default is float32."""
     kind, f = parse_codec(codec) if isinstance(codec, str) else codec
     raw = np.asarray(per_sample, dtype=float) * samples
     if samples == 0 or kind == "none":
         return raw
-    n = raw / FLOAT_BYTES
-    if kind == "fp16":
-        enc = 2.0 * n
-    elif kind == "int8":
-        enc = 8.0 + n
-    else:
-        k = np.where(n > 0, np.minimum(n, np.maximum(1.0, np.ceil(f * n))), 0.0)
-        enc = k * (4 + FLOAT_BYTES)
-    return np.where(floating, enc, raw)
+    size = np.asarray(itemsize, dtype=float)
+    fl = np.asarray(floating, dtype=bool) & (size > 0)
+    rules = codec_rules(kind)
+    pick = [size == s for s in rules]
+    if not np.all(np.any(pick, axis=0) | ~fl):
+        bad = sorted({float(s) for s in np.broadcast_to(size, fl.shape)[fl]} - set(rules))
+        raise ConfigError(f"codec {kind}: no floating dtype the wire carries has values of "
+                          f"{', '.join(f'{b:g}' for b in bad)} bytes")
+    head = np.select(pick, [h for h, _ in rules.values()], 0.0)
+    per_value = np.select(pick, [v for _, v in rules.values()], 0.0)
+    n = raw / np.where(fl, size, 1.0)
+    if kind == "topk":  # codec.topk_count, on arrays
+        n = np.where(n > 0, np.minimum(n, np.maximum(1.0, np.ceil(f * n))), 0.0)
+    return np.where(fl, head + n * per_value, raw)
+
+
+@cache
+def codec_rules(kind: str) -> dict[float, tuple[float, float]]:
+    """For codec ``kind``, per element size of the floating dtypes the wire carries: (header bytes, bytes per
+    value sent) of a message, read off :func:`splitfed.transport.codec.payload_size` (top-k sends the values
+    it keeps, :func:`~splitfed.transport.codec.topk_count`); a message of n values is header + n x per value.
+    Dtypes of one size must agree (float16 and bfloat16), or pricing by size would be wrong: an error."""
+    from splitfed.transport.codec import DTYPES, Codec, payload_size
+
+    c = Codec(kind)  # top-k at fraction 1 keeps every value: payload_size's n values are n values sent
+    rules: dict[float, tuple[float, float]] = {}
+    for d in DTYPES.values():
+        if not d.is_floating_point:
+            continue
+        head = payload_size(d, (0,), c)
+        rule = (float(head), float(payload_size(d, (1,), c) - head))
+        if payload_size(d, (3,), c) != head + 3 * rule[1] or rules.setdefault(float(d.itemsize), rule) != rule:
+            raise AssertionError(f"codec {kind}: payload_size is not header + n x per value by element size")
+    return rules
 
 
 def cut_options(n_blocks: int, tiers: int, u_shape: bool = False, min_device_blocks: int = 0) -> np.ndarray:
@@ -279,10 +307,9 @@ class Scenario:
             return np.concatenate([[0.0], np.cumsum(np.asarray(v, dtype=float))])
 
         work = np.asarray(p.fwd_flops) + np.asarray(p.bwd_flops)
-        token_input = bool(p.spec and p.spec.get("vocab"))
         return {"work": pre(work), "fwd": pre(p.fwd_flops), "param": pre(p.param_bytes), "fixed": pre(p.fixed_bytes),
                 "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
-                "floating": np.array([not token_input] + [True] * p.n_blocks),
+                "itemsize": np.array(p.float_itemsize, dtype=float),  # 0: an integer tensor (token ids)
                 "move": np.asarray(p.param_bytes, dtype=float),  # optimizer state is not kept across rounds
                 "block_fixed": np.asarray(p.fixed_bytes, dtype=float)}
 
@@ -361,17 +388,17 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     half_rtt = np.array([lk.rtt / 2 for lk in links])
     cross = (k < E[:, None]).astype(float)                  # (m, T-1)
     grad = (P["param"][k] > 0).astype(float)
-    a_k, fl_k = P["bound"][k], P["floating"][k]
-    a_e, fl_e = P["bound"][E], P["floating"][E]
+    a_k, s_k = P["bound"][k], P["itemsize"][k]
+    a_e, s_e = P["bound"][E], P["itemsize"][E]
 
-    def per_round(cd: WireCodec, a: np.ndarray, fl: np.ndarray) -> np.ndarray:
-        return sc.epochs * (full * wire_bytes(cd, a, B, fl) + wire_bytes(cd, a, short, fl))
+    def per_round(cd: WireCodec, a: np.ndarray, s: np.ndarray) -> np.ndarray:
+        return sc.epochs * (full * wire_bytes(cd, a, B, itemsize=s) + wire_bytes(cd, a, short, itemsize=s))
 
     up_r, down_r, up_b, down_b = (np.zeros((m, T - 1)) for _ in range(4))
     for j, cd in enumerate(sc.link_codecs):
-        act_r, act_b = per_round(cd, a_k[:, j], fl_k[:, j]), wire_bytes(cd, a_k[:, j], B, fl_k[:, j])
+        act_r, act_b = per_round(cd, a_k[:, j], s_k[:, j]), wire_bytes(cd, a_k[:, j], B, itemsize=s_k[:, j])
         if sc.u_shape:
-            tail_r, tail_b = per_round(cd, a_e, fl_e), wire_bytes(cd, a_e, B, fl_e)
+            tail_r, tail_b = per_round(cd, a_e, s_e), wire_bytes(cd, a_e, B, itemsize=s_e)
             up_r[:, j], up_b[:, j] = act_r + tail_r, act_b + tail_b  # a_E's gradient: always
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r + tail_r, grad[:, j] * act_b + tail_b
         else:

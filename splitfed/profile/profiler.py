@@ -2,9 +2,10 @@
 
 Per block and per sample: forward and backward FLOPs (``torch.utils.flop_counter``;
 it counts matmuls and convolutions, so a block of only pooling or activations
-costs ~0 FLOPs), the bytes of its output activation (what crosses a cut after
-it), the activation memory autograd keeps for backward (saved tensors, unique
-storages, parameters excluded). Per block: parameter bytes and fixed memory
+costs ~0 FLOPs), the bytes and dtype of its output activation (what crosses a
+cut after it; the dtype decides what a link's codec sends), the activation
+memory autograd keeps for backward (saved tensors, unique storages, parameters
+excluded); the input's bytes and dtype. Per block: parameter bytes and fixed memory
 (parameters + gradients + optimizer state). Measured forward/backward seconds
 per batch on this host (or on one of its GPUs: ``torch_device``) are kept beside
 the FLOPs so that predictions can be checked against measurement.
@@ -39,7 +40,8 @@ from splitfed.models import rng
 from splitfed.models.blocks import Blocks
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 2  # 2: blocks that share a weight or pass a tuple are one block
+PROFILE_VERSION = 3  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded
+# (a version-2 profile on disk has another cache key: it is measured again, not read with float32 guessed)
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +66,21 @@ class ModelProfile:
     host: str = ""
     spec: dict | None = None
     reps: int = 0                 # timed repetitions behind fwd_s and bwd_s (0: none or not recorded)
+    # The dtype (torch's name: "float32", "bfloat16", "int64") of the input and of each block's output, as
+    # measured; "" and () mean not recorded (a synthetic profile, or one older than this field): see ``dtypes``.
+    input_dtype: str = ""
+    out_dtype: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
         if isinstance(self.reps, bool) or not isinstance(self.reps, int) or self.reps < 0:
             raise ConfigError(f"profile of {self.model}: reps must be an integer >= 0, got {self.reps!r}")
+        object.__setattr__(self, "out_dtype", tuple(self.out_dtype))
+        if self.out_dtype and len(self.out_dtype) != n:
+            raise ConfigError(f"profile of {self.model}: out_dtype has {len(self.out_dtype)} entries for {n} blocks")
+        for name in filter(None, (self.input_dtype, *self.out_dtype)):  # "": not recorded
+            if not isinstance(name, str) or not isinstance(getattr(torch, name, None), torch.dtype):
+                raise ConfigError(f"profile of {self.model}: {name!r} is not a torch dtype")
         for f in ("fwd_flops", "bwd_flops", "param_bytes", "out_bytes", "act_bytes", "fixed_bytes"):
             v = getattr(self, f)
             object.__setattr__(self, f, tuple(float(x) for x in v))
@@ -85,6 +97,27 @@ class ModelProfile:
     @property
     def n_blocks(self) -> int:
         return len(self.names)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtype of the tensor at each boundary: the input, then each block's output (``n_blocks + 1``).
+
+        As measured; a profile that recorded none has float32 activations and a float32 input, or int64 token
+        ids for a model with a vocabulary (``spec["vocab"]``), as :class:`~splitfed.models.zoo.ModelSpec` feeds it.
+        """
+        token = bool(self.spec and self.spec.get("vocab"))
+        return (self.input_dtype or ("int64" if token else "float32"),
+                *(self.out_dtype or ("float32",) * self.n_blocks))
+
+    @property
+    def float_itemsize(self) -> tuple[float, ...]:
+        """Per boundary, the bytes of one value if its tensor is floating, else 0: what a lossy codec
+        compresses (it sends integer tensors, such as token ids, exactly)."""
+        out = []
+        for name in self.dtypes:
+            d = getattr(torch, name)
+            out.append(float(d.itemsize) if d.is_floating_point else 0.0)
+        return tuple(out)
 
     def host_flops(self) -> float | None:
         """This host's measured training FLOP/s over the whole model (None if not measured)."""
@@ -213,6 +246,13 @@ def _nbytes(x: object) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(x))
 
 
+def _dtype(x: object) -> str:
+    """The dtype of a boundary's tensor (a link carries one; the model's output, which no link carries, may
+    be a tuple: its first tensor's)."""
+    ts = _tensors(x)
+    return str(ts[0].dtype).removeprefix("torch.") if ts else "float32"
+
+
 def _detach(x: object, grad: bool) -> object:
     if isinstance(x, torch.Tensor):
         y = x.detach()
@@ -253,7 +293,8 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int,
 def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, reps: int,
                     seed: int, where: torch.device) -> ModelProfile:
     x: object = _to(spec.example_input(batch), where)
-    input_bytes = _nbytes(x) / batch
+    input_bytes, input_dtype = _nbytes(x) / batch, _dtype(x)
+    dtypes: list[str] = []
 
     def now() -> float:  # a GPU runs behind its caller: wait for it before reading the clock
         if where.type == "cuda":
@@ -299,6 +340,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             bwd.append(b_flops / batch)
             pbytes.append(p_bytes)
             obytes.append(_nbytes(out) / batch)
+            dtypes.append(_dtype(out))
             abytes.append(sum(saved.values()) / batch)
             fixed.append(p_bytes * (2 + slots))
             fwd_s.append(statistics.median(tf))
@@ -307,7 +349,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
     return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
                         optimizer_slots=slots, spec=spec.to_dict(), reps=reps,
-                        host=platform.node() + (f" ({compute.describe(where)})" if where.type != "cpu" else ""))
+                        host=platform.node() + (f" ({compute.describe(where)})" if where.type != "cpu" else ""),
+                        input_dtype=input_dtype, out_dtype=tuple(dtypes))
 
 
 def clear_cache() -> None:
