@@ -179,9 +179,8 @@ def test_priced_bytes_equal_the_encoded_boundary_tensors(model: str, features: i
 @pytest.mark.parametrize("model", MODELS)
 def test_priced_bytes_equal_what_the_in_process_link_counts(model: str) -> None:
     """The same models through a real 2-tier in-process chain (a full batch and a short one): what the link
-    counts, activations, gradients and U-shape tails alike, is what the cost model prices, at every cut.
-    (A U-shape whose tail starts at an integer boundary is left out: the device asks its input for a gradient
-    and torch refuses, an engine failure of its own.)"""
+    counts, activations, gradients and U-shape tails alike, is what the cost model prices, at every cut
+    the cost model offers (a U-shape whose tail starts at an integer boundary is not one: see below)."""
     from splitfed.cost.model import cut_options
     from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, run_round
     from splitfed.transport import compress
@@ -195,8 +194,8 @@ def test_priced_bytes_equal_what_the_in_process_link_counts(model: str) -> None:
     client = Client("c", "c", TierProfile(1e9, 1e12), LINK, samples=B + 2)
     L = prof.n_blocks
     every = [(False, tuple(map(int, c))) for c in cut_options(L, 2)]
-    every += [(True, tuple(map(int, c))) for c in cut_options(L, 2, u_shape=True)
-              if prof.float_itemsize[c[1]] > 0 or c[0] == c[1]]
+    every += [(True, tuple(map(int, c)))
+              for c in Scenario(prof, (client,), (EDGE,), batch=B, u_shape=True).options]
     for codec in CODECS:
         for u, cuts in every:
             chain = inprocess_chain(1, *compress.get(codec))
@@ -252,3 +251,33 @@ def test_a_profile_without_dtypes_is_float32_and_token_ids_stay_exact() -> None:
         dataclasses.replace(syn, out_dtype=("float32", "float33"))
     with pytest.raises(ConfigError, match="out_dtype has 1 entries for 2 blocks"):
         dataclasses.replace(syn, out_dtype=("float32",))
+
+
+def test_a_u_shape_tail_cannot_start_at_an_integer_tensor_from_the_servers() -> None:
+    """token_net's block 0 outputs token ids: a U-shape tail starting there (cuts 0,1) had the device ask an
+    int64 tensor for a gradient, and torch's error failed the client in round 1. The cost model no longer
+    offers that option (the optimizer never picks it), a static one is refused naming the boundary, and the
+    engine says the same if given it; a tail at the model's input (all on the device) stays legal."""
+    from splitfed.cost.model import cut_options
+    from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, run_round
+    from splitfed.errors import CutError
+
+    spec, B = _spec("token_net", 5, 4), 6
+    prof = profile_model(spec, batch=B, reps=1, use_cache=False)
+    assert prof.dtypes[1] == "int64"
+    client = Client("c", "c", TierProfile(1e9, 1e12), LINK, samples=B)
+    sc = Scenario(prof, (client,), (EDGE,), batch=B, u_shape=True)
+    offered = {tuple(map(int, c)) for c in sc.options}
+    every = {tuple(map(int, c)) for c in cut_options(prof.n_blocks, 2, u_shape=True)}
+    assert every - offered == {(0, 1)}
+    with pytest.raises(CutError, match="cuts 0,1: the U-shape tail starts at boundary 1, a int64 tensor: no "
+                                       "gradient can go back to the servers' blocks"):
+        sc.check_cuts((0, 1))
+    assert sc.check_cuts((0, 0)) == (0, 0) and sc.check_cuts((1, 1)) == (1, 1)  # on the device alone
+    x = spec.example_input(B)
+    y = torch.randint(0, CLASSES, (B,), generator=torch.Generator().manual_seed(0))
+    chain = inprocess_chain(1)
+    with pytest.raises(CutError, match="c: the U-shape tail's input is a torch.int64 tensor"):
+        run_round(RoundConfig("r", 1, spec, "sflv1", u_shape=True), chain, initial_state(spec, 0),
+                  {"c": (0, 1)}, {"c": [(x, y)]})
+    assert chain.tiers[0].clients() == 0  # nothing left held

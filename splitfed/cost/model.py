@@ -297,7 +297,20 @@ class Scenario:
 
     @cached_property
     def options(self) -> np.ndarray:
-        return cut_options(self.profile.n_blocks, self.tiers, self.u_shape, self.min_device_blocks)
+        """Every legal cut vector, less U-shape ones whose tail would start at an integer tensor."""
+        c = cut_options(self.profile.n_blocks, self.tiers, self.u_shape, self.min_device_blocks)
+        if not self.u_shape:
+            return c
+        return c[[self._tail_problem(row) is None for row in c.tolist()]]
+
+    def _tail_problem(self, cuts: Sequence[int]) -> str | None:
+        """Why a U-shape cut vector cannot train: its tail starts at an integer tensor (token ids) that came
+        through the servers, so no gradient can go back up to them (the device's tail needs one to send)."""
+        e = int(cuts[-1])
+        if not self.u_shape or cuts[0] >= e or self.profile.float_itemsize[e] > 0:
+            return None
+        return (f"the U-shape tail starts at boundary {e}, a {self.profile.dtypes[e]} tensor: no gradient can go "
+                "back to the servers' blocks through it; choose another tail cut")
 
     @cached_property
     def _prefix(self) -> dict[str, np.ndarray]:
@@ -329,6 +342,9 @@ class Scenario:
         if c[0] < self.min_device_blocks:
             raise CutError(f"cuts {','.join(map(str, c))} leave fewer than {self.min_device_blocks} block(s) "
                            "on the device")
+        why = self._tail_problem(c)
+        if why is not None:
+            raise CutError(f"cuts {','.join(map(str, c))}: {why}")
         return c
 
 

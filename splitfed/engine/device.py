@@ -16,7 +16,7 @@ from splitfed.engine import template
 from splitfed.engine.checks import check_returned
 from splitfed.engine.link import Link
 from splitfed.engine.types import OptimConfig, State, StepKey
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, CutError
 from splitfed.models.blocks import Segment, segment_bounds, step_rng
 from splitfed.models.zoo import ModelSpec
 
@@ -85,6 +85,9 @@ class Device:
             t2 = self._now()
             check_returned(mid, out, f"forward {key.seq} of {self.client_id}: the servers' output", batch_only=True)
             mid = mid.to(self.torch_device)
+            if not mid.is_floating_point():  # the cost model never chooses such a tail cut (Scenario.options)
+                raise CutError(f"{self.client_id}: the U-shape tail's input is a {mid.dtype} tensor: no gradient "
+                               "can go back to the servers' blocks through it; choose another tail cut")
             mid.requires_grad_(True)
             logits = self.tail(mid, rng=rng)
             lt = F.cross_entropy(logits, y)
