@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 import pytest
 
 from splitfed.engine.types import StepKey
 from splitfed.errors import ConfigError
 from splitfed.transport.client import GrpcTierClient
-from splitfed.transport.errors import TlsRefused, Unauthenticated, Unavailable
+from splitfed.transport.errors import DeadlineExceeded, TlsRefused, Unauthenticated, Unavailable
 from splitfed.transport.pb import method
 from splitfed.transport.security import TlsConfig, read_token
 from splitfed.transport.server import serve_tier
@@ -48,9 +50,10 @@ def test_mutual_tls_rejects_no_cert_and_a_cert_of_another_ca(certs: Certs, who: 
         # told apart from a tier that is down: one handshake says which side refuses what
         with pytest.raises(TlsRefused) as e:
             c.describe()
-        want = {"no_cert": "it requires a client certificate (mutual TLS) and none was given: --tls-cert",
-                "rogue": f"it refuses this side's certificate {certs.rogue.cert} (one its CA did not sign?)"}[who]
-        assert "TLS refused: the tier closed the connection after the TLS handshake" in str(e.value)
+        want = {"no_cert": "TLS refused: the tier closed the connection when this side sent no certificate: it "
+                           "requires one (mutual TLS): --tls-cert and --tls-key",
+                "rogue": f"TLS refused: the tier closed the connection when it got this side's certificate "
+                         f"{certs.rogue.cert}: it refuses it (one its CA did not sign?)"}[who]
         assert want in str(e.value)
 
 
@@ -68,11 +71,13 @@ def test_client_verifies_the_server(certs: Certs, tmp_path) -> None:  # noqa: F8
             msg = _refused(c)
             assert msg.startswith("UNAVAILABLE") and (
                 f"TLS refused: this side does not trust the tier's certificate by the CA in {other_ca} "
-                "(unable to get local issuer certificate): give the CA that signed it (--tls-ca / tls-ca)") in msg
-        # a certificate for other names than the one asked for
+                "(CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate): give the CA that signed it "
+                "(--tls-ca / tls-ca)") in msg
+        # a certificate for other names than the one asked for: the name is what is wrong, not the CA
         with GrpcTierClient(srv.address, tls=TlsConfig(ca=certs.ca, server_name="elsewhere.example"), retries=0,
                             deadline_s=10) as c:
-            assert "Hostname mismatch" in _refused(c)
+            assert ("TLS refused: the tier's certificate is not for elsewhere.example (Hostname mismatch, "
+                    "certificate is not valid for 'elsewhere.example'.): connect by a name it holds") in _refused(c)
         with GrpcTierClient(srv.address, retries=0, deadline_s=10) as c:  # plaintext to a TLS port
             msg = _refused(c)
             assert msg.startswith("UNAVAILABLE") and "a tier that serves TLS closes a plaintext connection" in msg
@@ -184,3 +189,104 @@ def test_a_node_whose_certificate_the_edge_refuses_is_left_out_at_registration(c
             _measure_link(node(certs.rogue), ask)
         link, why = _measure_link(node(certs.client), ask)
         assert link is not None and link.rtt_ms > 0 and why == ""
+
+
+def _proxy(handle) -> tuple[str, Callable[[], None]]:  # type: ignore[no-untyped-def]
+    """A port on 127.0.0.1 whose every connection ``handle`` gets (in a thread); the stop function."""
+    import socket
+    import threading
+
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(16)
+    ls.settimeout(0.2)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = ls.accept()
+            except OSError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def stop() -> None:
+        done.set()
+        ls.close()
+
+    return f"127.0.0.1:{ls.getsockname()[1]}", stop
+
+
+@pytest.mark.parametrize("how", ["closes-at-once", "tls-proxy-closes"])
+def test_a_port_that_just_closes_is_no_tls_verdict_and_the_node_registers(certs: Certs, how: str) -> None:  # noqa: F811
+    """A proxy in front of a tier that is down (docker's, kubectl port-forward, a load balancer) accepts and
+    closes; a TLS-terminating one takes the certificate first. Neither is a TLS refusal: plain UNAVAILABLE,
+    and a node behind it registers unmeasured (a refusal would leave a rightly configured node out)."""
+    import ssl
+
+    from flwr.app import ConfigRecord
+
+    from clients.app import _measure_link
+    from splitfed.flower.node import NodeConfig
+
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(str(certs.server.cert), str(certs.server.key))
+    server_side.load_verify_locations(cafile=str(certs.ca))
+    server_side.verify_mode = ssl.CERT_REQUIRED
+    server_side.set_alpn_protocols(["h2"])
+
+    def handle(conn) -> None:  # type: ignore[no-untyped-def]
+        with conn:
+            if how == "tls-proxy-closes":
+                try:
+                    server_side.wrap_socket(conn, server_side=True).close()
+                except (ssl.SSLError, OSError):
+                    pass
+
+    address, stop = _proxy(handle)
+    try:
+        with GrpcTierClient(address, tls=certs.client, retries=1, deadline_s=10) as c:
+            with pytest.raises(Unavailable) as e:
+                c.describe()
+            assert not isinstance(e.value, TlsRefused), e.value
+        node = NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "edge-address": address,
+                                 "tls-ca": str(certs.ca), "tls-cert": str(certs.client.cert),
+                                 "tls-key": str(certs.client.key)})
+        ask = ConfigRecord({"edge-address": "", "tls-ca": "", "tls-cert": "", "tls-key": "", "token-file": ""})
+        link, why = _measure_link(node, ask)
+        assert link is None and "its health check failed" in why
+    finally:
+        stop()
+
+
+def test_the_tls_diagnosis_keeps_within_the_calls_deadline(certs: Certs, monkeypatch) -> None:  # noqa: F811, ANN001
+    """A port that takes the connection and then says nothing: the handshake tried after gRPC's UNAVAILABLE
+    gets what is left of the call's deadline (it took 3 s more, and a forwarding tier's caller then saw a
+    bare DEADLINE_EXCEEDED), and none once the deadline is spent."""
+    import splitfed.transport.client as client_module
+
+    asked: list[float] = []
+    real = client_module.tls_refusal
+
+    def recorded(host, port, tls, timeout_s=3.0):  # type: ignore[no-untyped-def]
+        asked.append(timeout_s)
+        return real(host, port, tls, timeout_s)
+
+    monkeypatch.setattr(client_module, "tls_refusal", recorded)
+    held = []
+    address, stop = _proxy(held.append)  # kept open, silent
+    try:
+        with GrpcTierClient(address, tls=certs.client, retries=5, deadline_s=1.5) as c:
+            with pytest.raises((Unavailable, DeadlineExceeded)):
+                c.describe()
+        assert all(0 < t < 1.5 for t in asked), asked  # what was left: not the whole budget
+        with GrpcTierClient(address, tls=certs.client, retries=0, deadline_s=10) as c:
+            err = c._error(grpc.StatusCode.UNAVAILABLE, "Handshake read failed (Socket closed)", "describe", 0,
+                           10.0, left=0.0)
+        assert isinstance(err, Unavailable) and not isinstance(err, TlsRefused) and len(asked) <= 1
+    finally:
+        stop()
+        for conn in held:
+            conn.close()

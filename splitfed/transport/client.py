@@ -36,6 +36,10 @@ from splitfed.transport.security import TlsConfig, bearer, tls_refusal
 
 T = TypeVar("T")
 
+# what gRPC says when a TLS handshake was refused (and when a connection just went away): only then is
+# one handshake tried to tell which (a refused connection, a DNS failure or a timeout is no TLS question)
+_TLS_SYMPTOMS = ("handshake", "ssl", "tls", "closed", "reset", "eof", "certificate", "verification")
+
 DEADLINE: ContextVar[float | None] = ContextVar("splitfed_deadline", default=None)
 """Monotonic time by which the call being served must answer (set by the server for its next hop)."""
 
@@ -156,17 +160,24 @@ class GrpcTierClient:
                             self.retried += 1
                         time.sleep(pause)
                         continue
-                raise self._error(code, details, what, tries, budget) from None
+                raise self._error(code, details, what, tries, budget, end - time.monotonic()) from None
 
-    def _error(self, code: grpc.StatusCode, details: str, what: str, tries: int, budget: float) -> TierError:
+    def _error(self, code: grpc.StatusCode, details: str, what: str, tries: int, budget: float,
+               left: float = 0.0) -> TierError:
+        """The error of a failed call; ``left``: seconds of the call's deadline still left, the most a TLS
+        diagnosis (:func:`~splitfed.transport.security.tls_refusal`) may take."""
         where = f"tier {self.address}: {what}"
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return DeadlineExceeded(f"{where}: no answer within the deadline of {budget:.3g}s ({details})")
         if code == grpc.StatusCode.UNAVAILABLE:
             hint = ""
-            if self._tls is not None:
+            if self._tls is not None and left > 0.05 and any(w in details.lower() for w in _TLS_SYMPTOMS):
+                # a refused handshake looks like this, and so does a tier going away: one handshake tells
                 host, port = parse_address(self.address, "tier address")
-                refusal = tls_refusal(host, port, self._tls, timeout_s=min(3.0, budget))
+                refusal = tls_refusal(host, port, self._tls, timeout_s=min(3.0, left))
+                if refusal is None and "certificate_verify_failed" in details.lower():  # by gRPC's own roots
+                    refusal = (f"this side does not trust the tier's certificate ({details}): give the CA that "
+                               "signed it (--tls-ca / tls-ca)")
                 if refusal:
                     return TlsRefused(f"{where}: TLS refused: {refusal}")
             elif "socket closed" in details.lower():
@@ -314,21 +325,23 @@ class GrpcTierClient:
             r = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout,
                                    wait_for_ready=wait)
         except grpc.RpcError as e:
-            self._health_failed = (*_status(e), timeout)
-            return False
-        self._health_failed = None
-        if r.status != health_pb2.HealthCheckResponse.SERVING:
-            self._health_failed = (grpc.StatusCode.UNAVAILABLE, f"serving status {r.status}", timeout)
-            return False
-        return True
+            failed: tuple[grpc.StatusCode, str, float] | None = (*_status(e), timeout)
+        else:
+            failed = (None if r.status == health_pb2.HealthCheckResponse.SERVING
+                      else (grpc.StatusCode.UNAVAILABLE, f"serving status {r.status}", timeout))
+        with self._lock:
+            self._health_failed = failed
+        return failed is None
 
     def health_failure(self) -> TierError | None:
         """Why the last :meth:`health` check failed, as a call's error (a refused TLS handshake is
         :class:`TlsRefused`); None if it did not. Worked out on demand: polling a starting tier stays cheap."""
-        if self._health_failed is None:
+        with self._lock:
+            failed = self._health_failed
+        if failed is None:
             return None
-        code, details, timeout = self._health_failed
-        return self._error(code, details, "health check", 0, timeout)
+        code, details, timeout = failed
+        return self._error(code, details, "health check", 0, timeout, left=timeout)
 
     def close(self) -> None:
         self._raw_channel.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hmac
 import socket
 import ssl
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,66 +122,88 @@ class TlsConfig:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
-H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
+_PLAINTEXT = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST")
+_NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
 
 
 def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0) -> str | None:
-    """Why this TLS config's handshake with the tier at ``host:port`` fails, or None if it does not (or the
-    tier cannot be reached at all: that is no TLS question).
+    """Why this TLS config's handshake with the tier at ``host:port`` is refused, or None when there is no
+    TLS-specific evidence (it succeeds, the tier cannot be reached, or the connection just closes).
 
-    gRPC reports a refused handshake as UNAVAILABLE, as it does a network blip, so a device with the wrong
-    certificate looked like one whose edge was down. One handshake here tells them apart: this side
-    refusing the tier's certificate fails the handshake with OpenSSL's reason, and a tier refusing this
-    side's certificate (mutual TLS) closes the connection right after it, where a gRPC server that
-    accepted it would send its HTTP/2 settings first."""
+    gRPC reports a refused handshake as UNAVAILABLE, as it does a tier that is down, so a device with the
+    wrong certificate looked like one whose edge was down. One TLS 1.2 handshake, stepped here, tells them
+    apart. In TLS 1.2 the tier checks the client's certificate before its last flight: a tier that sent its
+    certificate, was sent this side's, and then closed without a word refuses that certificate (gRPC's
+    server sends no alert). A port that closes before the tier's first flight (a proxy with no tier behind
+    it), or a handshake that completes, is no verdict. This side refusing the tier's certificate fails
+    with OpenSSL's reason (checked only against a CA file given: with the system's CAs gRPC's own roots,
+    which this process may not share, decide, and its error says so). ``timeout_s`` bounds the whole probe."""
+    end = time.monotonic() + timeout_s
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
     try:
         if tls.ca is not None:
             ctx.load_verify_locations(cafile=str(tls.ca))
         else:
-            ctx.load_default_certs()
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         if tls.cert is not None:
-            ctx.load_cert_chain(str(tls.cert), str(tls.key))
+            ctx.load_cert_chain(str(tls.cert), str(tls.key), password=lambda: b"")  # never a terminal prompt
     except (OSError, ssl.SSLError):  # TlsConfig.check names a bad file; gRPC would refuse it too
         return None
     ctx.set_alpn_protocols(["h2"])
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    name = tls.server_name or host
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    conn = ctx.wrap_bio(incoming, outgoing, server_hostname=name)
     try:
-        raw = socket.create_connection((host, port), timeout=timeout_s)
+        raw = socket.create_connection((host, port), timeout=max(0.01, end - time.monotonic()))
     except OSError:
         return None
+    flights, received = 0, 0
     with raw:
-        try:
-            conn = ctx.wrap_socket(raw, server_hostname=tls.server_name or host)
-        except ssl.SSLCertVerificationError as e:
-            ca = f"the CA in {tls.ca}" if tls.ca is not None else "the system's CAs"
-            return (f"this side does not trust the tier's certificate by {ca} ({e.verify_message}): give the CA "
-                    "that signed it (--tls-ca / tls-ca); its names must include the address's host")
-        except ssl.SSLError as e:
-            if e.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
-                return (f"the tier does not speak TLS ({e.reason}): it serves plaintext (splitfed tier "
-                        "--insecure); start it with --tls-cert and --tls-key, or connect without TLS")
-            return f"the TLS handshake failed ({e.reason or e})"
-        except OSError:
-            return None
-        with conn:
+        while True:
             try:
-                conn.sendall(H2_PREFACE)
-                answer = conn.recv(9)
-            except (ssl.SSLError, ConnectionError) as e:
-                answer, alert = b"", f" ({getattr(e, 'reason', None) or e})"
-            except OSError:  # a timeout: no verdict
+                conn.do_handshake()
+                return None  # in TLS 1.2 a completed handshake means the tier took this side's certificate
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError as e:
+                if e.verify_code in _NAME_MISMATCH:
+                    how = f"server name {name!r}" if tls.server_name else "the address's host"
+                    return (f"the tier's certificate is not for {name} ({e.verify_message}): connect by a name it "
+                            f"holds, or give the tier a certificate for {name} ({how})")
+                return (f"this side does not trust the tier's certificate by the CA in {tls.ca} "
+                        f"({e.reason}: {e.verify_message}): give the CA that signed it (--tls-ca / tls-ca)")
+            except ssl.SSLError as e:
+                if e.reason in _PLAINTEXT:
+                    return (f"the tier does not speak TLS ({e.reason}): it serves plaintext (splitfed tier "
+                            "--insecure); start it with --tls-cert and --tls-key, or connect without TLS")
+                if e.reason and "ALERT" in e.reason:  # the tier said why
+                    return f"the tier refused the TLS handshake ({e.reason})"
                 return None
-            else:
-                alert = ""
-            if answer:
-                return None
-            if tls.cert is None:
-                return (f"the tier closed the connection after the TLS handshake{alert}: it requires a client "
-                        "certificate (mutual TLS) and none was given: --tls-cert and --tls-key / tls-cert and tls-key")
-            return (f"the tier closed the connection after the TLS handshake{alert}: it refuses this side's "
-                    f"certificate {tls.cert} (one its CA did not sign?): give a certificate the tier's CA signed, "
-                    "--tls-cert and --tls-key / tls-cert and tls-key")
+            try:
+                out = outgoing.read()
+                if out:
+                    raw.sendall(out)
+                    flights += 1
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                raw.settimeout(left)
+                chunk = raw.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:  # closed: after its flight and this side's certificate, a refusal of that certificate
+                if received == 0 or flights < 2:
+                    return None
+                if tls.cert is None:
+                    return ("the tier closed the connection when this side sent no certificate: it requires "
+                            "one (mutual TLS): --tls-cert and --tls-key / tls-cert and tls-key")
+                return (f"the tier closed the connection when it got this side's certificate {tls.cert}: it "
+                        "refuses it (one its CA did not sign?): give a certificate the tier's CA signed, "
+                        "--tls-cert and --tls-key / tls-cert and tls-key")
+            received += len(chunk)
+            incoming.write(chunk)
 
 
 def read_token(path: str | Path) -> str:
