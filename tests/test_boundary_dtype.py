@@ -86,7 +86,25 @@ def token_net(tokens: int = 11, seq: int = 6, width: int = 5) -> nn.Module:
                          nn.Linear(seq * width, CLASSES))
 
 
-MODELS = ("float64_net", "bfloat16_net", "float16_net", "token_net")
+class _Ids(nn.Module):
+    """A learned block whose output is token ids: an integer boundary after a block with parameters, so no
+    gradient comes back through it (the cost model priced one)."""
+
+    def __init__(self, features: int, tokens: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(features, features)
+        self.tokens = tokens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).abs().long().clamp(0, self.tokens - 1)
+
+
+def ids_net(features: int = 6, width: int = 5, tokens: int = 11) -> nn.Module:
+    return nn.Sequential(_Ids(features, tokens), nn.Embedding(tokens, width), nn.Flatten(), nn.ReLU(),
+                         nn.Linear(features * width, CLASSES))
+
+
+MODELS = ("float64_net", "bfloat16_net", "float16_net", "token_net", "ids_net")
 OWN = {"float64_net": "float64", "bfloat16_net": "bfloat16", "float16_net": "float16"}
 
 
@@ -117,7 +135,7 @@ def _boundaries(spec: ModelSpec, batch: int) -> list[tuple[torch.Tensor, torch.T
         for i in range(k, len(blocks)):
             z = blocks[i](z)
         F.cross_entropy(z.float(), y).backward()
-        assert h.grad is not None and h.grad.dtype == a.dtype
+        assert h.grad is None or h.grad.dtype == a.dtype  # None: no path back (through ids_net's token ids)
         out.append((a, h.grad))
     return out
 
@@ -171,9 +189,12 @@ def test_priced_bytes_equal_the_encoded_boundary_tensors(model: str, features: i
     prof = _check(model, features, width, batch)
     if model in OWN:  # what the profiler saw: float32 in, the model's own dtype inside, float32 out
         assert prof.dtypes == ("float32", *[OWN[model]] * 4, "float32", "float32")
-    else:
+    elif model == "token_net":
         assert prof.dtypes[:3] == ("int64", "int64", "float32")
         assert prof.float_itemsize[:3] == (0.0, 0.0, 4.0)
+    else:  # ids_net: float32 in, token ids after a block with parameters
+        assert prof.dtypes[:3] == ("float32", "int64", "float32")
+        assert prof.float_itemsize[:3] == (4.0, 0.0, 4.0)
 
 
 @pytest.mark.parametrize("model", MODELS)

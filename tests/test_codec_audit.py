@@ -156,6 +156,22 @@ def test_a_tensor_of_17_dimensions_is_refused_by_its_sender_as_by_its_receiver(c
         tc.roundtrip(t, codec)
 
 
+@pytest.mark.parametrize("codec", ["none", "fp16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_an_in_process_link_refuses_17_dimensions_whatever_its_codec(codec: str, dtype: torch.dtype) -> None:
+    """The default in-process link (no codec) never reached the encoder, nor did an integer tensor under a
+    lossy one: a simulation passed what a deployment refused."""
+    from splitfed.engine.link import InProcessLink
+    from splitfed.engine.tier import Tier
+    from splitfed.engine.types import StepKey
+    from splitfed.transport import compress
+
+    link = InProcessLink(Tier("cloud"), *compress.get(codec))
+    with pytest.raises(InvalidArgument, match="a tensor of 17 dimensions cannot travel \\(at most 16\\)"):
+        link.step(StepKey("r", "c", 0, 0), torch.ones((1,) * 17, dtype=dtype), torch.zeros(1, dtype=torch.int64))
+    assert link.bytes_up == 8  # the labels only: the activation never left
+
+
 @pytest.mark.parametrize("make", [
     lambda: torch.tensor(1.5, dtype=torch.bfloat16).expand(1),       # one element, stride 0
     lambda: torch.arange(3.0).to(torch.bfloat16).reshape(1, 3)[:, ::3],  # one element, stride 3

@@ -127,16 +127,18 @@ def test_mnist_matches_the_idx_spec_pixel_for_pixel(tmp_path: Path, layout: str)
         assert np.array_equal(y.numpy(), arrays[labels_name])
 
 
-@pytest.mark.parametrize("nested", [False, True], ids=["flat", "folders"])
-def test_mnist_reads_kaggles_spelling(tmp_path: Path, nested: bool) -> None:
-    """Kaggle's copy names the files ``train-images.idx3-ubyte`` (and nests each in a folder of that name);
-    it was reported missing."""
+@pytest.mark.parametrize("layout", ["flat", "dotted-folders", "hyphen-folders"])
+def test_mnist_reads_kaggles_spelling(tmp_path: Path, layout: str) -> None:
+    """Kaggle's copy names the files ``train-images.idx3-ubyte`` and nests each in a folder of its name
+    (``train-images-idx3-ubyte/train-images-idx3-ubyte`` in the archive most loaders read); it was reported
+    missing."""
     plain = tmp_path / "plain"
     arrays = write_mnist(plain)
     kaggle = tmp_path / "kaggle"
     for name in arrays:
         spelt = name.replace("-idx", ".idx")
-        to = kaggle / spelt / spelt if nested else kaggle / spelt
+        to = {"flat": kaggle / spelt, "dotted-folders": kaggle / spelt / spelt,
+              "hyphen-folders": kaggle / name / name}[layout]
         to.parent.mkdir(parents=True, exist_ok=True)
         to.write_bytes((plain / name).read_bytes())
     for got, want in zip(mnist(kaggle), mnist(plain), strict=True):

@@ -501,8 +501,8 @@ def test_report_says_a_deployed_runs_times_are_measured(tmp_path: Path, capsys: 
     write_run(tmp_path / "simulated", make_rows(2), {"label": "simulated"})
     assert cli(["report", str(deployed), str(tmp_path / "simulated")]) == 0
     err = capsys.readouterr().err
-    assert err == (f"splitfed report: note: {deployed} has no simulated clock (a deployment): its times (sim time, "
-                   "the time axes) are the measured round times\n"), err
+    assert err == (f"splitfed report: note: {deployed} has no simulated clock (a deployment): its times (the time "
+                   "columns and axes) are the measured round times\n"), err
 
 
 def test_headers_and_axes_name_the_clock_the_runs_have(tmp_path: Path) -> None:

@@ -21,10 +21,12 @@ Per client, per round (prefix sums make each term O(1) per option):
 - link j carries the boundary k_j up iff a server at or beyond tier j holds a
   block (k_j < E), with the labels (int64, 8 bytes a sample, never compressed;
   not with U-shape: labels stay on the device); the gradient comes back down iff
-  a block before it has parameters (p[0, k_j) > 0). U-shape: the tail's input
-  a_E comes back down over every link the chain went up, and its gradient always
-  goes up again (that backward call also releases the replicas the servers hold
-  since the forward, even when nothing before E has parameters).
+  a block before it has parameters (p[0, k_j) > 0) and the boundary is floating
+  (none flows through token ids). U-shape: the tail's input a_E comes back down
+  over every link the chain went up, and its gradient always goes up again (that
+  backward call also releases the replicas the servers hold since the forward,
+  even when nothing before E has parameters; a tail never starts at an integer
+  tensor from the servers: ``Scenario.options`` leaves such cuts out).
 - bytes on the wire (``codec``, per link; what :mod:`splitfed.transport.compress`
   sends for the boundary's tensor of N = b * a / s values, b samples in the message,
   s the element size of the dtype the profiler saw there: ``ModelProfile.dtypes``):
@@ -160,23 +162,47 @@ def wire_bytes(codec: WireCodec | str, per_sample: np.ndarray | float, samples: 
     every codec sends as they are): exactly :func:`splitfed.transport.codec.payload_size`, whose rules
     :func:`codec_rules` reads off. Arrays broadcast (one entry per boundary); the default is float32."""
     kind, f = parse_codec(codec) if isinstance(codec, str) else codec
-    raw = np.asarray(per_sample, dtype=float) * samples
     if samples == 0 or kind == "none":
-        return raw
+        return np.asarray(per_sample, dtype=float) * samples
+    head_of, value_of, known = _codec_tables(kind)
+    if isinstance(per_sample, float | int) and isinstance(itemsize, float | int) and isinstance(floating, bool):
+        one = float(per_sample) * samples  # one message: plain floats (the option tables pass arrays)
+        width = int(itemsize)
+        if not floating or width == 0:
+            return np.asarray(one)
+        if width != itemsize or not 0 < width < len(known) or not known[width]:
+            raise ConfigError(f"codec {kind}: no floating dtype the wire carries has values of {itemsize:g} bytes")
+        values = one / width
+        if kind == "topk":  # codec.topk_count
+            values = min(values, max(1.0, math.ceil(f * values))) if values > 0 else 0.0
+        return np.asarray(float(head_of[width]) + values * float(value_of[width]))
+    raw = np.asarray(per_sample, dtype=float) * samples
     size = np.asarray(itemsize, dtype=float)
-    fl = np.asarray(floating, dtype=bool) & (size > 0)
-    rules = codec_rules(kind)
-    pick = [size == s for s in rules]
-    if not np.all(np.any(pick, axis=0) | ~fl):
-        bad = sorted({float(s) for s in np.broadcast_to(size, fl.shape)[fl]} - set(rules))
+    whole = size.astype(np.int64)
+    fl = np.asarray(floating, dtype=bool) & (whole > 0)
+    ok = (whole == size) & (whole >= 0) & (whole < len(known))
+    if not np.all(~fl | (ok & known[np.where(ok, whole, 0)])):
+        bad = sorted({float(v) for v in np.broadcast_to(size, np.broadcast(size, fl).shape)[
+            np.broadcast_to(fl, np.broadcast(size, fl).shape)]} - {float(i) for i in np.flatnonzero(known)})
         raise ConfigError(f"codec {kind}: no floating dtype the wire carries has values of "
                           f"{', '.join(f'{b:g}' for b in bad)} bytes")
-    head = np.select(pick, [h for h, _ in rules.values()], 0.0)
-    per_value = np.select(pick, [v for _, v in rules.values()], 0.0)
+    idx = np.where(fl & ok, whole, 0)
     n = raw / np.where(fl, size, 1.0)
     if kind == "topk":  # codec.topk_count, on arrays
         n = np.where(n > 0, np.minimum(n, np.maximum(1.0, np.ceil(f * n))), 0.0)
-    return np.where(fl, head + n * per_value, raw)
+    return np.where(fl, head_of[idx] + n * value_of[idx], raw)
+
+
+@cache
+def _codec_tables(kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`codec_rules` as lookup tables by element size (header, bytes per value, known) for
+    :func:`wire_bytes`, which prices every option of every client."""
+    rules = codec_rules(kind)
+    top = int(max(rules)) + 1
+    head, value, known = np.zeros(top), np.zeros(top), np.zeros(top, dtype=bool)
+    for size, (h, v) in rules.items():
+        head[int(size)], value[int(size)], known[int(size)] = h, v, True
+    return head, value, known
 
 
 @cache
@@ -296,12 +322,42 @@ class Scenario:
         return np.array([s.memory for s in self.servers], dtype=float)
 
     @cached_property
+    def _messages(self) -> dict[tuple[int, bool, int], np.ndarray]:
+        return {}
+
+    def _message(self, link: int, tail: bool, samples: int) -> np.ndarray:
+        """:func:`wire_bytes` of one message of ``samples`` on ``link`` for every option of :attr:`options`
+        (at k_link, or at the U-shape tail's cut), computed once per scenario: the option tables of
+        thousands of clients share it (a message's size depends on no client's resources)."""
+        key = (link, tail, samples)
+        got = self._messages.get(key)
+        if got is None:
+            b = self.options[:, self.tiers - 1] if tail else self.options[:, link]
+            got = wire_bytes(self.link_codecs[link], self._prefix["bound"][b], samples,
+                             itemsize=self._prefix["itemsize"][b])
+            got.setflags(write=False)
+            self._messages[key] = got
+        return got
+
+    @cached_property
+    def _row_of(self) -> dict[tuple[int, ...], int]:
+        return {tuple(r): i for i, r in enumerate(self.options.tolist())}
+
+    def _rows(self, C: np.ndarray) -> np.ndarray | None:
+        """The rows of :attr:`options` that ``C``'s cut vectors are (None if one is not among them)."""
+        if len(self.options) > 50_000:  # a dict of every option would cost more than it saves
+            return None
+        idx = [self._row_of.get(tuple(r)) for r in C.tolist()]
+        return None if any(i is None for i in idx) else np.asarray(idx, dtype=np.int64)
+
+    @cached_property
     def options(self) -> np.ndarray:
         """Every legal cut vector, less U-shape ones whose tail would start at an integer tensor."""
         c = cut_options(self.profile.n_blocks, self.tiers, self.u_shape, self.min_device_blocks)
         if not self.u_shape:
             return c
-        return c[[self._tail_problem(row) is None for row in c.tolist()]]
+        floating = np.asarray(self.profile.float_itemsize) > 0
+        return c[(c[:, 0] >= c[:, -1]) | floating[c[:, -1]]]  # as _tail_problem says, for every row at once
 
     def _tail_problem(self, cuts: Sequence[int]) -> str | None:
         """Why a U-shape cut vector cannot train: its tail starts at an integer tensor (token ids) that came
@@ -403,18 +459,30 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     down_bw = np.array([lk.down for lk in links])
     half_rtt = np.array([lk.rtt / 2 for lk in links])
     cross = (k < E[:, None]).astype(float)                  # (m, T-1)
-    grad = (P["param"][k] > 0).astype(float)
+    grad = ((P["param"][k] > 0) & (P["itemsize"][k] > 0)).astype(float)  # no gradient through token ids
     a_k, s_k = P["bound"][k], P["itemsize"][k]
     a_e, s_e = P["bound"][E], P["itemsize"][E]
 
-    def per_round(cd: WireCodec, a: np.ndarray, s: np.ndarray) -> np.ndarray:
-        return sc.epochs * (full * wire_bytes(cd, a, B, itemsize=s) + wire_bytes(cd, a, short, itemsize=s))
+    rows = None if options is None else sc._rows(C)
+
+    def message(j: int, tail: bool, samples: int) -> np.ndarray:
+        """One message's bytes on link ``j`` (boundary k_j, or the tail's a_E) for every option; the same for
+        every client of the scenario, so kept there for its default options."""
+        if options is None:
+            return sc._message(j, tail, samples)
+        if rows is not None:
+            return sc._message(j, tail, samples)[rows]
+        return wire_bytes(sc.link_codecs[j], a_e if tail else a_k[:, j], samples,
+                          itemsize=s_e if tail else s_k[:, j])
+
+    def per_round(j: int, tail: bool) -> np.ndarray:
+        return sc.epochs * (full * message(j, tail, B) + message(j, tail, short))
 
     up_r, down_r, up_b, down_b = (np.zeros((m, T - 1)) for _ in range(4))
-    for j, cd in enumerate(sc.link_codecs):
-        act_r, act_b = per_round(cd, a_k[:, j], s_k[:, j]), wire_bytes(cd, a_k[:, j], B, itemsize=s_k[:, j])
+    for j in range(T - 1):
+        act_r, act_b = per_round(j, False), message(j, False, B)
         if sc.u_shape:
-            tail_r, tail_b = per_round(cd, a_e, s_e), wire_bytes(cd, a_e, B, itemsize=s_e)
+            tail_r, tail_b = per_round(j, True), message(j, True, B)
             up_r[:, j], up_b[:, j] = act_r + tail_r, act_b + tail_b  # a_E's gradient: always
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r + tail_r, grad[:, j] * act_b + tail_b
         else:

@@ -125,10 +125,11 @@ _MNIST_FILES = {
 
 def _find(root: Path, name: str, dataset: str) -> Path:
     """``root/name`` or ``root/name.gz``, also under torchvision's ``MNIST/raw`` layout, and as Kaggle's copy
-    spells and nests it (``train-images.idx3-ubyte``, each in a folder of its own name)."""
+    spells and nests it (``train-images.idx3-ubyte``; each file also in a folder of its own name, either way)."""
     kaggle = name.replace("-idx", ".idx")
     for folder in (root, root / "MNIST" / "raw"):
-        for candidate in (folder / name, folder / f"{name}.gz", folder / kaggle, folder / kaggle / kaggle):
+        for candidate in (folder / name, folder / f"{name}.gz", folder / kaggle, folder / kaggle / kaggle,
+                          folder / name / name):
             if candidate.is_file():
                 return candidate
     raise ConfigError(f"{dataset}: missing {root / name}[.gz] (or {kaggle}); {_NEVER}")

@@ -30,6 +30,7 @@ class BuildLimits:
 
 DEFAULT_LIMITS = BuildLimits()
 
+MAX_DIMS = 16  # dimensions of a tensor that crosses a link (the wire's limit: every link keeps it)
 IDLE_RELEASE_S = 3600.0  # a tier releases a segment unused this long: far above a round (see Tier.sweep)
 STREAM_IDLE_S = 30.0  # a request stream that sends no message for this long is cancelled: it holds a worker thread
 _limits = DEFAULT_LIMITS

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
+from splitfed.engine.limits import MAX_DIMS
 from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
+from splitfed.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from splitfed.engine.tier import Tier
@@ -65,7 +67,13 @@ class InProcessLink:
         self.bytes_up = 0
         self.bytes_down = 0
 
+    @staticmethod
+    def _crossing(t: torch.Tensor) -> None:
+        if t.dim() > MAX_DIMS:  # as the wire refuses it (transport.codec): a simulation fails where a deployment would
+            raise InvalidArgument(f"a tensor of {t.dim()} dimensions cannot travel (at most {MAX_DIMS})")
+
     def _up(self, t: torch.Tensor) -> torch.Tensor:
+        self._crossing(t)
         if self.compress_up is not None and t.is_floating_point():
             t, n = self.compress_up(t)
         else:
@@ -76,6 +84,7 @@ class InProcessLink:
     def _down(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
             return None
+        self._crossing(t)
         if self.compress_down is not None:
             t, n = self.compress_down(t)
         else:

@@ -28,6 +28,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -98,7 +99,7 @@ class ModelProfile:
     def n_blocks(self) -> int:
         return len(self.names)
 
-    @property
+    @cached_property
     def dtypes(self) -> tuple[str, ...]:
         """The dtype of the tensor at each boundary: the input, then each block's output (``n_blocks + 1``).
 
@@ -109,7 +110,7 @@ class ModelProfile:
         return (self.input_dtype or ("int64" if token else "float32"),
                 *(self.out_dtype or ("float32",) * self.n_blocks))
 
-    @property
+    @cached_property
     def float_itemsize(self) -> tuple[float, ...]:
         """Per boundary, the bytes of one value if its tensor is floating, else 0: what a lossy codec
         compresses (it sends integer tensors, such as token ids, exactly)."""

@@ -244,8 +244,8 @@ def run_notes(run: Run) -> list[str]:
         notes.append(f"{Path(where) / METRICS}: its last line was cut short (a crash, or a round still being "
                      "written) and is left out")
     if any(r.extra.get(MEASURED) for r in run.rounds):
-        notes.append(f"{where} has no simulated clock (a deployment): its times (sim time, the time axes) are "
-                     "the measured round times")
+        notes.append(f"{where} has no simulated clock (a deployment): its times (the time columns and axes) "
+                     "are the measured round times")
     return notes
 
 

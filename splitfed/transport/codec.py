@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from splitfed.engine import limits
 from splitfed.errors import ConfigError, InvalidArgument, ResourceExhausted
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
@@ -50,7 +51,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {v: k for k, v in DTYPES.items()}
 # Values of the CodecKind enum in tier.proto.
 KINDS = {"none": 0, "fp16": 1, "int8": 2, "topk": 3}
 KIND_NAMES = {v: k for k, v in KINDS.items()}
-MAX_DIMS = 16
+MAX_DIMS = limits.MAX_DIMS  # the engine's, so that an in-process link keeps it too
 
 
 @dataclass(frozen=True)
