@@ -163,3 +163,43 @@ def test_a_step_leaves_torch_s_generator_as_it_was() -> None:
     assert torch.equal(torch.rand(3), want)
     a = seg(spec.example_input(4), rng=5)
     assert torch.equal(seg(spec.example_input(4), rng=5), a)  # the same key, the same mask
+
+
+class _NormaliseInPlace(torch.nn.Module):
+    """Scales its own input in place (a user's preprocessing): legal torch, and split training is right."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(0.5)
+
+
+def writes_its_input() -> torch.nn.Module:
+    return torch.nn.Sequential(_NormaliseInPlace(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def batchnorm_mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 3))
+
+
+def test_verify_gives_each_side_its_own_batches() -> None:
+    """verify ran the split round and then the reference on the same batch tensors: a model that writes its
+    input saw them written twice on the reference side, and verify reported a MISMATCH (8.8e-2) for a split
+    run that was right."""
+    from splitfed.engine.verify import verify
+
+    spec = resolve_spec("tests.test_own_models:writes_its_input", input_shape=(16,), num_classes=3)
+    result = verify(spec, [(1, 2), (2, 3)], mode="sflv1", steps=3)
+    assert result.ok and result.max_abs_diff == 0.0, result
+
+
+def test_verify_with_batch_one_refuses_a_batchnorm_model_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A traceback from BatchNorm (``Expected more than 1 value per channel``) before; simulate refused it."""
+    from splitfed.cli import main
+
+    assert main(["verify", "--model", "tests.test_own_models:batchnorm_mlp", "--input-shape", "16",
+                 "--num-classes", "3", "--cuts", "1,3", "--batch", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "batch 1: model tests.test_own_models:batchnorm_mlp cannot train on one sample" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["verify", "--model", "tests.test_own_models:batchnorm_mlp", "--input-shape", "16",
+                 "--num-classes", "3", "--cuts", "1,3", "--batch", "2"]) == 0

@@ -142,6 +142,10 @@ class VerifyResult:
         return d
 
 
+def _copies(data: dict[str, Batches]) -> dict[str, Batches]:
+    return {c: [(x.clone(), y.clone()) for x, y in b] for c, b in data.items()}
+
+
 def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv1", u_shape: bool = False,
            steps: int = 2, batch: int = 4, rounds: int = 1, seed: int = 0, optim: OptimConfig | None = None,
            chain: Chain | None = None, transport: str = "inproc",
@@ -151,6 +155,9 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
 
     if not cuts or not cuts[0]:
         raise ConfigError("verify needs a cut vector per client, e.g. cuts=[(2, 5)]: got none")
+    if batch == 1 and (why := template.one_sample_error(model)):
+        raise ConfigError(f"batch 1: model {model.name} cannot train on one sample ({why}); give a batch of 2 "
+                          "or more")
     n_tiers = len(cuts[0]) + 1 - (1 if u_shape else 0)
     chain = chain or inprocess_chain(n_tiers - 1)
     optim = optim or OptimConfig(lr=0.05, momentum=0.9)
@@ -168,7 +175,7 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
     run_id = f"verify-{uuid.uuid4().hex[:8]}"
     for r in range(rounds):
         cfg = RoundConfig(run_id, r, model, mode, u_shape, optim, seed)
-        split, _ = run_round(cfg, chain, split, assignment, data)
-        whole = reference_round(cfg, whole, assignment, data, n_tiers)
+        split, _ = run_round(cfg, chain, split, assignment, _copies(data))  # each side its own batches: a
+        whole = reference_round(cfg, whole, assignment, _copies(data), n_tiers)  # model may write its input
     return VerifyResult(model.name, [list(c) for c in assignment.values()], mode, n_tiers, u_shape, rounds,
                         len(assignment), steps, max_abs_diff(split, whole), TOLERANCE, transport)
