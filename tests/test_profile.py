@@ -358,3 +358,37 @@ def test_a_fleet_too_large_to_hold_is_refused_before_any_client_is_made() -> Non
 def test_missing_fleet_file_lists_the_shipped_ones() -> None:
     with pytest.raises(ConfigError, match="no such file.*reference"):
         load_fleet("no/such/fleet.toml")
+
+
+def test_a_profile_of_ones_own_model_follows_edits_to_it(tmp_path) -> None:  # noqa: ANN001
+    """Profiles were cached by the model's name: after widening a layer (or adding a block) `profile` and
+    `optimize` priced the old model. The cache key now holds the factory's source file and the model's
+    structure; a zoo model's key is as it was. Separate processes, as a user's edit-and-profile loop runs."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    module = tmp_path / "mynet.py"
+    env = {**os.environ, "SPLITFED_PROFILE_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+
+    def profile(hidden: int, blocks: int) -> dict:
+        layers = ["nn.Linear(16, HIDDEN)", "nn.ReLU()", "nn.Linear(HIDDEN, 3)"]
+        if blocks > 3:
+            layers[2:2] = ["nn.Linear(HIDDEN, HIDDEN)", "nn.ReLU()"]
+        module.write_text(f"from torch import nn\nHIDDEN = {hidden}\n\ndef net():\n"
+                          f"    return nn.Sequential({', '.join(layers)})\n")
+        p = subprocess.run([sys.executable, "-m", "splitfed.cli", "profile", "--model", "mynet:net",
+                            "--input-shape", "16", "--num-classes", "3", "--json"],
+                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    first = profile(16, 3)
+    assert sum(first["param_bytes"]) == 4 * (16 * 16 + 16 + 16 * 3 + 3)
+    assert profile(16, 3)["param_bytes"] == first["param_bytes"]  # unchanged: the cached one
+    wider = profile(512, 3)
+    assert sum(wider["param_bytes"]) == 4 * (16 * 512 + 512 + 512 * 3 + 3)
+    deeper = profile(16, 5)
+    assert len(deeper["names"]) == 5 and len(first["names"]) == 3
+    assert len(list((tmp_path / "cache").iterdir())) == 3  # one cached profile per version of the model

@@ -20,6 +20,7 @@ fewer; a request for more measures again and keeps the better profile (see
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -156,9 +157,43 @@ class ModelProfile:
 _MEMORY: dict[str, ModelProfile] = {}
 
 
+def code_digest(spec: ModelSpec) -> str:
+    """What a user's model is now, beyond its name (empty for a zoo model, which is splitfed's code): the
+    source file that defines its factory, and the model it builds (its modules and their sizes, built on
+    the meta device: no memory, no draws). A profile cached by name alone outlived edits to the model
+    (a wider layer, another block) and priced the old one."""
+    from splitfed.models.zoo import ZOO, _import_factory, build
+
+    if spec.name in ZOO:
+        return ""
+    h = hashlib.sha1()
+    try:
+        source = Path(inspect.getsourcefile(_import_factory(spec.name)) or "")
+        text = source.read_bytes()
+    except (OSError, TypeError):  # built in, or no file: the model's structure must do
+        text = b""
+    h.update(text)
+    seen = (json.dumps(spec.to_dict(), sort_keys=True, default=str), hashlib.sha1(text).hexdigest())
+    if seen in _CODE:  # profile_model asks per call: the build on meta is done once per model and source
+        return _CODE[seen]
+    with torch.device("meta"):
+        model = build(spec)
+    h.update(repr(model).encode())
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.requires_grad}".encode())
+    _CODE[seen] = h.hexdigest()[:16]
+    return _CODE[seen]
+
+
+_CODE: dict[tuple[str, str], str] = {}
+
+
 def _key(spec: ModelSpec, batch: int, optimizer_slots: int, where: torch.device) -> str:
     key = {"spec": spec.to_dict(), "batch": batch, "slots": optimizer_slots, "torch": torch.__version__,
            "host": platform.node(), "v": PROFILE_VERSION}
+    code = code_digest(spec)
+    if code:  # zoo models keep the keys they had
+        key["code"] = code
     if where.type != "cpu":  # CPU profiles keep the keys they had before a device was a choice
         key["device"] = compute.describe(where)
     raw = json.dumps(key, sort_keys=True, default=str)
