@@ -269,6 +269,8 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "measured_round_s": max((m.compute_s + m.link_s for m in rec.measurements), default=0.0),
         "bytes_up": rec.bytes_up,
         "bytes_down": rec.bytes_down,
+        # the coordinator's weight traffic to each server tier and back (chain order): not in the cost model
+        "tier_weight_bytes": [list(b) for b in rec.tier_weight_bytes],
         "cuts": {cid: list(c) for cid, c in rec.assignment.items()},
         "moved": {cid: [list(a), list(b)] for cid, (a, b) in rec.moved.items()},
         "decision": rec.decision,

@@ -83,6 +83,7 @@ class RoundRecord:
     train_loss: float | None = None
     moved: dict[str, tuple[Cuts, Cuts]] = field(default_factory=dict)  # client -> (cuts it last trained at, now)
     decision: dict[str, Any] | None = None  # what the policy decided after this round (adaptive: moves and why)
+    tier_weight_bytes: list[list[int]] = field(default_factory=list)  # per server tier: [loaded, fetched] bytes
 
     @property
     def bytes_up(self) -> int:
@@ -245,6 +246,7 @@ class SplitFedAvg(FedAvg):
             for cid, why in rnd.why.items():  # what the round itself refused; node errors were logged above
                 log(WARNING, "%s dropped from round %d: %s", cid, server_round, why)
         record.failed = list(rnd.failed)
+        record.tier_weight_bytes = [list(b) for b in rnd.weight_bytes]
         reasons = {**self._why, **rnd.why}
         record.why_failed = {c: reasons.get(c, "no reply before the round timeout") for c in rnd.failed}
         record.measurements = [_measurement(r) for r in rnd.results]

@@ -212,6 +212,7 @@ def test_a_flower_simulation_with_compression_equals_the_inprocess_backend(tmp_p
         assert rows["flower"][key] == pytest.approx(rows["local"][key], rel=1e-6, abs=1e-9), key
     for key in ("bytes_up", "bytes_down"):  # each client's own link, compressed alike
         assert rows["flower"][key] == rows["local"][key] > 0, key
+    assert rows["flower"]["tier_weight_bytes"] == rows["local"]["tier_weight_bytes"]  # weights travel exact
 
 
 # ---------------------------------------------------------------- 2. fraction

@@ -131,5 +131,5 @@ def test_inprocess_backend_computes_the_main_job_exactly(monkeypatch: pytest.Mon
         return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
     keys = ("round", "accuracy", "loss", "train_loss", "sim_round_s", "bytes_up", "bytes_down", "cuts", "moved",
-            "decision")
+            "decision", "tier_weight_bytes")
     assert [{k: r[k] for k in keys} for r in rows("local")] == [{k: r[k] for k in keys} for r in rows("flower")]

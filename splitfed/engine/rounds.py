@@ -94,6 +94,11 @@ def initial_state(model: ModelSpec, seed: int) -> State:
     return {k: v.detach().clone() for k, v in model_blocks(model, seed)[1].whole().state_dict().items()}
 
 
+def state_bytes(state: State) -> int:
+    """The bytes of a state's tensors (as they travel: uncompressed)."""
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
 def block_of(key: str) -> int:
     return int(key.split(".", 1)[0])
 
@@ -249,6 +254,9 @@ class SplitRound:
         self._loaded: list[str] = []
         self._group: list[str] = []
         self._gone: set[int] = set()  # tiers a release found unreachable: the rest of this round skips them
+        # per server tier, the weight bytes this round sent it (loads) and got back (fetches): the coordinator's
+        # own traffic, one copy of each client's server segments each way (the cost model does not price it)
+        self.weight_bytes: list[list[int]] = [[0, 0] for _ in self.tiers]
 
     # ------------------------------------------------------------ the three steps
 
@@ -291,6 +299,7 @@ class SplitRound:
                 tier.release(self.cfg.run_id, cid, replace(self.cfg, round=left).secret_of(cid))
                 del self.unreleased[(t, cid)]
                 tier.load(load)
+            self.weight_bytes[t][0] += state_bytes(load.state or {})
 
     def end(self, outcomes: Mapping[str, Outcome], lost: Mapping[str, str] | None = None) -> None:
         """Take the group's trained device weights; clients missing from ``outcomes`` failed (``lost``:
@@ -382,6 +391,8 @@ class SplitRound:
         except TierError as e:
             self.why[cid] = f"fetch failed: {e}"
             return None
+        for t, part in enumerate(parts):
+            self.weight_bytes[t][1] += state_bytes(part)
         return None if any(self._refused(cid, self._label(t), p) for t, p in enumerate(parts)) else parts
 
     def _drop(self, cid: str) -> None:

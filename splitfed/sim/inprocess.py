@@ -97,6 +97,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
         errors: dict[str, str] = {}  # a client whose training raised is dropped, as a node's error reply is
         state = drive(split, local_trainer(chain, batches, failed=errors), lost=errors)
         record.failed, record.why_failed = list(split.failed), {**errors, **split.why}
+        record.tier_weight_bytes = [list(b) for b in split.weight_bytes]
         record.measurements = [Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s,
                                            r.bytes_up, r.bytes_down) for r in split.results]
         total = sum(r.samples for r in split.results)
