@@ -203,3 +203,18 @@ def test_verify_with_batch_one_refuses_a_batchnorm_model_in_one_line(capsys: pyt
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert main(["verify", "--model", "tests.test_own_models:batchnorm_mlp", "--input-shape", "16",
                  "--num-classes", "3", "--cuts", "1,3", "--batch", "2"]) == 0
+
+
+def float64_without_a_cast() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+
+
+def test_a_model_in_another_dtype_that_takes_no_cast_is_told_to_cast() -> None:
+    """It was told its shape was wrong and that it might need --vocab: the shape was right, and splitfed feeds
+    float32, so the model must cast its input itself."""
+    with pytest.raises(ConfigError) as e:
+        template.num_blocks(resolve_spec("tests.test_own_models:float64_without_a_cast", input_shape=(16,),
+                                         num_classes=3))
+    msg = str(e.value)
+    assert "does not take float32 inputs, which splitfed feeds it: mat1 and mat2 must have the same dtype" in msg
+    assert "casts its input itself, e.g. x = x.to(self.weight.dtype)" in msg and "of shape" not in msg

@@ -18,28 +18,60 @@ A *segment* is the contiguous run of blocks ``[start, stop)`` one tier holds.
 Its ``state_dict`` keys are ``"<block index>.<key inside block>"``, the same keys
 as the whole model's, so replicas of a block are averaged by key wherever they
 were trained.
+
+Tensors that share storage (``b.weight.data = a.weight.data``: two Parameters, one
+storage) tie their blocks as one tensor object does, and a joined block's copy
+(:class:`_Joined`) keeps that storage shared. A cut also needs the batch in the
+first dimension of the tensor crossing it (a sequence-first LSTM's ``[T, B, d]``
+is no legal boundary): :func:`join_at_tuples` joins the blocks around one that is
+not. A forward's extra parameters with defaults (``forward(self, x, mask=None)``)
+are traced at their defaults.
+
+Tracing can change what a model computes: a custom ``torch.autograd.Function``
+loses its backward, ``torch.no_grad()`` in forward is not recorded, tensor code
+that does not depend on the input runs once at trace time, and hooks on the model
+itself never run. Hooks on the model are refused up front (:func:`refuse_root_hooks`);
+:func:`check_trains_as_model` trains a traced model's blocks beside a second
+instance of the model and refuses the model if any number differs.
+
+Every block that draws random numbers (dropout, ``nn.RReLU``, an RNN's or an
+attention's dropout, ``torch.randn_like``... in its graph, or found by running it
+twice under two seeds: :func:`stochastic_flags`) is re-seeded per step by
+:class:`Segment`, so the same block draws the same numbers on any tier.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
+import re
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
 
-from splitfed.errors import CutError
+from splitfed.errors import ConfigError, CutError
 from splitfed.models import rng as _rng
 
+_F = torch.nn.functional
+# functions and tensor methods that draw from torch's generator (dropout, random activations, noise)
 _STOCHASTIC_FUNCS = {
-    torch.nn.functional.dropout,
-    torch.nn.functional.dropout1d,
-    torch.nn.functional.dropout2d,
-    torch.nn.functional.dropout3d,
-    torch.nn.functional.alpha_dropout,
-    torch.dropout,
+    f for f in (
+        _F.dropout, _F.dropout1d, _F.dropout2d, _F.dropout3d, _F.alpha_dropout, _F.feature_alpha_dropout,
+        _F.rrelu, _F.rrelu_, _F.gumbel_softmax,
+        *(getattr(torch, n, None) for n in (
+            "dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "feature_dropout", "feature_dropout_",
+            "feature_alpha_dropout", "feature_alpha_dropout_", "native_dropout", "rrelu", "rrelu_",
+            "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+            "normal", "bernoulli", "multinomial", "poisson", "binomial")),
+    ) if f is not None
 }
+_STOCHASTIC_METHODS = {"uniform_", "normal_", "bernoulli", "bernoulli_", "random_", "exponential_", "geometric_",
+                       "cauchy_", "log_normal_", "multinomial"}
+STOCHASTIC_ATTR = "_splitfed_stochastic"  # set on a block found to draw random numbers by running it
 
 
 @dataclass
@@ -58,10 +90,19 @@ class Blocks:
 
 
 def _is_stochastic(block: nn.Module) -> bool:
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) for m in block.modules()):
+    """Whether ``block`` draws random numbers in training: a module or graph node known to, or a block
+    :func:`stochastic_flags` saw doing so (:data:`STOCHASTIC_ATTR`)."""
+    if getattr(block, STOCHASTIC_ATTR, False):
         return True
-    if isinstance(block, fx.GraphModule):
-        return any(n.op == "call_function" and n.target in _STOCHASTIC_FUNCS for n in block.graph.nodes)
+    for m in block.modules():
+        if isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)):
+            return True
+        if isinstance(m, (nn.RNNBase, nn.MultiheadAttention)) and float(getattr(m, "dropout", 0) or 0) > 0:
+            return True
+        if isinstance(m, fx.GraphModule) and any(
+                (n.op == "call_function" and n.target in _STOCHASTIC_FUNCS)
+                or (n.op == "call_method" and n.target in _STOCHASTIC_METHODS) for n in m.graph.nodes):
+            return True
     return False
 
 
@@ -130,10 +171,24 @@ def make_segment(blocks: Blocks, start: int, stop: int) -> Segment:
 
 # ---------------------------------------------------------------- cutting
 
+_ROOT_HOOKS = (("_forward_pre_hooks", "a forward pre-hook"), ("_forward_hooks", "a forward hook"),
+               ("_backward_pre_hooks", "a backward pre-hook"), ("_backward_hooks", "a backward hook"))
+
+
+def refuse_root_hooks(model: nn.Module, name: str | None = None) -> None:
+    """A ConfigError if ``model`` has a hook on itself: tiers run its blocks, never the model's own call, so
+    such a hook would silently never run (a hook on a module inside the model runs with that module)."""
+    for attr, what in _ROOT_HOOKS:
+        if getattr(model, attr, None):
+            raise ConfigError(f"model {name or type(model).__name__} has {what} on the model itself, which never "
+                              "runs when splitfed cuts it (tiers run its blocks, not the model's own call): do the "
+                              "hook's work in a module inside the model (an nn.Sequential's first or last child, say)")
+
 
 def to_blocks(model: nn.Module) -> Blocks:
     """The model's blocks: children of a Sequential, else cut points found by tracing; blocks that share a
-    parameter or buffer are one block."""
+    parameter or buffer (one tensor, or one storage) are one block. A model with a hook on itself is refused."""
+    refuse_root_hooks(model)
     if isinstance(model, nn.Sequential):
         # every entry, in order: children() yields a module used twice only once, silently dropping its
         # second use (Sequential(lin, act, lin2, act) would lose its last activation)
@@ -143,47 +198,156 @@ def to_blocks(model: nn.Module) -> Blocks:
         blocks = Blocks(mods, [_leaf_names(m) for m in mods], traced=False)
     else:
         blocks = _trace_blocks(model)
-    return _join(blocks, _shared(blocks), type(model).__name__)
+    joined = _join(blocks, _shared(blocks), type(model).__name__)
+    # a block whose own tensors share storage keeps it shared in a tier's copy only as a _Joined
+    return Blocks([m if isinstance(m, _Joined) or not _storage_groups(m) else _Joined(m) for m in joined.modules],
+                  joined.names, joined.traced)
 
 
 def join_at_tuples(blocks: Blocks, example: torch.Tensor, model: str = "model") -> Blocks:
-    """``blocks`` with each block whose output is not one tensor (a tuple, a dict) joined to the next one:
-    a link carries one tensor. ``example`` is a batch of the model's input (the model runs it in eval mode
-    without gradients; every module's mode is given back)."""
+    """``blocks`` with each block whose output is no legal boundary joined to the next one: a link carries one
+    tensor (not a tuple, not a dict) whose first dimension is the batch (not a sequence-first ``[T, B, d]``;
+    told by a batch of one more sample). ``example`` is a batch of the model's input (the model runs it in eval
+    mode without gradients; every module's mode and every tensor's value is given back)."""
+    n = int(example.shape[0]) if example.dim() else 0
     x: object = example
+    y: object = torch.cat([example, example[:1]]) if n else None  # one sample more
     spans: list[tuple[int, int, str]] = []
-    modes = [(m, m.training) for b in blocks.modules for m in b.modules()]
-    try:
-        with torch.no_grad():
-            for i, m in enumerate(blocks.modules[:-1]):
-                m.eval()
-                x = m(x)
-                if not isinstance(x, torch.Tensor):
-                    spans.append((i, i + 1, f"block {i} ({blocks.names[i]}) outputs a {type(x).__name__}, "
-                                            "not one tensor"))
-    finally:
-        for m, mode in modes:
-            m.training = mode
+    with kept(blocks.modules), torch.no_grad():
+        for i, m in enumerate(blocks.modules[:-1]):
+            m.eval()
+            x = m(x)
+            if y is not None:
+                try:
+                    y = m(y)
+                except Exception:  # noqa: BLE001 - a model that takes one batch size only: not told here
+                    y = None
+            if not isinstance(x, torch.Tensor):
+                spans.append((i, i + 1, f"block {i} ({blocks.names[i]}) outputs a {type(x).__name__}, "
+                                        "not one tensor"))
+            elif y is not None and not _batch_first(x, y, n):
+                other = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+                spans.append((i, i + 1, f"block {i} ({blocks.names[i]}) outputs a tensor whose first "
+                                        f"dimension is not the batch ({list(x.shape)} for {n} samples, "
+                                        f"{other} for {n + 1})"))
     return _join(blocks, spans, model)
 
 
+def _batch_first(x: torch.Tensor, y: object, n: int) -> bool:
+    """Whether ``x`` (for ``n`` samples) and ``y`` (for ``n + 1``) are one tensor per sample along dim 0."""
+    return (isinstance(y, torch.Tensor) and x.dim() >= 1 and y.dim() == x.dim() and x.shape[0] == n
+            and y.shape[0] == n + 1 and x.shape[1:] == y.shape[1:])
+
+
+def _held(m: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False)]
+
+
+@contextmanager
+def kept(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """Run ``modules`` and give back afterwards every module's mode and every parameter's and buffer's value: a
+    look at a model (its output shape, its trace) must not move what it would train from (a running mean
+    updated in forward, even in eval mode, a counter)."""
+    mods = list(modules)
+    modes = [(m, m.training) for top in mods for m in top.modules()]
+    state = {id(t): (t, t.detach().clone()) for top in mods for _, t in _held(top)}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, saved in state.values():
+                t.copy_(saved)
+        for m, mode in modes:
+            m.training = mode
+
+
+def _extent(t: torch.Tensor) -> tuple[tuple[str, int], int, int] | None:
+    """``(storage, first byte, end byte)`` of the memory ``t`` views; None for a tensor without memory."""
+    if t.numel() == 0 or t.device.type == "meta":
+        return None
+    span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True))
+    return (str(t.device), t.untyped_storage().data_ptr()), t.data_ptr(), t.data_ptr() + span * t.element_size()
+
+
 def _shared(blocks: Blocks) -> list[tuple[int, int, str]]:
-    """``(first, last, why)`` for every parameter or buffer object that blocks ``first`` and ``last`` both hold."""
+    """``(first, last, why)`` for every parameter or buffer object that blocks ``first`` and ``last`` both hold,
+    and every two that view the same memory (``b.weight.data = a.weight.data``: one storage, two objects)."""
     seen: dict[int, tuple[int, str]] = {}
+    memory: dict[tuple[str, int], list[tuple[int, str, int, int]]] = {}
     spans = []
     for i, m in enumerate(blocks.modules):
-        held = [*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False)]
-        for name, t in held:
+        for name, t in _held(m):
             first = seen.setdefault(id(t), (i, name))
             if first[0] != i:
                 spans.append((first[0], i, f"block {first[0]}'s {first[1]!r} is also block {i}'s {name!r} "
                                             "(a shared weight)"))
+            if first != (i, name) or (ext := _extent(t)) is None:
+                continue
+            storage, lo, hi = ext
+            for j, other, a, b in memory.get(storage, []):
+                if j != i and a < hi and lo < b:
+                    spans.append((j, i, f"block {j}'s {other!r} and block {i}'s {name!r} share memory (a weight "
+                                        "tied by .data)"))
+            memory.setdefault(storage, []).append((i, name, lo, hi))
     return spans
 
 
+_View = tuple[str, int, torch.Size, tuple[int, ...], torch.dtype]  # name, storage offset, size, stride, dtype
+
+
+def _storage_groups(m: nn.Module) -> list[tuple[torch.UntypedStorage, list[_View]]]:
+    """Each storage that two distinct tensor objects of ``m`` view, with how each views it."""
+    groups: dict[tuple[str, int], tuple[torch.UntypedStorage, list[_View]]] = {}
+    seen: set[int] = set()
+    for name, t in _held(m):
+        ext = _extent(t)
+        if ext is not None and id(t) not in seen:
+            seen.add(id(t))
+            groups.setdefault(ext[0], (t.untyped_storage(), []))[1].append(
+                (name, int(t.storage_offset()), t.size(), t.stride(), t.dtype))
+    return [g for g in groups.values() if len(g[1]) > 1]
+
+
+def _view_again(m: nn.Module, views: list[_View], storage: torch.UntypedStorage) -> None:
+    """Point each tensor of ``views`` in ``m`` at ``storage``, viewed as before."""
+    now = dict(_held(m))
+    for name, offset, size, stride, dtype in views:
+        now[name].data = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+
+
+class _Joined(nn.Sequential):
+    """Blocks that stay on one tier, as one block. Tensors of it that share storage (``b.weight.data =
+    a.weight.data``: two Parameters, one storage) share it in its copies too, and on the device it is moved to:
+    ``copy.deepcopy`` clones each Parameter's data apart, and ``.to(device)`` moves each apart."""
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _Joined:
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        for storage, views in _storage_groups(self):  # one new storage, a copy of the whole old one
+            _view_again(new, views, storage.clone())
+        return new
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # nn.Module's signature
+        groups = _storage_groups(self)
+        out = super()._apply(fn, recurse)
+        now = dict(_held(self))
+        for storage, views in groups:
+            moved = [now[v[0]] for v in views]
+            if len({t.untyped_storage().data_ptr() for t in moved}) == 1:
+                continue  # still one (a move to where it was)
+            if all(t.dtype == v[4] for t, v in zip(moved, views, strict=True)):  # moved, not cast
+                _view_again(self, views, storage.to(device=moved[0].device))
+            else:  # cast: tensors that viewed the old storage alike view the first one's new data
+                for t, v in zip(moved[1:], views[1:], strict=True):
+                    if v[1:] == views[0][1:] and t.dtype == moved[0].dtype:
+                        t.data = moved[0].data
+        return out
+
+
 def _join(blocks: Blocks, spans: Sequence[tuple[int, int, str]], model: str) -> Blocks:
-    """Blocks ``first..last`` of every span as one block (an ``nn.Sequential`` of them, so their shared tensors
-    stay shared when a tier copies it)."""
+    """Blocks ``first..last`` of every span as one block (a :class:`_Joined` ``nn.Sequential`` of them, so their
+    shared tensors stay shared when a tier copies it)."""
     if not spans:
         return blocks
     last_of = list(range(len(blocks)))  # each block joins up to this index
@@ -201,7 +365,7 @@ def _join(blocks: Blocks, spans: Sequence[tuple[int, int, str]], model: str) -> 
             modules.append(blocks.modules[i])
             names.append(blocks.names[i])
         else:
-            modules.append(nn.Sequential(*blocks.modules[i: j + 1]))
+            modules.append(_Joined(*blocks.modules[i: j + 1]))
             parts = blocks.names[i: j + 1]
             names.append("+".join(parts[:3]) + ("+..." if len(parts) > 3 else ""))
         i = j + 1
@@ -209,6 +373,163 @@ def _join(blocks: Blocks, spans: Sequence[tuple[int, int, str]], model: str) -> 
         raise CutError(f"model {model} has no legal cut: {spans[0][2]}, so blocks {spans[0][0]}..{spans[0][1]} "
                        "and all between must stay on one tier, and that is the whole model")
     return Blocks(modules, names, traced=blocks.traced)
+
+
+# ---------------------------------------------------------------- checks against the model itself
+
+_CHECK_SEEDS = (1234, 5678)  # one per training step of the check; neither is the tracing seed
+_TRACE_SEED = 0
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _same(a: object, b: object) -> bool:
+    """Bitwise the same values (NaN where the other has NaN), through tuples, lists and dicts."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device or a.layout != b.layout:
+            return False
+        if a.is_meta:  # no values to tell apart (a model sized on the meta device)
+            return True
+        if a.layout != torch.strided:  # a sparse gradient (nn.Embedding(sparse=True))
+            a, b = a.to_dense(), b.to_dense()
+        if torch.equal(a, b):
+            return True
+        if not (a.is_floating_point() or a.is_complex()):
+            return False
+        nan = a.isnan()
+        return torch.equal(nan, b.isnan()) and torch.equal(a.masked_fill(nan, 0), b.masked_fill(nan, 0))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def _clone(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def _block_inputs(blocks: Blocks, example: torch.Tensor) -> list[object]:
+    """What each block takes for ``example`` (blocks run in eval mode without gradients; modes given back)."""
+    ins: list[object] = [example]
+    with kept(blocks.modules), torch.no_grad():
+        for m in blocks.modules[:-1]:
+            m.eval()
+            ins.append(m(_clone(ins[-1])))
+    return ins
+
+
+def _draws(block: nn.Module, x: object) -> bool:
+    """Whether ``block`` (copies of it, in training mode) gives other outputs for ``x`` under two seeds; a
+    block that cannot be copied or run so counts as drawing (re-seeding a block that draws nothing is harmless)."""
+    outs = []
+    try:
+        for seed in _CHECK_SEEDS:
+            twin = copy.deepcopy(block).train()  # a copy: its statistics may move
+            with _rng.seeded(seed), torch.no_grad():
+                outs.append(twin(_clone(x)))
+    except Exception:  # noqa: BLE001 - whatever a user's block raises
+        return True
+    return not _same(outs[0], outs[1])
+
+
+def stochastic_flags(blocks: Blocks, example: torch.Tensor, run: bool = True) -> list[bool]:
+    """Per block, whether it draws random numbers in training: by its modules and graph (:func:`_is_stochastic`),
+    else (``run``) by running copies of it on its input for ``example`` under two seeds (an untraced module of
+    one's own, a random op no list names). The blocks themselves do not change."""
+    if not run:
+        return [_is_stochastic(m) for m in blocks.modules]
+    inputs = _block_inputs(blocks, example)
+    return [_is_stochastic(m) or _draws(m, x) for m, x in zip(blocks.modules, inputs, strict=True)]
+
+
+def mark_stochastic(blocks: Blocks, flags: Sequence[bool]) -> None:
+    """Record :func:`stochastic_flags` on the blocks (an attribute, so a tier's copy of a block keeps it)."""
+    for m, flag in zip(blocks.modules, flags, strict=True):
+        setattr(m, STOCHASTIC_ATTR, bool(flag))
+
+
+def check_trains_as_model(blocks: Blocks, model: nn.Module, reference: nn.Module, example: torch.Tensor,
+                          name: str) -> None:
+    """A one-line ConfigError unless ``blocks`` (cut from ``model``) train exactly as ``reference``, another
+    instance of the model (same factory, same seed): two training steps on ``example`` in training mode, torch's
+    generator seeded alike for both, must give the same outputs, the same gradient of every parameter and the
+    same buffers. ``reference`` starts from ``model``'s state; both are trained, so pass instances of one's own.
+
+    Exact equality: both run the same kernels on the same numbers in the same order (a traced graph calls what
+    forward called), which on one device gives the same bits; a tolerance would let a lost gradient reversal on
+    a small gradient, or a one-step drift of a buffer, pass."""
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    ref_params = dict(reference.named_parameters())
+    ref_buffers = dict(reference.named_buffers())
+
+    def refuse(what: str) -> ConfigError:
+        return ConfigError(
+            f"model {name} would not train as itself when cut: the blocks torch.fx traced from it differ from it "
+            f"({what}). Tracing cannot keep a custom torch.autograd.Function, hooks on the model itself, state "
+            "its forward changes apart from the input (self.buf.mul_(0.9), a counter), or torch.no_grad() in "
+            "forward: make the model an nn.Sequential whose children hold that code (splitfed runs a "
+            "Sequential's children as they are, untraced)")
+
+    missing = [n for n in ref_params if n not in params] + [n for n in ref_buffers if n not in buffers]
+    if missing:
+        raise refuse(f"the traced model has no {missing[0]!r}")
+    with torch.no_grad():  # the same start, whatever tracing or the factory did
+        for n, rp in ref_params.items():
+            rp.copy_(params[n])
+        for n, rb in ref_buffers.items():
+            rb.copy_(buffers[n])
+    whole = blocks.whole().train()
+    reference.train()
+    weights: torch.Tensor | None = None
+    for step, seed in enumerate(_CHECK_SEEDS, 1):
+        outs = []
+        for net in (reference, whole):
+            try:
+                with _rng.seeded(seed):
+                    out = net(example.clone())
+                    if not isinstance(out, torch.Tensor):
+                        raise TypeError(f"the model outputs a {type(out).__name__}")
+                    if weights is None:  # a loss that weighs every output apart
+                        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+                    if out.requires_grad:
+                        (out.float() * weights.to(out.device)).sum().backward()
+            except Exception as e:  # noqa: BLE001 - whatever the model raises
+                if net is reference:
+                    raise ConfigError(f"model {name} cannot train a step on {len(example)} samples: "
+                                      f"{_first_line(e)}") from None
+                raise refuse(f"its blocks raise {_first_line(e)} in training step {step}") from None
+            outs.append(out)
+        if not _same(outs[0].detach(), outs[1].detach()):
+            raise refuse(f"its output differs in training step {step}")
+        for n, r in ref_params.items():
+            p = params[n]
+            if (r.grad is None) != (p.grad is None) or (r.grad is not None and not _same(r.grad, p.grad)):
+                raise refuse(f"the gradient of parameter {n!r} differs in training step {step}")
+        with torch.no_grad():  # plain SGD on both, then no gradients
+            for group in (ref_params, params):
+                for q in group.values():
+                    if q.grad is not None:
+                        q.sub_(0.1 * q.grad)
+                        q.grad = None
+        for n, rb in ref_buffers.items():
+            if not _same(rb, buffers[n]):
+                raise refuse(f"buffer {n!r} differs after training step {step}")
+        for n, r in ref_params.items():
+            if not _same(r.detach(), params[n].detach()):
+                raise refuse(f"parameter {n!r} differs after training step {step}")
 
 
 def _leaf_names(m: nn.Module) -> str:
@@ -224,19 +545,22 @@ def _trace_blocks(model: nn.Module) -> Blocks:
         raise CutError(f"model {name} cannot be traced by torch.fx, so no cut point can be found: "
                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     try:
-        evaluating = _traced_in(model, training=False).code
+        evaluating: fx.GraphModule | None = _traced_in(model, training=False)
     except Exception:  # noqa: BLE001 - traceable in training only: it reads self.training as well
         evaluating = None
-    if evaluating != gm.code:
+    if evaluating is None or evaluating.code != gm.code or not _same(_constants(evaluating), _constants(gm)):
         # a graph fixes what forward read of self.training (F.dropout(x, p, self.training), `if
         # self.training:`) when it was traced: its blocks would train as traced and evaluate so too
         raise CutError(f"model {name} reads self.training in its own forward, which torch.fx fixes when it "
                        "traces: its blocks would act the same in training and evaluation. Do what differs in "
-                       "modules (nn.Dropout, nn.BatchNorm, or a module of your own, which the tracer keeps whole)")
+                       "torch's modules (nn.Dropout, nn.BatchNorm), which the tracer keeps whole, or make the "
+                       "model an nn.Sequential whose children do it (a Sequential's children run untraced)")
     nodes = list(gm.graph.nodes)
     inputs = [n for n in nodes if n.op == "placeholder"]
     if len(inputs) != 1:
-        raise CutError(f"model {name} takes {len(inputs)} inputs; splitfed cuts single-input models")
+        raise CutError(f"model {name} takes {len(inputs)} inputs ({', '.join(str(n.target) for n in inputs)}); "
+                       "splitfed cuts single-input models: give the others defaults, or wrap the model in a module "
+                       "whose forward takes one")
     compute = [n for n in nodes if n.op in ("call_module", "call_function", "call_method")]
     if len(compute) < 2:
         raise CutError(f"model {name} has {len(compute)} operation(s): nothing to cut")
@@ -301,14 +625,59 @@ def _trace_blocks(model: nn.Module) -> Blocks:
 
 
 def _traced_in(model: nn.Module, training: bool) -> fx.GraphModule:
-    """``model`` traced in training or evaluation mode; every module's mode is given back."""
-    modes = [(m, m.training) for m in model.modules()]
+    """``model`` traced in training or evaluation mode, its forward's parameters with defaults at their defaults;
+    every module's mode and every tensor's value is given back. Two traces in the two modes give the same code
+    unless forward reads ``self.training``: each starts from the same state, torch's generator seeded alike (a
+    ``torch.randn(16)`` becomes the same constant), and the tensor constants fx leaves on the model
+    (``_tensor_constant0``) are taken off it again (the graph keeps its own), or the second trace would name its
+    constants apart."""
+    before = set(vars(model))
     try:
-        model.train(training)
-        return fx.symbolic_trace(model)
+        with kept([model]):  # tracing runs forward on the model's own tensors (self.calls += 1)
+            model.train(training)
+            defaults = _defaults(model)
+            with _rng.seeded(_TRACE_SEED):
+                gm = fx.symbolic_trace(model, concrete_args=defaults or None)
+        _drop_specialised(gm, defaults)
+        return gm
     finally:
-        for m, mode in modes:
-            m.training = mode
+        for attr in set(vars(model)) - before:
+            if attr.startswith("_tensor_constant"):
+                delattr(model, attr)
+
+
+def _defaults(model: nn.Module) -> dict[str, object]:
+    """The parameters of ``model.forward`` after its first that have defaults (the model is called with one)."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+             inspect.Parameter.KEYWORD_ONLY)
+    return {p.name: p.default for p in params[1:] if p.kind in kinds and p.default is not inspect.Parameter.empty}
+
+
+def _drop_specialised(gm: fx.GraphModule, names: Iterable[str]) -> None:
+    """Take the placeholders fx keeps for ``concrete_args`` (``names``) out of ``gm``, with the checks of their
+    values it adds (``torch._assert(scale == 1.0)``): forward is traced at those values and called without them."""
+    pattern = re.compile("|".join(rf"{re.escape(n)}(_\d+)?" for n in names) or "(?!)")
+    special = [n for n in gm.graph.nodes if n.op == "placeholder" and pattern.fullmatch(str(n.target))]
+    if not special:
+        return
+    derived = set(special)  # nodes computed from the specialised arguments alone: fx's checks of their values
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.all_input_nodes and all(a in derived for a in n.all_input_nodes):
+            derived.add(n)
+    for n in reversed(list(gm.graph.nodes)):
+        if n in derived and not n.users:  # the checks, then what only they used, then the placeholders
+            gm.graph.erase_node(n)
+    gm.recompile()
+
+
+def _constants(gm: fx.GraphModule) -> list[tuple[str, object]]:
+    """The tensor constants tracing made (``torch.tensor(d)``, ``torch.arange(8)`` in forward), by name."""
+    return [(str(n.target), getattr(gm, str(n.target))) for n in gm.graph.nodes
+            if n.op == "get_attr" and str(n.target).startswith("_tensor_constant")]
 
 
 def _use_pos(u: fx.Node, pos: dict[fx.Node, int]) -> int:

@@ -7,9 +7,13 @@ data can feed it; a user factory gets those from the command line.
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import os
+import re
 import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -18,7 +22,16 @@ from torch import nn
 
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.models import rng
-from splitfed.models.blocks import Blocks, join_at_tuples, to_blocks
+from splitfed.models.blocks import (
+    Blocks,
+    check_trains_as_model,
+    join_at_tuples,
+    kept,
+    mark_stochastic,
+    refuse_root_hooks,
+    stochastic_flags,
+    to_blocks,
+)
 
 MAX_VOCAB = 1 << 24  # token ids: an embedding table beyond this is no model splitfed can build
 
@@ -380,16 +393,74 @@ def input_error(spec: ModelSpec, e: BaseException) -> ConfigError:
     # a zoo model says what it expects itself; a user's may fail on the dtype (an nn.Embedding given floats)
     kind = ("" if spec.name in ZOO else f" (integer tokens below {spec.vocab})" if spec.vocab
             else " (floats; a model that takes tokens, an nn.Embedding first, needs --vocab N)")
-    return ConfigError(f"{what} does not take inputs of shape {shape}{kind}: {first_line(e)}")
+    text = first_line(e)
+    if not spec.vocab and spec.name not in ZOO and _DTYPE_CLASH.search(text):  # the shape is not the problem
+        return ConfigError(f"{what} does not take float32 inputs, which splitfed feeds it: {text}; a model that "
+                           "computes in another dtype (.double(), bfloat16) casts its input itself, e.g. "
+                           "x = x.to(self.weight.dtype) first in forward (a model that takes tokens needs --vocab N)")
+    return ConfigError(f"{what} does not take inputs of shape {shape}{kind}: {text}")
+
+
+# what torch says when a float32 input meets weights of another dtype
+_DTYPE_CLASH = re.compile(r"must have the same dtype|expected (m1 and m2|mat1 and mat2|both vectors|scalar type)|"
+                          r"Input type \(.*\) and (weight|bias) type|dtype.*(Float|Double|BFloat16|Half)", re.I)
 
 
 def model_blocks(spec: ModelSpec, seed: int | None = None) -> tuple[nn.Module, Blocks]:
     """The model of ``spec`` and its blocks: the one way every part (template, profiler, initial weights)
-    cuts a model, so they all count the same blocks."""
+    cuts a model, so they all count the same blocks. A traced model whose blocks do not train as the model
+    does is refused (:func:`~splitfed.models.blocks.check_trains_as_model`), and every block that draws random
+    numbers is marked so (:func:`~splitfed.models.blocks.stochastic_flags`); both once per spec in a process."""
     model = build(spec, seed)
+    refuse_root_hooks(model, spec.name)
     blocks = to_blocks(model)  # first: a model that cannot be cut says so whatever its input
     check_input(spec, model)  # then the one place a spec meets its input shape: refused clearly
-    return model, join_at_tuples(blocks, spec.example_input(2), spec.name)
+    example = spec.example_input(2)
+    blocks = join_at_tuples(blocks, example, spec.name)
+    if example.is_meta:  # sized on the meta device (a tier's Describe): no values to check, nothing to train
+        return model, blocks
+    refusal, flags = _verdict(spec, blocks, example)
+    if refusal:
+        raise ConfigError(refusal)
+    mark_stochastic(blocks, flags)
+    return model, blocks
+
+
+_VERDICTS: OrderedDict[str, tuple[str, tuple[bool, ...]]] = OrderedDict()  # spec -> (refusal or "", flags)
+_VERDICTS_LOCK = threading.Lock()
+_VERDICTS_SIZE = 256
+
+
+def _verdict(spec: ModelSpec, blocks: Blocks, example: torch.Tensor) -> tuple[str, tuple[bool, ...]]:
+    """Why ``spec``'s blocks may not be trained ("" if they may), and which blocks draw random numbers;
+    worked out once per spec in a process (``model_blocks`` runs for every tier, client and profile)."""
+    key = json.dumps(spec.to_dict(), sort_keys=True, default=repr)
+    with _VERDICTS_LOCK:
+        hit = _VERDICTS.get(key)
+        if hit is not None:
+            _VERDICTS.move_to_end(key)
+    if hit is not None and (hit[0] or len(hit[1]) == len(blocks)):
+        return hit
+    own = spec.name not in ZOO  # the zoo's models are splitfed's code, checked by its tests: no trial runs
+    refusal = _trains_as_itself(spec, example) if blocks.traced and own else ""
+    verdict = (refusal, () if refusal else tuple(stochastic_flags(blocks, example, run=own)))
+    with _VERDICTS_LOCK:
+        _VERDICTS[key] = verdict
+        while len(_VERDICTS) > _VERDICTS_SIZE:
+            _VERDICTS.popitem(last=False)
+    return verdict
+
+
+def _trains_as_itself(spec: ModelSpec, example: torch.Tensor) -> str:
+    """"" if a traced model's blocks train as the model does, else the one-line refusal. Checked on two
+    instances of its own (the same seed), cut one and trained both: the caller's model is not touched."""
+    model = build(spec, 0)
+    blocks = to_blocks(model)  # joined or not, its blocks end to end compute the same
+    try:
+        check_trains_as_model(blocks, model, build(spec, 0), example, spec.name)
+    except ConfigError as e:
+        return str(e)
+    return ""
 
 
 def check_input(spec: ModelSpec, model: nn.Module) -> None:
@@ -398,21 +469,18 @@ def check_input(spec: ModelSpec, model: nn.Module) -> None:
     eval mode, and one sample has no spread.
 
     The model runs in eval mode without gradients, so it draws nothing from torch's generator
-    and updates no statistics; its mode is given back afterwards. The output must be
+    and updates no statistics; its mode, and every parameter and buffer (a forward of one's own may
+    update one even in eval mode), is given back afterwards. The output must be
     ``(batch, num_classes)`` logits, as the training loss expects.
     """
-    modes = [(m, m.training) for m in model.modules()]
     try:
-        model.eval()
-        with torch.no_grad():
+        with kept([model]), torch.no_grad():  # its modes and tensors given back (a buffer forward updates)
+            model.eval()
             out = model(spec.example_input(2))
     except SplitfedError:
         raise
     except Exception as e:  # noqa: BLE001 - shape errors come as RuntimeError, ValueError, IndexError...
         raise input_error(spec, e) from None
-    finally:
-        for m, mode in modes:
-            m.training = mode
     if not isinstance(out, torch.Tensor) or out.dim() != 2:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError(f"model {spec.name} outputs {got} for two samples of shape {tuple(spec.input_shape)}; "
