@@ -7,6 +7,7 @@ import argparse
 from splitfed.commands._args import add_model_args, model_spec
 from splitfed.engine import template
 from splitfed.jsonio import dumps
+from splitfed.profile.profiler import param_sizes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,12 +18,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def describe(spec) -> list[dict]:  # type: ignore[no-untyped-def]
+    """One row per block: its parameters (``params``; each storage once: two Parameters tied by ``.data`` are
+    one weight) and how many of them train (``trainable``: ``requires_grad``; fewer in a frozen block)."""
     blocks = template.template(spec)
     rows = []
     for i, (m, name) in enumerate(zip(blocks.modules, blocks.names, strict=True)):
         shape, dtype = template.boundary(spec, i + 1)
+        params = list(m.parameters())
         rows.append({"index": i, "name": name, "output_shape": list(shape),
-                     "params": sum(p.numel() for p in m.parameters()),
+                     "params": param_sizes(params)[0],
+                     "trainable": param_sizes([p for p in params if p.requires_grad])[0],
                      "cut_after": i + 1})
     return rows
 
@@ -34,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
         print(dumps({"model": spec.name, "input_shape": list(spec.input_shape), "blocks": rows}))
         return 0
     print(f"{spec.name}: {len(rows)} blocks, input {list(spec.input_shape)}; cut k puts blocks < k on the earlier tier")
-    print(f"{'block':>5}  {'name':<28} {'output':<18} {'params':>10}")
+    frozen = any(r["trainable"] < r["params"] for r in rows)  # a column for what trains only where some does not
+    print(f"{'block':>5}  {'name':<28} {'output':<18} {'params':>10}" + (f" {'trainable':>10}" if frozen else ""))
     for r in rows:
-        print(f"{r['index']:>5}  {r['name'][:28]:<28} {str(r['output_shape']):<18} {r['params']:>10,}")
+        print(f"{r['index']:>5}  {r['name'][:28]:<28} {str(r['output_shape']):<18} {r['params']:>10,}"
+              + (f" {r['trainable']:>10,}" if frozen else ""))
     return 0

@@ -6,9 +6,10 @@ module; nothing else predicts time.
 Notation. A chain of T tiers: tier 0 is the client's device, tiers 1..T-1 are
 servers shared by all clients (2 tiers: edge; 3 tiers: edge, cloud). Link j
 joins tier j-1 and tier j; link 1 is the client's own, links j >= 2 are shared.
-Blocks 0..L-1; per sample f_i (forward + backward FLOPs), p_i (parameter bytes),
-m_i (fixed bytes: params + grads + optimizer state), h_i (activation bytes kept
-for backward); a_k is the size of the tensor at boundary k (a_0 the input,
+Blocks 0..L-1; per sample f_i (forward + backward FLOPs), p_i (parameter bytes, frozen
+ones too: every weight travels), g_i (bytes of the parameters that train, ``requires_grad``),
+m_i (fixed bytes: params + grads and optimizer state of the trainable ones), h_i (activation
+bytes kept for backward); a_k is the size of the tensor at boundary k (a_0 the input,
 a_k the output of block k-1). Cuts k_1 <= ... <= k_{T-1} <= E, where E = L, or
 E = u (the U-shape tail cut): tier t holds [k_t, k_{t+1}) with k_0 = 0 and
 k_T = E; with U-shape the device also holds the tail [u, L) and the loss.
@@ -21,11 +22,12 @@ Per client, per round (prefix sums make each term O(1) per option):
 - link j carries the boundary k_j up iff a server at or beyond tier j holds a
   block (k_j < E), with the labels (int64, 8 bytes a sample, never compressed;
   not with U-shape: labels stay on the device); the gradient comes back down iff
-  a block before it has parameters (p[0, k_j) > 0) and the boundary is floating
-  (none flows through token ids). U-shape: the tail's input a_E comes back down
-  over every link the chain went up, and its gradient always goes up again (that
+  a block before it has trainable parameters (g[0, k_j) > 0: nothing upstream can
+  use it otherwise, a frozen part on the device included) and the boundary is
+  floating (none flows through token ids). U-shape: the tail's input a_E comes back
+  down over every link the chain went up, and its gradient always goes up again (that
   backward call also releases the replicas the servers hold since the forward,
-  even when nothing before E has parameters; a tail never starts at an integer
+  even when nothing before E trains; a tail never starts at an integer
   tensor from the servers: ``Scenario.options`` leaves such cuts out).
 - bytes on the wire (``codec``, per link; what :mod:`splitfed.transport.compress`
   sends for the boundary's tensor of N = b * a / s values, b samples in the message,
@@ -86,7 +88,7 @@ exactly what :class:`splitfed.engine.link.InProcessLink` counts, for every cut
 vector (a test runs both): the engine enters a chain only as far as a block of
 the client lies (the tier that reaches the end computes the loss; a client that
 holds every block trains alone), and a tier sends a gradient back only when a
-block before it has parameters.
+block before it has trainable parameters.
 """
 
 from __future__ import annotations
@@ -377,6 +379,7 @@ class Scenario:
 
         work = np.asarray(p.fwd_flops) + np.asarray(p.bwd_flops)
         return {"work": pre(work), "fwd": pre(p.fwd_flops), "param": pre(p.param_bytes), "fixed": pre(p.fixed_bytes),
+                "train": pre(p.train_bytes),  # the gradient rule (weights, frozen or not, travel: "param")
                 "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "itemsize": np.array(p.float_itemsize, dtype=float),  # 0: an integer tensor (token ids)
                 "move": np.asarray(p.param_bytes, dtype=float),  # optimizer state is not kept across rounds
@@ -459,7 +462,9 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     down_bw = np.array([lk.down for lk in links])
     half_rtt = np.array([lk.rtt / 2 for lk in links])
     cross = (k < E[:, None]).astype(float)                  # (m, T-1)
-    grad = ((P["param"][k] > 0) & (P["itemsize"][k] > 0)).astype(float)  # no gradient through token ids
+    # a gradient only for a trainable block before the cut (:func:`splitfed.engine.template.trains_before`),
+    # and none through token ids
+    grad = ((P["train"][k] > 0) & (P["itemsize"][k] > 0)).astype(float)
     a_k, s_k = P["bound"][k], P["itemsize"][k]
     a_e, s_e = P["bound"][E], P["itemsize"][E]
 

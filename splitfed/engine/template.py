@@ -190,11 +190,15 @@ def one_sample_error(spec: ModelSpec) -> str:
 
 @lru_cache(maxsize=256)
 def _first_params(key: str) -> int:
+    """The first block with a parameter that trains (``requires_grad``; L: none)."""
     blocks = template(ModelSpec.from_dict(json.loads(key)))
-    return next((i for i, m in enumerate(blocks.modules) if any(True for _ in m.parameters())), len(blocks))
+    return next((i for i, m in enumerate(blocks.modules) if any(p.requires_grad for p in m.parameters())),
+                len(blocks))
 
 
 def trains_before(spec: ModelSpec, index: int) -> bool:
-    """Whether a block before ``index`` has parameters: only then does the gradient of the
-    tensor entering block ``index`` have a use (the cost model prices it on the same rule)."""
+    """Whether a block before ``index`` has trainable parameters (``requires_grad``): only then does the
+    gradient of the tensor entering block ``index`` have a use, so only then does a tier compute it and send
+    it back (a frozen part on the device has none: its device would discard it). The cost model prices it on
+    the same rule (``ModelProfile.train_bytes``)."""
     return _first_params(_key(spec)) < index

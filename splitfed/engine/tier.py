@@ -75,7 +75,7 @@ class _Binding:
     in_shape: tuple[int, ...]
     in_dtype: torch.dtype
     out_shape: tuple[int, ...]
-    grad_in: bool  # a block before this segment has parameters: its input's gradient goes back
+    grad_in: bool  # a block before this segment has trainable parameters: its input's gradient goes back
     ends_model: bool = True  # the segment's output is the logits: a step may compute the loss here
     last_seq: int = -1
     last_phase: str = ""

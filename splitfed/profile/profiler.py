@@ -5,8 +5,12 @@ it counts matmuls and convolutions, so a block of only pooling or activations
 costs ~0 FLOPs), the bytes and dtype of its output activation (what crosses a
 cut after it; the dtype decides what a link's codec sends), the activation
 memory autograd keeps for backward (saved tensors, unique storages, parameters
-excluded); the input's bytes and dtype. Per block: parameter bytes and fixed memory
-(parameters + gradients + optimizer state). Measured forward/backward seconds
+excluded); the input's bytes and dtype. Per block: parameter bytes (each storage once: two
+Parameters tied by ``.data`` are one weight in memory), trainable parameter bytes (``requires_grad``:
+what gets a gradient and optimizer state; a frozen parameter gets neither) and fixed memory
+(parameters + gradients and optimizer state of the trainable ones). A block's backward is measured
+as training runs it: its input's gradient is computed only when a block before it has trainable
+parameters (a frozen part first on the device has no backward). Measured forward/backward seconds
 per batch on this host (or on one of its GPUs: ``torch_device``) are kept beside
 the FLOPs so that predictions can be checked against measurement.
 
@@ -61,7 +65,7 @@ class ModelProfile:
     param_bytes: tuple[float, ...]
     out_bytes: tuple[float, ...]  # output activation, per sample
     act_bytes: tuple[float, ...]  # kept for backward, per sample
-    fixed_bytes: tuple[float, ...]  # params + grads + optimizer state
+    fixed_bytes: tuple[float, ...]  # params + (grads + optimizer state) of the trainable ones
     fwd_s: tuple[float, ...] = ()  # measured seconds per batch on ``host`` (may be empty)
     bwd_s: tuple[float, ...] = ()
     optimizer_slots: int = 1      # optimizer tensors per parameter (SGD momentum: 1, Adam: 2)
@@ -72,6 +76,11 @@ class ModelProfile:
     # measured; "" and () mean not recorded (a synthetic profile, or one older than this field): see ``dtypes``.
     input_dtype: str = ""
     out_dtype: tuple[str, ...] = ()
+    # Bytes of the parameters that train (requires_grad), per block: each gets a gradient and optimizer state
+    # (a Parameter each, so two tied by ``.data`` count twice here, once in ``param_bytes``). A gradient goes
+    # back over a cut only if some block before it has any. () (a synthetic profile, or one older than this
+    # field): every parameter trains, ``param_bytes``.
+    train_bytes: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -83,7 +92,9 @@ class ModelProfile:
         for name in filter(None, (self.input_dtype, *self.out_dtype)):  # "": not recorded
             if not isinstance(name, str) or not isinstance(getattr(torch, name, None), torch.dtype):
                 raise ConfigError(f"profile of {self.model}: {name!r} is not a torch dtype")
-        for f in ("fwd_flops", "bwd_flops", "param_bytes", "out_bytes", "act_bytes", "fixed_bytes"):
+        if not self.train_bytes:
+            object.__setattr__(self, "train_bytes", self.param_bytes)
+        for f in ("fwd_flops", "bwd_flops", "param_bytes", "out_bytes", "act_bytes", "fixed_bytes", "train_bytes"):
             v = getattr(self, f)
             object.__setattr__(self, f, tuple(float(x) for x in v))
             if len(v) != n:
@@ -144,14 +155,51 @@ class ModelProfile:
     def synthetic(cls, fwd_flops: Sequence[float], out_bytes: Sequence[float], param_bytes: Sequence[float],
                   *, input_bytes: float, bwd_flops: Sequence[float] | None = None,
                   act_bytes: Sequence[float] | None = None, optimizer_slots: int = 1,
-                  name: str = "synthetic") -> ModelProfile:
-        """A made-up profile (tests, what-if studies): backward = 2x forward, act = output by default."""
+                  name: str = "synthetic", train_bytes: Sequence[float] | None = None) -> ModelProfile:
+        """A made-up profile (tests, what-if studies): backward = 2x forward, act = output, every parameter
+        trains (``train_bytes`` = ``param_bytes``) by default."""
         n = len(fwd_flops)
+        train = tuple(train_bytes if train_bytes is not None else param_bytes)
+        if len(train) != len(param_bytes):
+            raise ConfigError(f"profile of {name}: train_bytes has {len(train)} entries for {len(param_bytes)} blocks")
         return cls(name, 1, tuple(f"b{i}" for i in range(n)), float(input_bytes), tuple(fwd_flops),
                    tuple(bwd_flops if bwd_flops is not None else [2 * f for f in fwd_flops]),
                    tuple(param_bytes), tuple(out_bytes),
                    tuple(act_bytes if act_bytes is not None else out_bytes),
-                   tuple(p * (2 + optimizer_slots) for p in param_bytes), optimizer_slots=optimizer_slots)
+                   tuple(fixed_memory(p, t, optimizer_slots) for p, t in zip(param_bytes, train, strict=True)),
+                   optimizer_slots=optimizer_slots, train_bytes=train)
+
+
+def fixed_memory(param_bytes: float, train_bytes: float, optimizer_slots: int) -> float:
+    """A block's fixed memory: its parameters, and a gradient and ``optimizer_slots`` optimizer tensors for each
+    one that trains (the optimizer keeps no state for a parameter that never has a gradient)."""
+    return param_bytes + train_bytes * (1 + optimizer_slots)
+
+
+def param_sizes(params: Sequence[torch.Tensor]) -> tuple[int, int]:
+    """(elements, bytes) of ``params``, memory viewed by several of them counted once (Parameters tied by
+    ``.data``: two objects, one storage). A tensor on the meta device has no memory to share: counted whole."""
+    elements = nbytes = 0
+    spans: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+    for t in {id(t): t for t in params}.values():
+        if t.numel() == 0:
+            continue
+        if t.device.type == "meta":
+            elements, nbytes = elements + t.numel(), nbytes + t.numel() * t.element_size()
+            continue
+        end = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True))
+        spans.setdefault((str(t.device), t.untyped_storage().data_ptr()), []).append(
+            (t.data_ptr(), t.data_ptr() + end * t.element_size(), t.numel() * t.element_size(), t.element_size()))
+    for views in spans.values():
+        whole = sum(v[2] for v in views)
+        covered, reach = 0, 0
+        for lo, hi, _, _ in sorted(views):  # the union of the byte ranges they view (at most their own bytes)
+            if hi > reach:
+                covered, reach = covered + hi - max(lo, reach), hi
+        covered = whole if len(views) == 1 else min(covered, whole)
+        nbytes += covered
+        elements += covered // views[0][3]
+    return elements, nbytes
 
 
 _MEMORY: dict[str, ModelProfile] = {}
@@ -256,6 +304,10 @@ def _read_cache(path: Path) -> ModelProfile | None:
     try:
         if not isinstance(d, dict):
             raise TypeError(f"a JSON {type(d).__name__}, not an object")
+        if "train_bytes" not in d:
+            # measured before frozen parameters were told apart: it may price a frozen part as trainable (its
+            # gradients, optimizer state and backward) and a weight tied by .data twice; measured again
+            return None
         return ModelProfile.from_dict(d)
     except (ValueError, TypeError, ConfigError):
         return None  # a stale or broken cache entry is re-measured (and overwritten)
@@ -337,13 +389,15 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             torch.cuda.synchronize(where)
         return time.perf_counter()
 
-    names, fwd, bwd, pbytes, obytes, abytes, fixed, fwd_s, bwd_s = ([] for _ in range(9))
+    names, fwd, bwd, pbytes, tbytes, obytes, abytes, fixed, fwd_s, bwd_s = ([] for _ in range(10))
+    trained = False  # a block so far has trainable parameters: the next block's input needs a gradient
     with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
             block.to(where)
-            xin = _detach(x, grad=i > 0)
+            xin = _detach(x, grad=trained)  # as a tier takes it (engine.template.trains_before)
             params = list(block.parameters())
-            p_bytes = sum(p.numel() * p.element_size() for p in params)
+            p_bytes = param_sizes(params)[1]
+            t_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
             own = {p.untyped_storage().data_ptr() for p in [*params, *block.buffers()]}
             saved: dict[int, int] = {}
 
@@ -361,7 +415,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             b_flops = fc.get_total_flops()
             tf, tb = [], []
             for rep in range(reps + 1):  # the first run warms caches up and is not counted
-                xin = _detach(x, grad=i > 0)
+                xin = _detach(x, grad=trained)
                 t0 = now()
                 o = block(xin)
                 t1 = now()
@@ -375,18 +429,20 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             fwd.append(f_flops / batch)
             bwd.append(b_flops / batch)
             pbytes.append(p_bytes)
+            tbytes.append(t_bytes)
             obytes.append(_nbytes(out) / batch)
             dtypes.append(_dtype(out))
             abytes.append(sum(saved.values()) / batch)
-            fixed.append(p_bytes * (2 + slots))
+            fixed.append(fixed_memory(p_bytes, t_bytes, slots))
             fwd_s.append(statistics.median(tf))
             bwd_s.append(statistics.median(tb))
             x = _detach(out, grad=False)
+            trained = trained or t_bytes > 0
     return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
                         optimizer_slots=slots, spec=spec.to_dict(), reps=reps,
                         host=platform.node() + (f" ({compute.describe(where)})" if where.type != "cpu" else ""),
-                        input_dtype=input_dtype, out_dtype=tuple(dtypes))
+                        input_dtype=input_dtype, out_dtype=tuple(dtypes), train_bytes=tuple(tbytes))
 
 
 def clear_cache() -> None:
@@ -394,4 +450,4 @@ def clear_cache() -> None:
     _MEMORY.clear()
 
 
-__all__ = ["ModelProfile", "clear_cache", "profile_model"]
+__all__ = ["ModelProfile", "clear_cache", "fixed_memory", "param_sizes", "profile_model"]
