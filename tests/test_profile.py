@@ -392,3 +392,44 @@ def test_a_profile_of_ones_own_model_follows_edits_to_it(tmp_path) -> None:  # n
     deeper = profile(16, 5)
     assert len(deeper["names"]) == 5 and len(first["names"]) == 3
     assert len(list((tmp_path / "cache").iterdir())) == 3  # one cached profile per version of the model
+
+
+def test_a_cached_profile_follows_an_edit_to_a_model_class_in_another_file(tmp_path) -> None:  # noqa: ANN001
+    """The factory in one file, the model's class in another, and only its forward edited (the same modules
+    and sizes): the key holds the source files of the model's own classes too. And in one process, a factory
+    without a source file (a notebook cell) re-defined with another width is keyed apart."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.profile.profiler import code_digest
+
+    (tmp_path / "fac.py").write_text("from net import Net\n\ndef make():\n    return Net()\n")
+    env = {**os.environ, "SPLITFED_PROFILE_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+
+    def flops(times: int) -> float:
+        (tmp_path / "net.py").write_text(
+            "import torch\nfrom torch import nn\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.a = nn.Linear(16, 16)\n        self.b = nn.Linear(16, 3)\n\n"
+            f"    def forward(self, x):\n        for _ in range({times}):\n            x = self.a(x)\n"
+            "        return self.b(x)\n")
+        p = subprocess.run([sys.executable, "-m", "splitfed.cli", "profile", "--model", "fac:make", "--input-shape",
+                            "16", "--num-classes", "3", "--json"], capture_output=True, text=True, timeout=300,
+                           env=env, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        return sum(json.loads(p.stdout)["fwd_flops"])
+
+    once, thrice = flops(1), flops(3)
+    assert thrice > once  # the edited forward, measured: not the cached profile of the first
+    namespace: dict = {}
+    digests = []
+    for width in (16, 64):  # a notebook cell run twice
+        exec(f"from torch import nn\ndef cell():\n    return nn.Sequential(nn.Linear(12, {width}), nn.ReLU(), "  # noqa: S102
+             f"nn.Linear({width}, 3))\n", namespace)
+        sys.modules["notebook_cell"] = type(sys)("notebook_cell")
+        sys.modules["notebook_cell"].cell = namespace["cell"]  # type: ignore[attr-defined]
+        digests.append(code_digest(resolve_spec("notebook_cell:cell", input_shape=(12,), num_classes=3)))
+    del sys.modules["notebook_cell"]
+    assert digests[0] != digests[1]

@@ -72,6 +72,7 @@ _STOCHASTIC_FUNCS = {
 _STOCHASTIC_METHODS = {"uniform_", "normal_", "bernoulli", "bernoulli_", "random_", "exponential_", "geometric_",
                        "cauchy_", "log_normal_", "multinomial"}
 STOCHASTIC_ATTR = "_splitfed_stochastic"  # set on a block found to draw random numbers by running it
+_PRESERVED = getattr(fx.graph_module, "_USER_PRESERVED_ATTRIBUTES_KEY", "_user_preserved_attributes")
 
 
 @dataclass
@@ -296,16 +297,30 @@ _View = tuple[str, int, torch.Size, tuple[int, ...], torch.dtype]  # name, stora
 
 
 def _storage_groups(m: nn.Module) -> list[tuple[torch.UntypedStorage, list[_View]]]:
-    """Each storage that two distinct tensor objects of ``m`` view, with how each views it."""
-    groups: dict[tuple[str, int], tuple[torch.UntypedStorage, list[_View]]] = {}
+    """Each set of distinct tensor objects of ``m`` whose memory overlaps (a tie), with its storage and how each
+    views it. Tensors that only lie side by side in one storage (a flat parameter buffer) are no tie."""
+    by_storage: dict[tuple[str, int], tuple[torch.UntypedStorage, list[tuple[int, int, _View]]]] = {}
     seen: set[int] = set()
     for name, t in _held(m):
         ext = _extent(t)
         if ext is not None and id(t) not in seen:
             seen.add(id(t))
-            groups.setdefault(ext[0], (t.untyped_storage(), []))[1].append(
-                (name, int(t.storage_offset()), t.size(), t.stride(), t.dtype))
-    return [g for g in groups.values() if len(g[1]) > 1]
+            by_storage.setdefault(ext[0], (t.untyped_storage(), []))[1].append(
+                (ext[1], ext[2], (name, int(t.storage_offset()), t.size(), t.stride(), t.dtype)))
+    groups: list[tuple[torch.UntypedStorage, list[_View]]] = []
+    for storage, spans in by_storage.values():
+        cluster: list[_View] = []
+        reach = -1
+        for lo, hi, view in sorted(spans, key=lambda v: (v[0], v[1])):
+            if cluster and lo >= reach:  # no overlap with what came before: a new cluster
+                if len(cluster) > 1:
+                    groups.append((storage, cluster))
+                cluster = []
+            cluster.append(view)
+            reach = max(reach, hi)
+        if len(cluster) > 1:
+            groups.append((storage, cluster))
+    return groups
 
 
 def _view_again(m: nn.Module, views: list[_View], storage: torch.UntypedStorage) -> None:
@@ -410,6 +425,23 @@ def _same(a: object, b: object) -> bool:
     return bool(a == b)
 
 
+def _close(a: object, b: object, floor: float = 0.0) -> bool:
+    """:func:`_same`, or floating tensors equal to rounding: within 1e-5 of the larger's magnitude (or
+    ``floor``, if more) plus 1e-5 relative, NaN where the other has NaN; anything else exactly."""
+    if _same(a, b):
+        return True
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()
+            and a.shape == b.shape and a.dtype == b.dtype and not a.is_meta):
+        return False
+    x, y = a.detach().double(), b.detach().double()
+    nan = x.isnan()
+    if not torch.equal(nan, y.isnan()):
+        return False
+    x, y = x.masked_fill(nan, 0), y.masked_fill(nan, 0)
+    scale = float(max(x.abs().max(), y.abs().max())) if x.numel() else 0.0
+    return bool(torch.allclose(x, y, rtol=1e-5, atol=max(1e-5 * scale, floor)))
+
+
 def _clone(x: object) -> object:
     if isinstance(x, torch.Tensor):
         return x.clone()
@@ -455,9 +487,12 @@ def stochastic_flags(blocks: Blocks, example: torch.Tensor, run: bool = True) ->
 
 
 def mark_stochastic(blocks: Blocks, flags: Sequence[bool]) -> None:
-    """Record :func:`stochastic_flags` on the blocks (an attribute, so a tier's copy of a block keeps it)."""
+    """Record :func:`stochastic_flags` on the blocks (an attribute, so a tier's copy of a block keeps it: a
+    traced block's copy keeps only what its ``meta`` lists as preserved, so it is listed there too)."""
     for m, flag in zip(blocks.modules, flags, strict=True):
         setattr(m, STOCHASTIC_ATTR, bool(flag))
+        if isinstance(m, fx.GraphModule):
+            m.meta.setdefault(_PRESERVED, {})[STOCHASTIC_ATTR] = bool(flag)
 
 
 def check_trains_as_model(blocks: Blocks, model: nn.Module, reference: nn.Module, example: torch.Tensor,
@@ -467,9 +502,9 @@ def check_trains_as_model(blocks: Blocks, model: nn.Module, reference: nn.Module
     generator seeded alike for both, must give the same outputs, the same gradient of every parameter and the
     same buffers. ``reference`` starts from ``model``'s state; both are trained, so pass instances of one's own.
 
-    Exact equality: both run the same kernels on the same numbers in the same order (a traced graph calls what
-    forward called), which on one device gives the same bits; a tolerance would let a lost gradient reversal on
-    a small gradient, or a one-step drift of a buffer, pass."""
+    Equal to rounding (:func:`_close`): a traced graph calls what forward called, but a custom backward that is
+    the ordinary derivative written by hand (a memory-efficient Swish) rounds apart by an ulp; a lost gradient
+    reversal, a lost buffer update or an op run once at trace time differ by far more."""
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     ref_params = dict(reference.named_parameters())
@@ -481,16 +516,21 @@ def check_trains_as_model(blocks: Blocks, model: nn.Module, reference: nn.Module
             f"({what}). Tracing cannot keep a custom torch.autograd.Function, hooks on the model itself, state "
             "its forward changes apart from the input (self.buf.mul_(0.9), a counter), or torch.no_grad() in "
             "forward: make the model an nn.Sequential whose children hold that code (splitfed runs a "
-            "Sequential's children as they are, untraced)")
+            "Sequential's children as they are, untraced). Or the factory builds another model each time "
+            "(drawing with numpy or random, not torch's generator): it must build the same one from a seed")
 
     missing = [n for n in ref_params if n not in params] + [n for n in ref_buffers if n not in buffers]
     if missing:
         raise refuse(f"the traced model has no {missing[0]!r}")
     with torch.no_grad():  # the same start, whatever tracing or the factory did
-        for n, rp in ref_params.items():
-            rp.copy_(params[n])
-        for n, rb in ref_buffers.items():
-            rb.copy_(buffers[n])
+        for n, rt in (*ref_params.items(), *ref_buffers.items()):
+            mine = params.get(n, buffers.get(n))
+            assert mine is not None
+            if rt.shape != mine.shape:
+                raise ConfigError(f"model {name}'s factory does not build the same model twice from one seed "
+                                  f"({n!r} is {list(mine.shape)}, then {list(rt.shape)}): every process of a run "
+                                  "builds it, so it must draw its sizes and weights from torch's generator only")
+            rt.copy_(mine)
     whole = blocks.whole().train()
     reference.train()
     weights: torch.Tensor | None = None
@@ -512,11 +552,15 @@ def check_trains_as_model(blocks: Blocks, model: nn.Module, reference: nn.Module
                                       f"{_first_line(e)}") from None
                 raise refuse(f"its blocks raise {_first_line(e)} in training step {step}") from None
             outs.append(out)
-        if not _same(outs[0].detach(), outs[1].detach()):
+        if not _close(outs[0].detach(), outs[1].detach()):
             raise refuse(f"its output differs in training step {step}")
+        # a gradient that should cancel out (a bias before a BatchNorm) is rounding noise: it is judged against
+        # the largest gradient of the model, not its own size
+        floor = 1e-6 * max((float(r.grad.detach().abs().max()) for r in ref_params.values()
+                            if r.grad is not None and r.grad.numel() and r.grad.is_floating_point()), default=0.0)
         for n, r in ref_params.items():
             p = params[n]
-            if (r.grad is None) != (p.grad is None) or (r.grad is not None and not _same(r.grad, p.grad)):
+            if (r.grad is None) != (p.grad is None) or (r.grad is not None and not _close(r.grad, p.grad, floor)):
                 raise refuse(f"the gradient of parameter {n!r} differs in training step {step}")
         with torch.no_grad():  # plain SGD on both, then no gradients
             for group in (ref_params, params):
@@ -525,10 +569,10 @@ def check_trains_as_model(blocks: Blocks, model: nn.Module, reference: nn.Module
                         q.sub_(0.1 * q.grad)
                         q.grad = None
         for n, rb in ref_buffers.items():
-            if not _same(rb, buffers[n]):
+            if not _close(rb, buffers[n]):
                 raise refuse(f"buffer {n!r} differs after training step {step}")
         for n, r in ref_params.items():
-            if not _same(r.detach(), params[n].detach()):
+            if not _close(r.detach(), params[n].detach()):
                 raise refuse(f"parameter {n!r} differs after training step {step}")
 
 

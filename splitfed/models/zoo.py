@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import math
 import os
 import re
@@ -426,6 +427,8 @@ def model_blocks(spec: ModelSpec, seed: int | None = None) -> tuple[nn.Module, B
     return model, blocks
 
 
+CHECK_BYTES = 256 << 20  # a traced user model up to this size is trained beside itself once (_trains_as_itself)
+log = logging.getLogger(__name__)
 _VERDICTS: OrderedDict[str, tuple[str, tuple[bool, ...]]] = OrderedDict()  # spec -> (refusal or "", flags)
 _VERDICTS_LOCK = threading.Lock()
 _VERDICTS_SIZE = 256
@@ -442,7 +445,12 @@ def _verdict(spec: ModelSpec, blocks: Blocks, example: torch.Tensor) -> tuple[st
     if hit is not None and (hit[0] or len(hit[1]) == len(blocks)):
         return hit
     own = spec.name not in ZOO  # the zoo's models are splitfed's code, checked by its tests: no trial runs
-    refusal = _trains_as_itself(spec, example) if blocks.traced and own else ""
+    size = sum(p.numel() * p.element_size() for m in blocks.modules for p in m.parameters())
+    if own and blocks.traced and size > CHECK_BYTES:  # two more instances and their gradients: ~5x the model
+        log.warning("model %s (%.0f MiB of parameters) is not trained beside itself to check its tracing (above "
+                    "%d MiB): check it with splitfed verify against your own training", spec.name, size / 2**20,
+                    CHECK_BYTES >> 20)
+    refusal = _trains_as_itself(spec, example) if blocks.traced and own and size <= CHECK_BYTES else ""
     verdict = (refusal, () if refusal else tuple(stochastic_flags(blocks, example, run=own)))
     with _VERDICTS_LOCK:
         _VERDICTS[key] = verdict

@@ -207,25 +207,22 @@ _MEMORY: dict[str, ModelProfile] = {}
 
 def code_digest(spec: ModelSpec) -> str:
     """What a user's model is now, beyond its name (empty for a zoo model, which is splitfed's code): the
-    source file that defines its factory, and the model it builds (its modules and their sizes, built on
-    the meta device: no memory, no draws). A profile cached by name alone outlived edits to the model
-    (a wider layer, another block) and priced the old one."""
+    source files that define its factory and the classes of its modules, and the model it builds (its modules
+    and their sizes, built on the meta device: no memory, no draws). A profile cached by name alone outlived
+    edits to the model (a wider layer, another block, a forward that does more) and priced the old one."""
     from splitfed.models.zoo import ZOO, _import_factory, build
 
     if spec.name in ZOO:
         return ""
-    h = hashlib.sha1()
-    try:
-        source = Path(inspect.getsourcefile(_import_factory(spec.name)) or "")
-        text = source.read_bytes()
-    except (OSError, TypeError):  # built in, or no file: the model's structure must do
-        text = b""
-    h.update(text)
-    seen = (json.dumps(spec.to_dict(), sort_keys=True, default=str), hashlib.sha1(text).hexdigest())
-    if seen in _CODE:  # profile_model asks per call: the build on meta is done once per model and source
+    factory = _import_factory(spec.name)
+    seen = (json.dumps(spec.to_dict(), sort_keys=True, default=str), id(factory), _file_digest(factory))
+    if seen in _CODE:  # profile_model asks per call: the build on meta is done once per factory and source
         return _CODE[seen]
     with torch.device("meta"):
         model = build(spec)
+    h = hashlib.sha1(seen[2].encode())
+    for path in sorted({f for m in model.modules() if (f := _own_source(type(m)))}):
+        h.update(path.encode() + _file_digest(path).encode())
     h.update(repr(model).encode())
     for name, t in (*model.named_parameters(), *model.named_buffers()):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.requires_grad}".encode())
@@ -233,7 +230,27 @@ def code_digest(spec: ModelSpec) -> str:
     return _CODE[seen]
 
 
-_CODE: dict[tuple[str, str], str] = {}
+def _file_digest(obj: object) -> str:
+    """sha1 of the source file that defines ``obj`` (or of the file at the path ``obj``); "" without one (a
+    notebook cell, a zip): then the model's structure, and the factory object itself, tell versions apart."""
+    try:
+        path = obj if isinstance(obj, str) else inspect.getsourcefile(obj)  # type: ignore[arg-type]
+        return hashlib.sha1(Path(path or "").read_bytes()).hexdigest() if path else ""
+    except (OSError, TypeError):
+        return ""
+
+
+def _own_source(cls: type) -> str:
+    """The file of a module class of the user's own (not torch's, whose version is in the key)."""
+    if cls.__module__.split(".")[0] == "torch":
+        return ""
+    try:
+        return inspect.getsourcefile(cls) or ""
+    except TypeError:
+        return ""
+
+
+_CODE: dict[tuple[str, int, str], str] = {}
 
 
 def _key(spec: ModelSpec, batch: int, optimizer_slots: int, where: torch.device) -> str:
