@@ -36,7 +36,7 @@ from splitfed.aggregate import aggregate
 from splitfed.engine import template
 from splitfed.engine.checks import all_finite
 from splitfed.engine.device import Device
-from splitfed.engine.link import InProcessLink, Link, TierControl
+from splitfed.engine.link import InProcessLink, Link, TierControl, nbytes
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import MODES, OptimConfig, SegmentLoad, State
 from splitfed.errors import ConfigError, SplitfedError, TierError
@@ -96,7 +96,7 @@ def initial_state(model: ModelSpec, seed: int) -> State:
 
 def state_bytes(state: State) -> int:
     """The bytes of a state's tensors (as they travel: uncompressed)."""
-    return sum(t.numel() * t.element_size() for t in state.values())
+    return sum(nbytes(t) for t in state.values())
 
 
 def block_of(key: str) -> int:
