@@ -433,3 +433,24 @@ def test_a_cached_profile_follows_an_edit_to_a_model_class_in_another_file(tmp_p
         digests.append(code_digest(resolve_spec("notebook_cell:cell", input_shape=(12,), num_classes=3)))
     del sys.modules["notebook_cell"]
     assert digests[0] != digests[1]
+
+
+def test_a_model_class_in_a_main_without_a_file_is_profiled(tmp_path) -> None:  # noqa: ANN001
+    """``python -c``, a REPL, a notebook: inspect has no source for the class, and the profile key crashed with
+    OSError where it should fall back to the model's structure."""
+    import subprocess
+    import sys
+
+    code = ("from torch import nn\n"
+            "class Net(nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__(); self.a = nn.Linear(4, 8); self.b = nn.Linear(8, 3)\n"
+            "    def forward(self, x): return self.b(self.a(x).relu())\n"
+            "def make(): return Net()\n"
+            "from splitfed.models.zoo import resolve_spec\n"
+            "from splitfed.profile.profiler import profile_model\n"
+            "s = resolve_spec('__main__:make', input_shape=(4,), num_classes=3)\n"
+            f"print(profile_model(s, 8, reps=1, cache_dir={str(tmp_path)!r}).param_bytes)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "(160.0, 108.0)"

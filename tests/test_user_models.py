@@ -758,3 +758,48 @@ def test_a_traced_model_above_the_check_size_is_warned_about_not_trained_beside_
         assert template.num_blocks(spec) >= 2  # not refused: not checked
     assert "is not trained beside itself to check its tracing (above 0 MiB): check it with splitfed verify" \
         in caplog.text
+
+
+def test_a_tie_inside_a_flat_buffer_copies_the_tie_not_the_buffer() -> None:
+    """Three chained overlapping views and a neighbour in one 250-value buffer: a copy keeps the ties, shares
+    nothing with the original, and holds only the 120 values the tied views span (it cloned all 250)."""
+    import copy
+
+    from splitfed.models.blocks import _Joined, _storage_groups
+
+    flat = torch.arange(250.0)
+    joined = _Joined(nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1))
+    for lin, (lo, hi) in zip(joined, [(0, 60), (40, 100), (90, 120), (200, 250)], strict=True):
+        lin.weight = nn.Parameter(flat[lo:hi])
+    assert [sorted(v[0] for v in views) for _, views in _storage_groups(joined)] == [["0.weight", "1.weight",
+                                                                                       "2.weight"]]
+    ws = [lin.weight for lin in copy.deepcopy(joined)]
+    assert [torch.equal(w, lin.weight) for w, lin in zip(ws, joined, strict=True)] == [True] * 4
+    with torch.no_grad():
+        ws[0][50] = -1.0
+        ws[1][55] = -2.0
+    assert float(ws[1][10].detach()) == -1.0 and float(ws[2][5].detach()) == -2.0  # tied as before
+    assert float(flat[50]) == 50.0  # the original untouched
+    assert ws[0].untyped_storage().nbytes() == 120 * 4
+
+
+def test_a_reversal_weighted_small_is_still_refused() -> None:
+    """A tolerance of 1e-5 let a lost gradient reversal through when its branch was weighted 1e-6 (a domain-
+    adaptation weight that starts small); a few float32 ulps does not."""
+    with pytest.raises(ConfigError, match="would not train as itself when cut: .*'a\\.(weight|bias)' differs"):
+        template.num_blocks(_spec("small_reversal"))
+
+
+class _SmallReversal(nn.Module):
+    def __init__(self, weight: float = 1e-6) -> None:
+        super().__init__()
+        self.a, self.head, self.aux = nn.Linear(12, 12), nn.Linear(12, 10), nn.Linear(12, 10)
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.head(h) + self.weight * self.aux(_GradReverse.apply(h))
+
+
+def small_reversal() -> nn.Module:
+    return _SmallReversal()

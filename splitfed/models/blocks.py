@@ -323,11 +323,21 @@ def _storage_groups(m: nn.Module) -> list[tuple[torch.UntypedStorage, list[_View
     return groups
 
 
-def _view_again(m: nn.Module, views: list[_View], storage: torch.UntypedStorage) -> None:
-    """Point each tensor of ``views`` in ``m`` at ``storage``, viewed as before."""
+def _view_again(m: nn.Module, views: list[_View], storage: torch.UntypedStorage,
+                device: torch.device | str | None = None) -> None:
+    """Point each tensor of ``views`` in ``m`` at a copy (on ``device``, else where it is) of just the bytes of
+    ``storage`` they view, viewed as before: a tie inside a flat buffer copies the tie, not the buffer."""
+    ends = [(off * dtype.itemsize, (off + 1 + sum((n - 1) * abs(st) for n, st in zip(size, stride, strict=True)))
+             * dtype.itemsize) for _, off, size, stride, dtype in views]
+    lo = min(a for a, _ in ends)
+    lo -= lo % max(v[4].itemsize for v in views)  # every view's offset stays a whole number of its elements
+    hi = max(b for _, b in ends)
+    raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
+    part = raw[lo:hi].to(device=device if device is not None else storage.device, copy=True).untyped_storage()
     now = dict(_held(m))
     for name, offset, size, stride, dtype in views:
-        now[name].data = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+        now[name].data = torch.empty(0, dtype=dtype, device=part.device).set_(
+            part, offset - lo // dtype.itemsize, size, stride)
 
 
 class _Joined(nn.Sequential):
@@ -339,8 +349,8 @@ class _Joined(nn.Sequential):
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         new.__setstate__(copy.deepcopy(self.__getstate__(), memo))
-        for storage, views in _storage_groups(self):  # one new storage, a copy of the whole old one
-            _view_again(new, views, storage.clone())
+        for storage, views in _storage_groups(self):  # one new storage: a copy of what the tied views span
+            _view_again(new, views, storage)
         return new
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # nn.Module's signature
@@ -352,7 +362,7 @@ class _Joined(nn.Sequential):
             if len({t.untyped_storage().data_ptr() for t in moved}) == 1:
                 continue  # still one (a move to where it was)
             if all(t.dtype == v[4] for t, v in zip(moved, views, strict=True)):  # moved, not cast
-                _view_again(self, views, storage.to(device=moved[0].device))
+                _view_again(self, views, storage, device=moved[0].device)
             else:  # cast: tensors that viewed the old storage alike view the first one's new data
                 for t, v in zip(moved[1:], views[1:], strict=True):
                     if v[1:] == views[0][1:] and t.dtype == moved[0].dtype:
@@ -426,8 +436,8 @@ def _same(a: object, b: object) -> bool:
 
 
 def _close(a: object, b: object, floor: float = 0.0) -> bool:
-    """:func:`_same`, or floating tensors equal to rounding: within 1e-5 of the larger's magnitude (or
-    ``floor``, if more) plus 1e-5 relative, NaN where the other has NaN; anything else exactly."""
+    """:func:`_same`, or floating tensors equal to rounding: within 1e-6 of the larger's magnitude (a few float32
+    ulps; or ``floor``, if more) plus 1e-6 relative, NaN where the other has NaN; anything else exactly."""
     if _same(a, b):
         return True
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()
@@ -439,7 +449,7 @@ def _close(a: object, b: object, floor: float = 0.0) -> bool:
         return False
     x, y = x.masked_fill(nan, 0), y.masked_fill(nan, 0)
     scale = float(max(x.abs().max(), y.abs().max())) if x.numel() else 0.0
-    return bool(torch.allclose(x, y, rtol=1e-5, atol=max(1e-5 * scale, floor)))
+    return bool(torch.allclose(x, y, rtol=1e-6, atol=max(1e-6 * scale, floor)))
 
 
 def _clone(x: object) -> object:

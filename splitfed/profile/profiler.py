@@ -246,7 +246,7 @@ def _own_source(cls: type) -> str:
         return ""
     try:
         return inspect.getsourcefile(cls) or ""
-    except TypeError:
+    except (TypeError, OSError):  # built in, or __main__ without a file (python -c, a REPL, a notebook)
         return ""
 
 
