@@ -262,11 +262,16 @@ def kept(modules: Iterable[nn.Module]) -> Iterator[None]:
             m.training = mode
 
 
-def _extent(t: torch.Tensor) -> tuple[tuple[str, int], int, int] | None:
+def view_span(size: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements from a view's first to its last (strides may skip some): the memory it reaches."""
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(size, stride, strict=True))
+
+
+def memory_extent(t: torch.Tensor) -> tuple[tuple[str, int], int, int] | None:
     """``(storage, first byte, end byte)`` of the memory ``t`` views; None for a tensor without memory."""
     if t.numel() == 0 or t.device.type == "meta":
         return None
-    span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True))
+    span = view_span(t.shape, t.stride())
     return (str(t.device), t.untyped_storage().data_ptr()), t.data_ptr(), t.data_ptr() + span * t.element_size()
 
 
@@ -282,7 +287,7 @@ def _shared(blocks: Blocks) -> list[tuple[int, int, str]]:
             if first[0] != i:
                 spans.append((first[0], i, f"block {first[0]}'s {first[1]!r} is also block {i}'s {name!r} "
                                             "(a shared weight)"))
-            if first != (i, name) or (ext := _extent(t)) is None:
+            if first != (i, name) or (ext := memory_extent(t)) is None:
                 continue
             storage, lo, hi = ext
             for j, other, a, b in memory.get(storage, []):
@@ -302,7 +307,7 @@ def _storage_groups(m: nn.Module) -> list[tuple[torch.UntypedStorage, list[_View
     by_storage: dict[tuple[str, int], tuple[torch.UntypedStorage, list[tuple[int, int, _View]]]] = {}
     seen: set[int] = set()
     for name, t in _held(m):
-        ext = _extent(t)
+        ext = memory_extent(t)
         if ext is not None and id(t) not in seen:
             seen.add(id(t))
             by_storage.setdefault(ext[0], (t.untyped_storage(), []))[1].append(
@@ -327,8 +332,8 @@ def _view_again(m: nn.Module, views: list[_View], storage: torch.UntypedStorage,
                 device: torch.device | str | None = None) -> None:
     """Point each tensor of ``views`` in ``m`` at a copy (on ``device``, else where it is) of just the bytes of
     ``storage`` they view, viewed as before: a tie inside a flat buffer copies the tie, not the buffer."""
-    ends = [(off * dtype.itemsize, (off + 1 + sum((n - 1) * abs(st) for n, st in zip(size, stride, strict=True)))
-             * dtype.itemsize) for _, off, size, stride, dtype in views]
+    ends = [(off * dtype.itemsize, (off + view_span(size, stride)) * dtype.itemsize)
+            for _, off, size, stride, dtype in views]
     lo = min(a for a, _ in ends)
     lo -= lo % max(v[4].itemsize for v in views)  # every view's offset stays a whole number of its elements
     hi = max(b for _, b in ends)

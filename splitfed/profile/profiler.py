@@ -43,7 +43,7 @@ from splitfed.engine import compute
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_atomic
 from splitfed.models import rng
-from splitfed.models.blocks import Blocks
+from splitfed.models.blocks import Blocks, memory_extent
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
 PROFILE_VERSION = 3  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded
@@ -182,14 +182,12 @@ def param_sizes(params: Sequence[torch.Tensor]) -> tuple[int, int]:
     elements = nbytes = 0
     spans: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
     for t in {id(t): t for t in params}.values():
-        if t.numel() == 0:
-            continue
-        if t.device.type == "meta":
+        ext = memory_extent(t)
+        if ext is None:  # no memory to share (empty, or on the meta device): counted whole
             elements, nbytes = elements + t.numel(), nbytes + t.numel() * t.element_size()
             continue
-        end = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True))
-        spans.setdefault((str(t.device), t.untyped_storage().data_ptr()), []).append(
-            (t.data_ptr(), t.data_ptr() + end * t.element_size(), t.numel() * t.element_size(), t.element_size()))
+        storage, lo, hi = ext
+        spans.setdefault(storage, []).append((lo, hi, t.numel() * t.element_size(), t.element_size()))
     for views in spans.values():
         whole = sum(v[2] for v in views)
         covered, reach = 0, 0
