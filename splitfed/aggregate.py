@@ -5,11 +5,17 @@ Each contribution is a partial model state (some blocks' keys) with a weight
 that hold it, wherever they were trained: a block on one client's device and on
 another client's edge replica is averaged the same way. Keys nobody sent keep
 their previous value.
+
+The mean decomposes: a server tier adds its clients' replicas into a
+:class:`Partial` where they lie, and only that sum travels to the coordinator,
+which adds it to the devices' contributions (:func:`aggregate`'s ``partials``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,26 +24,58 @@ from splitfed.errors import InvalidArgument
 State = dict[str, torch.Tensor]
 
 
-def aggregate(contributions: Iterable[tuple[State, float]], previous: State | None = None) -> State:
-    """Sample-weighted mean per key; integer buffers get the rounded weighted mean."""
-    sums: dict[str, torch.Tensor] = {}
-    weights: dict[str, float] = {}
-    ref: dict[str, torch.Tensor] = {}
-    for state, w in contributions:
-        if w < 0:
-            raise InvalidArgument(f"contribution weight must be >= 0, got {w}")
+@dataclass
+class Partial:
+    """Running sample-weighted sums per key (float64) and the weight behind each."""
+
+    sums: State = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    dtypes: dict[str, torch.dtype] = field(default_factory=dict)
+
+    def add(self, state: Mapping[str, torch.Tensor], w: float) -> Partial:
+        if not (math.isfinite(w) and w >= 0):
+            raise InvalidArgument(f"contribution weight must be a finite number >= 0, got {w}")
         if w == 0:
-            continue
+            return self
         for k, v in state.items():
-            if k in ref and (v.shape != ref[k].shape):
-                raise InvalidArgument(f"cannot average {k!r}: shapes {list(ref[k].shape)} and {list(v.shape)}")
-            ref.setdefault(k, v)
             acc = v.detach().to(torch.float64) * w
-            sums[k] = sums[k].add_(acc) if k in sums else acc
-            weights[k] = weights.get(k, 0.0) + w
-    out: State = dict(previous or {})
-    for k, s in sums.items():
-        mean = s / weights[k]
-        dtype = ref[k].dtype
-        out[k] = (mean.round() if not dtype.is_floating_point else mean).to(dtype)
-    return out
+            self._add(k, acc, w, v.dtype)
+        return self
+
+    def merge(self, other: Partial) -> Partial:
+        """Add ``other``'s sums (a tier's, say) to these."""
+        for k, s in other.sums.items():
+            self._add(k, s.detach().to(torch.float64), other.weights[k], other.dtypes.get(k))
+        return self
+
+    def _add(self, k: str, acc: torch.Tensor, w: float, dtype: torch.dtype | None) -> None:
+        if k in self.sums:
+            if acc.shape != self.sums[k].shape:
+                raise InvalidArgument(f"cannot average {k!r}: shapes {list(self.sums[k].shape)} and {list(acc.shape)}")
+            self.sums[k] = self.sums[k].add_(acc.to(self.sums[k].device))
+        else:
+            self.sums[k] = acc
+        self.weights[k] = self.weights.get(k, 0.0) + w
+        if dtype is not None:
+            self.dtypes.setdefault(k, dtype)
+
+    def mean(self, previous: Mapping[str, torch.Tensor] | None = None) -> State:
+        """``previous`` with every summed key replaced by its weighted mean, in the key's own dtype (integer
+        buffers get the rounded mean)."""
+        out: State = dict(previous or {})
+        for k, s in self.sums.items():
+            mean = s / self.weights[k]
+            dtype = self.dtypes.get(k) or (previous[k].dtype if previous and k in previous else torch.float32)
+            out[k] = (mean.round() if not dtype.is_floating_point else mean).to(dtype)
+        return out
+
+
+def aggregate(contributions: Iterable[tuple[State, float]], previous: State | None = None,
+              partials: Iterable[Partial] = ()) -> State:
+    """Sample-weighted mean per key of ``contributions`` and of sums made elsewhere (``partials``)."""
+    total = Partial()
+    for state, w in contributions:
+        total.add(state, w)
+    for p in partials:
+        total.merge(p)
+    return total.mean(previous)

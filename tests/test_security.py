@@ -101,7 +101,7 @@ def test_token_missing_or_wrong_is_unauthenticated(certs: Certs, token: str | No
 def test_token_on_every_rpc_kind(certs: Certs) -> None:  # noqa: F811
     with serve_tier("cloud", insecure=True, token=TOKEN) as srv, grpc.insecure_channel(srv.address) as ch:
         for name, kind in (("Step", "stream_stream"), ("Load", "stream_unary"), ("Fetch", "unary_stream"),
-                           ("Release", "unary_unary"), ("Describe", "unary_unary"),
+                           ("Release", "unary_unary"), ("Reduce", "unary_stream"), ("Describe", "unary_unary"),
                            ("Probe", "unary_unary")):
             call = getattr(ch, kind)(method(name))
             arg = iter([b""]) if kind.startswith("stream") else b""

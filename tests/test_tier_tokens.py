@@ -3,7 +3,7 @@
 Every device holds the tier's bearer token. With one token for every call a device could load a client id
 before the coordinator did (a claim: the coordinator's load is then refused, its secret being another, and
 the whole round fails), or load a segment without a secret that every token holder may use. A tier started
-with ``--coordinator-token-file`` refuses both: Load, Fetch and Release need the coordinator's token (the
+with ``--coordinator-token-file`` refuses both: Load, Fetch, Release and Reduce need the coordinator's token (the
 devices' gets PERMISSION_DENIED, nothing changed), and a load without a binding secret is refused. Real gRPC
 servers and real tier processes on 127.0.0.1.
 """
@@ -262,8 +262,8 @@ def test_a_run_without_the_coordinators_token_is_refused_before_round_one(tmp_pa
             pass
         msg = str(e.value)
         for srv in (edge, cloud):
-            assert (f"tier {srv.tier.name} at {srv.address} takes Load, Fetch and Release only with the "
-                    "coordinator's token") in msg
+            assert (f"tier {srv.tier.name} at {srv.address} takes Load, Fetch, Release and Reduce only "
+                    "with the coordinator's token") in msg
         assert "give this run coordinator-token-file" in msg and DEVICE not in msg and COORD not in msg
         assert edge.tier.clients() == cloud.tier.clients() == 0
         with tier_chain(RunSettings(tier_addresses=addrs, token_file=str(dev),
@@ -279,7 +279,7 @@ def test_ping_says_which_tiers_need_the_coordinators_token(tmp_path: Path,
     dev, _ = _files(tmp_path)
     with serve_tier("cloud", token=DEVICE, coordinator_token=COORD, insecure=True) as cloud:
         assert main(["ping", cloud.address, "--token-file", str(dev), "--count", "1"]) == 0
-        assert "takes Load, Fetch and Release only with the coordinator's token" in capsys.readouterr().out
+        assert "takes Load, Fetch, Release and Reduce only with the coordinator's token" in capsys.readouterr().out
 
 
 def test_two_authorization_headers_are_refused_whichever_comes_last() -> None:

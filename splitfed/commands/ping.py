@@ -171,7 +171,8 @@ def _describe(row: dict[str, Any]) -> str:
                  "thread(s); releases idle segments after "
                  + (f"{idle:g} s" if idle else "never"))
     if row.get("control_token"):
-        lines.append("  takes Load, Fetch and Release only with the coordinator's token (--coordinator-token-file)")
+        lines.append("  takes Load, Fetch, Release and Reduce only with the coordinator's token "
+                     "(--coordinator-token-file)")
     if row["model_error"]:
         lines.append(f"  will not build the model: {row['model_error']}")
     return "\n".join(lines)

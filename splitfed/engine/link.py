@@ -8,13 +8,13 @@ transport's codec), never in the engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from splitfed.engine.limits import MAX_DIMS
-from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
+from splitfed.engine.types import Reduced, ReduceItem, SegmentLoad, State, StepKey, StepReply
 from splitfed.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ class TierControl(Protocol):
     def fetch(self, run_id: str, client_id: str, secret: str = "") -> State: ...
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None: ...
+
+    def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced: ...
 
 
 def nbytes(t: torch.Tensor | None) -> int:
@@ -115,3 +117,6 @@ class InProcessLink:
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         self.tier.release(run_id, client_id, secret)
+
+    def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
+        return self.tier.reduce(run_id, items)

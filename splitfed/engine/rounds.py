@@ -1,7 +1,11 @@
 """One federated round over a chain of tiers, for each variant.
 
 - ``sflv1``: every client trains its own replica of every server-side segment;
-  all replicas and device segments are averaged layer-wise at the end.
+  all replicas and device segments are averaged layer-wise at the end. The
+  replicas start from a base segment per tier (the global model's blocks, sent
+  once and copied there) and come back as each tier's sample-weighted sum
+  (``reduce``): the coordinator's traffic is one copy of each tier's part each
+  way, whatever the number of clients.
 - ``sflv2``: one server-side model, trained by the clients in turn whichever
   server tier each client puts a block on; every client's device segments start
   from the global model and are averaged, and each server-side block is averaged
@@ -32,13 +36,21 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from splitfed.aggregate import aggregate
+from splitfed.aggregate import Partial, aggregate
 from splitfed.engine import template
 from splitfed.engine.checks import all_finite
 from splitfed.engine.device import Device
 from splitfed.engine.link import InProcessLink, Link, TierControl, nbytes
 from splitfed.engine.tier import Tier
-from splitfed.engine.types import MODES, OptimConfig, SegmentLoad, State
+from splitfed.engine.types import (
+    BASE_PREFIX,
+    MODES,
+    OptimConfig,
+    ReduceItem,
+    SegmentLoad,
+    State,
+    is_base,
+)
 from splitfed.errors import ConfigError, SplitfedError, TierError
 from splitfed.models.blocks import segment_bounds, validate_cuts
 from splitfed.models.zoo import ModelSpec
@@ -201,7 +213,8 @@ def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...]
 
 
 Cuts = tuple[int, ...]
-GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # a tier's answers to a release that say it is not there
+GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+BASE = f"{BASE_PREFIX}base"  # the replica of a round's global server segments on a tier (sflv1), and its segments' ids  # a tier's answers to a release that say it is not there
 
 
 class RoundFailed(SplitfedError):
@@ -234,6 +247,10 @@ class SplitRound:
                  assignment: Mapping[str, Cuts], min_clients: int = 0,
                  unreleased: dict[tuple[int, str], int] | None = None) -> None:
         check_assignment(cfg.model, dict(assignment), len(tiers) + 1, cfg.u_shape)
+        reserved = next((c for c in assignment if is_base(c)), None)
+        if reserved is not None:
+            raise ConfigError(f"client id {reserved!r}: ids starting with {BASE_PREFIX!r} name a coordinator's base "
+                              "segments on the tiers, not a client")
         # (tier index, client) -> the round whose release did not reach that tier: the caller keeps it across
         # the run's rounds (under one binding key), so a later load can release what was left (see _load)
         self.unreleased = {} if unreleased is None else unreleased
@@ -254,9 +271,10 @@ class SplitRound:
         self._loaded: list[str] = []
         self._group: list[str] = []
         self._gone: set[int] = set()  # tiers a release found unreachable: the rest of this round skips them
-        # per server tier, the weight bytes this round sent it (loads) and got back (fetches): the coordinator's
-        # own traffic, one copy of each client's server segments each way (the cost model does not price it)
+        # per server tier, the weight bytes this round sent it (loads) and got back (fetches, sums): the
+        # coordinator's own traffic (the cost model does not price it)
         self.weight_bytes: list[list[int]] = [[0, 0] for _ in self.tiers]
+        self._staged: list[tuple[int, str]] = []  # (tier, base segment's id) loaded now (sflv1: see _stage)
 
     # ------------------------------------------------------------ the three steps
 
@@ -269,18 +287,57 @@ class SplitRound:
         base = self.current if cfg.mode == "sl" else self.global_state  # where device segments start
         server = self.global_state if cfg.mode == "sflv1" else self.current  # where server segments start
         out = {}
-        for cid in group:
-            try:
-                self._load(cid, server)
-            except TierError as e:
-                if e.code in GONE:  # a tier that is not there fails every client alike: the round, at once
-                    raise
-                self.why[cid] = f"its server segments could not be loaded: {e}"  # a refusal for this client alone
-                self._drop(cid)
-                continue
-            out[cid] = device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape)
+        try:
+            if cfg.mode == "sflv1":
+                self._stage(group)
+            for cid in group:
+                try:
+                    self._load(cid, server)
+                except TierError as e:
+                    if e.code in GONE:  # a tier that is not there fails every client alike: the round, at once
+                        raise
+                    self.why[cid] = f"its server segments could not be loaded: {e}"  # a refusal for this client
+                    self._drop(cid)
+                    continue
+                out[cid] = device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape)
+        finally:
+            self._unstage()
         self._group = list(out)
         return out
+
+    def _stage(self, group: Sequence[str]) -> None:
+        """Load the global model's server blocks the group trains once per tier (one base segment per contiguous
+        run of them), for the clients' loads to copy there: the coordinator sends each tier one copy of its
+        part of the model, not one per client. Base segments an earlier round could not release go first."""
+        for (t, cid), r in sorted(self.unreleased.items()):
+            if is_base(cid):
+                self._release_on(t, self.tiers[t], cid, replace(self.cfg, round=r).secret_of(BASE), r)
+        for t, tier in enumerate(self.tiers):
+            blocks = sorted({i for c in group
+                             for i in range(*server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t])})
+            runs: list[list[int]] = []
+            for i in blocks:
+                if runs and runs[-1][1] == i:
+                    runs[-1][1] = i + 1
+                else:
+                    runs.append([i, i + 1])
+            for j, (a, z) in enumerate(runs):
+                cid = f"{self._base}.{j}"  # named per round: one a lost release left behind is in nobody's way
+                load = SegmentLoad(run_id=self.cfg.run_id, client_id=cid, round=self.cfg.round, model=self.cfg.model,
+                                   start=a, stop=z, replica=self._base, state=select(self.global_state, a, z),
+                                   optim=self.cfg.optim, seed=self.cfg.seed, secret=self.cfg.secret_of(BASE))
+                self._load_on(t, tier, cid, load)
+                self._staged.append((t, cid))
+
+    def _unstage(self) -> None:
+        """Release the base segments: once the clients' loads have copied them, the tiers need them no more."""
+        while self._staged:
+            t, cid = self._staged.pop()
+            self._release_on(t, self.tiers[t], cid, self.cfg.secret_of(BASE))
+
+    @property
+    def _base(self) -> str:
+        return f"{BASE}.{self.cfg.round}"
 
     def _load(self, cid: str, server: State) -> None:
         """Load ``cid``'s segments on every server tier. A tier may still hold the client from an earlier
@@ -288,18 +345,26 @@ class SplitRound:
         round's secret, so that binding is released with that round's own (the run's key derives it) and the
         load is tried again."""
         self._loaded.append(cid)
+        staged = {t for t, _ in self._staged}
         loads = tier_loads(self.cfg, cid, self.assignment[cid], server)
         for t, (tier, load) in enumerate(zip(self.tiers, loads, strict=True)):
-            try:
-                tier.load(load)
-            except TierError as e:
-                left = self.unreleased.get((t, cid))
-                if e.code != "PERMISSION_DENIED" or left is None:
-                    raise
-                tier.release(self.cfg.run_id, cid, replace(self.cfg, round=left).secret_of(cid))
-                del self.unreleased[(t, cid)]
-                tier.load(load)
-            self.weight_bytes[t][0] += state_bytes(load.state or {})
+            if t in staged and load.start < load.stop:  # its blocks are on the tier already: copied there
+                load = replace(load, state=None, base=self._base, base_secret=self.cfg.secret_of(BASE))
+            self._load_on(t, tier, cid, load)
+
+    def _load_on(self, t: int, tier: TierControl, cid: str, load: SegmentLoad) -> None:
+        """One load; a tier that still holds ``cid`` from an earlier round whose release did not reach it
+        (``unreleased``) refuses this round's secret, so that one is released with its own secret first."""
+        try:
+            tier.load(load)
+        except TierError as e:
+            left = self.unreleased.get((t, cid))
+            if e.code != "PERMISSION_DENIED" or left is None:
+                raise
+            tier.release(self.cfg.run_id, cid, replace(self.cfg, round=left).secret_of(cid))
+            del self.unreleased[(t, cid)]
+            tier.load(load)
+        self.weight_bytes[t][0] += state_bytes(load.state or {})
 
     def end(self, outcomes: Mapping[str, Outcome], lost: Mapping[str, str] | None = None) -> None:
         """Take the group's trained device weights; clients missing from ``outcomes`` failed (``lost``:
@@ -355,24 +420,62 @@ class SplitRound:
     # ------------------------------------------------------------ internals
 
     def _finish_v1(self) -> State:
-        fetched: dict[str, list[State]] = {}
-        for cid in self.order:
-            if cid not in self.done:
-                continue
-            parts = self._replicas(cid)
-            if parts is None:
-                self._drop(cid)
-                continue
-            fetched[cid] = parts
+        """Device segments, and each server tier's sum of its clients' replicas (:meth:`_reduced`)."""
+        partials = self._reduced()
         if len(self.done) < self.min_clients:
             raise RoundFailed(f"round {self.cfg.round}: only {len(self.done)} clients' replicas could be "
                               f"used, fewer than the minimum {self.min_clients} (failed: {self._failures()})")
         contributions: list[tuple[State, float]] = [(self.done[c].state, self.done[c].result.samples)
                                                     for c in self.order if c in self.done]
-        for cid in self.order:
-            if cid in fetched:
-                contributions += [(part, self.done[cid].result.samples) for part in fetched[cid]]
-        return aggregate(contributions, previous=self.global_state)
+        return aggregate(contributions, previous=self.global_state, partials=partials)
+
+    def _reduced(self) -> list[Partial]:
+        """Each tier's sample-weighted sum of the finished clients' replicas. A client a tier leaves out (weights
+        not finite, segment gone) is dropped, and the sums are asked for again without it: the other tiers'
+        include it. A tier that cannot answer drops every client (each has a segment on every tier)."""
+        while True:
+            clients = [c for c in self.order if c in self.done]
+            if not clients:
+                return []
+            items = [ReduceItem(c, self.cfg.secret_of(c), float(self.done[c].result.samples)) for c in clients]
+            partials: list[Partial] = []
+            for t, tier in enumerate(self.tiers):
+                try:
+                    reduced = tier.reduce(self.cfg.run_id, items)
+                except TierError as e:
+                    for c in clients:
+                        self.why[c] = f"its {self._label(t)} segments could not be summed: {e}"
+                        self._drop(c)
+                    return []
+                self.weight_bytes[t][1] += state_bytes(reduced.sums)
+                refused = [c for c in clients if c in reduced.refused]
+                for c in refused:
+                    self.why[c] = f"its {self._label(t)} {reduced.refused[c]}"
+                    self._drop(c)
+                if refused:
+                    break
+                partials.append(self._partial(t, reduced.sums, clients))
+            else:
+                return partials
+
+    def _partial(self, t: int, sums: State, clients: Sequence[str]) -> Partial:
+        """Tier ``t``'s sums with the weight behind each key (the samples of the clients whose segment there
+        holds it), checked against what those segments hold: a tier's reply is not taken on trust."""
+        weights: dict[str, float] = {}
+        for c in clients:
+            a, z = server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t]
+            w = float(self.done[c].result.samples)
+            for k in select(self.global_state, a, z) if w > 0 else ():
+                weights[k] = weights.get(k, 0.0) + w
+        where = f"{self._label(t)}: its sum of the clients' segments"
+        if set(sums) != set(weights):
+            odd = sorted(set(sums) ^ set(weights))
+            raise TierError(f"{where} holds other keys than their segments: {odd[:3]}")
+        for k, v in sums.items():
+            if v.shape != self.global_state[k].shape or v.dtype != torch.float64 or not all_finite(v):
+                raise TierError(f"{where}: {k!r} is {str(v.dtype)} {list(v.shape)}, not a finite float64 "
+                                f"{list(self.global_state[k].shape)}")
+        return Partial(dict(sums), weights, {k: self.global_state[k].dtype for k in sums})
 
     def _finish_v2(self) -> State:
         """Device segments, and the one server-side model (as the last client to finish left it) for each
@@ -425,19 +528,25 @@ class SplitRound:
             return
         self._loaded.remove(cid)
         for t, tier in enumerate(self.tiers):
-            if t in self._gone:
-                self.unreleased[(t, cid)] = self.cfg.round
-                continue
+            self._release_on(t, tier, cid, self.cfg.secret_of(cid))
+
+    def _release_on(self, t: int, tier: TierControl, cid: str, secret: str, loaded_in: int | None = None) -> None:
+        """A release that fails is noted in ``unreleased`` with the round that loaded it (this one unless
+        ``loaded_in``), for a later round to retry."""
+        left = t in self._gone
+        if not left:
             try:
-                tier.release(self.cfg.run_id, cid, self.cfg.secret_of(cid))
+                tier.release(self.cfg.run_id, cid, secret)
             except TierError as e:
-                self.unreleased[(t, cid)] = self.cfg.round
+                left = True
                 if e.code in GONE:
                     self._gone.add(t)
             except Exception:  # noqa: BLE001 - a vanished tier must not mask the round's outcome
-                self.unreleased[(t, cid)] = self.cfg.round
-            else:
-                self.unreleased.pop((t, cid), None)
+                left = True
+        if not left:
+            self.unreleased.pop((t, cid), None)
+        else:
+            self.unreleased[(t, cid)] = self.cfg.round if loaded_in is None else loaded_in
 
 
 def _nonfinite(state: State) -> str | None:

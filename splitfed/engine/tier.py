@@ -28,18 +28,27 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splitfed.aggregate import Partial
 from splitfed.engine import template
 from splitfed.engine.checks import all_finite, check_returned, check_tensor
 from splitfed.engine.limits import IDLE_RELEASE_S
 from splitfed.engine.link import Link
-from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
+from splitfed.engine.types import (
+    Reduced,
+    ReduceItem,
+    SegmentLoad,
+    State,
+    StepKey,
+    StepReply,
+    is_base,
+)
 from splitfed.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -51,6 +60,7 @@ from splitfed.errors import (
 from splitfed.models.blocks import Segment, step_rng
 
 SHARED_WAIT_S = 60.0
+MAX_BASES = 64  # base segments a tier holds at once, over all runs (each a part of one model: bounded memory)
 
 log = logging.getLogger(__name__)
 
@@ -165,14 +175,19 @@ class Tier:
         with self._lock:
             bkey = (spec.run_id, spec.client_id)
             self._authorize_load(spec, rkey)
-            if bkey not in self._bindings and len(self._bindings) >= self.max_clients:
+            if bkey not in self._bindings and self._full(spec):
                 self._sweep_locked()  # a full tier first lets go of what vanished coordinators left
-            if bkey not in self._bindings and len(self._bindings) >= self.max_clients:
-                raise ResourceExhausted(f"tier {self.name} already serves {self.max_clients} clients")
+            if bkey not in self._bindings and self._full(spec):
+                raise ResourceExhausted(f"tier {self.name} already holds {MAX_BASES} base segments" if
+                                        is_base(spec.client_id) else
+                                        f"tier {self.name} already serves {self.max_clients} clients")
+            base = self._base(spec)
             # got or made under the lock: clients of one replica loaded at once all bind to the same one
             replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret))
             replica.loading += 1
         try:
+            if base is not None:
+                spec = replace(spec, state=self._copied(spec, base))
             binding = self._bind(spec, replica)
         except BaseException:
             with self._lock:
@@ -215,9 +230,49 @@ class Tier:
             segment.train()
             in_shape, in_dtype = template.boundary(spec.model, spec.start)
             out_shape, _ = template.boundary(spec.model, spec.stop)
-            return _Binding(spec, replica, segment, spec.optim.build(list(segment.parameters())),
+            # the binding keeps the load's settings, not its tensors (written into the segment above): a tier
+            # holding each client's weights twice would halve the clients it can serve
+            return _Binding(replace(spec, state=None), replica, segment, spec.optim.build(list(segment.parameters())),
                             in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start),
                             ends_model=spec.stop == template.num_blocks(spec.model), last_used=self._clock())
+
+    def _full(self, spec: SegmentLoad) -> bool:
+        """Whether another binding like ``spec`` would pass the tier's bounds (under ``self._lock``): clients
+        up to ``max_clients``, and besides them coordinators' base segments (held while a round's clients load)
+        up to ``MAX_BASES``."""
+        bases = sum(is_base(c) for _, c in self._bindings)
+        if is_base(spec.client_id):
+            return bases >= MAX_BASES
+        return len(self._bindings) - bases >= self.max_clients
+
+    def _base(self, spec: SegmentLoad) -> _Replica | None:
+        """The replica a load copies its weights from (``spec.base``), if its secret is ``base_secret``
+        (under ``self._lock``)."""
+        if not spec.base:
+            return None
+        if spec.state is not None:
+            raise InvalidArgument(f"load of client {spec.client_id!r}: a load carries either its state or a base, "
+                                  "not both")
+        if spec.base == spec.replica:
+            raise InvalidArgument(f"load of client {spec.client_id!r}: replica {spec.replica!r} cannot be its own base")
+        base = self._replicas.get((spec.run_id, spec.base))
+        if base is None:
+            raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r}: "
+                                     f"its base {spec.base!r} is not loaded here (load the base first)")
+        if not _same_secret(base.secret, spec.base_secret):
+            raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
+                                   f"refused: base {spec.base!r} is held under another secret")
+        return base
+
+    def _copied(self, spec: SegmentLoad, base: _Replica) -> State:
+        """Blocks ``[start, stop)`` of ``base``, copied (a load of the base meanwhile cannot tear them)."""
+        with _holding(base, self.name, "load from base"):
+            lacking = [i for i in range(spec.start, spec.stop) if i not in base.blocks]
+            if lacking:
+                raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r}: its base "
+                                         f"{spec.base!r} holds no block {lacking[0]} of [{spec.start}, {spec.stop})")
+            return {f"{i}.{k}": v.detach().clone() for i in range(spec.start, spec.stop)
+                    for k, v in base.blocks[i].state_dict().items()}
 
     def _authorize_load(self, spec: SegmentLoad, rkey: tuple[str, str]) -> None:
         """A load may rebind a client, or bind to a replica that exists, only with their secret (under
@@ -261,6 +316,46 @@ class Tier:
                                      "waits for its backward")
         with _holding(b.replica, self.name, "fetch"):
             return {k: v.detach().to("cpu", copy=True) for k, v in b.segment.state_dict().items()}
+
+    def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
+        """The sample-weighted sum of the listed clients' trained segments (:class:`Reduced`): one float64
+        copy leaves the tier instead of every client's replica. A client whose weights are not finite, or that
+        has no segment here, is left out and named; a wrong secret refuses the whole call."""
+        ids = [it.client_id for it in items]
+        twice = next((c for c in ids if ids.count(c) > 1), None) if len(set(ids)) != len(ids) else None
+        if twice is not None:
+            raise InvalidArgument(f"reduce: client {twice!r} is listed twice")
+        for it in items:
+            if not (math.isfinite(it.weight) and it.weight >= 0):
+                raise InvalidArgument(f"reduce: the weight of client {it.client_id!r} must be a finite number >= 0, "
+                                      f"got {it.weight}")
+        with self._lock:
+            found: dict[str, _Binding] = {}
+            for it in items:
+                b = self._bindings.get((run_id, it.client_id))
+                if b is None:
+                    continue
+                if not _same_secret(b.spec.secret, it.secret):
+                    raise self._denied("reduce", run_id, it.client_id, it.secret)
+                b.last_used = self._clock()
+                found[it.client_id] = b
+        total, refused = Partial(), {}
+        for it in items:
+            b = found.get(it.client_id)
+            if b is None:
+                refused[it.client_id] = f"no segment is loaded on tier {self.name}"
+                continue
+            if b.holds_lock:
+                refused[it.client_id] = f"its U-shape step {b.last_seq} waits for its backward"
+                continue
+            with _holding(b.replica, self.name, "reduce"):
+                state = b.segment.state_dict()
+                bad = next((k for k, v in state.items() if not all_finite(v)), None)
+                if bad is not None:
+                    refused[it.client_id] = f"weights {bad!r} hold NaN or infinite values"
+                    continue
+                total.add(state, it.weight)
+        return Reduced({k: v.cpu() for k, v in total.sums.items()}, refused)
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         with self._lock:

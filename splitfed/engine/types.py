@@ -14,6 +14,11 @@ State = dict[str, torch.Tensor]
 """A (partial) model state: keys ``"<block index>.<key in block>"``."""
 
 MODES = ("sl", "sflv1", "sflv2")
+BASE_PREFIX = "@"  # a client id that names a coordinator's base segment (SegmentLoad.base), not a client
+
+
+def is_base(client_id: str) -> bool:
+    return client_id.startswith(BASE_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,9 @@ class SegmentLoad:
     (:meth:`RoundConfig.secret_of <splitfed.engine.rounds.RoundConfig.secret_of>`) and given only
     to that client: every later step, fetch, release and re-load of the client must carry it, and so
     must a load that joins a replica other clients are bound to. Empty: an unprotected binding.
+    ``base``: instead of ``state``, copy the blocks' weights from that replica of the run, already on the
+    tier (the round's global server segments, staged once per tier rather than shipped once per client);
+    ``base_secret`` must be the secret that replica was loaded with.
     """
 
     run_id: str
@@ -103,6 +111,27 @@ class SegmentLoad:
     seed: int = 0
     loss_here: bool = True
     secret: str = field(default="", repr=False)
+    base: str = ""
+    base_secret: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class ReduceItem:
+    """One client whose trained server segment a tier adds into its sum, weighted by ``weight`` (its samples)."""
+
+    client_id: str
+    secret: str = field(repr=False)
+    weight: float
+
+
+@dataclass
+class Reduced:
+    """A tier's sample-weighted sum of its clients' trained segments (float64 on the CPU, per key): what the
+    coordinator adds into :func:`~splitfed.aggregate.aggregate` instead of every replica. ``refused``: clients
+    left out of the sum, and why (weights not finite, no segment loaded): the coordinator drops them."""
+
+    sums: State
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -23,7 +23,7 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from splitfed.engine.types import SegmentLoad, State, StepKey, StepReply
+from splitfed.engine.types import Reduced, ReduceItem, SegmentLoad, State, StepKey, StepReply
 from splitfed.errors import ConfigError, NotFound, TierError
 from splitfed.models.zoo import ModelSpec
 from splitfed.transport import codec as tc
@@ -76,7 +76,7 @@ def server_options(limits: wire.Limits) -> list[tuple[str, int | str]]:
 
 
 class GrpcTierClient:
-    """A tier at ``address`` as a ``Link`` (data path) and a ``TierControl`` (load/fetch/release).
+    """A tier at ``address`` as a ``Link`` (data path) and a ``TierControl`` (load/fetch/release/reduce).
 
     Without ``tls`` the channel is plaintext (``insecure=True`` says so
     explicitly). ``compress`` names the codec of the tensors sent (activations,
@@ -120,6 +120,7 @@ class GrpcTierClient:
         self._load = channel.stream_unary(method("Load"))
         self._fetch = channel.unary_stream(method("Fetch"))
         self._release = channel.unary_unary(method("Release"))
+        self._reduce = channel.unary_stream(method("Reduce"))
         self._describe = channel.unary_unary(method("Describe"))
         self._probe = channel.unary_unary(method("Probe"))
         self._health = health_pb2_grpc.HealthStub(channel)
@@ -261,7 +262,8 @@ class GrpcTierClient:
             start=spec.start, stop=spec.stop, replica=spec.replica,
             optim=pb.OptimConfig(name=spec.optim.name, lr=spec.optim.lr, momentum=spec.optim.momentum,
                                  weight_decay=spec.optim.weight_decay),
-            seed=spec.seed, loss_here=spec.loss_here, has_state=spec.state is not None, secret=spec.secret)
+            seed=spec.seed, loss_here=spec.loss_here, has_state=spec.state is not None, secret=spec.secret,
+            base=spec.base, base_secret=spec.base_secret)
         tensors = [(k, tc.encode(v)) for k, v in sorted((spec.state or {}).items())]
         chunk = self.limits.chunk_bytes
         self._call(f"load of {spec.client_id}",
@@ -280,6 +282,41 @@ class GrpcTierClient:
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         req = pb.ClientRef(run_id=run_id, client_id=client_id, secret=secret).SerializeToString()
         self._call(f"release of {client_id}", lambda t: self._release(req, timeout=t, metadata=self._metadata))
+
+    def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
+        """The sample-weighted sum of the listed clients' trained segments, summed on the tier (``Reduce``):
+        float64 per key, and the clients it left out with why. Read-only at the tier: retried as a fetch is."""
+        req = pb.ReduceRequest(run_id=run_id, items=[pb.ReduceItem(client_id=it.client_id, secret=it.secret,
+                                                                   weight=it.weight) for it in items])
+        raw = req.SerializeToString()
+        where = f"tier {self.address}: reduce of {len(items)} client(s)"
+        listed = {it.client_id for it in items}
+
+        def attempt(timeout: float) -> Reduced:
+            stream = self._reduce(raw, timeout=timeout, metadata=self._metadata)
+            head, got = wire.read_all(stream, wire.F_REDUCE, self.limits, writable=True, what="reduce reply")
+            if not isinstance(head, pb.ReduceResult):  # pragma: no cover - read_all insists on the head
+                raise TierError(f"{where}: the reply carries no ReduceResult")
+            if len(head.refused) != len(head.reasons):
+                raise TierError(f"{where}: malformed reply: {len(head.refused)} refused client(s) but "
+                                f"{len(head.reasons)} reason(s)")
+            refused = dict(zip(head.refused, head.reasons, strict=True))
+            if len(refused) != len(head.refused):
+                raise TierError(f"{where}: malformed reply: a refused client is named twice")
+            stranger = next((c for c in refused if c not in listed), None)
+            if stranger is not None:
+                raise TierError(f"{where}: malformed reply: it refuses client {stranger[:256]!r}, which was not "
+                                "listed")
+            names = [r.name for r in got]
+            if "" in names or len(set(names)) != len(names):
+                raise TierError(f"{where}: malformed reply: the sums need distinct, non-empty names")
+            wrong = next((r for r in got if r.tensor.dtype != torch.float64), None)
+            if wrong is not None:
+                raise TierError(f"{where}: malformed reply: sum {wrong.name!r} is {wrong.tensor.dtype}, "
+                                "not float64")
+            return Reduced({r.name: r.tensor for r in got}, refused)
+
+        return self._call(f"reduce of {len(items)} client(s)", attempt)
 
     def describe(self, model: ModelSpec | None = None, *, deadline_s: float | None = None,
                  shallow: bool = False) -> TierInfo:

@@ -21,10 +21,12 @@ import splitfed
 from splitfed.errors import ConfigError
 from splitfed.transport.pb import pb
 
-PROTOCOL = 2
+PROTOCOL = 3
 """The wire protocol's version: raise it whenever tier.proto changes what an older peer would misread.
 
-2: a binding secret on every Load, Step, Fetch and Release (an older peer would drop it and be refused)."""
+2: a binding secret on every Load, Step, Fetch and Release (an older peer would drop it and be refused).
+3: a Load may carry a base replica instead of its state (an older tier would drop it and load the replica's
+weights unchanged), and Reduce sums the clients' trained segments on the tier (an older one has no such call)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class TierInfo:
     threads: int = 0
     compute: str = ""  # "cpu" or "cuda:0 (NVIDIA H200)"; "": a tier older than the field (the CPU)
     next_compress: str = ""  # its codec towards next_address (--compress); "": no next tier, or an older tier
-    control_token: bool = False  # Load, Fetch and Release need the coordinator's token (False also: an older tier)
+    control_token: bool = False  # the control calls need the coordinator's token (False also: an older tier)
 
     def to_pb(self) -> pb.TierInfo:
         fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -123,7 +125,7 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
             problems.append(f"{at} forwards back to {back} ({info.next_address}): the chain is a loop; give it "
                             "--next the following tier, or none if it ends the chain")
         if coordinator_token is False and info.control_token:
-            problems.append(f"{at} takes Load, Fetch and Release only with the coordinator's token (it was "
+            problems.append(f"{at} takes Load, Fetch, Release and Reduce only with the coordinator's token (it was "
                             "started with --coordinator-token-file): give this run coordinator-token-file (a file "
                             "holding the same token)")
         if model and info.model_error:

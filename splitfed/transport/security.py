@@ -244,8 +244,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
     """Refuses any call without the right bearer token with UNAUTHENTICATED.
 
     ``token`` is the devices' token; with a ``coordinator`` token the methods in ``control`` (full gRPC
-    names: the tier's Load, Fetch, Release) need that one, and a caller presenting the devices' token there
-    is refused with PERMISSION_DENIED. Every other method takes either token, and none when there is no
+    names: the tier's Load, Fetch, Release, Reduce) need that one, and a caller presenting the devices' token
+    there is refused with PERMISSION_DENIED. Every other method takes either token, and none when there is no
     ``token`` (a tier with a coordinator token only: its steps are as open as a tier without tokens)."""
 
     def __init__(self, token: str | None, on_refuse: Callable[[grpc.StatusCode], None] | None = None, *,

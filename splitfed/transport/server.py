@@ -32,7 +32,7 @@ from splitfed.engine import compute
 from splitfed.engine.limits import IDLE_RELEASE_S, STREAM_IDLE_S, current_limits
 from splitfed.engine.link import Link
 from splitfed.engine.tier import Tier
-from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey
+from splitfed.engine.types import OptimConfig, ReduceItem, SegmentLoad, StepKey
 from splitfed.errors import (
     ConfigError,
     InvalidArgument,
@@ -53,7 +53,7 @@ from splitfed.transport.security import TlsConfig, TokenInterceptor
 log = logging.getLogger(__name__)
 
 MAX_ID = 256
-CONTROL = ("Load", "Fetch", "Release")  # the coordinator's calls: a coordinator token keeps them its own
+CONTROL = ("Load", "Fetch", "Release", "Reduce")  # the coordinator's calls: a coordinator token keeps them its own
 PHASE_TENSORS = {pb.PHASE_STEP: ("activation", "labels"), pb.PHASE_FORWARD: ("activation",),
                  pb.PHASE_BACKWARD: ("gradient",)}
 
@@ -165,6 +165,7 @@ class TierServicer:
             "Load": grpc.stream_unary_rpc_method_handler(self.Load),
             "Fetch": grpc.unary_stream_rpc_method_handler(self.Fetch),
             "Release": grpc.unary_unary_rpc_method_handler(self.Release),
+            "Reduce": grpc.unary_stream_rpc_method_handler(self.Reduce),
             "Describe": grpc.unary_unary_rpc_method_handler(self.Describe),
             "Probe": grpc.unary_unary_rpc_method_handler(self.Probe),
         })
@@ -279,6 +280,12 @@ class TierServicer:
                                    "device (load with the client's secret)")
         if not h.replica or len(h.replica) > MAX_ID:
             raise InvalidArgument(f"replica must have 1..{MAX_ID} characters")
+        if len(h.base) > MAX_ID:
+            raise InvalidArgument(f"base must have at most {MAX_ID} characters, got {len(h.base)}")
+        if len(h.base_secret) > MAX_ID:  # its value is never shown
+            raise InvalidArgument(f"base_secret must have at most {MAX_ID} characters, got {len(h.base_secret)}")
+        if h.base and (h.has_state or items):
+            raise InvalidArgument("load: a load carries either its state or a base, not both")
         spec = self._model(h.model)
         try:
             optim = OptimConfig(h.optim.name or "sgd", h.optim.lr, h.optim.momentum, h.optim.weight_decay)
@@ -291,7 +298,7 @@ class TierServicer:
             raise InvalidArgument("load: tensors sent but has_state is false")
         state = {it.name: it.tensor for it in items} if h.has_state else None
         return SegmentLoad(h.run_id, h.client_id, int(h.round), spec, int(h.start), int(h.stop), h.replica, state,
-                           optim, int(h.seed), bool(h.loss_here), h.secret)
+                           optim, int(h.seed), bool(h.loss_here), h.secret, base=h.base, base_secret=h.base_secret)
 
     def _model(self, m: pb.ModelSpec, keep: bool = True) -> ModelSpec:
         """The spec if this tier serves and can build it; else the refusal (PERMISSION_DENIED, ...).
@@ -330,6 +337,41 @@ class TierServicer:
             ref = _client_ref(request)
             self.tier.release(ref.run_id, ref.client_id, ref.secret)
         return b""
+
+    def Reduce(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        with self._guard(context, "reduce"):
+            req = _parse(pb.ReduceRequest, request)
+            items = self._reduce_items(req)
+            reduced = self.tier.reduce(req.run_id, items)
+            head = pb.ReduceResult(refused=list(reduced.refused), reasons=list(reduced.refused.values()))
+            out = wire.iter_frames(head, [(k, tc.encode(v)) for k, v in sorted(reduced.sums.items())],
+                                   self.limits.chunk_bytes)
+        yield from out
+
+    def _reduce_items(self, req: pb.ReduceRequest) -> list[ReduceItem]:
+        """The request's items, checked: ids and secrets, weights finite and >= 0, distinct clients, at most
+        the tier's ``max_clients`` of them."""
+        if not req.run_id or len(req.run_id) > MAX_ID:
+            raise InvalidArgument(f"reduce: run_id must have 1..{MAX_ID} characters, got {len(req.run_id)}")
+        most = int(getattr(self.tier, "max_clients", 0))
+        if most and len(req.items) > most:
+            raise ResourceExhausted(f"reduce: {len(req.items)} clients listed, but tier {self.tier.name} serves at "
+                                    f"most {most}")
+        items: list[ReduceItem] = []
+        seen: set[str] = set()
+        for i, it in enumerate(req.items):
+            who = f"reduce: item {i} (client {it.client_id[:64]!r})"  # an overlong id: its start
+            try:
+                _check_ids(req.run_id, it.client_id, it.secret)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"{who}: {e}") from None
+            if not (math.isfinite(it.weight) and it.weight >= 0):
+                raise InvalidArgument(f"{who}: its weight must be a finite number >= 0, got {it.weight}")
+            if it.client_id in seen:
+                raise InvalidArgument(f"{who}: the client is listed twice")
+            seen.add(it.client_id)
+            items.append(ReduceItem(it.client_id, it.secret, float(it.weight)))
+        return items
 
     def Describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "describe"):
@@ -477,7 +519,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     Serving in plaintext needs ``insecure=True``: TLS is the default, not an
     option to forget. ``next_address`` makes this tier forward to the next one
     (with the same TLS config and, unless ``next_token`` is given, the same token: the devices' token, as it
-    only steps there). With ``coordinator_token`` the control calls (Load, Fetch, Release) need that token,
+    only steps there). With ``coordinator_token`` the control calls (Load, Fetch, Release, Reduce) need that token,
     ``token`` (the devices') allows the rest only, and a load without a binding secret is refused.
     ``tier`` replaces the :class:`Tier` (tests, benchmarks). Segments unused for
     ``idle_release_s`` (None: never) are released, checked every ``min(60, idle_release_s / 4)`` s;

@@ -26,8 +26,9 @@ from splitfed.models.zoo import MAX_VOCAB, ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport.pb import pb
 
-F_STEP, F_LOAD, F_RESULT, F_TENSOR, F_PAD, F_DATA = 1, 2, 3, 4, 14, 15
-HEADS: dict[int, type[Message]] = {F_STEP: pb.StepHeader, F_LOAD: pb.LoadHeader, F_RESULT: pb.StepResult}
+F_STEP, F_LOAD, F_RESULT, F_TENSOR, F_REDUCE, F_PAD, F_DATA = 1, 2, 3, 4, 5, 14, 15
+HEADS: dict[int, type[Message]] = {F_STEP: pb.StepHeader, F_LOAD: pb.LoadHeader, F_RESULT: pb.StepResult,
+                                   F_REDUCE: pb.ReduceResult}
 _TAG_PAD = bytes([(F_PAD << 3) | 2])
 _TAG_DATA = bytes([(F_DATA << 3) | 2])
 ALIGN = 16

@@ -1,0 +1,251 @@
+"""sflv1's weights through the tiers: the round's global server blocks staged once per tier (base segments the
+clients' loads copy there), and each tier's sample-weighted sum of its clients' replicas taken back (Reduce)
+instead of every replica. In-process tiers here; tests/test_reduce_transport.py runs the calls over gRPC."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from splitfed.engine.rounds import (
+    RoundConfig,
+    RoundFailed,
+    SplitRound,
+    drive,
+    initial_state,
+    inprocess_chain,
+    local_trainer,
+    select,
+    tier_loads,
+)
+from splitfed.engine.tier import MAX_BASES, Tier
+from splitfed.engine.types import ReduceItem, SegmentLoad
+from splitfed.errors import (
+    ConfigError,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    TierError,
+)
+from splitfed.models.zoo import resolve_spec
+
+SPEC = resolve_spec("cnn", num_classes=10)
+RUN = "base-run"
+ASSIGN = {"c0": (1, 3), "c1": (2, 5), "c2": (3, 6)}
+
+
+def _batches(n: int = 2, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(4, *SPEC.input_shape, generator=g), torch.randint(0, 10, (4,), generator=g))
+            for _ in range(n)]
+
+
+def _load(client: str, start: int, stop: int, state=None, **kw) -> SegmentLoad:  # type: ignore[no-untyped-def]
+    return SegmentLoad(RUN, client, 1, SPEC, start, stop, kw.pop("replica", client), state, secret=f"s-{client}", **kw)
+
+
+def test_a_binding_keeps_no_copy_of_the_weights_it_was_loaded_with() -> None:
+    """Before, the binding kept the load's tensors beside the segment's own weights: twice each client's
+    weights on the tier."""
+    tier = Tier("edge")
+    state = {k: v.clone() for k, v in select(initial_state(SPEC, 0), 1, 4).items()}
+    probe = weakref.ref(next(iter(state.values())))
+    tier.load(_load("c0", 1, 4, state))
+    del state
+    gc.collect()
+    assert probe() is None
+    assert tier.fetch(RUN, "c0", "s-c0")  # the weights are in the segment
+
+
+def test_a_load_from_a_base_copies_its_blocks_and_outlives_it() -> None:
+    tier = Tier("edge")
+    glob = initial_state(SPEC, 0)
+    tier.load(_load("@base.1.0", 1, 5, select(glob, 1, 5), replica="@b"))
+    tier.load(_load("c0", 2, 4, base="@b", base_secret="s-@base.1.0"))
+    tier.release(RUN, "@base.1.0", "s-@base.1.0")
+    got = tier.fetch(RUN, "c0", "s-c0")
+    want = select(glob, 2, 4)
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    with torch.no_grad():  # a copy: the client's training does not write into another's weights
+        next(iter(tier._bindings[(RUN, "c0")].segment.parameters())).add_(1.0)
+    tier.load(_load("@base.1.0", 1, 5, select(glob, 1, 5), replica="@b"))
+    tier.load(_load("c1", 2, 4, base="@b", base_secret="s-@base.1.0"))
+    got = tier.fetch(RUN, "c1", "s-c1")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_load_from_a_base_is_refused_without_its_secret_or_blocks() -> None:
+    tier = Tier("edge")
+    glob = initial_state(SPEC, 0)
+    tier.load(_load("@base.1.0", 2, 4, select(glob, 2, 4), replica="@b"))
+    with pytest.raises(PermissionDenied, match="held under another secret"):
+        tier.load(_load("c0", 2, 4, base="@b", base_secret="guess"))
+    with pytest.raises(TierError, match="holds no block 4"):
+        tier.load(_load("c0", 2, 5, base="@b", base_secret="s-@base.1.0"))
+    with pytest.raises(TierError, match="is not loaded here"):
+        tier.load(_load("c0", 2, 4, base="@other", base_secret="s-@base.1.0"))
+    with pytest.raises(InvalidArgument, match="either its state or a base"):
+        tier.load(_load("c0", 2, 4, select(glob, 2, 4), base="@b", base_secret="s-@base.1.0"))
+    assert tier.clients() == 1  # the refused loads bound nothing
+
+
+def test_base_segments_do_not_take_a_clients_place_but_are_bounded() -> None:
+    tier = Tier("edge", max_clients=2)
+    glob = initial_state(SPEC, 0)
+    tier.load(_load("@base.1.0", 1, 3, select(glob, 1, 3), replica="@b"))
+    for c in ("c0", "c1"):  # a tier for two clients serves two, while a coordinator's base is loaded
+        tier.load(_load(c, 1, 3, base="@b", base_secret="s-@base.1.0"))
+    with pytest.raises(ResourceExhausted, match="serves 2 clients"):
+        tier.load(_load("c2", 1, 3, base="@b", base_secret="s-@base.1.0"))
+    for i in range(1, MAX_BASES):
+        tier.load(SegmentLoad(f"run{i}", f"@base.1.{i}", 1, SPEC, 1, 2, "@b", select(glob, 1, 2)))
+    with pytest.raises(ResourceExhausted, match=f"{MAX_BASES} base segments"):
+        tier.load(SegmentLoad("one-more", "@base.1.0", 1, SPEC, 1, 2, "@b", select(glob, 1, 2)))
+
+
+def test_reduce_sums_the_finite_replicas_and_names_the_rest() -> None:
+    tier = Tier("edge")
+    glob = initial_state(SPEC, 0)
+    for c in ("c0", "c1", "c2"):
+        tier.load(_load(c, 1, 3, select(glob, 1, 3)))
+    w1 = tier._bindings[(RUN, "c1")].segment
+    with torch.no_grad():
+        next(iter(w1.parameters())).mul_(3.0)
+        next(iter(tier._bindings[(RUN, "c2")].segment.parameters()))[0].fill_(float("nan"))
+    items = [ReduceItem("c0", "s-c0", 2.0), ReduceItem("c1", "s-c1", 5.0), ReduceItem("c2", "s-c2", 1.0),
+             ReduceItem("gone", "x", 1.0)]
+    got = tier.reduce(RUN, items)
+    assert set(got.refused) == {"c2", "gone"}
+    assert "NaN" in got.refused["c2"] and "no segment" in got.refused["gone"]
+    s0, s1 = tier.fetch(RUN, "c0", "s-c0"), tier.fetch(RUN, "c1", "s-c1")
+    assert set(got.sums) == set(s0)
+    for k, v in got.sums.items():
+        assert v.dtype == torch.float64 and v.device.type == "cpu"
+        assert torch.equal(v, s0[k].double() * 2.0 + s1[k].double() * 5.0)
+    with pytest.raises(PermissionDenied):  # one wrong secret: nothing is summed
+        tier.reduce(RUN, [ReduceItem("c0", "s-c0", 1.0), ReduceItem("c1", "guess", 1.0)])
+    with pytest.raises(InvalidArgument, match="listed twice"):
+        tier.reduce(RUN, [ReduceItem("c0", "s-c0", 1.0), ReduceItem("c0", "s-c0", 1.0)])
+    with pytest.raises(InvalidArgument, match="finite"):
+        tier.reduce(RUN, [ReduceItem("c0", "s-c0", float("inf"))])
+
+
+def test_a_client_ids_like_a_base_are_refused() -> None:
+    chain = inprocess_chain(2)
+    with pytest.raises(ConfigError, match="'@x'.*base"):
+        SplitRound(RoundConfig(RUN, 1, SPEC), chain.tiers, initial_state(SPEC, 0), {"@x": (1, 3)})
+
+
+def test_a_client_whose_edge_weights_are_not_finite_is_dropped_from_every_tiers_sum() -> None:
+    """The edge leaves c1 out of its sum; the cloud's sum held c1 already, so it is asked again without it:
+    the new model is what the round gives without c1 at all."""
+
+    class Poisons:  # the edge, whose replica of c1 turns NaN when the round sums it
+        def __init__(self, tier: Tier) -> None:
+            self.tier = tier
+
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(self.tier, name)
+
+        def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
+            b = self.tier._bindings.get((run_id, "c1"))
+            if b is not None:
+                with torch.no_grad():
+                    next(iter(b.segment.parameters())).fill_(float("nan"))
+            return self.tier.reduce(run_id, items)
+
+    state = initial_state(SPEC, 0)
+    data = {c: _batches(seed=i) for i, c in enumerate(ASSIGN)}
+    ref = inprocess_chain(2)
+    want = drive(SplitRound(RoundConfig(RUN, 1, SPEC, binding_key="k"), ref.tiers, state,
+                            {c: k for c, k in ASSIGN.items() if c != "c1"}),
+                 local_trainer(ref, {c: d for c, d in data.items() if c != "c1"}))
+    chain = inprocess_chain(2)
+    tiers = [Poisons(chain.tiers[0]), chain.tiers[1]]
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, binding_key="k"), tiers, state, ASSIGN, min_clients=2)
+    got = drive(rnd, local_trainer(chain, data))
+    assert rnd.failed == ["c1"] and "its edge weights" in rnd.why["c1"] and "NaN" in rnd.why["c1"]
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-7)
+    assert any(not torch.equal(got[k], state[k]) for k in state)
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_a_tier_that_cannot_sum_fails_the_round_with_its_reason() -> None:
+    class Broken:
+        def __init__(self, tier: Tier) -> None:
+            self.tier = tier
+
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(self.tier, name)
+
+        def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
+            raise ResourceExhausted("tier cloud: out of memory for the sums")
+
+    chain = inprocess_chain(2)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [chain.tiers[0], Broken(chain.tiers[1])], initial_state(SPEC, 0),
+                     ASSIGN)
+    with pytest.raises(RoundFailed, match="could not be summed.*out of memory"):
+        drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+@pytest.mark.parametrize("tamper", ["extra key", "missing key", "float32", "shape"])
+def test_a_tiers_sum_that_is_not_what_its_clients_hold_is_refused(tamper: str) -> None:
+    class Lies:
+        def __init__(self, tier: Tier) -> None:
+            self.tier = tier
+
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(self.tier, name)
+
+        def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
+            out = self.tier.reduce(run_id, items)
+            k = sorted(out.sums)[0]
+            if tamper == "extra key":
+                out.sums["0.0.weight"] = torch.zeros(1, dtype=torch.float64)
+            elif tamper == "missing key":
+                del out.sums[k]
+            elif tamper == "float32":
+                out.sums[k] = out.sums[k].float()
+            else:
+                out.sums[k] = out.sums[k].reshape(-1)[:1]
+            return out
+
+    chain = inprocess_chain(2)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [chain.tiers[0], Lies(chain.tiers[1])], initial_state(SPEC, 0),
+                     ASSIGN)
+    with pytest.raises(TierError, match="cloud: its sum of the clients' segments"):
+        drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_the_clients_server_loads_carry_no_weights_in_sflv1() -> None:
+    """What the coordinator sends per client is the binding, not the blocks (they are copied from the base)."""
+    sent: list[SegmentLoad] = []
+
+    class Seen:
+        def __init__(self, tier: Tier) -> None:
+            self.tier = tier
+
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(self.tier, name)
+
+        def load(self, spec: SegmentLoad) -> None:
+            sent.append(spec)
+            self.tier.load(spec)
+
+    chain = inprocess_chain(2)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [Seen(t) for t in chain.tiers], initial_state(SPEC, 0), ASSIGN)
+    drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
+    clients = [s for s in sent if not s.client_id.startswith("@")]
+    assert len(clients) == 6 and all(s.state is None and s.base == "@base.1" for s in clients)
+    bases = [s for s in sent if s.client_id.startswith("@")]
+    assert [(s.start, s.stop) for s in bases] == [(1, 6), (3, 7)]  # the edge's blocks, then the cloud's
+    # every client's loads still say what tier_loads says, bar the weights
+    for s in clients:
+        (want,) = [w for w in tier_loads(rnd.cfg, s.client_id, ASSIGN[s.client_id], None) if w.start == s.start]
+        assert (want.stop, want.loss_here, want.secret) == (s.stop, s.loss_here, s.secret)
