@@ -43,6 +43,16 @@ def _batches(n: int = 2, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor
             for _ in range(n)]
 
 
+class _Wrapped:
+    """A tier seen through a wrapper that changes one call."""
+
+    def __init__(self, tier: Tier) -> None:
+        self.tier = tier
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.tier, name)
+
+
 def _load(client: str, start: int, stop: int, state=None, **kw) -> SegmentLoad:  # type: ignore[no-untyped-def]
     return SegmentLoad(RUN, client, 1, SPEC, start, stop, kw.pop("replica", client), state, secret=f"s-{client}", **kw)
 
@@ -139,17 +149,11 @@ def test_a_client_ids_like_a_base_are_refused() -> None:
         SplitRound(RoundConfig(RUN, 1, SPEC), chain.tiers, initial_state(SPEC, 0), {"@x": (1, 3)})
 
 
-def test_a_client_whose_edge_weights_are_not_finite_is_dropped_from_every_tiers_sum() -> None:
-    """The edge leaves c1 out of its sum; the cloud's sum held c1 already, so it is asked again without it:
-    the new model is what the round gives without c1 at all."""
+def test_a_client_whose_cloud_weights_are_not_finite_is_dropped_from_every_tiers_sum() -> None:
+    """The cloud leaves c1 out of its sum; the edge's sum, asked first, held c1, so it is asked again without
+    it: the new model is what the round gives without c1 at all."""
 
-    class Poisons:  # the edge, whose replica of c1 turns NaN when the round sums it
-        def __init__(self, tier: Tier) -> None:
-            self.tier = tier
-
-        def __getattr__(self, name: str):  # noqa: ANN204
-            return getattr(self.tier, name)
-
+    class Poisons(_Wrapped):  # the cloud, whose replica of c1 turns NaN when the round sums it
         def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
             b = self.tier._bindings.get((run_id, "c1"))
             if b is not None:
@@ -164,10 +168,10 @@ def test_a_client_whose_edge_weights_are_not_finite_is_dropped_from_every_tiers_
                             {c: k for c, k in ASSIGN.items() if c != "c1"}),
                  local_trainer(ref, {c: d for c, d in data.items() if c != "c1"}))
     chain = inprocess_chain(2)
-    tiers = [Poisons(chain.tiers[0]), chain.tiers[1]]
+    tiers = [chain.tiers[0], Poisons(chain.tiers[1])]
     rnd = SplitRound(RoundConfig(RUN, 1, SPEC, binding_key="k"), tiers, state, ASSIGN, min_clients=2)
     got = drive(rnd, local_trainer(chain, data))
-    assert rnd.failed == ["c1"] and "its edge weights" in rnd.why["c1"] and "NaN" in rnd.why["c1"]
+    assert rnd.failed == ["c1"] and "its cloud weights" in rnd.why["c1"] and "NaN" in rnd.why["c1"]
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-7)
     assert any(not torch.equal(got[k], state[k]) for k in state)
@@ -175,13 +179,7 @@ def test_a_client_whose_edge_weights_are_not_finite_is_dropped_from_every_tiers_
 
 
 def test_a_tier_that_cannot_sum_fails_the_round_with_its_reason() -> None:
-    class Broken:
-        def __init__(self, tier: Tier) -> None:
-            self.tier = tier
-
-        def __getattr__(self, name: str):  # noqa: ANN204
-            return getattr(self.tier, name)
-
+    class Broken(_Wrapped):
         def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
             raise ResourceExhausted("tier cloud: out of memory for the sums")
 
@@ -195,13 +193,7 @@ def test_a_tier_that_cannot_sum_fails_the_round_with_its_reason() -> None:
 
 @pytest.mark.parametrize("tamper", ["extra key", "missing key", "float32", "shape"])
 def test_a_tiers_sum_that_is_not_what_its_clients_hold_is_refused(tamper: str) -> None:
-    class Lies:
-        def __init__(self, tier: Tier) -> None:
-            self.tier = tier
-
-        def __getattr__(self, name: str):  # noqa: ANN204
-            return getattr(self.tier, name)
-
+    class Lies(_Wrapped):
         def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
             out = self.tier.reduce(run_id, items)
             k = sorted(out.sums)[0]
@@ -227,13 +219,7 @@ def test_the_clients_server_loads_carry_no_weights_in_sflv1() -> None:
     """What the coordinator sends per client is the binding, not the blocks (they are copied from the base)."""
     sent: list[SegmentLoad] = []
 
-    class Seen:
-        def __init__(self, tier: Tier) -> None:
-            self.tier = tier
-
-        def __getattr__(self, name: str):  # noqa: ANN204
-            return getattr(self.tier, name)
-
+    class Seen(_Wrapped):
         def load(self, spec: SegmentLoad) -> None:
             sent.append(spec)
             self.tier.load(spec)
