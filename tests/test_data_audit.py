@@ -468,3 +468,23 @@ def test_the_cli_trains_on_torchvisions_mnist_folder(tmp_path: Path) -> None:
     assert summary["rounds"] == 1
     accuracy = summary["final_accuracy"]
     assert accuracy is not None and round(accuracy * 5) == pytest.approx(accuracy * 5)  # k of 5 test images
+
+
+def test_a_label_far_above_the_rest_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One stray 99 among 0..9 gives the model 100 outputs: it is still the dataset's classes, but the run says
+    which classes no sample has, once per dataset; a dataset whose labels are 0..K-1 says nothing."""
+    import logging
+
+    x = np.zeros((12, 1, 8, 8), np.float32)
+    stray = tmp_path / "stray.npz"
+    np.savez(stray, x_train=x, y_train=np.array([*range(10), 99, 0]), x_test=x[:2], y_test=np.array([1, 2]))
+    whole = tmp_path / "whole.npz"
+    np.savez(whole, x_train=x, y_train=np.arange(12) % 10, x_test=x[:2], y_test=np.array([1, 2]))
+    with caplog.at_level(logging.WARNING, logger="splitfed.data.datasets"):
+        assert sample_classes(f"npz:{whole}") == 10
+        assert not caplog.records
+        assert sample_classes(f"npz:{stray}") == 100
+        assert sample_classes(f"npz:{stray}") == 100
+    (rec,) = caplog.records
+    assert "labels run to 99" in rec.getMessage() and "no sample has class 10, 11, 12, 13, 14 (+84 more)" in \
+        rec.getMessage() and "relabel to 0..10" in rec.getMessage()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import logging
 import math
 import zipfile
 import zlib
@@ -22,6 +23,8 @@ from torch.utils.data import TensorDataset
 from splitfed.data._seed import derive_seed
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ZOO, ModelSpec, resolve_spec
+
+log = logging.getLogger(__name__)
 
 Layout = Literal["image", "flat", "tokens"]
 Split = tuple[TensorDataset, TensorDataset]
@@ -416,7 +419,25 @@ def sample_classes(dataset: str) -> int | None:
     if ys is None:
         return None
     top = max(int(y.max()) for y in ys)
+    if top >= 1:
+        _warn_unused_classes(str(dataset).strip(), ys, top + 1)
     return top + 1 if top >= 1 else None  # one class is no classifier: read_npz's checks speak to it
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_unused_classes(dataset: str, ys: list[np.ndarray], classes: int) -> None:
+    """A label far above the rest (one stray 99 among 0..9) gives the model an output per class up to it;
+    that is said once per dataset, with the classes no sample has."""
+    seen = np.unique(np.concatenate([y.reshape(-1) for y in ys]))
+    if len(seen) == classes or dataset in _WARNED:
+        return
+    _WARNED.add(dataset)
+    unused = np.setdiff1d(np.arange(classes), seen)
+    shown = ", ".join(str(int(c)) for c in unused[:5]) + (f" (+{len(unused) - 5} more)" if len(unused) > 5 else "")
+    log.warning("%s: labels run to %d, so the model gets %d outputs, but no sample has class %s: "
+                "relabel to 0..%d if those classes do not exist", dataset, classes - 1, classes, shown, len(seen) - 1)
 
 
 def spec_for(model: str, dataset: str, vocab: int = 0) -> ModelSpec:
