@@ -30,6 +30,8 @@ CASES = [
     ("simulation", ["--clients", "0"], "clients must be >= 1, got 0"),
     ("simulation", ["--clients", "2,-1"], "clients must be >= 1, got -1"),
     ("simulation", ["--rounds", "0"], "argument --rounds: expected a positive integer, got 0"),
+    ("weights", ["--clients", "0"], "argument --clients: expected a positive integer, got 0"),
+    ("weights", ["--model", "nope"], "unknown model 'nope'"),
     ("transport", ["--batch", "0", "--skip-a"], "argument --batch: expected an integer in 1..1,048,576, got 0"),
     ("transport", ["--reps-b", "0", "--skip-a"], "argument --reps-b: expected a positive integer, got 0"),
 ]

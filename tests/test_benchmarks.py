@@ -106,3 +106,27 @@ def test_simulation_benchmark(tmp_path: Path) -> None:
     assert row["seconds_per_round"] is None and row["first_round_s"] > 0
     assert "2 clients: n/a s/round" in out
     assert res["rounds"] == 1 and res["args"]["clients"] == [2] and set(res["versions"]) == {"torch", "flwr", "ray"}
+
+
+def test_weights_benchmark_sends_one_copy_per_tier_and_gets_the_same_model(tmp_path: Path) -> None:
+    """The facts that do not depend on the machine: per client, one copy of each client's server blocks each
+    way; base + Reduce, one copy of the blocks any client has on a tier out and its float64 sum back; the same
+    new model from both."""
+    from splitfed.engine.rounds import initial_state, select, server_bounds, state_bytes
+    from splitfed.engine.template import num_blocks
+    from splitfed.models.zoo import resolve_spec
+
+    res, out = bench("weights", "--model", "cnn", "--clients", "4", "--reps", "1", out=tmp_path / "weights.json")
+    spec = resolve_spec("cnn")
+    state, n = initial_state(spec, 0), num_blocks(spec)
+    bounds = [server_bounds(tuple(k), n, False) for k in res["assignment"].values()]
+    assert len(bounds) == 4 and len({tuple(b) for b in bounds}) > 1
+    for t in range(2):
+        each = sum(state_bytes(select(state, *b[t])) for b in bounds)
+        union = {k: v for b in bounds for k, v in select(state, *b[t]).items()}
+        assert res["weight_bytes"]["per_client"][t] == [each, each]
+        assert res["weight_bytes"]["base_reduce"][t] == [state_bytes(union), sum(v.numel() * 8 for v in union.values())]
+    assert res["max_abs_diff_of_new_models"] <= 1e-6
+    assert all(len(v) == 1 for side in res["round_s"].values() for v in side.values())
+    assert res["speedup"] == pytest.approx(res["exchange_s"]["per_client"] / res["exchange_s"]["base_reduce"])
+    assert f"exchange {res['speedup']:.2f}x faster" in out and "round 1/1 base_reduce" in out
