@@ -347,3 +347,23 @@ def test_the_client_refuses_a_malformed_reduce_reply(reply: list[bytes], error: 
     finally:
         server.stop(0)
 
+
+
+def test_a_fetch_of_a_range_of_blocks_gets_those_blocks_only(tier: TierServer) -> None:
+    """sl and sflv2 hand the model on from replica to replica on the tiers; a block that moves to another
+    tier is fetched alone (before: the whole segment, other blocks that were stale or another's included)."""
+    c = _client(tier)
+    try:
+        _train(c, ["c0"])
+        whole = c.fetch(RUN, "c0", CFG.secret_of("c0"))
+        part = c.fetch(RUN, "c0", CFG.secret_of("c0"), (CUT, CUT + 4))  # blocks 2 and 5 hold weights, 6 not
+        want = select(whole, CUT, CUT + 4)
+        assert want and set(want) < set(whole) and set(part) == set(want)
+        assert all(torch.equal(part[k], want[k]) for k in want)
+        for bad in ((0, CUT + 1), (CUT, N_BLOCKS + 1)):  # outside its segment [CUT, N_BLOCKS)
+            with pytest.raises(InvalidArgument, match="not a range inside its segment"):
+                c.fetch(RUN, "c0", CFG.secret_of("c0"), bad)
+        with pytest.raises(TierError, match="start < stop"):
+            c.fetch(RUN, "c0", CFG.secret_of("c0"), (CUT + 2, CUT + 2))
+    finally:
+        c.close()

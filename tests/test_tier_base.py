@@ -235,3 +235,42 @@ def test_the_clients_server_loads_carry_no_weights_in_sflv1() -> None:
     for s in clients:
         (want,) = [w for w in tier_loads(rnd.cfg, s.client_id, ASSIGN[s.client_id], None) if w.start == s.start]
         assert (want.stop, want.loss_here, want.secret) == (s.stop, s.loss_here, s.secret)
+
+
+@pytest.mark.parametrize("mode", ["sflv2", "sl"])
+def test_a_handed_on_block_that_cannot_be_fetched_fails_the_round_naming_it(mode: str) -> None:
+    """c0 leaves blocks 5 and 6 on the cloud; c1 trains them on the edge, so they must come through the
+    coordinator, and the cloud does not answer: those blocks' training is nowhere else."""
+    from splitfed.errors import Unavailable
+
+    class Gone(_Wrapped):
+        def fetch(self, *a, **k):  # type: ignore[no-untyped-def]  # noqa: ANN002, ANN003
+            raise Unavailable("tier cloud: unavailable after 3 attempt(s)")
+
+    chain = inprocess_chain(2)
+    assignment = {"c0": (2, 5), "c1": (2, 7)}
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode), [chain.tiers[0], Gone(chain.tiers[1])],
+                     initial_state(SPEC, 0), assignment)
+    with pytest.raises(RoundFailed, match=r"blocks \[5, 7\) could not be fetched from c0's replica on the cloud"):
+        drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+@pytest.mark.parametrize("mode", ["sflv2", "sl"])
+def test_clients_in_turn_copy_the_blocks_before_them_on_the_tier(mode: str) -> None:
+    """With the same cuts, each client after the first loads from the replica before it: no weights travel."""
+    sent: list[SegmentLoad] = []
+
+    class Seen(_Wrapped):
+        def load(self, spec: SegmentLoad) -> None:
+            sent.append(spec)
+            self.tier.load(spec)
+
+    chain = inprocess_chain(2)
+    same = {f"c{i}": (2, 5) for i in range(3)}
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode), [Seen(t) for t in chain.tiers], initial_state(SPEC, 0), same)
+    drive(rnd, local_trainer(chain, {c: _batches() for c in same}))
+    assert [(s.client_id, s.base, s.state is None) for s in sent] == [
+        ("c0", "", False), ("c0", "", False), ("c1", "c0", True), ("c1", "c0", True), ("c2", "c1", True),
+        ("c2", "c1", True)]
+    assert [t.clients() for t in chain.tiers] == [0, 0]

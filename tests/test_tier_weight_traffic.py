@@ -62,15 +62,34 @@ def _batches(n: int = 2):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("mode", ["sflv2", "sl"])
-def test_a_round_in_turns_counts_one_copy_per_client_each_way(mode: str) -> None:
+def test_a_round_in_turns_hands_the_model_on_where_it_lies(mode: str) -> None:
+    """Clients with the same cuts: each next client's load copies the server blocks from the replica before it,
+    on its tier. The coordinator sends one copy (the first client's) and fetches one (at the end), however
+    many clients; before, one copy per client each way."""
+    state = initial_state(SPEC, 0)
+    chain = inprocess_chain(2)
+    same = {f"client{i}": (2, 5) for i in range(4)}
+    rnd = SplitRound(RoundConfig("w", 1, SPEC, mode), chain.tiers, state, same)
+    drive(rnd, local_trainer(chain, {c: _batches() for c in same}))
+    one = _expected(state, {"client0": (2, 5)})
+    assert [b[0] for b in rnd.weight_bytes] == one and [b[1] for b in rnd.weight_bytes] == one
+    assert all(w > 0 for w in one)
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+@pytest.mark.parametrize("mode", ["sflv2", "sl"])
+def test_a_block_that_changes_tier_between_clients_is_fetched_and_sent_on(mode: str) -> None:
+    """Cuts that differ by client: a block that was on the edge for one client and is on the cloud for the
+    next travels through the coordinator, and only such blocks; never more than a copy per client each way."""
     state = initial_state(SPEC, 0)
     chain = inprocess_chain(2)
     rnd = SplitRound(RoundConfig("w", 1, SPEC, mode), chain.tiers, state, ASSIGNMENT)
     drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGNMENT}))
-    want = _expected(state, ASSIGNMENT)
-    assert [b[0] for b in rnd.weight_bytes] == want  # loaded: the handed-on weights, one per client
-    assert [b[1] for b in rnd.weight_bytes] == want  # fetched: each client's trained copy (same shapes)
-    assert all(w > 0 for w in want)
+    per_client = _expected(state, ASSIGNMENT)
+    sent, back = [b[0] for b in rnd.weight_bytes], [b[1] for b in rnd.weight_bytes]
+    assert all(0 < s <= p for s, p in zip(sent, per_client, strict=True))
+    assert sum(sent) < sum(per_client) and sum(back) <= sum(per_client)
+    assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
 @pytest.mark.parametrize("clients", [4, 12])

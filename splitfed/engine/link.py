@@ -47,7 +47,8 @@ class TierControl(Protocol):
 
     def load(self, spec: SegmentLoad) -> None: ...
 
-    def fetch(self, run_id: str, client_id: str, secret: str = "") -> State: ...
+    def fetch(self, run_id: str, client_id: str, secret: str = "", blocks: tuple[int, int] | None = None) -> State:
+        ...
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None: ...
 
@@ -112,8 +113,8 @@ class InProcessLink:
     def load(self, spec: SegmentLoad) -> None:
         self.tier.load(spec)
 
-    def fetch(self, run_id: str, client_id: str, secret: str = "") -> State:
-        return self.tier.fetch(run_id, client_id, secret)
+    def fetch(self, run_id: str, client_id: str, secret: str = "", blocks: tuple[int, int] | None = None) -> State:
+        return self.tier.fetch(run_id, client_id, secret, blocks)
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         self.tier.release(run_id, client_id, secret)

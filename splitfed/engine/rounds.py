@@ -16,9 +16,13 @@
 
 ``sl`` and ``sflv2`` hand the model on the same way: each client's turn loads
 its server segments from the model as the clients before it left it, and only
-a client that finishes hands its trained segments on (fetched back from the
-tiers). A client that fails leaves the round as if it had not taken part, and a
-block may sit on the edge for one client and on the cloud for the next.
+a client that finishes (its weights finite on every tier) hands its trained
+segments on. They stay on the tiers: the next client's load copies them from the
+replica before it on the same tier, and only a block that changes tier between
+clients (the edge for one, the cloud for the next), or goes to a device (``sl``),
+is fetched and sent on through the coordinator; the trained model is fetched
+once, at the end. A client that fails leaves the round as if it had not taken
+part.
 
 :class:`SplitRound` is the round's tier bookkeeping, cut open where the clients
 train; :func:`run_round` drives it with clients trained in this process, and the
@@ -31,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -275,6 +279,9 @@ class SplitRound:
         # coordinator's own traffic (the cost model does not price it)
         self.weight_bytes: list[list[int]] = [[0, 0] for _ in self.tiers]
         self._staged: list[tuple[int, str]] = []  # (tier, base segment's id) loaded now (sflv1: see _stage)
+        # sl, sflv2: block -> (tier, client) whose replica holds the block's latest weights (see _load); a block
+        # not here is up to date in self.current
+        self._held: dict[int, tuple[int, str]] = {}
 
     # ------------------------------------------------------------ the three steps
 
@@ -299,6 +306,10 @@ class SplitRound:
                     self.why[cid] = f"its server segments could not be loaded: {e}"  # a refusal for this client
                     self._drop(cid)
                     continue
+                if cfg.mode == "sl" and self._held:  # sl hands on the device's blocks too: latest first
+                    bounds = segment_bounds(self.assignment[cid], self.n_blocks, cfg.u_shape)
+                    self._collect(i for a, z in ([bounds[0], bounds[-1]] if cfg.u_shape else [bounds[0]])
+                                  for i in range(a, z))
                 out[cid] = device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape)
         finally:
             self._unstage()
@@ -315,13 +326,7 @@ class SplitRound:
         for t, tier in enumerate(self.tiers):
             blocks = sorted({i for c in group
                              for i in range(*server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t])})
-            runs: list[list[int]] = []
-            for i in blocks:
-                if runs and runs[-1][1] == i:
-                    runs[-1][1] = i + 1
-                else:
-                    runs.append([i, i + 1])
-            for j, (a, z) in enumerate(runs):
+            for j, (a, z) in enumerate(_runs(blocks)):
                 cid = f"{self._base}.{j}"  # named per round: one a lost release left behind is in nobody's way
                 load = SegmentLoad(run_id=self.cfg.run_id, client_id=cid, round=self.cfg.round, model=self.cfg.model,
                                    start=a, stop=z, replica=self._base, state=select(self.global_state, a, z),
@@ -350,7 +355,49 @@ class SplitRound:
         for t, (tier, load) in enumerate(zip(self.tiers, loads, strict=True)):
             if t in staged and load.start < load.stop:  # its blocks are on the tier already: copied there
                 load = replace(load, state=None, base=self._base, base_secret=self.cfg.secret_of(BASE))
+            elif self._held and load.start < load.stop:
+                load = self._handed_on(t, load)
             self._load_on(t, tier, cid, load)
+
+    def _handed_on(self, t: int, load: SegmentLoad) -> SegmentLoad:
+        """sl, sflv2: the load of blocks the clients before left on the tiers. All of them in one client's
+        replica on this tier: copied from it there (nothing travels). Else those blocks are fetched first
+        (:meth:`_collect`) and the load carries the weights."""
+        holders = {self._held.get(i) for i in range(load.start, load.stop)}
+        if len(holders) == 1:
+            (h,) = holders
+            if h is None:
+                return load
+            if h[0] == t:
+                return replace(load, state=None, base=h[1], base_secret=self.cfg.secret_of(h[1]))
+        self._collect(range(load.start, load.stop))
+        return replace(load, state=select(self.current, load.start, load.stop))
+
+    def _collect(self, blocks: Iterable[int]) -> None:
+        """Fetch the latest weights of ``blocks`` from the replicas that hold them into ``self.current``; a
+        replica that holds nothing more is released. A fetch that fails fails the round: those blocks' training
+        by every client since is nowhere else."""
+        by: dict[tuple[int, str], list[int]] = {}
+        for i in blocks:
+            h = self._held.get(i)
+            if h is not None:
+                by.setdefault(h, []).append(i)
+        for (t, cid), mine in sorted(by.items()):
+            for a, z in _runs(sorted(mine)):  # only those blocks: the replica's others are stale or another's
+                try:
+                    part = self.tiers[t].fetch(self.cfg.run_id, cid, self.cfg.secret_of(cid), (a, z))
+                except TierError as e:
+                    raise RoundFailed(f"round {self.cfg.round}: the server-side model's blocks [{a}, {z}) could "
+                                      f"not be fetched from {cid}'s replica on the {self._label(t)}: {e}") from None
+                self.weight_bytes[t][1] += state_bytes(part)
+                self.current.update(select(part, a, z))
+                for i in range(a, z):
+                    del self._held[i]
+            self._release_if_free(cid)
+
+    def _release_if_free(self, cid: str) -> None:
+        if all(c != cid for _, c in self._held.values()):
+            self._release(cid)
 
     def _load_on(self, t: int, tier: TierControl, cid: str, load: SegmentLoad) -> None:
         """One load; a tier that still holds ``cid`` from an earlier round whose release did not reach it
@@ -377,19 +424,19 @@ class SplitRound:
                 self._drop(cid)
                 continue
             if self.cfg.mode in ("sl", "sflv2"):  # clients in turn: hand the model on (a dropped client doesn't)
-                fetched = self._replicas(cid)
-                if fetched is None:
+                if not self._finite_on_tiers(cid):
                     self._drop(cid)
                     continue
                 if self.cfg.mode == "sl":
                     self.current.update(out.state)
-                for part in fetched:
-                    self.current.update(part)
-                self._release(cid)
-                if self.cfg.mode == "sflv2":
-                    for a, z in server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape):
-                        for i in range(a, z):
+                before = {c for _, c in self._held.values()}
+                for t, (a, z) in enumerate(server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape)):
+                    for i in range(a, z):
+                        self._held[i] = (t, cid)  # the next client's load takes it from there
+                        if self.cfg.mode == "sflv2":
                             self.trained[i] = self.trained.get(i, 0.0) + out.result.samples
+                for c in before | {cid}:
+                    self._release_if_free(c)
             self.done[cid] = out
         self._group = []
 
@@ -400,6 +447,7 @@ class SplitRound:
                 raise RoundFailed(f"round {self.cfg.round}: {len(self.done)} of {len(self.order)} clients "
                                   f"finished, fewer than the minimum {self.min_clients} "
                                   f"(failed: {self._failures()})")
+            self._collect(list(self._held))
             if self.cfg.mode == "sl":
                 return self.current
             if self.cfg.mode == "sflv1":
@@ -487,16 +535,19 @@ class SplitRound:
             contributions.append((select(self.current, i, i + 1), w))
         return aggregate(contributions, previous=self.global_state)
 
-    def _replicas(self, cid: str) -> list[State] | None:
-        """``cid``'s trained server segments, one per tier; None (and why) if a tier fails or one is not finite."""
-        try:
-            parts = [tier.fetch(self.cfg.run_id, cid, self.cfg.secret_of(cid)) for tier in self.tiers]
-        except TierError as e:
-            self.why[cid] = f"fetch failed: {e}"
-            return None
-        for t, part in enumerate(parts):
-            self.weight_bytes[t][1] += state_bytes(part)
-        return None if any(self._refused(cid, self._label(t), p) for t, p in enumerate(parts)) else parts
+    def _finite_on_tiers(self, cid: str) -> bool:
+        """Whether ``cid``'s trained server segments are finite, asked of each tier (a sum of weight 0: nothing
+        travels); if not, why."""
+        for t, tier in enumerate(self.tiers):
+            try:
+                reduced = tier.reduce(self.cfg.run_id, [ReduceItem(cid, self.cfg.secret_of(cid), 0.0)])
+            except TierError as e:
+                self.why[cid] = f"its {self._label(t)} segment could not be checked: {e}"
+                return False
+            if cid in reduced.refused:
+                self.why[cid] = f"its {self._label(t)} {reduced.refused[cid]}"
+                return False
+        return True
 
     def _drop(self, cid: str) -> None:
         self.failed.append(cid)
@@ -547,6 +598,17 @@ class SplitRound:
             self.unreleased.pop((t, cid), None)
         else:
             self.unreleased[(t, cid)] = self.cfg.round if loaded_in is None else loaded_in
+
+
+def _runs(blocks: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted block indices as maximal ``[start, stop)`` ranges."""
+    runs: list[list[int]] = []
+    for i in blocks:
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return [(a, z) for a, z in runs]
 
 
 def _nonfinite(state: State) -> str | None:

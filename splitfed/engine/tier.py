@@ -309,13 +309,18 @@ class Tier:
             if not all_finite(v):
                 raise InvalidArgument(f"state {k!r} contains NaN or infinite values")
 
-    def fetch(self, run_id: str, client_id: str, secret: str = "") -> State:
+    def fetch(self, run_id: str, client_id: str, secret: str = "", blocks: tuple[int, int] | None = None) -> State:
+        """The client's segment weights; ``blocks``: only those of ``[start, stop)``, a range inside the segment."""
         b = self._binding(run_id, client_id, secret)
+        if blocks is not None and not b.spec.start <= blocks[0] < blocks[1] <= b.spec.stop:
+            raise InvalidArgument(f"tier {self.name}: fetch of client {client_id!r}: blocks [{blocks[0]}, {blocks[1]}) "
+                                  f"are not a range inside its segment [{b.spec.start}, {b.spec.stop})")
         if b.holds_lock:
             raise FailedPrecondition(f"fetch of client {client_id!r} while its U-shape step {b.last_seq} "
                                      "waits for its backward")
         with _holding(b.replica, self.name, "fetch"):
-            return {k: v.detach().to("cpu", copy=True) for k, v in b.segment.state_dict().items()}
+            return {k: v.detach().to("cpu", copy=True) for k, v in b.segment.state_dict().items()
+                    if blocks is None or blocks[0] <= int(k.split(".", 1)[0]) < blocks[1]}
 
     def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
         """The sample-weighted sum of the listed clients' trained segments (:class:`Reduced`): one float64

@@ -24,7 +24,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from splitfed.engine.types import Reduced, ReduceItem, SegmentLoad, State, StepKey, StepReply
-from splitfed.errors import ConfigError, NotFound, TierError
+from splitfed.errors import ConfigError, InvalidArgument, NotFound, TierError
 from splitfed.models.zoo import ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
@@ -269,8 +269,12 @@ class GrpcTierClient:
         self._call(f"load of {spec.client_id}",
                    lambda t: self._load(wire.iter_frames(head, tensors, chunk), timeout=t, metadata=self._metadata))
 
-    def fetch(self, run_id: str, client_id: str, secret: str = "") -> State:
-        req = pb.ClientRef(run_id=run_id, client_id=client_id, secret=secret).SerializeToString()
+    def fetch(self, run_id: str, client_id: str, secret: str = "", blocks: tuple[int, int] | None = None) -> State:
+        a, z = blocks if blocks is not None else (0, 0)
+        if blocks is not None and not 0 <= a < z:
+            raise InvalidArgument(f"fetch of {client_id}: blocks must be a range [start, stop) with 0 <= start < stop, "
+                              f"got [{a}, {z})")
+        req = pb.ClientRef(run_id=run_id, client_id=client_id, secret=secret, start=a, stop=z).SerializeToString()
 
         def attempt(timeout: float) -> State:
             stream = self._fetch(req, timeout=timeout, metadata=self._metadata)

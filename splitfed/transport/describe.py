@@ -26,7 +26,8 @@ PROTOCOL = 3
 
 2: a binding secret on every Load, Step, Fetch and Release (an older peer would drop it and be refused).
 3: a Load may carry a base replica instead of its state (an older tier would drop it and load the replica's
-weights unchanged), and Reduce sums the clients' trained segments on the tier (an older one has no such call)."""
+weights unchanged), Reduce sums the clients' trained segments on the tier (an older one has no such call), and a
+Fetch may name a range of the segment's blocks (an older tier would send the whole segment)."""
 
 
 @dataclass(frozen=True)

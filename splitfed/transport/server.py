@@ -327,7 +327,8 @@ class TierServicer:
     def Fetch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         with self._guard(context, "fetch"):
             ref = _client_ref(request)
-            state = self.tier.fetch(ref.run_id, ref.client_id, ref.secret)
+            blocks = (int(ref.start), int(ref.stop)) if ref.start or ref.stop else None
+            state = self.tier.fetch(ref.run_id, ref.client_id, ref.secret, blocks)
             out = wire.iter_frames(None, [(k, tc.encode(v)) for k, v in sorted(state.items())],
                                    self.limits.chunk_bytes)
         yield from out
