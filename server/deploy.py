@@ -40,7 +40,7 @@ runs with ``--insecure``, which is only sensible on loopback.
 Tokens: the tiers get ``--token-file`` (the devices' token, which the SuperNodes
 get in their node config) and a coordinator token of their own
 (``--coordinator-token-file``, or ``WORKDIR/coordinator-token`` made for the
-deployment), which alone allows load, fetch and release; only the ServerApp
+deployment), which alone allows load, fetch, release and sum; only the ServerApp
 gets it (``coordinator-token-file`` in the run config), so no device can claim
 or release a client's segment.
 
@@ -456,7 +456,7 @@ class Deployment:
             cfg.update({"tls-ca": self.tls_ca, "tls-cert": self.tls_cert, "tls-key": self.tls_key})
         if self.token_file:
             cfg["token-file"] = self.token_file
-        cfg["coordinator-token-file"] = self.coordinator_token_file  # the ServerApp's: load, fetch, release
+        cfg["coordinator-token-file"] = self.coordinator_token_file  # the ServerApp's: load, fetch, release, sum
         cfg.update(overrides)
         RunSettings.from_mapping(cfg, source="run config")  # refuse bad values before anything runs
         return cfg
@@ -593,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls-key", default="")
     p.add_argument("--token-file", default="", help="the devices' token: every tier and SuperNode gets it")
     p.add_argument("--coordinator-token-file", default="",
-                   help="the ServerApp's own token: alone allows load, fetch and release on the tiers "
+                   help="the ServerApp's own token: alone allows load, fetch, release and sum on the tiers "
                         "(default: one made in the workdir)")
     p.add_argument("--profile", action="append", default=[], help="device profile of node i (cycled)")
     p.add_argument("--tier-torch-device", default="cpu", metavar="DEV",

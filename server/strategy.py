@@ -7,8 +7,10 @@ messages, ``aggregate_train`` turns replies into the new global ArrayRecord,
 - ``configure_train`` asks the assignment policy for each sampled client's cuts,
   loads the server-side segments onto the tier servers, and sends each node a
   fresh RecordDict holding only *its* device-segment weights and *its* config;
-- ``aggregate_train`` fetches the tier servers' replicas and averages every
-  block layer-wise over all its copies (device or server), sample-weighted.
+- ``aggregate_train`` averages every block layer-wise over all its copies
+  (device or server), sample-weighted: each tier server sums its clients'
+  replicas where they lie and sends the sum (SplitFed v1), or hands the
+  server-side model on to the next client there (SL, SplitFed v2).
 
 SplitFed v1 trains all sampled clients at once (one configure/aggregate pair
 per round). Vanilla SL and SplitFed v2 train clients one after another on a
@@ -20,7 +22,9 @@ Failures: a node that returns an error, times out, or sends a malformed reply
 (weights other than its device segment's keys, shapes and dtypes), and a client whose weights (device or server replicas) are not finite, is
 dropped from the round; the round completes with the others as long as at
 least ``min_train_nodes`` finish, otherwise it raises ``RoundFailed`` and the
-global model stays as it was.
+global model stays as it was. A tier that cannot load, sum or hand on the
+round's weights (it is gone, or the server-side model's latest blocks are lost
+with it) fails the round.
 """
 
 from __future__ import annotations

@@ -38,23 +38,23 @@ class Partial:
         if w == 0:
             return self
         for k, v in state.items():
-            acc = v.detach().to(torch.float64) * w
-            self._add(k, acc, w, v.dtype)
+            self._add(k, v.detach(), w, w, v.dtype)
         return self
 
     def merge(self, other: Partial) -> Partial:
-        """Add ``other``'s sums (a tier's, say) to these."""
+        """Add ``other``'s sums (a tier's, say) to these; ``other`` is left as it was."""
         for k, s in other.sums.items():
-            self._add(k, s.detach().to(torch.float64), other.weights[k], other.dtypes.get(k))
+            self._add(k, s.detach(), 1.0, other.weights[k], other.dtypes.get(k))
         return self
 
-    def _add(self, k: str, acc: torch.Tensor, w: float, dtype: torch.dtype | None) -> None:
+    def _add(self, k: str, v: torch.Tensor, scale: float, w: float, dtype: torch.dtype | None) -> None:
+        """``sums[k] += scale * v`` in float64 (a fresh tensor the first time: never one of the caller's)."""
         if k in self.sums:
-            if acc.shape != self.sums[k].shape:
-                raise InvalidArgument(f"cannot average {k!r}: shapes {list(self.sums[k].shape)} and {list(acc.shape)}")
-            self.sums[k] = self.sums[k].add_(acc.to(self.sums[k].device))
+            if v.shape != self.sums[k].shape:
+                raise InvalidArgument(f"cannot average {k!r}: shapes {list(self.sums[k].shape)} and {list(v.shape)}")
+            self.sums[k].add_(v.to(self.sums[k].device, torch.float64), alpha=scale)
         else:
-            self.sums[k] = acc
+            self.sums[k] = v.to(torch.float64, copy=True).mul_(scale)
         self.weights[k] = self.weights.get(k, 0.0) + w
         if dtype is not None:
             self.dtypes.setdefault(k, dtype)

@@ -19,6 +19,8 @@ from splitfed.engine.rounds import (
     inprocess_chain,
     local_trainer,
     select,
+    server_bounds,
+    state_bytes,
     tier_loads,
 )
 from splitfed.engine.tier import MAX_BASES, Tier
@@ -135,8 +137,9 @@ def test_reduce_sums_the_finite_replicas_and_names_the_rest() -> None:
     for k, v in got.sums.items():
         assert v.dtype == torch.float64 and v.device.type == "cpu"
         assert torch.equal(v, s0[k].double() * 2.0 + s1[k].double() * 5.0)
-    with pytest.raises(PermissionDenied):  # one wrong secret: nothing is summed
-        tier.reduce(RUN, [ReduceItem("c0", "s-c0", 1.0), ReduceItem("c1", "guess", 1.0)])
+    wrong = tier.reduce(RUN, [ReduceItem("c0", "s-c0", 1.0), ReduceItem("c1", "guess", 1.0)])
+    assert list(wrong.refused) == ["c1"] and "another secret" in wrong.refused["c1"]  # that client alone
+    assert all(torch.equal(wrong.sums[k], s0[k].double()) for k in s0)
     with pytest.raises(InvalidArgument, match="listed twice"):
         tier.reduce(RUN, [ReduceItem("c0", "s-c0", 1.0), ReduceItem("c0", "s-c0", 1.0)])
     with pytest.raises(InvalidArgument, match="finite"):
@@ -274,3 +277,100 @@ def test_clients_in_turn_copy_the_blocks_before_them_on_the_tier(mode: str) -> N
         ("c0", "", False), ("c0", "", False), ("c1", "c0", True), ("c1", "c0", True), ("c2", "c1", True),
         ("c2", "c1", True)]
     assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_a_tier_full_of_base_segments_gets_the_weights_with_the_loads() -> None:
+    """Base segments are a saving, not a need: a tier that refuses one (its MAX_BASES taken, e.g. by a device
+    on a tier without a coordinator token) gets each client's weights with its load, and the round trains (a
+    first version failed every sflv1 round on that tier)."""
+    chain = inprocess_chain(2)
+    edge = chain.tiers[0]
+    glob = initial_state(SPEC, 0)
+    for i in range(MAX_BASES):
+        edge.load(SegmentLoad(f"squat{i}", f"@x{i}", 1, SPEC, 1, 2, "@x", select(glob, 1, 2)))
+    state = initial_state(SPEC, 0)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), chain.tiers, state, ASSIGN)
+    drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
+    assert not rnd.failed and len(rnd.results) == 3
+    per_client = sum(state_bytes(select(state, *server_bounds(k, 7, False)[0])) for k in ASSIGN.values())
+    assert rnd.weight_bytes[0][0] == per_client  # the edge: a copy per client
+    assert rnd.weight_bytes[1][0] < sum(state_bytes(select(state, *server_bounds(k, 7, False)[1]))
+                                        for k in ASSIGN.values())  # the cloud took its base
+    assert edge.clients() == MAX_BASES and chain.tiers[1].clients() == 0
+
+
+def test_a_base_is_staged_only_where_it_sends_fewer_bytes() -> None:
+    """One client, or clients far apart on a tier (the base spans the blocks between): their own weights."""
+    sent: list[SegmentLoad] = []
+
+    class Seen(_Wrapped):
+        def load(self, spec: SegmentLoad) -> None:
+            sent.append(spec)
+            self.tier.load(spec)
+
+    chain = inprocess_chain(2)
+    for assignment in ({"c0": (1, 3)}, {"c0": (0, 1), "c1": (6, 7)}, {"c0": (1, 3), "c1": (1, 3)}):
+        sent.clear()
+        rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [Seen(t) for t in chain.tiers], initial_state(SPEC, 0),
+                         assignment)
+        drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
+        bases = [(s.start, s.stop) for s in sent if s.client_id.startswith("@")]
+        # two clients with the same cuts: one base per tier; the others: none (on the edge c0's block 0 and
+        # c1's block 6 lie apart, a base would send blocks 1..5 besides; on the cloud c0 alone has blocks)
+        assert bases == ([(1, 3), (3, 7)] if len(assignment) == 2 and "c1" in assignment and
+                         assignment["c1"] == (1, 3) else [])
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_a_base_whose_load_reply_is_lost_is_released() -> None:
+    from splitfed.errors import Unavailable
+
+    class LostReply(_Wrapped):
+        def load(self, spec: SegmentLoad) -> None:
+            self.tier.load(spec)
+            if spec.client_id.startswith("@"):
+                raise Unavailable("tier edge: the network blinked")
+
+    chain = inprocess_chain(2)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [LostReply(chain.tiers[0]), chain.tiers[1]],
+                     initial_state(SPEC, 0), ASSIGN)
+    with pytest.raises(Unavailable):
+        drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
+    assert [t.clients() for t in chain.tiers] == [0, 0]  # before: the edge kept '@base.1.0' for an hour
+
+
+def test_a_large_fleet_is_summed_a_batch_of_clients_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Reduce call sums at most REDUCE_BATCH clients, so each is within one deadline however large the
+    fleet; the batches' sums give the round the one sum would."""
+    import splitfed.engine.rounds as rounds
+
+    calls: list[int] = []
+
+    class Counted(_Wrapped):
+        def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
+            calls.append(len(items))
+            return self.tier.reduce(run_id, items)
+
+    assignment = {f"c{i}": ((1, 3), (2, 5), (3, 6))[i % 3] for i in range(5)}
+    data = {c: _batches(seed=i) for i, c in enumerate(assignment)}
+    state = initial_state(SPEC, 0)
+    ref = inprocess_chain(2)
+    want = drive(SplitRound(RoundConfig(RUN, 1, SPEC, binding_key="k"), ref.tiers, state, assignment),
+                 local_trainer(ref, data))
+    monkeypatch.setattr(rounds, "REDUCE_BATCH", 2)
+    chain = inprocess_chain(2)
+    got = drive(SplitRound(RoundConfig(RUN, 1, SPEC, binding_key="k"), [Counted(t) for t in chain.tiers], state,
+                           assignment), local_trainer(chain, data))
+    assert calls == [2, 2, 1, 2, 2, 1]
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-7)
+
+
+def test_aggregate_leaves_the_partials_it_is_given_as_they_were() -> None:
+    from splitfed.aggregate import Partial, aggregate
+
+    p = Partial().add({"a": torch.tensor([1.0])}, 2.0)
+    first = aggregate([({"a": torch.tensor([3.0])}, 1.0)], partials=[p])
+    second = aggregate([({"a": torch.tensor([3.0])}, 1.0)], partials=[p])
+    assert torch.equal(p.sums["a"], torch.tensor([2.0], dtype=torch.float64))  # before: 5.0, then 8.0
+    assert torch.equal(first["a"], second["a"]) and torch.allclose(first["a"], torch.tensor([5.0 / 3.0]))

@@ -217,8 +217,9 @@ def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...]
 
 
 Cuts = tuple[int, ...]
-GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
-BASE = f"{BASE_PREFIX}base"  # the replica of a round's global server segments on a tier (sflv1), and its segments' ids  # a tier's answers to a release that say it is not there
+GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # a tier's answers to a release that say it is not there
+BASE = f"{BASE_PREFIX}base"  # the round's global server blocks on a tier (sflv1): a base segment's id and replica
+REDUCE_BATCH = 256  # clients per Reduce call: a tier sums ~256 vgg11 edge segments in seconds
 
 
 class RoundFailed(SplitfedError):
@@ -279,6 +280,7 @@ class SplitRound:
         # coordinator's own traffic (the cost model does not price it)
         self.weight_bytes: list[list[int]] = [[0, 0] for _ in self.tiers]
         self._staged: list[tuple[int, str]] = []  # (tier, base segment's id) loaded now (sflv1: see _stage)
+        self._based: set[int] = set()  # the tiers whose base the clients' loads copy now
         # sl, sflv2: block -> (tier, client) whose replica holds the block's latest weights (see _load); a block
         # not here is up to date in self.current
         self._held: dict[int, tuple[int, str]] = {}
@@ -317,28 +319,46 @@ class SplitRound:
         return out
 
     def _stage(self, group: Sequence[str]) -> None:
-        """Load the global model's server blocks the group trains once per tier (one base segment per contiguous
-        run of them), for the clients' loads to copy there: the coordinator sends each tier one copy of its
-        part of the model, not one per client. Base segments an earlier round could not release go first."""
+        """Load the global model's server blocks the group trains once per tier (one base segment, from the
+        first of them to the last), for the clients' loads to copy there: the coordinator sends each tier one
+        copy of its part of the model, not one per client. Only where that sends fewer bytes (not for one
+        client alone, nor for a few far apart); a tier that refuses the base (full, say) gets the clients'
+        weights with their loads, as before. Base segments an earlier round could not release go first."""
         for (t, cid), r in sorted(self.unreleased.items()):
             if is_base(cid):
-                self._release_on(t, self.tiers[t], cid, replace(self.cfg, round=r).secret_of(BASE), r)
+                self._release_on(t, self.tiers[t], cid, self._secret_in(r, cid), r)
         for t, tier in enumerate(self.tiers):
-            blocks = sorted({i for c in group
-                             for i in range(*server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t])})
-            for j, (a, z) in enumerate(_runs(blocks)):
-                cid = f"{self._base}.{j}"  # named per round: one a lost release left behind is in nobody's way
-                load = SegmentLoad(run_id=self.cfg.run_id, client_id=cid, round=self.cfg.round, model=self.cfg.model,
-                                   start=a, stop=z, replica=self._base, state=select(self.global_state, a, z),
-                                   optim=self.cfg.optim, seed=self.cfg.seed, secret=self.cfg.secret_of(BASE))
+            spans = [span for c in group
+                     if (span := server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t])[0] < span[1]]
+            if not spans:
+                continue
+            a, z = min(x for x, _ in spans), max(y for _, y in spans)
+            state = select(self.global_state, a, z)
+            if state_bytes(state) >= sum(state_bytes(select(self.global_state, *span)) for span in spans):
+                continue
+            cid = self._base  # named per round: one a lost release left behind is in nobody's way
+            load = SegmentLoad(run_id=self.cfg.run_id, client_id=cid, round=self.cfg.round, model=self.cfg.model,
+                               start=a, stop=z, replica=cid, state=state, optim=self.cfg.optim, seed=self.cfg.seed,
+                               secret=self.cfg.secret_of(BASE))
+            self._staged.append((t, cid))  # before the load: one whose reply is lost is released all the same
+            try:
                 self._load_on(t, tier, cid, load)
-                self._staged.append((t, cid))
+            except TierError as e:
+                if e.code in GONE:
+                    raise
+                continue
+            self._based.add(t)
 
     def _unstage(self) -> None:
         """Release the base segments: once the clients' loads have copied them, the tiers need them no more."""
+        self._based.clear()
         while self._staged:
             t, cid = self._staged.pop()
             self._release_on(t, self.tiers[t], cid, self.cfg.secret_of(BASE))
+
+    def _secret_in(self, round: int, cid: str) -> str:
+        """The secret ``cid`` was loaded with in ``round`` (a base segment's is the round's base secret)."""
+        return replace(self.cfg, round=round).secret_of(BASE if is_base(cid) else cid)
 
     @property
     def _base(self) -> str:
@@ -350,10 +370,9 @@ class SplitRound:
         round's secret, so that binding is released with that round's own (the run's key derives it) and the
         load is tried again."""
         self._loaded.append(cid)
-        staged = {t for t, _ in self._staged}
         loads = tier_loads(self.cfg, cid, self.assignment[cid], server)
         for t, (tier, load) in enumerate(zip(self.tiers, loads, strict=True)):
-            if t in staged and load.start < load.stop:  # its blocks are on the tier already: copied there
+            if t in self._based and load.start < load.stop:  # its blocks are on the tier already: copied there
                 load = replace(load, state=None, base=self._base, base_secret=self.cfg.secret_of(BASE))
             elif self._held and load.start < load.stop:
                 load = self._handed_on(t, load)
@@ -408,7 +427,7 @@ class SplitRound:
             left = self.unreleased.get((t, cid))
             if e.code != "PERMISSION_DENIED" or left is None:
                 raise
-            tier.release(self.cfg.run_id, cid, replace(self.cfg, round=left).secret_of(cid))
+            tier.release(self.cfg.run_id, cid, self._secret_in(left, cid))
             del self.unreleased[(t, cid)]
             tier.load(load)
         self.weight_bytes[t][0] += state_bytes(load.state or {})
@@ -488,23 +507,35 @@ class SplitRound:
             items = [ReduceItem(c, self.cfg.secret_of(c), float(self.done[c].result.samples)) for c in clients]
             partials: list[Partial] = []
             for t, tier in enumerate(self.tiers):
-                try:
-                    reduced = tier.reduce(self.cfg.run_id, items)
-                except TierError as e:
-                    for c in clients:
-                        self.why[c] = f"its {self._label(t)} segments could not be summed: {e}"
-                        self._drop(c)
-                    return []
-                self.weight_bytes[t][1] += state_bytes(reduced.sums)
-                refused = [c for c in clients if c in reduced.refused]
-                for c in refused:
-                    self.why[c] = f"its {self._label(t)} {reduced.refused[c]}"
-                    self._drop(c)
-                if refused:
+                sums = self._sums_on(t, tier, items)
+                if sums is None:
                     break
-                partials.append(self._partial(t, reduced.sums, clients))
+                partials += sums
             else:
                 return partials
+
+    def _sums_on(self, t: int, tier: TierControl, items: Sequence[ReduceItem]) -> list[Partial] | None:
+        """Tier ``t``'s sums of ``items``, asked :data:`REDUCE_BATCH` clients at a time (each call within one
+        deadline, however large the fleet); None: clients were dropped, the sums must be asked again."""
+        out = []
+        for k in range(0, len(items), REDUCE_BATCH):
+            batch = items[k:k + REDUCE_BATCH]
+            try:
+                reduced = tier.reduce(self.cfg.run_id, batch)
+            except TierError as e:
+                for it in items:
+                    self.why[it.client_id] = f"its {self._label(t)} segments could not be summed: {e}"
+                    self._drop(it.client_id)
+                return None
+            self.weight_bytes[t][1] += state_bytes(reduced.sums)
+            refused = [it.client_id for it in batch if it.client_id in reduced.refused]
+            for c in refused:
+                self.why[c] = f"its {self._label(t)} {reduced.refused[c]}"
+                self._drop(c)
+            if refused:
+                return None
+            out.append(self._partial(t, reduced.sums, [it.client_id for it in batch]))
+        return out
 
     def _partial(self, t: int, sums: State, clients: Sequence[str]) -> Partial:
         """Tier ``t``'s sums with the weight behind each key (the samples of the clients whose segment there

@@ -5,8 +5,9 @@ Every incoming message is checked before anything changes; a refused message
 raises a :class:`~splitfed.errors.TierError` whose ``code`` the gRPC server
 turns into a status. Every call for a client after its load (step, fetch,
 release, re-load) must carry the secret the client was loaded with
-(:attr:`SegmentLoad.secret`), and so must a load that joins its replica, or it
-is refused with PERMISSION_DENIED: a tier's token lets a caller in, the secret
+(:attr:`SegmentLoad.secret`), and so must a load that joins its replica, or copies
+it as its base (``base_secret``), or it is refused with PERMISSION_DENIED (a sum,
+:meth:`Tier.reduce`, leaves such a client out): a tier's token lets a caller in, the secret
 says which segment is its own. Steps are idempotent: a repeated sequence number
 with the same request returns the cached reply, with another request (other
 tensors) it is refused, and an older one is refused. A segment nobody has used for
@@ -324,8 +325,8 @@ class Tier:
 
     def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
         """The sample-weighted sum of the listed clients' trained segments (:class:`Reduced`): one float64
-        copy leaves the tier instead of every client's replica. A client whose weights are not finite, or that
-        has no segment here, is left out and named; a wrong secret refuses the whole call."""
+        copy leaves the tier instead of every client's replica. A client whose weights are not finite, that has
+        no segment here, or whose secret is not its binding's, is left out and named."""
         ids = [it.client_id for it in items]
         twice = next((c for c in ids if ids.count(c) > 1), None) if len(set(ids)) != len(ids) else None
         if twice is not None:
@@ -334,33 +335,34 @@ class Tier:
             if not (math.isfinite(it.weight) and it.weight >= 0):
                 raise InvalidArgument(f"reduce: the weight of client {it.client_id!r} must be a finite number >= 0, "
                                       f"got {it.weight}")
+        refused: dict[str, str] = {}
         with self._lock:
             found: dict[str, _Binding] = {}
             for it in items:
                 b = self._bindings.get((run_id, it.client_id))
                 if b is None:
-                    continue
-                if not _same_secret(b.spec.secret, it.secret):
-                    raise self._denied("reduce", run_id, it.client_id, it.secret)
-                b.last_used = self._clock()
-                found[it.client_id] = b
-        total, refused = Partial(), {}
+                    refused[it.client_id] = f"no segment is loaded on tier {self.name}"
+                elif not _same_secret(b.spec.secret, it.secret):  # that client alone: as its own fetch would be
+                    refused[it.client_id] = str(self._denied("reduce", run_id, it.client_id, it.secret))
+                else:
+                    b.last_used = self._clock()
+                    found[it.client_id] = b
+        total = Partial()
         for it in items:
             b = found.get(it.client_id)
             if b is None:
-                refused[it.client_id] = f"no segment is loaded on tier {self.name}"
                 continue
             if b.holds_lock:
                 refused[it.client_id] = f"its U-shape step {b.last_seq} waits for its backward"
                 continue
-            with _holding(b.replica, self.name, "reduce"):
-                state = b.segment.state_dict()
+            with _holding(b.replica, self.name, "reduce"):  # summed on the CPU: a GPU tier's memory is its steps'
+                state = {k: v.detach().to("cpu") for k, v in b.segment.state_dict().items()}
                 bad = next((k for k, v in state.items() if not all_finite(v)), None)
-                if bad is not None:
-                    refused[it.client_id] = f"weights {bad!r} hold NaN or infinite values"
-                    continue
-                total.add(state, it.weight)
-        return Reduced({k: v.cpu() for k, v in total.sums.items()}, refused)
+                if bad is None:
+                    total.add(state, it.weight)
+            if bad is not None:
+                refused[it.client_id] = f"weights {bad!r} hold NaN or infinite values"
+        return Reduced(total.sums, {it.client_id: refused[it.client_id] for it in items if it.client_id in refused})
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         with self._lock:

@@ -73,7 +73,7 @@ class RunSettings:
     tls_cert: str = ""  # the tier servers' certificate and key (used when the app starts them)
     tls_key: str = ""
     token_file: str = ""  # shared secret the tier servers require (file holding it); the devices get it too
-    # the coordinator's own token (file holding it): alone allows load, fetch and release on tiers started with
+    # the coordinator's own token (file holding it): alone allows load, fetch, release, sum on tiers started with
     # --coordinator-token-file; never sent to a node. Empty: token-file (tiers without one), or, for the tiers a
     # run starts, one made for the run
     coordinator_token_file: str = ""

@@ -1,6 +1,6 @@
 """One way for the apps to reach a tier server: the gRPC client with the run's TLS and token.
 
-The ServerApp uses it for the control path (load, fetch, release on every
+The ServerApp uses it for the control path (load, fetch, release, sum on every
 tier), the ClientApp as its device link to the edge. Both pass file paths, so
 keys and tokens never travel in Flower messages.
 """

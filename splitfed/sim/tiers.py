@@ -11,7 +11,7 @@ tiers given by address are checked for it (:func:`check_tiers`).
 Started tiers also get a coordinator token (``--coordinator-token-file``: the
 run's ``coordinator-token-file``, or one made for the run in a private
 temporary file, removed when the block ends): only the run's coordinator may
-load, fetch and release their segments, whatever token its devices hold. The
+load, fetch, release and sum their segments, whatever token its devices hold. The
 control clients of :func:`tier_chain` present it (or, for tiers given by
 address without ``coordinator-token-file``, ``token-file``).
 """

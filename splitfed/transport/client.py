@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import TypeVar
 
 import grpc
@@ -296,9 +297,13 @@ class GrpcTierClient:
         where = f"tier {self.address}: reduce of {len(items)} client(s)"
         listed = {it.client_id for it in items}
 
+        # float64 sums of what the tier took in float32 loads: twice the bytes a fetch of them may hold
+        limits = replace(self.limits, max_tensor_bytes=2 * self.limits.max_tensor_bytes,
+                         max_call_bytes=2 * self.limits.max_call_bytes)
+
         def attempt(timeout: float) -> Reduced:
             stream = self._reduce(raw, timeout=timeout, metadata=self._metadata)
-            head, got = wire.read_all(stream, wire.F_REDUCE, self.limits, writable=True, what="reduce reply")
+            head, got = wire.read_all(stream, wire.F_REDUCE, limits, writable=True, what="reduce reply")
             if not isinstance(head, pb.ReduceResult):  # pragma: no cover - read_all insists on the head
                 raise TierError(f"{where}: the reply carries no ReduceResult")
             if len(head.refused) != len(head.reasons):

@@ -64,7 +64,7 @@ class TierProcess:
         """Start the child and wait until it serves (its ``listening on`` line, then a health check).
 
         ``token`` is handed over in a private temporary file (never on the
-        command line); ``coordinator_token_file``: the token that alone allows load, fetch and release
+        command line); ``coordinator_token_file``: the token that alone allows load, fetch, release and sum
         (``--coordinator-token-file``). Plaintext needs ``insecure=True``, as on the command line.
         ``client_tls``: credentials for the health check of a mutual-TLS tier.
         ``allow_models``: ``module:factory`` models the tier serves besides the zoo (``--allow-model``);

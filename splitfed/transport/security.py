@@ -10,7 +10,7 @@ Tokens travel as ``authorization: Bearer <token>`` metadata and are compared in
 constant time by :class:`TokenInterceptor`; only the gRPC health service is
 exempt, so that orchestrators can probe a tier without the token. A tier may
 hold two: the devices' token (steps, and what any caller may ask) and the
-coordinator's, which alone allows the control calls (load, fetch, release), so
+coordinator's, which alone allows the control calls (load, fetch, release, reduce), so
 that a device, which holds the devices' token, cannot claim or release a segment.
 """
 
