@@ -87,7 +87,7 @@ class RoundRecord:
     train_loss: float | None = None
     moved: dict[str, tuple[Cuts, Cuts]] = field(default_factory=dict)  # client -> (cuts it last trained at, now)
     decision: dict[str, Any] | None = None  # what the policy decided after this round (adaptive: moves and why)
-    tier_weight_bytes: list[list[int]] = field(default_factory=list)  # per server tier: [loaded, fetched] bytes
+    tier_weight_bytes: list[list[int]] = field(default_factory=list)  # per server tier: [sent, received] bytes
 
     @property
     def bytes_up(self) -> int:

@@ -137,7 +137,7 @@ def summarise(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) ->
         "sim_time_s": sum(sim) if sim else None,
         "bytes_up": sum(r.get("bytes_up", 0) for r in rows),
         "bytes_down": sum(r.get("bytes_down", 0) for r in rows),
-        # the coordinator's weight traffic with the server tiers, all rounds: [loaded, fetched] per tier
+        # the coordinator's weight traffic with the server tiers, all rounds: [sent, received] per tier
         "tier_weight_bytes": _tier_weight_bytes(rows),
         "failed_clients": sum(len(r.get("failed", [])) for r in rows),
         "settings": dict(settings),
@@ -145,7 +145,7 @@ def summarise(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) ->
 
 
 def _tier_weight_bytes(rows: Sequence[Mapping[str, Any]]) -> list[list[int]]:
-    """[loaded, fetched] bytes per server tier over the rows that say (rows older than the field do not)."""
+    """[sent, received] bytes per server tier over the rows that say (rows older than the field do not)."""
     total: list[list[int]] = []
     for r in rows:
         for t, (to, back) in enumerate(r.get("tier_weight_bytes") or []):
