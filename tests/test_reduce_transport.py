@@ -123,13 +123,16 @@ def test_a_load_with_a_wrong_base_secret_is_refused_and_binds_nothing(tier: Tier
         assert tier.tier.clients() == 2
 
 
-def test_a_load_with_both_state_and_base_is_refused(tier: TierServer) -> None:
+def test_a_load_with_state_and_base_takes_each_block_from_one_of_them(tier: TierServer) -> None:
+    """Over gRPC: the blocks the state holds from it, the rest copied from the base on the tier."""
+    other = initial_state(SPEC, 8)
     with _client(tier) as c:
         c.load(_base_load())
-        both = replace(_client_load("c0"), state=select(GLOBAL, CUT, N_BLOCKS))
-        with pytest.raises(InvalidArgument, match="a load carries either its state or a base, not both"):
-            c.load(both)
-        assert tier.tier.clients() == 1
+        c.load(replace(_client_load("c0"), state=select(other, N_BLOCKS - 1, N_BLOCKS)))
+        got = c.fetch(RUN, "c0", CFG.secret_of("c0"))
+    want = {**select(GLOBAL, CUT, N_BLOCKS - 1), **select(other, N_BLOCKS - 1, N_BLOCKS)}
+    assert select(other, N_BLOCKS - 1, N_BLOCKS) and set(got) == set(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 @pytest.mark.parametrize("field,value,match", [

@@ -92,16 +92,27 @@ def test_a_load_from_a_base_copies_its_blocks_and_outlives_it() -> None:
 def test_a_load_from_a_base_is_refused_without_its_secret_or_blocks() -> None:
     tier = Tier("edge")
     glob = initial_state(SPEC, 0)
-    tier.load(_load("@base.1.0", 2, 4, select(glob, 2, 4), replica="@b"))
+    tier.load(_load("@base.1.0", 2, 6, select(glob, 2, 6), replica="@b"))  # cnn: blocks 2 and 5 hold weights
     with pytest.raises(PermissionDenied, match="held under another secret"):
         tier.load(_load("c0", 2, 4, base="@b", base_secret="guess"))
-    with pytest.raises(TierError, match="holds no block 4"):
-        tier.load(_load("c0", 2, 5, base="@b", base_secret="s-@base.1.0"))
+    with pytest.raises(TierError, match="holds no block 6"):
+        tier.load(_load("c0", 2, 7, base="@b", base_secret="s-@base.1.0"))
     with pytest.raises(TierError, match="is not loaded here"):
         tier.load(_load("c0", 2, 4, base="@other", base_secret="s-@base.1.0"))
-    with pytest.raises(InvalidArgument, match="either its state or a base"):
-        tier.load(_load("c0", 2, 4, select(glob, 2, 4), base="@b", base_secret="s-@base.1.0"))
     assert tier.clients() == 1  # the refused loads bound nothing
+
+
+def test_a_load_takes_the_blocks_its_state_holds_and_the_rest_from_its_base() -> None:
+    """How a client in turn gets a block the client before left on another tier (sent) beside the blocks it
+    left on this one (copied there)."""
+    tier = Tier("edge")
+    glob, other = initial_state(SPEC, 0), initial_state(SPEC, 1)
+    tier.load(_load("@base.1.0", 2, 6, select(glob, 2, 6), replica="@b"))
+    tier.load(_load("c0", 2, 7, select(other, 6, 7), base="@b", base_secret="s-@base.1.0"))
+    got = tier.fetch(RUN, "c0", "s-c0")
+    want = {**select(glob, 2, 6), **select(other, 6, 7)}
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert any(not torch.equal(glob[k], other[k]) for k in select(glob, 6, 7))  # the two sources differ
 
 
 def test_base_segments_do_not_take_a_clients_place_but_are_bounded() -> None:
@@ -374,3 +385,24 @@ def test_aggregate_leaves_the_partials_it_is_given_as_they_were() -> None:
     second = aggregate([({"a": torch.tensor([3.0])}, 1.0)], partials=[p])
     assert torch.equal(p.sums["a"], torch.tensor([2.0], dtype=torch.float64))  # before: 5.0, then 8.0
     assert torch.equal(first["a"], second["a"]) and torch.allclose(first["a"], torch.tensor([5.0 / 3.0]))
+
+
+@pytest.mark.parametrize("mode", ["sflv2", "sl"])
+def test_only_a_block_that_changes_tier_travels_between_clients(mode: str) -> None:
+    """cnn's weights are in blocks 0, 2, 5 and 6. c0 trains 2..5 on the edge and 6 on the cloud; c1 has block
+    5 on the cloud: it alone is fetched from the edge and sent on, the rest copied from c0's replicas; c2 has
+    5 on the edge again: fetched from the cloud and sent, the rest copied from c1's. At the end each tier's
+    latest blocks come back once."""
+    state = initial_state(SPEC, 0)
+
+    def b(*blocks: int) -> int:
+        return sum(state_bytes(select(state, i, i + 1)) for i in blocks)
+
+    chain = inprocess_chain(2)
+    assignment = {"c0": (2, 6), "c1": (2, 5), "c2": (1, 6)}
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode), chain.tiers, state, assignment)
+    drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
+    assert rnd.weight_bytes == [[b(2, 5) + b(5), b(5) + b(2, 5)], [b(6) + b(5), b(5) + b(6)]]
+    per_client = [b(2, 5) + b(2) + b(2, 5), b(6) + b(5, 6) + b(6)]  # a copy per client, each way (before)
+    assert all(s < p for (s, _), p in zip(rnd.weight_bytes, per_client, strict=True)) and b(5) > 0
+    assert [t.clients() for t in chain.tiers] == [0, 0]

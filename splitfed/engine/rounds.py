@@ -379,18 +379,23 @@ class SplitRound:
             self._load_on(t, tier, cid, load)
 
     def _handed_on(self, t: int, load: SegmentLoad) -> SegmentLoad:
-        """sl, sflv2: the load of blocks the clients before left on the tiers. All of them in one client's
-        replica on this tier: copied from it there (nothing travels). Else those blocks are fetched first
-        (:meth:`_collect`) and the load carries the weights."""
-        holders = {self._held.get(i) for i in range(load.start, load.stop)}
-        if len(holders) == 1:
-            (h,) = holders
-            if h is None:
-                return load
-            if h[0] == t:
-                return replace(load, state=None, base=h[1], base_secret=self.cfg.secret_of(h[1]))
-        self._collect(range(load.start, load.stop))
-        return replace(load, state=select(self.current, load.start, load.stop))
+        """sl, sflv2: the load of blocks the clients before left on the tiers. The replica on this tier that
+        holds the most of their bytes is the load's base (copied there: nothing travels); the other blocks,
+        fetched first where a replica holds them (:meth:`_collect`), travel with the load."""
+        held = {i: self._held.get(i) for i in range(load.start, load.stop)}
+        if not any(held.values()):
+            return load
+        weight: dict[tuple[int, str], int] = {}
+        for i, h in held.items():
+            if h is not None and h[0] == t:
+                weight[h] = weight.get(h, 0) + state_bytes(select(self.global_state, i, i + 1))
+        base = max(weight, key=lambda h: weight[h]) if weight else None
+        rest = [i for i, h in held.items() if h is None or h != base]
+        self._collect(rest)
+        state = {k: v for i in rest for k, v in select(self.current, i, i + 1).items()}
+        if base is None:
+            return replace(load, state=state)
+        return replace(load, state=state or None, base=base[1], base_secret=self.cfg.secret_of(base[1]))
 
     def _collect(self, blocks: Iterable[int]) -> None:
         """Fetch the latest weights of ``blocks`` from the replicas that hold them into ``self.current``; a

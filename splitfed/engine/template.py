@@ -189,6 +189,18 @@ def one_sample_error(spec: ModelSpec) -> str:
 
 
 @lru_cache(maxsize=256)
+def _stateful(key: str) -> tuple[bool, ...]:
+    blocks = template(ModelSpec.from_dict(json.loads(key)))
+    with _lock:
+        return tuple(bool(m.state_dict()) for m in blocks.modules)
+
+
+def has_state(spec: ModelSpec, index: int) -> bool:
+    """Whether block ``index`` holds weights or buffers (a load must give them; a ReLU has none)."""
+    return _stateful(_key(spec))[index]
+
+
+@lru_cache(maxsize=256)
 def _first_params(key: str) -> int:
     """The first block with a parameter that trains (``requires_grad``; L: none)."""
     blocks = template(ModelSpec.from_dict(json.loads(key)))

@@ -251,9 +251,6 @@ class Tier:
         (under ``self._lock``)."""
         if not spec.base:
             return None
-        if spec.state is not None:
-            raise InvalidArgument(f"load of client {spec.client_id!r}: a load carries either its state or a base, "
-                                  "not both")
         if spec.base == spec.replica:
             raise InvalidArgument(f"load of client {spec.client_id!r}: replica {spec.replica!r} cannot be its own base")
         base = self._replicas.get((spec.run_id, spec.base))
@@ -266,14 +263,17 @@ class Tier:
         return base
 
     def _copied(self, spec: SegmentLoad, base: _Replica) -> State:
-        """Blocks ``[start, stop)`` of ``base``, copied (a load of the base meanwhile cannot tear them)."""
+        """The load's state, and the blocks of ``[start, stop)`` it leaves out copied from ``base`` (copies: a
+        load of the base meanwhile cannot tear them)."""
+        given = {int(k.split(".", 1)[0]) for k in spec.state or {}}
+        wanted = [i for i in range(spec.start, spec.stop) if i not in given and template.has_state(spec.model, i)]
         with _holding(base, self.name, "load from base"):
-            lacking = [i for i in range(spec.start, spec.stop) if i not in base.blocks]
+            lacking = [i for i in wanted if i not in base.blocks]
             if lacking:
                 raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r}: its base "
                                          f"{spec.base!r} holds no block {lacking[0]} of [{spec.start}, {spec.stop})")
-            return {f"{i}.{k}": v.detach().clone() for i in range(spec.start, spec.stop)
-                    for k, v in base.blocks[i].state_dict().items()}
+            copied = {f"{i}.{k}": v.detach().clone() for i in wanted for k, v in base.blocks[i].state_dict().items()}
+        return {**copied, **(spec.state or {})}
 
     def _authorize_load(self, spec: SegmentLoad, rkey: tuple[str, str]) -> None:
         """A load may rebind a client, or bind to a replica that exists, only with their secret (under

@@ -94,9 +94,9 @@ class SegmentLoad:
     (:meth:`RoundConfig.secret_of <splitfed.engine.rounds.RoundConfig.secret_of>`) and given only
     to that client: every later step, fetch, release and re-load of the client must carry it, and so
     must a load that joins a replica other clients are bound to. Empty: an unprotected binding.
-    ``base``: instead of ``state``, copy the blocks' weights from that replica of the run, already on the
-    tier (the round's global server segments, staged once per tier rather than shipped once per client);
-    ``base_secret`` must be the secret that replica was loaded with.
+    ``base``: copy the weights of the blocks ``state`` leaves out from that replica of the run, already on
+    the tier (the round's global server segments, staged once per tier rather than shipped once per client;
+    the replica of the client before, in turn); ``base_secret`` must be the secret it was loaded with.
     """
 
     run_id: str

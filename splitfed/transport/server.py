@@ -284,8 +284,6 @@ class TierServicer:
             raise InvalidArgument(f"base must have at most {MAX_ID} characters, got {len(h.base)}")
         if len(h.base_secret) > MAX_ID:  # its value is never shown
             raise InvalidArgument(f"base_secret must have at most {MAX_ID} characters, got {len(h.base_secret)}")
-        if h.base and (h.has_state or items):
-            raise InvalidArgument("load: a load carries either its state or a base, not both")
         spec = self._model(h.model)
         try:
             optim = OptimConfig(h.optim.name or "sgd", h.optim.lr, h.optim.momentum, h.optim.weight_decay)
