@@ -10,6 +10,7 @@ import weakref
 import pytest
 import torch
 
+from splitfed.engine import template
 from splitfed.engine.rounds import (
     RoundConfig,
     RoundFailed,
@@ -265,7 +266,7 @@ def test_a_handed_on_block_that_cannot_be_fetched_fails_the_round_naming_it(mode
     assignment = {"c0": (2, 5), "c1": (2, 7)}
     rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode), [chain.tiers[0], Gone(chain.tiers[1])],
                      initial_state(SPEC, 0), assignment)
-    with pytest.raises(RoundFailed, match=r"blocks \[5, 7\) could not be fetched from c0's replica on the cloud"):
+    with pytest.raises(RoundFailed, match=r"blocks \[5, 7\) could not be fetched from the cloud, where c0 left them"):
         drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
@@ -284,9 +285,12 @@ def test_clients_in_turn_copy_the_blocks_before_them_on_the_tier(mode: str) -> N
     same = {f"c{i}": (2, 5) for i in range(3)}
     rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode), [Seen(t) for t in chain.tiers], initial_state(SPEC, 0), same)
     drive(rnd, local_trainer(chain, {c: _batches() for c in same}))
+    # each client's trained segments are copied there into a holder only the coordinator can reach (@held...),
+    # which the next client copies: its own binding, whose secret its node has, is released at once
     assert [(s.client_id, s.base, s.state is None) for s in sent] == [
-        ("c0", "", False), ("c0", "", False), ("c1", "c0", True), ("c1", "c0", True), ("c2", "c1", True),
-        ("c2", "c1", True)]
+        ("c0", "", False), ("c0", "", False), ("@held.1.0", "c0", True), ("@held.1.0", "c0", True),
+        ("c1", "@held.1.0", True), ("c1", "@held.1.0", True), ("@held.1.1", "c1", True), ("@held.1.1", "c1", True),
+        ("c2", "@held.1.1", True), ("c2", "@held.1.1", True), ("@held.1.2", "c2", True), ("@held.1.2", "c2", True)]
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
@@ -405,4 +409,117 @@ def test_only_a_block_that_changes_tier_travels_between_clients(mode: str) -> No
     assert rnd.weight_bytes == [[b(2, 5) + b(5), b(5) + b(2, 5)], [b(6) + b(5), b(5) + b(6)]]
     per_client = [b(2, 5) + b(2) + b(2, 5), b(6) + b(5, 6) + b(6)]  # a copy per client, each way (before)
     assert all(s < p for (s, _), p in zip(rnd.weight_bytes, per_client, strict=True)) and b(5) > 0
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+@pytest.mark.parametrize("mode", ["sflv2", "sl"])
+def test_a_client_whose_turn_is_over_cannot_touch_what_it_handed_on(mode: str) -> None:
+    """Its node holds its secret; before, its binding stayed as the next client's source: its device could
+    still step it (or write NaN into it) after the finite check. Now its segments are copied into a holder of
+    the coordinator's and its binding released: a late step finds nothing."""
+    from splitfed.engine.types import StepKey
+    from splitfed.errors import NotFound
+
+    chain = inprocess_chain(2)
+    assignment = {"c0": (2, 5), "c1": (2, 5)}
+    data = {c: _batches(seed=i) for i, c in enumerate(assignment)}
+    inner = local_trainer(chain, data)
+    late: list[str] = []
+
+    def train(cfg, cuts, weights):  # type: ignore[no-untyped-def]
+        if "c1" in weights:  # c0's turn is over: its device tries once more
+            x = torch.randn(4, *template.boundary(SPEC, 2)[0])
+            try:
+                chain.tiers[0].step(StepKey(RUN, "c0", 1, 2, cfg.secret_of("c0")), x, torch.zeros(4, dtype=torch.long))
+            except NotFound as e:
+                late.append(str(e))
+        return inner(cfg, cuts, weights)
+
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode), chain.tiers, initial_state(SPEC, 0), assignment)
+    drive(rnd, train)
+    assert len(late) == 1 and "no segment loaded for client 'c0'" in late[0]
+    assert not rnd.failed and [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_a_base_in_a_u_shape_step_is_refused_at_once() -> None:
+    """Waiting for its lock would end in UNAVAILABLE, which a round takes for a tier that is gone."""
+    from splitfed.engine.types import StepKey
+    from splitfed.errors import FailedPrecondition
+
+    tier = Tier("edge")
+    glob = initial_state(SPEC, 0)
+    tier.load(_load("a", 2, 4, select(glob, 2, 4), loss_here=True))
+    tier.forward(StepKey(RUN, "a", 1, 0, "s-a"), torch.randn(4, *template.boundary(SPEC, 2)[0]))
+    with pytest.raises(FailedPrecondition, match="waiting for its backward"):
+        tier.load(_load("b", 2, 4, base="a", base_secret="s-a"))
+
+
+def test_copying_a_base_keeps_it_from_the_idle_release() -> None:
+    now = [0.0]
+    tier = Tier("edge", idle_release_s=100, clock=lambda: now[0])
+    tier.load(_load("a", 2, 4, select(initial_state(SPEC, 0), 2, 4)))
+    now[0] = 90
+    tier.load(_load("b", 2, 4, base="a", base_secret="s-a"))
+    now[0] = 150
+    assert tier.sweep() == []  # before: 'a' went, 100 s after its own load
+    now[0] = 250
+    assert sorted(tier.sweep()) == [(RUN, "a"), (RUN, "b")]
+
+
+def test_bases_are_staged_per_run_of_blocks() -> None:
+    """Three clients on the edge's block 2 and one on its block 6: two bases, not one over blocks 2..6 (a
+    first version sent block 5's weights besides)."""
+    sent: list[SegmentLoad] = []
+
+    class Seen(_Wrapped):
+        def load(self, spec: SegmentLoad) -> None:
+            sent.append(spec)
+            self.tier.load(spec)
+
+    chain = inprocess_chain(2)
+    assignment = {"c0": (2, 3), "c1": (2, 3), "c2": (2, 3), "c3": (6, 7)}
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [Seen(chain.tiers[0]), chain.tiers[1]], initial_state(SPEC, 0),
+                     assignment)
+    drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
+    assert [(s.start, s.stop) for s in sent if s.client_id.startswith("@")] == [(2, 3), (6, 7)]
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+@pytest.mark.parametrize("mode", ["sflv2", "sl"])
+def test_a_tier_too_full_to_hold_a_clients_segments_sends_them_back(mode: str) -> None:
+    """A tier whose MAX_BASES are taken refuses the holder: that client's trained segments are fetched, as
+    before, and the round gives the model it gives without the squatters."""
+    assignment = {"c0": (2, 5), "c1": (2, 5), "c2": (1, 6)}
+    data = {c: _batches(seed=i) for i, c in enumerate(assignment)}
+    state = initial_state(SPEC, 0)
+    ref = inprocess_chain(2)
+    want = drive(SplitRound(RoundConfig(RUN, 1, SPEC, mode, binding_key="k"), ref.tiers, state, assignment),
+                 local_trainer(ref, data))
+    chain = inprocess_chain(2)
+    for i in range(MAX_BASES):
+        chain.tiers[0].load(SegmentLoad(f"squat{i}", f"@x{i}", 1, SPEC, 1, 2, "@x", select(state, 1, 2)))
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode, binding_key="k"), chain.tiers, state, assignment)
+    got = drive(rnd, local_trainer(chain, data))
+    assert not rnd.failed and all(torch.equal(got[k], want[k]) for k in want)
+    assert chain.tiers[0].clients() == MAX_BASES and chain.tiers[1].clients() == 0
+
+
+def test_a_holder_the_tier_lost_fails_the_next_turn_naming_it() -> None:
+    """The edge restarts between two turns (here: the holder is gone when the next turn asks after it): the
+    next client's turn says so before it trains, rather than a fetch at the end."""
+
+    class Restarted(_Wrapped):
+        def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
+            for it in items:
+                if it.client_id.startswith("@held"):
+                    self.tier.release(run_id, it.client_id, it.secret)
+            return self.tier.reduce(run_id, items)
+
+    chain = inprocess_chain(2)
+    assignment = {"c0": (2, 5), "c1": (2, 5)}
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, "sflv2"), [Restarted(chain.tiers[0]), chain.tiers[1]],
+                     initial_state(SPEC, 0), assignment)
+    with pytest.raises(RoundFailed, match=r"the edge lost the server-side model's latest blocks \(@held\.1\.0: no "
+                                          r"segment is loaded on tier edge\)"):
+        drive(rnd, local_trainer(chain, {c: _batches(seed=i) for i, c in enumerate(assignment)}))
     assert [t.clients() for t in chain.tiers] == [0, 0]

@@ -17,8 +17,9 @@
 ``sl`` and ``sflv2`` hand the model on the same way: each client's turn loads
 its server segments from the model as the clients before it left it, and only
 a client that finishes (its weights finite on every tier) hands its trained
-segments on. They stay on the tiers: the next client's load copies them from the
-replica before it on the same tier, and only a block that changes tier between
+segments on. They stay on the tiers, copied there into segments only the
+coordinator can reach (the client's binding, whose secret its node holds, is
+released): the next client's load copies from those, and only a block that changes tier between
 clients (the edge for one, the cloud for the next), or goes to a device (``sl``),
 is fetched and sent on through the coordinator; the trained model is fetched
 once, at the end. A client that fails leaves the round as if it had not taken
@@ -50,6 +51,7 @@ from splitfed.engine.types import (
     BASE_PREFIX,
     MODES,
     OptimConfig,
+    Reduced,
     ReduceItem,
     SegmentLoad,
     State,
@@ -219,6 +221,7 @@ def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...]
 Cuts = tuple[int, ...]
 GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # a tier's answers to a release that say it is not there
 BASE = f"{BASE_PREFIX}base"  # the round's global server blocks on a tier (sflv1): a base segment's id and replica
+STAGED_RUNS = 4  # base segments per tier at most (runs of blocks); beyond, one over them all
 REDUCE_BATCH = 256  # clients per Reduce call: a tier sums ~256 vgg11 edge segments in seconds
 
 
@@ -284,6 +287,8 @@ class SplitRound:
         # sl, sflv2: block -> (tier, client) whose replica holds the block's latest weights (see _load); a block
         # not here is up to date in self.current
         self._held: dict[int, tuple[int, str]] = {}
+        self._left_by: dict[str, str] = {}  # holder -> the client whose trained segments it keeps
+        self._swept = False  # whether this round released what earlier rounds left (_release_leftovers)
 
     # ------------------------------------------------------------ the three steps
 
@@ -297,8 +302,11 @@ class SplitRound:
         server = self.global_state if cfg.mode == "sflv1" else self.current  # where server segments start
         out = {}
         try:
+            self._release_leftovers()
             if cfg.mode == "sflv1":
                 self._stage(group)
+            elif self._held:
+                self._touch()
             for cid in group:
                 try:
                     self._load(cid, server)
@@ -318,31 +326,39 @@ class SplitRound:
         self._group = list(out)
         return out
 
-    def _stage(self, group: Sequence[str]) -> None:
-        """Load the global model's server blocks the group trains once per tier (one base segment, from the
-        first of them to the last), for the clients' loads to copy there: the coordinator sends each tier one
-        copy of its part of the model, not one per client. Only where that sends fewer bytes (not for one
-        client alone, nor for a few far apart); a tier that refuses the base (full, say) gets the clients'
-        weights with their loads, as before. Base segments an earlier round could not release go first."""
+    def _release_leftovers(self) -> None:
+        """Release the base and holder segments an earlier round could not (once a round)."""
+        if self._swept:
+            return
+        self._swept = True
         for (t, cid), r in sorted(self.unreleased.items()):
             if is_base(cid):
                 self._release_on(t, self.tiers[t], cid, self._secret_in(r, cid), r)
+
+    def _stage(self, group: Sequence[str]) -> None:
+        """Load the global model's server blocks the group trains once per tier (a base segment per run of
+        contiguous blocks; beyond :data:`STAGED_RUNS` runs, one from the first block to the last), for the
+        clients' loads to copy there: the coordinator sends each tier one copy of its part of the model, not one
+        per client. Only where that sends fewer bytes (not for one client alone); a tier that refuses a base
+        (full, say) gets the clients' weights with their loads, as before."""
         for t, tier in enumerate(self.tiers):
             spans = [span for c in group
                      if (span := server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t])[0] < span[1]]
-            if not spans:
+            runs = _runs(sorted({i for a, z in spans for i in range(a, z)}))
+            if len(runs) > STAGED_RUNS:
+                runs = [(runs[0][0], runs[-1][1])]
+            if sum(state_bytes(select(self.global_state, *r)) for r in runs) >= \
+                    sum(state_bytes(select(self.global_state, *span)) for span in spans):
                 continue
-            a, z = min(x for x, _ in spans), max(y for _, y in spans)
-            state = select(self.global_state, a, z)
-            if state_bytes(state) >= sum(state_bytes(select(self.global_state, *span)) for span in spans):
-                continue
-            cid = self._base  # named per round: one a lost release left behind is in nobody's way
-            load = SegmentLoad(run_id=self.cfg.run_id, client_id=cid, round=self.cfg.round, model=self.cfg.model,
-                               start=a, stop=z, replica=cid, state=state, optim=self.cfg.optim, seed=self.cfg.seed,
-                               secret=self.cfg.secret_of(BASE))
-            self._staged.append((t, cid))  # before the load: one whose reply is lost is released all the same
             try:
-                self._load_on(t, tier, cid, load)
+                for j, (a, z) in enumerate(runs):
+                    cid = f"{self._base}.{j}"  # named per round: one a lost release left behind is in nobody's way
+                    load = SegmentLoad(run_id=self.cfg.run_id, client_id=cid, round=self.cfg.round,
+                                       model=self.cfg.model, start=a, stop=z, replica=self._base,
+                                       state=select(self.global_state, a, z), optim=self.cfg.optim, seed=self.cfg.seed,
+                                       secret=self._secret(cid))
+                    self._staged.append((t, cid))  # before the load: one whose reply is lost is released all the same
+                    self._load_on(t, tier, cid, load)
             except TierError as e:
                 if e.code in GONE:
                     raise
@@ -354,10 +370,14 @@ class SplitRound:
         self._based.clear()
         while self._staged:
             t, cid = self._staged.pop()
-            self._release_on(t, self.tiers[t], cid, self.cfg.secret_of(BASE))
+            self._release_on(t, self.tiers[t], cid, self._secret(cid))
+
+    def _secret(self, cid: str) -> str:
+        return self._secret_in(self.cfg.round, cid)
 
     def _secret_in(self, round: int, cid: str) -> str:
-        """The secret ``cid`` was loaded with in ``round`` (a base segment's is the round's base secret)."""
+        """The secret ``cid`` was loaded with in ``round``: a client's own; the round's base secret for the
+        coordinator's own segments (bases, holders), which no node is ever given."""
         return replace(self.cfg, round=round).secret_of(BASE if is_base(cid) else cid)
 
     @property
@@ -373,7 +393,7 @@ class SplitRound:
         loads = tier_loads(self.cfg, cid, self.assignment[cid], server)
         for t, (tier, load) in enumerate(zip(self.tiers, loads, strict=True)):
             if t in self._based and load.start < load.stop:  # its blocks are on the tier already: copied there
-                load = replace(load, state=None, base=self._base, base_secret=self.cfg.secret_of(BASE))
+                load = replace(load, state=None, base=self._base, base_secret=self._secret(self._base))
             elif self._held and load.start < load.stop:
                 load = self._handed_on(t, load)
             self._load_on(t, tier, cid, load)
@@ -395,7 +415,7 @@ class SplitRound:
         state = {k: v for i in rest for k, v in select(self.current, i, i + 1).items()}
         if base is None:
             return replace(load, state=state)
-        return replace(load, state=state or None, base=base[1], base_secret=self.cfg.secret_of(base[1]))
+        return replace(load, state=state or None, base=base[1], base_secret=self._secret(base[1]))
 
     def _collect(self, blocks: Iterable[int]) -> None:
         """Fetch the latest weights of ``blocks`` from the replicas that hold them into ``self.current``; a
@@ -409,10 +429,11 @@ class SplitRound:
         for (t, cid), mine in sorted(by.items()):
             for a, z in _runs(sorted(mine)):  # only those blocks: the replica's others are stale or another's
                 try:
-                    part = self.tiers[t].fetch(self.cfg.run_id, cid, self.cfg.secret_of(cid), (a, z))
+                    part = self.tiers[t].fetch(self.cfg.run_id, cid, self._secret(cid), (a, z))
                 except TierError as e:
                     raise RoundFailed(f"round {self.cfg.round}: the server-side model's blocks [{a}, {z}) could "
-                                      f"not be fetched from {cid}'s replica on the {self._label(t)}: {e}") from None
+                                      f"not be fetched from the {self._label(t)}, where "
+                                      f"{self._left_by.get(cid, cid)} left them: {e}") from None
                 self.weight_bytes[t][1] += state_bytes(part)
                 self.current.update(select(part, a, z))
                 for i in range(a, z):
@@ -448,7 +469,8 @@ class SplitRound:
                 self._drop(cid)
                 continue
             if self.cfg.mode in ("sl", "sflv2"):  # clients in turn: hand the model on (a dropped client doesn't)
-                if not self._finite_on_tiers(cid):
+                holder = self._keep(cid)
+                if holder is None:
                     self._drop(cid)
                     continue
                 if self.cfg.mode == "sl":
@@ -456,10 +478,13 @@ class SplitRound:
                 before = {c for _, c in self._held.values()}
                 for t, (a, z) in enumerate(server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape)):
                     for i in range(a, z):
-                        self._held[i] = (t, cid)  # the next client's load takes it from there
+                        if holder:  # the next client's load takes it from there
+                            self._held[i] = (t, holder)
+                        else:  # fetched: self.current has it
+                            self._held.pop(i, None)
                         if self.cfg.mode == "sflv2":
                             self.trained[i] = self.trained.get(i, 0.0) + out.result.samples
-                for c in before | {cid}:
+                for c in before | ({holder} if holder else set()):
                     self._release_if_free(c)
             self.done[cid] = out
         self._group = []
@@ -571,19 +596,86 @@ class SplitRound:
             contributions.append((select(self.current, i, i + 1), w))
         return aggregate(contributions, previous=self.global_state)
 
-    def _finite_on_tiers(self, cid: str) -> bool:
-        """Whether ``cid``'s trained server segments are finite, asked of each tier (a sum of weight 0: nothing
-        travels); if not, why."""
-        for t, tier in enumerate(self.tiers):
+    def _keep(self, cid: str) -> str | None:
+        """sl, sflv2: ``cid``'s trained server segments, copied on their tiers into segments of the
+        coordinator's own (``@held.<round>.<n>``, under the round's base secret, which no node is given; a copy
+        is refused if not finite, so what later clients copy is); then ``cid`` is released. Its node holds its secret: left bound, its device could
+        still step, or write NaN into, the weights the next clients copy. Returns the holder's id; "" when a
+        tier refused the copy (full of bases, say) and the weights were fetched into ``self.current`` instead;
+        None (and why) when they cannot be kept."""
+        hid = f"{BASE_PREFIX}held.{self.cfg.round}.{self.order.index(cid)}"
+        bounds = server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape)
+        for t, (a, z) in enumerate(bounds):  # said here as a fetch said it; the copy refuses what is not finite
+            if a == z:
+                continue
             try:
-                reduced = tier.reduce(self.cfg.run_id, [ReduceItem(cid, self.cfg.secret_of(cid), 0.0)])
+                reduced = self.tiers[t].reduce(self.cfg.run_id, [ReduceItem(cid, self._secret(cid), 0.0)])
             except TierError as e:
                 self.why[cid] = f"its {self._label(t)} segment could not be checked: {e}"
-                return False
+                return None
             if cid in reduced.refused:
                 self.why[cid] = f"its {self._label(t)} {reduced.refused[cid]}"
-                return False
-        return True
+                return None
+        self._loaded.append(hid)  # before its loads: one whose reply is lost is released all the same
+        for t, (a, z) in enumerate(bounds):
+            if a == z:
+                continue
+            load = SegmentLoad(run_id=self.cfg.run_id, client_id=hid, round=self.cfg.round, model=self.cfg.model,
+                               start=a, stop=z, replica=hid, state=None, optim=self.cfg.optim, seed=self.cfg.seed,
+                               secret=self._secret(hid), base=cid, base_secret=self._secret(cid))
+            try:
+                self._load_on(t, self.tiers[t], hid, load)
+            except TierError as e:
+                if e.code in GONE:
+                    raise
+                self._release(hid)
+                if e.code == "RESOURCE_EXHAUSTED":
+                    return self._fetched(cid)
+                self.why[cid] = f"its {self._label(t)} segment could not be kept: {e}"
+                return None
+        self._release(cid)
+        self._left_by[hid] = cid
+        return hid
+
+    def _fetched(self, cid: str) -> str | None:
+        """``cid``'s trained server segments fetched into ``self.current`` (checked finite), and ``cid``
+        released: "" (None, and why, if they cannot be)."""
+        parts: list[State] = []
+        for t, (a, z) in enumerate(server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape)):
+            if a == z:
+                continue
+            try:
+                part = self.tiers[t].fetch(self.cfg.run_id, cid, self._secret(cid))
+            except TierError as e:
+                self.why[cid] = f"fetch failed: {e}"
+                return None
+            self.weight_bytes[t][1] += state_bytes(part)
+            if self._refused(cid, self._label(t), part):
+                return None
+            parts.append(part)
+        for part in parts:
+            self.current.update(part)
+        self._release(cid)
+        return ""
+
+    def _touch(self) -> None:
+        """Ask each tier after the holders of the model's latest blocks (a sum of weight 0: nothing travels): a
+        use that keeps the tier's idle release from them through a long round, and a holder lost (the tier
+        restarted) fails the round here, naming it, rather than at the next fetch."""
+        for t, tier in enumerate(self.tiers):
+            ids = sorted({c for u, c in self._held.values() if u == t})
+            if not ids:
+                continue
+            try:
+                reduced = tier.reduce(self.cfg.run_id, [ReduceItem(c, self._secret(c), 0.0) for c in ids])
+            except TierError as e:
+                if e.code in GONE:
+                    raise
+                reduced = Reduced({}, {c: str(e) for c in ids})
+            lost = next((c for c in ids if c in reduced.refused), None)
+            if lost is not None:
+                raise RoundFailed(f"round {self.cfg.round}: the {self._label(t)} lost the server-side model's "
+                                  f"latest blocks ({lost}: {reduced.refused[lost]})")
 
     def _drop(self, cid: str) -> None:
         self.failed.append(cid)
@@ -615,7 +707,7 @@ class SplitRound:
             return
         self._loaded.remove(cid)
         for t, tier in enumerate(self.tiers):
-            self._release_on(t, tier, cid, self.cfg.secret_of(cid))
+            self._release_on(t, tier, cid, self._secret(cid))
 
     def _release_on(self, t: int, tier: TierControl, cid: str, secret: str, loaded_in: int | None = None) -> None:
         """A release that fails is noted in ``unreleased`` with the round that loaded it (this one unless

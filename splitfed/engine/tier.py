@@ -260,6 +260,13 @@ class Tier:
         if not _same_secret(base.secret, spec.base_secret):
             raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                    f"refused: base {spec.base!r} is held under another secret")
+        users = [b for u in base.users if (b := self._bindings.get((spec.run_id, u))) is not None]
+        if any(b.holds_lock for b in users):  # said now: waiting for it would read as a tier that is gone
+            raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r}: its base "
+                                     f"{spec.base!r} is in a U-shape step waiting for its backward")
+        now = self._clock()
+        for b in users:  # copying a base is a use of it: its idle release counts from here
+            b.last_used = now
         return base
 
     def _copied(self, spec: SegmentLoad, base: _Replica) -> State:
