@@ -56,6 +56,18 @@ class _Wrapped:
         return getattr(self.tier, name)
 
 
+class _Seen(_Wrapped):
+    """A tier that notes every load it is asked for."""
+
+    def __init__(self, tier: Tier, sent: list[SegmentLoad]) -> None:
+        super().__init__(tier)
+        self.sent = sent
+
+    def load(self, spec: SegmentLoad) -> None:
+        self.sent.append(spec)
+        self.tier.load(spec)
+
+
 def _load(client: str, start: int, stop: int, state=None, **kw) -> SegmentLoad:  # type: ignore[no-untyped-def]
     return SegmentLoad(RUN, client, 1, SPEC, start, stop, kw.pop("replica", client), state, secret=f"s-{client}", **kw)
 
@@ -234,13 +246,8 @@ def test_the_clients_server_loads_carry_no_weights_in_sflv1() -> None:
     """What the coordinator sends per client is the binding, not the blocks (they are copied from the base)."""
     sent: list[SegmentLoad] = []
 
-    class Seen(_Wrapped):
-        def load(self, spec: SegmentLoad) -> None:
-            sent.append(spec)
-            self.tier.load(spec)
-
     chain = inprocess_chain(2)
-    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [Seen(t) for t in chain.tiers], initial_state(SPEC, 0), ASSIGN)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [_Seen(t, sent) for t in chain.tiers], initial_state(SPEC, 0), ASSIGN)
     drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
     clients = [s for s in sent if not s.client_id.startswith("@")]
     assert len(clients) == 6 and all(s.state is None and s.base == "@base.1" for s in clients)
@@ -276,14 +283,9 @@ def test_clients_in_turn_copy_the_blocks_before_them_on_the_tier(mode: str) -> N
     """With the same cuts, each client after the first loads from the replica before it: no weights travel."""
     sent: list[SegmentLoad] = []
 
-    class Seen(_Wrapped):
-        def load(self, spec: SegmentLoad) -> None:
-            sent.append(spec)
-            self.tier.load(spec)
-
     chain = inprocess_chain(2)
     same = {f"c{i}": (2, 5) for i in range(3)}
-    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode), [Seen(t) for t in chain.tiers], initial_state(SPEC, 0), same)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode), [_Seen(t, sent) for t in chain.tiers], initial_state(SPEC, 0), same)
     drive(rnd, local_trainer(chain, {c: _batches() for c in same}))
     # each client's trained segments are copied there into a holder only the coordinator can reach (@held...),
     # which the next client copies: its own binding, whose secret its node has, is released at once
@@ -318,15 +320,10 @@ def test_a_base_is_staged_only_where_it_sends_fewer_bytes() -> None:
     """One client, or clients far apart on a tier (the base spans the blocks between): their own weights."""
     sent: list[SegmentLoad] = []
 
-    class Seen(_Wrapped):
-        def load(self, spec: SegmentLoad) -> None:
-            sent.append(spec)
-            self.tier.load(spec)
-
     chain = inprocess_chain(2)
     for assignment in ({"c0": (1, 3)}, {"c0": (0, 1), "c1": (6, 7)}, {"c0": (1, 3), "c1": (1, 3)}):
         sent.clear()
-        rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [Seen(t) for t in chain.tiers], initial_state(SPEC, 0),
+        rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [_Seen(t, sent) for t in chain.tiers], initial_state(SPEC, 0),
                          assignment)
         drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
         bases = [(s.start, s.stop) for s in sent if s.client_id.startswith("@")]
@@ -471,14 +468,9 @@ def test_bases_are_staged_per_run_of_blocks() -> None:
     first version sent block 5's weights besides)."""
     sent: list[SegmentLoad] = []
 
-    class Seen(_Wrapped):
-        def load(self, spec: SegmentLoad) -> None:
-            sent.append(spec)
-            self.tier.load(spec)
-
     chain = inprocess_chain(2)
     assignment = {"c0": (2, 3), "c1": (2, 3), "c2": (2, 3), "c3": (6, 7)}
-    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [Seen(chain.tiers[0]), chain.tiers[1]], initial_state(SPEC, 0),
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [_Seen(chain.tiers[0], sent), chain.tiers[1]], initial_state(SPEC, 0),
                      assignment)
     drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
     assert [(s.start, s.stop) for s in sent if s.client_id.startswith("@")] == [(2, 3), (6, 7)]

@@ -267,6 +267,7 @@ class SplitRound:
         self.cfg, self.tiers, self.global_state = cfg, list(tiers), global_state
         self.assignment = dict(assignment)
         self.order = list(assignment)
+        self._turn = {c: i for i, c in enumerate(self.order)}
         self.min_clients = min_clients or len(self.order)
         self.n_blocks = template.num_blocks(cfg.model)
         # sl: the model handed from client to client; sflv2: the server-side model (its server blocks)
@@ -284,7 +285,7 @@ class SplitRound:
         self.weight_bytes: list[list[int]] = [[0, 0] for _ in self.tiers]
         self._staged: list[tuple[int, str]] = []  # (tier, base segment's id) loaded now (sflv1: see _stage)
         self._based: set[int] = set()  # the tiers whose base the clients' loads copy now
-        # sl, sflv2: block -> (tier, client) whose replica holds the block's latest weights (see _load); a block
+        # sl, sflv2: block -> (tier, holder) whose segment keeps the block's latest weights (see _keep); a block
         # not here is up to date in self.current
         self._held: dict[int, tuple[int, str]] = {}
         self._left_by: dict[str, str] = {}  # holder -> the client whose trained segments it keeps
@@ -603,7 +604,7 @@ class SplitRound:
         still step, or write NaN into, the weights the next clients copy. Returns the holder's id; "" when a
         tier refused the copy (full of bases, say) and the weights were fetched into ``self.current`` instead;
         None (and why) when they cannot be kept."""
-        hid = f"{BASE_PREFIX}held.{self.cfg.round}.{self.order.index(cid)}"
+        hid = f"{BASE_PREFIX}held.{self.cfg.round}.{self._turn[cid]}"
         bounds = server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape)
         for t, (a, z) in enumerate(bounds):  # said here as a fetch said it; the copy refuses what is not finite
             if a == z:
