@@ -515,3 +515,17 @@ def test_a_holder_the_tier_lost_fails_the_next_turn_naming_it() -> None:
                                           r"segment is loaded on tier edge\)"):
         drive(rnd, local_trainer(chain, {c: _batches(seed=i) for i, c in enumerate(assignment)}))
     assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_a_released_base_frees_its_place() -> None:
+    tier = Tier("edge", max_clients=1)
+    part = select(initial_state(SPEC, 0), 1, 2)
+    for i in range(MAX_BASES):
+        tier.load(SegmentLoad(f"run{i}", "@b", 1, SPEC, 1, 2, "@b", part, secret="s"))
+    tier.load(SegmentLoad("run0", "@b", 1, SPEC, 1, 2, "@b", part, secret="s"))  # a reload takes no new place
+    with pytest.raises(ResourceExhausted, match="base segments"):
+        tier.load(SegmentLoad("one-more", "@b", 1, SPEC, 1, 2, "@b", part, secret="s"))
+    tier.release("run3", "@b", "s")
+    tier.load(SegmentLoad("one-more", "@b", 1, SPEC, 1, 2, "@b", part, secret="s"))
+    tier.load(SegmentLoad("run0", "c0", 1, SPEC, 1, 2, "c0", part, secret="s"))  # the client's place is its own
+    assert tier.clients() == MAX_BASES + 1

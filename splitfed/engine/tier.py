@@ -161,6 +161,7 @@ class Tier:
         self._lock = threading.Lock()
         self._replicas: dict[tuple[str, str], _Replica] = {}
         self._bindings: dict[tuple[str, str], _Binding] = {}
+        self._bases = 0  # of the bindings, the coordinators' base segments (is_base): counted, not searched
         self.steps_served = 0  # steps (and U-shape forwards and backwards) applied since the tier started
 
     # ------------------------------------------------------------ control
@@ -210,6 +211,7 @@ class Tier:
             replica.users.add(spec.client_id)
             self._replicas[rkey] = replica
             self._bindings[bkey] = binding
+            self._bases += is_base(spec.client_id)
 
     def _bind(self, spec: SegmentLoad, replica: _Replica) -> _Binding:
         """The binding of ``spec`` to ``replica``, its missing blocks written into it; nothing changes if refused."""
@@ -241,10 +243,9 @@ class Tier:
         """Whether another binding like ``spec`` would pass the tier's bounds (under ``self._lock``): clients
         up to ``max_clients``, and besides them coordinators' base segments (held while a round's clients load)
         up to ``MAX_BASES``."""
-        bases = sum(is_base(c) for _, c in self._bindings)
         if is_base(spec.client_id):
-            return bases >= MAX_BASES
-        return len(self._bindings) - bases >= self.max_clients
+            return self._bases >= MAX_BASES
+        return len(self._bindings) - self._bases >= self.max_clients
 
     def _base(self, spec: SegmentLoad) -> _Replica | None:
         """The replica a load copies its weights from (``spec.base``), if its secret is ``base_secret``
@@ -384,6 +385,7 @@ class Tier:
             b.holds_lock = False
             b.replica.lock.release()
         del self._bindings[bkey]
+        self._bases -= is_base(bkey[1])
         b.replica.users.discard(bkey[1])
         rkey = (bkey[0], b.spec.replica)
         if not b.replica.users and not b.replica.loading and self._replicas.get(rkey) is b.replica:
