@@ -600,10 +600,10 @@ class SplitRound:
     def _keep(self, cid: str) -> str | None:
         """sl, sflv2: ``cid``'s trained server segments, copied on their tiers into segments of the
         coordinator's own (``@held.<round>.<n>``, under the round's base secret, which no node is given; a copy
-        is refused if not finite, so what later clients copy is); then ``cid`` is released. Its node holds its secret: left bound, its device could
-        still step, or write NaN into, the weights the next clients copy. Returns the holder's id; "" when a
-        tier refused the copy (full of bases, say) and the weights were fetched into ``self.current`` instead;
-        None (and why) when they cannot be kept."""
+        is refused if not finite, so what later clients copy is); then ``cid`` is released. Its node holds its
+        secret: left bound, its device could still step, or write NaN into, the weights the next clients copy.
+        Returns the holder's id; "" when a tier refused the copy (full of bases, say) and the weights were
+        fetched into ``self.current`` instead; None (and why) when they cannot be kept."""
         hid = f"{BASE_PREFIX}held.{self.cfg.round}.{self._turn[cid]}"
         bounds = server_bounds(self.assignment[cid], self.n_blocks, self.cfg.u_shape)
         for t, (a, z) in enumerate(bounds):  # said here as a fetch said it; the copy refuses what is not finite
