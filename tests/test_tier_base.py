@@ -529,3 +529,25 @@ def test_a_released_base_frees_its_place() -> None:
     tier.load(SegmentLoad("one-more", "@b", 1, SPEC, 1, 2, "@b", part, secret="s"))
     tier.load(SegmentLoad("run0", "c0", 1, SPEC, 1, 2, "c0", part, secret="s"))  # the client's place is its own
     assert tier.clients() == MAX_BASES + 1
+
+
+def test_a_tier_gone_while_its_client_is_fetched_fails_the_round() -> None:
+    """As a tier gone while a client's segments are kept there does (the review found the two apart)."""
+    from splitfed.errors import Unavailable
+
+    class FullThenGone(_Wrapped):
+        def load(self, spec: SegmentLoad) -> None:
+            if spec.client_id.startswith("@held"):
+                raise ResourceExhausted(f"tier edge already holds {MAX_BASES} base segments")
+            self.tier.load(spec)
+
+        def fetch(self, *a, **k):  # type: ignore[no-untyped-def]  # noqa: ANN002, ANN003
+            raise Unavailable("tier edge: unavailable after 3 attempt(s)")
+
+    chain = inprocess_chain(2)
+    assignment = {"c0": (2, 5), "c1": (2, 5)}
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC, "sflv2"), [FullThenGone(chain.tiers[0]), chain.tiers[1]],
+                     initial_state(SPEC, 0), assignment)
+    with pytest.raises(Unavailable):
+        drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
+    assert [t.clients() for t in chain.tiers] == [0, 0]

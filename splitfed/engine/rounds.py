@@ -648,6 +648,8 @@ class SplitRound:
             try:
                 part = self.tiers[t].fetch(self.cfg.run_id, cid, self._secret(cid))
             except TierError as e:
+                if e.code in GONE:  # as when keeping them: a tier that is not there fails the round
+                    raise
                 self.why[cid] = f"fetch failed: {e}"
                 return None
             self.weight_bytes[t][1] += state_bytes(part)
