@@ -51,10 +51,10 @@ from splitfed.engine.types import (
     BASE_PREFIX,
     MODES,
     OptimConfig,
-    Reduced,
     ReduceItem,
     SegmentLoad,
     State,
+    block_of,
     is_base,
 )
 from splitfed.errors import ConfigError, SplitfedError, TierError
@@ -115,10 +115,6 @@ def initial_state(model: ModelSpec, seed: int) -> State:
 def state_bytes(state: State) -> int:
     """The bytes of a state's tensors (as they travel: uncompressed)."""
     return sum(nbytes(t) for t in state.values())
-
-
-def block_of(key: str) -> int:
-    return int(key.split(".", 1)[0])
 
 
 def select(state: State, start: int, stop: int) -> State:
@@ -610,12 +606,12 @@ class SplitRound:
             if a == z:
                 continue
             try:
-                reduced = self.tiers[t].reduce(self.cfg.run_id, [ReduceItem(cid, self._secret(cid), 0.0)])
+                refused = self._unfit(t, [cid])
             except TierError as e:
                 self.why[cid] = f"its {self._label(t)} segment could not be checked: {e}"
                 return None
-            if cid in reduced.refused:
-                self.why[cid] = f"its {self._label(t)} {reduced.refused[cid]}"
+            if cid in refused:
+                self.why[cid] = f"its {self._label(t)} {refused[cid]}"
                 return None
         self._loaded.append(hid)  # before its loads: one whose reply is lost is released all the same
         for t, (a, z) in enumerate(bounds):
@@ -665,20 +661,25 @@ class SplitRound:
         """Ask each tier after the holders of the model's latest blocks (a sum of weight 0: nothing travels): a
         use that keeps the tier's idle release from them through a long round, and a holder lost (the tier
         restarted) fails the round here, naming it, rather than at the next fetch."""
-        for t, tier in enumerate(self.tiers):
+        for t in range(len(self.tiers)):
             ids = sorted({c for u, c in self._held.values() if u == t})
             if not ids:
                 continue
             try:
-                reduced = tier.reduce(self.cfg.run_id, [ReduceItem(c, self._secret(c), 0.0) for c in ids])
+                refused = self._unfit(t, ids)
             except TierError as e:
                 if e.code in GONE:
                     raise
-                reduced = Reduced({}, {c: str(e) for c in ids})
-            lost = next((c for c in ids if c in reduced.refused), None)
+                refused = {c: str(e) for c in ids}
+            lost = next((c for c in ids if c in refused), None)
             if lost is not None:
                 raise RoundFailed(f"round {self.cfg.round}: the {self._label(t)} lost the server-side model's "
-                                  f"latest blocks ({lost}: {reduced.refused[lost]})")
+                                  f"latest blocks ({lost}: {refused[lost]})")
+
+    def _unfit(self, t: int, ids: Sequence[str]) -> dict[str, str]:
+        """Which of ``ids`` tier ``t`` would leave out of a sum, and why (not finite, gone): a sum of weight 0,
+        so nothing travels."""
+        return self.tiers[t].reduce(self.cfg.run_id, [ReduceItem(c, self._secret(c), 0.0) for c in ids]).refused
 
     def _drop(self, cid: str) -> None:
         self.failed.append(cid)

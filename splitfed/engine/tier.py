@@ -48,6 +48,7 @@ from splitfed.engine.types import (
     State,
     StepKey,
     StepReply,
+    block_of,
     is_base,
 )
 from splitfed.errors import (
@@ -273,7 +274,7 @@ class Tier:
     def _copied(self, spec: SegmentLoad, base: _Replica) -> State:
         """The load's state, and the blocks of ``[start, stop)`` it leaves out copied from ``base`` (copies: a
         load of the base meanwhile cannot tear them)."""
-        given = {int(k.split(".", 1)[0]) for k in spec.state or {}}
+        given = {block_of(k) for k in spec.state or {}}
         wanted = [i for i in range(spec.start, spec.stop) if i not in given and template.has_state(spec.model, i)]
         with _holding(base, self.name, "load from base"):
             lacking = [i for i in wanted if i not in base.blocks]
@@ -304,7 +305,7 @@ class Tier:
         if extra:
             raise InvalidArgument(f"state keys outside blocks [{segment.start}, {segment.stop}): {extra[:3]}")
         for i in range(segment.start, segment.stop):
-            keys = [k for k in own if k.split(".", 1)[0] == str(i)]
+            keys = [k for k in own if block_of(k) == i]
             have = [k for k in keys if k in state]
             if have and len(have) != len(keys):
                 raise InvalidArgument(f"state of block {i} is partial: missing {sorted(set(keys) - set(have))[:3]}")
@@ -329,7 +330,7 @@ class Tier:
                                      "waits for its backward")
         with _holding(b.replica, self.name, "fetch"):
             return {k: v.detach().to("cpu", copy=True) for k, v in b.segment.state_dict().items()
-                    if blocks is None or blocks[0] <= int(k.split(".", 1)[0]) < blocks[1]}
+                    if blocks is None or blocks[0] <= block_of(k) < blocks[1]}
 
     def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
         """The sample-weighted sum of the listed clients' trained segments (:class:`Reduced`): one float64

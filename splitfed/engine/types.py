@@ -13,6 +13,11 @@ from splitfed.models.zoo import ModelSpec
 State = dict[str, torch.Tensor]
 """A (partial) model state: keys ``"<block index>.<key in block>"``."""
 
+
+def block_of(key: str) -> int:
+    """The block a state key belongs to."""
+    return int(key.split(".", 1)[0])
+
 MODES = ("sl", "sflv1", "sflv2")
 BASE_PREFIX = "@"  # a client id that names a coordinator's base segment (SegmentLoad.base), not a client
 
