@@ -7,6 +7,8 @@ serves again.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -231,6 +233,38 @@ def test_a_runs_own_tiers_serve_its_own_model(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     with tier_chain(RunSettings(model="mymodels:make_net", tiers=2)) as chain:
         assert chain.infos[0].allowed_models == ("mymodels:make_net",) and not chain.infos[0].model_error
+
+
+def test_a_model_module_importable_only_through_runtime_sys_path_is_served_by_the_runs_tiers(
+        tmp_path, monkeypatch) -> None:
+    """A module made importable by changing sys.path at run time (a notebook, a script that inserts its
+    folder), neither in the working directory nor on PYTHONPATH: the tier processes the run starts get this
+    process's import path, so they build the model too (before: 'cannot import')."""
+    from splitfed.flower.config import RunSettings
+    from splitfed.importpath import child_pythonpath
+    from splitfed.sim.tiers import tier_chain
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "runtime_path_models.py").write_text(
+        "import torch.nn as nn\n\ndef make_net():\n    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), "
+        "nn.ReLU(), nn.Linear(16, 10))\n")
+    monkeypatch.chdir(tmp_path)  # not the module's folder
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.syspath_prepend(str(lib))
+    assert str(lib) in child_pythonpath().split(os.pathsep)
+    with tier_chain(RunSettings(model="runtime_path_models:make_net", tiers=2)) as chain:
+        assert chain.infos[0].allowed_models == ("runtime_path_models:make_net",)
+        assert not chain.infos[0].model_error, chain.infos[0].model_error
+
+
+def test_the_child_import_path_keeps_the_environments_own_entries_after_this_process_s(monkeypatch) -> None:
+    """sys.path first (its '' as the working directory), then the environment's PYTHONPATH, each once."""
+    from splitfed.importpath import child_pythonpath
+
+    monkeypatch.setattr(sys, "path", ["", "/a", "/b"])
+    got = child_pythonpath({"PYTHONPATH": os.pathsep.join(["/b", "", "/c"])}).split(os.pathsep)
+    assert got == [os.getcwd(), "/a", "/b", "/c"]
 
 
 def test_two_runs_at_once_on_the_same_tier_processes_each_get_their_own_numbers(

@@ -10,14 +10,14 @@ raises). Flower's backend sees Ray initialised and uses it as it is.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import psutil
+
+from splitfed.importpath import child_pythonpath
 
 ATTEMPTS = 3
 
@@ -31,7 +31,7 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
     """``ray.init`` with Flower's runtime env (PYTHONPATH to the workers), retried on failure."""
     import ray
 
-    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    pythonpath = child_pythonpath()
     last: BaseException | None = None
     for attempt in range(1, attempts + 1):
         before = set(_children())  # by pid and start time: a pid freed and taken again is another process

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+from splitfed.importpath import child_pythonpath
 from splitfed.transport.security import TlsConfig
 
 READY = "listening on "
@@ -68,7 +69,8 @@ class TierProcess:
         (``--coordinator-token-file``). Plaintext needs ``insecure=True``, as on the command line.
         ``client_tls``: credentials for the health check of a mutual-TLS tier.
         ``allow_models``: ``module:factory`` models the tier serves besides the zoo (``--allow-model``);
-        the child runs in this process's working directory, so it imports what was importable from there.
+        the child runs in this process's working directory and gets its ``sys.path``, so it imports what this
+        process can (a module made importable at run time included).
         """
         role = role or ("edge" if next_address else "cloud")
         cmd = [sys.executable, "-m", "splitfed.cli", "tier", "--role", role, "--name", name, "--listen", listen,
@@ -98,6 +100,7 @@ class TierProcess:
         cmd += list(extra_args)
         child_env = dict(os.environ if env is None else env)
         child_env["PYTHONUNBUFFERED"] = "1"
+        child_env["PYTHONPATH"] = child_pythonpath(child_env)  # a model's module this process imports, it can
         if threads:
             child_env["OMP_NUM_THREADS"] = str(threads)
         # a session of its own: a terminal's Ctrl-C goes to our process group, and a tier killed by it would leave
