@@ -268,7 +268,7 @@ def test_memory_in_refusals_keeps_three_significant_figures() -> None:
 @example(1023.9)
 @example(99.5)  # .0f from 99.5 up made "100 bytes" of it, 0.5% off (found by this property under -n 4)
 def test_mib_text_keeps_three_significant_figures(nbytes: float) -> None:
-    from splitfed.profile.fleet import mib_text
+    from splitfed.units import mib_text
 
     text = mib_text(nbytes)
     number, unit = text.replace(",", "").split(" ")

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitfed.errors import ConfigError
-from splitfed.profile.devices import MIB, DeviceProfile, LinkProfile, mbps
+from splitfed.profile.devices import DeviceProfile, LinkProfile, mbps
 from splitfed.profile.fleet import device_entry, parse_fleet
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.errors import Unauthenticated
@@ -21,6 +21,7 @@ from splitfed.transport.pb import method, pb
 from splitfed.transport.probe import bandwidth_mbps, measure_link
 from splitfed.transport.process import TierProcess
 from splitfed.transport.server import serve_tier
+from splitfed.units import MIB
 
 EDGE = "[edge]\nflops = 1e12\nmemory_mb = 1024\n"
 

@@ -26,7 +26,7 @@ from splitfed.profile import (
     shipped_fleets,
 )
 from splitfed.profile import profiler as profiler_mod
-from splitfed.profile.devices import MIB
+from splitfed.units import MIB
 
 torch.set_num_threads(1)
 

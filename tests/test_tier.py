@@ -15,6 +15,7 @@ from splitfed.engine.tier import Tier
 from splitfed.engine.types import StepKey
 from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, TierError, Unavailable
 from splitfed.models.zoo import resolve_spec
+from splitfed.units import mib_text
 
 SPEC = resolve_spec("cnn")
 
@@ -417,8 +418,8 @@ def test_status_says_what_the_tier_holds_and_has_served() -> None:
     t.step(StepKey("run", "a", 0, 1), act(), y())
     line = t.status()
     weights = sum(v.numel() * v.element_size() for v in t.fetch("run", "a").values()) * 2  # a's and b's replicas
-    assert line == f"tier cloud: 2 segment(s) of 1 run(s) (run), {weights / 2**20:.1f} MiB of weights held; " \
+    assert line == f"tier cloud: 2 segment(s) of 1 run(s) (run), {mib_text(weights)} of weights held; " \
                    "2 step(s) served"
     t.release("run", "a")
     t.release("run", "b")
-    assert t.status() == "tier cloud: 0 segment(s) of 0 run(s), 0.0 MiB of weights held; 2 step(s) served"
+    assert t.status() == "tier cloud: 0 segment(s) of 0 run(s), 0 bytes of weights held; 2 step(s) served"

@@ -22,8 +22,9 @@ from splitfed.optimizer.assign import (
     solve,
     static,
 )
-from splitfed.profile.fleet import load_fleet, mib_text, shipped_fleets
+from splitfed.profile.fleet import load_fleet, shipped_fleets
 from splitfed.profile.profiler import profile_model
+from splitfed.units import mib_text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

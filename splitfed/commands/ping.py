@@ -132,9 +132,10 @@ def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> st
     from splitfed.commands.profile import cache_dir
     from splitfed.errors import ConfigError
     from splitfed.models.zoo import resolve_spec
-    from splitfed.profile.devices import MIB, DeviceProfile
+    from splitfed.profile.devices import DeviceProfile
     from splitfed.profile.fleet import device_entry
     from splitfed.profile.profiler import profile_model
+    from splitfed.units import MIB
 
     spec = resolve_spec(args.model or "cnn", args.input_shape, args.num_classes)
     flops = profile_model(spec, 32, cache_dir=cache_dir()).host_flops()

@@ -105,8 +105,9 @@ import numpy as np
 from splitfed.errors import ConfigError, CutError
 from splitfed.models.blocks import validate_cuts
 from splitfed.profile.devices import LinkProfile, TierProfile
-from splitfed.profile.fleet import Client, Fleet, mib_text
+from splitfed.profile.fleet import Client, Fleet
 from splitfed.profile.profiler import ModelProfile
+from splitfed.units import mib_text
 
 Cuts = tuple[int, ...]
 Assignment = Mapping[str, Sequence[int]]

@@ -60,6 +60,7 @@ from splitfed.errors import (
     Unavailable,
 )
 from splitfed.models.blocks import Segment, step_rng
+from splitfed.units import mib_text
 
 SHARED_WAIT_S = 60.0
 MAX_BASES = 64  # base segments a tier holds at once, over all runs (each a part of one model: bounded memory)
@@ -408,7 +409,7 @@ class Tier:
         segments, runs, steps = self.holding()
         weights = sum(t.numel() * t.element_size() for m in blocks for t in [*m.parameters(), *m.buffers()])
         return (f"tier {self.name}: {segments} segment(s) of {len(runs)} run(s){f' ({_few(runs)})' if runs else ''}, "
-                f"{weights / 2**20:.1f} MiB of weights held; {steps} step(s) served")
+                f"{mib_text(weights)} of weights held; {steps} step(s) served")
 
     def sweep(self) -> list[tuple[str, str]]:
         """Release every segment unused for ``idle_release_s``; returns their (run, client) keys.

@@ -76,7 +76,8 @@ from splitfed.cost.model import (
     option_table,
 )
 from splitfed.errors import ConfigError, SplitfedError
-from splitfed.profile.fleet import Client, mib_text
+from splitfed.profile.fleet import Client
+from splitfed.units import mib_text
 
 EXHAUSTIVE_LIMIT = 2_000_000
 _SCALE = 1e4  # the optimum's size in scaled units (see module docstring)

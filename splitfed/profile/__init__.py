@@ -1,8 +1,9 @@
 """Profiles: what each block of a model costs, what each tier and link can do, and fleets of devices."""
 
-from splitfed.profile.devices import MIB, PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
+from splitfed.profile.devices import PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
 from splitfed.profile.fleet import Client, Drift, Fleet, load_fleet, parse_fleet, shipped_fleets
 from splitfed.profile.profiler import ModelProfile, profile_model
+from splitfed.units import MIB
 
 __all__ = [
     "MIB",

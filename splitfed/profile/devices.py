@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIB = 2**20
-
 
 def mbps(v: float) -> float:
     """Megabit/s -> bytes/s."""

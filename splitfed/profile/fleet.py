@@ -42,7 +42,8 @@ import numpy as np
 
 from splitfed import tomlio
 from splitfed.errors import ConfigError, unknown_key
-from splitfed.profile.devices import MIB, PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
+from splitfed.profile.devices import PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
+from splitfed.units import MIB
 
 _LINK = ("up_mbps", "down_mbps", "rtt_ms")
 _TOP_KEYS = {"name", "description", "samples", "edge", "cloud", "device"}
@@ -176,18 +177,6 @@ class Fleet:
 
 
 # ---------------------------------------------------------------- writing
-
-
-def mib_text(nbytes: float) -> str:
-    """Bytes for a message, in the fleet file's unit (MiB) to 3 significant figures, so a refusal reads
-    against ``memory_mb`` (``.1f`` showed 0.005 MiB as "0.0 MiB" and 0.25 MiB as "0.2 MiB"); under a KiB,
-    in bytes."""
-    if not math.isfinite(nbytes):
-        return f"{nbytes} bytes"
-    if abs(nbytes) < 1024:  # from 100 up, whole bytes: .3g made "1e+03 bytes" of 1000
-        return f"{nbytes:.0f} bytes" if abs(nbytes) >= 100 else f"{nbytes:.3g} bytes"
-    v = nbytes / MIB
-    return f"{v:,.0f} MiB" if abs(v) >= 999.5 else f"{v:.3g} MiB"
 
 
 def device_entry(name: str, device: DeviceProfile, notes: Mapping[str, str] | None = None) -> str:
