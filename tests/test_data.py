@@ -75,9 +75,10 @@ schemes = st.one_of(
 def partition_cases(draw: st.DrawFn) -> tuple[np.ndarray, int, str, int, int]:
     n_classes = draw(st.integers(1, 12))
     labels = np.array(draw(st.lists(st.integers(0, n_classes - 1), min_size=1, max_size=300)))
-    num_clients = draw(st.integers(1, min(len(labels), 15)))
+    num_clients = draw(st.integers(1, 15))  # more clients than samples only with min_size 0
     min_size = draw(st.integers(0, len(labels) // num_clients))
-    return labels, num_clients, draw(schemes), draw(st.integers(0, 2**32)), min_size
+    scheme = draw(schemes if num_clients <= len(labels) else st.just("iid"))
+    return labels, num_clients, scheme, draw(st.integers(0, 2**32)), min_size
 
 
 @PROPS
@@ -153,13 +154,23 @@ def test_min_size_is_met_even_when_dirichlet_starves_clients() -> None:
         (np.arange(10), 4, 3, r"min_size 3 = 12 samples needed, only 10"),
         (np.arange(10), 0, 1, r"num_clients must be a positive integer"),
         (np.zeros((4, 2)), 2, 1, r"one-dimensional"),
-        (np.arange(10), 2, -1, r"min_size must be >= 0"),
+        (np.arange(10), 2, -1, r"min_size must be an integer >= 0, got -1"),
+        (np.arange(10), 2, 1.5, r"min_size must be an integer >= 0, got 1.5"),
     ],
 )
 def test_partition_refuses_impossible_requests(labels: np.ndarray, num_clients: int,
                                                min_size: int, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         partition(labels, num_clients, "iid", 0, min_size=min_size)
+
+
+def test_min_size_0_lets_clients_have_no_samples_and_more_clients_than_samples() -> None:
+    """min_size 0 said a client may have none, yet 5 clients over 3 samples were refused for wanting one each."""
+    parts = partition(np.arange(3), 5, "iid", 0, min_size=0)
+    assert len(parts) == 5 and sorted(np.concatenate(parts).tolist()) == [0, 1, 2]
+    assert sorted(len(p) for p in parts) == [0, 0, 1, 1, 1]
+    with pytest.raises(ConfigError, match=r"5 clients but only 3 samples: a Dirichlet partition needs"):
+        partition(np.arange(3), 5, "dirichlet:0.5", 0, min_size=0)
 
 
 def test_negative_seed_is_a_config_error() -> None:

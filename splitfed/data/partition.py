@@ -52,7 +52,7 @@ def partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: str |
     """Disjoint, sorted int64 index arrays, one per client, covering every sample.
 
     The result depends only on (labels, num_clients, scheme, seed, min_size). Every client
-    gets at least ``min_size`` samples: Dirichlet draws that leave a client short are fixed
+    gets at least ``min_size`` samples (0: a client may get none, so there may be more clients than samples): Dirichlet draws that leave a client short are fixed
     by moving randomly chosen samples from the largest client, so no draw is ever refused.
     """
     scheme = parse_partition(scheme)
@@ -62,15 +62,19 @@ def partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: str |
     n = len(y)
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise ConfigError(f"num_clients must be a positive integer, got {num_clients!r}")
-    if num_clients > n:
-        raise ConfigError(f"{num_clients} clients but only {n} samples: each client needs at least one")
-    if min_size < 0:
-        raise ConfigError(f"min_size must be >= 0, got {min_size}")
+    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
+        raise ConfigError(f"min_size must be an integer >= 0, got {min_size!r}")
+    if num_clients > n and min_size > 0:
+        raise ConfigError(f"{num_clients} clients but only {n} samples: each client needs at least one "
+                          "(min_size 0 lets clients have none)")
     if num_clients * min_size > n:
         raise ConfigError(
             f"{num_clients} clients x min_size {min_size} = {num_clients * min_size} samples "
             f"needed, only {n} available"
         )
+    if scheme.kind != "iid" and num_clients > n:  # flwr-datasets' partitioner refuses it
+        raise ConfigError(f"{num_clients} clients but only {n} samples: a Dirichlet partition needs at least as "
+                          "many samples as clients")
     rng = np.random.default_rng(derive_seed(seed, 0))
     if scheme.kind == "iid":
         # Not flwr-datasets' IidPartitioner: it cuts *contiguous* shards without shuffling,
