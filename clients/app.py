@@ -9,7 +9,7 @@ node with data of its own names it with ``data-file`` (a ``.npz`` with
 
 - ``query``: answers the ServerApp's registration round with its partition,
   sample count, device profile and splitfed protocol, and (when the run keeps
-  real time) its link to the edge as it measures it then.
+  real time) its link to the edge and its training speed as it measures them then.
 - ``train``: trains its device segment for one round through a gRPC link to the
   edge tier (a node with an ``edge-address`` of its own first checks, once, that
   it reaches the run's edge and not another tier), and returns the segment's
@@ -57,6 +57,7 @@ from splitfed.transport.describe import PROTOCOL
 from splitfed.transport.errors import TlsRefused
 
 if TYPE_CHECKING:
+    from splitfed.profile.speed import SpeedMeasure
     from splitfed.transport.client import GrpcTierClient
     from splitfed.transport.probe import LinkMeasure
 
@@ -86,10 +87,11 @@ def _refusals_as_replies(handler: Callable[[Message, Context], Message]) -> Call
 @app.query()
 @_refusals_as_replies
 def query(msg: Message, context: Context) -> Message:
-    """Registration: partition, local sample count, device profile, own edge address, protocol, link."""
+    """Registration: partition, local sample count, device profile, own edge address, protocol, link, speed."""
     node = NodeConfig.parse(context.node_config)
     ask = msg.content.config_records.get(CONFIG, ConfigRecord())
     samples = 0
+    x = None
     if "model" in ask:
         spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
         seed = ask["seed"]
@@ -99,9 +101,32 @@ def query(msg: Message, context: Context) -> Message:
         samples = len(x)
     link, link_error = _measure_link(node, ask) if ask.get("measure-link") else (None, "")
     up, down, rtt = (link.up_mbps or 0.0, link.down_mbps or 0.0, link.rtt_ms) if link else (0.0, 0.0, 0.0)
+    speed, speed_error = (_measure_speed(node, spec, x, ask) if ask.get("measure-speed") and x is not None
+                          else (None, ""))
     info = NodeInfo(node.partition_id, node.num_partitions, samples, node.device_profile, node.edge_address,
-                    up, down, rtt, PROTOCOL, splitfed.__version__, link_error)
+                    up, down, rtt, PROTOCOL, splitfed.__version__, link_error,
+                    *((speed.blocks, speed.samples, speed.seconds) if speed else (0, 0, 0.0)), speed_error)
     return Message(RecordDict({NODE: info.to_record()}), reply_to=msg)
+
+
+def _measure_speed(node: NodeConfig, spec: ModelSpec, x: torch.Tensor,
+                   ask: ConfigRecord) -> tuple[SpeedMeasure | None, str]:
+    """How fast this node trains the model's first blocks on a batch of its data (where it computes), for the
+    optimizer's first plan; else None and why (the profile's FLOP/s is used)."""
+    from splitfed.engine.compute import torch_device
+    from splitfed.profile.speed import measure_speed
+
+    batch = ask.get("batch-size", 32)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"query: batch-size must be a positive integer, got {batch!r}")
+    if len(x) == 0:
+        return None, "no local samples to time training on"
+    try:
+        return measure_speed(spec, x[:batch], torch_device(node.torch_device, "node config: torch-device")), ""
+    except SplitfedError as e:
+        log(WARNING, "client%d: could not measure its training speed (its profile's is used): %s",
+            node.partition_id, e)
+        return None, first_line(e)[:1000]
 
 
 @app.train()

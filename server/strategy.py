@@ -50,6 +50,7 @@ from splitfed.data._seed import derive_seed
 from splitfed.engine.link import TierControl
 from splitfed.engine.rounds import ClientResult, Outcome, RoundConfig, SplitRound
 from splitfed.errors import ConfigError, SplitfedError
+from splitfed.flower.adaptive import measured_device_flops
 from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import AssignmentPolicy, ClientInfo, Clock, Cuts, Measurement
 from splitfed.flower.records import (
@@ -165,6 +166,8 @@ class SplitFedAvg(FedAvg):
         if not s.sim_clock and self.edge_address:  # real time: each node measures its real link to the edge
             ask.update({"measure-link": True, "edge-address": self.edge_address, "tls-ca": s.tls_ca,
                         "tls-cert": s.tls_cert, "tls-key": s.tls_key, "token-file": s.token_file})
+        if not s.sim_clock:  # and how fast it trains (splitfed.profile.speed)
+            ask.update({"measure-speed": True, "batch-size": s.batch_size})
         msgs = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type=MessageType.QUERY)
                 for n in nodes]
         replies = self.exchange(grid, msgs, s.node_wait_s)
@@ -192,9 +195,10 @@ class SplitFedAvg(FedAvg):
             seen[info.partition_id] = node
             profile = info.profile or (profile_of(info) if profile_of else "")
             clients[node] = ClientInfo(f"client{info.partition_id}", node, info.partition_id, profile,
-                                       info.samples, info.link)
+                                       info.samples, info.link, info.speed)
             links[node] = _link_text(info.link) or (
                 f" (link not measured: {info.link_error}; the profile's is used)" if info.link_error else "")
+            links[node] += _speed_text(s, info)
         if len(clients) < need:
             raise ConfigError(f"only {len(clients)} node(s) answered the query round; at least {need} needed")
         self.clients = dict(sorted(clients.items(), key=lambda kv: kv[1].partition_id))
@@ -419,6 +423,13 @@ def _link_text(link: LinkProfile | None) -> str:
         return ""
     return (f" (measured up {_plain(link.up * 8 / 1e6)} Mbit/s, down {_plain(link.down * 8 / 1e6)} Mbit/s, "
             f"rtt {_plain(link.rtt * 1e3)} ms)")
+
+
+def _speed_text(settings: RunSettings, info: NodeInfo) -> str:
+    if info.speed_error:
+        return f" (speed not measured: {info.speed_error}; the profile's is used)"
+    flops = measured_device_flops(settings, info.speed)
+    return f" (trains at {_plain(flops / 1e9)} GFLOP/s)" if flops else ""
 
 
 def _plain(x: float) -> str:

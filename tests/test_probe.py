@@ -174,9 +174,9 @@ def _run_two_nodes(tmp_path, caplog, sim_clock: bool):  # type: ignore[no-untype
 @pytest.mark.parametrize("sim_clock", [False, True])
 def test_deployed_nodes_measure_their_links_at_registration_and_the_optimizer_plans_with_them(
         monkeypatch, tmp_path, caplog, sim_clock) -> None:  # type: ignore[no-untyped-def]
-    """Real time (deployment): every node measures its link to the edge when it registers, and the first
-    plan uses that instead of its profile's guess. Simulated time: the fleet file is the world, so nothing
-    is measured (loopback speeds would replace the fleet's links)."""
+    """Real time (deployment): every node measures its link to the edge and its training speed when it
+    registers, and the first plan uses them instead of its profile's guesses. Simulated time: the fleet file
+    is the world, so nothing is measured (loopback speeds would replace the fleet's links)."""
 
     import splitfed.flower.adaptive as adaptive
 
@@ -190,13 +190,18 @@ def test_deployed_nodes_measure_their_links_at_registration_and_the_optimizer_pl
     monkeypatch.setattr(adaptive, "scenario", spy)
     s = _run_two_nodes(tmp_path, caplog, sim_clock)
     links = [c.link for c in seen[0]]
+    speeds = [c.speed for c in seen[0]]
     if sim_clock:
         assert links == [None, None] and "measured up" not in caplog.text
+        assert speeds == [None, None] and "GFLOP/s" not in caplog.text
     else:
         assert all(link.up > 0 and link.down > 0 and link.rtt > 0 for link in links)  # type: ignore[union-attr]
-        assert "client0=" in caplog.text and "(measured up " in caplog.text
+        assert all(sp is not None and sp.blocks >= 1 and sp.samples >= 1 and sp.seconds > 0 for sp in speeds)
+        assert "client0=" in caplog.text and "(measured up " in caplog.text and " GFLOP/s)" in caplog.text
         planned = real(s, seen[0])
         assert planned.clients[0].link.up == pytest.approx(links[0].up)  # type: ignore[union-attr]
+        from splitfed.flower.adaptive import measured_device_flops
+        assert planned.clients[0].device.flops == pytest.approx(measured_device_flops(s, speeds[0]))
 
 
 def test_a_measured_link_replaces_the_profiles_guess_in_the_plan() -> None:
@@ -246,3 +251,24 @@ def test_a_node_that_could_not_measure_its_link_says_why_in_the_coordinators_log
     assert registered.count("(measured up ") == 1, registered
     assert ("(link not measured: tier 127.0.0.1:1: probe: handshake failed; the profile's is used)"
             in registered), registered
+
+
+def test_a_node_that_could_not_measure_its_speed_says_why_and_keeps_its_profiles(monkeypatch, tmp_path,
+                                                                                   caplog) -> None:
+    import splitfed.profile.speed as speed
+
+    real = speed.measure_speed
+    calls: list[int] = []
+
+    def measure_once_then_fail(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise ConfigError("could not time training model cnn here: RuntimeError: out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(speed, "measure_speed", measure_once_then_fail)
+    _run_two_nodes(tmp_path, caplog, sim_clock=False)
+    registered = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Registered 2 client"))
+    assert registered.count(" GFLOP/s)") == 1, registered
+    assert ("(speed not measured: could not time training model cnn here: RuntimeError: out of memory; the "
+            "profile's is used)" in registered), registered

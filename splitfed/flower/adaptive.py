@@ -25,11 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitfed.errors import ConfigError
 from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import ClientInfo, Cuts, Measurement
+
+if TYPE_CHECKING:
+    from splitfed.profile.speed import SpeedMeasure
 
 
 def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ignore[no-untyped-def]
@@ -42,7 +45,6 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
         LinkProfile,
         TierProfile,
         mbps,
-        profile_model,
     )
     from splitfed.sim.clock import fleet_for
 
@@ -61,12 +63,27 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
                               f"{fleet.name!r} nor a named device profile ({', '.join(PROFILES)})")
         if info.link is not None:  # what the device measured to its edge beats what its profile guessed
             base = replace(base, link=info.link)
+        if (flops := measured_device_flops(settings, info.speed)) is not None:  # and so does its speed
+            base = replace(base, device=TierProfile(flops, base.device.memory))
         picked.append(replace(base, name=info.client_id, samples=info.samples or base.samples))
-    profile = profile_model(settings.spec, batch=settings.batch_size, optimizer_slots=settings.optim.slots)
+    profile = _profile(settings)
     return Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked), kinds={}), tiers=settings.tiers,
                                batch=settings.batch_size, u_shape=settings.u_shape,
                                epochs=settings.local_epochs, mode=settings.mode, codec=settings.compress,
                                min_device_blocks=settings.min_device_blocks)
+
+
+def _profile(settings: RunSettings):  # type: ignore[no-untyped-def]
+    from splitfed.profile import profile_model
+
+    return profile_model(settings.spec, batch=settings.batch_size, optimizer_slots=settings.optim.slots)
+
+
+def measured_device_flops(settings: RunSettings, speed: SpeedMeasure | None) -> float | None:
+    """A device's FLOP/s from its registration's speed measurement, in the cost model's FLOPs (None: none)."""
+    from splitfed.profile.speed import measured_flops
+
+    return None if speed is None else measured_flops(_profile(settings), speed)
 
 
 def _check(settings: RunSettings, name: str) -> None:

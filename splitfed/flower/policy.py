@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from splitfed.errors import ConfigError
 from splitfed.flower.config import RunSettings
 from splitfed.profile.devices import LinkProfile
+
+if TYPE_CHECKING:
+    from splitfed.profile.speed import SpeedMeasure
 
 Cuts = tuple[int, ...]
 
@@ -29,6 +32,7 @@ class ClientInfo:
     profile: str = ""  # device profile / fleet client name ("" when unknown)
     samples: int = 0
     link: LinkProfile | None = None  # its link to the edge as it measured it at registration
+    speed: SpeedMeasure | None = None  # how fast it trained the model's first blocks then
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from splitfed.engine.types import OptimConfig, State
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec
 from splitfed.profile.devices import LinkProfile, mbps
+from splitfed.profile.speed import SpeedMeasure
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -176,6 +177,12 @@ class NodeInfo:
     protocol: int = 0  # the splitfed wire protocol its library speaks (0: a splitfed too old to say)
     version: str = ""
     link_error: str = ""  # why it could not measure its link when asked ("": measured, or not asked)
+    # its training speed when asked (splitfed.profile.speed): blocks [0, speed_blocks) on speed_samples samples
+    # took speed_s seconds (0: not measured), or why it could not be measured
+    speed_blocks: int = 0
+    speed_samples: int = 0
+    speed_s: float = 0.0
+    speed_error: str = ""
 
     @property
     def link(self) -> LinkProfile | None:
@@ -184,6 +191,14 @@ class NodeInfo:
         if not (ok and self.up_mbps > 0 and self.down_mbps > 0 and self.rtt_ms >= 0):
             return None
         return LinkProfile(mbps(self.up_mbps), mbps(self.down_mbps), self.rtt_ms / 1e3)
+
+    @property
+    def speed(self) -> SpeedMeasure | None:
+        """Its training speed as measured, or None (not asked, failed, or nonsense from a faulty node)."""
+        try:
+            return SpeedMeasure(self.speed_blocks, self.speed_samples, self.speed_s)
+        except ConfigError:
+            return None
 
     def to_record(self) -> ConfigRecord:
         return ConfigRecord({k.replace("_", "-"): v for k, v in asdict(self).items()})
@@ -197,6 +212,8 @@ class NodeInfo:
                        str(record.get("edge-address", "")), float(record.get("up-mbps", 0.0)),
                        float(record.get("down-mbps", 0.0)), float(record.get("rtt-ms", 0.0)),
                        int(record.get("protocol", 0)), str(record.get("version", "")),
-                       str(record.get("link-error", "")))
+                       str(record.get("link-error", "")), int(record.get("speed-blocks", 0)),
+                       int(record.get("speed-samples", 0)), float(record.get("speed-s", 0.0)),
+                       str(record.get("speed-error", "")))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{what}: malformed ({e})") from None

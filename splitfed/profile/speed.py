@@ -1,0 +1,101 @@
+"""A device's training speed, measured on its own hardware when it registers.
+
+The cost model takes a device's effective FLOP/s from its profile, a guess; the
+adaptive policy corrects it from each round's measured compute, but only while
+the device holds blocks: one the optimizer gives no block (its raw inputs go to
+the edge) would keep the guess for good, and a guess that is too low keeps it
+there. So a node measures its speed once at registration, as it measures its
+link: it trains the model's first blocks (forward and backward, as a device
+holding them would) on one batch of its own data, adding blocks until a pass
+takes ``budget_s``, and reports which blocks, how many samples and the median
+seconds of ``reps`` passes after a warm-up. The coordinator turns that into
+FLOP/s with the cost model's own FLOP counts (:func:`measured_flops`), so the
+node needs no profile of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from splitfed.errors import ConfigError
+from splitfed.models.zoo import ModelSpec, first_line
+from splitfed.profile.profiler import ModelProfile
+
+BUDGET_S = 0.02  # seconds of training per timed pass: long enough to dwarf Python's overhead per block
+REPS = 3
+
+
+@dataclass(frozen=True)
+class SpeedMeasure:
+    """Blocks ``[0, blocks)`` trained on ``samples`` samples in ``seconds`` (median of a few passes)."""
+
+    blocks: int
+    samples: int
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if not (self.blocks >= 1 and self.samples >= 1 and math.isfinite(self.seconds) and self.seconds > 0):
+            raise ConfigError(f"a speed measurement needs at least one block and sample and a positive, finite "
+                              f"time; got {self.blocks} block(s), {self.samples} sample(s), {self.seconds} s")
+
+
+def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None = None, *,
+                  budget_s: float = BUDGET_S, reps: int = REPS,
+                  clock: Callable[[], float] = time.perf_counter) -> SpeedMeasure:
+    """Time the training of ``spec``'s first blocks on the batch ``x`` (fresh copies of the blocks: nothing
+    the node trains is touched; torch's generator is given back as it was)."""
+    from splitfed.engine import template
+    from splitfed.models.blocks import Segment
+
+    where = where or torch.device("cpu")
+    n = template.num_blocks(spec)
+    blocks = {str(i): b.to(where).train() for i, b in template.copy_blocks(spec, 0, n).items()}
+    x = x.to(where)
+
+    def now() -> float:  # a GPU runs behind its caller: wait for it before reading the clock
+        if where.type == "cuda":
+            torch.cuda.synchronize(where)
+        return clock()
+
+    def once(stop: int) -> float:
+        seg = Segment({k: blocks[k] for k in map(str, range(stop))}, 0, stop)
+        t0 = now()
+        out = seg(x)
+        outs = [t for t in (out if isinstance(out, tuple | list) else [out])
+                if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        t = now() - t0
+        seg.zero_grad(set_to_none=True)
+        return t
+
+    state = torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state(where) if where.type == "cuda" else None
+    try:
+        stop = 1
+        while once(stop) < budget_s and stop < n:  # also the warm-up of every block it adds
+            stop += 1
+        seconds = statistics.median(once(stop) for _ in range(reps))
+    except (MemoryError, RuntimeError) as e:
+        raise ConfigError(f"could not time training model {spec.name} here: {type(e).__name__}: "
+                          f"{first_line(e)}") from None
+    finally:
+        torch.set_rng_state(state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, where)
+    return SpeedMeasure(stop, len(x), max(seconds, 1e-9))
+
+
+def measured_flops(profile: ModelProfile, m: SpeedMeasure) -> float | None:
+    """FLOP/s: the cost model's FLOPs of training blocks ``[0, m.blocks)`` on ``m.samples`` samples, over the
+    seconds they took (None when the profile counts no work there, or has fewer blocks: another model)."""
+    if m.blocks > profile.n_blocks:
+        return None
+    work = (math.fsum(profile.fwd_flops[:m.blocks]) + math.fsum(profile.bwd_flops[:m.blocks])) * m.samples
+    return work / m.seconds if work > 0 else None
