@@ -6,13 +6,19 @@ module; nothing else predicts time.
 Notation. A chain of T tiers: tier 0 is the client's device, tiers 1..T-1 are
 servers shared by all clients (2 tiers: edge; 3 tiers: edge, cloud). Link j
 joins tier j-1 and tier j; link 1 is the client's own, links j >= 2 are shared.
-Blocks 0..L-1; per sample f_i (forward + backward FLOPs), p_i (parameter bytes, frozen
-ones too: every weight travels), g_i (bytes of the parameters that train, ``requires_grad``),
-m_i (fixed bytes: params + grads and optimizer state of the trainable ones), h_i (activation
-bytes kept for backward); a_k is the size of the tensor at boundary k (a_0 the input,
-a_k the output of block k-1). Cuts k_1 <= ... <= k_{T-1} <= E, where E = L, or
+Blocks 0..L-1; per sample f_i (forward + backward FLOPs), h_i (activation bytes kept for
+backward); per block w_i (state bytes: what the weight exchange sends for block i, every key of
+its state dict, ``ModelProfile.state_bytes``: weights frozen or not, a tensor tied under two
+names once per name, persistent buffers such as BatchNorm statistics), g_i (bytes of the
+parameters that train, ``requires_grad``), m_i (fixed bytes: params, each storage once, +
+grads and optimizer state of the trainable ones); a_k is the size of the tensor at boundary
+k (a_0 the input, a_k the output of block k-1). Cuts k_1 <= ... <= k_{T-1} <= E, where E = L, or
 E = u (the U-shape tail cut): tier t holds [k_t, k_{t+1}) with k_0 = 0 and
-k_T = E; with U-shape the device also holds the tail [u, L) and the loss.
+k_T = E; with U-shape the device also holds the tail [u, L) and the loss. A tail fed by
+the servers (k_1 < u) takes its input with a gradient, which it computes and sends back
+up even when no block before u trains: its blocks cost f'_i and h'_i, forward + backward
+FLOPs and saved bytes measured with an input gradient (``ModelProfile.grad_bwd_flops``,
+``grad_act_bytes``; f_i and h_i wherever a block before i trains).
 B is the batch size, S = samples x epochs, n = ceil(samples / B) x epochs
 messages per direction (the last batch of an epoch may be short: r = samples mod B).
 
@@ -39,8 +45,9 @@ Per client, per round (prefix sums make each term O(1) per option):
   epoch, floor(samples / B) full batches and one short batch of r samples.
   Weights (the exchange below, and moves) always travel uncompressed.
   Up time  U_j = up_bytes_j / up_j + n * up_msgs_j * rtt_j / 2, same down.
-- weight exchange of the device's segment(s), P = p[0, k_1) + p[u, L):
-  X = P / down_1 + P / up_1 + rtt_1  (only if P > 0; server replicas stay put)
+- weight exchange of the device's segment(s), W = w[0, k_1) + w[u, L) (its state dict,
+  down and back up, as :func:`splitfed.engine.rounds.device_state` selects it):
+  X = W / down_1 + W / up_1 + rtt_1  (only if W > 0; server replicas stay put)
 - round time (one client's batches run sequentially along the chain):
   R = sum_t C_t + sum_j (U_j + D_j) + X;  one batch: the same with S = B, n = 1.
 - memory on tier t: sum_{i in tier t} (m_i + B h_i); the device adds B a_0 (its
@@ -79,10 +86,10 @@ the model as the last client left it, device segment included; sflv2: device
 segments start from the global model and are averaged with the server-side
 one); the bytes are the same, X_i in both.
 
-Moving a client's cuts ships every block whose tier changes (its parameters
-p_i: each tier builds a fresh optimizer for each client each round, so no
+Moving a client's cuts ships every block whose tier changes (its state w_i, buffers
+included: each tier builds a fresh optimizer for each client each round, so no
 optimizer state travels) along the links between its old and new tier:
-``move_cost`` = sum over links and directions of bytes / bandwidth + rtt / 2.
+``move_cost`` = sum over links and directions of sum w_i / bandwidth + rtt / 2.
 Control messages and framing are not counted. The bytes priced here are
 exactly what :class:`splitfed.engine.link.InProcessLink` counts, for every cut
 vector (a test runs both): the engine enters a chain only as far as a block of
@@ -379,11 +386,14 @@ class Scenario:
             return np.concatenate([[0.0], np.cumsum(np.asarray(v, dtype=float))])
 
         work = np.asarray(p.fwd_flops) + np.asarray(p.bwd_flops)
-        return {"work": pre(work), "fwd": pre(p.fwd_flops), "param": pre(p.param_bytes), "fixed": pre(p.fixed_bytes),
-                "train": pre(p.train_bytes),  # the gradient rule (weights, frozen or not, travel: "param")
+        grad_work = np.asarray(p.fwd_flops) + np.asarray(p.grad_bwd_flops)  # an input gradient too (a U-shape tail)
+        return {"work": pre(work), "fwd": pre(p.fwd_flops), "fixed": pre(p.fixed_bytes),
+                "grad_work": pre(grad_work), "grad_act": pre(p.grad_act_bytes),
+                "state": pre(p.state_bytes),  # what the weight exchange sends: every state-dict key, buffers too
+                "train": pre(p.train_bytes),  # the gradient rule (weights, frozen or not, travel: "state")
                 "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "itemsize": np.array(p.float_itemsize, dtype=float),  # 0: an integer tensor (token ids)
-                "move": np.asarray(p.param_bytes, dtype=float),  # optimizer state is not kept across rounds
+                "move": np.asarray(p.state_bytes, dtype=float),  # optimizer state is not kept across rounds
                 "block_fixed": np.asarray(p.fixed_bytes, dtype=float)}
 
     @cached_property
@@ -418,7 +428,7 @@ class OptionTable:
     batch_parts: np.ndarray  # (m, 3T-2) one batch: forward on each tier, backward on each tier,
     #                          then each link's up and down (incl. latency): see ClientCost.batch
     exchange_s: np.ndarray   # (m,)  device segment weights down + up
-    exchange_bytes: np.ndarray  # (m,)  device segment weights, each way
+    exchange_bytes: np.ndarray  # (m,)  device segment state (weights and buffers), each way
     compute_s: np.ndarray    # (m, T)
     flops: np.ndarray        # (m, T)
     up_bytes: np.ndarray     # (m, T-1) per link, on the wire (codec applied)
@@ -452,8 +462,10 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     full, short = divmod(client.samples, B)
 
     per_sample = P["work"][edges[:, 1:]] - P["work"][edges[:, :-1]]  # (m, T)
-    tail_ps = P["work"][L] - P["work"][E]
-    per_sample[:, 0] += tail_ps
+    # a U-shape tail fed by the servers takes its input with a gradient (it sends it back up), whatever trains
+    # before it; fed by the head alone (k_1 = E) it runs as the whole model would
+    fed = k[:, 0] < E
+    per_sample[:, 0] += np.where(fed, P["grad_work"][L] - P["grad_work"][E], P["work"][L] - P["work"][E])
     speed = np.array([client.device.flops, *(s.flops for s in sc.servers)])
     flops = per_sample * S
     compute_s = flops / speed
@@ -502,9 +514,9 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     up_s = up_bytes / up_bw + n * up_msgs * half_rtt
     down_s = down_bytes / down_bw + n * down_msgs * half_rtt
 
-    dev_params = P["param"][k[:, 0]] + (P["param"][L] - P["param"][E])
+    dev_state = P["state"][k[:, 0]] + (P["state"][L] - P["state"][E])  # W: the device's state dict
     lk0 = client.link
-    exchange_s = np.where(dev_params > 0, dev_params / lk0.down + dev_params / lk0.up + lk0.rtt, 0.0)
+    exchange_s = np.where(dev_state > 0, dev_state / lk0.down + dev_state / lk0.up + lk0.rtt, 0.0)
     round_s = _sum(compute_s) + _sum(up_s) + _sum(down_s) + exchange_s
     fwd_ps = P["fwd"][edges[:, 1:]] - P["fwd"][edges[:, :-1]]
     fwd_ps[:, 0] += P["fwd"][L] - P["fwd"][E]
@@ -515,17 +527,18 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
                                  axis=1)
 
     act = B * (P["act"][edges[:, 1:]] - P["act"][edges[:, :-1]])
-    act[:, 0] += B * (P["act"][L] - P["act"][E]) + B * P["bound"][0]
+    act[:, 0] += B * np.where(fed, P["grad_act"][L] - P["grad_act"][E], P["act"][L] - P["act"][E]) + B * P["bound"][0]
     memory = (P["fixed"][edges[:, 1:]] - P["fixed"][edges[:, :-1]]) + act
     memory[:, 0] += P["fixed"][L] - P["fixed"][E]
     serial = [round_s[:, None]] if sc.in_turn else []
     shared = np.concatenate([flops[:, 1:], up_bytes[:, 1:], down_bytes[:, 1:], *serial], axis=1)
-    return OptionTable(C, round_s, batch_s, batch_parts, exchange_s, dev_params, compute_s, flops, up_bytes,
+    return OptionTable(C, round_s, batch_s, batch_parts, exchange_s, dev_state, compute_s, flops, up_bytes,
                        down_bytes, up_s, down_s, memory, shared, memory[:, 0] <= client.device.memory, act)
 
 
 def move_costs(sc: Scenario, client: Client, old: Sequence[int], options: np.ndarray | None = None) -> np.ndarray:
-    """Seconds to ship the blocks that change tier when ``client`` goes from ``old`` to each option."""
+    """Seconds to ship the blocks that change tier (their state dicts, ``ModelProfile.state_bytes``) when
+    ``client`` goes from ``old`` to each option."""
     C = sc.options if options is None else np.asarray(options, dtype=np.int64).reshape(-1, sc.tiers - 1 + sc.u_shape)
     old_t = tier_of_blocks(sc, np.asarray([sc.check_cuts(old)]))  # (1, L)
     new_t = tier_of_blocks(sc, C)                                  # (m, L)
@@ -590,7 +603,7 @@ class ClientCost:
     batch_s: float
     batch_parts: tuple[float, ...]  # one batch: see ``batch``
     exchange_s: float
-    exchange_bytes: float           # device segment weights, each way
+    exchange_bytes: float           # device segment state (weights and buffers), each way
     compute_s: tuple[float, ...]    # per tier (device first)
     flops: tuple[float, ...]        # per tier
     up_bytes: tuple[float, ...]     # per link (link 1 = the device's), on the wire

@@ -7,10 +7,14 @@ cut after it; the dtype decides what a link's codec sends), the activation
 memory autograd keeps for backward (saved tensors, unique storages, parameters
 excluded); the input's bytes and dtype. Per block: parameter bytes (each storage once: two
 Parameters tied by ``.data`` are one weight in memory), trainable parameter bytes (``requires_grad``:
-what gets a gradient and optimizer state; a frozen parameter gets neither) and fixed memory
-(parameters + gradients and optimizer state of the trainable ones). A block's backward is measured
+what gets a gradient and optimizer state; a frozen parameter gets neither), fixed memory
+(parameters + gradients and optimizer state of the trainable ones) and state bytes (what the weight
+exchange sends for the block: every key of its state dict, a tied tensor under each of its names,
+persistent buffers such as BatchNorm statistics included). A block's backward is measured
 as training runs it: its input's gradient is computed only when a block before it has trainable
-parameters (a frozen part first on the device has no backward). Measured forward/backward seconds
+parameters (a frozen part first on the device has no backward); each block's backward FLOPs and saved
+activations with an input gradient are kept beside (a U-shape tail's blocks compute one: the device sends
+the gradient of the tail's input back up). Measured forward/backward seconds
 per batch on this host (or on one of its GPUs: ``torch_device``) are kept beside
 the FLOPs so that predictions can be checked against measurement.
 
@@ -43,11 +47,13 @@ from splitfed.engine import compute
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_atomic
 from splitfed.models import rng
-from splitfed.models.blocks import Blocks, memory_extent
+from splitfed.models.blocks import Blocks, memory_extent, view_span
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 3  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded
-# (a version-2 profile on disk has another cache key: it is measured again, not read with float32 guessed)
+PROFILE_VERSION = 4  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+# 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
+# key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
+# exchange sends)
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +87,18 @@ class ModelProfile:
     # back over a cut only if some block before it has any. () (a synthetic profile, or one older than this
     # field): every parameter trains, ``param_bytes``.
     train_bytes: tuple[float, ...] = ()
+    # Bytes of each block's state dict as the weight exchange and a cut move send it (``splitfed.engine.rounds.
+    # state_bytes`` of the block's keys): every key, so a tensor tied under two names (one Parameter held by two
+    # modules, or two tied by ``.data``) travels under each, and persistent buffers (BatchNorm's running
+    # statistics and its int64 counter) travel too; non-persistent buffers do not. () (a synthetic profile, or
+    # one older than this field): ``param_bytes``.
+    state_bytes: tuple[float, ...] = ()
+    # Per sample, each block's backward FLOPs and saved activation bytes when its input needs a gradient, as a
+    # U-shape tail's blocks run on the device (it sends the gradient of the tail's input back up, so it computes
+    # it even when no block before the tail trains, where ``bwd_flops`` and ``act_bytes`` have none). Equal to
+    # those wherever a block before it trains. () (a synthetic profile, or an older one): those.
+    grad_bwd_flops: tuple[float, ...] = ()
+    grad_act_bytes: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -94,7 +112,14 @@ class ModelProfile:
                 raise ConfigError(f"profile of {self.model}: {name!r} is not a torch dtype")
         if not self.train_bytes:
             object.__setattr__(self, "train_bytes", self.param_bytes)
-        for f in ("fwd_flops", "bwd_flops", "param_bytes", "out_bytes", "act_bytes", "fixed_bytes", "train_bytes"):
+        if not self.state_bytes:
+            object.__setattr__(self, "state_bytes", self.param_bytes)
+        if not self.grad_bwd_flops:
+            object.__setattr__(self, "grad_bwd_flops", self.bwd_flops)
+        if not self.grad_act_bytes:
+            object.__setattr__(self, "grad_act_bytes", self.act_bytes)
+        for f in ("fwd_flops", "bwd_flops", "param_bytes", "out_bytes", "act_bytes", "fixed_bytes", "train_bytes",
+                  "state_bytes", "grad_bwd_flops", "grad_act_bytes"):
             v = getattr(self, f)
             object.__setattr__(self, f, tuple(float(x) for x in v))
             if len(v) != n:
@@ -155,19 +180,22 @@ class ModelProfile:
     def synthetic(cls, fwd_flops: Sequence[float], out_bytes: Sequence[float], param_bytes: Sequence[float],
                   *, input_bytes: float, bwd_flops: Sequence[float] | None = None,
                   act_bytes: Sequence[float] | None = None, optimizer_slots: int = 1,
-                  name: str = "synthetic", train_bytes: Sequence[float] | None = None) -> ModelProfile:
+                  name: str = "synthetic", train_bytes: Sequence[float] | None = None,
+                  state_bytes: Sequence[float] | None = None) -> ModelProfile:
         """A made-up profile (tests, what-if studies): backward = 2x forward, act = output, every parameter
-        trains (``train_bytes`` = ``param_bytes``) by default."""
+        trains (``train_bytes`` = ``param_bytes``) and the state is the parameters (``state_bytes`` =
+        ``param_bytes``: no buffer, no tie) by default."""
         n = len(fwd_flops)
         train = tuple(train_bytes if train_bytes is not None else param_bytes)
         if len(train) != len(param_bytes):
             raise ConfigError(f"profile of {name}: train_bytes has {len(train)} entries for {len(param_bytes)} blocks")
+        state = tuple(state_bytes if state_bytes is not None else param_bytes)
         return cls(name, 1, tuple(f"b{i}" for i in range(n)), float(input_bytes), tuple(fwd_flops),
                    tuple(bwd_flops if bwd_flops is not None else [2 * f for f in fwd_flops]),
                    tuple(param_bytes), tuple(out_bytes),
                    tuple(act_bytes if act_bytes is not None else out_bytes),
                    tuple(fixed_memory(p, t, optimizer_slots) for p, t in zip(param_bytes, train, strict=True)),
-                   optimizer_slots=optimizer_slots, train_bytes=train)
+                   optimizer_slots=optimizer_slots, train_bytes=train, state_bytes=state)
 
 
 def fixed_memory(param_bytes: float, train_bytes: float, optimizer_slots: int) -> float:
@@ -176,14 +204,24 @@ def fixed_memory(param_bytes: float, train_bytes: float, optimizer_slots: int) -
     return param_bytes + train_bytes * (1 + optimizer_slots)
 
 
+def _extent(t: torch.Tensor) -> tuple[tuple[str, int], int, int] | None:
+    """:func:`~splitfed.models.blocks.memory_extent`, and on the meta device (no addresses) the storage's
+    identity and the byte range the view covers in it: a ``.data`` tie made on meta shares one storage there
+    too (``splitfed.engine.template.size`` sizes a model built on meta)."""
+    if t.device.type != "meta" or t.numel() == 0:
+        return memory_extent(t)
+    lo = int(t.storage_offset()) * t.element_size()
+    return ("meta", int(t.untyped_storage()._cdata)), lo, lo + view_span(t.shape, t.stride()) * t.element_size()
+
+
 def param_sizes(params: Sequence[torch.Tensor]) -> tuple[int, int]:
     """(elements, bytes) of ``params``, memory viewed by several of them counted once (Parameters tied by
-    ``.data``: two objects, one storage). A tensor on the meta device has no memory to share: counted whole."""
+    ``.data``: two objects, one storage), on the meta device too (by storage identity and offsets)."""
     elements = nbytes = 0
     spans: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
     for t in {id(t): t for t in params}.values():
-        ext = memory_extent(t)
-        if ext is None:  # no memory to share (empty, or on the meta device): counted whole
+        ext = _extent(t)
+        if ext is None:  # no memory to share (empty): counted whole
             elements, nbytes = elements + t.numel(), nbytes + t.numel() * t.element_size()
             continue
         storage, lo, hi = ext
@@ -198,6 +236,12 @@ def param_sizes(params: Sequence[torch.Tensor]) -> tuple[int, int]:
         nbytes += covered
         elements += covered // views[0][3]
     return elements, nbytes
+
+
+def state_dict_bytes(module: torch.nn.Module) -> int:
+    """Bytes of ``module``'s state dict as the weight exchange sends it (``splitfed.engine.rounds.state_bytes``):
+    each key's tensor whole, so a tensor under two names counts twice; persistent buffers in, others out."""
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
 
 _MEMORY: dict[str, ModelProfile] = {}
@@ -319,9 +363,11 @@ def _read_cache(path: Path) -> ModelProfile | None:
     try:
         if not isinstance(d, dict):
             raise TypeError(f"a JSON {type(d).__name__}, not an object")
-        if "train_bytes" not in d:
+        if any(f not in d for f in ("train_bytes", "state_bytes", "grad_bwd_flops", "grad_act_bytes")):
             # measured before frozen parameters were told apart: it may price a frozen part as trainable (its
-            # gradients, optimizer state and backward) and a weight tied by .data twice; measured again
+            # gradients, optimizer state and backward) and a weight tied by .data twice; or before state bytes
+            # were: its weight exchange would price the parameters only (no buffer, a tie once); or before a
+            # U-shape tail's input gradient was: its tail would be priced without it; measured again
             return None
         return ModelProfile.from_dict(d)
     except (ValueError, TypeError, ConfigError):
@@ -357,9 +403,11 @@ def _dtype(x: object) -> str:
 
 
 def _detach(x: object, grad: bool) -> object:
+    """``x`` as a tier takes it: detached, needing a gradient if ``grad`` (and floating), and then cloned as
+    :class:`~splitfed.models.blocks.Segment` does (an in-place first op may not write a leaf that needs one)."""
     if isinstance(x, torch.Tensor):
-        y = x.detach()
-        return y.requires_grad_(grad and y.is_floating_point())
+        y = x.detach().requires_grad_(grad and x.is_floating_point())
+        return y.clone() if y.requires_grad else y
     if isinstance(x, tuple | list):
         return type(x)(_detach(v, grad) for v in x)
     return x
@@ -393,6 +441,25 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int,
         raise
 
 
+def _count(block: torch.nn.Module, xin: object, own: set[int]) -> tuple[object, int, int, int]:
+    """One forward and backward of ``block`` on ``xin``: (output, forward FLOPs, backward FLOPs, bytes of the
+    tensors autograd saves for backward, unique storages, the block's own parameters and buffers excluded)."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in own:
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    with FlopCounterMode(display=False) as fc, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = block(xin)
+    f_flops = fc.get_total_flops()
+    with FlopCounterMode(display=False) as fc:
+        _backward(out)
+    return out, f_flops, fc.get_total_flops(), sum(saved.values())
+
+
 def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, reps: int,
                     seed: int, where: torch.device) -> ModelProfile:
     x: object = _to(spec.example_input(batch), where)
@@ -404,7 +471,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             torch.cuda.synchronize(where)
         return time.perf_counter()
 
-    names, fwd, bwd, pbytes, tbytes, obytes, abytes, fixed, fwd_s, bwd_s = ([] for _ in range(10))
+    names, fwd, bwd, pbytes, tbytes, sbytes, obytes, abytes, fixed, fwd_s, bwd_s, gbwd, gact = (
+        [] for _ in range(13))
     trained = False  # a block so far has trainable parameters: the next block's input needs a gradient
     with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
@@ -414,20 +482,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             p_bytes = param_sizes(params)[1]
             t_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
             own = {p.untyped_storage().data_ptr() for p in [*params, *block.buffers()]}
-            saved: dict[int, int] = {}
-
-            def pack(t: torch.Tensor, saved: dict[int, int] = saved, own: set[int] = own) -> torch.Tensor:
-                s = t.untyped_storage()
-                if s.data_ptr() not in own:
-                    saved[s.data_ptr()] = s.nbytes()
-                return t
-
-            with FlopCounterMode(display=False) as fc, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = block(xin)
-            f_flops = fc.get_total_flops()
-            with FlopCounterMode(display=False) as fc:
-                _backward(out)
-            b_flops = fc.get_total_flops()
+            out, f_flops, b_flops, a_bytes = _count(block, xin, own)
             tf, tb = [], []
             for rep in range(reps + 1):  # the first run warms caches up and is not counted
                 xin = _detach(x, grad=trained)
@@ -439,15 +494,20 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
                 if rep:
                     tf.append(t1 - t0)
                     tb.append(t2 - t1)
+            # a U-shape tail's input always needs a gradient (the device sends it back up): its blocks as then
+            g_bwd, g_act = (b_flops, a_bytes) if trained else _count(block, _detach(x, grad=True), own)[2:]
             block.zero_grad(set_to_none=True)
             names.append(blocks.names[i])
             fwd.append(f_flops / batch)
             bwd.append(b_flops / batch)
             pbytes.append(p_bytes)
             tbytes.append(t_bytes)
+            sbytes.append(state_dict_bytes(block))
             obytes.append(_nbytes(out) / batch)
             dtypes.append(_dtype(out))
-            abytes.append(sum(saved.values()) / batch)
+            abytes.append(a_bytes / batch)
+            gbwd.append(g_bwd / batch)
+            gact.append(g_act / batch)
             fixed.append(fixed_memory(p_bytes, t_bytes, slots))
             fwd_s.append(statistics.median(tf))
             bwd_s.append(statistics.median(tb))
@@ -457,7 +517,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
                         optimizer_slots=slots, spec=spec.to_dict(), reps=reps,
                         host=platform.node() + (f" ({compute.describe(where)})" if where.type != "cpu" else ""),
-                        input_dtype=input_dtype, out_dtype=tuple(dtypes), train_bytes=tuple(tbytes))
+                        input_dtype=input_dtype, out_dtype=tuple(dtypes), train_bytes=tuple(tbytes),
+                        state_bytes=tuple(sbytes), grad_bwd_flops=tuple(gbwd), grad_act_bytes=tuple(gact))
 
 
 def clear_cache() -> None:
@@ -465,4 +526,4 @@ def clear_cache() -> None:
     _MEMORY.clear()
 
 
-__all__ = ["ModelProfile", "clear_cache", "fixed_memory", "param_sizes", "profile_model"]
+__all__ = ["ModelProfile", "clear_cache", "fixed_memory", "param_sizes", "profile_model", "state_dict_bytes"]
