@@ -23,7 +23,7 @@ def test_sizes_are_measured_without_building() -> None:
 
 
 @pytest.mark.parametrize(("spec", "what"), [
-    (resolve_spec("resnet18", width=100_000), r"^model 'resnet18' \{'width': 100000\} has \d+ MiB of parameters"),
+    (resolve_spec("resnet18", width=100_000), r"^model 'resnet18' \{'width': 100000\} has [\d,]+ MiB of parameters"),
     (resolve_spec("vgg11", input_shape=(3, 2048, 2048)), "MiB tensor per sample"),
 ])
 def test_a_tier_refuses_a_model_too_large_to_hold(spec, what) -> None:  # type: ignore[no-untyped-def]
@@ -59,7 +59,7 @@ def test_lowered_limits_apply_to_zoo_models_and_to_models_built_before(restore_l
     template.template(vgg)  # built (and cached) under the default limits
     set_limits(BuildLimits(model_bytes=1 << 20))
     tier = Tier("edge")
-    with pytest.raises(ResourceExhausted, match=r"^model 'vgg11' has 35 MiB of parameters; this process builds at "
+    with pytest.raises(ResourceExhausted, match=r"^model 'vgg11' has 35.2 MiB of parameters; this process builds at "
                                                 r"most 1 MiB$"):  # before: two spaces after the name
         tier.load(SegmentLoad("r", "c", 1, vgg, 0, 1, "c", None))
     assert not tier._bindings

@@ -20,6 +20,7 @@ from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
 from splitfed.errors import ResourceExhausted, SplitfedError
 from splitfed.models.blocks import Blocks
 from splitfed.models.zoo import ZOO, ModelSpec, build, first_line, input_error, model_blocks
+from splitfed.units import mib_text
 
 _lock = threading.Lock()
 
@@ -44,9 +45,13 @@ def _size(key: str, model_bytes: int) -> tuple[int, int]:
             if isinstance(t, torch.Tensor):
                 peak[0] = max(peak[0], t.numel() * t.element_size())
 
+    # lazy: only a model that is sized needs the profiler (and splitfed.profile, which it loads)
+    from splitfed.profile.profiler import param_sizes
+
     with torch.device("meta"):  # draws nothing from torch's generator: meta tensors hold no values
         model = build(spec)
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        # each storage once, as the profile counts them: two Parameters tied by ``.data`` are one weight in memory
+        params = param_sizes(list(model.parameters()))[1]
         if params > model_bytes:  # refused anyway: spare the forward pass
             return params, 0
         x = spec.example_input(1)
@@ -68,7 +73,8 @@ def _size(key: str, model_bytes: int) -> tuple[int, int]:
 
 
 def size(spec: ModelSpec) -> tuple[int, int]:
-    """(parameter bytes, largest tensor for one sample), measured without allocating the model.
+    """(parameter bytes, largest tensor for one sample), measured without allocating the model; parameter
+    bytes count each storage once (two Parameters tied by ``.data`` are one weight), as the profile does.
 
     For inputs up to SMALL_INPUT_BYTES a sample the second number is the input's size: there
     the default parameter limit already bounds every activation of the zoo's models. The
@@ -90,11 +96,11 @@ def admit(spec: ModelSpec) -> None:
     params, peak = size(spec)
     if params > lim.model_bytes:
         kwargs = f" {dict(spec.kwargs)}" if spec.kwargs else ""
-        raise ResourceExhausted(f"model {spec.name!r}{kwargs} has {_mib(params)} MiB of "
-                                f"parameters; this process builds at most {_mib(lim.model_bytes)} MiB")
+        raise ResourceExhausted(f"model {spec.name!r}{kwargs} has {mib_text(params)} of "
+                                f"parameters; this process builds at most {mib_text(lim.model_bytes)}")
     if peak > lim.sample_bytes:
         raise ResourceExhausted(f"model {spec.name!r} with input {list(spec.input_shape)} makes a "
-                                f"{_mib(peak)} MiB tensor per sample; at most {_mib(lim.sample_bytes)} MiB")
+                                f"{mib_text(peak)} tensor per sample; at most {mib_text(lim.sample_bytes)}")
 
 
 def small(spec: ModelSpec) -> bool:
@@ -104,10 +110,6 @@ def small(spec: ModelSpec) -> bool:
     return (spec.name in ZOO and not spec.kwargs and math.prod(spec.input_shape) * 8 <= SMALL_INPUT_BYTES
             and spec.num_classes <= SMALL_NUM_CLASSES and spec.vocab <= SMALL_VOCAB
             and lim.model_bytes >= DEFAULT_LIMITS.model_bytes and lim.sample_bytes >= DEFAULT_LIMITS.sample_bytes)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.3g}" if n < 10 << 20 else f"{n / 2**20:.0f}"
 
 
 _templates: OrderedDict[str, tuple[Blocks, int]] = OrderedDict()  # key -> (blocks, bytes of weights), LRU last
