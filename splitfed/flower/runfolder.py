@@ -7,6 +7,16 @@ with an advisory lock (``flock``, which the kernel drops when the process dies,
 even by SIGKILL: a crashed run never leaves a stale lock behind), and a fresh run
 refuses a folder that holds a run unless told to replace it (``overwrite``).
 ``--resume`` continues the run that is there.
+
+The lock file is also the run's record of itself, for ``splitfed report``: the run
+writes who it is when it starts (pid, host, the process's start, so that a pid taken
+again by another process is not taken for it), and how it ended when it ends
+(``finished``, ``stopped`` by a signal, or ``failed`` with its error), replacing
+the file atomically. A run that has a start and no end is still running if its
+process is, and crashed (SIGKILL, out of memory, power loss) if not: :func:`status`
+reads it. A claimer checks that the file it locked is still the one at the path
+(the end record and :func:`_tidy` replace or remove it while it is held), so two
+runs never hold one folder through two files.
 """
 
 from __future__ import annotations
@@ -15,18 +25,26 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint
 from splitfed.flower.metrics import METRICS, SUMMARY, read_rows
+from splitfed.jsonio import dumps, write_atomic
 
 LOCK = ".splitfed.lock"
 RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``overwrite`` removes
+ENDS = ("finished", "stopped", "failed")  # how a run that recorded its end ended
+TIME = "%Y-%m-%d %H:%M:%S"
+
+_stop: int | None = None  # the signal this process was asked to stop by (:func:`stop_requested`)
 
 
 def held_run(folder: str | Path) -> str:
@@ -65,36 +83,108 @@ def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
 def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
     """Hold ``folder`` for one run: refused if another process holds it, or if it holds a run that
     this one neither resumes nor replaces (``overwrite`` removes that run's files, once the lock is
-    held)."""
+    held). The lock file records the run's start once it is accepted, and how it ended when it ends
+    (see the module docstring); a refused claim leaves the record of the run that is there."""
     folder = Path(folder)
     _usable(folder)
     new = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
-    held = False
+    fd = _take(folder)
+    entered = False
+    end: dict[str, Any] = {}
     try:
-        _lock(fd, folder)
-        held = True
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
         _refuse_held(folder, resume, overwrite)
         if overwrite and not resume:
             for name in RUN_FILES:
                 (folder / name).unlink(missing_ok=True)
-        for name in RUN_FILES:  # what a writer killed mid-write left: with the lock held, no writer is alive
+        for name in (*RUN_FILES, LOCK):  # what a writer killed mid-write left: with the lock held, none is alive
             for tmp in folder.glob(f".{name}.*.tmp"):
                 tmp.unlink(missing_ok=True)
-        yield folder
+        start = _start_record()
+        data = dumps(start).encode()
+        os.pwrite(fd, data, 0)  # in place, then cut to length: the held file cannot be replaced, and a
+        os.ftruncate(fd, len(data))  # reader sees the old record or the new one (see _record)
+        entered = True
+        try:
+            yield folder
+        except BaseException as e:
+            end = {**start, **_ended_by(e)}
+            raise
+        else:
+            end = {**start, "state": "finished"}
     finally:
         try:
-            if held and not held_run(folder):
+            if not held_run(folder):
                 _tidy(folder, new)
+            elif entered:
+                with contextlib.suppress(OSError):  # a disk that fails now: the run's own files are written
+                    write_atomic(folder / LOCK, dumps({**end, "until": time.strftime(TIME)}) + "\n")
         finally:
             os.close(fd)  # the lock goes with the descriptor
+
+
+def stop_requested(signum: int | None) -> None:
+    """Say that this process was asked to stop, by signal ``signum`` (``None``: no longer). A run that ends
+    while it is records that it was stopped, however its end came (the ServerApp's stop, a round whose
+    clients were stopped under it), not that it failed. The simulate runner says so from its signal
+    handler and takes it back when the simulation is over; a :class:`KeyboardInterrupt` (Ctrl-C, and
+    :class:`~splitfed.errors.Terminated` for SIGTERM) through a run says so by itself."""
+    global _stop
+    _stop = signum
+
+
+def _ended_by(e: BaseException) -> dict[str, Any]:
+    if _stop is not None:
+        return {"state": "stopped", "signal": _signal_name(_stop)}
+    if isinstance(e, KeyboardInterrupt):
+        return {"state": "stopped", "signal": "SIGTERM" if isinstance(e, Terminated) else "SIGINT"}
+    if not isinstance(e, Exception):  # SystemExit, GeneratorExit: ended on purpose, not by an error
+        return {"state": "stopped", "signal": type(e).__name__}
+    return {"state": "failed", "error": str(e) or type(e).__name__, "error_type": type(e).__name__}
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _start_record() -> dict[str, Any]:
+    from splitfed import __version__
+
+    pid = os.getpid()
+    return {"pid": pid, "host": socket.gethostname(), "since": time.strftime(TIME), "process": _identity(pid),
+            "splitfed": __version__}
+
+
+def _take(folder: Path) -> int:
+    """Open and lock ``folder``'s lock file: a descriptor holding the lock of the file now at its path. One
+    locked after its holder replaced it (the end record) or removed it (:func:`_tidy`) is another file:
+    it is let go and the path opened again."""
+    path = folder / LOCK
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
+        try:
+            _lock(fd, folder)
+            mine = os.fstat(fd)
+            now = os.stat(path)
+            if (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise ConfigError(f"run folder {folder} is in use by another run (its lock file keeps changing); wait for "
+                      "it to end or choose another out")
 
 
 def _tidy(folder: Path, new: bool) -> None:
@@ -137,7 +227,131 @@ def _lock(fd: int, folder: Path) -> None:
 
 def _holder(fd: int) -> str:
     try:
-        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        info = _record(os.pread(fd, 65536, 0))
         return f"pid {info['pid']} on {info['host']}, since {info['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError):
         return "a process that has not said which"
+
+
+def _record(data: bytes) -> dict[str, Any]:
+    """The JSON object a lock file holds ({}: none, or not one). The first object only: a record being
+    replaced in place by a shorter one may show the end of the longer for a moment."""
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(data.decode(errors="replace"))
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+# ---------------------------------------------------------------- how a run ended, for ``splitfed report``
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What became of the run in a folder.
+
+    ``state``: ``finished``, ``stopped`` (by a signal: ``record["signal"]``), ``failed`` (``record["error"]``),
+    ``running`` (its process is alive), ``crashed`` (it recorded its start and its process is gone without
+    recording an end: SIGKILL, out of memory, the machine went down), ``unknown`` (no end recorded, and its
+    process is on another host, ``record["host"]``), ``unfinished`` (no summary, written by a splitfed that
+    did not record how a run ended), or ``hand-made`` (no run of splitfed wrote the folder: its metrics were
+    made by other means). ``record``: the lock file's record (pid, host, since, until...), {} if none."""
+
+    state: str
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+
+def status(folder: str | Path) -> RunStatus:
+    """Read how the run in ``folder`` ended, or that it has not (see :class:`RunStatus`).
+
+    Folders written before runs recorded their end read as well: their lock file holds the start only
+    (pid, host, since), so a dead process there is a finished run if it wrote its summary and
+    ``unfinished`` if not; a folder without a lock file is a run of splitfed when its summary or its
+    checkpoint is splitfed's, and hand-made if neither."""
+    folder = Path(folder)
+    lock, summary = folder / LOCK, folder / SUMMARY
+    try:
+        rec = _record(lock.read_bytes())
+    except OSError:
+        rec = {}
+    if "pid" not in rec:  # no lock file, or an empty one (a refused claim creates it and writes nothing)
+        if summary.is_file():
+            return RunStatus("finished" if _splitfeds_summary(summary) else "hand-made")
+        return RunStatus("unfinished" if (folder / checkpoint.FILENAME).is_file() else "hand-made")
+    state = rec.get("state")
+    if state in ENDS:
+        if state != "finished" and _summary_since(folder):  # written again since: a resume with nothing to do
+            return RunStatus("finished", rec)
+        return RunStatus(str(state), rec)
+    alive = _alive(rec)
+    if alive:
+        return RunStatus("running", rec)
+    if "process" not in rec:  # an older splitfed's record, which never records an end: its summary is its end
+        return RunStatus("finished" if summary.is_file() else "unknown" if alive is None else "unfinished", rec)
+    if _summary_since(folder):  # killed after it wrote its summary (written last), before it recorded its end
+        return RunStatus("finished", rec)
+    return RunStatus("unknown" if alive is None else "crashed", rec)
+
+
+def _summary_since(folder: Path) -> bool:
+    """Whether ``summary.json`` was written after the lock file's record, and sums up every row of the
+    metrics: not one left from before a resume that went on to train more rounds."""
+    try:
+        if (folder / SUMMARY).stat().st_mtime_ns < (folder / LOCK).stat().st_mtime_ns:
+            return False
+        summary = json.loads((folder / SUMMARY).read_text())
+        rows = sum(1 for line in (folder / METRICS).read_text(errors="replace").splitlines() if line.strip())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("rounds") == rows
+
+
+def _splitfeds_summary(path: Path) -> bool:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and "settings" in obj and "rounds" in obj  # what metrics.summarise writes
+
+
+def _alive(rec: Mapping[str, Any]) -> bool | None:
+    """Whether the process that wrote ``rec`` is alive (None: it ran on another host, so it cannot be told)."""
+    if rec.get("host") != socket.gethostname():
+        return None
+    pid = rec.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    if rec.get("process"):
+        return _identity(pid) == rec["process"]
+    import psutil
+
+    try:  # a record without the process's identity (an older splitfed's): a process with that pid, started by then
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= time.mktime(
+            time.strptime(str(rec.get("since")), TIME)) + 2
+    except (psutil.Error, ValueError, OverflowError):
+        return False
+
+
+def _identity(pid: int) -> str:
+    """Which process ``pid`` is: on Linux the boot and the clock tick it started at (a clock set since, or a
+    pid taken again by another process, changes neither, and a process ended reads as ""); elsewhere its
+    start time. "" where there is no live process of that pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").is_file():
+            return ""  # Linux: no such process
+    except OSError:
+        return ""
+    else:
+        fields = stat.rsplit(")", 1)[-1].split()  # after the command's name, which may hold spaces
+        return "" if fields[0] in ("Z", "X") else f"{boot}:{fields[19]}"
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return "" if p.status() == psutil.STATUS_ZOMBIE else f"{p.create_time():.3f}"
+    except psutil.Error:
+        return ""

@@ -13,6 +13,11 @@ A run that stopped before its end has no ``summary.json`` (it is written last), 
 crash can cut the last line of ``metrics.jsonl`` short (the rows before it are read,
 by :func:`splitfed.flower.metrics.read_rows_cut`): :attr:`Run.finished` and
 :attr:`Run.cut_short` say so, and :func:`run_notes` puts it in words for the reader.
+:attr:`Run.status` says what became of the run, from the record a run of splitfed keeps
+of its start and end (:func:`splitfed.flower.runfolder.status`): ``finished``,
+``stopped``, ``failed``, ``running``, ``crashed``, ``unknown`` (no end recorded, run on
+another host), ``unfinished`` (no summary, from a splitfed that did not record how a run
+ended) or ``hand-made`` (metrics no run of splitfed wrote).
 
 Device classes (for "cuts per device class"): ``summary.json``'s ``classes``
 mapping (client -> class; what a caller states wins), else a round's
@@ -67,7 +72,9 @@ class Run:
     """A run's rounds (in round order), its summary, and each client's device class.
 
     ``finished``: the run folder has its ``summary.json``; ``cut_short``: the last line of its
-    ``metrics.jsonl`` was cut short and left out (both read from a folder; rows in memory are whole)."""
+    ``metrics.jsonl`` was cut short and left out (both read from a folder; rows in memory are whole);
+    ``status``: what became of the run (see the module docstring) and ``record``, the run's own record of
+    it (pid, host, since, until, error or signal; {} for a folder without one)."""
 
     label: str
     rounds: tuple[RoundRow, ...]
@@ -76,6 +83,8 @@ class Run:
     path: Path | None = None
     finished: bool = True
     cut_short: bool = False
+    status: str = "finished"
+    record: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def sim_time(self) -> list[float]:
@@ -218,7 +227,12 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         raise ConfigError(f"{metrics}: {e}") from None
     if not run.rounds:
         raise ConfigError(f"{metrics}: no rounds in it")
-    return replace(run, finished=(folder / SUMMARY).is_file(), cut_short=cut_short)
+    # imported here: it imports torch (for the checkpoint's file name)
+    from splitfed.flower.runfolder import status
+
+    st = status(folder)
+    return replace(run, finished=(folder / SUMMARY).is_file(), cut_short=cut_short, status=st.state,
+                   record=dict(st.record))
 
 
 MEASURED = "sim_round_s_is_measured"  # a row's marker: no simulated clock, its measured round time stands in
@@ -232,14 +246,14 @@ def clock_of(runs: Sequence[Run]) -> str:
 
 
 def run_notes(run: Run) -> list[str]:
-    """What a reader of the run's numbers must be told: it did not finish (or is still running), or the
+    """What a reader of the run's numbers must be told: how it ended if not finished (stopped, failed,
+    crashed), that it is still running, or that it did not finish (without a record of how), and that the
     last line of its metrics was cut short and left out. One line each; none for a whole, finished run."""
     where = run.path if run.path is not None else run.label
     notes = []
-    if not run.finished:
-        n = len(run.rounds)
-        notes.append(f"{where} has no {SUMMARY}: it did not finish, or is still running "
-                     f"({n} round{'' if n == 1 else 's'} kept)")
+    ended = _ended_note(run, where)
+    if ended:
+        notes.append(ended)
     if run.cut_short:
         notes.append(f"{Path(where) / METRICS}: its last line was cut short (a crash, or a round still being "
                      "written) and is left out")
@@ -247,6 +261,35 @@ def run_notes(run: Run) -> list[str]:
         notes.append(f"{where} has no simulated clock (a deployment): its times (the time columns and axes) "
                      "are the measured round times")
     return notes
+
+
+def _ended_note(run: Run, where: str | Path) -> str:
+    n = len(run.rounds)
+    rounds = f"{n} round{'' if n == 1 else 's'}"
+    rec = run.record
+    process = f"pid {rec.get('pid')} on {rec.get('host')}, started {rec.get('since')}"
+    if run.status == "running":
+        return f"{where} is still running ({process}): {rounds} so far"
+    if run.status == "stopped":
+        signal = str(rec.get("signal") or "")
+        by = " by Ctrl-C (SIGINT)" if signal == "SIGINT" else f" by {signal}" if signal else ""
+        return f"{where} was stopped{by} at {rec.get('until')}, before its end ({rounds} kept)"
+    if run.status == "failed":
+        error = " ".join(str(rec.get("error")).split())  # one line, as every note
+        return f"{where} failed at {rec.get('until')}: {error} ({rounds} kept)"
+    if run.status == "crashed":
+        return (f"{where} crashed: its process ({process}) is gone and recorded no end (killed, e.g. by SIGKILL "
+                f"or for lack of memory, or the machine went down) ({rounds} kept)")
+    if run.status == "unknown":  # an older splitfed's run recorded no end, whichever it had
+        ended = "crashed there" if "process" in rec else "ended there without recording how"
+        return (f"{where} has no {SUMMARY} and no record of its end: it is still running on {rec.get('host')} "
+                f"(pid {rec.get('pid')}), or {ended} ({rounds} kept)")
+    if run.status == "unfinished":
+        return (f"{where} has no {SUMMARY}: it did not finish (stopped, failed or crashed: the splitfed that "
+                f"ran it did not record which) ({rounds} kept)")
+    if not run.finished:  # hand-made without a summary, or a finished run whose summary went
+        return f"{where} has no {SUMMARY}: it did not finish, or is still running ({rounds} kept)"
+    return ""
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:

@@ -16,11 +16,12 @@ from splitfed.report.runs import Run, clock_of, run_notes
 from splitfed.report.table import MB, format_value
 
 HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
-           "MB on the wire", "wall s")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
+           "MB on the wire", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
 
 
 def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list[str], list[list[Any]]]:
-    """Headers and one row per run (with time and rounds to ``target`` accuracy when given)."""
+    """Headers and one row per run (with time and rounds to ``target`` accuracy when given). ``status``: what
+    became of the run (:attr:`~splitfed.report.runs.Run.status`: finished, stopped, failed, crashed, running...)."""
     clock = clock_of(runs)
     headers = [h.replace("sim", clock) for h in HEADERS]
     if target is not None:
@@ -30,7 +31,7 @@ def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list
         n = len(r.rounds)
         wall = [x.wall_s for x in r.rounds]
         row: list[Any] = [r.label, n, r.final.accuracy, max(x.accuracy for x in r.rounds), r.sim_time[-1],
-                          r.sim_time[-1] / n, r.cum_bytes[-1] / MB, sum(wall)]
+                          r.sim_time[-1] / n, r.cum_bytes[-1] / MB, sum(wall), r.status]
         if target is not None:
             row += [r.time_to_target(target), r.rounds_to_target(target)]
         rows.append(row)

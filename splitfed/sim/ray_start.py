@@ -6,13 +6,23 @@ can miss it and nothing has run yet. So the runner starts Ray itself, before any
 tier process or ServerApp exists, and retries a failed start after killing the
 processes that attempt left behind (Ray does not stop them when ``Node()``
 raises). Flower's backend sees Ray initialised and uses it as it is.
+
+Ray keeps a session folder per start (``/tmp/ray/session_<date>_<pid>``: its logs,
+sockets, spilled objects) and never removes it; a researcher running many
+simulations collects thousands. :func:`session_dir` names the one this process's Ray
+uses while it is up, and :func:`remove_session` removes it once that Ray has shut
+down and none of its processes is left (the runner calls it for a run that did not
+fail; a failed run keeps it, for its logs).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -79,3 +89,74 @@ def _kill(procs: list[psutil.Process]) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(procs, timeout=10)
+
+
+def session_dir() -> Path | None:
+    """The session folder of the Ray this process is connected to (its logs are in ``logs/``); None when
+    Ray is not up. Ray's temporary folder (``/tmp/ray``, or ``RAY_TMPDIR``'s ``ray``) and session name, as
+    its runtime context gives them."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        ctx = ray.get_runtime_context()
+        path = Path(ctx.get_temp_dir()) / ctx.get_session_name()
+    except Exception:  # noqa: BLE001 - a Ray without them: nothing to remove, nothing to name
+        return None
+    return path if path.is_dir() else None
+
+
+LATEST = "session_latest"  # Ray's link to the session it started last, in the same folder
+
+
+def remove_session(session: Path, wait_s: float = 15.0) -> bool:
+    """Remove ``session``, the folder of a Ray that has shut down, and Ray's ``session_latest`` link beside
+    it if it points at it (Ray points it at each new session; one that points at a missing folder is
+    never replaced). Nothing else: another run's session and the link to it are left alone. Waits up to
+    ``wait_s`` for the processes of that Ray (those that name the folder on their command line or hold
+    a file in it: its workers rename themselves) to end; returns False, leaving the folder, if one is
+    still there then, or if the folder could not be removed."""
+    if not session.name.startswith("session_") or session.name == LATEST or session.is_symlink() \
+            or not session.is_dir():
+        return False
+    end = time.monotonic() + wait_s
+    while left := _session_processes(session):
+        if time.monotonic() >= end:
+            return False
+        psutil.wait_procs(left, timeout=min(1.0, max(0.0, end - time.monotonic())))
+    for attempt in range(3):
+        try:
+            shutil.rmtree(session)
+            break
+        except FileNotFoundError:
+            break
+        except OSError:  # a file made in it meanwhile (a process that was not seen to be Ray's)
+            if attempt == 2:
+                return False
+            time.sleep(0.2)
+    latest = session.parent / LATEST
+    try:
+        if os.path.abspath(os.path.join(session.parent, os.readlink(latest))) == os.path.abspath(session):
+            latest.unlink()
+    except OSError:  # no link, not a link, or another run's Ray replaced it meanwhile
+        pass
+    return True
+
+
+def _session_processes(session: Path) -> list[psutil.Process]:
+    """This user's processes (not this one) that name ``session`` on their command line or hold a file in it."""
+    where = str(session)
+    inside = where + os.sep
+    uid = os.getuid()
+    found = []
+    for p in psutil.process_iter(["uids", "cmdline"]):
+        try:
+            if p.pid == os.getpid() or p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            if where in " ".join(p.info["cmdline"] or []) or any(
+                    f.path.startswith(inside) for f in p.open_files()):
+                found.append(p)
+        except psutil.Error:  # gone, a zombie, or not ours to read
+            continue
+    return found

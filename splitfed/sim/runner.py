@@ -8,7 +8,8 @@ times out is retried before anything else exists (``splitfed.sim.ray_start``).
 Every process it started is stopped on the way out:
 normal end, error or Ctrl-C (the ServerApp polls a stop flag, Flower's engine
 winds down and shuts Ray down, the tier processes are stopped by their context
-manager).
+manager). Ray's session folder (``/tmp/ray/session_...``) is removed once Ray is
+down, unless the run failed: then it is kept, and the failure names its logs.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from splitfed.errors import ConfigError, CutError, SplitfedError, Terminated
+from splitfed.flower import runfolder
 from splitfed.flower.config import RunSettings
-from splitfed.sim.ray_start import RayStartError, start_ray
+from splitfed.sim.ray_start import RayStartError, remove_session, session_dir, start_ray
 from splitfed.sim.tiers import start_tiers
 
 if TYPE_CHECKING:
@@ -56,6 +59,9 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     summary: dict[str, Any] = {}
     before: dict[int, Any] = {}
     interrupted = False
+    session = None  # Ray's session folder, once Ray is up
+    failed = True
+    runfolder.stop_requested(None)  # a stop asked of an earlier simulation in this process is not this one's
     tiers = (f"using the tiers at {', '.join(settings.addresses)}" if settings.addresses
              else f"and {settings.tiers - 1} tier process(es)"
              + (f" on {settings.tier_torch_device}" if settings.tier_torch_device != "cpu" else ""))
@@ -66,6 +72,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
                        "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress)
         except RayStartError as e:
             raise SimulationError(f"the simulation engine failed: {e}") from e
+        session = session_dir()
         before = signals.install()  # after Ray's start: its SIGTERM handler would abort the process instead
         with start_tiers(settings) as chain:
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses),
@@ -86,24 +93,39 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
                 root: BaseException = e  # Flower wraps runtime failures (e.g. Ray not starting) in this
                 while root.__cause__ is not None:
                     root = root.__cause__
-                raise SimulationError(f"the simulation engine failed: {type(root).__name__}: {root}") from e
+                raise SimulationError(f"the simulation engine failed: {type(root).__name__}: {root}"
+                                      f"{_logs_at(session)}") from e
             finally:
                 stop.set()
             signals.reraise()  # a signal that came as the engine finished: the run still ends as stopped
+        failed = False
     except KeyboardInterrupt:
         # a second Ctrl-C may leave Flower's engine threads behind, still logging after this returns
         interrupted = True
+        failed = False  # stopped, as asked: Ray's logs hold nothing the user needs
         logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+        raise
+    except Exception as e:
+        if session is not None and not isinstance(e, SimulationError):  # a SimulationError names them itself
+            progress(f"the run failed; Ray's logs are kept in {session / 'logs'}")
         raise
     finally:
         if ray.is_initialized():  # Flower's engine shuts Ray down itself once its threads are done
             ray.shutdown()
+        if not interrupted:  # else Flower's threads, if a second signal left them behind, may end the run yet
+            runfolder.stop_requested(None)
         for sig, handler in before.items():
             signal.signal(sig, handler)
         logging.getLogger("flwr").removeFilter(quiet)
         if not interrupted:
             logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
+        if session is not None and not failed:  # its own session only, once none of its processes is left
+            remove_session(session)
     return summary
+
+
+def _logs_at(session: Path | None) -> str:
+    return f" (Ray's logs are kept in {session / 'logs'})" if session is not None else ""
 
 
 def one_sample_batches(settings: RunSettings, clients: Sequence[Any]) -> None:
@@ -240,6 +262,7 @@ class _Signals:
         first = self.received is None
         if first:
             self.received = signum
+            runfolder.stop_requested(signum)  # the run's folder records it stopped, whatever its end raises
         if not (first and self.waiting):
             raise self._interrupt(signum)
         self.stop.set()
@@ -287,7 +310,6 @@ def validate(settings: RunSettings) -> None:
     from splitfed.cost.model import cut_options
     from splitfed.data import parse_partition
     from splitfed.engine import template
-    from splitfed.flower import runfolder
     from splitfed.flower.adaptive import AdaptivePolicy, GreedyPolicy
     from splitfed.flower.policy import StaticPolicy, make_policy
     from splitfed.flower.workload import client_data, test_data

@@ -1,0 +1,357 @@
+"""``splitfed report`` says what became of each run: finished, stopped, failed, crashed, still running, or a
+folder no run of splitfed wrote (hand-made metrics).
+
+Before, every folder without ``summary.json`` read "it did not finish, or is still running", whether it was
+stopped by Ctrl-C, failed, killed by SIGKILL, still training, or made by hand. Runs here are real (the
+in-process backend, and one ``splitfed simulate`` stopped by SIGTERM); the crashed one is a real process
+killed with SIGKILL mid-way; folders of older splitfed versions and hand-made ones are written as they were.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from splitfed.cli import main as cli
+from splitfed.errors import Terminated
+from splitfed.flower import runfolder
+from splitfed.flower.config import RunSettings
+from splitfed.flower.metrics import METRICS, SUMMARY
+from splitfed.report.runs import load_run, load_runs, run_notes, write_run
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = RunSettings(rounds=3, clients=2, tiers=3, cuts="static:1,3", batch_size=64, seed=1)
+OLD_HEADERS = ["run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
+               "MB on the wire", "wall s"]
+
+
+def _train(folder: Path, progress=None, **changes) -> dict:  # type: ignore[no-untyped-def]
+    from splitfed.sim.inprocess import train_inprocess
+
+    return train_inprocess(SMALL.with_(out=str(folder), **changes), progress=progress)
+
+
+def _report(capsys: pytest.CaptureFixture[str], *folders: Path) -> tuple[list[dict[str, str]], str, str]:
+    """``splitfed report`` of ``folders``: its summary.csv rows, its stdout and its stderr."""
+    out = folders[0].parent / "report"
+    assert cli(["report", *map(str, folders), "--out", str(out)]) == 0
+    printed, err = capsys.readouterr()
+    return list(csv.DictReader((out / "summary.csv").open())), printed, err
+
+
+def _stop_at(after: int):  # type: ignore[no-untyped-def]
+    def progress(line: str) -> None:
+        if line.startswith(f"round {after}/"):
+            raise KeyboardInterrupt  # what Ctrl-C raises in the run's thread
+    return progress
+
+
+# ---------------------------------------------------------------- real runs
+
+
+def test_a_finished_run_reads_finished_and_its_report_is_otherwise_as_before(tmp_path, capsys):
+    done = tmp_path / "done"
+    summary = _train(done)
+    run = load_run(done)
+    assert run.status == "finished" and run.finished and run_notes(run) == []
+    record = json.loads((done / runfolder.LOCK).read_text())
+    assert record["state"] == "finished" and record["pid"] == os.getpid() and record["until"]
+    rows, printed, err = _report(capsys, done)
+    assert err == ""  # nothing to say of a whole, finished run
+    assert list(rows[0]) == [*OLD_HEADERS, "status"] and rows[0]["status"] == "finished"
+    assert int(rows[0]["rounds"]) == summary["rounds"] == 3
+    assert float(rows[0]["final accuracy"]) == summary["final_accuracy"]
+    header = printed.splitlines()[0].split()
+    assert header[-1] == "status" and printed.splitlines()[2].split()[-1] == "finished"
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "| status |" in md and "| finished |" in md and "## Notes" not in md
+
+
+def test_a_stopped_and_a_failed_run_say_how_they_ended(tmp_path, capsys):
+    stopped, terminated, failed = tmp_path / "stopped", tmp_path / "terminated", tmp_path / "failed"
+    with pytest.raises(KeyboardInterrupt):
+        _train(stopped, _stop_at(1))
+
+    def sigterm(line: str) -> None:
+        if line.startswith("round 2/"):
+            raise Terminated  # SIGTERM, as splitfed's handlers raise it
+
+    with pytest.raises(Terminated):
+        _train(terminated, sigterm)
+
+    def disk_on_fire(line: str) -> None:
+        if line.startswith("round 2/"):
+            raise RuntimeError("the disk is on fire")
+
+    with pytest.raises(RuntimeError):
+        _train(failed, disk_on_fire)
+    assert [load_run(f).status for f in (stopped, terminated, failed)] == ["stopped", "stopped", "failed"]
+    rows, _, err = _report(capsys, stopped, terminated, failed)
+    assert [r["status"] for r in rows] == ["stopped", "stopped", "failed"]
+    assert [r["rounds"] for r in rows] == ["1", "2", "2"]
+    assert f"note: {stopped} was stopped by Ctrl-C (SIGINT) at " in err and ", before its end (1 round kept)" in err
+    assert f"note: {terminated} was stopped by SIGTERM at " in err
+    assert f"note: {failed} failed at " in err and ": the disk is on fire (2 rounds kept)" in err
+    assert "did not finish, or is still running" not in err
+
+
+def test_a_run_stopped_by_the_simulate_runners_signal_reads_stopped_whatever_its_end_raised(tmp_path):
+    """The runner's handler only sets the stop flags; what the run then raises (the ServerApp's RunStopped,
+    a round whose clients were stopped) is the stop's echo, not a failure."""
+    folder = tmp_path / "run"
+    try:
+        with pytest.raises(RuntimeError), runfolder.claim(folder, resume=False, overwrite=False):
+            (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
+            runfolder.stop_requested(signal.SIGTERM)
+            raise RuntimeError("round 2: 0 of 2 clients finished")
+    finally:
+        runfolder.stop_requested(None)
+    st = runfolder.status(folder)
+    assert (st.state, st.record["signal"]) == ("stopped", "SIGTERM")
+
+
+def _holder_code(folder: Path) -> str:
+    """A real run, in-process backend, that stops after round 1 until it is killed."""
+    return textwrap.dedent(f"""
+        import sys, time
+        from splitfed.flower.config import RunSettings
+        from splitfed.sim.inprocess import train_inprocess
+
+        def progress(line):
+            if line.startswith("round 1/"):
+                print("round 1", flush=True)
+                time.sleep(600)
+
+        train_inprocess(RunSettings(rounds=3, clients=2, tiers=3, cuts="static:1,3", batch_size=64, seed=1,
+                                    out={str(folder)!r}), progress=progress)
+    """)
+
+
+def test_a_run_killed_mid_way_reads_still_running_then_crashed(tmp_path, capsys):
+    folder = tmp_path / "killed"
+    p = subprocess.Popen([sys.executable, "-c", _holder_code(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "round 1"
+        run = load_run(folder)
+        assert run.status == "running" and [r.round for r in run.rounds] == [1]
+        rows, _, err = _report(capsys, folder)
+        assert rows[0]["status"] == "running"
+        assert f"note: {folder} is still running (pid {p.pid} on {socket.gethostname()}, started " in err
+        assert err.rstrip().endswith("): 1 round so far"), err
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    assert not (folder / SUMMARY).exists()
+    run = load_run(folder)
+    assert run.status == "crashed" and run.record["pid"] == p.pid
+    rows, _, err = _report(capsys, folder)
+    assert rows[0]["status"] == "crashed"
+    assert f"note: {folder} crashed: its process (pid {p.pid} on " in err and "(1 round kept)" in err
+    # its folder is continued as any stopped run's: the resumed run's own end is what is read then
+    with runfolder.claim(folder, resume=True, overwrite=False):
+        assert runfolder.status(folder).state == "running"  # this process, now
+    assert runfolder.status(folder).state == "finished"
+
+
+def test_a_finished_run_resumed_for_more_rounds_and_killed_reads_crashed(tmp_path):
+    """Its summary.json is the earlier run's: it does not make the resumed run finished."""
+    folder = tmp_path / "run"
+    _train(folder, rounds=1)
+    code = textwrap.dedent(f"""
+        import time
+        from splitfed.flower import runfolder
+
+        with runfolder.claim({str(folder)!r}, resume=True, overwrite=False):
+            with open({str(folder / METRICS)!r}, "a") as f:
+                f.write('{{"round": 2, "accuracy": 0.5, "sim_round_s": 1.0}}\\n')
+            print("round 2", flush=True)
+            time.sleep(600)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "round 2"
+        assert load_run(folder).status == "running"
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    run = load_run(folder)
+    assert run.finished and run.status == "crashed" and [r.round for r in run.rounds] == [1, 2]
+
+
+def test_a_pid_taken_again_by_another_process_is_not_the_run(tmp_path):
+    """A record of this very pid, but of another process (started at another tick), is a crashed run."""
+    folder = write_run(tmp_path / "run", [{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}])
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": "2026-01-01 00:00:00",
+              "process": "some-boot:12345", "splitfed": "0.1.0"}
+    (folder / runfolder.LOCK).write_text(json.dumps(record))
+    assert load_run(folder).status == "crashed"
+    (folder / runfolder.LOCK).write_text(json.dumps({**record, "host": "another-host"}))
+    run = load_run(folder)
+    assert run.status == "unknown"
+    assert run_notes(run) == [f"{folder} has no summary.json and no record of its end: it is still running on "
+                              f"another-host (pid {os.getpid()}), or crashed there (1 round kept)"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("flower-real")
+def test_a_real_simulation_stopped_by_sigterm_reads_stopped(tmp_path, capsys):
+    """``splitfed simulate`` as a user runs it, stopped by SIGTERM after round 1 (as in test_signals.py): the
+    runner's handler stops the run, whose folder then records it stopped by SIGTERM (not failed)."""
+    out = tmp_path / "run"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="sfst", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        p = subprocess.Popen(
+            [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
+             "--clients", "2", "--rounds", "4", "--out", str(out)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+        assert p.stdout is not None
+        seen = []
+        for line in p.stdout:
+            seen.append(line)
+            if line.startswith("round 1/4"):
+                p.send_signal(signal.SIGTERM)
+                break
+        try:
+            rest, _ = p.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            raise
+        text = "".join(seen) + rest
+        assert p.returncode == 143, text
+        run = load_run(out)
+        assert run.status == "stopped" and run.record["signal"] == "SIGTERM", run.record
+        assert run_notes(run)[0].startswith(f"{out} was stopped by SIGTERM at ")
+        # stopped as asked: Ray's session folder went with it (tests/test_ray_session.py)
+        assert not [p for p in (ray_tmp / "ray").glob("session_*") if p.name != "session_latest"], text
+    finally:
+        import shutil
+
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- folders of other makers and older versions
+
+
+def test_a_hand_made_folder_says_so_and_keeps_its_notes(tmp_path, capsys):
+    made = write_run(tmp_path / "made", [{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}], {"label": "mine"})
+    bare = write_run(tmp_path / "bare", [{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}])
+    assert [load_run(f).status for f in (made, bare)] == ["hand-made", "hand-made"]
+    rows, _, err = _report(capsys, made, bare)
+    assert [r["status"] for r in rows] == ["hand-made", "hand-made"]
+    assert err == f"splitfed report: note: {bare} has no summary.json: it did not finish, or is still running " \
+                  "(1 round kept)\n"  # as before: nothing records whether it did
+    # a claim refused on it (a fresh run into a folder holding rows) records nothing: still hand-made
+    from splitfed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="already holds a run"), \
+            runfolder.claim(made, resume=False, overwrite=False):
+        pass
+    assert load_run(made).status == "hand-made"
+
+
+def _old_folder(folder: Path, *, summary: bool, checkpoint: bool, lock: dict | None) -> Path:
+    """A run folder as splitfed wrote it before runs recorded their end."""
+    from splitfed.flower.metrics import summarise
+
+    rows = [{"round": r, "accuracy": 0.5, "loss": 1.0, "sim_round_s": 1.0, "wall_s": 0.1, "bytes_up": 10,
+             "bytes_down": 10, "cuts": {"client0": [1, 3]}} for r in (1, 2)]
+    folder.mkdir(parents=True)
+    (folder / METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if summary:
+        (folder / SUMMARY).write_text(json.dumps(summarise(rows, SMALL.to_dict()), indent=2))
+    if checkpoint:
+        (folder / "checkpoint.pt").write_bytes(b"a checkpoint")
+    if lock is not None:
+        (folder / runfolder.LOCK).write_text(json.dumps(lock))
+    return folder
+
+
+def test_folders_of_an_older_splitfed_read_with_a_sensible_status(tmp_path, capsys):
+    here = socket.gethostname()
+    gone = {"pid": os.getpid(), "host": here, "since": "2020-01-01 00:00:00"}  # this pid, then another process
+    alive = {"pid": os.getpid(), "host": here, "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    folders = [
+        _old_folder(tmp_path / "finished", summary=True, checkpoint=True, lock=gone),
+        _old_folder(tmp_path / "ended", summary=False, checkpoint=True, lock=gone),
+        _old_folder(tmp_path / "going", summary=False, checkpoint=True, lock=alive),
+        _old_folder(tmp_path / "unlocked", summary=True, checkpoint=True, lock=None),  # before run folders locked
+        _old_folder(tmp_path / "unlocked-ended", summary=False, checkpoint=True, lock=None),
+    ]
+    want = ["finished", "unfinished", "running", "finished", "unfinished"]
+    assert [r.status for r in load_runs(folders)] == want
+    rows, _, err = _report(capsys, *folders)
+    assert [r["status"] for r in rows] == want
+    notes = err.splitlines()
+    assert notes == [
+        f"splitfed report: note: {folders[1]} has no summary.json: it did not finish (stopped, failed or crashed: "
+        "the splitfed that ran it did not record which) (2 rounds kept)",
+        f"splitfed report: note: {folders[2]} is still running (pid {os.getpid()} on {here}, started "
+        f"{alive['since']}): 2 rounds so far",
+        f"splitfed report: note: {folders[4]} has no summary.json: it did not finish (stopped, failed or crashed: "
+        "the splitfed that ran it did not record which) (2 rounds kept)",
+    ], err
+
+
+def test_a_summary_written_again_after_a_failed_end_reads_finished(tmp_path):
+    """``simulate --resume`` of a run whose checkpoint holds its last round writes its summary again (without
+    a run): the folder then holds a whole run, whatever its last run recorded."""
+    folder = tmp_path / "run"
+    with pytest.raises(RuntimeError), runfolder.claim(folder, resume=False, overwrite=False):
+        (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
+        raise RuntimeError("after the last checkpoint")
+    assert runfolder.status(folder).state == "failed"
+    time.sleep(0.01)
+    (folder / SUMMARY).write_text('{"rounds": 1}\n')
+    assert runfolder.status(folder).state == "finished"
+
+
+def test_the_end_record_replaces_the_lock_file_atomically(tmp_path):
+    """Written with the run's atomic writer: no temporary file left beside it, never half a record."""
+    folder = tmp_path / "run"
+    with runfolder.claim(folder, resume=False, overwrite=False):
+        (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
+        inode = (folder / runfolder.LOCK).stat().st_ino
+    assert sorted(p.name for p in folder.iterdir()) == [runfolder.LOCK, METRICS]
+    assert json.loads((folder / runfolder.LOCK).read_text())["state"] == "finished"
+    assert (folder / runfolder.LOCK).stat().st_ino != inode  # replaced, not rewritten in place
+
+
+def test_a_claim_holds_the_lock_file_at_the_path_even_if_it_was_replaced_as_it_locked(tmp_path, monkeypatch):
+    """A run's end record replaces the lock file; a claim that opened the old file just before, and locked it
+    just after, would hold a file no other claim opens: it lets that one go and takes the one at the path."""
+    import fcntl
+
+    from splitfed.jsonio import write_atomic
+
+    folder = tmp_path / "run"
+    with runfolder.claim(folder, resume=False, overwrite=False):
+        (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
+    real, calls = runfolder._lock, []
+
+    def lock_after_a_replace(fd: int, where: Path) -> None:
+        if not calls:  # the run that held the folder writes its end record between this open and this lock
+            write_atomic(folder / runfolder.LOCK, '{"pid": 1, "state": "finished"}\n')
+        calls.append(fd)
+        real(fd, where)
+
+    monkeypatch.setattr(runfolder, "_lock", lock_after_a_replace)
+    with runfolder.claim(folder, resume=True, overwrite=False):
+        assert len(calls) == 2
+        fd = os.open(folder / runfolder.LOCK, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):  # the file at the path is the one held
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
