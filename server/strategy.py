@@ -166,7 +166,9 @@ class SplitFedAvg(FedAvg):
         if not s.sim_clock and self.edge_address:  # real time: each node measures its real link to the edge
             ask.update({"measure-link": True, "edge-address": self.edge_address, "tls-ca": s.tls_ca,
                         "tls-cert": s.tls_cert, "tls-key": s.tls_key, "token-file": s.token_file})
-        if not s.sim_clock:  # and how fast it trains (splitfed.profile.speed)
+        # and how fast it trains (splitfed.profile.speed), where the plan prices devices (cuts of the optimizer)
+        speed_asked = not s.sim_clock and s.cuts.strip() in PLANNED
+        if speed_asked:
             ask.update({"measure-speed": True, "batch-size": s.batch_size})
         msgs = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type=MessageType.QUERY)
                 for n in nodes]
@@ -194,11 +196,13 @@ class SplitFedAvg(FedAvg):
                                   f"{info.partition_id}: give each node its own partition-id")
             seen[info.partition_id] = node
             profile = info.profile or (profile_of(info) if profile_of else "")
+            # only what was asked for: numbers a node sends unasked (in simulated time, say) are not its world
+            link, speed = (info.link if "measure-link" in ask else None), (info.speed if speed_asked else None)
             clients[node] = ClientInfo(f"client{info.partition_id}", node, info.partition_id, profile,
-                                       info.samples, info.link, info.speed)
-            links[node] = _link_text(info.link) or (
+                                       info.samples, link, speed)
+            links[node] = _link_text(link) or (
                 f" (link not measured: {info.link_error}; the profile's is used)" if info.link_error else "")
-            links[node] += _speed_text(s, info)
+            links[node] += _speed_text(s, info) if speed_asked else ""
         if len(clients) < need:
             raise ConfigError(f"only {len(clients)} node(s) answered the query round; at least {need} needed")
         self.clients = dict(sorted(clients.items(), key=lambda kv: kv[1].partition_id))
@@ -427,9 +431,15 @@ def _link_text(link: LinkProfile | None) -> str:
 
 def _speed_text(settings: RunSettings, info: NodeInfo) -> str:
     if info.speed_error:
-        return f" (speed not measured: {info.speed_error}; the profile's is used)"
+        return f" (speed not measured: {info.speed_error[:200]}; the profile's is used)"
+    if info.speed is None:
+        return ""
     flops = measured_device_flops(settings, info.speed)
-    return f" (trains at {_plain(flops / 1e9)} GFLOP/s)" if flops else ""
+    return (f" (trains at {_plain(flops / 1e9)} GFLOP/s)" if flops else
+            " (its speed measurement is not one of this model at this batch, or no device's: the profile's is used)")
+
+
+PLANNED = ("adaptive", "greedy")  # the policies that price each device from its profile (splitfed.flower.adaptive)
 
 
 def _plain(x: float) -> str:

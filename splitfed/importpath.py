@@ -14,11 +14,12 @@ from collections.abc import Mapping
 
 
 def child_pythonpath(env: Mapping[str, str] | None = None) -> str:
-    """This process's import path (``''`` as the working directory it stands for), then the environment's own
-    PYTHONPATH (``env``, default ``os.environ``), without repeats."""
+    """This process's import path (``''`` as the working directory it stands for; a ``Path`` as its text; an
+    entry import skips, such as bytes, skipped), then the environment's own PYTHONPATH (``env``, default
+    ``os.environ``), without repeats."""
     env = os.environ if env is None else env
     seen: list[str] = []
-    here = [p or os.getcwd() for p in sys.path]
+    here = [os.fspath(p) or os.getcwd() for p in sys.path if isinstance(p, str | os.PathLike)]
     for p in [*here, *env.get("PYTHONPATH", "").split(os.pathsep)]:
         if p and p not in seen:
             seen.append(p)

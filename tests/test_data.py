@@ -171,6 +171,7 @@ def test_min_size_0_lets_clients_have_no_samples_and_more_clients_than_samples()
     assert sorted(len(p) for p in parts) == [0, 0, 1, 1, 1]
     with pytest.raises(ConfigError, match=r"5 clients but only 3 samples: a Dirichlet partition needs"):
         partition(np.arange(3), 5, "dirichlet:0.5", 0, min_size=0)
+    assert [len(p) for p in partition(np.arange(4), 2, "iid", 0, min_size=np.int64(2))] == [2, 2]  # numpy ints too
 
 
 def test_negative_seed_is_a_config_error() -> None:

@@ -152,7 +152,7 @@ def test_ping_prints_this_host_as_a_fleet_entry_measured_against_a_real_edge(tmp
         assert speed.returncode == 0 and " Mbit/s, down " in speed.stdout
 
 
-def _run_two_nodes(tmp_path, caplog, sim_clock: bool):  # type: ignore[no-untyped-def]
+def _run_two_nodes(tmp_path, caplog, sim_clock: bool, cuts: str = "adaptive"):  # type: ignore[no-untyped-def]
     """One adaptive round of two nodes (the real ClientApp, in process) through real edge and cloud tiers."""
     import logging
 
@@ -163,7 +163,7 @@ def _run_two_nodes(tmp_path, caplog, sim_clock: bool):  # type: ignore[no-untype
 
     with serve_tier("cloud", insecure=True) as cloud, \
             serve_tier("edge", next_address=cloud.address, insecure=True) as edge:
-        s = RunSettings(model="cnn", rounds=1, clients=2, tiers=3, cuts="adaptive", sim_clock=sim_clock,
+        s = RunSettings(model="cnn", rounds=1, clients=2, tiers=3, cuts=cuts, sim_clock=sim_clock,
                         tier_addresses=f"{edge.address},{cloud.address}", out=str(tmp_path), node_wait_s=30,
                         round_timeout_s=60)
         with caplog.at_level(logging.INFO, logger="flwr"):
@@ -251,6 +251,28 @@ def test_a_node_that_could_not_measure_its_link_says_why_in_the_coordinators_log
     assert registered.count("(measured up ") == 1, registered
     assert ("(link not measured: tier 127.0.0.1:1: probe: handshake failed; the profile's is used)"
             in registered), registered
+
+
+def test_static_cuts_ask_no_speed_and_profile_nothing(monkeypatch, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Static cuts price no device: a deployed static run measured every node's speed, and profiled the model
+    on the coordinator (seconds, for resnet18) only to log it."""
+    import splitfed.profile as profile_pkg
+    import splitfed.profile.profiler as profiler
+    import splitfed.profile.speed as speed
+
+    timed: list[int] = []
+    profiled: list[str] = []
+    real_measure, real_profile = speed.measure_speed, profiler.profile_model
+    monkeypatch.setattr(speed, "measure_speed", lambda *a, **k: timed.append(1) or real_measure(*a, **k))
+    def spy(spec, *a, **k):  # type: ignore[no-untyped-def]
+        profiled.append(spec.name)
+        return real_profile(spec, *a, **k)
+
+    monkeypatch.setattr(profiler, "profile_model", spy)
+    monkeypatch.setattr(profile_pkg, "profile_model", spy)
+    _run_two_nodes(tmp_path, caplog, sim_clock=False, cuts="static:2,5")
+    assert timed == [] and profiled == [] and "GFLOP/s" not in caplog.text
+    assert "(measured up " in caplog.text  # the link is measured as before (a deployment's check of it)
 
 
 def test_a_node_that_could_not_measure_its_speed_says_why_and_keeps_its_profiles(monkeypatch, tmp_path,

@@ -99,3 +99,54 @@ def test_a_measured_speed_replaces_the_profiles_guess_in_the_plan() -> None:
     assert measured.clients[0].device.flops != guessed.clients[0].device.flops
     assert measured.clients[0].device.memory == guessed.clients[0].device.memory
     assert measured.clients[0].link == guessed.clients[0].link  # only the speed changes
+
+
+# ---------------------------------------------------------------- a node's reply is not trusted (review of 01eaa12)
+
+
+def test_numbers_no_device_reaches_are_ignored_and_the_profiles_guess_stands() -> None:
+    """A node replying speed-s 1e308 made the optimizer see a device of 1e-300 FLOP/s and refuse the whole run
+    ("no assignment fits"); 5e-324 made one of inf FLOP/s that took every block. Now a rate outside what a fleet
+    file accepts for a device is no measurement, nor one of more samples than the batch it was asked for."""
+    from splitfed.flower.adaptive import scenario
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.policy import ClientInfo
+    from splitfed.profile.fleet import RANGES
+
+    s = RunSettings(model="cnn", tiers=3)
+    prof = profile_model(s.spec, batch=s.batch_size, optimizer_slots=s.optim.slots)
+    lo, hi, _ = RANGES["flops"]
+    guessed = scenario(s, [ClientInfo("client0", 1, 0, "rpi4", 100)]).clients[0].device.flops
+    for m in (SpeedMeasure(1, 32, 1e308), SpeedMeasure(1, 32, 5e-324), SpeedMeasure(1, 2**62, 0.5),
+              SpeedMeasure(1, s.batch_size + 1, 0.5)):
+        assert measured_flops(prof, m) is None, m
+        assert scenario(s, [ClientInfo("client0", 1, 0, "rpi4", 100, None, m)]).clients[0].device.flops == guessed
+    ok = SpeedMeasure(1, 32, 0.01)
+    assert lo <= measured_flops(prof, ok) <= hi  # type: ignore[operator]
+
+
+def test_a_node_record_with_an_infinite_count_is_malformed_not_a_crash() -> None:
+    """int(inf) raised OverflowError, which the registration does not catch: the ServerApp died."""
+    for key in ("speed-blocks", "speed-samples", "samples"):
+        with pytest.raises(ConfigError, match="node info: malformed"):
+            NodeInfo.from_record({"partition-id": 0, "num-partitions": 2, key: math.inf})
+
+
+def test_a_node_that_says_its_measurement_failed_is_taken_at_its_word() -> None:
+    info = NodeInfo(0, 2, 10, speed_blocks=1, speed_samples=8, speed_s=0.1, speed_error="boom")
+    assert info.speed is None
+
+
+def test_a_link_no_network_has_is_no_measurement() -> None:
+    assert NodeInfo(0, 2, up_mbps=1e308, down_mbps=8.0, rtt_ms=10.0).link is None
+    assert NodeInfo(0, 2, up_mbps=2.0, down_mbps=8.0, rtt_ms=1e300).link is None
+    assert NodeInfo(0, 2, up_mbps=2.0, down_mbps=8.0, rtt_ms=10.0).link is not None
+
+
+def test_a_model_that_cannot_train_on_the_nodes_samples_is_a_refusal_not_a_traceback() -> None:
+    """BatchNorm on one sample raises ValueError: the query round failed with a traceback, where before the
+    speed check it answered."""
+    spec = resolve_spec("tests.own_models:digits_batchnorm", input_shape=(1, 8, 8))
+    assert measure_speed(spec, torch.randn(2, 1, 8, 8)).samples == 2
+    with pytest.raises(ConfigError, match="could not time training model .* here: ValueError: Expected more than 1"):
+        measure_speed(spec, torch.randn(1, 1, 8, 8))

@@ -419,3 +419,14 @@ def test_a_terminals_ctrl_c_reaches_the_run_not_the_tiers_it_started_which_still
     finally:
         run.kill()
         run.wait()
+
+
+def test_a_path_object_on_sys_path_does_not_stop_the_child_import_path(monkeypatch) -> None:
+    """A pathlib.Path in sys.path (import reads it) made child_pythonpath's join raise TypeError, and so every
+    tier process failed to start; bytes entries import skips are skipped."""
+    from pathlib import Path
+
+    from splitfed.importpath import child_pythonpath
+
+    monkeypatch.setattr(sys, "path", ["/a", Path("/p"), b"/bytes"])
+    assert child_pythonpath({}).split(os.pathsep) == ["/a", "/p"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,7 +63,7 @@ def partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: str |
     n = len(y)
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise ConfigError(f"num_clients must be a positive integer, got {num_clients!r}")
-    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
+    if isinstance(min_size, bool) or not isinstance(min_size, numbers.Integral) or min_size < 0:
         raise ConfigError(f"min_size must be an integer >= 0, got {min_size!r}")
     if num_clients > n and min_size > 0:
         raise ConfigError(f"{num_clients} clients but only {n} samples: each client needs at least one "

@@ -148,7 +148,7 @@ class TrainReport:
             rtt = float(record.get("rtt-ms", -1.0))  # a node from before round trips were measured: -1
             vals["rtt_ms"] = rtt if math.isfinite(rtt) and rtt >= 0 else -1.0  # anything else: not measured
             report = cls(samples=int(_get(record, "num-examples", what)), **vals)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinite float
             raise ConfigError(f"{what}: malformed ({e})") from None
         # what the adaptive policy learns from: a NaN or negative time would stay in its beliefs for good
         for name in ("samples", "steps", "correct", "compute_s", "link_s", "bytes_up", "bytes_down"):
@@ -156,6 +156,13 @@ class TrainReport:
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{what}: {name.replace('_', '-')} must be a finite number >= 0, got {v}")
         return report
+
+
+def _in_range(v: float, key: str) -> bool:
+    from splitfed.profile.fleet import RANGES
+
+    lo, hi, _ = RANGES[key]
+    return math.isfinite(v) and lo <= v <= hi
 
 
 def _cast(typ: Any, v: Any) -> Any:
@@ -187,14 +194,16 @@ class NodeInfo:
     @property
     def link(self) -> LinkProfile | None:
         """Its link to the edge as measured, in the cost model's units, or None."""
-        ok = all(math.isfinite(v) for v in (self.up_mbps, self.down_mbps, self.rtt_ms))
-        if not (ok and self.up_mbps > 0 and self.down_mbps > 0 and self.rtt_ms >= 0):
-            return None
+        if not all(_in_range(v, key) for v, key in ((self.up_mbps, "up_mbps"), (self.down_mbps, "down_mbps"),
+                                                    (self.rtt_ms, "rtt_ms"))) or self.up_mbps <= 0 or self.down_mbps <= 0:
+            return None  # not measured, or nothing a real link does (a fleet file would be refused it too)
         return LinkProfile(mbps(self.up_mbps), mbps(self.down_mbps), self.rtt_ms / 1e3)
 
     @property
     def speed(self) -> SpeedMeasure | None:
         """Its training speed as measured, or None (not asked, failed, or nonsense from a faulty node)."""
+        if self.speed_error:  # a node that says it failed is taken at its word, whatever numbers came with it
+            return None
         try:
             return SpeedMeasure(self.speed_blocks, self.speed_samples, self.speed_s)
         except ConfigError:
@@ -215,5 +224,5 @@ class NodeInfo:
                        str(record.get("link-error", "")), int(record.get("speed-blocks", 0)),
                        int(record.get("speed-samples", 0)), float(record.get("speed-s", 0.0)),
                        str(record.get("speed-error", "")))
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinite float
             raise ConfigError(f"{what}: malformed ({e})") from None

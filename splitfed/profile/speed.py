@@ -54,9 +54,6 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
     from splitfed.models.blocks import Segment
 
     where = where or torch.device("cpu")
-    n = template.num_blocks(spec)
-    blocks = {str(i): b.to(where).train() for i, b in template.copy_blocks(spec, 0, n).items()}
-    x = x.to(where)
 
     def now() -> float:  # a GPU runs behind its caller: wait for it before reading the clock
         if where.type == "cuda":
@@ -78,11 +75,14 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
     state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state(where) if where.type == "cuda" else None
     try:
+        n = template.num_blocks(spec)
+        blocks = {str(i): b.to(where).train() for i, b in template.copy_blocks(spec, 0, n).items()}
+        x = x.to(where)
         stop = 1
         while once(stop) < budget_s and stop < n:  # also the warm-up of every block it adds
             stop += 1
         seconds = statistics.median(once(stop) for _ in range(reps))
-    except (MemoryError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - a user's model may raise anything (BatchNorm on one sample: ValueError)
         raise ConfigError(f"could not time training model {spec.name} here: {type(e).__name__}: "
                           f"{first_line(e)}") from None
     finally:
@@ -94,8 +94,14 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
 
 def measured_flops(profile: ModelProfile, m: SpeedMeasure) -> float | None:
     """FLOP/s: the cost model's FLOPs of training blocks ``[0, m.blocks)`` on ``m.samples`` samples, over the
-    seconds they took (None when the profile counts no work there, or has fewer blocks: another model)."""
-    if m.blocks > profile.n_blocks:
+    seconds they took. None when the profile counts no work there, or has fewer blocks (another model), or
+    the rate is outside what a fleet file accepts for a device (``RANGES["flops"]``: a node's reply is not
+    trusted to be sane)."""
+    from splitfed.profile.fleet import RANGES
+
+    if m.blocks > profile.n_blocks or m.samples > profile.batch:
         return None
     work = (math.fsum(profile.fwd_flops[:m.blocks]) + math.fsum(profile.bwd_flops[:m.blocks])) * m.samples
-    return work / m.seconds if work > 0 else None
+    lo, hi, _ = RANGES["flops"]
+    flops = work / m.seconds if work > 0 else math.nan
+    return flops if lo <= flops <= hi else None
