@@ -40,11 +40,11 @@ from splitfed.engine.rounds import (
 )
 from splitfed.engine.types import State
 from splitfed.errors import ResourceExhausted
-from splitfed.models.blocks import segment_bounds
+from splitfed.models.blocks import param_sizes, segment_bounds
 from splitfed.models.zoo import ModelSpec, resolve_spec
 from splitfed.profile import Client, LinkProfile, TierProfile
 from splitfed.profile import profiler as profiler_mod
-from splitfed.profile.profiler import ModelProfile, param_sizes, profile_model
+from splitfed.profile.profiler import ModelProfile, profile_model
 
 CLASSES = 3
 EDGE, CLOUD = TierProfile(1e10, 1e12), TierProfile(1e11, 1e12)
@@ -343,3 +343,19 @@ def test_param_sizes_on_meta_tell_a_tie_from_two_equal_tensors() -> None:
     real[1].weight.data = real[0].weight.data
     assert param_sizes([real[0].weight, real[1].weight]) == param_sizes([a.weight, b.weight])
     assert math.isclose(param_sizes([a.weight, a.bias])[1], 4 * 72)
+
+
+def test_a_tiers_status_counts_a_data_tie_once() -> None:
+    """The operator's status line summed every parameter object: a weight tied by .data, one tensor in memory,
+    read twice (so did the size that decides whether a user model is trained beside itself)."""
+    from splitfed.engine.tier import Tier
+    from splitfed.engine.types import OptimConfig, SegmentLoad
+    from splitfed.units import mib_text
+
+    spec = _spec("data_tied")
+    n = template.num_blocks(spec)
+    t = Tier("cloud")
+    t.load(SegmentLoad("run", "a", 0, spec, 0, n, "a", select(initial_state(spec, 0), 0, n), OptimConfig()))
+    held = sum(_profile("data_tied").param_bytes)  # each storage once
+    assert held < sum(p.numel() * p.element_size() for m in template.template(spec).modules for p in m.parameters())
+    assert f", {mib_text(held)} of weights held;" in t.status(), t.status()

@@ -18,7 +18,7 @@ from torch import nn
 
 from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
 from splitfed.errors import ResourceExhausted, SplitfedError
-from splitfed.models.blocks import Blocks
+from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ZOO, ModelSpec, build, first_line, input_error, model_blocks
 from splitfed.units import mib_text
 
@@ -44,9 +44,6 @@ def _size(key: str, model_bytes: int) -> tuple[int, int]:
         for t in out if isinstance(out, tuple | list) else (out,):
             if isinstance(t, torch.Tensor):
                 peak[0] = max(peak[0], t.numel() * t.element_size())
-
-    # lazy: only a model that is sized needs the profiler (and splitfed.profile, which it loads)
-    from splitfed.profile.profiler import param_sizes
 
     with torch.device("meta"):  # draws nothing from torch's generator: meta tensors hold no values
         model = build(spec)

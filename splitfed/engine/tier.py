@@ -59,7 +59,7 @@ from splitfed.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from splitfed.models.blocks import Segment, step_rng
+from splitfed.models.blocks import Segment, param_sizes, step_rng
 from splitfed.units import mib_text
 
 SHARED_WAIT_S = 60.0
@@ -407,7 +407,7 @@ class Tier:
         with self._lock:
             blocks = [m for r in self._replicas.values() for m in list(r.blocks.values())]  # a load may add some
         segments, runs, steps = self.holding()
-        weights = sum(t.numel() * t.element_size() for m in blocks for t in [*m.parameters(), *m.buffers()])
+        weights = param_sizes([t for m in blocks for t in [*m.parameters(), *m.buffers()]])[1]  # a .data tie once
         return (f"tier {self.name}: {segments} segment(s) of {len(runs)} run(s){f' ({_few(runs)})' if runs else ''}, "
                 f"{mib_text(weights)} of weights held; {steps} step(s) served")
 

@@ -275,6 +275,40 @@ def memory_extent(t: torch.Tensor) -> tuple[tuple[str, int], int, int] | None:
     return (str(t.device), t.untyped_storage().data_ptr()), t.data_ptr(), t.data_ptr() + span * t.element_size()
 
 
+def _extent(t: torch.Tensor) -> tuple[tuple[str, int], int, int] | None:
+    """:func:`memory_extent`, and on the meta device (no addresses) the storage's
+    identity and the byte range the view covers in it: a ``.data`` tie made on meta shares one storage there
+    too (``splitfed.engine.template.size`` sizes a model built on meta)."""
+    if t.device.type != "meta" or t.numel() == 0:
+        return memory_extent(t)
+    lo = int(t.storage_offset()) * t.element_size()
+    return ("meta", int(t.untyped_storage()._cdata)), lo, lo + view_span(t.shape, t.stride()) * t.element_size()
+
+
+def param_sizes(params: Sequence[torch.Tensor]) -> tuple[int, int]:
+    """(elements, bytes) of ``params``, memory viewed by several of them counted once (Parameters tied by
+    ``.data``: two objects, one storage), on the meta device too (by storage identity and offsets)."""
+    elements = nbytes = 0
+    spans: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+    for t in {id(t): t for t in params}.values():
+        ext = _extent(t)
+        if ext is None:  # no memory to share (empty): counted whole
+            elements, nbytes = elements + t.numel(), nbytes + t.numel() * t.element_size()
+            continue
+        storage, lo, hi = ext
+        spans.setdefault(storage, []).append((lo, hi, t.numel() * t.element_size(), t.element_size()))
+    for views in spans.values():
+        whole = sum(v[2] for v in views)
+        covered, reach = 0, 0
+        for lo, hi, _, _ in sorted(views):  # the union of the byte ranges they view (at most their own bytes)
+            if hi > reach:
+                covered, reach = covered + hi - max(lo, reach), hi
+        covered = whole if len(views) == 1 else min(covered, whole)
+        nbytes += covered
+        elements += covered // views[0][3]
+    return elements, nbytes
+
+
 def _shared(blocks: Blocks) -> list[tuple[int, int, str]]:
     """``(first, last, why)`` for every parameter or buffer object that blocks ``first`` and ``last`` both hold,
     and every two that view the same memory (``b.weight.data = a.weight.data``: one storage, two objects)."""

@@ -29,6 +29,7 @@ from splitfed.models.blocks import (
     join_at_tuples,
     kept,
     mark_stochastic,
+    param_sizes,
     refuse_root_hooks,
     stochastic_flags,
     to_blocks,
@@ -445,7 +446,7 @@ def _verdict(spec: ModelSpec, blocks: Blocks, example: torch.Tensor) -> tuple[st
     if hit is not None and (hit[0] or len(hit[1]) == len(blocks)):
         return hit
     own = spec.name not in ZOO  # the zoo's models are splitfed's code, checked by its tests: no trial runs
-    size = sum(p.numel() * p.element_size() for m in blocks.modules for p in m.parameters())
+    size = param_sizes([p for m in blocks.modules for p in m.parameters()])[1]  # a .data tie once
     if own and blocks.traced and size > CHECK_BYTES:  # two more instances and their gradients: ~5x the model
         log.warning("model %s (%.0f MiB of parameters) is not trained beside itself to check its tracing (above "
                     "%d MiB): check it with splitfed verify against your own training", spec.name, size / 2**20,

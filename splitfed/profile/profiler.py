@@ -47,7 +47,7 @@ from splitfed.engine import compute
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_atomic
 from splitfed.models import rng
-from splitfed.models.blocks import Blocks, memory_extent, view_span
+from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
 PROFILE_VERSION = 4  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
@@ -202,40 +202,6 @@ def fixed_memory(param_bytes: float, train_bytes: float, optimizer_slots: int) -
     """A block's fixed memory: its parameters, and a gradient and ``optimizer_slots`` optimizer tensors for each
     one that trains (the optimizer keeps no state for a parameter that never has a gradient)."""
     return param_bytes + train_bytes * (1 + optimizer_slots)
-
-
-def _extent(t: torch.Tensor) -> tuple[tuple[str, int], int, int] | None:
-    """:func:`~splitfed.models.blocks.memory_extent`, and on the meta device (no addresses) the storage's
-    identity and the byte range the view covers in it: a ``.data`` tie made on meta shares one storage there
-    too (``splitfed.engine.template.size`` sizes a model built on meta)."""
-    if t.device.type != "meta" or t.numel() == 0:
-        return memory_extent(t)
-    lo = int(t.storage_offset()) * t.element_size()
-    return ("meta", int(t.untyped_storage()._cdata)), lo, lo + view_span(t.shape, t.stride()) * t.element_size()
-
-
-def param_sizes(params: Sequence[torch.Tensor]) -> tuple[int, int]:
-    """(elements, bytes) of ``params``, memory viewed by several of them counted once (Parameters tied by
-    ``.data``: two objects, one storage), on the meta device too (by storage identity and offsets)."""
-    elements = nbytes = 0
-    spans: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-    for t in {id(t): t for t in params}.values():
-        ext = _extent(t)
-        if ext is None:  # no memory to share (empty): counted whole
-            elements, nbytes = elements + t.numel(), nbytes + t.numel() * t.element_size()
-            continue
-        storage, lo, hi = ext
-        spans.setdefault(storage, []).append((lo, hi, t.numel() * t.element_size(), t.element_size()))
-    for views in spans.values():
-        whole = sum(v[2] for v in views)
-        covered, reach = 0, 0
-        for lo, hi, _, _ in sorted(views):  # the union of the byte ranges they view (at most their own bytes)
-            if hi > reach:
-                covered, reach = covered + hi - max(lo, reach), hi
-        covered = whole if len(views) == 1 else min(covered, whole)
-        nbytes += covered
-        elements += covered // views[0][3]
-    return elements, nbytes
 
 
 def state_dict_bytes(module: torch.nn.Module) -> int:
