@@ -28,6 +28,7 @@ from splitfed.flower import runfolder
 from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import RayStartError, remove_session, session_dir, start_ray
 from splitfed.sim.tiers import start_tiers
+from splitfed.units import mib_text
 
 if TYPE_CHECKING:
     from flwr.app import ConfigRecordValues
@@ -159,13 +160,13 @@ def static_fits(settings: RunSettings, policy: Any, clients: Sequence[Any]) -> N
         if not cc.fits_device:
             key = (client.kind, tuple(cc.cuts))  # the fleet entry the user wrote
             short.setdefault(key, []).append(info.client_id)
-            need[key] = (cc.memory[0] / 2**20, client.device.memory / 2**20)
+            need[key] = (cc.memory[0], client.device.memory)
     if short:
         key, who = next(iter(short.items()))
         more = f"; {len(short) - 1} more device(s) or cuts alike" if len(short) > 1 else ""
         raise ConfigError(f"cuts {','.join(map(str, key[1]))} do not fit fleet device {key[0]!r} "
-                          f"({', '.join(who[:3])}{', ...' if len(who) > 3 else ''}): they need {need[key][0]:.3g} "
-                          f"MiB of its {need[key][1]:.3g} MiB{more}; give it cuts that keep fewer blocks on the "
+                          f"({', '.join(who[:3])}{', ...' if len(who) > 3 else ''}): they need {mib_text(need[key][0])} "
+                          f"of its {mib_text(need[key][1])}{more}; give it cuts that keep fewer blocks on the "
                           "device (static:K1,K2/K1,K2 deals cut vectors out by client) or use --cuts adaptive")
 
 
