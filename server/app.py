@@ -99,7 +99,8 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
          recorded_as: RunSettings | None) -> dict[str, Any]:
     if not settings.out:
         return _run_in(grid, settings, say, stop, recorded_as)
-    with runfolder.claim(settings.out, settings.resume, settings.overwrite):  # one run per folder, held to the end
+    with runfolder.claim(settings.out, settings.resume, settings.overwrite), \
+            runfolder.recording_stops():  # one run per folder, held to the end; a signal's stop is recorded at once
         return _run_in(grid, settings, say, stop, recorded_as)
 
 

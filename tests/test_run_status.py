@@ -355,3 +355,146 @@ def test_a_claim_holds_the_lock_file_at_the_path_even_if_it_was_replaced_as_it_l
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
+
+
+# ---------------------------------------------------------------- review of 535a014
+
+
+def test_a_signal_under_a_handler_that_never_unwinds_still_records_the_stop(tmp_path):
+    """A deployment's ServerApp process ends under Flower's own SIGTERM handler (exit handlers, then os._exit):
+    the claim's end was never written, and a deployment stopped by SIGTERM or Ctrl-C read crashed. The
+    ServerApp holds its folder under recording_stops, which writes the stop before that handler runs."""
+    folder = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import os, signal, time
+        from pathlib import Path
+        from splitfed.flower import runfolder
+
+        signal.signal(signal.SIGTERM, lambda s, f: os._exit(0))  # as Flower's, in the end: no unwinding
+        folder = Path({str(folder)!r})
+        with runfolder.claim(folder, False, False), runfolder.recording_stops():
+            (folder / "metrics.jsonl").write_text('{{"round": 1}}\\n')
+            print("ready", flush=True)
+            time.sleep(600)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert runfolder.status(folder).state == "running"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0  # Flower's exit, not the signal's
+    finally:
+        p.kill()
+        p.wait()
+    st = runfolder.status(folder)
+    assert (st.state, st.record.get("signal")) == ("stopped", "SIGTERM"), st
+
+
+def test_recording_stops_gives_the_handlers_back_and_sigint_still_interrupts(tmp_path):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    folder = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        with runfolder.claim(folder, False, False), runfolder.recording_stops():
+            (folder / METRICS).write_text('{"round": 1}\n')
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the signal interrupts this
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    st = runfolder.status(folder)
+    assert (st.state, st.record.get("signal")) == ("stopped", "SIGINT"), st
+    with pytest.raises(ValueError, match="its own"):  # a later run's failure is its own: no stale stop
+        with runfolder.claim(folder, True, False):
+            (folder / METRICS).write_text('{"round": 1}\n{"round": 2}\n')
+            raise ValueError("its own")
+    assert runfolder.status(folder).state == "failed"
+
+
+def test_a_resume_refused_at_its_start_leaves_the_record_of_the_run_that_is_there(tmp_path):
+    """``flwr run`` with resume=true and another lr: the ServerApp's claim is taken, then the resume is
+    refused; the finished run there was then recorded as failed with the refusal."""
+    from splitfed.errors import ConfigError
+
+    folder = tmp_path / "run"
+    _train(folder, rounds=1)
+    record = dict(runfolder.status(folder).record)
+    assert record["state"] == "finished"
+    with pytest.raises(ConfigError, match="cannot resume"):
+        with runfolder.claim(folder, resume=True, overwrite=False):
+            raise ConfigError("cannot resume with different lr (0.05 -> 0.5)")
+    st = runfolder.status(folder)
+    assert st.state == "finished" and dict(st.record) == record
+    with pytest.raises(ConfigError):  # one that kept something records its own end
+        with runfolder.claim(folder, resume=True, overwrite=False):
+            with (folder / METRICS).open("a") as f:
+                f.write('{"round": 2}\n')
+            raise ConfigError("round 2 failed")
+    assert runfolder.status(folder).state == "failed"
+
+
+def test_a_failure_said_from_outside_the_run_is_recorded_rather_than_the_stop_it_caused(tmp_path):
+    """The simulation engine died; the runner then stops the ServerApp, which raised RunStopped: the record
+    said "failed: the run was stopped" and the cause was lost."""
+    from server.strategy import RunStopped
+
+    folder = tmp_path / "run"
+    with pytest.raises(RunStopped):
+        with runfolder.claim(folder, False, False):
+            (folder / METRICS).write_text('{"round": 1}\n')
+            runfolder.failed_elsewhere(folder, "the simulation engine failed: RuntimeError: the engine died")
+            raise RunStopped("the run was stopped")
+    st = runfolder.status(folder)
+    assert st.state == "failed" and st.record["error"] == ("the simulation engine failed: RuntimeError: the "
+                                                           "engine died"), st
+    with pytest.raises(RunStopped):  # said for that run only
+        with runfolder.claim(folder, True, False):
+            (folder / METRICS).write_text('{"round": 1}\n{"round": 2}\n')
+            raise RunStopped("the run was stopped")
+    assert runfolder.status(folder).record["error"] == "the run was stopped"
+
+
+def test_own_sessions_are_this_processs_since_the_start(tmp_path, monkeypatch):
+    from splitfed.sim.ray_start import own_sessions
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    root = tmp_path / "ray"
+    mine, other, old = (root / f"session_2026_{os.getpid()}", root / "session_2026_1",
+                        root / f"session_2025_{os.getpid()}")
+    for d in (mine, other, old):
+        d.mkdir(parents=True)
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    (root / "session_latest").symlink_to(mine)
+    assert own_sessions(time.time() - 60) == [mine]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("flower-real")
+def test_ctrl_c_while_ray_starts_leaves_no_session_and_no_ray(tmp_path):
+    """Ctrl-C in the seconds Ray takes to start (when users press it) left its session folder behind: the
+    runner knew it only once Ray was up. Whenever the signal lands, nothing of Ray is left."""
+    import psutil
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="sfci", dir="/tmp"))
+    try:
+        p = subprocess.Popen(
+            [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
+             "--clients", "2", "--rounds", "2", "--out", str(tmp_path / "run")],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+        assert p.stdout is not None
+        for line in p.stdout:
+            if line.startswith("starting the simulation engine"):
+                time.sleep(1.0)  # Ray is starting (about 5 s here)
+                p.send_signal(signal.SIGINT)
+                break
+        try:
+            text, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            raise
+        assert p.returncode == 130, text
+        assert not [s for s in (ray_tmp / "ray").glob("session_*")], text
+        left = [q for q in psutil.process_iter(["cmdline"]) if str(ray_tmp) in " ".join(q.info["cmdline"] or [])]
+        assert not left, left
+    finally:
+        import shutil
+
+        shutil.rmtree(ray_tmp, ignore_errors=True)

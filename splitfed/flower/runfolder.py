@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -45,6 +46,9 @@ ENDS = ("finished", "stopped", "failed")  # how a run that recorded its end ende
 TIME = "%Y-%m-%d %H:%M:%S"
 
 _stop: int | None = None  # the signal this process was asked to stop by (:func:`stop_requested`)
+_failures: dict[Path, str] = {}  # folder -> why its run fails, said from outside it (:func:`failed_elsewhere`)
+_signalled: dict[Path, int] = {}  # folder -> the signal that stopped its run (:func:`recording_stops`)
+_active: dict[Path, tuple[int, dict[str, Any]]] = {}  # folder -> (held lock file, start record) of runs held now
 
 
 def held_run(folder: str | Path) -> str:
@@ -95,8 +99,10 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
     fd = _take(folder)
     entered = False
     end: dict[str, Any] = {}
+    key = folder.resolve()
     try:
         _refuse_held(folder, resume, overwrite)
+        before, kept = _record(os.pread(fd, 65536, 0)), _footprint(folder)  # the run that is there, if any
         if overwrite and not resume:
             for name in RUN_FILES:
                 (folder / name).unlink(missing_ok=True)
@@ -108,22 +114,88 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
         os.pwrite(fd, data, 0)  # in place, then cut to length: the held file cannot be replaced, and a
         os.ftruncate(fd, len(data))  # reader sees the old record or the new one (see _record)
         entered = True
+        _active[key] = (fd, start)
         try:
             yield folder
         except BaseException as e:
-            end = {**start, **_ended_by(e)}
+            end = {**start, **_ended_by(e, _failures.get(key), _signalled.get(key))}
             raise
         else:
             end = {**start, "state": "finished"}
     finally:
+        _active.pop(key, None)
+        _failures.pop(key, None)
+        _signalled.pop(key, None)
         try:
             if not held_run(folder):
                 _tidy(folder, new)
             elif entered:
+                record = {**end, "until": time.strftime(TIME)}
+                if end.get("state") != "finished" and "pid" in before and _footprint(folder) == kept:
+                    record = before  # it kept nothing (a resume refused at its start): the run there is as it was
                 with contextlib.suppress(OSError):  # a disk that fails now: the run's own files are written
-                    write_atomic(folder / LOCK, dumps({**end, "until": time.strftime(TIME)}) + "\n")
+                    write_atomic(folder / LOCK, dumps(record) + "\n")
         finally:
             os.close(fd)  # the lock goes with the descriptor
+
+
+def _footprint(folder: Path) -> tuple[tuple[int, int] | None, ...]:
+    """What a run leaves in ``folder``, as (size, mtime) of its files: unchanged, the run kept nothing."""
+    out: list[tuple[int, int] | None] = []
+    for name in RUN_FILES:
+        try:
+            st = (folder / name).stat()
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def failed_elsewhere(folder: str | Path, why: str) -> None:
+    """Say why the run in ``folder`` (held by this process) fails, when that is known outside it: the
+    simulation engine died, and the ServerApp is then stopped for it (what it raises, "the run was stopped",
+    is that stop's echo, not the cause)."""
+    _failures[Path(folder).resolve()] = why
+
+
+@contextmanager
+def recording_stops() -> Iterator[None]:
+    """While held, in the main thread: SIGINT and SIGTERM first write the end of every run this process holds
+    (``stopped``, by that signal), then do what they did before. A deployment's ServerApp process ends under
+    Flower's own handler, which runs its exit handlers and then ``os._exit``: the claim's own end is never
+    written there. Elsewhere (a thread: ``splitfed simulate``'s ServerApp) nothing: the runner says it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {int(sig): signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        for key, (fd, start) in list(_active.items()):
+            _signalled[key] = signum
+            data = dumps({**start, "state": "stopped", "signal": _signal_name(signum),
+                          "until": time.strftime(TIME)}).encode()
+            with contextlib.suppress(OSError):  # in place: the lock stays held while the process winds down
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+        was = previous[signum]
+        if callable(was):
+            was(signum, frame)
+        elif was == signal.SIG_IGN:
+            return
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        else:  # the default: end as the signal ends a process
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, was in previous.items():
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, was if was is not None else signal.SIG_DFL)
 
 
 def stop_requested(signum: int | None) -> None:
@@ -136,9 +208,12 @@ def stop_requested(signum: int | None) -> None:
     _stop = signum
 
 
-def _ended_by(e: BaseException) -> dict[str, Any]:
-    if _stop is not None:
-        return {"state": "stopped", "signal": _signal_name(_stop)}
+def _ended_by(e: BaseException, why: str | None = None, signum: int | None = None) -> dict[str, Any]:
+    by = signum if signum is not None else _stop
+    if by is not None:
+        return {"state": "stopped", "signal": _signal_name(by)}
+    if why is not None and isinstance(e, Exception):  # failed_elsewhere: the cause, not the stop it made
+        return {"state": "failed", "error": why, "error_type": "failed elsewhere"}
     if isinstance(e, KeyboardInterrupt):
         return {"state": "stopped", "signal": "SIGTERM" if isinstance(e, Terminated) else "SIGINT"}
     if not isinstance(e, Exception):  # SystemExit, GeneratorExit: ended on purpose, not by an error

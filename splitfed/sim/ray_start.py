@@ -51,11 +51,13 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
                 warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", category=FutureWarning)
                 ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
             return
-        except Exception as e:  # Ray raises bare Exception on a start timeout
+        except BaseException as e:  # Ray raises bare Exception on a start timeout
             last = e
             if ray.is_initialized():
                 ray.shutdown()
             _kill([p for p in _children() if p not in before and _is_ray(p)])
+            if not isinstance(e, Exception):  # Ctrl-C while Ray started: what it had started is stopped too
+                raise
             log(f"Ray did not start (attempt {attempt}/{attempts}): {type(e).__name__}: {e}")
     raise RayStartError(f"Ray did not start in {attempts} attempts; last error: {type(last).__name__}: {last}") \
         from last
@@ -105,6 +107,21 @@ def session_dir() -> Path | None:
     except Exception:  # noqa: BLE001 - a Ray without them: nothing to remove, nothing to name
         return None
     return path if path.is_dir() else None
+
+
+def own_sessions(since: float) -> list[Path]:
+    """The session folders a Ray started by this process made from ``since`` (a Unix time) on, under Ray's
+    default temporary folder: Ray names each ``session_<date>_<pid of the process that started it>``. For a
+    start cut short (Ctrl-C while Ray started), when :func:`session_dir` has nothing to say."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    root = Path(get_default_ray_temp_dir())
+    try:
+        found = [p for p in root.glob(f"session_*_{os.getpid()}")
+                 if p.is_dir() and not p.is_symlink() and p.stat().st_mtime >= since - 1]
+    except OSError:
+        return []
+    return sorted(found)
 
 
 LATEST = "session_latest"  # Ray's link to the session it started last, in the same folder

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +27,13 @@ from typing import TYPE_CHECKING, Any
 from splitfed.errors import ConfigError, CutError, SplitfedError, Terminated
 from splitfed.flower import runfolder
 from splitfed.flower.config import RunSettings
-from splitfed.sim.ray_start import RayStartError, remove_session, session_dir, start_ray
+from splitfed.sim.ray_start import (
+    RayStartError,
+    own_sessions,
+    remove_session,
+    session_dir,
+    start_ray,
+)
 from splitfed.sim.tiers import start_tiers
 from splitfed.units import mib_text
 
@@ -67,6 +74,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
              else f"and {settings.tiers - 1} tier process(es)"
              + (f" on {settings.tier_torch_device}" if settings.tier_torch_device != "cpu" else ""))
     progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) {tiers}...")
+    began = time.time()
     try:
         try:
             start_ray({"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
@@ -94,8 +102,10 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
                 root: BaseException = e  # Flower wraps runtime failures (e.g. Ray not starting) in this
                 while root.__cause__ is not None:
                     root = root.__cause__
-                raise SimulationError(f"the simulation engine failed: {type(root).__name__}: {root}"
-                                      f"{_logs_at(session)}") from e
+                why = f"the simulation engine failed: {type(root).__name__}: {root}"
+                if settings.out:  # the ServerApp is stopped below for it: its folder records this, not the stop
+                    runfolder.failed_elsewhere(settings.out, why)
+                raise SimulationError(f"{why}{_logs_at(session)}") from e
             finally:
                 stop.set()
             signals.reraise()  # a signal that came as the engine finished: the run still ends as stopped
@@ -120,8 +130,9 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         logging.getLogger("flwr").removeFilter(quiet)
         if not interrupted:
             logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
-        if session is not None and not failed:  # its own session only, once none of its processes is left
-            remove_session(session)
+        if not failed:  # its own session only, once none of its processes is left
+            for s in [session] if session is not None else own_sessions(began):  # (Ctrl-C while Ray started)
+                remove_session(s)
     return summary
 
 
