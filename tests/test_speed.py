@@ -150,3 +150,18 @@ def test_a_model_that_cannot_train_on_the_nodes_samples_is_a_refusal_not_a_trace
     assert measure_speed(spec, torch.randn(2, 1, 8, 8)).samples == 2
     with pytest.raises(ConfigError, match="could not time training model .* here: ValueError: Expected more than 1"):
         measure_speed(spec, torch.randn(1, 1, 8, 8))
+
+
+def test_only_the_blocks_timed_are_copied(monkeypatch) -> None:
+    """Every block was copied (and moved to the node's GPU) though only the first few are timed: a small GPU
+    that holds the device's blocks could run out of memory at registration."""
+    copied: list[tuple[int, int]] = []
+    real = template.copy_blocks
+
+    def spy(spec, start, stop):  # type: ignore[no-untyped-def]
+        copied.append((start, stop))
+        return real(spec, start, stop)
+
+    monkeypatch.setattr(template, "copy_blocks", spy)
+    m = measure_speed(SPEC, SPEC.example_input(4), budget_s=0.0)
+    assert m.blocks == 1 and copied == [(0, 1)]

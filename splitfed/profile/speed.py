@@ -60,7 +60,11 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
             torch.cuda.synchronize(where)
         return clock()
 
+    blocks: dict[str, torch.nn.Module] = {}
+
     def once(stop: int) -> float:
+        for i in range(len(blocks), stop):  # copied (and moved to ``where``) as they are added: a small GPU
+            blocks[str(i)] = template.copy_blocks(spec, i, i + 1)[i].to(where).train()  # holds the first alone
         seg = Segment({k: blocks[k] for k in map(str, range(stop))}, 0, stop)
         t0 = now()
         out = seg(x)
@@ -76,7 +80,6 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
     cuda_state = torch.cuda.get_rng_state(where) if where.type == "cuda" else None
     try:
         n = template.num_blocks(spec)
-        blocks = {str(i): b.to(where).train() for i, b in template.copy_blocks(spec, 0, n).items()}
         x = x.to(where)
         stop = 1
         while once(stop) < budget_s and stop < n:  # also the warm-up of every block it adds

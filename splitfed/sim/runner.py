@@ -116,6 +116,9 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         failed = False  # stopped, as asked: Ray's logs hold nothing the user needs
         logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
         raise
+    except ConfigError:  # a refusal (the folder in use, say): Ray's logs hold nothing about it
+        failed = False
+        raise
     except Exception as e:
         if session is not None and not isinstance(e, SimulationError):  # a SimulationError names them itself
             progress(f"the run failed; Ray's logs are kept in {session / 'logs'}")
