@@ -167,7 +167,7 @@ class SplitFedAvg(FedAvg):
             ask.update({"measure-link": True, "edge-address": self.edge_address, "tls-ca": s.tls_ca,
                         "tls-cert": s.tls_cert, "tls-key": s.tls_key, "token-file": s.token_file})
         # and how fast it trains (splitfed.profile.speed), where the plan prices devices (cuts of the optimizer)
-        speed_asked = not s.sim_clock and s.cuts.strip() in PLANNED
+        speed_asked = asks_speed(s)
         if speed_asked:
             ask.update({"measure-speed": True, "batch-size": s.batch_size})
         msgs = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type=MessageType.QUERY)
@@ -440,6 +440,12 @@ def _speed_text(settings: RunSettings, info: NodeInfo) -> str:
 
 
 PLANNED = ("adaptive", "greedy")  # the policies that price each device from its profile (splitfed.flower.adaptive)
+
+
+def asks_speed(settings: RunSettings) -> bool:
+    """Whether the nodes time their training at registration: in real time, for a policy that prices devices
+    (``adaptive``, ``greedy``, also spelt with a colon as make_policy reads them)."""
+    return not settings.sim_clock and settings.cuts.strip().partition(":")[0].strip() in PLANNED
 
 
 def _plain(x: float) -> str:

@@ -110,13 +110,10 @@ def test_a_run_stopped_by_the_simulate_runners_signal_reads_stopped_whatever_its
     """The runner's handler only sets the stop flags; what the run then raises (the ServerApp's RunStopped,
     a round whose clients were stopped) is the stop's echo, not a failure."""
     folder = tmp_path / "run"
-    try:
-        with pytest.raises(RuntimeError), runfolder.claim(folder, resume=False, overwrite=False):
-            (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
-            runfolder.stop_requested(signal.SIGTERM)
-            raise RuntimeError("round 2: 0 of 2 clients finished")
-    finally:
-        runfolder.stop_requested(None)
+    with pytest.raises(RuntimeError), runfolder.claim(folder, resume=False, overwrite=False):
+        (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
+        runfolder.stop_requested(signal.SIGTERM)
+        raise RuntimeError("round 2: 0 of 2 clients finished")
     st = runfolder.status(folder)
     assert (st.state, st.record["signal"]) == ("stopped", "SIGTERM")
 
@@ -498,3 +495,79 @@ def test_ctrl_c_while_ray_starts_leaves_no_session_and_no_ray(tmp_path):
         import shutil
 
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- second review
+
+
+def test_a_stop_said_while_no_run_is_held_concerns_no_later_run(tmp_path):
+    """A Ctrl-C'd simulate left its stop set for the process: a notebook's next run that failed read stopped."""
+    runfolder.stop_requested(signal.SIGINT)  # nothing held now
+    folder = tmp_path / "run"
+    with pytest.raises(OSError), runfolder.claim(folder, False, False):
+        (folder / METRICS).write_text('{"round": 1}\n')
+        raise OSError("the disk is on fire")
+    st = runfolder.status(folder)
+    assert st.state == "failed" and st.record["error"] == "the disk is on fire", st
+
+
+def test_a_failure_said_of_a_folder_no_run_holds_is_nothing(tmp_path):
+    """Said after the run's claim ended, it stayed, and the next run in that folder failed with its cause."""
+    folder = tmp_path / "run"
+    runfolder.failed_elsewhere(folder, "the simulation engine failed: RuntimeError: an old cause")
+    with pytest.raises(OSError), runfolder.claim(folder, False, False):
+        (folder / METRICS).write_text('{"round": 1}\n')
+        raise OSError("its own")
+    assert runfolder.status(folder).record["error"] == "its own"
+
+
+def test_a_resume_that_rewrote_the_metrics_as_they_were_kept_nothing(tmp_path):
+    """A resume rewrites metrics.jsonl (MetricsWriter.truncate_after) before anything can stop it: by file
+    times it had always 'kept something', and a Ctrl-C while waiting for nodes recorded the finished run
+    there as stopped. And a record put back keeps its time: the summary a resume with nothing to do wrote
+    again still reads finished."""
+    folder = tmp_path / "run"
+    _train(folder, rounds=1)
+    record = dict(runfolder.status(folder).record)
+    with pytest.raises(KeyboardInterrupt), runfolder.claim(folder, resume=True, overwrite=False):
+        data = (folder / METRICS).read_bytes()
+        time.sleep(0.01)
+        (folder / METRICS).write_bytes(data)  # as it was, written again
+        raise KeyboardInterrupt
+    st = runfolder.status(folder)
+    assert st.state == "finished" and dict(st.record) == record, st
+    # a stopped run whose summary a resume with nothing to do wrote again reads finished, and stays so
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt), runfolder.claim(stopped, False, False):
+        (stopped / METRICS).write_text('{"round": 1}\n')
+        raise KeyboardInterrupt
+    time.sleep(0.01)
+    (stopped / SUMMARY).write_text(json.dumps({"settings": {}, "rounds": 1}))
+    assert runfolder.status(stopped).state == "finished"
+    with pytest.raises(ValueError), runfolder.claim(stopped, resume=True, overwrite=False):
+        raise ValueError("cannot resume with different lr")
+    assert runfolder.status(stopped).state == "finished"
+
+
+def test_an_ignored_sigint_records_no_stop(tmp_path):
+    """A run started with SIGINT ignored (a background job) went on after one, recorded stopped meanwhile."""
+    folder = tmp_path / "run"
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with runfolder.claim(folder, False, False), runfolder.recording_stops():
+            (folder / METRICS).write_text('{"round": 1}\n')
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert runfolder.status(folder).state == "running"
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert runfolder.status(folder).state == "finished"
+
+
+@pytest.mark.parametrize(("cuts", "sim_clock", "asked"), [
+    ("adaptive", False, True), ("adaptive:", False, True), (" greedy ", False, True), ("static:2,5", False, False),
+    ("adaptive", True, False)])
+def test_speeds_are_asked_for_the_policies_that_price_devices_however_spelt(cuts, sim_clock, asked):
+    from server.strategy import asks_speed
+
+    assert asks_speed(RunSettings(cuts=cuts, sim_clock=sim_clock)) is asked

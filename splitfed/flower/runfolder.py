@@ -29,6 +29,7 @@ import signal
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,7 +46,6 @@ RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``
 ENDS = ("finished", "stopped", "failed")  # how a run that recorded its end ended
 TIME = "%Y-%m-%d %H:%M:%S"
 
-_stop: int | None = None  # the signal this process was asked to stop by (:func:`stop_requested`)
 _failures: dict[Path, str] = {}  # folder -> why its run fails, said from outside it (:func:`failed_elsewhere`)
 _signalled: dict[Path, int] = {}  # folder -> the signal that stopped its run (:func:`recording_stops`)
 _active: dict[Path, tuple[int, dict[str, Any]]] = {}  # folder -> (held lock file, start record) of runs held now
@@ -102,7 +102,9 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
     key = folder.resolve()
     try:
         _refuse_held(folder, resume, overwrite)
-        before, kept = _record(os.pread(fd, 65536, 0)), _footprint(folder)  # the run that is there, if any
+        # the run that is there, if any: its record, and when it was written (``status`` compares it with the
+        # summary's time: a record put back must keep it)
+        before, kept, written = _record(os.pread(fd, 65536, 0)), _footprint(folder), os.fstat(fd).st_mtime_ns
         if overwrite and not resume:
             for name in RUN_FILES:
                 (folder / name).unlink(missing_ok=True)
@@ -131,21 +133,30 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
                 _tidy(folder, new)
             elif entered:
                 record = {**end, "until": time.strftime(TIME)}
-                if end.get("state") != "finished" and "pid" in before and _footprint(folder) == kept:
+                back = end.get("state") != "finished" and "pid" in before and _footprint(folder) == kept
+                if back:
                     record = before  # it kept nothing (a resume refused at its start): the run there is as it was
                 with contextlib.suppress(OSError):  # a disk that fails now: the run's own files are written
                     write_atomic(folder / LOCK, dumps(record) + "\n")
+                    if back:
+                        os.utime(folder / LOCK, ns=(written, written))
         finally:
             os.close(fd)  # the lock goes with the descriptor
 
 
 def _footprint(folder: Path) -> tuple[tuple[int, int] | None, ...]:
-    """What a run leaves in ``folder``, as (size, mtime) of its files: unchanged, the run kept nothing."""
+    """What a run leaves in ``folder``: unchanged, the run kept nothing. By content for the metrics and the
+    summary (a resume rewrites the metrics as they were: ``MetricsWriter.truncate_after``), by size and
+    time for the checkpoint (written only when a round is kept)."""
     out: list[tuple[int, int] | None] = []
     for name in RUN_FILES:
         try:
-            st = (folder / name).stat()
-            out.append((st.st_size, st.st_mtime_ns))
+            if name == checkpoint.FILENAME:
+                st = (folder / name).stat()
+                out.append((st.st_size, st.st_mtime_ns))
+            else:
+                data = (folder / name).read_bytes()
+                out.append((len(data), zlib.crc32(data)))
         except OSError:
             out.append(None)
     return tuple(out)
@@ -154,8 +165,11 @@ def _footprint(folder: Path) -> tuple[tuple[int, int] | None, ...]:
 def failed_elsewhere(folder: str | Path, why: str) -> None:
     """Say why the run in ``folder`` (held by this process) fails, when that is known outside it: the
     simulation engine died, and the ServerApp is then stopped for it (what it raises, "the run was stopped",
-    is that stop's echo, not the cause)."""
-    _failures[Path(folder).resolve()] = why
+    is that stop's echo, not the cause). Said of a folder no run of this process holds now, it is nothing (that
+    run has recorded its own end)."""
+    key = Path(folder).resolve()
+    if key in _active:
+        _failures[key] = why
 
 
 @contextmanager
@@ -170,6 +184,9 @@ def recording_stops() -> Iterator[None]:
     previous: dict[int, Any] = {int(sig): signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def handler(signum: int, frame: Any) -> None:
+        was = previous[signum]
+        if was == signal.SIG_IGN:  # ignored before: the run goes on, and nothing is said of it
+            return
         for key, (fd, start) in list(_active.items()):
             _signalled[key] = signum
             data = dumps({**start, "state": "stopped", "signal": _signal_name(signum),
@@ -177,11 +194,8 @@ def recording_stops() -> Iterator[None]:
             with contextlib.suppress(OSError):  # in place: the lock stays held while the process winds down
                 os.pwrite(fd, data, 0)
                 os.ftruncate(fd, len(data))
-        was = previous[signum]
         if callable(was):
             was(signum, frame)
-        elif was == signal.SIG_IGN:
-            return
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
         else:  # the default: end as the signal ends a process
@@ -199,19 +213,20 @@ def recording_stops() -> Iterator[None]:
 
 
 def stop_requested(signum: int | None) -> None:
-    """Say that this process was asked to stop, by signal ``signum`` (``None``: no longer). A run that ends
-    while it is records that it was stopped, however its end came (the ServerApp's stop, a round whose
-    clients were stopped under it), not that it failed. The simulate runner says so from its signal
-    handler and takes it back when the simulation is over; a :class:`KeyboardInterrupt` (Ctrl-C, and
-    :class:`~splitfed.errors.Terminated` for SIGTERM) through a run says so by itself."""
-    global _stop
-    _stop = signum
+    """Say that the runs this process holds now were asked to stop, by signal ``signum`` (``None``: say
+    nothing). Each then records that it was stopped, however its end came (the ServerApp's stop, a round
+    whose clients were stopped under it), not that it failed; a run claimed later is not concerned (a
+    notebook's next run after a Ctrl-C'd one). The simulate runner says so from its signal handler; a
+    :class:`KeyboardInterrupt` (Ctrl-C, and :class:`~splitfed.errors.Terminated` for SIGTERM) through a
+    run says so by itself."""
+    if signum is not None:
+        for key in list(_active):
+            _signalled.setdefault(key, signum)
 
 
 def _ended_by(e: BaseException, why: str | None = None, signum: int | None = None) -> dict[str, Any]:
-    by = signum if signum is not None else _stop
-    if by is not None:
-        return {"state": "stopped", "signal": _signal_name(by)}
+    if signum is not None:
+        return {"state": "stopped", "signal": _signal_name(signum)}
     if why is not None and isinstance(e, Exception):  # failed_elsewhere: the cause, not the stop it made
         return {"state": "failed", "error": why, "error_type": "failed elsewhere"}
     if isinstance(e, KeyboardInterrupt):

@@ -53,8 +53,7 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
             return
         except BaseException as e:  # Ray raises bare Exception on a start timeout
             last = e
-            if ray.is_initialized():
-                ray.shutdown()
+            ray.shutdown()  # also a node set up before ray.init returned (else Ray's exit makes its folder again)
             _kill([p for p in _children() if p not in before and _is_ray(p)])
             if not isinstance(e, Exception):  # Ctrl-C while Ray started: what it had started is stopped too
                 raise

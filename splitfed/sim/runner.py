@@ -69,7 +69,6 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     interrupted = False
     session = None  # Ray's session folder, once Ray is up
     failed = True
-    runfolder.stop_requested(None)  # a stop asked of an earlier simulation in this process is not this one's
     tiers = (f"using the tiers at {', '.join(settings.addresses)}" if settings.addresses
              else f"and {settings.tiers - 1} tier process(es)"
              + (f" on {settings.tier_torch_device}" if settings.tier_torch_device != "cpu" else ""))
@@ -126,8 +125,6 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     finally:
         if ray.is_initialized():  # Flower's engine shuts Ray down itself once its threads are done
             ray.shutdown()
-        if not interrupted:  # else Flower's threads, if a second signal left them behind, may end the run yet
-            runfolder.stop_requested(None)
         for sig, handler in before.items():
             signal.signal(sig, handler)
         logging.getLogger("flwr").removeFilter(quiet)
