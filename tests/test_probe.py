@@ -196,7 +196,7 @@ def test_deployed_nodes_measure_their_links_at_registration_and_the_optimizer_pl
         assert speeds == [None, None] and "GFLOP/s" not in caplog.text
     else:
         assert all(link.up > 0 and link.down > 0 and link.rtt > 0 for link in links)  # type: ignore[union-attr]
-        assert all(sp is not None and sp.blocks >= 1 and sp.samples >= 1 and sp.seconds > 0 for sp in speeds)
+        assert all(sp is not None and sp.blocks >= 1 and sp.samples >= 1 for sp in speeds)  # SpeedMeasure: a positive time
         assert "client0=" in caplog.text and "(measured up " in caplog.text and " GFLOP/s)" in caplog.text
         planned = real(s, seen[0])
         assert planned.clients[0].link.up == pytest.approx(links[0].up)  # type: ignore[union-attr]

@@ -202,31 +202,39 @@ def test_a_pid_taken_again_by_another_process_is_not_the_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("flower-real")
+def _simulate_until(out: Path, ray_tmp: Path, rounds: int, line: str, sig: int, delay: float = 0.0
+                    ) -> tuple[int, str]:
+    """``splitfed simulate`` as a user runs it (its own Ray under ``ray_tmp``), sent ``sig`` ``delay`` seconds
+    after the line that starts with ``line``: its exit code and output."""
+    p = subprocess.Popen(
+        [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
+         "--clients", "2", "--rounds", str(rounds), "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+    assert p.stdout is not None
+    seen = []
+    for got in p.stdout:
+        seen.append(got)
+        if got.startswith(line):
+            time.sleep(delay)
+            p.send_signal(sig)
+            break
+    try:
+        rest, _ = p.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    return p.returncode, "".join(seen) + rest
+
+
 def test_a_real_simulation_stopped_by_sigterm_reads_stopped(tmp_path, capsys):
     """``splitfed simulate`` as a user runs it, stopped by SIGTERM after round 1 (as in test_signals.py): the
     runner's handler stops the run, whose folder then records it stopped by SIGTERM (not failed)."""
     out = tmp_path / "run"
     ray_tmp = Path(tempfile.mkdtemp(prefix="sfst", dir="/tmp"))  # short: Ray's socket paths live under it
     try:
-        p = subprocess.Popen(
-            [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
-             "--clients", "2", "--rounds", "4", "--out", str(out)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
-        assert p.stdout is not None
-        seen = []
-        for line in p.stdout:
-            seen.append(line)
-            if line.startswith("round 1/4"):
-                p.send_signal(signal.SIGTERM)
-                break
-        try:
-            rest, _ = p.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            raise
-        text = "".join(seen) + rest
-        assert p.returncode == 143, text
+        code, text = _simulate_until(out, ray_tmp, 4, "round 1/4", signal.SIGTERM)
+        assert code == 143, text
         run = load_run(out)
         assert run.status == "stopped" and run.record["signal"] == "SIGTERM", run.record
         assert run_notes(run)[0].startswith(f"{out} was stopped by SIGTERM at ")
@@ -470,24 +478,9 @@ def test_ctrl_c_while_ray_starts_leaves_no_session_and_no_ray(tmp_path):
     import psutil
 
     ray_tmp = Path(tempfile.mkdtemp(prefix="sfci", dir="/tmp"))
-    try:
-        p = subprocess.Popen(
-            [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
-             "--clients", "2", "--rounds", "2", "--out", str(tmp_path / "run")],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
-        assert p.stdout is not None
-        for line in p.stdout:
-            if line.startswith("starting the simulation engine"):
-                time.sleep(1.0)  # Ray is starting (about 5 s here)
-                p.send_signal(signal.SIGINT)
-                break
-        try:
-            text, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            raise
-        assert p.returncode == 130, text
+    try:  # 1 s after: Ray is starting (about 5 s here)
+        code, text = _simulate_until(tmp_path / "run", ray_tmp, 2, "starting the simulation engine", signal.SIGINT, 1.0)
+        assert code == 130, text
         assert not [s for s in (ray_tmp / "ray").glob("session_*")], text
         left = [q for q in psutil.process_iter(["cmdline"]) if str(ray_tmp) in " ".join(q.info["cmdline"] or [])]
         assert not left, left

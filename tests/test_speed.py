@@ -46,7 +46,7 @@ def test_the_measurement_trains_copies_and_gives_torchs_generator_back() -> None
     torch.manual_seed(7)
     m = measure_speed(spec, spec.example_input(2), budget_s=math.inf)
     assert torch.equal(torch.rand(3), expected)
-    assert m.blocks == template.num_blocks(spec) and m.seconds > 0
+    assert m.blocks == template.num_blocks(spec)
     after = {k: v for i, mod in enumerate(template.template(spec).modules) for k, v in
              ((f"{i}.{name}", t) for name, t in mod.state_dict().items())}
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
