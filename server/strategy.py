@@ -52,7 +52,14 @@ from splitfed.engine.rounds import ClientResult, Outcome, RoundConfig, SplitRoun
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.flower.adaptive import measured_device_flops
 from splitfed.flower.config import RunSettings
-from splitfed.flower.policy import AssignmentPolicy, ClientInfo, Clock, Cuts, Measurement
+from splitfed.flower.policy import (
+    AssignmentPolicy,
+    ClientInfo,
+    Clock,
+    Cuts,
+    Measurement,
+    policy_name,
+)
 from splitfed.flower.records import (
     ARRAYS,
     CONFIG,
@@ -445,7 +452,7 @@ PLANNED = ("adaptive", "greedy")  # the policies that price each device from its
 def asks_speed(settings: RunSettings) -> bool:
     """Whether the nodes time their training at registration: in real time, for a policy that prices devices
     (``adaptive``, ``greedy``, also spelt with a colon as make_policy reads them)."""
-    return not settings.sim_clock and settings.cuts.strip().partition(":")[0].strip() in PLANNED
+    return not settings.sim_clock and policy_name(settings.cuts)[0] in PLANNED
 
 
 def _plain(x: float) -> str:

@@ -142,10 +142,16 @@ register_policy("adaptive", _builtin("adaptive"))
 register_policy("greedy", _builtin("greedy"))
 
 
+def policy_name(cuts: str) -> tuple[str, str]:
+    """``--cuts NAME[:ARG]`` as (NAME, ARG)."""
+    name, _, arg = cuts.strip().partition(":")
+    return name, arg
+
+
 def make_policy(settings: RunSettings) -> AssignmentPolicy:
     """``static:K1,K2[/K1,K2...]`` or a registered name (``adaptive``, ``greedy``)."""
     spec = settings.cuts
-    name, _, arg = spec.strip().partition(":")
+    name, arg = policy_name(spec)
     if name == "static":
         options = parse_static(arg)
         for cuts in options:

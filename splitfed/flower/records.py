@@ -27,6 +27,7 @@ from splitfed.engine.types import OptimConfig, State
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec
 from splitfed.profile.devices import LinkProfile, mbps
+from splitfed.profile.fleet import in_range
 from splitfed.profile.speed import SpeedMeasure
 
 ARRAYS = "arrays"
@@ -158,13 +159,6 @@ class TrainReport:
         return report
 
 
-def _in_range(v: float, key: str) -> bool:
-    from splitfed.profile.fleet import RANGES
-
-    lo, hi, _ = RANGES[key]
-    return math.isfinite(v) and lo <= v <= hi
-
-
 def _cast(typ: Any, v: Any) -> Any:
     return int(v) if str(typ) == "int" else float(v)
 
@@ -194,7 +188,7 @@ class NodeInfo:
     @property
     def link(self) -> LinkProfile | None:
         """Its link to the edge as measured, in the cost model's units, or None."""
-        if not all(_in_range(v, key) for v, key in ((self.up_mbps, "up_mbps"), (self.down_mbps, "down_mbps"),
+        if not all(in_range(v, key) for v, key in ((self.up_mbps, "up_mbps"), (self.down_mbps, "down_mbps"),
                                                     (self.rtt_ms, "rtt_ms"))) or self.up_mbps <= 0 or self.down_mbps <= 0:
             return None  # not measured, or nothing a real link does (a fleet file would be refused it too)
         return LinkProfile(mbps(self.up_mbps), mbps(self.down_mbps), self.rtt_ms / 1e3)

@@ -68,6 +68,15 @@ RANGES: dict[str, tuple[float, float, str]] = {  # key: (low, high, "unit (why)"
     "down_mbps": (1e-6, 1e9, "Mbit/s (1 bit/s to 1 Pbit/s)"),
     "rtt_ms": (0.0, 1e7, "ms (1e7 ms is ~3 hours; Earth to Mars and back is under 45 minutes)"),
 }
+
+
+def in_range(value: float, key: str) -> bool:
+    """Whether ``value`` (file units) is one a fleet file accepts for ``key`` (:data:`RANGES`): also how a
+    node's own measurement of itself is judged before the plan believes it."""
+    lo, hi, _ = RANGES[key]
+    return math.isfinite(value) and lo <= value <= hi
+
+
 SCALE_RANGE = (1e-9, 1e9)  # a drift factor (rtt_scale may be 0); what it makes must stay in RANGES too
 
 

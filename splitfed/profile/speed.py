@@ -100,11 +100,10 @@ def measured_flops(profile: ModelProfile, m: SpeedMeasure) -> float | None:
     seconds they took. None when the profile counts no work there, or has fewer blocks (another model), or
     the rate is outside what a fleet file accepts for a device (``RANGES["flops"]``: a node's reply is not
     trusted to be sane)."""
-    from splitfed.profile.fleet import RANGES
+    from splitfed.profile.fleet import in_range
 
     if m.blocks > profile.n_blocks or m.samples > profile.batch:
         return None
     work = (math.fsum(profile.fwd_flops[:m.blocks]) + math.fsum(profile.bwd_flops[:m.blocks])) * m.samples
-    lo, hi, _ = RANGES["flops"]
     flops = work / m.seconds if work > 0 else math.nan
-    return flops if lo <= flops <= hi else None
+    return flops if in_range(flops, "flops") else None
