@@ -113,6 +113,7 @@ def test_fleet_entry_of_a_profile_without_a_measured_rate_is_refused_naming_why(
     not written without ``flops`` and then refused as a fleet entry the user never wrote."""
     import argparse
 
+    import splitfed.commands.profile  # noqa: F401 - first imported under the patch, it kept the fake for good
     import splitfed.profile.profiler as profiler
     from splitfed.commands.ping import _fleet_entry
 
