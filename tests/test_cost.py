@@ -208,8 +208,10 @@ def test_sl_runs_the_clients_in_turn() -> None:
     assert sl.times() == v1.times()  # each client's own round is the same
     assert sl.makespan_s == pytest.approx(sum(v1.times().values())) and sl.bottleneck == "clients in turn"
     assert v1.makespan_s == max(v1.times().values())
-    # one replica on each server: the largest client's segment, not the sum
-    assert sl.shared_memory["edge"] == max(c.memory[1] for c in sl.clients)
+    # one client's segment at a time, not the sum: c0's (fixed 1500 bytes; its one step's activations, 4 x 100,
+    # or, its turn over, the holder it leaves there, 500), beside the largest holder a client before it can
+    # have left (500)
+    assert sl.shared_memory["edge"] == 1500 + max(4 * 100, 500) + 500
     assert v1.shared_memory["edge"] == pytest.approx(sum(c.memory[1] for c in v1.clients))
     # a client's extra time (moving weights) delays the whole round
     sc = replace(scenario(clients), mode="sl")
@@ -231,8 +233,9 @@ def test_sflv2_runs_the_clients_in_turn_as_sl() -> None:
     assert r.makespan_s == pytest.approx(50 * 0.13478) and r.bottleneck == "clients in turn"
     v1 = evaluate(replace(sc, mode="sflv1"), {c.name: (0, 0) for c in many})
     assert v1.makespan_s == pytest.approx(max(50 * 8080 / 1e6, 0.13478))  # in parallel: far shorter
-    # one client's segment at a time: both blocks' fixed bytes (4500) + one batch of activations (4 x 4100)
-    assert r.shared_memory["cloud"] == pytest.approx(4500 + 4 * 4100)
+    # one client's segment at a time: both blocks' fixed bytes (4500) + one batch of activations (4 x 4100),
+    # beside the holder the client before left (both blocks' weights, 1500)
+    assert r.shared_memory["cloud"] == pytest.approx(4500 + 4 * 4100 + 1500)
     assert v1.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100))
     # a client's extra time (moving its weights) delays every client after it
     cuts = {c.name: (0, 0) for c in many}
@@ -253,10 +256,13 @@ def test_sflv2_costs_what_sl_costs() -> None:
             assert v2.clients == sl.clients and v2.shared_s == sl.shared_s
             assert v2.shared_memory == sl.shared_memory and v2.violations == sl.violations
             assert (v2.makespan_s, v2.bottleneck) == (sl.makespan_s, sl.bottleneck)
-    # memory: the larger client's segment, not the union of the blocks the clients put there
+    # memory: the larger client's turn beside the larger holder, not the union of the blocks the clients put
+    # there; alone, a client has no holder before it
     a, b = _fleet(2)
     r = evaluate(replace(scenario([a, b]), mode="sflv2"), {"c0": (0, 1), "c1": (1, 2)})  # edge: block 0, block 1
-    assert r.shared_memory["edge"] == pytest.approx(max(3000 + 4 * 4000, 1500 + 4 * 100))
+    assert r.shared_memory["edge"] == pytest.approx(max(3000 + 4 * 4000, 1500 + max(4 * 100, 500)) + max(1000, 500))
+    alone = evaluate(replace(scenario([a]), mode="sflv2"), {"c0": (1, 2)})
+    assert alone.shared_memory["edge"] == pytest.approx(1500 + max(4 * 100, 500))
 
 
 def test_cost_model_modes_schedule_clients_as_the_engine_groups_them() -> None:

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
@@ -105,6 +106,73 @@ def test_optimizer_equals_brute_force_sflv2(sc: Scenario) -> None:
 def test_optimizer_equals_brute_force_sl(sc: Scenario) -> None:
     """Vanilla split learning: clients in turn; the round is the sum of their times."""
     _equals_brute_force(sc, ("auto", "bisect", "direct"))
+
+
+@st.composite
+def holder_bound(draw: st.DrawFn) -> Scenario:
+    """sl or sflv2 with each server's memory between what the smallest option needs beside its own holder and
+    what the clients' fastest options need beside the largest of their holders: the holder binds, so the
+    fastest options are not always optimal (the coupled case of the module docstring)."""
+    from splitfed.cost import held_memory, turn_memory
+
+    sc = draw(instances(draw(st.sampled_from(["sl", "sflv2"]))))
+    sc = replace(sc, servers=tuple(replace(s, memory=1e15) for s in sc.servers))
+    caps = []
+    for s in range(len(sc.servers)):
+        need_lo, need_hi, fast_turn, fast_held = math.inf, 0.0, 0.0, 0.0
+        for c in sc.clients:
+            t = option_table(sc, c)
+            held = held_memory(sc, t.options)[:, s]
+            turn = turn_memory(t.memory[:, 1:], t.act_memory[:, 1:], held_memory(sc, t.options))[:, s]
+            ok = t.fits_device
+            if not ok.any():
+                return sc
+            need_lo = min(need_lo, float((turn + held)[ok].min()))
+            f = int(np.argmin(np.where(ok, t.round_s, np.inf)))
+            fast_turn, fast_held = max(fast_turn, float(turn[f])), max(fast_held, float(held[f]))
+        need_hi = max(need_lo, fast_turn + fast_held)
+        caps.append(max(need_lo, 1.0) + draw(st.floats(0.0, 1.0)) * max(0.0, need_hi - max(need_lo, 1.0)))
+    return replace(sc, servers=tuple(replace(s, memory=cap) for s, cap in zip(sc.servers, caps, strict=True)))
+
+
+@settings(max_examples=150)
+@given(holder_bound())
+def test_optimizer_equals_brute_force_when_the_holder_binds(sc: Scenario) -> None:
+    """Clients in turn, servers that hold one client's segment beside the model the client before left there
+    (its holder): every method finds the optimum brute force finds, the MILPs with their holder rows."""
+    _equals_brute_force(sc, ("auto", "bisect", "direct"))
+
+
+@pytest.mark.parametrize("mode", ["sl", "sflv2"])
+def test_the_holder_couples_the_clients_and_the_search_finds_the_optimum(mode: str) -> None:
+    """c0's fastest cuts leave a large holder (block 0's weights) on the edge, c2's a large step there; each
+    fits beside its own holder, not together. The fastest options are then not optimal: ``auto`` searches
+    the holder sizes and finds what brute force finds. (Edge ranges that do not nest are what couple: without
+    U-shape a 2-tier chain's edge ranges all end at the model's end, and there the fastest options fit.)"""
+    from splitfed.cost import held_memory, turn_memory
+
+    prof = ModelProfile.synthetic([2e6, 5e6, 12e6], [3e3, 4e3, 45e3], [987e3, 781e3, 10e3], input_bytes=41e3,
+                                   optimizer_slots=0)
+    devices = [(1e9, 1e7, 292), (1e11, 1e7, 217), (3e10, 1e5, 51)]
+    clients = tuple(Client(f"c{i}", f"c{i}", TierProfile(f, 1e12), LinkProfile(up, 1e7, 0.01), n)
+                    for i, (f, up, n) in enumerate(devices))
+    sc = Scenario(prof, clients, (TierProfile(5e10, 4_095_630), TierProfile(1e12, 1e15)),
+                  (LinkProfile(1e7, 1e7, 0.01),), batch=32, mode=mode)
+    fastest = {}
+    for c in clients:
+        t = option_table(sc, c)
+        held = held_memory(sc, t.options)
+        alone = (turn_memory(t.memory[:, 1:], t.act_memory[:, 1:], held) + held <= sc.memory_caps).all(axis=1)
+        fastest[c.name] = tuple(int(x) for x in t.options[np.argmin(np.where(alone & t.fits_device, t.round_s,
+                                                                             np.inf))])
+    assert not evaluate(sc, fastest).feasible  # together they overflow the edge
+    truth = exhaustive(sc)
+    got = solve(sc, gap=0.0)
+    assert got.note.startswith(f"{mode} sequential") and got.optimal
+    assert got.makespan_s == truth.makespan_s and _within_memory(sc, got.assignment)
+    assert got.assignment != fastest
+    for method in ("bisect", "direct"):
+        assert solve(sc, gap=0.0, method=method).makespan_s == truth.makespan_s
 
 
 PROF = ModelProfile.synthetic([20e6, 40e6, 40e6, 1e6], [48e3, 16e3, 4e3, 40], [8e3, 300e3, 1.2e6, 20e3],

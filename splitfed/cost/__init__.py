@@ -12,6 +12,7 @@ from splitfed.cost.model import (
     client_key,
     cut_options,
     evaluate,
+    held_memory,
     move_cost,
     move_costs,
     option_table,
@@ -19,6 +20,7 @@ from splitfed.cost.model import (
     round_time,
     server_memory,
     tier_of_blocks,
+    turn_memory,
     wire_bytes,
 )
 
@@ -34,6 +36,7 @@ __all__ = [
     "client_key",
     "cut_options",
     "evaluate",
+    "held_memory",
     "move_cost",
     "move_costs",
     "option_table",
@@ -41,5 +44,6 @@ __all__ = [
     "round_time",
     "server_memory",
     "tier_of_blocks",
+    "turn_memory",
     "wire_bytes",
 ]

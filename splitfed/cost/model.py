@@ -79,8 +79,19 @@ back and released) before the next client's turn. So, in both,
 which bounds every shared resource too (``Scenario.in_turn``). Resource
 "clients in turn", capacity 1 s/s; a client's extra time (moving its weights
 first) delays every client after it, so it adds to that resource. Server
-memory: the segment of the client training now, one at a time: max_c memory_c
-(so each client's option must fit each server on its own). What differs is
+memory: the segment of the client training now, and the model as the client
+before it left it there. When a turn ends, the client's trained segment on tier t
+is copied there into a *holder* (its state, H_c,t = w[k_t, k_t+1), no optimizer
+state) that the next client's load copies from; the engine keeps at most one
+holder per tier (an older one's blocks are fetched first), and a client's own
+segment is released only once its holder exists. So while c trains, tier t holds
+the previous holder and c's segment (fixed part and one step's activations);
+when its turn ends, the previous holder, c's fixed part and c's new holder:
+
+    turn_c,t  = fixed_c,t + max(B h_c,t, H_c,t)
+    memory_t  = max_c turn_c,t + max_c H_c,t     (one client: turn_c,t, no holder before it)
+
+(the previous holder is some client's, at most the largest). What differs is
 only where a client's device segment starts and what the round returns (sl:
 the model as the last client left it, device segment included; sflv2: device
 segments start from the global model and are averaged with the server-side
@@ -306,6 +317,12 @@ class Scenario:
     def in_turn(self) -> bool:
         """The clients train strictly one after another (sl and sflv2; see the module docstring)."""
         return self.mode in ("sl", "sflv2")
+
+    @property
+    def holders(self) -> bool:
+        """A server holds, beside the client training there, the model as the client before left it (sl and
+        sflv2 with two clients or more; see the module docstring)."""
+        return self.in_turn and len(self.clients) > 1
 
     @property
     def serial_resource(self) -> int | None:
@@ -573,18 +590,37 @@ def tier_of_blocks(sc: Scenario, C: np.ndarray) -> np.ndarray:
 _tier_of_blocks = tier_of_blocks  # the old private name
 
 
+def held_memory(sc: Scenario, cuts: np.ndarray) -> np.ndarray:
+    """(n, S): the state bytes of each cut vector's blocks on each server tier: what a holder keeps of that
+    client's segment there when its turn ends (sl, sflv2; see the module docstring)."""
+    C = np.asarray(cuts, dtype=np.int64).reshape(-1, sc.tiers - 1 + sc.u_shape)
+    k = C[:, : sc.tiers - 1]
+    E = C[:, sc.tiers - 1] if sc.u_shape else np.full(C.shape[0], sc.profile.n_blocks)
+    edges = np.concatenate([k, E[:, None]], axis=1)
+    state = sc._prefix["state"]
+    return state[edges[:, 1:]] - state[edges[:, :-1]]
+
+
+def turn_memory(memory: np.ndarray, act: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """A client's peak on each server tier during its turn, beside the holder before it: its segment with
+    one step's activations, or (its turn over) its segment's fixed part and its own new holder."""
+    return memory + np.maximum(held - act, 0.0)
+
+
 def server_memory(sc: Scenario, cuts: np.ndarray, memory: np.ndarray, act: np.ndarray) -> np.ndarray:
     """Bytes used on each server tier by clients with cut vectors ``cuts`` (n, .), their per-tier
     ``memory`` (n, S) and its activation part ``act`` (n, S), S = server tiers, by ``sc.mode``:
-    sflv1 the sum (a replica each), sl and sflv2 the largest (one client at a time). (``cuts`` and
-    ``act`` are not needed by any variant now; the signature keeps them for its callers.)"""
+    sflv1 the sum (a replica each); sl and sflv2 the largest :func:`turn_memory` plus the largest
+    holder (:func:`held_memory`): one client at a time, beside the model as the client before left it."""
     n_s = sc.tiers - 1
     memory = np.asarray(memory, dtype=float).reshape(-1, n_s)
     act = np.asarray(act, dtype=float).reshape(-1, n_s)
     if memory.shape[0] == 0:
         return np.zeros(n_s)
     if sc.in_turn:
-        return memory.max(axis=0)
+        held = held_memory(sc, cuts)
+        before = held.max(axis=0) if len(held) > 1 else 0.0  # the first client has no holder before it
+        return turn_memory(memory, act, held).max(axis=0) + before
     return np.array([math.fsum(memory[:, s]) for s in range(n_s)])
 
 

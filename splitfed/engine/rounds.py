@@ -285,6 +285,7 @@ class SplitRound:
         # not here is up to date in self.current
         self._held: dict[int, tuple[int, str]] = {}
         self._left_by: dict[str, str] = {}  # holder -> the client whose trained segments it keeps
+        self._held_on: dict[str, set[int]] = {}  # holder -> the tiers where it still has a segment
         self._swept = False  # whether this round released what earlier rounds left (_release_leftovers)
 
     # ------------------------------------------------------------ the three steps
@@ -438,8 +439,23 @@ class SplitRound:
             self._release_if_free(cid)
 
     def _release_if_free(self, cid: str) -> None:
-        if all(c != cid for _, c in self._held.values()):
+        """Release ``cid`` once it holds no block's latest weights; a holder's segment on a tier where it holds
+        none of them, at once (its other tiers may still hold some)."""
+        live = {t for t, c in self._held.values() if c == cid}
+        if not live:
             self._release(cid)
+            return
+        for t in sorted(self._held_on.get(cid, set()) - live):
+            self._release_on(t, self.tiers[t], cid, self._secret(cid))
+            self._held_on[cid].discard(t)
+
+    def _one_holder(self, holder: str) -> None:
+        """At most one holder per tier, as the memory model prices it (beside the client training there:
+        :func:`splitfed.cost.model.server_memory`): the blocks an older holder still keeps the latest of on
+        a tier where ``holder`` lies now (sflv2: blocks this client trained on its device) are fetched, and
+        that holder's segment there released. Without this a tier could keep a holder per client."""
+        on = self._held_on.get(holder, set())
+        self._collect([i for i, (t, c) in self._held.items() if t in on and c != holder])
 
     def _load_on(self, t: int, tier: TierControl, cid: str, load: SegmentLoad) -> None:
         """One load; a tier that still holds ``cid`` from an earlier round whose release did not reach it
@@ -481,6 +497,8 @@ class SplitRound:
                             self._held.pop(i, None)
                         if self.cfg.mode == "sflv2":
                             self.trained[i] = self.trained.get(i, 0.0) + out.result.samples
+                if holder:
+                    self._one_holder(holder)
                 for c in before | ({holder} if holder else set()):
                     self._release_if_free(c)
             self.done[cid] = out
@@ -632,6 +650,7 @@ class SplitRound:
                 return None
         self._release(cid)
         self._left_by[hid] = cid
+        self._held_on[hid] = {t for t, (a, z) in enumerate(bounds) if a < z}
         return hid
 
     def _fetched(self, cid: str) -> str | None:
@@ -710,8 +729,10 @@ class SplitRound:
         if cid not in self._loaded:
             return
         self._loaded.remove(cid)
+        on = self._held_on.pop(cid, None)  # a holder: only where its segments are left
         for t, tier in enumerate(self.tiers):
-            self._release_on(t, tier, cid, self._secret(cid))
+            if on is None or t in on:
+                self._release_on(t, tier, cid, self._secret(cid))
 
     def _release_on(self, t: int, tier: TierControl, cid: str, secret: str, loaded_in: int | None = None) -> None:
         """A release that fails is noted in ``unreleased`` with the round that loaded it (this one unless

@@ -14,8 +14,10 @@ vector o):
                       x_io in {0, 1}, only options o that fit device i's memory
 
 Server memory by variant: sflv1 sum_io mem_ios x_io (a replica per client); sl
-and sflv2 one client at a time, so an option that does not fit a server alone
-is dropped (no memory rows).
+and sflv2 one client at a time beside the largest holder (the model as a client
+before left it; :func:`splitfed.cost.model.server_memory`): turn_ios + H_s <=
+memory_s for the option each client uses, H_s >= held_ios for every option used
+(with counts, an indicator y_io per option: n_io <= |class| y_io).
 
 solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
 
@@ -34,9 +36,14 @@ solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
   The first tau_k that says yes and one optimising MILP below it give
   M* = min(tau_k, S(tau_{k-1})); see ``_bisect`` for the argument.
 
-``sl`` and ``sflv2`` need none of it: the makespan sum_i R_i is separable and
-every memory limit is per option, so each client's fastest option is optimal
-(``sequential``, the default there; the MILPs remain available for cross-checks).
+``sl`` and ``sflv2`` need none of it (``sequential``, the default there; the
+MILPs remain available for cross-checks): the makespan sum_i R_i is separable,
+and for a fixed holder size H every memory limit is per option (held <= H_s,
+turn + H_s <= memory_s), so each client's fastest such option is optimal for
+that H. An optimal H is the largest held of the options it chose (lowering H to
+it loosens every limit), one of finitely many values per server: the fastest
+options first (optimal when they fit beside their own largest holder), else
+every candidate H, vectorised.
 
 ``direct`` (the MILP above as written, per client) is kept for cross-checks:
 both are checked against brute force in the tests. HiGHS proves
@@ -56,7 +63,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
@@ -71,9 +78,11 @@ from splitfed.cost.model import (
     Scenario,
     client_key,
     evaluate,
+    held_memory,
     move_cost,
     move_costs,
     option_table,
+    turn_memory,
 )
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.profile.fleet import Client
@@ -117,10 +126,11 @@ class _Class:
     options: np.ndarray
     T: np.ndarray               # own round seconds
     load: np.ndarray            # (m, R) seconds of each shared resource (work / capacity)
-    mem: np.ndarray             # (m, S) bytes of this client on each server
-    dom: np.ndarray             # (m, K) further columns for dominance: memory (sflv1), move cost
+    mem: np.ndarray             # (m, S) bytes of this client on each server (sl, sflv2: its turn's peak)
+    dom: np.ndarray             # (m, K) further columns for dominance: memory, move cost
     all_options: int = 0
     move: np.ndarray | None = None  # (m,) seconds to move here from the preferred cuts
+    held: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # (m, S) the holder its turn leaves
     _dom: np.ndarray | None = None
 
     def shared_front(self, tau: float) -> np.ndarray:
@@ -131,7 +141,8 @@ class _Class:
         return np.nonzero(~self._dom[:p, :p].any(axis=0))[0]
 
     def single(self, i: int) -> _Class:
-        return _Class([i], self.options, self.T, self.load, self.mem, self.dom, self.all_options, self.move)
+        return _Class([i], self.options, self.T, self.load, self.mem, self.dom, self.all_options, self.move,
+                      held=self.held)
 
 
 def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np.ndarray) -> ConfigError:
@@ -176,6 +187,21 @@ def _pareto(V: np.ndarray) -> np.ndarray:
     return keep
 
 
+def _server_columns(sc: Scenario, t: OptionTable) -> tuple[np.ndarray, np.ndarray]:
+    """Per option, its bytes on each server (sl, sflv2: its turn's peak, :func:`turn_memory`) and the holder
+    it leaves there (zeros in sflv1, which keeps none)."""
+    if not sc.in_turn:
+        return t.memory[:, 1:], np.zeros_like(t.memory[:, 1:])
+    held = held_memory(sc, t.options)
+    return turn_memory(t.memory[:, 1:], t.act_memory[:, 1:], held), held
+
+
+def _fits_alone(sc: Scenario, turn: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """sl, sflv2: the options that fit every server beside their own holder (a necessary condition: the
+    largest holder is at least theirs); one client: alone."""
+    return cast(np.ndarray, (turn + (held if sc.holders else 0.0) <= sc.memory_caps).all(axis=1))
+
+
 def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
     """Group clients (by their inputs; with ``prefer``, also by their preferred cuts) and price each
     group's legal options; raises for a device no cut fits (first), then, in sl and sflv2, for a
@@ -196,17 +222,19 @@ def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
     fits = {}
     for k, t in tables.items():
         ok = t.fits_device
-        if sc.in_turn:  # one client at a time on the servers: its option must fit them alone
-            ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
+        if sc.in_turn:  # one client at a time on the servers: its option must fit them beside its holder
+            ok = ok & _fits_alone(sc, *_server_columns(sc, t))
             if not ok.any():
                 raise _shared_infeasible(sc)
         fits[k] = ok
+    finite = np.isfinite(sc.memory_caps)
     out = []
     for (key, pc), members in groups.items():
         t, ok = tables[key], fits[key]
         opts = t.options[ok]
-        T, load, mem = t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:]
-        dom = np.zeros((len(T), 0)) if sc.in_turn else mem
+        T, load = t.round_s[ok], t.shared_load[ok] / sc.capacities
+        mem, held = (a[ok] for a in _server_columns(sc, t))
+        dom = np.concatenate([mem[:, finite], held[:, finite]], axis=1) if sc.in_turn else mem
         move = None
         if pc is not None:
             move = move_costs(sc, sc.clients[members[0]], pc, opts)
@@ -214,7 +242,7 @@ def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
         keep = np.nonzero(_pareto(np.concatenate([T[:, None], load, dom], axis=1)))[0]
         keep = keep[np.argsort(T[keep], kind="stable")]  # by time: "T <= tau" is a prefix
         out.append(_Class(members, opts[keep], T[keep], load[keep], mem[keep], dom[keep], len(ok),
-                          None if move is None else move[keep]))
+                          None if move is None else move[keep], held=held[keep]))
     return out
 
 
@@ -238,6 +266,11 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
     iM = nc
     starts = np.cumsum([0, *sizes])
     nvar = nc + 1
+    caps = sc.memory_caps
+    binding = [s for s, cap in enumerate(caps) if math.isfinite(cap)] if sc.holders else []
+    iy, iH = nvar, nvar + nc  # sl, sflv2: y (option used at all), then H_s / memory_s (the largest holder)
+    if binding:
+        nvar += nc + len(caps)
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     vals: list[np.ndarray] = []
@@ -262,11 +295,22 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         v = np.concatenate([c.load[a, r] for c, a in zip(classes, allowed, strict=True)]) * scale
         if v.any():
             add(np.append(every, iM), np.append(v, -ones), -np.inf, 0.0)
-    if not sc.in_turn:  # sflv1: a replica per client (in turn, every allowed option fits the servers alone)
-        for s, cap in enumerate(sc.memory_caps):
+    if not sc.in_turn:  # sflv1: a replica per client
+        for s, cap in enumerate(caps):
             v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / cap
             if v.any() and math.isfinite(cap):
                 add(every, v, -np.inf, float(mem_rhs[s]))
+    if binding:  # sl, sflv2: every option used fits beside the largest holder, which holds every one used
+        size = np.concatenate([np.full(len(a), len(c.members)) for c, a in zip(classes, allowed, strict=True)])
+        for j in range(nc):  # n_j <= |class| y_j
+            add(np.array([j, iy + j]), np.array([1.0, -size[j]]), -np.inf, 0.0)
+        for s in binding:
+            turn = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / caps[s]
+            held = np.concatenate([c.held[a, s] for c, a in zip(classes, allowed, strict=True)
+                                   ]) / caps[s]
+            for j in range(nc):
+                add(np.array([iy + j, iH + s]), np.array([held[j], -1.0]), -np.inf, 0.0)
+                add(np.array([iy + j, iH + s]), np.array([turn[j], 1.0]), -np.inf, float(mem_rhs[s]))
     if lo:
         A = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(len(lo), nvar)).tocsr()
@@ -277,6 +321,9 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
     ub[iM] = m_max * scale
     integrality = np.ones(nvar)
     integrality[iM] = 0
+    if binding:
+        ub[iy:iH] = 1.0
+        integrality[iH:] = 0
     for k, c in enumerate(classes):
         ub[starts[k]:starts[k + 1]] = len(c.members)
     obj = np.zeros(nvar)
@@ -311,7 +358,9 @@ def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray],
     n_s = len(sc.memory_caps)
     used = [(c, a[n > 0], n[n > 0]) for c, a, n in zip(classes, allowed, counts, strict=True)]
     if sc.in_turn:
-        return np.max(np.concatenate([c.mem[a] for c, a, _ in used]), axis=0)
+        held = np.concatenate([c.held[a] for c, a, _ in used])
+        return np.max(np.concatenate([c.mem[a] for c, a, _ in used]), axis=0) + (held.max(axis=0) if sc.holders
+                                                                                 else 0.0)
     return np.array([math.fsum(np.concatenate([np.repeat(c.mem[a, t], n) for c, a, n in used]))
                      for t in range(n_s)])
 
@@ -450,16 +499,64 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
     return best, bound
 
 
+HOLDER_CANDIDATES = 4_000_000  # (holder sizes x options) past which sl/sflv2 go to the MILP instead
+
+
 def _sequential(s: _Solver) -> tuple[RoundCost | None, float]:
-    """sl, sflv2: the makespan is sum_i R_i and every limit is per option, so each client's fastest option
-    (option 0 of its class: options are sorted by time) is optimal. None if a shared resource other
-    than the round itself were to set the makespan (it cannot: sum_i R_i bounds them all)."""
-    allowed = [np.zeros(1, np.int64) for _ in s.classes]
-    counts = [np.array([len(c.members)]) for c in s.classes]
+    """sl, sflv2: the makespan is sum_i R_i; for a holder size H every limit is per option, so each client's
+    fastest option that fits beside H is optimal for it (options are sorted by time), and an optimal H is
+    the largest held of the options chosen (module docstring). The fastest options first: optimal when
+    they fit beside their own largest holder. Else every candidate H. None (the MILP decides) if the
+    candidates are too many, or a shared resource other than the round itself were to set the makespan
+    (it cannot: sum_i R_i bounds them all)."""
+    sc, classes = s.sc, s.classes
+    caps = sc.memory_caps
+    fastest = [0] * len(classes)
+    H = np.max([c.held[0] for c in classes], axis=0) if sc.holders else 0.0
+    if not all((c.mem[0] + H <= caps).all() for c in classes):
+        chosen = _holder_search(sc, classes)
+        if chosen is None:
+            return None, 0.0
+        fastest = chosen
+    allowed = [np.array([o]) for o in fastest]
+    counts = [np.array([len(c.members)]) for c in classes]
     cost = s.price(allowed, _Result(counts, 0.0, 0.0, True))
-    if not (cost.bottleneck.startswith("client ") or cost.bottleneck == s.sc.resource_names[-1]):
+    if not (cost.bottleneck.startswith("client ") or cost.bottleneck == sc.resource_names[-1]):
         return None, 0.0
     return cost, cost.makespan_s
+
+
+def _holder_search(sc: Scenario, classes: list[_Class]) -> list[int] | None:
+    """sl, sflv2: each class's option (index) for the best holder size H, tried over every candidate (each
+    server's H one of the held values, at least every class's least); the cost model prices the few
+    within 1e-9 of the best sum. None: too many candidates for this search."""
+    caps = sc.memory_caps
+    held = [c.held for c in classes]
+    least = np.max([h.min(axis=0) for h in held], axis=0)
+    values = [np.unique(np.concatenate([h[:, t] for h in held]))
+              for t in range(len(caps))]
+    values = [v[(v >= least[t]) & (v <= caps[t])] for t, v in enumerate(values)]
+    n_h = math.prod(len(v) for v in values)
+    if n_h == 0:
+        raise _shared_infeasible(sc)
+    if n_h * sum(len(c.T) for c in classes) > HOLDER_CANDIDATES:
+        return None
+    grid = np.stack([g.ravel() for g in np.meshgrid(*values, indexing="ij")], axis=1)  # (n_h, S)
+    total = np.zeros(len(grid))
+    pick = np.zeros((len(grid), len(classes)), np.int64)
+    for k, c in enumerate(classes):
+        ok = ((c.held[None] <= grid[:, None]) & (c.mem[None] + grid[:, None] <= caps)).all(axis=2)
+        first = ok.argmax(axis=1)
+        pick[:, k] = first
+        total += np.where(ok.any(axis=1), len(c.members) * c.T[first], np.inf)
+    best = float(total.min())
+    if not math.isfinite(best):
+        raise _shared_infeasible(sc)
+    near = np.unique(pick[total <= best * (1 + 1e-9)], axis=0)[:64]
+    priced = [(evaluate(sc, _assign(sc, classes, [np.array([o]) for o in row],
+                                    [np.array([len(c.members)]) for c in classes])).makespan_s, i)
+              for i, row in enumerate(near)]
+    return [int(o) for o in near[min(priced)[1]]]
 
 
 def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost, budget: int = 200) -> RoundCost:
@@ -635,7 +732,7 @@ def _kinds(sc: Scenario) -> Iterator[tuple[Client, tuple, OptionTable | None]]:
 
 
 def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]:
-    """Each client's device-feasible options (options, T, load, mem), refusing as soon as the
+    """Each client's device-feasible options (options, T, load, mem, held), refusing as soon as the
     product of their counts passes ``limit``: identical clients share one table (200 of a kind cost one),
     and the product only grows, so distinct clients are priced only until it is too large."""
     memo: dict[tuple, tuple[np.ndarray, ...]] = {}
@@ -644,11 +741,12 @@ def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]
     for _, k, t in _kinds(sc):
         if t is not None:
             ok = t.fits_device
-            if sc.in_turn:  # one client at a time on the servers: its option must fit them alone
-                ok = ok & (t.memory[:, 1:] <= sc.memory_caps).all(axis=1)
+            mem, held = _server_columns(sc, t)
+            if sc.in_turn:  # one client at a time on the servers: its option must fit them beside its holder
+                ok = ok & _fits_alone(sc, mem, held)
                 if not ok.any():
                     raise _shared_infeasible(sc)
-            memo[k] = (t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, t.memory[ok, 1:])
+            memo[k] = (t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, mem[ok], held[ok])
         tables.append(memo[k])
         total *= len(memo[k][1])
         if total > limit:
@@ -675,14 +773,20 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
         rem = idx.copy()
         tmax = np.zeros(len(idx))
         load = np.zeros((len(idx), tables[0][2].shape[1]))
-        mem = np.zeros((len(idx), len(caps)))  # in turn: every option already fits the servers alone
-        for (_, T, ld, mm), m in zip(tables, sizes, strict=True):
+        mem = np.zeros((len(idx), len(caps)))
+        most = np.zeros((len(idx), len(caps)))  # in turn: the largest holder
+        for (_, T, ld, mm, hh), m in zip(tables, sizes, strict=True):
             d = rem % m
             rem //= m
             tmax = np.maximum(tmax, T[d])
             load += ld[d]
-            if not sc.in_turn:
+            if sc.in_turn:
+                mem = np.maximum(mem, mm[d])
+                most = np.maximum(most, hh[d])
+            else:
                 mem += mm[d]
+        if sc.holders:
+            mem += most
         val = np.maximum(tmax, load.max(axis=1) if load.shape[1] else 0.0)
         ok = cast(np.ndarray, (mem <= caps).all(axis=1))  # 2-D in: an array (the stub allows a scalar)
         if not ok.any():
@@ -733,6 +837,7 @@ def best_static(sc: Scenario) -> Solution:
     round_s = np.zeros(len(sc.options))
     load = np.zeros((len(sc.options), len(sc.capacities)))
     mem = np.zeros((len(sc.options), len(sc.memory_caps)))
+    held = held_memory(sc, sc.options) if sc.holders else np.zeros_like(mem)
     groups: dict[tuple, list[Client]] = {}
     for c in sc.clients:
         groups.setdefault(client_key(c), []).append(c)
@@ -744,9 +849,9 @@ def best_static(sc: Scenario) -> Solution:
         load += n * t.shared_load
         if sc.mode == "sflv1":
             mem += n * t.memory[:, 1:]
-        else:  # one client at a time (sl, sflv2)
-            mem = np.maximum(mem, t.memory[:, 1:])
-    ok &= (mem <= sc.memory_caps * (1 + 1e-9)).all(axis=1)
+        else:  # one client at a time (sl, sflv2), beside a holder of the same cuts
+            mem = np.maximum(mem, _server_columns(sc, t)[0])
+    ok &= (mem + held <= sc.memory_caps * (1 + 1e-9)).all(axis=1)
     val = np.maximum(round_s, (load / sc.capacities).max(axis=1) if load.shape[1] else 0.0)
     if not ok.any():
         raise ConfigError(f"no single cut vector fits every device and server of the fleet for {sc.profile.model}")
