@@ -8,14 +8,16 @@ thread each), for ``--clients`` clients whose cuts spread over the model:
   trained replica fetched back and averaged by the coordinator;
 - ``base_reduce``: what :class:`~splitfed.engine.rounds.SplitRound` does now:
   the global blocks staged once per tier (a base segment the clients' loads copy
-  there), and each tier's sample-weighted float64 sum taken back (``Reduce``).
+  there), and each tier's sample-weighted mean taken back (``Reduce``: float32
+  for the float32 weights, float64 for integer buffers; the coordinator knows
+  the weight behind each key and makes it a sum again).
 
 The clients do not train (the weights come back as loaded): only the exchange
 is measured (after one untimed round of each). Each side is timed in two phases, the loads before training and the
-collection after it (fetches and averaging, or sums and averaging), and counts
+collection after it (fetches and averaging, or means and averaging), and counts
 the weight bytes each way. Rounds alternate ABBA so that drift hits both sides.
-The two new global models are compared (float64 sums in another order: equal to
-float32 rounding). Writes benchmarks/results/weights.json.
+The two new global models are compared (float64 sums in another order, and the
+tiers' means rounded to float32: equal to float32 rounding). Writes benchmarks/results/weights.json.
 """
 
 from __future__ import annotations

@@ -7,8 +7,16 @@ another client's edge replica is averaged the same way. Keys nobody sent keep
 their previous value.
 
 The mean decomposes: a server tier adds its clients' replicas into a
-:class:`Partial` where they lie, and only that sum travels to the coordinator,
-which adds it to the devices' contributions (:func:`aggregate`'s ``partials``).
+:class:`Partial` where they lie, and only their weighted mean per key travels to
+the coordinator (:meth:`Partial.means`: float32 for a floating key of 32 bits or
+fewer, as wide as the model's own weights; float64 otherwise, see
+:func:`wire_dtype`). The coordinator knows the weight behind each key (the
+samples of the clients whose segment there holds it), turns each mean back into
+a float64 sum (:meth:`Partial.of_means`) and adds it to the devices'
+contributions (:func:`aggregate`'s ``partials``). A float32 mean times an
+integer weight below 2**29 is exact in float64, so a key one tier alone holds
+averages bitwise as if every replica had been fetched; where several sums meet,
+the result differs from that by float32 rounding only.
 """
 
 from __future__ import annotations
@@ -22,6 +30,13 @@ import torch
 from splitfed.errors import InvalidArgument
 
 State = dict[str, torch.Tensor]
+
+
+def wire_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tier's mean of a key of ``dtype`` travels in (:meth:`Partial.means`): float32 for a floating
+    key of 32 bits or fewer (float32, float16, bfloat16), float64 for the rest (float64 keys, integer buffers
+    such as BatchNorm's ``num_batches_tracked``: tiny, or in need of the precision)."""
+    return torch.float32 if dtype.is_floating_point and dtype.itemsize <= 4 else torch.float64
 
 
 @dataclass
@@ -40,6 +55,25 @@ class Partial:
         for k, v in state.items():
             self._add(k, v.detach(), w, w, v.dtype)
         return self
+
+    @classmethod
+    def of_means(cls, means: Mapping[str, torch.Tensor], weights: Mapping[str, float],
+                 dtypes: Mapping[str, torch.dtype] | None = None) -> Partial:
+        """The sums behind ``means`` (a tier's :meth:`means`), each ``weights[k]`` (the weight behind key ``k``,
+        known to the caller) times its mean, in float64; ``dtypes``: the keys' own dtypes, for :meth:`mean`."""
+        out = cls()
+        for k, m in means.items():
+            w = weights.get(k)
+            if w is None or not (math.isfinite(w) and w > 0):
+                raise InvalidArgument(f"the mean of {k!r} needs a finite weight > 0 behind it, got {w}")
+            out._add(k, m.detach(), w, w, (dtypes or {}).get(k))
+        return out
+
+    def means(self) -> State:
+        """Each key's weighted mean, computed in float64 and sent as :func:`wire_dtype` says (float32 for the
+        keys of a float32 model): what a tier sends back, at the bytes of one copy of its weights."""
+        return {k: (s / self.weights[k]).to(wire_dtype(self.dtypes.get(k, torch.float64)))
+                for k, s in self.sums.items()}
 
     def merge(self, other: Partial) -> Partial:
         """Add ``other``'s sums (a tier's, say) to these; ``other`` is left as it was."""

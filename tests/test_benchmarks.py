@@ -110,8 +110,9 @@ def test_simulation_benchmark(tmp_path: Path) -> None:
 
 def test_weights_benchmark_sends_one_copy_per_tier_and_gets_the_same_model(tmp_path: Path) -> None:
     """The facts that do not depend on the machine: per client, one copy of each client's server blocks each
-    way; base + Reduce, one copy of the blocks any client has on a tier out and its float64 sum back; the same
-    new model from both."""
+    way; base + Reduce, one copy of the blocks any client has on a tier out and its mean back (float32 for the
+    float32 weights, float64 for the integer buffer: the bytes that went out); the same new model from both."""
+    from splitfed.aggregate import wire_dtype
     from splitfed.engine.rounds import initial_state, select, server_bounds, state_bytes
     from splitfed.engine.template import num_blocks
     from splitfed.models.zoo import resolve_spec
@@ -125,7 +126,8 @@ def test_weights_benchmark_sends_one_copy_per_tier_and_gets_the_same_model(tmp_p
         each = sum(state_bytes(select(state, *b[t])) for b in bounds)
         union = {k: v for b in bounds for k, v in select(state, *b[t]).items()}
         assert res["weight_bytes"]["per_client"][t] == [each, each]
-        assert res["weight_bytes"]["base_reduce"][t] == [state_bytes(union), sum(v.numel() * 8 for v in union.values())]
+        means = sum(v.numel() * wire_dtype(v.dtype).itemsize for v in union.values())
+        assert res["weight_bytes"]["base_reduce"][t] == [state_bytes(union), means] == [means, means]
     assert res["max_abs_diff_of_new_models"] <= 1e-6
     assert all(len(v) == 1 for side in res["round_s"].values() for v in side.values())
     assert res["speedup"] == pytest.approx(res["exchange_s"]["per_client"] / res["exchange_s"]["base_reduce"])

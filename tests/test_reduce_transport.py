@@ -1,6 +1,6 @@
 """Less weight traffic over gRPC: a Load may copy its weights from a base replica the tier holds already
-(``LoadHeader.base``), and ``Reduce`` sums the clients' trained segments on the tier, so that one float64
-copy leaves it instead of every client's replica. Real gRPC tier servers on 127.0.0.1: what travels is what
+(``LoadHeader.base``), and ``Reduce`` averages the clients' trained segments on the tier, so that one copy
+(float32 means of float32 weights, float64 of integer buffers) leaves it instead of every client's replica. Real gRPC tier servers on 127.0.0.1: what travels is what
 the in-process :class:`~splitfed.engine.tier.Tier` gives, and what the servicer refuses it refuses with a
 clear status before the tier is asked."""
 
@@ -15,6 +15,7 @@ import grpc
 import pytest
 import torch
 
+from splitfed.aggregate import wire_dtype
 from splitfed.engine import template
 from splitfed.engine.rounds import (
     Chain,
@@ -22,6 +23,7 @@ from splitfed.engine.rounds import (
     device_state,
     initial_state,
     select,
+    state_bytes,
     tier_loads,
     train_client,
 )
@@ -85,10 +87,10 @@ def _train(c: GrpcTierClient, cids: list[str]) -> None:
 
 def _same_reduced(a: Reduced, b: Reduced) -> None:
     assert a.refused == b.refused
-    assert a.sums.keys() == b.sums.keys()
-    for k in a.sums:
-        assert a.sums[k].dtype == b.sums[k].dtype == torch.float64, k
-        assert torch.equal(a.sums[k], b.sums[k]), k
+    assert a.means.keys() == b.means.keys()
+    for k in a.means:
+        assert a.means[k].dtype == b.means[k].dtype == wire_dtype(GLOBAL[k].dtype), k
+        assert torch.equal(a.means[k], b.means[k]), k
 
 
 # ---------------------------------------------------------------- Load with a base
@@ -158,8 +160,9 @@ def test_a_load_whose_base_is_not_on_the_tier_is_refused(tier: TierServer) -> No
 
 
 def test_reduce_over_grpc_is_what_the_tier_reduces_in_process(tier: TierServer) -> None:
-    """Three clients trained apart (their weights differ): the sums over gRPC (replies of many frames)
-    equal, bit for bit, what the serving Tier's own reduce gives, and are the weighted sums of their weights."""
+    """Three clients trained apart (their weights differ): the means over gRPC (replies of many frames)
+    equal, bit for bit, what the serving Tier's own reduce gives, and are the weighted means of their weights
+    (computed in float64, sent as float32 for the float32 weights and float64 for the integer buffer)."""
     cids = ["c0", "c1", "c2"]
     weights = {"c0": 8.0, "c1": 3.0, "c2": 0.5}
     with _client(tier) as c:
@@ -172,10 +175,13 @@ def test_reduce_over_grpc_is_what_the_tier_reduces_in_process(tier: TierServer) 
         want = tier.tier.reduce(RUN, items)
         _same_reduced(got, want)
         assert got.refused == {}
-        assert got.sums.keys() == fetched["c0"].keys()
-        for k, v in got.sums.items():
-            manual = sum(weights[cid] * fetched[cid][k].to(torch.float64) for cid in cids)
-            torch.testing.assert_close(v, manual, rtol=1e-12, atol=1e-12)
+        assert got.means.keys() == fetched["c0"].keys()
+        assert {str(v.dtype) for v in fetched["c0"].values()} == {"torch.float32", "torch.int64"}
+        for k, v in got.means.items():
+            assert v.dtype == (torch.float32 if fetched["c0"][k].dtype == torch.float32 else torch.float64), k
+            manual = sum(weights[cid] * fetched[cid][k].to(torch.float64) for cid in cids) / sum(weights.values())
+            torch.testing.assert_close(v, manual.to(v.dtype), rtol=1e-12, atol=1e-12)
+        assert state_bytes(got.means) == state_bytes(fetched["c0"])  # one copy: before, float64 sums, twice
         # a subset, and the order of the items, change nothing but what is summed
         sub = [items[2], items[0]]
         _same_reduced(c.reduce(RUN, sub), tier.tier.reduce(RUN, sub))
@@ -196,7 +202,7 @@ def test_reduce_names_the_clients_it_left_out(tier: TierServer) -> None:
         _same_reduced(replace(got, refused={}), c.reduce(RUN, [items[0], items[2]]))
         # another run holds none of them
         other = c.reduce("another-run", items[:1])
-        assert other.sums == {} and set(other.refused) == {"c0"}
+        assert other.means == {} and set(other.refused) == {"c0"}
         assert c.reduce(RUN, []) == Reduced({}, {})
 
 
@@ -210,7 +216,7 @@ def test_reduce_leaves_out_a_client_whose_weights_are_not_finite(tier: TierServe
         got = c.reduce(RUN, items)
         assert set(got.refused) == {"c1"} and "NaN" in got.refused["c1"]
         _same_reduced(got, tier.tier.reduce(RUN, items))
-        assert all(torch.isfinite(v).all() for v in got.sums.values())
+        assert all(torch.isfinite(v).all() for v in got.means.values())
 
 
 def test_reduce_leaves_out_a_client_with_a_wrong_secret_alone(tier: TierServer) -> None:
@@ -223,7 +229,7 @@ def test_reduce_leaves_out_a_client_with_a_wrong_secret_alone(tier: TierServer) 
         assert list(got.refused) == ["c1"] and "another secret" in got.refused["c1"]
         assert "not-c1s-secret" not in got.refused["c1"] and CFG.secret_of("c1") not in got.refused["c1"]
         alone = c.reduce(RUN, items[:1])
-        assert set(got.sums) == set(alone.sums) and all(torch.equal(got.sums[k], alone.sums[k]) for k in got.sums)
+        assert set(got.means) == set(alone.means) and all(torch.equal(got.means[k], alone.means[k]) for k in got.means)
 
 
 @pytest.mark.parametrize("items,match", [
@@ -269,7 +275,7 @@ def test_a_malformed_reduce_request_is_invalid_argument(tier: TierServer) -> Non
 
 def test_reduce_is_the_coordinators_call() -> None:
     """With a coordinator token, a caller with the devices' token cannot Reduce (it would read every client's
-    trained weights, summed), nor load from a base; the coordinator can."""
+    trained weights, averaged), nor load from a base; the coordinator can."""
     assert "Reduce" in CONTROL
     with serve_tier("cloud", insecure=True, token=DEVICE, coordinator_token=COORD, limits=SMALL) as srv, \
             _client(srv, COORD) as coord, _client(srv, DEVICE) as device, _client(srv) as nobody:
@@ -288,7 +294,7 @@ def test_reduce_is_the_coordinators_call() -> None:
         with pytest.raises(Unauthenticated):
             nobody.reduce(RUN, items)
         got = coord.reduce(RUN, items)
-        assert got.refused == {} and got.sums
+        assert got.refused == {} and got.means
         _same_reduced(got, srv.tier.reduce(RUN, items))
 
 
@@ -296,7 +302,7 @@ def test_reduce_is_the_coordinators_call() -> None:
 
 
 def test_the_protocol_says_reduce_and_base() -> None:
-    assert PROTOCOL == 3
+    assert PROTOCOL == 4  # 4: a Reduce reply holds means (float32 for float32 weights), not float64 sums
     fields = pb.LoadHeader.DESCRIPTOR.fields_by_name
     assert (fields["base"].number, fields["base_secret"].number) == (13, 14)
     assert pb.Frame.DESCRIPTOR.fields_by_name["reduced"].number == wire.F_REDUCE
@@ -306,15 +312,15 @@ def test_the_protocol_says_reduce_and_base() -> None:
 
 def test_a_reduce_reply_round_trips_through_frames() -> None:
     head = pb.ReduceResult(refused=["ghost"], reasons=["no segment"])
-    sums = {"2.weight": torch.randn(16, 8, dtype=torch.float64), "2.bias": torch.randn(16, dtype=torch.float64)}
-    enc = [(k, tc.encode(v)) for k, v in sorted(sums.items())]
+    means = {"2.weight": torch.randn(16, 8), "2.bias": torch.randn(16), "2.n": torch.tensor(3.0, dtype=torch.float64)}
+    enc = [(k, tc.encode(v)) for k, v in sorted(means.items())]
     frames = wire.frames(head, enc, 256)
     assert len(frames) > 1
     assert pb.Frame.FromString(frames[0]).reduced == head  # what the generated code reads
     got, items = wire.read_all(frames, wire.F_REDUCE, wire.Limits(), writable=True)
     assert got == head
-    assert {r.name: r.tensor for r in items}.keys() == sums.keys()
-    assert all(torch.equal(r.tensor, sums[r.name]) for r in items)
+    assert {r.name: r.tensor for r in items}.keys() == means.keys()
+    assert all(torch.equal(r.tensor, means[r.name]) and r.tensor.dtype == means[r.name].dtype for r in items)
     # an empty result still travels as a head
     got, items = wire.read_all(wire.frames(pb.ReduceResult(), [], 256), wire.F_REDUCE, wire.Limits())
     assert got == pb.ReduceResult() and items == []
@@ -336,7 +342,10 @@ F64 = torch.zeros(3, dtype=torch.float64)
      "2 refused client.* but 1 reason"),
     (_fake_reply(pb.ReduceResult(refused=["stranger"], reasons=["x"]), {}), TierError,
      "refuses client 'stranger', which was not listed"),
-    (_fake_reply(pb.ReduceResult(), {"a": torch.zeros(3)}), TierError, "sum 'a' is torch.float32, not float64"),
+    (_fake_reply(pb.ReduceResult(), {"a": torch.zeros(3, dtype=torch.float16)}), TierError,
+     "mean 'a' is torch.float16, not float32 or float64"),
+    (_fake_reply(pb.ReduceResult(), {"a": torch.zeros(3, dtype=torch.int64)}), TierError,
+     "mean 'a' is torch.int64, not float32 or float64"),
     (_fake_reply(pb.ReduceResult(), {"a": F64, "": F64}), TierError, "distinct, non-empty names"),
     (_fake_reply(pb.ReduceResult(), {"a": F64}) + _fake_reply(None, {"a": F64})[:1], TierError,
      "distinct, non-empty names"),
@@ -375,10 +384,11 @@ def test_a_fetch_of_a_range_of_blocks_gets_those_blocks_only(tier: TierServer) -
         c.close()
 
 
-def test_a_reduce_reply_may_hold_twice_the_bytes_a_load_may() -> None:
-    """The sums are float64 of what the tier took in float32: a tensor at the transport's limit came in, so its
-    sum (twice its bytes) must come back (before: the reply was refused, and every sflv1 round failed for a
-    model with a tensor above half the limit)."""
+def test_a_reduce_reply_of_a_tensor_at_the_limit_comes_back() -> None:
+    """A tensor at the transport's limit came in with a load, so its mean must come back: float32, the bytes of
+    the load's (a reply may hold twice a load's bytes, as float32 means of float16 weights would; protocol 3's
+    float64 sums of float32 weights needed it: before that, every sflv1 round failed for a model with a
+    tensor above half the limit)."""
     largest = max(v.numel() * v.element_size() for v in select(GLOBAL, CUT, N_BLOCKS).values())
     limits = wire.Limits(chunk_bytes=4096, max_tensor_bytes=largest, max_call_bytes=4 * largest)
     with serve_tier("cloud", insecure=True, limits=limits) as srv, \
@@ -386,5 +396,7 @@ def test_a_reduce_reply_may_hold_twice_the_bytes_a_load_may() -> None:
         _train(c, ["c0"])
         got = c.reduce(RUN, [ReduceItem("c0", CFG.secret_of("c0"), 3.0)])
         whole = c.fetch(RUN, "c0", CFG.secret_of("c0"))
-        assert not got.refused and max(v.numel() * 8 for v in got.sums.values()) == 2 * largest
-        assert all(torch.equal(got.sums[k], whole[k].double() * 3.0) for k in whole)
+        assert not got.refused and max(v.numel() * v.element_size() for v in got.means.values()) == largest
+        # one client: its float32 weights, exactly (x * 3 / 3 in float64), and its integer buffer as float64
+        assert all(torch.equal(got.means[k], whole[k].to(wire_dtype(whole[k].dtype))) for k in whole)
+        assert all(got.means[k].dtype == wire_dtype(whole[k].dtype) for k in whole)

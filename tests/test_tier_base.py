@@ -1,6 +1,6 @@
 """sflv1's weights through the tiers: the round's global server blocks staged once per tier (base segments the
-clients' loads copy there), and each tier's sample-weighted sum of its clients' replicas taken back (Reduce)
-instead of every replica. In-process tiers here; tests/test_reduce_transport.py runs the calls over gRPC."""
+clients' loads copy there), and each tier's sample-weighted mean of its clients' replicas taken back (Reduce;
+float32 for float32 weights) instead of every replica. In-process tiers here; tests/test_reduce_transport.py runs the calls over gRPC."""
 
 from __future__ import annotations
 
@@ -142,7 +142,9 @@ def test_base_segments_do_not_take_a_clients_place_but_are_bounded() -> None:
         tier.load(SegmentLoad("one-more", "@base.1.0", 1, SPEC, 1, 2, "@b", select(glob, 1, 2)))
 
 
-def test_reduce_sums_the_finite_replicas_and_names_the_rest() -> None:
+def test_reduce_averages_the_finite_replicas_and_names_the_rest() -> None:
+    """The mean is computed in float64 and sent as float32 for the float32 weights, float64 for the integer
+    buffer (BatchNorm's num_batches_tracked in block 2): the bytes of one copy of the segment, not twice."""
     tier = Tier("edge")
     glob = initial_state(SPEC, 0)
     for c in ("c0", "c1", "c2"):
@@ -157,13 +159,16 @@ def test_reduce_sums_the_finite_replicas_and_names_the_rest() -> None:
     assert set(got.refused) == {"c2", "gone"}
     assert "NaN" in got.refused["c2"] and "no segment" in got.refused["gone"]
     s0, s1 = tier.fetch(RUN, "c0", "s-c0"), tier.fetch(RUN, "c1", "s-c1")
-    assert set(got.sums) == set(s0)
-    for k, v in got.sums.items():
-        assert v.dtype == torch.float64 and v.device.type == "cpu"
-        assert torch.equal(v, s0[k].double() * 2.0 + s1[k].double() * 5.0)
+    assert set(got.means) == set(s0)
+    assert any(not v.is_floating_point() for v in s0.values())  # an integer buffer is among them
+    for k, v in got.means.items():
+        want = torch.float32 if s0[k].dtype == torch.float32 else torch.float64
+        assert v.dtype == want and v.device.type == "cpu", k
+        assert torch.equal(v, ((s0[k].double() * 2.0 + s1[k].double() * 5.0) / 7.0).to(want)), k
+    assert state_bytes(got.means) == state_bytes(s0)  # before: float64 sums, twice a float32 segment's bytes
     wrong = tier.reduce(RUN, [ReduceItem("c0", "s-c0", 1.0), ReduceItem("c1", "guess", 1.0)])
     assert list(wrong.refused) == ["c1"] and "another secret" in wrong.refused["c1"]  # that client alone
-    assert all(torch.equal(wrong.sums[k], s0[k].double()) for k in s0)
+    assert all(torch.equal(wrong.means[k], s0[k] if s0[k].is_floating_point() else s0[k].double()) for k in s0)
     with pytest.raises(InvalidArgument, match="listed twice"):
         tier.reduce(RUN, [ReduceItem("c0", "s-c0", 1.0), ReduceItem("c0", "s-c0", 1.0)])
     with pytest.raises(InvalidArgument, match="finite"):
@@ -176,11 +181,11 @@ def test_a_client_ids_like_a_base_are_refused() -> None:
         SplitRound(RoundConfig(RUN, 1, SPEC), chain.tiers, initial_state(SPEC, 0), {"@x": (1, 3)})
 
 
-def test_a_client_whose_cloud_weights_are_not_finite_is_dropped_from_every_tiers_sum() -> None:
-    """The cloud leaves c1 out of its sum; the edge's sum, asked first, held c1, so it is asked again without
+def test_a_client_whose_cloud_weights_are_not_finite_is_dropped_from_every_tiers_mean() -> None:
+    """The cloud leaves c1 out of its mean; the edge's mean, asked first, held c1, so it is asked again without
     it: the new model is what the round gives without c1 at all."""
 
-    class Poisons(_Wrapped):  # the cloud, whose replica of c1 turns NaN when the round sums it
+    class Poisons(_Wrapped):  # the cloud, whose replica of c1 turns NaN when the round averages it
         def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
             b = self.tier._bindings.get((run_id, "c1"))
             if b is not None:
@@ -205,7 +210,7 @@ def test_a_client_whose_cloud_weights_are_not_finite_is_dropped_from_every_tiers
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
-def test_a_tier_that_cannot_sum_fails_the_round_with_its_reason() -> None:
+def test_a_tier_that_cannot_average_fails_the_round_with_its_reason() -> None:
     class Broken(_Wrapped):
         def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
             raise ResourceExhausted("tier cloud: out of memory for the sums")
@@ -213,31 +218,59 @@ def test_a_tier_that_cannot_sum_fails_the_round_with_its_reason() -> None:
     chain = inprocess_chain(2)
     rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [chain.tiers[0], Broken(chain.tiers[1])], initial_state(SPEC, 0),
                      ASSIGN)
-    with pytest.raises(RoundFailed, match="could not be summed.*out of memory"):
+    with pytest.raises(RoundFailed, match="could not be averaged.*out of memory"):
         drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
-@pytest.mark.parametrize("tamper", ["extra key", "missing key", "float32", "shape"])
-def test_a_tiers_sum_that_is_not_what_its_clients_hold_is_refused(tamper: str) -> None:
+@pytest.mark.parametrize("tamper,match", [
+    ("extra key", r"holds other keys than their segments: \['0.0.weight'\]"),
+    ("missing key", "holds other keys than their segments"),
+    ("float64", r"'5.0.bias' is float64 \[64\], not a finite float32 \[64\]"),  # a sum's dtype, say
+    ("shape", r"'5.0.bias' is float32 \[1\], not a finite float32 \[64\]"),
+    ("nan", r"'5.0.bias' is float32 \[64\], not a finite float32 \[64\]"),
+])
+def test_a_tiers_mean_that_is_not_what_its_clients_hold_is_refused(tamper: str, match: str) -> None:
     class Lies(_Wrapped):
         def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
             out = self.tier.reduce(run_id, items)
-            k = sorted(out.sums)[0]
+            k = sorted(out.means)[0]
             if tamper == "extra key":
-                out.sums["0.0.weight"] = torch.zeros(1, dtype=torch.float64)
+                out.means["0.0.weight"] = torch.zeros(1, dtype=torch.float32)
             elif tamper == "missing key":
-                del out.sums[k]
-            elif tamper == "float32":
-                out.sums[k] = out.sums[k].float()
+                del out.means[k]
+            elif tamper == "float64":
+                out.means[k] = out.means[k].double()
+            elif tamper == "nan":
+                out.means[k] = out.means[k].clone()
+                out.means[k][0] = float("nan")
             else:
-                out.sums[k] = out.sums[k].reshape(-1)[:1]
+                out.means[k] = out.means[k].reshape(-1)[:1]
             return out
 
     chain = inprocess_chain(2)
     rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [chain.tiers[0], Lies(chain.tiers[1])], initial_state(SPEC, 0),
                      ASSIGN)
-    with pytest.raises(TierError, match="cloud: its sum of the clients' segments"):
+    with pytest.raises(TierError, match="cloud: its mean of the clients' segments.*" + match):
+        drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
+    assert [t.clients() for t in chain.tiers] == [0, 0]
+
+
+def test_a_tiers_integer_buffer_mean_must_come_as_float64() -> None:
+    """BatchNorm's num_batches_tracked (int64, block 2, on the edge) travels as a float64 mean: the float32 a
+    float weight's mean travels in is refused for it."""
+
+    class Narrows(_Wrapped):
+        def reduce(self, run_id, items):  # type: ignore[no-untyped-def]
+            out = self.tier.reduce(run_id, items)
+            out.means["2.1.num_batches_tracked"] = out.means["2.1.num_batches_tracked"].float()
+            return out
+
+    chain = inprocess_chain(2)
+    rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [Narrows(chain.tiers[0]), chain.tiers[1]], initial_state(SPEC, 0),
+                     ASSIGN)
+    with pytest.raises(TierError, match=r"edge: its mean of the clients' segments: '2.1.num_batches_tracked' is "
+                                        r"float32 \[\], not a finite float64 \[\]"):
         drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
@@ -351,9 +384,9 @@ def test_a_base_whose_load_reply_is_lost_is_released() -> None:
     assert [t.clients() for t in chain.tiers] == [0, 0]  # before: the edge kept '@base.1.0' for an hour
 
 
-def test_a_large_fleet_is_summed_a_batch_of_clients_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each Reduce call sums at most REDUCE_BATCH clients, so each is within one deadline however large the
-    fleet; the batches' sums give the round the one sum would."""
+def test_a_large_fleet_is_averaged_a_batch_of_clients_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Reduce call averages at most REDUCE_BATCH clients, so each is within one deadline however large
+    the fleet; the batches' means, made sums again, give the round the one mean would (to float32 rounding)."""
     import splitfed.engine.rounds as rounds
 
     calls: list[int] = []

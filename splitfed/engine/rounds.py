@@ -3,9 +3,11 @@
 - ``sflv1``: every client trains its own replica of every server-side segment;
   all replicas and device segments are averaged layer-wise at the end. The
   replicas start from a base segment per tier (the global model's blocks, sent
-  once and copied there) and come back as each tier's sample-weighted sum
-  (``reduce``): the coordinator's traffic is one copy of each tier's part each
-  way, whatever the number of clients.
+  once and copied there) and come back as each tier's sample-weighted mean
+  (``reduce``; float32 for a float32 model's weights), which the coordinator
+  turns back into a sum with the weight it knows is behind each key: its
+  traffic is one copy of each tier's part each way, whatever the number of
+  clients.
 - ``sflv2``: one server-side model, trained by the clients in turn whichever
   server tier each client puts a block on; every client's device segments start
   from the global model and are averaged, and each server-side block is averaged
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from splitfed.aggregate import Partial, aggregate
+from splitfed.aggregate import Partial, aggregate, wire_dtype
 from splitfed.engine import template
 from splitfed.engine.checks import all_finite
 from splitfed.engine.device import Device
@@ -218,7 +220,11 @@ Cuts = tuple[int, ...]
 GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # a tier's answers to a release that say it is not there
 BASE = f"{BASE_PREFIX}base"  # the round's global server blocks on a tier (sflv1): a base segment's id and replica
 STAGED_RUNS = 4  # base segments per tier at most (runs of blocks); beyond, one over them all
-REDUCE_BATCH = 256  # clients per Reduce call: a tier sums ~256 vgg11 edge segments in seconds
+REDUCE_BATCH = 256  # clients per Reduce call: a tier averages ~256 vgg11 edge segments in seconds
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 class RoundFailed(SplitfedError):
@@ -276,7 +282,7 @@ class SplitRound:
         self._loaded: list[str] = []
         self._group: list[str] = []
         self._gone: set[int] = set()  # tiers a release found unreachable: the rest of this round skips them
-        # per server tier, the weight bytes this round sent it (loads) and got back (fetches, sums): the
+        # per server tier, the weight bytes this round sent it (loads) and got back (fetches, means): the
         # coordinator's own traffic (the cost model does not price it)
         self.weight_bytes: list[list[int]] = [[0, 0] for _ in self.tiers]
         self._staged: list[tuple[int, str]] = []  # (tier, base segment's id) loaded now (sflv1: see _stage)
@@ -532,7 +538,7 @@ class SplitRound:
     # ------------------------------------------------------------ internals
 
     def _finish_v1(self) -> State:
-        """Device segments, and each server tier's sum of its clients' replicas (:meth:`_reduced`)."""
+        """Device segments, and each server tier's mean of its clients' replicas (:meth:`_reduced`)."""
         partials = self._reduced()
         if len(self.done) < self.min_clients:
             raise RoundFailed(f"round {self.cfg.round}: only {len(self.done)} clients' replicas could be "
@@ -542,9 +548,10 @@ class SplitRound:
         return aggregate(contributions, previous=self.global_state, partials=partials)
 
     def _reduced(self) -> list[Partial]:
-        """Each tier's sample-weighted sum of the finished clients' replicas. A client a tier leaves out (weights
-        not finite, segment gone) is dropped, and the sums are asked for again without it: the other tiers'
-        include it. A tier that cannot answer drops every client (each has a segment on every tier)."""
+        """Each tier's sample-weighted sum of the finished clients' replicas (sent as means, see :meth:`_partial`).
+        A client a tier leaves out (weights not finite, segment gone) is dropped, and the means are asked for
+        again without it: the other tiers' include it. A tier that cannot answer drops every client (each has a
+        segment on every tier)."""
         while True:
             clients = [c for c in self.order if c in self.done]
             if not clients:
@@ -560,8 +567,8 @@ class SplitRound:
                 return partials
 
     def _sums_on(self, t: int, tier: TierControl, items: Sequence[ReduceItem]) -> list[Partial] | None:
-        """Tier ``t``'s sums of ``items``, asked :data:`REDUCE_BATCH` clients at a time (each call within one
-        deadline, however large the fleet); None: clients were dropped, the sums must be asked again."""
+        """Tier ``t``'s sums of ``items``, its means asked :data:`REDUCE_BATCH` clients at a time (each call
+        within one deadline, however large the fleet); None: clients were dropped, they must be asked again."""
         out = []
         for k in range(0, len(items), REDUCE_BATCH):
             batch = items[k:k + REDUCE_BATCH]
@@ -569,37 +576,41 @@ class SplitRound:
                 reduced = tier.reduce(self.cfg.run_id, batch)
             except TierError as e:
                 for it in items:
-                    self.why[it.client_id] = f"its {self._label(t)} segments could not be summed: {e}"
+                    self.why[it.client_id] = f"its {self._label(t)} segments could not be averaged: {e}"
                     self._drop(it.client_id)
                 return None
-            self.weight_bytes[t][1] += state_bytes(reduced.sums)
+            self.weight_bytes[t][1] += state_bytes(reduced.means)
             refused = [it.client_id for it in batch if it.client_id in reduced.refused]
             for c in refused:
                 self.why[c] = f"its {self._label(t)} {reduced.refused[c]}"
                 self._drop(c)
             if refused:
                 return None
-            out.append(self._partial(t, reduced.sums, [it.client_id for it in batch]))
+            out.append(self._partial(t, reduced.means, [it.client_id for it in batch]))
         return out
 
-    def _partial(self, t: int, sums: State, clients: Sequence[str]) -> Partial:
-        """Tier ``t``'s sums with the weight behind each key (the samples of the clients whose segment there
-        holds it), checked against what those segments hold: a tier's reply is not taken on trust."""
+    def _partial(self, t: int, means: State, clients: Sequence[str]) -> Partial:
+        """Tier ``t``'s means made sums again (:meth:`Partial.of_means <splitfed.aggregate.Partial.of_means>`)
+        with the weight behind each key (the samples of the clients whose segment there holds it), checked
+        against what those segments hold (keys, shapes, the wire's dtype, finite): a tier's reply is not taken
+        on trust."""
         weights: dict[str, float] = {}
         for c in clients:
             a, z = server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t]
             w = float(self.done[c].result.samples)
             for k in select(self.global_state, a, z) if w > 0 else ():
                 weights[k] = weights.get(k, 0.0) + w
-        where = f"{self._label(t)}: its sum of the clients' segments"
-        if set(sums) != set(weights):
-            odd = sorted(set(sums) ^ set(weights))
+        where = f"{self._label(t)}: its mean of the clients' segments"
+        if set(means) != set(weights):
+            odd = sorted(set(means) ^ set(weights))
             raise TierError(f"{where} holds other keys than their segments: {odd[:3]}")
-        for k, v in sums.items():
-            if v.shape != self.global_state[k].shape or v.dtype != torch.float64 or not all_finite(v):
-                raise TierError(f"{where}: {k!r} is {str(v.dtype)} {list(v.shape)}, not a finite float64 "
-                                f"{list(self.global_state[k].shape)}")
-        return Partial(dict(sums), weights, {k: self.global_state[k].dtype for k in sums})
+        dtypes = {k: self.global_state[k].dtype for k in means}
+        for k, v in means.items():
+            want = wire_dtype(dtypes[k])
+            if v.shape != self.global_state[k].shape or v.dtype != want or not all_finite(v):
+                raise TierError(f"{where}: {k!r} is {_dtype_name(v.dtype)} {list(v.shape)}, not a finite "
+                                f"{_dtype_name(want)} {list(self.global_state[k].shape)}")
+        return Partial.of_means(means, weights, dtypes)
 
     def _finish_v2(self) -> State:
         """Device segments, and the one server-side model (as the last client to finish left it) for each
@@ -677,7 +688,7 @@ class SplitRound:
         return ""
 
     def _touch(self) -> None:
-        """Ask each tier after the holders of the model's latest blocks (a sum of weight 0: nothing travels): a
+        """Ask each tier after the holders of the model's latest blocks (a mean of weight 0: nothing travels): a
         use that keeps the tier's idle release from them through a long round, and a holder lost (the tier
         restarted) fails the round here, naming it, rather than at the next fetch."""
         for t in range(len(self.tiers)):
@@ -696,7 +707,7 @@ class SplitRound:
                                   f"latest blocks ({lost}: {refused[lost]})")
 
     def _unfit(self, t: int, ids: Sequence[str]) -> dict[str, str]:
-        """Which of ``ids`` tier ``t`` would leave out of a sum, and why (not finite, gone): a sum of weight 0,
+        """Which of ``ids`` tier ``t`` would leave out of a mean, and why (not finite, gone): a mean of weight 0,
         so nothing travels."""
         return self.tiers[t].reduce(self.cfg.run_id, [ReduceItem(c, self._secret(c), 0.0) for c in ids]).refused
 

@@ -334,9 +334,10 @@ class Tier:
                     if blocks is None or blocks[0] <= block_of(k) < blocks[1]}
 
     def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
-        """The sample-weighted sum of the listed clients' trained segments (:class:`Reduced`): one float64
-        copy leaves the tier instead of every client's replica. A client whose weights are not finite, that has
-        no segment here, or whose secret is not its binding's, is left out and named."""
+        """The sample-weighted mean of the listed clients' trained segments (:class:`Reduced`), summed here in
+        float64 and sent as :meth:`Partial.means <splitfed.aggregate.Partial.means>` says (float32 for float32
+        keys): one copy of the segment leaves the tier instead of every client's replica. A client whose weights
+        are not finite, that has no segment here, or whose secret is not its binding's, is left out and named."""
         ids = [it.client_id for it in items]
         twice = next((c for c in ids if ids.count(c) > 1), None) if len(set(ids)) != len(ids) else None
         if twice is not None:
@@ -372,7 +373,7 @@ class Tier:
                     total.add(state, it.weight)
             if bad is not None:
                 refused[it.client_id] = f"weights {bad!r} hold NaN or infinite values"
-        return Reduced(total.sums, {it.client_id: refused[it.client_id] for it in items if it.client_id in refused})
+        return Reduced(total.means(), {it.client_id: refused[it.client_id] for it in items if it.client_id in refused})
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         with self._lock:

@@ -122,7 +122,7 @@ class SegmentLoad:
 
 @dataclass(frozen=True)
 class ReduceItem:
-    """One client whose trained server segment a tier adds into its sum, weighted by ``weight`` (its samples)."""
+    """One client whose trained server segment a tier adds into its mean, weighted by ``weight`` (its samples)."""
 
     client_id: str
     secret: str = field(repr=False)
@@ -131,11 +131,14 @@ class ReduceItem:
 
 @dataclass
 class Reduced:
-    """A tier's sample-weighted sum of its clients' trained segments (float64 on the CPU, per key): what the
-    coordinator adds into :func:`~splitfed.aggregate.aggregate` instead of every replica. ``refused``: clients
-    left out of the sum, and why (weights not finite, no segment loaded): the coordinator drops them."""
+    """A tier's sample-weighted mean of its clients' trained segments, per key, on the CPU: float32 for a
+    floating key of 32 bits or fewer, float64 for the rest (:func:`~splitfed.aggregate.wire_dtype`). The
+    coordinator, which knows the weight behind each key, turns it back into a float64 sum
+    (:meth:`~splitfed.aggregate.Partial.of_means`) and adds that into :func:`~splitfed.aggregate.aggregate`
+    instead of every replica. ``refused``: clients left out of the mean, and why (weights not finite, no
+    segment loaded): the coordinator drops them."""
 
-    sums: State
+    means: State
     refused: dict[str, str] = field(default_factory=dict)
 
 

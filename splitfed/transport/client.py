@@ -289,15 +289,17 @@ class GrpcTierClient:
         self._call(f"release of {client_id}", lambda t: self._release(req, timeout=t, metadata=self._metadata))
 
     def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
-        """The sample-weighted sum of the listed clients' trained segments, summed on the tier (``Reduce``):
-        float64 per key, and the clients it left out with why. Read-only at the tier: retried as a fetch is."""
+        """The sample-weighted mean of the listed clients' trained segments, computed on the tier (``Reduce``):
+        float32 or float64 per key (the coordinator checks which each key must be), and the clients it left out
+        with why. Read-only at the tier: retried as a fetch is."""
         req = pb.ReduceRequest(run_id=run_id, items=[pb.ReduceItem(client_id=it.client_id, secret=it.secret,
                                                                    weight=it.weight) for it in items])
         raw = req.SerializeToString()
         where = f"tier {self.address}: reduce of {len(items)} client(s)"
         listed = {it.client_id for it in items}
 
-        # float64 sums of what the tier took in float32 loads: twice the bytes a fetch of them may hold
+        # float32 means of float16 weights, float64 means of int32 buffers: twice the bytes a fetch of them may
+        # hold (a float32 model's means: the bytes of a fetch)
         limits = replace(self.limits, max_tensor_bytes=2 * self.limits.max_tensor_bytes,
                          max_call_bytes=2 * self.limits.max_call_bytes)
 
@@ -318,11 +320,11 @@ class GrpcTierClient:
                                 "listed")
             names = [r.name for r in got]
             if "" in names or len(set(names)) != len(names):
-                raise TierError(f"{where}: malformed reply: the sums need distinct, non-empty names")
-            wrong = next((r for r in got if r.tensor.dtype != torch.float64), None)
+                raise TierError(f"{where}: malformed reply: the means need distinct, non-empty names")
+            wrong = next((r for r in got if r.tensor.dtype not in (torch.float32, torch.float64)), None)
             if wrong is not None:
-                raise TierError(f"{where}: malformed reply: sum {wrong.name!r} is {wrong.tensor.dtype}, "
-                                "not float64")
+                raise TierError(f"{where}: malformed reply: mean {wrong.name!r} is {wrong.tensor.dtype}, "
+                                "not float32 or float64")
             return Reduced({r.name: r.tensor for r in got}, refused)
 
         return self._call(f"reduce of {len(items)} client(s)", attempt)

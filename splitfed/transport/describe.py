@@ -21,13 +21,16 @@ import splitfed
 from splitfed.errors import ConfigError
 from splitfed.transport.pb import pb
 
-PROTOCOL = 3
+PROTOCOL = 4
 """The wire protocol's version: raise it whenever tier.proto changes what an older peer would misread.
 
 2: a binding secret on every Load, Step, Fetch and Release (an older peer would drop it and be refused).
 3: a Load may carry a base replica instead of its state (an older tier would drop it and load the replica's
 weights unchanged), Reduce sums the clients' trained segments on the tier (an older one has no such call), and a
-Fetch may name a range of the segment's blocks (an older tier would send the whole segment)."""
+Fetch may name a range of the segment's blocks (an older tier would send the whole segment).
+4: a Reduce reply holds the clients' sample-weighted mean per key (float32 for weights of 32 bits or fewer,
+float64 for the rest), not its float64 sum: the coordinator multiplies it by the weight it knows is behind each
+key (a protocol 3 coordinator would take a mean for a sum, and refuse its float32)."""
 
 
 @dataclass(frozen=True)

@@ -343,7 +343,7 @@ class TierServicer:
             items = self._reduce_items(req)
             reduced = self.tier.reduce(req.run_id, items)
             head = pb.ReduceResult(refused=list(reduced.refused), reasons=list(reduced.refused.values()))
-            out = wire.iter_frames(head, [(k, tc.encode(v)) for k, v in sorted(reduced.sums.items())],
+            out = wire.iter_frames(head, [(k, tc.encode(v)) for k, v in sorted(reduced.means.items())],
                                    self.limits.chunk_bytes)
         yield from out
 
