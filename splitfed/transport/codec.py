@@ -223,18 +223,19 @@ def check_meta(dtype_code: int, shape: list[int] | tuple[int, ...], codec: Codec
         raise InvalidArgument(f"{what}: unknown dtype code {dtype_code}")
     if len(shape) > MAX_DIMS:
         raise InvalidArgument(f"{what}: {len(shape)} dimensions (at most {MAX_DIMS})")
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise InvalidArgument(f"{what}: negative dimension in shape {list(shape)}")
     if codec.lossy and not dtype.is_floating_point:
         raise InvalidArgument(f"{what}: codec {codec.name} applies to floating tensors, not "
                               f"{str(dtype).removeprefix('torch.')}")
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(map(int, shape))
     size = math.prod(shape) * dtype.itemsize
     if max_bytes is not None and max(size, nbytes) > max_bytes:
         raise ResourceExhausted(f"{what}: {max(size, nbytes)} bytes exceed the limit of {max_bytes}")
     # An empty shape passes any byte limit, but torch still multiplies its other dimensions (strides,
     # storage size) in 64 bits: [2**62, 4, 0] would fail in torch.empty, an internal error, not a refusal.
-    if math.prod(max(d, 1) for d in shape) * dtype.itemsize >= 2**63:
+    # (With no zero dimension that product is ``size``.)
+    if (size or math.prod(max(d, 1) for d in shape) * dtype.itemsize) >= 2**63:
         raise InvalidArgument(f"{what}: shape {list(shape)} is too large for a tensor (its dimensions "
                               "multiply past 2**63 bytes)")
     want = payload_size(dtype, shape, codec)
@@ -271,12 +272,17 @@ def decode(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec,
     payload is); ``writable=True`` guarantees memory the caller may modify.
     """
     n = len(payload) if not isinstance(payload, torch.Tensor) else payload.numel()
-    if n != payload_size(dtype, shape, codec):
-        raise InvalidArgument(f"payload is {n} bytes, expected {payload_size(dtype, shape, codec)}")
+    want = payload_size(dtype, shape, codec)
+    if n != want:
+        raise InvalidArgument(f"payload is {n} bytes, expected {want}")
     numel = math.prod(shape)
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     if codec.kind == "none":
+        if not isinstance(payload, torch.Tensor):  # received bytes: one view of them as the dtype, if aligned
+            t = torch.frombuffer(payload, dtype=dtype)
+            if t.data_ptr() % dtype.itemsize == 0:
+                return (t.clone() if writable and _readonly(payload) else t).view(shape)
         u8 = _as_uint8(payload, dtype.itemsize)
         if writable and _readonly(payload):
             u8 = u8.clone()

@@ -216,12 +216,12 @@ class TierServicer:
             self._check(head, items)
             # the reply (the activation's gradient) must fit one message: refuse before anything happens
             act = items[0].tensor
-            reply_codec = wire.codec_of(head.reply_codec).for_tensor(act)
-            need = tc.payload_size(act.dtype, tuple(act.shape), reply_codec)
+            reply_codec = wire.codec_of(head.reply_codec)
+            need = tc.payload_size(act.dtype, tuple(act.shape), reply_codec.for_tensor(act))
             if wire.padded(need) > self.limits.unary_bytes:
                 raise ResourceExhausted(f"the reply of this step ({need} bytes) does not fit one message of "
                                         f"{self.limits.unary_bytes}: send it with StepStream")
-            frames = list(self._run(head, items, self.limits.unary_bytes))
+            frames = list(self._run(head, items, self.limits.unary_bytes, reply_codec))
             if len(frames) != 1:  # pragma: no cover - guarded above
                 raise ResourceExhausted("the reply does not fit one message: send the step with StepStream")
         return frames[0]
@@ -246,9 +246,11 @@ class TierServicer:
         if head.round < 0 or head.seq < 0:
             raise InvalidArgument(f"round and seq must be >= 0, got {head.round}, {head.seq}")
 
-    def _run(self, head: pb.StepHeader, items: Sequence[wire.Received], chunk: int = 0) -> Iterator[bytes]:
-        """Call the tier for the phase; the reply's frames."""
-        reply_codec = wire.codec_of(head.reply_codec)
+    def _run(self, head: pb.StepHeader, items: Sequence[wire.Received], chunk: int = 0,
+             reply_codec: tc.Codec | None = None) -> Iterator[bytes]:
+        """Call the tier for the phase; the reply's frames (``reply_codec``: the head's, if already read)."""
+        if reply_codec is None:
+            reply_codec = wire.codec_of(head.reply_codec)
         key = StepKey(head.run_id, head.client_id, int(head.round), int(head.seq), head.secret)
         result = pb.StepResult()
         if head.phase == pb.PHASE_STEP:

@@ -12,6 +12,7 @@ place on receive: ``pad`` puts ``data`` on a 16-byte boundary of the message.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from splitfed.transport.pb import pb
 F_STEP, F_LOAD, F_RESULT, F_TENSOR, F_REDUCE, F_PAD, F_DATA = 1, 2, 3, 4, 5, 14, 15
 HEADS: dict[int, type[Message]] = {F_STEP: pb.StepHeader, F_LOAD: pb.LoadHeader, F_RESULT: pb.StepResult,
                                    F_REDUCE: pb.ReduceResult}
+_HEAD_NUMS: dict[type[Message], int] = {v: k for k, v in HEADS.items()}
 _TAG_PAD = bytes([(F_PAD << 3) | 2])
 _TAG_DATA = bytes([(F_DATA << 3) | 2])
 ALIGN = 16
@@ -91,7 +93,13 @@ def codec_pb(c: tc.Codec) -> pb.Codec:
     return pb.Codec(kind=cast(pb.CodecKind, c.code), topk_fraction=c.fraction if c.kind == "topk" else 0.0)
 
 
+_FIXED_CODECS = {c.code: c for c in (tc.NONE, tc.Codec("fp16"), tc.Codec("int8"))}  # those without a parameter
+
+
 def codec_of(m: pb.Codec) -> tc.Codec:
+    fixed = _FIXED_CODECS.get(m.kind)
+    if fixed is not None:
+        return fixed
     kind = tc.KIND_NAMES.get(m.kind)
     if kind is None:
         raise InvalidArgument(f"unknown codec kind {m.kind}")
@@ -172,12 +180,9 @@ def iter_frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]],
     used = metas = 0
     sent = False
     if head is not None:
-        num = next(k for k, v in HEADS.items() if isinstance(head, v))
-        prefix.append(_field(num, head.SerializeToString()))
+        prefix.append(_field(_HEAD_NUMS[type(head)], head.SerializeToString()))
     for name, e in tensors:
-        meta = _field(F_TENSOR, pb.TensorMeta(name=name, dtype=cast(pb.DType, tc.DTYPE_CODES[e.dtype]), shape=e.shape,
-                                              nbytes=e.nbytes,
-                                              codec=codec_pb(e.codec) if e.codec.lossy else None).SerializeToString())
+        meta = _meta_field(name, e.dtype, e.shape, e.nbytes, e.codec)
         if metas and metas + len(meta) > meta_bytes:
             yield _frame(b"".join(prefix), parts)
             sent = True
@@ -198,6 +203,14 @@ def iter_frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]],
                 off += take
     if prefix or parts or not sent:
         yield _frame(b"".join(prefix), parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta_field(name: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, codec: tc.Codec) -> bytes:
+    """A tensor's meta as a Frame field; cached: a step sends the same metas step after step."""
+    return _field(F_TENSOR, pb.TensorMeta(name=name, dtype=cast(pb.DType, tc.DTYPE_CODES[dtype]), shape=shape,
+                                          nbytes=nbytes, codec=codec_pb(codec) if codec.lossy else None
+                                          ).SerializeToString())
 
 
 def _frame(prefix: bytes, parts: list[memoryview | bytes]) -> bytes:
@@ -233,12 +246,20 @@ def parse_frame(raw: bytes | memoryview) -> tuple[dict[int, list[memoryview]], m
     data = None
     i = 0
     while i < n:
-        key, i = _varint_at(mv, i)
+        key = mv[i]
+        if key < 0x80:  # one byte: every field of a Frame (inlined: this loop runs on every message)
+            i += 1
+        else:
+            key, i = _varint_at(mv, i)
         num, wt = key >> 3, key & 7
         if num == 0:
             raise InvalidArgument("malformed frame: field number 0")
         if wt == 2:
-            ln, i = _varint_at(mv, i)
+            if i < n and mv[i] < 0x80:
+                ln = mv[i]
+                i += 1
+            else:
+                ln, i = _varint_at(mv, i)
             if i + ln > n:
                 raise InvalidArgument("malformed frame: a field runs past the end of the message")
             seg = mv[i:i + ln]
@@ -266,8 +287,8 @@ _M = TypeVar("_M", bound=Message)
 
 
 def _message(cls: type[_M], segs: list[memoryview], what: str) -> _M:
-    try:
-        return cls.FromString(b"".join(segs))  # several occurrences merge, as protobuf says
+    try:  # several occurrences merge, as protobuf says; one (the usual case) parses in place
+        return cls.FromString(segs[0] if len(segs) == 1 else b"".join(segs))
     except DecodeError as e:
         raise InvalidArgument(f"malformed {what}: {e}") from None
 
