@@ -101,8 +101,12 @@ def query(msg: Message, context: Context) -> Message:
         samples = len(x)
     link, link_error = _measure_link(node, ask) if ask.get("measure-link") else (None, "")
     up, down, rtt = (link.up_mbps or 0.0, link.down_mbps or 0.0, link.rtt_ms) if link else (0.0, 0.0, 0.0)
-    speed, speed_error = (_measure_speed(node, spec, x, ask) if ask.get("measure-speed") and x is not None
-                          else (None, ""))
+    speed, speed_error = None, ""
+    if ask.get("measure-speed") and x is not None:
+        batch = ask.get("batch-size", 32)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ConfigError(f"query: batch-size must be a positive integer, got {batch!r}")
+        speed, speed_error = _measure_speed(node, spec, x, batch)
     info = NodeInfo(node.partition_id, node.num_partitions, samples, node.device_profile, node.edge_address,
                     up, down, rtt, PROTOCOL, splitfed.__version__, link_error,
                     *((speed.blocks, speed.samples, speed.seconds) if speed else (0, 0, 0.0)), speed_error)
@@ -110,22 +114,19 @@ def query(msg: Message, context: Context) -> Message:
 
 
 def _measure_speed(node: NodeConfig, spec: ModelSpec, x: torch.Tensor,
-                   ask: ConfigRecord) -> tuple[SpeedMeasure | None, str]:
+                   batch: int) -> tuple[SpeedMeasure | None, str]:
     """How fast this node trains the model's first blocks on a batch of its data (where it computes), for the
-    optimizer's first plan; else None and why (the profile's FLOP/s is used)."""
+    optimizer's plan; else None and why (what the coordinator believed stands)."""
     from splitfed.engine.compute import torch_device
     from splitfed.profile.speed import measure_speed
 
-    batch = ask.get("batch-size", 32)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ConfigError(f"query: batch-size must be a positive integer, got {batch!r}")
     if len(x) == 0:
         return None, "no local samples to time training on"
     try:
         return measure_speed(spec, x[:batch], torch_device(node.torch_device, "node config: torch-device")), ""
     except SplitfedError as e:
-        log(WARNING, "client%d: could not measure its training speed (its profile's is used): %s",
-            node.partition_id, e)
+        log(WARNING, "client%d: could not measure its training speed (the coordinator keeps what it believed): "
+            "%s", node.partition_id, e)
         return None, first_line(e)[:1000]
 
 
@@ -142,6 +143,8 @@ def train(msg: Message, context: Context) -> Message:
         raise ConfigError(f"instruction for {ins.client_id} reached the node holding partition {pid}")
     weights = record_to_state(msg.content.array_records[ARRAYS])
     x, y = _data(node, ins.model, ins.dataset, ins.partition, ins.seed)
+    # its device holds no block: its round will not show its speed, so it times its training as at registration
+    speed = _measure_speed(node, ins.model, x, ins.batch_size)[0] if ins.measure_speed else None
     data = round_batches(x, y, ins.batch_size, ins.seed, pid, ins.round, ins.local_epochs)
     cfg = RoundConfig(ins.run_id, ins.round, ins.model, ins.mode, ins.u_shape, ins.optim, ins.seed)
     edge = node.edge_address or ins.edge_address
@@ -161,7 +164,8 @@ def train(msg: Message, context: Context) -> Message:
     finally:
         link.close()
     report = TrainReport(res.samples, len(data), res.loss, res.correct, res.compute_s, res.link_s,
-                         res.bytes_up, res.bytes_down, rtt_ms)
+                         res.bytes_up, res.bytes_down, rtt_ms,
+                         *((speed.blocks, speed.samples, speed.seconds) if speed else (0, 0, 0.0)))
     _remember(context, report)
     reply = RecordDict({ARRAYS: state_to_record(dev.state()), METRICS: report.to_record()})
     return Message(reply, reply_to=msg)

@@ -72,6 +72,7 @@ from splitfed.flower.records import (
     state_to_record,
 )
 from splitfed.profile.devices import LinkProfile
+from splitfed.profile.speed import SpeedMeasure
 from splitfed.transport.describe import PROTOCOL, this_version
 
 _SAMPLE_STREAM = 211  # derive_seed purpose of client sampling
@@ -144,6 +145,7 @@ class SplitFedAvg(FedAvg):
         self._node_of: dict[str, int] = {}
         self._expected: dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}  # cid -> key -> shape, dtype
         self._why: dict[str, str] = {}  # this round's node errors and malformed replies
+        self._speeds: dict[str, SpeedMeasure | None] = {}  # this round's speeds of devices that hold no block
 
     def summary(self) -> None:
         s = self.settings
@@ -268,7 +270,7 @@ class SplitFedAvg(FedAvg):
         record.tier_weight_bytes = [list(b) for b in rnd.weight_bytes]
         reasons = {**self._why, **rnd.why}
         record.why_failed = {c: reasons.get(c, "no reply before the round timeout") for c in rnd.failed}
-        record.measurements = [_measurement(r) for r in rnd.results]
+        record.measurements = [_measurement(r, self._speeds.get(r.client_id)) for r in rnd.results]
         total = sum(r.samples for r in rnd.results)
         record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
         record.decision = self.policy.observe(server_round, record.measurements)
@@ -339,7 +341,7 @@ class SplitFedAvg(FedAvg):
     # ------------------------------------------------------------ internals
 
     def _open(self, server_round: int, arrays: ArrayRecord) -> None:
-        self._why = {}
+        self._why, self._speeds = {}, {}
         s = self.settings
         sampled = self.sample(server_round)
         assignment = self.policy.assign(server_round, sampled)
@@ -369,7 +371,7 @@ class SplitFedAvg(FedAvg):
             partition=s.partition, batch_size=s.batch_size, local_epochs=s.local_epochs,
             edge_address=self.edge_address, tls_ca=s.tls_ca, tls_cert=s.tls_cert, tls_key=s.tls_key,
             token_file=s.token_file, compress=s.codecs[0], edge_instance=self.edge_instance,
-            secret=rnd.cfg.secret_of(cid),
+            measure_speed=probes_speed(s, rnd.assignment[cid], rnd.n_blocks), secret=rnd.cfg.secret_of(cid),
         ).to_record()
         for k, v in extra.items():
             rec.setdefault(k, v)
@@ -398,6 +400,7 @@ class SplitFedAvg(FedAvg):
                 log(WARNING, "%s sent a malformed reply, dropped: %s", cid, e)
                 self._why[cid] = f"malformed reply: {e}"
                 continue
+            self._speeds[cid] = report.speed
             out[cid] = Outcome(state, ClientResult(
                 cid, self._round.assignment[cid], report.samples, report.loss, report.correct,
                 report.compute_s, report.link_s, report.bytes_up, report.bytes_down,
@@ -424,9 +427,9 @@ def _kind(shape: tuple[int, ...], dtype: torch.dtype) -> str:
     return f"{str(dtype).removeprefix('torch.')} {list(shape)}"
 
 
-def _measurement(r: ClientResult) -> Measurement:
+def _measurement(r: ClientResult, speed: SpeedMeasure | None = None) -> Measurement:
     return Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s, r.bytes_up, r.bytes_down,
-                       r.rtt_s)
+                       r.rtt_s, speed)
 
 
 def _link_text(link: LinkProfile | None) -> str:
@@ -453,6 +456,14 @@ def asks_speed(settings: RunSettings) -> bool:
     """Whether the nodes time their training at registration: in real time, for a policy that prices devices
     (``adaptive``, ``greedy``, also spelt with a colon as make_policy reads them)."""
     return not settings.sim_clock and policy_name(settings.cuts)[0] in PLANNED
+
+
+def probes_speed(settings: RunSettings, cuts: Cuts, n_blocks: int) -> bool:
+    """Whether a node times its training before this round: in real time, for the adaptive policy (which
+    learns each device's speed), when its cuts give its device no block. It computes nothing then, so its
+    round teaches nothing of its speed (:mod:`splitfed.profile.speed`)."""
+    holds_none = cuts[0] == 0 and (not settings.u_shape or cuts[-1] == n_blocks)
+    return holds_none and not settings.sim_clock and policy_name(settings.cuts)[0] == "adaptive"
 
 
 def _plain(x: float) -> str:

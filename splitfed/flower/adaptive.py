@@ -150,6 +150,7 @@ class AdaptivePolicy:
         sc = self.adapter.belief
         seen: dict[str, Seen] = {}
         if self.settings.sim_clock:
+            from splitfed.profile.speed import first_work
             from splitfed.sim.clock import fleet_for
 
             world = fleet_for(self.settings).at_round(round)
@@ -157,7 +158,8 @@ class AdaptivePolicy:
                 mine = sc.clients[sc.index(m.client_id)]
                 true = replace(world.client(self._truth[m.client_id]), name=m.client_id, samples=mine.samples)
                 truth_sc = sc.with_clients([true])
-                seen[m.client_id] = Seen.from_cost(client_cost(truth_sc, true, m.cuts), true)
+                seen[m.client_id] = Seen.from_cost(client_cost(truth_sc, true, m.cuts), true,
+                                                   probe_flops=first_work(sc.profile, sc.batch))
         else:
             for m in measurements:
                 seen[m.client_id] = _measured(sc, m)
@@ -190,16 +192,27 @@ def _measured(sc: Any, m: Measurement) -> Any:
     if m.rtt_s is not None:  # priced as this client alone: no new scenario of every client per measurement
         me = replace(me, link=replace(me.link, rtt=m.rtt_s))
     cc = client_cost(sc, me, m.cuts)
+    work, secs = _device_work(sc, cc.flops[0], m)
     link = me.link
     wire_up, wire_down = cc.up_bytes[0] / link.up, cc.down_bytes[0] / link.down
     latency = cc.up_s[0] + cc.down_s[0] - wire_up - wire_down
     servers = sum(cc.compute_s[1:]) + sum(cc.up_s[1:]) + sum(cc.down_s[1:])
     wire = m.link_s - latency - servers
     if wire <= 0 or wire_up + wire_down <= 0:
-        return Seen(cc.flops[0], m.compute_s, rtt_s=m.rtt_s)
+        return Seen(work, secs, rtt_s=m.rtt_s)
     share = wire_up / (wire_up + wire_down)
-    return Seen(cc.flops[0], m.compute_s, m.bytes_up, wire * share, m.bytes_down, wire * (1 - share),
-                rtt_s=m.rtt_s)
+    return Seen(work, secs, m.bytes_up, wire * share, m.bytes_down, wire * (1 - share), rtt_s=m.rtt_s)
+
+
+def _device_work(sc: Any, flops: float, m: Measurement) -> tuple[float, float]:
+    """The device's FLOPs and compute seconds this round; for a device that computed nothing, the training it
+    timed instead when asked (``Measurement.speed``), in the cost model's FLOPs: (0, 0) teaches nothing."""
+    from splitfed.profile.speed import measured_flops
+
+    if flops > 0 or m.speed is None:
+        return flops, m.compute_s
+    rate = measured_flops(sc.profile, m.speed)
+    return (rate * m.speed.seconds, m.speed.seconds) if rate is not None else (0.0, 0.0)
 
 
 def _with_belief(client: Any, belief: Sequence[float]) -> Any:

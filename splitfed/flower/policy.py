@@ -47,6 +47,8 @@ class Measurement:
     bytes_up: int
     bytes_down: int
     rtt_s: float | None = None  # the device's round trip to its first tier (None: not measured)
+    # a device that holds no block (it computed nothing) timed its training instead, when asked
+    speed: SpeedMeasure | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "cuts": list(self.cuts)}

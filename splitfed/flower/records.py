@@ -78,6 +78,7 @@ class TrainInstruction:
     compress: str = "none"
     deadline_s: float = 60.0
     edge_instance: str = ""  # the run's edge tier process (Describe): a node reaching another one is told
+    measure_speed: bool = False  # time its training before this round (its device holds no block: see speed.py)
     # this client's binding secret for the round (SegmentLoad.secret): its steps carry it, and a tier refuses
     # every call for its segments without it; sent to this node only, never shown
     secret: str = field(default="", repr=False)
@@ -126,6 +127,18 @@ class TrainReport:
     bytes_up: int
     bytes_down: int
     rtt_ms: float = -1.0  # round trip to the edge, measured this round (< 0: not measured)
+    # its training speed, timed before the round when asked (as at registration: NodeInfo); 0: not measured
+    speed_blocks: int = 0
+    speed_samples: int = 0
+    speed_s: float = 0.0
+
+    @property
+    def speed(self) -> SpeedMeasure | None:
+        """Its training speed as timed this round, or None (not asked, failed, or nonsense)."""
+        try:
+            return SpeedMeasure(self.speed_blocks, self.speed_samples, self.speed_s)
+        except ConfigError:
+            return None
 
     @property
     def throughput(self) -> float:
@@ -144,8 +157,12 @@ class TrainReport:
     def from_record(cls, record: Mapping[str, Any]) -> TrainReport:
         what = "train report"
         try:
+            optional = ("rtt_ms", "speed_blocks", "speed_samples", "speed_s")  # a node from before they were
             vals = {f.name: _cast(f.type, _get(record, f.name.replace("_", "-"), what))
-                    for f in fields(cls) if f.name not in ("samples", "rtt_ms")}
+                    for f in fields(cls) if f.name != "samples" and f.name not in optional}
+            for name in optional[1:]:
+                vals[name] = _cast(next(f.type for f in fields(cls) if f.name == name),
+                                   record.get(name.replace("_", "-"), 0))
             rtt = float(record.get("rtt-ms", -1.0))  # a node from before round trips were measured: -1
             vals["rtt_ms"] = rtt if math.isfinite(rtt) and rtt >= 0 else -1.0  # anything else: not measured
             report = cls(samples=int(_get(record, "num-examples", what)), **vals)

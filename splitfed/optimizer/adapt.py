@@ -69,11 +69,14 @@ class Measurement:
     rtt_s: float | None = None
 
     @classmethod
-    def from_cost(cls, cost: ClientCost, true_client: Client) -> Measurement:
-        """What a client would measure if the world were ``true_client`` (the simulated clock)."""
+    def from_cost(cls, cost: ClientCost, true_client: Client, probe_flops: float = 0.0) -> Measurement:
+        """What a client would measure if the world were ``true_client`` (the simulated clock). A device that
+        computed nothing (cut 0) times ``probe_flops`` of training instead, as a deployed node at cut 0 is
+        asked to (:mod:`splitfed.profile.speed`)."""
         up = cost.up_bytes[0] + cost.exchange_bytes
         down = cost.down_bytes[0] + cost.exchange_bytes
-        return cls(cost.flops[0], cost.flops[0] / true_client.device.flops, up, up / true_client.link.up,
+        work = cost.flops[0] if cost.flops[0] > 0 else probe_flops
+        return cls(work, work / true_client.device.flops, up, up / true_client.link.up,
                    down, down / true_client.link.down, cost.round_s, true_client.link.rtt)
 
 

@@ -11,6 +11,12 @@ takes ``budget_s``, and reports which blocks, how many samples and the median
 seconds of ``reps`` passes after a warm-up. The coordinator turns that into
 FLOP/s with the cost model's own FLOP counts (:func:`measured_flops`), so the
 node needs no profile of its own.
+
+A device the plan gives no block keeps measuring: each round the adaptive policy
+asks such a node to time the same thing again before it trains (deployment; the
+simulated clock times it in the cost model: :func:`first_work`), so a device at
+cut 0 that turns faster or slower is learned as one that computes is. The cost
+model does not price that check (a few tens of milliseconds a round).
 """
 
 from __future__ import annotations
@@ -93,6 +99,17 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
         if cuda_state is not None:
             torch.cuda.set_rng_state(cuda_state, where)
     return SpeedMeasure(stop, len(x), max(seconds, 1e-9))
+
+
+def first_work(profile: ModelProfile, samples: int) -> float:
+    """FLOPs of training the model's first blocks on ``samples`` samples, up to the first block that computes
+    (what a node at cut 0 would time of itself, in the simulated clock); 0 if no block computes."""
+    work = 0.0
+    for fwd, bwd in zip(profile.fwd_flops, profile.bwd_flops, strict=True):
+        work += (fwd + bwd) * samples
+        if work > 0:
+            break
+    return work
 
 
 def measured_flops(profile: ModelProfile, m: SpeedMeasure) -> float | None:
