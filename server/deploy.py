@@ -69,7 +69,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +78,7 @@ from typing import Any, TextIO
 import psutil
 
 from splitfed import tomlio
-from splitfed.errors import ConfigError, Terminated
+from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import summary_again
@@ -223,10 +223,22 @@ class _Signals:
 _SIGNALS = _Signals()
 
 
+class NodesGone(SplitfedError):
+    """Every SuperNode of the deployment exited while its run went on: no node can register or train."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` ports free now, all different: bound at once, then let go (one at a time, the system could hand
+    the same port out twice before a process binds it: a SuperNode once got the SuperLink's)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _kv(values: Mapping[str, Any]) -> str:
@@ -314,18 +326,18 @@ class Deployment:
     def start(self) -> Deployment:
         """Start tiers, SuperLink and SuperNodes (all at once: they find each other by address)."""
         self._start_tiers()
-        port = free_port()
+        port, *node_ports = free_ports(1 + self.clients)
         self.superlink = f"127.0.0.1:{port}"
         tls = (["--ssl-certfile", self.tls_cert, "--ssl-keyfile", self.tls_key, "--ssl-ca-certfile", self.tls_ca]
                if self.secure else ["--insecure"])
         self._spawn("superlink", [str(BIN / "flower-superlink"), *tls, "--host", "127.0.0.1", "--port", str(port),
                                   "--disable-runtime-dependency-installation"])
         for i in range(self.clients):
-            self.start_supernode(i)
+            self.start_supernode(i, node_ports[i])
         self._wait_port(port, "superlink")
         return self
 
-    def start_supernode(self, i: int) -> subprocess.Popen:
+    def start_supernode(self, i: int, port: int = 0) -> subprocess.Popen:
         cfg: dict[str, Any] = {"partition-id": i, "num-partitions": self.clients,
                                "edge-address": self.tier_addresses[0]}
         if self.profiles:
@@ -337,14 +349,14 @@ class Deployment:
         tls = ["--root-certificates", self.tls_ca] if self.secure else ["--insecure"]
         return self._spawn(f"supernode{i}", [
             str(BIN / "flower-supernode"), *tls, "--superlink", self.superlink, "--node-config", _kv(cfg),
-            "--host", "127.0.0.1", "--port", str(free_port())])
+            "--host", "127.0.0.1", "--port", str(port or free_port())])
 
     def _start_tiers(self) -> None:
         """Cloud first (the edge needs its address); ports chosen here, readiness awaited."""
         names = ["edge", "cloud"][: self.tiers - 1] if self.tiers <= 3 else None
         if names is None:
             raise ConfigError("the local deployment starts 2 or 3 tiers")
-        ports = [free_port() for _ in names]
+        ports = free_ports(len(names))
         self.tier_addresses = [f"127.0.0.1:{p}" for p in ports]
         security = (["--tls-cert", self.tls_cert, "--tls-key", self.tls_key, "--tls-ca", self.tls_ca]
                     if self.secure else ["--insecure"])
@@ -483,7 +495,7 @@ class Deployment:
             pump = threading.Thread(target=self._pump, args=(proc, log, lines), daemon=True)
             pump.start()
             try:
-                _wait(proc, timeout)
+                _wait(proc, timeout, self._check_nodes)
             finally:
                 if proc.poll() is None:  # interrupted, or out of time: this run ends with it
                     _signal([proc], _tree(proc.pid), signal.SIGTERM)
@@ -494,6 +506,14 @@ class Deployment:
                         proc.wait(5)
                 pump.join(10)
         return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
+
+    def _check_nodes(self) -> None:
+        """Raise :class:`NodesGone` once every SuperNode has exited (the run would wait out ``node-wait-s``, then
+        blame its own log), naming each one's exit code and log; one node gone is the run's to survive."""
+        nodes = {n: p for n, p in self.procs.items() if n.startswith("supernode")}
+        if nodes and all(p.poll() is not None for p in nodes.values()):
+            raise NodesGone("every SuperNode exited: " + ", ".join(
+                f"{n} with code {p.returncode} (see {self.workdir / f'{n}.log'})" for n, p in sorted(nodes.items())))
 
     def _pump(self, proc: subprocess.Popen, log: TextIO, lines: deque[str]) -> None:
         """``proc``'s output, line by line, to ``log``, ``lines`` and (with ``self.log``) the terminal."""
@@ -519,10 +539,10 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None) -> None:
+def _wait(proc: subprocess.Popen, timeout: float | None, check: Callable[[], None] | None = None) -> None:
     """``proc.wait(timeout)`` in short slices: the kernel may hand SIGINT or SIGTERM to another thread (the
     output pump), and Python runs its handler only when the main thread wakes; a bare ``waitpid`` would
-    keep deploy deaf to it until ``flwr run`` ended."""
+    keep deploy deaf to it until ``flwr run`` ended. ``check`` runs between slices (it may raise)."""
     end = None if timeout is None else time.monotonic() + timeout
     while True:
         left = 0.25 if end is None else min(0.25, end - time.monotonic())
@@ -532,7 +552,8 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> None:
             proc.wait(left)
             return
         except subprocess.TimeoutExpired:
-            continue
+            if check is not None:
+                check()
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -628,6 +649,13 @@ def main(argv: list[str] | None = None) -> int:
         wanted = RunSettings.from_mapping({"clients": clients, "tiers": tiers, "sim-clock": False, **overrides},
                                           source="command line")  # deploy's own prefix is printed once
         runfolder.check(wanted.out, wanted.resume, wanted.overwrite)  # before anything starts
+        if args.profile:  # a typo would leave every node out at registration
+            from splitfed.flower.adaptive import profile_refusal
+
+            refusal = profile_refusal(wanted)
+            for name in args.profile:
+                if (why := refusal(name)) is not None:
+                    raise ConfigError(f"--profile {name}: {why}")
         from splitfed.engine.compute import torch_device
 
         torch_device(args.tier_torch_device, "--tier-torch-device")  # this machine has it: one line, none started
@@ -664,19 +692,30 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"deploy: error: {e}", file=sys.stderr)
         return 2
+    except NodesGone as e:  # the run is stopped by now, as every process deploy started
+        print(f"deploy: error: {e}; the run is stopped", file=sys.stderr)
+        _kept(args, wanted)
+        return 1
     except KeyboardInterrupt as e:  # everything it started is stopped by now
         terminated = isinstance(e, Terminated)
         print(f"deploy: {'terminated' if terminated else 'interrupted'}: every process it started is stopped",
               file=sys.stderr)
-        with contextlib.suppress(ConfigError):
-            done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds) if wanted is not None else (0, "")
-            if wanted is not None and 0 < done < wanted.rounds:
-                print(f"deploy: round {done} of {wanted.rounds} is kept in {wanted.out}; continue it with: "
-                      f"{_again(args, wanted.out, rounds)}", file=sys.stderr)
-            elif wanted is not None and done == 0:
-                print(f"deploy: no round was kept in {wanted.out}: run the same command again to start over",
-                      file=sys.stderr)
+        _kept(args, wanted)
         return 143 if terminated else 130
+
+
+def _kept(args: argparse.Namespace, wanted: RunSettings | None) -> None:
+    """After a run stopped short: what its folder keeps, and how to go on."""
+    if wanted is None:
+        return
+    with contextlib.suppress(ConfigError):
+        done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds)
+        if 0 < done < wanted.rounds:
+            print(f"deploy: round {done} of {wanted.rounds} is kept in {wanted.out}; continue it with: "
+                  f"{_again(args, wanted.out, rounds)}", file=sys.stderr)
+        elif done == 0:
+            print(f"deploy: no round was kept in {wanted.out}: run the same command again to start over",
+                  file=sys.stderr)
 
 
 if __name__ == "__main__":

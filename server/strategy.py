@@ -50,7 +50,7 @@ from splitfed.data._seed import derive_seed
 from splitfed.engine.link import TierControl
 from splitfed.engine.rounds import ClientResult, Outcome, RoundConfig, SplitRound
 from splitfed.errors import ConfigError, SplitfedError
-from splitfed.flower.adaptive import measured_device_flops
+from splitfed.flower.adaptive import measured_device_flops, profile_refusal
 from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import (
     AssignmentPolicy,
@@ -183,6 +183,7 @@ class SplitFedAvg(FedAvg):
                 for n in nodes]
         replies = self.exchange(grid, msgs, s.node_wait_s)
         clients: dict[int, ClientInfo] = {}
+        refusal = profile_refusal(s)
         seen: dict[int, int] = {}
         links: dict[int, str] = {}  # what each node's registration says of its link, for the log
         for msg in replies:
@@ -204,6 +205,9 @@ class SplitFedAvg(FedAvg):
                 raise ConfigError(f"nodes {seen[info.partition_id]} and {node} both hold partition "
                                   f"{info.partition_id}: give each node its own partition-id")
             seen[info.partition_id] = node
+            if info.profile and (why := refusal(info.profile)) is not None:  # a typo in its node config
+                log(WARNING, "Node %d (partition %d) left out: its node config's %s", node, info.partition_id, why)
+                continue
             profile = info.profile or (profile_of(info) if profile_of else "")
             # only what was asked for: numbers a node sends unasked (in simulated time, say) are not its world
             link, speed = (info.link if "measure-link" in ask else None), (info.speed if speed_asked else None)

@@ -430,3 +430,28 @@ def test_a_path_object_on_sys_path_does_not_stop_the_child_import_path(monkeypat
 
     monkeypatch.setattr(sys, "path", ["/a", Path("/p"), b"/bytes"])
     assert child_pythonpath({}).split(os.pathsep) == ["/a", "/p"]
+
+
+def test_a_tier_on_a_port_another_process_holds_says_so_in_one_line() -> None:
+    """Before, gRPC's C-core log line came first and its refusal said only "Failed to bind"."""
+    import socket
+    import subprocess
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "splitfed.cli", "tier", "--role", "cloud", "--listen",
+                            f"127.0.0.1:{port}", "--insecure"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.splitlines() == [f"splitfed tier: error: cannot listen on 127.0.0.1:{port}: "
+                                     "Address already in use"]
+
+
+def test_a_tier_on_an_address_that_is_not_this_hosts_is_refused_before_it_starts() -> None:
+    from splitfed.errors import ConfigError
+    from splitfed.transport.server import check_bindable, serve_tier
+
+    check_bindable("127.0.0.1:0")  # any free port: nothing to check
+    with pytest.raises(ConfigError, match=r"cannot listen on 192\.0\.2\.1:5000: Cannot assign requested address"):
+        serve_tier("cloud", "192.0.2.1:5000", insecure=True)

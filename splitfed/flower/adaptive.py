@@ -23,7 +23,7 @@ bytes: an approximation that also counts the server tiers' compute as link).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -50,17 +50,19 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
 
     fleet = fleet_for(settings)
     names = {c.name: c for c in fleet.clients}
+    refusal = profile_refusal(settings)
     picked = []
     for info in clients:
+        if (why := refusal(info.profile)) is not None:
+            raise ConfigError(f"{info.client_id}: {why}")
         if info.profile in names:
             base = names[info.profile]
-        elif (p := PROFILES.get(info.profile)) is not None and p.up_mbps is not None:
+        else:
+            p = PROFILES[info.profile]
+            assert p.up_mbps is not None  # profile_refusal: a device's profile
             base = Client(info.profile, info.profile, TierProfile(p.flops, p.memory_mb * MIB),
                           LinkProfile(mbps(p.up_mbps), mbps(p.down_mbps or p.up_mbps), (p.rtt_ms or 0) / 1e3),
                           info.samples or 1)
-        else:
-            raise ConfigError(f"{info.client_id}: device profile {info.profile!r} is neither a client of fleet "
-                              f"{fleet.name!r} nor a named device profile ({', '.join(PROFILES)})")
         if info.link is not None:  # what the device measured to its edge beats what its profile guessed
             base = replace(base, link=info.link)
         if (flops := measured_device_flops(settings, info.speed)) is not None:  # and so does its speed
@@ -71,6 +73,25 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
                                batch=settings.batch_size, u_shape=settings.u_shape,
                                epochs=settings.local_epochs, mode=settings.mode, codec=settings.compress,
                                min_device_blocks=settings.min_device_blocks)
+
+
+def profile_refusal(settings: RunSettings) -> Callable[[str], str | None]:
+    """The check of a node's ``device-profile``: None for a name the cost model can price (a client of the run's
+    fleet, or a named device profile), else why not. The fleet is read once for every name checked."""
+    from splitfed.profile import PROFILES
+    from splitfed.sim.clock import fleet_for
+
+    fleet = fleet_for(settings)
+    known = {c.name for c in fleet.clients} | {n for n, p in PROFILES.items() if p.up_mbps is not None}
+
+    def refusal(name: str) -> str | None:
+        if name in known:
+            return None
+        devices = ", ".join(n for n, p in PROFILES.items() if p.up_mbps is not None)
+        return (f"device profile {name!r} is neither a client of fleet {fleet.name!r} nor a named device "
+                f"profile ({devices})")
+
+    return refusal
 
 
 def _profile(settings: RunSettings):  # type: ignore[no-untyped-def]

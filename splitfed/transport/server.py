@@ -15,6 +15,7 @@ import itertools
 import logging
 import math
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -445,6 +446,26 @@ def parse_listen(listen: str, what: str = "listen address") -> tuple[str, int]:
     return parse_address(listen, what, listen=True)
 
 
+def check_bindable(listen: str) -> None:
+    """Refuse, in one line, an address this host cannot serve on (a port another process holds, a host that is
+    not this machine's), before gRPC tries: its own refusal comes after a C-core log line on stderr and says
+    only "Failed to bind"."""
+    host, port = parse_listen(listen)
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {listen}: {e.strerror or e}") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a port in TIME_WAIT is free
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {listen}: {e.strerror or e}") from None
+
+
 @dataclass
 class TierServer:
     """A running tier service; ``stop`` it (or use ``with``)."""
@@ -532,6 +553,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
         raise ConfigError("refusing to serve without TLS: give a certificate and key (--tls-cert, --tls-key; "
                           "--tls-ca for mutual TLS), or --insecure to serve in plaintext on purpose")
     host, _ = parse_listen(listen)
+    check_bindable(listen)
     if next_address is not None:
         parse_address(next_address, "next tier address")
     dev = compute.torch_device(torch_device)

@@ -1,0 +1,73 @@
+"""What the local deployment checks before and while it runs: ports that cannot collide, device profiles that
+exist, SuperNodes that are all gone (found by a user: a SuperNode given the SuperLink's port failed at once, and the
+run waited two minutes for nodes, then blamed its own log)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from server.deploy import Deployment, NodesGone, free_ports
+from splitfed.flower.config import RunSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_ports_handed_out_together_are_all_different() -> None:
+    ports = free_ports(64)
+    assert len(set(ports)) == 64 and all(0 < p < 65536 for p in ports)
+
+
+def test_an_unknown_profile_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "server.deploy", "--profile", "rpi4", "--profile", "nosuch",
+                        "--out", str(tmp_path / "run"), "--workdir", str(tmp_path / "work")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deploy: error: --profile nosuch: device profile 'nosuch' is "
+                                                   "neither a client of fleet"), p.stderr
+    assert "rpi4" in lines[0]  # the profiles it could name
+    assert not (tmp_path / "work").exists()  # nothing was started
+
+
+def test_a_node_whose_profile_is_unknown_is_left_out_at_registration(monkeypatch, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Before, static cuts took it silently (its metrics named the typo) and adaptive ones failed the whole
+    run after registration with a traceback."""
+    import json
+
+    import clients.app
+    import server.app
+    from tests.flower_fixtures import FakeGrid, inprocess_tiers
+
+    grid = FakeGrid(clients.app.app, 2)
+    grid.contexts[grid.node_ids[1]].node_config["device-profile"] = "nosuch"
+    s = RunSettings(rounds=1, clients=2, min_clients=1, cuts="adaptive", node_wait_s=5.0, round_timeout_s=30.0,
+                    out=str(tmp_path))
+    with inprocess_tiers(monkeypatch, 2), caplog.at_level(logging.WARNING, logger="flwr"):
+        server.app.run(grid, s, progress=lambda line: None)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert list(row["cuts"]) == ["client0"]
+    assert f"Node {grid.node_ids[1]} (partition 1) left out: its node config's device profile 'nosuch'" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_run_whose_supernodes_all_exit_stops_at_once_naming_their_logs(monkeypatch, tmp_path: Path) -> None:
+    """Real tiers and SuperLink; SuperNodes that exit at once (as one given a port in use does)."""
+
+    def broken(self: Deployment, i: int, port: int = 0) -> subprocess.Popen:
+        return self._spawn(f"supernode{i}", [sys.executable, "-c", "import sys; sys.exit(3)"])
+
+    monkeypatch.setattr(Deployment, "start_supernode", broken)
+    with Deployment(2, tmp_path / "work", log=False) as dep:
+        dep.start()
+        started = time.monotonic()
+        with pytest.raises(NodesGone, match=r"every SuperNode exited: supernode0 with code 3 \(see .*"
+                                            r"supernode0\.log\), supernode1 with code 3"):
+            dep.run({"num-server-rounds": 1, "out": str(tmp_path / "run"), "node-wait-s": 120.0}, timeout=300)
+        assert time.monotonic() - started < 60  # not node-wait-s
+    assert all(p.poll() is not None for p in dep.procs.values())  # stopped with the deployment
