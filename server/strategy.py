@@ -50,7 +50,7 @@ from splitfed.data._seed import derive_seed
 from splitfed.engine.link import TierControl
 from splitfed.engine.rounds import ClientResult, Outcome, RoundConfig, SplitRound
 from splitfed.errors import ConfigError, SplitfedError
-from splitfed.flower.adaptive import measured_device_flops, profile_refusal
+from splitfed.flower.adaptive import device_work, measured_device_flops, profile_refusal
 from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import (
     AssignmentPolicy,
@@ -375,7 +375,7 @@ class SplitFedAvg(FedAvg):
             partition=s.partition, batch_size=s.batch_size, local_epochs=s.local_epochs,
             edge_address=self.edge_address, tls_ca=s.tls_ca, tls_cert=s.tls_cert, tls_key=s.tls_key,
             token_file=s.token_file, compress=s.codecs[0], edge_instance=self.edge_instance,
-            measure_speed=probes_speed(s, rnd.assignment[cid], rnd.n_blocks), secret=rnd.cfg.secret_of(cid),
+            measure_speed=probes_speed(s, rnd.assignment[cid]), secret=rnd.cfg.secret_of(cid),
         ).to_record()
         for k, v in extra.items():
             rec.setdefault(k, v)
@@ -462,12 +462,14 @@ def asks_speed(settings: RunSettings) -> bool:
     return not settings.sim_clock and policy_name(settings.cuts)[0] in PLANNED
 
 
-def probes_speed(settings: RunSettings, cuts: Cuts, n_blocks: int) -> bool:
+def probes_speed(settings: RunSettings, cuts: Cuts) -> bool:
     """Whether a node times its training before this round: in real time, for the adaptive policy (which
-    learns each device's speed), when its cuts give its device no block. It computes nothing then, so its
-    round teaches nothing of its speed (:mod:`splitfed.profile.speed`)."""
-    holds_none = cuts[0] == 0 and (not settings.u_shape or cuts[-1] == n_blocks)
-    return holds_none and not settings.sim_clock and policy_name(settings.cuts)[0] == "adaptive"
+    learns each device's speed), when its cuts give its device no work (no block, or only blocks that compute
+    nothing: a flatten, an embedding lookup). Its round then teaches nothing of its speed
+    (:mod:`splitfed.profile.speed`); the simulated clock times it by the same rule."""
+    if settings.sim_clock or policy_name(settings.cuts)[0] != "adaptive":
+        return False
+    return device_work(settings, cuts) == 0
 
 
 def _plain(x: float) -> str:

@@ -15,8 +15,10 @@ samples of the clients whose segment there holds it), turns each mean back into
 a float64 sum (:meth:`Partial.of_means`) and adds it to the devices'
 contributions (:func:`aggregate`'s ``partials``). A float32 mean times an
 integer weight below 2**29 is exact in float64, so a key one tier alone holds
-averages bitwise as if every replica had been fetched; where several sums meet,
-the result differs from that by float32 rounding only.
+averages bitwise as if every replica had been fetched, when the tier's clients
+come in one ``Reduce`` (``REDUCE_BATCH``, 256 at most); where several means meet
+(tiers, devices, or a tier's batches of clients), the result differs from that
+by float32 rounding only (an ulp).
 """
 
 from __future__ import annotations

@@ -87,28 +87,34 @@ def test_the_work_timed_in_the_clock_is_the_first_blocks_that_compute() -> None:
     assert first_work(ModelProfile.synthetic([0.0], [1.0], [0.0], input_bytes=1), 4) == 0.0
 
 
-def test_only_an_adaptive_run_in_real_time_asks_a_device_that_holds_no_block() -> None:
+def test_only_an_adaptive_run_in_real_time_asks_a_device_that_computes_nothing() -> None:
     from server.strategy import probes_speed
 
-    live = RunSettings(cuts="adaptive", sim_clock=False)
-    assert probes_speed(live, (0, 3), 7) and probes_speed(replace(live, cuts="adaptive:0.1"), (0, 0), 7)
-    assert not probes_speed(live, (1, 3), 7)  # it trains block 0: its round times it
-    assert not probes_speed(replace(live, sim_clock=True), (0, 3), 7)  # the clock times it
-    assert not probes_speed(replace(live, cuts="greedy"), (0, 3), 7)  # greedy never re-plans
-    assert not probes_speed(replace(live, cuts="static:0,3"), (0, 3), 7)
+    live = RunSettings(model="cnn", cuts="adaptive", sim_clock=False)  # cnn's block 0 is a convolution
+    assert probes_speed(live, (0, 3)) and probes_speed(replace(live, cuts="adaptive:0.1"), (0, 0))
+    assert not probes_speed(live, (1, 3))  # it trains block 0: its round times it
+    assert not probes_speed(replace(live, sim_clock=True), (0, 3))  # the clock times it
+    assert not probes_speed(replace(live, cuts="greedy"), (0, 3))  # greedy never re-plans
+    assert not probes_speed(replace(live, cuts="static:0,3"), (0, 3))
     u = replace(live, u_shape=True)
-    assert not probes_speed(u, (0, 3, 6), 7) and probes_speed(u, (0, 3, 7), 7)  # a tail is trained on it
+    assert not probes_speed(u, (0, 3, 6)) and probes_speed(u, (0, 3, 7))  # a tail is trained on it
+    # mlp's block 0 is a flatten: a device that holds it alone (min-device-blocks 1, say) computes nothing
+    # either (the clock times such a device too: before, deployment did not)
+    mlp = replace(live, model="mlp")
+    assert probes_speed(mlp, (1, 3)) and not probes_speed(mlp, (2, 3))
 
 
 @pytest.mark.parametrize("bad", [{"speed-s": math.nan}, {"speed-s": -1.0}, {"speed-s": math.inf},
-                                 {"speed-blocks": 0}, {"speed-samples": 0}])
+                                 {"speed-blocks": 0}, {"speed-samples": 0}, {"speed-blocks": math.nan},
+                                 {"speed-samples": math.inf}, {"speed-blocks": 2.5}, {"speed-samples": "x"}])
 def test_a_speed_in_a_report_travels_and_nonsense_is_none(bad: dict) -> None:
     report = TrainReport(10, 1, 0.5, 3, 0.1, 0.2, 100, 100, 4.0, 2, 32, 0.05)
     back = TrainReport.from_record(report.to_record())
     assert back == report and back.speed == SpeedMeasure(2, 32, 0.05)
     old = {k: v for k, v in report.to_record().items() if not k.startswith("speed-")}  # a node from before
     assert TrainReport.from_record(old).speed is None
-    assert TrainReport.from_record({**report.to_record(), **bad}).speed is None
+    odd = TrainReport.from_record({**report.to_record(), **bad})  # the round itself is kept: its speed is none
+    assert odd.speed is None and odd.samples == 10 and odd.compute_s == 0.1
 
 
 def test_a_deployed_node_at_cut_0_times_its_training_and_the_policy_gets_it(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -23,6 +23,7 @@ bytes: an approximation that also counts the server tiers' compute as link).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -98,6 +99,20 @@ def _profile(settings: RunSettings):  # type: ignore[no-untyped-def]
     from splitfed.profile import profile_model
 
     return profile_model(settings.spec, batch=settings.batch_size, optimizer_slots=settings.optim.slots)
+
+
+def device_work(settings: RunSettings, cuts: Sequence[int]) -> float:
+    """FLOPs per sample of training the device's blocks under ``cuts`` (its head, and its U-shape tail): 0 when
+    it computes nothing, as the cost model prices it."""
+    from splitfed.cost import Scenario, client_cost
+    from splitfed.profile import Client, LinkProfile, TierProfile
+
+    profile = _profile(settings)
+    me = Client("device", "device", TierProfile(1.0, math.inf), LinkProfile(1.0, 1.0, 0.0), 1)
+    sc = Scenario(profile, (me,), tuple(TierProfile(1.0, math.inf) for _ in range(settings.tiers - 1)),
+                  tuple(LinkProfile(1.0, 1.0, 0.0) for _ in range(settings.tiers - 2)), batch=settings.batch_size,
+                  u_shape=settings.u_shape, mode=settings.mode, min_device_blocks=0)
+    return client_cost(sc, me, cuts).flops[0]
 
 
 def measured_device_flops(settings: RunSettings, speed: SpeedMeasure | None) -> float | None:

@@ -160,9 +160,8 @@ class TrainReport:
             optional = ("rtt_ms", "speed_blocks", "speed_samples", "speed_s")  # a node from before they were
             vals = {f.name: _cast(f.type, _get(record, f.name.replace("_", "-"), what))
                     for f in fields(cls) if f.name != "samples" and f.name not in optional}
-            for name in optional[1:]:
-                vals[name] = _cast(next(f.type for f in fields(cls) if f.name == name),
-                                   record.get(name.replace("_", "-"), 0))
+            for name in optional[1:]:  # a timing that is no number is no timing: the round itself stands
+                vals[name] = _number(record.get(name.replace("_", "-"), 0), whole=name != "speed_s")
             rtt = float(record.get("rtt-ms", -1.0))  # a node from before round trips were measured: -1
             vals["rtt_ms"] = rtt if math.isfinite(rtt) and rtt >= 0 else -1.0  # anything else: not measured
             report = cls(samples=int(_get(record, "num-examples", what)), **vals)
@@ -174,6 +173,17 @@ class TrainReport:
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{what}: {name.replace('_', '-')} must be a finite number >= 0, got {v}")
         return report
+
+
+def _number(v: Any, whole: bool) -> int | float:
+    """``v`` as a finite number (a whole one if ``whole``), else 0."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return 0
+    if not math.isfinite(x) or (whole and not x.is_integer()):
+        return 0
+    return int(x) if whole else x
 
 
 def _cast(typ: Any, v: Any) -> Any:
