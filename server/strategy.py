@@ -136,7 +136,7 @@ class SplitFedAvg(FedAvg):
         self.edge_address = edge_address or (settings.addresses[0] if settings.addresses else "")
         self.edge_instance = edge_instance  # from the chain check: who a node's own edge-address must reach
         self.clients: dict[int, ClientInfo] = {}  # node id -> client
-        self.history: list[RoundRecord] = []
+        self.last: RoundRecord | None = None  # the round just done (metrics.jsonl keeps them all, not memory)
         self._unreleased: dict[tuple[int, str], int] = {}  # releases that did not reach a tier (SplitRound)
         self.previous: dict[str, Cuts] = {}  # each client's cuts when it last trained (the clock's moves)
         self._round: SplitRound | None = None
@@ -279,7 +279,7 @@ class SplitFedAvg(FedAvg):
         record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
         record.decision = self.policy.observe(server_round, record.measurements)
         self.previous.update(record.assignment)
-        self.history.append(record)
+        self.last = record
         metrics = MetricRecord({"num-examples": total, "clients": len(rnd.results), "failed": len(rnd.failed),
                                 "train-loss": record.train_loss or 0.0, "bytes-up": record.bytes_up,
                                 "bytes-down": record.bytes_down})
@@ -316,7 +316,8 @@ class SplitFedAvg(FedAvg):
             if evaluate_fn is not None and (res := evaluate_fn(rnd, arrays)) is not None:
                 result.evaluate_metrics_serverapp[rnd] = res
             if on_round is not None:
-                on_round(rnd, arrays, self.history[-1])
+                assert self.last is not None and self.last.round == rnd
+                on_round(rnd, arrays, self.last)
         return result
 
     def exchange(self, grid: Grid, msgs: Sequence[Message], timeout: float) -> list[Message]:

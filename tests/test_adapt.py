@@ -380,3 +380,15 @@ def test_a_failed_health_check_is_no_round_trip() -> None:
             round_trip_ms(c, 3, 1.0)
     finally:
         c.close()
+
+
+def test_an_adapter_keeps_a_bounded_history() -> None:
+    """Each decision holds every client's cuts: a run of thousands of rounds of a large fleet grew without end."""
+    from splitfed.optimizer.adapt import HISTORY
+
+    sc = Scenario.from_fleet(PROF, parse_fleet(FLEET, "f.toml"), tiers=3, batch=32)
+    adapter = Adapter(sc, rounds=10 * HISTORY)
+    for r in range(1, HISTORY + 21):
+        adapter.observe(r, {})
+    assert len(adapter.history) == HISTORY
+    assert [d.round for d in adapter.history] == list(range(21, HISTORY + 21))  # the latest

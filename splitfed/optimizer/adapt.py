@@ -49,6 +49,8 @@ from splitfed.optimizer.assign import DEFAULT_GAP, solve
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
 
+HISTORY = 256  # decisions an Adapter keeps
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -131,7 +133,7 @@ class Adapter:
         if assignment is None:
             assignment = solve(scenario, gap=gap, time_limit=time_limit).assignment
         self.assignment: dict[str, Cuts] = {c.name: scenario.check_cuts(assignment[c.name]) for c in scenario.clients}
-        self.history: list[Decision] = []
+        self.history: list[Decision] = []  # the last HISTORY decisions (each holds every client's cuts)
 
     # ------------------------------------------------------------ beliefs
 
@@ -252,4 +254,5 @@ class Adapter:
                 reason: str) -> Decision:
         d = Decision(round, dict(self.assignment), moved, before, after, move_s, reason)
         self.history.append(d)
+        del self.history[:-HISTORY]  # a long run of a large fleet must not grow in memory round after round
         return d
