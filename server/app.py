@@ -36,6 +36,7 @@ from splitfed.data.partition import parse_partition
 from splitfed.engine.rounds import initial_state
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint, runfolder
+from splitfed.flower.adaptive import make_predictor
 from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import METRICS, MetricsWriter, check_rounds, summarise
 from splitfed.flower.policy import make_policy
@@ -130,7 +131,8 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         clock = make_clock(settings, fleet) if settings.sim_clock else None
         strategy = SplitFedAvg(settings, chain.controls, policy, clock=clock, edge_address=chain.addresses[0],
                                edge_instance=chain.infos[0].instance if chain.infos else "", stop=stop,
-                               binding_key=binding_key)
+                               binding_key=binding_key,
+                               predict=None if settings.sim_clock else make_predictor(settings, policy))
         strategy.register(grid, profile_of=lambda info: fleet.clients[info.partition_id % len(fleet.clients)].name)
         if ckpt is not None:
             strategy.previous = dict(ckpt.assignment)
@@ -148,7 +150,8 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             nonlocal started
             state_now = record_to_state(arrays)
             acc, loss = evaluate(spec, state_now, test_x, test_y)
-            row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles)
+            row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles,
+                              in_turn=settings.mode in ("sl", "sflv2"))
             if writer is not None:
                 writer.append(row)  # a diverged round's row too (loss null): the user sees where it went
             say(progress_line(row, settings.rounds, profiles))
@@ -254,12 +257,15 @@ def _untagged(name: str) -> str:
     return base if len(tag) == 8 and all(c in "0123456789abcdef" for c in tag) else name
 
 
-def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str]) -> dict[str, Any]:
+def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str],
+                in_turn: bool = False) -> dict[str, Any]:
     per_client = {m.client_id: {"profile": profiles.get(m.client_id, ""), "cuts": list(m.cuts),
                                 "samples": m.samples, "compute_s": m.compute_s, "link_s": m.link_s,
                                 "bytes_up": m.bytes_up, "bytes_down": m.bytes_down,
-                                "rtt_ms": None if m.rtt_s is None else m.rtt_s * 1e3}
+                                "rtt_ms": None if m.rtt_s is None else m.rtt_s * 1e3,
+                                "predicted_s": rec.predicted.get(m.client_id)}
                   for m in rec.measurements}
+    took = [m.compute_s + m.link_s for m in rec.measurements]  # clients in turn: one after another
     return {
         "round": rec.round,
         "accuracy": acc,
@@ -267,7 +273,8 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "train_loss": rec.train_loss,
         "wall_s": wall_s,
         "sim_round_s": rec.sim_round_s,
-        "measured_round_s": max((m.compute_s + m.link_s for m in rec.measurements), default=0.0),
+        "measured_round_s": (sum(took) if in_turn else max(took, default=0.0)),
+        "predicted_round_s": rec.predicted_round_s,
         "bytes_up": rec.bytes_up,
         "bytes_down": rec.bytes_down,
         # the coordinator's weight traffic to each server tier and back (chain order): not in the cost model
@@ -284,8 +291,10 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
 
 
 def progress_line(row: dict[str, Any], rounds: int, profiles: dict[str, str]) -> str:
+    predicted = row.get("predicted_round_s")
     sim = (f"  sim {row['sim_round_s']:.2f}s" if row["sim_round_s"] is not None
-           else f"  measured {row['measured_round_s']:.2f}s")
+           else f"  measured {row['measured_round_s']:.2f}s"
+                + (f" (predicted {predicted:.2f}s)" if predicted is not None else ""))
     failed = f"  failed {len(row['failed'])}{_why_failed(row)}" if row["failed"] else ""
     return (f"round {row['round']}/{rounds}  acc {row['accuracy']:.4f}  loss {row['loss']:.4f}  "
             f"wall {row['wall_s']:.1f}s{sim}  up {row['bytes_up'] / 1e6:.2f} MB  "

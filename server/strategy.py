@@ -58,6 +58,7 @@ from splitfed.flower.policy import (
     Clock,
     Cuts,
     Measurement,
+    Predictor,
     policy_name,
 )
 from splitfed.flower.records import (
@@ -93,6 +94,8 @@ class RoundRecord:
     failed: list[str] = field(default_factory=list)
     why_failed: dict[str, str] = field(default_factory=dict)  # client -> what went wrong
     sim_round_s: float | None = None
+    predicted_round_s: float | None = None  # real time: the cost model's makespan, predicted before the round
+    predicted: dict[str, float] = field(default_factory=dict)  # and each client's time
     train_loss: float | None = None
     moved: dict[str, tuple[Cuts, Cuts]] = field(default_factory=dict)  # client -> (cuts it last trained at, now)
     decision: dict[str, Any] | None = None  # what the policy decided after this round (adaptive: moves and why)
@@ -121,7 +124,8 @@ class SplitFedAvg(FedAvg):
 
     def __init__(self, settings: RunSettings, tiers: Sequence[TierControl], policy: AssignmentPolicy, *,
                  clock: Clock | None = None, edge_address: str = "", edge_instance: str = "",
-                 stop: threading.Event | None = None, binding_key: str = "") -> None:
+                 stop: threading.Event | None = None, binding_key: str = "",
+                 predict: Predictor | None = None) -> None:
         super().__init__(fraction_train=settings.fraction, fraction_evaluate=0.0,
                          min_train_nodes=settings.min_clients, min_evaluate_nodes=0,
                          min_available_nodes=1)
@@ -130,6 +134,7 @@ class SplitFedAvg(FedAvg):
         self.tiers = list(tiers)
         self.policy = policy
         self.clock = clock
+        self.predict = predict
         self.stop = stop
         # derives each client's binding secret per round (RoundConfig.secret_of); "": a random one per round
         self.binding_key = binding_key
@@ -360,6 +365,9 @@ class SplitFedAvg(FedAvg):
         sim = self.clock(server_round, assignment, sampled, self.previous) if self.clock is not None else None
         self._record = RoundRecord(server_round, assignment, sim_round_s=sim,
                                    moved=moves(self.previous, assignment))
+        predicted = self.predict(assignment, sampled) if self.predict is not None else None
+        if predicted is not None:
+            self._record.predicted_round_s, self._record.predicted = predicted
 
     def _abort(self) -> None:
         """Release the tiers of a round that did not finish (error or RoundFailed)."""

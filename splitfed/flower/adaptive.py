@@ -76,6 +76,35 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
                                min_device_blocks=settings.min_device_blocks)
 
 
+def make_predictor(settings: RunSettings, policy: Any) -> Callable[..., tuple[float, dict[str, float]] | None]:
+    """In real time, what the cost model predicts of each round before it runs (``policy.Predictor``), reported
+    beside what is measured: under the adaptive policy's beliefs (what it has learned so far), else under
+    what registration said of each device (its profile, and what it measured of its link and speed)."""
+    from splitfed.cost import evaluate
+
+    said: dict[tuple[str, ...], Any] = {}
+
+    def predict(assignment: Mapping[str, Cuts], clients: Sequence[ClientInfo]) -> tuple[float, dict[str, float]] | None:
+        adapter = getattr(policy, "adapter", None)
+        sc = getattr(adapter, "belief", None)
+        if sc is None:
+            key = tuple(c.client_id for c in clients)
+            if key not in said:
+                said.clear()  # one sample of clients at a time
+                try:
+                    said[key] = scenario(settings, clients)
+                except ConfigError:  # a device the cost model cannot price: no prediction
+                    said[key] = None
+            sc = said[key]
+        if sc is None:
+            return None
+        sc = sc.with_clients([c for c in sc.clients if c.name in assignment])
+        cost = evaluate(sc, {c.name: assignment[c.name] for c in sc.clients})
+        return cost.makespan_s, cost.times()
+
+    return predict
+
+
 def profile_refusal(settings: RunSettings) -> Callable[[str], str | None]:
     """The check of a node's ``device-profile``: None for a name the cost model can price (a client of the run's
     fleet, or a named device profile), else why not. The fleet is read once for every name checked."""
