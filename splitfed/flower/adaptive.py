@@ -23,6 +23,7 @@ bytes: an approximation that also counts the server tiers' compute as link).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -133,6 +134,11 @@ def _profile(settings: RunSettings):  # type: ignore[no-untyped-def]
 def device_work(settings: RunSettings, cuts: Sequence[int]) -> float:
     """FLOPs per sample of training the device's blocks under ``cuts`` (its head, and its U-shape tail): 0 when
     it computes nothing, as the cost model prices it."""
+    return _work_of(settings, tuple(int(k) for k in cuts))
+
+
+@functools.lru_cache(maxsize=1024)  # asked for every client every round: a fleet shares few cut vectors
+def _work_of(settings: RunSettings, cuts: tuple[int, ...]) -> float:
     from splitfed.cost import Scenario, client_cost
     from splitfed.profile import Client, LinkProfile, TierProfile
 
