@@ -30,9 +30,25 @@ def test_an_unknown_profile_is_refused_before_anything_starts(tmp_path: Path) ->
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("deploy: error: --profile nosuch: device profile 'nosuch' is "
-                                                   "neither a client of fleet"), p.stderr
+                                                   "neither a device of fleet 'reference' (an entry: pi-home"), p.stderr
     assert "rpi4" in lines[0]  # the profiles it could name
     assert not (tmp_path / "work").exists()  # nothing was started
+
+
+def test_a_profile_may_name_any_device_of_the_fleet_file_however_many_clients_run() -> None:
+    """Before, only the names of the clients the run drew from the fleet (seeded, e.g. ``phone-mid-0`` for 2
+    clients) were known, so ``pi-home`` or ``pi-home-3`` depended on --clients and the seed."""
+    from splitfed.flower.adaptive import profile_refusal, scenario
+    from splitfed.flower.policy import ClientInfo
+    from splitfed.profile import load_fleet
+
+    s = RunSettings(clients=2, cuts="adaptive")
+    refusal = profile_refusal(s)
+    assert refusal("pi-home") is None and refusal("pi-home-3") is None and refusal("rpi4") is None
+    assert refusal("pi-home-99") is not None and refusal("cloud-gpu") is not None  # no such client; no device
+    sc = scenario(s, [ClientInfo("client0", 1, 0, "pi-home", 10), ClientInfo("client1", 2, 1, "pi-field-5", 10)])
+    fleet = {c.name: c for c in load_fleet("reference").clients}
+    assert sc.clients[0].device == fleet["pi-home-0"].device and sc.clients[1].link == fleet["pi-field-5"].link
 
 
 def test_a_node_whose_profile_is_unknown_is_left_out_at_registration(monkeypatch, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]

@@ -527,3 +527,21 @@ def test_headers_and_axes_name_the_clock_the_runs_have(tmp_path: Path) -> None:
         names = [name for name, _, _ in _views(runs, tmp_path, None)]
         assert f"accuracy vs {axis} time" in names
     assert summary_rows(load_runs([deployed]))[1][0][4] == 3.0  # the measured times themselves: 2 x 1.5 s
+
+
+def test_rounds_csv_says_which_clock_each_rows_times_are_and_what_was_predicted(tmp_path: Path) -> None:
+    """A deployment's rows have measured times in the ``sim_*`` columns (readers go by header): before, nothing
+    in rounds.csv said so, and the cost model's prediction beside them was in no table."""
+    import csv
+
+    from splitfed.report.summary import write_csv
+
+    measured = [{**r, "sim_round_s": None, "measured_round_s": 1.5, "predicted_round_s": 1.25}
+                for r in make_rows(2)]
+    write_run(tmp_path / "sim", make_rows(2))
+    write_run(tmp_path / "dep", measured)
+    write_csv([load_run(tmp_path / "sim"), load_run(tmp_path / "dep")], tmp_path / "out")
+    got = list(csv.DictReader((tmp_path / "out" / "rounds.csv").open()))
+    assert [(r["clock"], r["predicted_round_s"]) for r in got] == [("sim", ""), ("sim", ""), ("measured", "1.25"),
+                                                                  ("measured", "1.25")]
+    assert got[2]["sim_round_s"] == "1.5"

@@ -117,6 +117,13 @@ def test_a_speed_in_a_report_travels_and_nonsense_is_none(bad: dict) -> None:
     assert odd.speed is None and odd.samples == 10 and odd.compute_s == 0.1
 
 
+@pytest.mark.parametrize("rtt", [[1.0, 2.0], "x", math.nan, -3.0])
+def test_a_round_trip_that_is_no_number_is_not_measured_and_the_round_stands(rtt: object) -> None:
+    report = TrainReport(10, 1, 0.5, 3, 0.1, 0.2, 100, 100, 4.0)
+    odd = TrainReport.from_record({**report.to_record(), "rtt-ms": rtt})  # before: a list dropped the client
+    assert odd.rtt_ms == -1.0 and odd.samples == 10
+
+
 def test_a_deployed_node_at_cut_0_times_its_training_and_the_policy_gets_it(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The real ClientApp, in process, through real edge and cloud tiers: client0 is put at cut 0 and reports
     a timing; client1 trains blocks and reports none."""

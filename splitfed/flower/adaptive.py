@@ -51,7 +51,7 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
     from splitfed.sim.clock import fleet_for
 
     fleet = fleet_for(settings)
-    names = {c.name: c for c in fleet.clients}
+    names = fleet_devices(settings)
     refusal = profile_refusal(settings)
     picked = []
     for info in clients:
@@ -106,21 +106,36 @@ def make_predictor(settings: RunSettings, policy: Any) -> Callable[..., tuple[fl
     return predict
 
 
-def profile_refusal(settings: RunSettings) -> Callable[[str], str | None]:
-    """The check of a node's ``device-profile``: None for a name the cost model can price (a client of the run's
-    fleet, or a named device profile), else why not. The fleet is read once for every name checked."""
-    from splitfed.profile import PROFILES
+def fleet_devices(settings: RunSettings) -> dict[str, Any]:
+    """The devices of the run's fleet file a node's ``device-profile`` may name: an entry (``pi-home``), one of
+    its numbered clients (``pi-home-3``), or a client the run drew from it (``fleet_for``: these win)."""
+    from splitfed.profile import load_fleet
     from splitfed.sim.clock import fleet_for
 
-    fleet = fleet_for(settings)
-    known = {c.name for c in fleet.clients} | {n for n, p in PROFILES.items() if p.up_mbps is not None}
+    out: dict[str, Any] = {}
+    for c in load_fleet(settings.fleet).clients:
+        out.setdefault(c.kind, c)
+        out.setdefault(c.name, c)
+    out.update({c.name: c for c in fleet_for(settings).clients})
+    return out
+
+
+def profile_refusal(settings: RunSettings) -> Callable[[str], str | None]:
+    """The check of a node's ``device-profile``: None for a name the cost model can price (a device of the run's
+    fleet file, :func:`fleet_devices`, or a named device profile), else why not. The fleet is read once for
+    every name checked."""
+    from splitfed.profile import PROFILES, load_fleet
+
+    fleet = load_fleet(settings.fleet)
+    named = [n for n, p in PROFILES.items() if p.up_mbps is not None]
+    known = set(fleet_devices(settings)) | set(named)
 
     def refusal(name: str) -> str | None:
         if name in known:
             return None
-        devices = ", ".join(n for n, p in PROFILES.items() if p.up_mbps is not None)
-        return (f"device profile {name!r} is neither a client of fleet {fleet.name!r} nor a named device "
-                f"profile ({devices})")
+        kinds = ", ".join(dict.fromkeys(c.kind for c in fleet.clients))
+        return (f"device profile {name!r} is neither a device of fleet {fleet.name!r} (an entry: {kinds}; or "
+                f"one of its numbered clients) nor a named device profile ({', '.join(named)})")
 
     return refusal
 

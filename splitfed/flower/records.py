@@ -162,8 +162,8 @@ class TrainReport:
                     for f in fields(cls) if f.name != "samples" and f.name not in optional}
             for name in optional[1:]:  # a timing that is no number is no timing: the round itself stands
                 vals[name] = _number(record.get(name.replace("_", "-"), 0), whole=name != "speed_s")
-            rtt = float(record.get("rtt-ms", -1.0))  # a node from before round trips were measured: -1
-            vals["rtt_ms"] = rtt if math.isfinite(rtt) and rtt >= 0 else -1.0  # anything else: not measured
+            rtt = _number(record.get("rtt-ms", -1.0), whole=False, default=-1.0)  # before they were measured: -1
+            vals["rtt_ms"] = rtt if rtt >= 0 else -1.0  # anything else (no number, negative): not measured
             report = cls(samples=int(_get(record, "num-examples", what)), **vals)
         except (TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinite float
             raise ConfigError(f"{what}: malformed ({e})") from None
@@ -175,14 +175,14 @@ class TrainReport:
         return report
 
 
-def _number(v: Any, whole: bool) -> int | float:
-    """``v`` as a finite number (a whole one if ``whole``), else 0."""
+def _number(v: Any, whole: bool, default: float = 0) -> int | float:
+    """``v`` as a finite number (a whole one if ``whole``), else ``default``."""
     try:
         x = float(v)
     except (TypeError, ValueError):
-        return 0
+        return default
     if not math.isfinite(x) or (whole and not x.is_integer()):
-        return 0
+        return default
     return int(x) if whole else x
 
 

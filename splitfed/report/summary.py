@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitfed.report.runs import Run, clock_of, run_notes
+from splitfed.report.runs import MEASURED, Run, clock_of, run_notes
 from splitfed.report.table import MB, format_value
 
 HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
@@ -75,8 +75,16 @@ def summary_markdown(runs: Sequence[Run], target: float | None = None,
     return "\n".join(parts)
 
 
+# the time columns keep their names (readers go by header); ``clock`` says what they hold in each row: "sim" (the
+# cost model's clock) or "measured" (a run without one: its measured round times); ``predicted_round_s``: what
+# the cost model predicted of a measured round before it ran
 ROUND_COLUMNS = ("run", "round", "accuracy", "loss", "sim_round_s", "sim_time_s", "wall_s", "bytes_up",
-                 "bytes_down", "bytes_total", "clients")
+                 "bytes_down", "bytes_total", "clients", "clock", "predicted_round_s")
+
+
+def _number(v: Any) -> float | None:
+    """A number a metrics row may hold (anything else: an empty cell)."""
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def csv_files(out: Path) -> tuple[Path, Path]:
@@ -104,6 +112,7 @@ def write_csv(runs: Sequence[Run], out: Path, target: float | None = None) -> tu
             for row, t in zip(r.rounds, r.sim_time, strict=True):
                 w.writerow([cell(v) for v in (r.label, row.round, row.accuracy, row.loss, row.sim_round_s, t,
                                               row.wall_s, row.bytes_up, row.bytes_down, row.bytes_total,
-                                              len(row.cuts))])
+                                              len(row.cuts), "measured" if row.extra.get(MEASURED) else "sim",
+                                              _number(row.extra.get("predicted_round_s")))])
     return summary, rounds
 
