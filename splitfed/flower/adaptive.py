@@ -52,7 +52,7 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
 
     fleet = fleet_for(settings)
     names = fleet_devices(settings)
-    refusal = profile_refusal(settings)
+    refusal = profile_refusal(settings, names)
     picked = []
     for info in clients:
         if (why := refusal(info.profile)) is not None:
@@ -120,15 +120,15 @@ def fleet_devices(settings: RunSettings) -> dict[str, Any]:
     return out
 
 
-def profile_refusal(settings: RunSettings) -> Callable[[str], str | None]:
+def profile_refusal(settings: RunSettings, devices: Mapping[str, Any] | None = None) -> Callable[[str], str | None]:
     """The check of a node's ``device-profile``: None for a name the cost model can price (a device of the run's
-    fleet file, :func:`fleet_devices`, or a named device profile), else why not. The fleet is read once for
-    every name checked."""
+    fleet file, ``devices`` as :func:`fleet_devices` gives them, or a named device profile), else why not. The
+    fleet is read once for every name checked."""
     from splitfed.profile import PROFILES, load_fleet
 
     fleet = load_fleet(settings.fleet)
     named = [n for n, p in PROFILES.items() if p.up_mbps is not None]
-    known = set(fleet_devices(settings)) | set(named)
+    known = set(fleet_devices(settings) if devices is None else devices) | set(named)
 
     def refusal(name: str) -> str | None:
         if name in known:
