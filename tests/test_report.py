@@ -545,3 +545,18 @@ def test_rounds_csv_says_which_clock_each_rows_times_are_and_what_was_predicted(
     assert [(r["clock"], r["predicted_round_s"]) for r in got] == [("sim", ""), ("sim", ""), ("measured", "1.25"),
                                                                   ("measured", "1.25")]
     assert got[2]["sim_round_s"] == "1.5"
+
+
+def test_real_time_runs_get_a_figure_of_measured_beside_predicted_round_times(tmp_path: Path) -> None:
+    from splitfed.report.plots import standard_plot_files, standard_plots
+
+    measured = [{**r, "sim_round_s": None, "measured_round_s": 1.5 + r["round"], "predicted_round_s": 1.25}
+                for r in make_rows(3)]
+    write_run(tmp_path / "dep", measured)
+    write_run(tmp_path / "sim", make_rows(3))
+    dep, sim = load_run(tmp_path / "dep"), load_run(tmp_path / "sim")
+    made = standard_plots([sim, dep], tmp_path / "out")
+    assert made["measured vs predicted round time"].name == "predicted_vs_measured.png"
+    assert made["measured vs predicted round time"].stat().st_size > 1000
+    assert (tmp_path / "out" / "predicted_vs_measured.png") in standard_plot_files([sim, dep], tmp_path / "out")
+    assert "measured vs predicted round time" not in standard_plots([sim], tmp_path / "only_sim")  # nothing to show

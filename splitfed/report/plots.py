@@ -25,7 +25,7 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from splitfed.report.runs import Run, clock_of
+from splitfed.report.runs import MEASURED, Run, clock_of
 from splitfed.report.table import MB
 
 _CLOCK = {"sim": "simulated", "measured": "measured", "sim/measured": "simulated or measured"}  # clock_of's words
@@ -116,6 +116,32 @@ def makespan_plot(runs: Sequence[Run], path: str | Path, title: str = "",
                      vline_label=f"change from round {mark_round}" if mark_round is not None else "")
 
 
+def _predicted_rows(run: Run) -> list[tuple[int, float, float]]:
+    """(round, measured s, predicted s) of each round run in real time that carries the cost model's
+    prediction of it (``predicted_round_s``)."""
+    out = []
+    for x in run.rounds:
+        p = x.extra.get("predicted_round_s")
+        if x.extra.get(MEASURED) and isinstance(p, int | float) and not isinstance(p, bool) and math.isfinite(p):
+            out.append((x.round, x.sim_round_s, float(p)))
+    return out
+
+
+def predicted_plot(runs: Sequence[Run], path: str | Path,
+                   title: str = "Measured round time and the cost model's prediction") -> Path:
+    """Each measured round (solid) beside what the cost model predicted of it before it ran (dashed, same
+    colour): how well the one cost model knows the real fleet (real-time runs; see :func:`_predicted_rows`)."""
+    series = []
+    for i, r in enumerate(runs):
+        rows = _predicted_rows(r)
+        colour = {"color": f"C{i % 10}"}
+        series += [Series(f"{r.label}: measured", [x[0] for x in rows], [x[1] for x in rows],
+                          {**colour, "linestyle": "-", "marker": "o"}),
+                   Series(f"{r.label}: predicted", [x[0] for x in rows], [x[2] for x in rows],
+                          {**colour, "linestyle": "--", "marker": "x"})]
+    return line_plot(series, path, title=title, xlabel="round", ylabel="round time (s)", integer_x=True)
+
+
 def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Bytes on the wire per round") -> Path:
     """Uplink (solid) and downlink (dashed) megabytes per round, per run."""
     series = []
@@ -198,6 +224,9 @@ def _views(runs: Sequence[Run], d: Path, target: float | None) -> list[tuple[str
         ("bytes per round", d / "bytes.png", lambda p: bytes_plot(runs, p)),
         ("accuracy vs bytes", d / "accuracy_vs_bytes.png", lambda p: accuracy_vs_bytes_plot(runs, p)),
     ]
+    if any(_predicted_rows(r) for r in runs):  # real-time runs: the measured rounds beside their prediction
+        views.append(("measured vs predicted round time", d / "predicted_vs_measured.png",
+                      lambda p: predicted_plot(runs, p)))
     for i, r in enumerate(runs):
         if r.clients:
             views.append((f"cuts: {r.label}", d / f"cuts_{i + 1}_{slug(r.label)}.png",
