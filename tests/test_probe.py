@@ -255,8 +255,9 @@ def test_a_node_that_could_not_measure_its_link_says_why_in_the_coordinators_log
 
 
 def test_static_cuts_ask_no_speed_and_profile_nothing(monkeypatch, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
-    """Static cuts price no device: a deployed static run measured every node's speed, and profiled the model
-    on the coordinator (seconds, for resnet18) only to log it."""
+    """Static cuts plan with no device's speed: a deployed static run measured every node's speed, and profiled
+    the model on the coordinator only to log it. (The coordinator does profile the model now, for the cost
+    model's prediction of each round beside the measured one: see tests/test_predicted.py.)"""
     import splitfed.profile as profile_pkg
     import splitfed.profile.profiler as profiler
     import splitfed.profile.speed as speed
@@ -272,7 +273,7 @@ def test_static_cuts_ask_no_speed_and_profile_nothing(monkeypatch, tmp_path, cap
     monkeypatch.setattr(profiler, "profile_model", spy)
     monkeypatch.setattr(profile_pkg, "profile_model", spy)
     _run_two_nodes(tmp_path, caplog, sim_clock=False, cuts="static:2,5")
-    assert timed == [] and profiled == [] and "GFLOP/s" not in caplog.text
+    assert timed == [] and set(profiled) <= {"cnn"} and "GFLOP/s" not in caplog.text
     assert "(measured up " in caplog.text  # the link is measured as before (a deployment's check of it)
 
 
