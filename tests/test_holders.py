@@ -31,6 +31,9 @@ N_BLOCKS = 7
 RISING = {"c0": (0, 7), "c1": (1, 7), "c2": (3, 7), "c3": (6, 7)}
 # and back and forth, with the cloud in play
 MIXED = {"c0": (2, 6), "c1": (3, 5), "c2": (0, 7), "c3": (6, 6), "c4": (1, 4), "c5": (2, 6)}
+# b trains only block 6 on the edge (sflv2: its device trains 0..5 from the global model), between two that
+# train 2..6 there: keeping a's holder (blocks 2 and 5) and fetching b's block 6 is the cheaper way to one holder
+NARROW = {"a": (2, 7), "b": (6, 7), "c": (2, 7)}
 
 
 def _batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -87,7 +90,7 @@ def _round(mode: str, assignment: dict, wrap=None) -> tuple[SplitRound, dict]:  
 
 
 @pytest.mark.parametrize(("mode", "assignment"), [("sflv2", RISING), ("sl", RISING), ("sflv2", MIXED),
-                                                  ("sl", MIXED)])
+                                                  ("sl", MIXED), ("sflv2", NARROW), ("sl", NARROW)])
 def test_a_tier_keeps_one_holder_beside_the_client_training(mode: str, assignment: dict) -> None:
     seen: list[tuple[str, str, list[str], int]] = []
     _round(mode, assignment, lambda t: _Watched(t, seen))
@@ -104,7 +107,7 @@ def test_a_tier_keeps_one_holder_beside_the_client_training(mode: str, assignmen
 
 
 @pytest.mark.parametrize("mode", ["sflv2", "sl"])
-@pytest.mark.parametrize("assignment", [RISING, MIXED])
+@pytest.mark.parametrize("assignment", [RISING, MIXED, NARROW])
 def test_one_holder_per_tier_changes_no_weight(mode: str, assignment: dict) -> None:
     """Fetching an older holder's blocks early moves weights, not values: the round's model is bitwise the one
     of tiers that keep no holder at all (every trained segment fetched)."""
@@ -112,6 +115,20 @@ def test_one_holder_per_tier_changes_no_weight(mode: str, assignment: dict) -> N
     _, fetched = _round(mode, assignment, _NoHolders)
     assert kept.keys() == fetched.keys()
     assert all(torch.equal(kept[k], fetched[k]) for k in kept)
+
+
+def test_the_holder_with_fewer_latest_bytes_is_the_one_fetched() -> None:
+    """a's holder keeps blocks 2 and 5 (52 kB), b's block 6 (2.6 kB): b's is fetched when its turn ends and
+    sent with c's load, which copies 2..5 from a's holder on the edge. (Fetching a's instead, as the first
+    version of one holder per tier did, sent 52 kB each way more.)"""
+    state = initial_state(SPEC, 0)
+
+    def b(*blocks: int) -> int:
+        return sum(state_bytes(select(state, i, i + 1)) for i in blocks)
+
+    rnd, _ = _round("sflv2", NARROW)
+    # to the edge: a's segment, then block 6 with c's load; back: b's block 6, then c's segment at the end
+    assert rnd.weight_bytes[0] == [b(2, 5, 6) + b(6), b(6) + b(2, 5, 6)] and b(6) < b(2, 5)
 
 
 def test_holders_cost_no_more_bytes_than_a_copy_per_client() -> None:

@@ -457,11 +457,20 @@ class SplitRound:
 
     def _one_holder(self, holder: str) -> None:
         """At most one holder per tier, as the memory model prices it (beside the client training there:
-        :func:`splitfed.cost.model.server_memory`): the blocks an older holder still keeps the latest of on
-        a tier where ``holder`` lies now (sflv2: blocks this client trained on its device) are fetched, and
-        that holder's segment there released. Without this a tier could keep a holder per client."""
-        on = self._held_on.get(holder, set())
-        self._collect([i for i, (t, c) in self._held.items() if t in on and c != holder])
+        :func:`splitfed.cost.model.server_memory`). Where ``holder`` lies beside an older holder that still
+        keeps the latest of some blocks (sflv2: blocks this client trained on its device), the fewer bytes of
+        the two's latest blocks there are fetched (nothing is lost) and that holder's segment there released.
+        Without this a tier could keep a holder per client."""
+        def size(blocks: list[int]) -> int:
+            return sum(state_bytes(select(self.global_state, i, i + 1)) for i in blocks)
+
+        for t in sorted(self._held_on.get(holder, set())):
+            mine = [i for i, (u, c) in self._held.items() if u == t and c == holder]
+            older = [i for i, (u, c) in self._held.items() if u == t and c != holder]
+            if not older:
+                continue
+            one = len({self._held[i][1] for i in older}) == 1  # else only fetching them all leaves one
+            self._collect(mine if one and size(mine) < size(older) else older)
 
     def _load_on(self, t: int, tier: TierControl, cid: str, load: SegmentLoad) -> None:
         """One load; a tier that still holds ``cid`` from an earlier round whose release did not reach it
