@@ -151,7 +151,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             state_now = record_to_state(arrays)
             acc, loss = evaluate(spec, state_now, test_x, test_y)
             row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles,
-                              in_turn=settings.mode in ("sl", "sflv2"))
+                              in_turn=settings.in_turn)
             if writer is not None:
                 writer.append(row)  # a diverged round's row too (loss null): the user sees where it went
             say(progress_line(row, settings.rounds, profiles))

@@ -51,6 +51,7 @@ from splitfed.engine.link import InProcessLink, Link, TierControl, nbytes
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import (
     BASE_PREFIX,
+    IN_TURN,
     MODES,
     OptimConfig,
     ReduceItem,
@@ -496,7 +497,7 @@ class SplitRound:
             if out is None or self._refused(cid, "device", out.state):
                 self._drop(cid)
                 continue
-            if self.cfg.mode in ("sl", "sflv2"):  # clients in turn: hand the model on (a dropped client doesn't)
+            if self.cfg.mode in IN_TURN:  # clients in turn: hand the model on (a dropped client doesn't)
                 holder = self._keep(cid)
                 if holder is None:
                     self._drop(cid)

@@ -19,6 +19,7 @@ def block_of(key: str) -> int:
     return int(key.split(".", 1)[0])
 
 MODES = ("sl", "sflv1", "sflv2")
+IN_TURN = ("sl", "sflv2")  # the variants whose clients train one after another (SplitRound: a group each)
 BASE_PREFIX = "@"  # a client id that names a coordinator's base segment (SegmentLoad.base), not a client
 
 

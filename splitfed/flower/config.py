@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from splitfed import tomlio
-from splitfed.engine.types import MODES, OptimConfig
+from splitfed.engine.types import IN_TURN, MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
 from splitfed.profile.fleet import MAX_CLIENTS
 from splitfed.transport.address import parse_address
@@ -160,6 +160,11 @@ class RunSettings:
         from splitfed.cost.model import link_codecs
 
         return link_codecs(self.compress, self.tiers - 1)
+
+    @property
+    def in_turn(self) -> bool:
+        """Its clients train one after another (sl, sflv2): a round lasts their times' sum."""
+        return self.mode in IN_TURN
 
     @property
     def optim(self) -> OptimConfig:

@@ -105,7 +105,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
         previous.update(assignment)
         record.decision = policy.observe(rnd, record.measurements)
         acc, loss = evaluate(spec, state, test_x, test_y)
-        row = metrics_row(record, acc, loss, time.perf_counter() - t0, profiles, in_turn=s.mode in ("sl", "sflv2"))
+        row = metrics_row(record, acc, loss, time.perf_counter() - t0, profiles, in_turn=s.in_turn)
         writer.append(row)
         if progress is not None:
             progress(progress_line(row, s.rounds, profiles))
