@@ -151,6 +151,7 @@ class SplitFedAvg(FedAvg):
         self._expected: dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}  # cid -> key -> shape, dtype
         self._why: dict[str, str] = {}  # this round's node errors and malformed replies
         self._speeds: dict[str, SpeedMeasure | None] = {}  # this round's speeds of devices that hold no block
+        self._sampled: list[ClientInfo] = []  # this round's clients, for predicting the round they finished
 
     def summary(self) -> None:
         s = self.settings
@@ -280,6 +281,8 @@ class SplitFedAvg(FedAvg):
         reasons = {**self._why, **rnd.why}
         record.why_failed = {c: reasons.get(c, "no reply before the round timeout") for c in rnd.failed}
         record.measurements = [_measurement(r, self._speeds.get(r.client_id)) for r in rnd.results]
+        if record.failed and record.predicted_round_s is not None:
+            self._predict_finished(record)
         total = sum(r.samples for r in rnd.results)
         record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
         record.decision = self.policy.observe(server_round, record.measurements)
@@ -365,9 +368,19 @@ class SplitFedAvg(FedAvg):
         sim = self.clock(server_round, assignment, sampled, self.previous) if self.clock is not None else None
         self._record = RoundRecord(server_round, assignment, sim_round_s=sim,
                                    moved=moves(self.previous, assignment))
+        self._sampled = sampled
         predicted = self.predict(assignment, sampled) if self.predict is not None else None
         if predicted is not None:
             self._record.predicted_round_s, self._record.predicted = predicted
+
+    def _predict_finished(self, record: RoundRecord) -> None:
+        """The prediction of the round its clients finished, beside what they measured: a dropped client's
+        time is not measured, and counted in the prediction it would make the two disagree (the edge and cloud
+        it no longer shares, too). Asked before the policy observes the round, so under the same beliefs."""
+        assert self.predict is not None
+        done = {m.client_id: record.assignment[m.client_id] for m in record.measurements}
+        predicted = self.predict(done, self._sampled) if done else None  # the sample as asked: its pricing is cached
+        record.predicted_round_s, record.predicted = predicted if predicted is not None else (None, {})
 
     def _abort(self) -> None:
         """Release the tiers of a round that did not finish (error or RoundFailed)."""

@@ -49,6 +49,43 @@ def test_a_real_time_run_reports_the_predicted_round_beside_the_measured_one(mon
     assert sum("(predicted " in line for line in lines) == 2, lines
 
 
+def test_a_dropped_client_leaves_the_prediction_beside_what_was_measured(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The prediction beside a round's measured time is of the clients that finished it: before, a client that
+    failed was still priced (its time, and its share of the edge and cloud), a round the row never measured."""
+    import clients.app
+    import server.app
+    import splitfed.flower.adaptive as adaptive
+    from splitfed.transport.server import serve_tier
+    from tests.flower_fixtures import FakeGrid
+
+    seen: list = []
+    real = adaptive.scenario
+
+    def spy(settings, clients):  # type: ignore[no-untyped-def]
+        seen.append(list(clients))
+        return real(settings, clients)
+
+    def app(msg, ctx):  # type: ignore[no-untyped-def]
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 0:
+            raise RuntimeError("device out of memory")
+        return clients.app.app(msg, ctx)
+
+    monkeypatch.setattr(adaptive, "scenario", spy)
+    with serve_tier("cloud", insecure=True) as cloud, \
+            serve_tier("edge", next_address=cloud.address, insecure=True) as edge:
+        s = RunSettings(rounds=1, clients=3, min_clients=2, cuts="static:1,3", sim_clock=False, node_wait_s=30.0,
+                        round_timeout_s=60.0, tier_addresses=f"{edge.address},{cloud.address}", out=str(tmp_path))
+        server.app.run(FakeGrid(app, 3), s)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    infos = seen[0]
+    assert row["failed"] == ["client0"] and set(row["per_client"]) == {"client1", "client2"}
+    every = evaluate(real(s, infos), {c.client_id: (1, 3) for c in infos})
+    done = evaluate(real(s, infos[1:]), {c.client_id: (1, 3) for c in infos[1:]})
+    assert done.makespan_s != pytest.approx(every.makespan_s)  # else this test could not tell the two apart
+    assert row["predicted_round_s"] == pytest.approx(done.makespan_s)
+    assert {cid: c["predicted_s"] for cid, c in row["per_client"].items()} == pytest.approx(done.times())
+
+
 def test_the_adaptive_policy_predicts_with_what_it_has_learned(tmp_path) -> None:  # type: ignore[no-untyped-def]
     s = RunSettings(rounds=3, clients=2, cuts="static:1,3", sim_clock=False)
     infos = [ClientInfo("client0", 1, 0, "", 100), ClientInfo("client1", 2, 1, "", 100)]

@@ -72,11 +72,13 @@ class AssignmentPolicy(Protocol):
 
 
 Clock = Callable[[int, Mapping[str, Cuts], Sequence[ClientInfo], Mapping[str, Cuts]], float | None]
-# real time: the cost model's round (makespan) and each client's time, predicted before the round (None: none)
-Predictor = Callable[[Mapping[str, Cuts], Sequence[ClientInfo]], tuple[float, dict[str, float]] | None]
 """``clock(round, assignment, clients, previous_assignment) -> simulated makespan (s)``:
 the cost model's prediction of a round (moving weights included), used as
 ``sim_round_s`` in simulation. Deployment has none (``None``: times are measured)."""
+
+Predictor = Callable[[Mapping[str, Cuts], Sequence[ClientInfo]], tuple[float, dict[str, float]] | None]
+"""``predict(assignment, clients) -> (makespan s, each client's s)`` in real time, or None where the cost model
+cannot price a device: the round of the clients ``assignment`` names (of ``clients``, the round's sample)."""
 
 
 class StaticPolicy:
