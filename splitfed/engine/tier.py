@@ -145,6 +145,15 @@ def _holding(replica: _Replica, tier: str, what: str) -> Iterator[None]:
         replica.lock.release()
 
 
+@contextlib.contextmanager
+def _holding_all(replicas: Sequence[_Replica], tier: str, what: str) -> Iterator[None]:
+    """Several replicas' locks, always taken in one order (two loads, each the other's base, cannot deadlock)."""
+    with contextlib.ExitStack() as stack:
+        for r in sorted(replicas, key=id):
+            stack.enter_context(_holding(r, tier, what))
+        yield
+
+
 class Tier:
     """One tier of the chain for many clients and runs."""
 
@@ -190,9 +199,7 @@ class Tier:
             replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret))
             replica.loading += 1
         try:
-            if base is not None:
-                spec = replace(spec, state=self._copied(spec, base))
-            binding = self._bind(spec, replica)
+            binding = self._bind(spec, replica, base)
         except BaseException:
             with self._lock:
                 replica.loading -= 1
@@ -215,9 +222,15 @@ class Tier:
             self._bindings[bkey] = binding
             self._bases += is_base(spec.client_id)
 
-    def _bind(self, spec: SegmentLoad, replica: _Replica) -> _Binding:
-        """The binding of ``spec`` to ``replica``, its missing blocks written into it; nothing changes if refused."""
-        with _holding(replica, self.name, "load"):
+    def _bind(self, spec: SegmentLoad, replica: _Replica, base: _Replica | None = None) -> _Binding:
+        """The binding of ``spec`` to ``replica``, its missing blocks written into it, the blocks its state leaves
+        out copied from ``base``; nothing changes if refused.
+
+        The base's blocks are copied straight into the segment, under both replicas' locks (a load of the base
+        meanwhile cannot tear them): a copy of them first would sit beside the new segment, a second segment's
+        weights on the tier for a moment, which the cost model's memory does not price."""
+        with _holding_all([replica] if base is None else [replica, base], self.name, "load"):
+            copied = self._from_base(spec, base) if base is not None else []
             missing = [i for i in range(spec.start, spec.stop) if i not in replica.blocks]
             new = ({i: m.to(self.torch_device) for i, m in template.copy_blocks(spec.model, spec.start,
                                                                                  spec.stop).items()}
@@ -225,11 +238,13 @@ class Tier:
             segment = Segment(
                 {str(i): replica.blocks[i] if i in replica.blocks else new[i] for i in range(spec.start, spec.stop)},
                 spec.start, spec.stop)
-            self._check_state(segment, spec.state or {}, missing, spec.replica)
+            self._check_state(segment, spec.state or {}, [i for i in missing if i not in copied], spec.replica)
             # nothing has changed yet: now commit
-            if spec.state:
+            state = {f"{i}.{k}": v for i in copied for k, v in base.blocks[i].state_dict().items()} if base else {}
+            state.update(spec.state or {})  # the base's tensors themselves: loading copies them in place
+            if state:
                 with torch.no_grad():
-                    segment.load_state_dict(spec.state, strict=False)
+                    segment.load_state_dict(state, strict=False)
             for i in missing:
                 replica.blocks[i] = new[i]
             segment.train()
@@ -272,18 +287,16 @@ class Tier:
             b.last_used = now
         return base
 
-    def _copied(self, spec: SegmentLoad, base: _Replica) -> State:
-        """The load's state, and the blocks of ``[start, stop)`` it leaves out copied from ``base`` (copies: a
-        load of the base meanwhile cannot tear them)."""
+    def _from_base(self, spec: SegmentLoad, base: _Replica) -> list[int]:
+        """The blocks of ``[start, stop)`` with state that the load leaves out, to copy from ``base`` (under its
+        lock); refused if the base lacks one."""
         given = {block_of(k) for k in spec.state or {}}
         wanted = [i for i in range(spec.start, spec.stop) if i not in given and template.has_state(spec.model, i)]
-        with _holding(base, self.name, "load from base"):
-            lacking = [i for i in wanted if i not in base.blocks]
-            if lacking:
-                raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r}: its base "
-                                         f"{spec.base!r} holds no block {lacking[0]} of [{spec.start}, {spec.stop})")
-            copied = {f"{i}.{k}": v.detach().clone() for i in wanted for k, v in base.blocks[i].state_dict().items()}
-        return {**copied, **(spec.state or {})}
+        lacking = [i for i in wanted if i not in base.blocks]
+        if lacking:
+            raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r}: its base "
+                                     f"{spec.base!r} holds no block {lacking[0]} of [{spec.start}, {spec.stop})")
+        return wanted
 
     def _authorize_load(self, spec: SegmentLoad, rkey: tuple[str, str]) -> None:
         """A load may rebind a client, or bind to a replica that exists, only with their secret (under
