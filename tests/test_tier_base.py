@@ -204,8 +204,11 @@ def test_reduce_averages_the_finite_replicas_and_names_the_rest() -> None:
     assert all(torch.equal(wrong.means[k], s0[k] if s0[k].is_floating_point() else s0[k].double()) for k in s0)
     with pytest.raises(InvalidArgument, match="listed twice"):
         tier.reduce(RUN, [ReduceItem("c0", "s-c0", 1.0), ReduceItem("c0", "s-c0", 1.0)])
-    with pytest.raises(InvalidArgument, match="finite"):
-        tier.reduce(RUN, [ReduceItem("c0", "s-c0", float("inf"))])
+    # a weight is a sample count: before, 1e308 overflowed the float64 sums and 5e-324 underflowed them, and
+    # the wrong means came back OK
+    for w in (float("inf"), float("nan"), -1.0, 1e308, 5e-324):
+        with pytest.raises(InvalidArgument, match="must be 0 or in"):
+            tier.reduce(RUN, [ReduceItem("c0", "s-c0", w), ReduceItem("c1", "s-c1", w)])
 
 
 def test_a_client_ids_like_a_base_are_refused() -> None:

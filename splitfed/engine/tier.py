@@ -60,9 +60,13 @@ from splitfed.errors import (
     Unavailable,
 )
 from splitfed.models.blocks import Segment, param_sizes, step_rng
+from splitfed.models.zoo import ModelSpec
 from splitfed.units import mib_text
 
 SHARED_WAIT_S = 60.0
+# a Reduce weight is a sample count: 0 (a check) or within these, so float64 sums of float32 weights stay exact
+# enough and finite (a weight of 1e308 overflowed them, one of 5e-324 underflowed them; both answered OK)
+MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e15
 MAX_BASES = 64  # base segments a tier holds at once, over all runs (each a part of one model: bounded memory)
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,7 @@ class _Replica:
     users: set[str] = field(default_factory=set)
     secret: str = field(default="", repr=False)  # of the load that made it: only loads with it may bind to it
     loading: int = 0  # loads binding to it now: a replica being loaded is never dropped nor duplicated
+    model: ModelSpec | None = None  # whose blocks it holds: a load of another model must not bind them
 
 
 @dataclass
@@ -97,6 +102,7 @@ class _Binding:
     pending: tuple[torch.Tensor, torch.Tensor] | None = None
     holds_lock: bool = False
     last_used: float = 0.0
+    backward: threading.Lock = field(default_factory=threading.Lock)  # one backward at a time: a retry waits
 
 
 def _same_secret(held: str, given: str) -> bool:
@@ -113,6 +119,14 @@ def _digest(phase: str, *tensors: torch.Tensor) -> bytes:
         if t.numel():
             h.update(t.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().data)
     return h.digest()
+
+
+def _check_names(spec: SegmentLoad) -> None:
+    """Run, client, replica and base names are printable: the tier's log and status lines show them."""
+    for what, v in (("run_id", spec.run_id), ("client_id", spec.client_id), ("replica", spec.replica),
+                    ("base", spec.base)):
+        if not v.isprintable():
+            raise InvalidArgument(f"{what} {v!r} holds a control character (a line break, a tab, ...)")
 
 
 def _few(names: list[str], show: int = 3) -> str:
@@ -173,6 +187,7 @@ class Tier:
         self._replicas: dict[tuple[str, str], _Replica] = {}
         self._bindings: dict[tuple[str, str], _Binding] = {}
         self._bases = 0  # of the bindings, the coordinators' base segments (is_base): counted, not searched
+        self._claims: dict[tuple[str, str], list] = {}  # (run, client) -> [secret, loads of it in flight]
         self.steps_served = 0  # steps (and U-shape forwards and backwards) applied since the tier started
 
     # ------------------------------------------------------------ control
@@ -184,6 +199,7 @@ class Tier:
             raise InvalidArgument(f"segment [{spec.start}, {spec.stop}) is outside the model's {n} blocks")
         if spec.round < 0:
             raise InvalidArgument(f"round must be >= 0, got {spec.round}: no step could ever use this segment")
+        _check_names(spec)
         rkey = (spec.run_id, spec.replica)
         with self._lock:
             bkey = (spec.run_id, spec.client_id)
@@ -196,18 +212,23 @@ class Tier:
                                         f"tier {self.name} already serves {self.max_clients} clients")
             base = self._base(spec)
             # got or made under the lock: clients of one replica loaded at once all bind to the same one
-            replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret))
+            replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret, model=spec.model))
             replica.loading += 1
+            # the client is this load's until it ends: a load of it under another secret meanwhile is refused
+            # before it writes anything (else it could write a replica and only then be refused)
+            self._claims.setdefault(bkey, [spec.secret, 0])[1] += 1
         try:
             binding = self._bind(spec, replica, base)
         except BaseException:
             with self._lock:
                 replica.loading -= 1
+                self._unclaim(bkey)
                 if not replica.users and not replica.loading and self._replicas.get(rkey) is replica:
                     del self._replicas[rkey]  # a failed first load leaves no empty replica behind
             raise
         with self._lock:
             replica.loading -= 1
+            self._unclaim(bkey)
             try:
                 self._authorize_load(spec, rkey)  # again: a concurrent load may have bound the client meanwhile
             except PermissionDenied:
@@ -278,6 +299,10 @@ class Tier:
         if not _same_secret(base.secret, spec.base_secret):
             raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                    f"refused: base {spec.base!r} is held under another secret")
+        if base.model is not None and base.model != spec.model:
+            raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r}: "
+                                     f"its base {spec.base!r} holds blocks of another model ({base.model.name}, "
+                                     f"not {spec.model.name})")
         users = [b for u in base.users if (b := self._bindings.get((spec.run_id, u))) is not None]
         if any(b.holds_lock for b in users):  # said now: waiting for it would read as a tier that is gone
             raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r}: its base "
@@ -300,16 +325,33 @@ class Tier:
 
     def _authorize_load(self, spec: SegmentLoad, rkey: tuple[str, str]) -> None:
         """A load may rebind a client, or bind to a replica that exists, only with their secret (under
-        ``self._lock``): else any caller could overwrite, reset or read another client's weights."""
-        old = self._bindings.get((spec.run_id, spec.client_id))
+        ``self._lock``): else any caller could overwrite, reset or read another client's weights. A replica
+        holds one model's blocks: a load of another model is refused, not bound to blocks of another shape."""
+        bkey = (spec.run_id, spec.client_id)
+        old = self._bindings.get(bkey)
         if old is not None and not _same_secret(old.spec.secret, spec.secret):
             raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                    "refused: the client is bound already, with another secret (only the "
                                    "coordinator that loaded it may load it again)")
+        claim = self._claims.get(bkey)
+        if claim is not None and not _same_secret(claim[0], spec.secret):
+            raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
+                                   "refused: the client is being loaded now, with another secret")
         replica = self._replicas.get(rkey)
         if replica is not None and not _same_secret(replica.secret, spec.secret):
             raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                    f"refused: replica {spec.replica!r} is held under another secret")
+        if replica is not None and replica.model is not None and replica.model != spec.model:
+            raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
+                                     f"refused: replica {spec.replica!r} holds blocks of another model "
+                                     f"({replica.model.name}, not {spec.model.name} as this load says)")
+
+    def _unclaim(self, bkey: tuple[str, str]) -> None:
+        """A load of ``bkey`` ended (under ``self._lock``)."""
+        claim = self._claims[bkey]
+        claim[1] -= 1
+        if not claim[1]:
+            del self._claims[bkey]
 
     @staticmethod
     def _check_state(segment: Segment, state: State, missing: list[int], replica: str) -> None:
@@ -356,9 +398,9 @@ class Tier:
         if twice is not None:
             raise InvalidArgument(f"reduce: client {twice!r} is listed twice")
         for it in items:
-            if not (math.isfinite(it.weight) and it.weight >= 0):
-                raise InvalidArgument(f"reduce: the weight of client {it.client_id!r} must be a finite number >= 0, "
-                                      f"got {it.weight}")
+            if not (it.weight == 0 or MIN_WEIGHT <= it.weight <= MAX_WEIGHT):
+                raise InvalidArgument(f"reduce: the weight of client {it.client_id!r} must be 0 or in "
+                                      f"{MIN_WEIGHT:g}..{MAX_WEIGHT:g} (its samples), got {it.weight}")
         refused: dict[str, str] = {}
         with self._lock:
             found: dict[str, _Binding] = {}
@@ -386,7 +428,11 @@ class Tier:
                     total.add(state, it.weight)
             if bad is not None:
                 refused[it.client_id] = f"weights {bad!r} hold NaN or infinite values"
-        return Reduced(total.means(), {it.client_id: refused[it.client_id] for it in items if it.client_id in refused})
+        means = total.means()
+        bad = next((k for k, v in means.items() if not all_finite(v)), None)
+        if bad is not None:  # finite weights, each under MAX_WEIGHT: only weights of float64 near its limit
+            raise InvalidArgument(f"reduce: the mean of {bad!r} is not finite (its weighted sum overflows)")
+        return Reduced(means, {it.client_id: refused[it.client_id] for it in items if it.client_id in refused})
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         with self._lock:
@@ -508,6 +554,10 @@ class Tier:
 
     def _input(self, b: _Binding, x: torch.Tensor) -> torch.Tensor:
         check_tensor(x, b.in_shape, b.in_dtype, "activation", self.max_batch)
+        vocab = b.spec.model.vocab
+        if b.spec.start == 0 and vocab and x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab):
+            raise InvalidArgument(f"token ids must lie in 0..{vocab - 1} (the model's vocab), got "
+                                  f"{int(x.min())}..{int(x.max())}")
         x = x.detach().to(self.torch_device)
         if b.grad_in and x.is_floating_point():  # else nobody upstream could use it: none is sent
             x.requires_grad_(True)
@@ -622,6 +672,17 @@ class Tier:
 
     def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
         b = self._binding(key.run_id, key.client_id, key.secret)
+        # a retry that comes while the first is still running waits for it, then takes its reply; two at once
+        # would both pass the checks below and run the graph's backward twice (the second: an internal error)
+        if not b.backward.acquire(timeout=SHARED_WAIT_S):
+            raise Unavailable(f"tier {self.name}: backward {key.seq} of client {key.client_id!r}: another "
+                              f"backward of it has run for {SHARED_WAIT_S:.0f}s")
+        try:
+            return self._backward(b, key, grad)
+        finally:
+            b.backward.release()
+
+    def _backward(self, b: _Binding, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
         if key.round != b.spec.round:
             raise FailedPrecondition(f"step for round {key.round}, but round {b.spec.round} is loaded")
         digest = _digest("backward", grad)
