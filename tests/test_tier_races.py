@@ -9,13 +9,23 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import splitfed.engine.tier as tier_mod
 from splitfed.engine import template
+from splitfed.engine.compute import memory_bytes
+from splitfed.engine.limits import BuildLimits
 from splitfed.engine.rounds import initial_state, select
 from splitfed.engine.tier import Tier
-from splitfed.engine.types import SegmentLoad, StepKey
-from splitfed.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey
+from splitfed.errors import (
+    ConfigError,
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+)
 from splitfed.models.zoo import resolve_spec
 
 SPEC = resolve_spec("cnn")  # 7 blocks
@@ -157,3 +167,101 @@ def test_names_with_line_breaks_are_refused(field: str) -> None:
     with pytest.raises(InvalidArgument, match=f"{field} .*control character"):
         tier.load(replace(load, **{field: "x\nERROR tier: TLS key leaked"}))
     assert tier.clients() == 0
+
+
+# ---------------------------------------------------------------- what a tier's segments hold at once
+
+
+def _held_now(tier: Tier) -> int:
+    """What the tier holds, counted afresh from its replicas and bindings (each block's weights and buffers
+    and a gradient per byte that trains; each binding's optimizer slots)."""
+    blocks = sum(sum(template.held_bytes(r.model, i)) for r in tier._replicas.values() for i in r.blocks
+                 if r.model is not None)
+    slots = sum(b.spec.optim.slots * template.held_bytes(b.spec.model, i)[1]
+                for b in tier._bindings.values() for i in range(b.spec.start, b.spec.stop))
+    return blocks + slots
+
+
+def _segment(start: int, stop: int, optim: OptimConfig) -> int:
+    return sum(sum(template.held_bytes(SPEC, i)) + optim.slots * template.held_bytes(SPEC, i)[1]
+               for i in range(start, stop))
+
+
+def test_a_load_beyond_what_the_tier_may_hold_is_refused_and_a_release_makes_room() -> None:
+    """Before, only the number of clients bounded a tier: 40 loads of 68 bytes each, copying a base, took a
+    tier from 467 to 1,791 MiB, towards the machine's out-of-memory killer."""
+    momentum = OptimConfig("sgd", momentum=0.9)
+    one = _segment(2, 7, momentum)
+    tier = Tier("edge", idle_release_s=None, max_held_bytes=int(2.5 * one))
+    base = SegmentLoad("run", "@base.1", 0, SPEC, 2, 7, "@b", _state(), secret="t", optim=momentum)
+    with pytest.raises(ResourceExhausted, match="would add"):  # the base and two copies of it are three
+        tier.load(base)
+        for c in ("c0", "c1"):
+            tier.load(SegmentLoad("run", c, 0, SPEC, 2, 7, c, None, secret=c, optim=momentum, base="@b",
+                                  base_secret="t"))
+    assert tier.clients() == 2 and tier.held == _held_now(tier) == 2 * one
+    assert ("run", "c1") not in tier._replicas  # the refused load left nothing
+    tier.release("run", "c0", "c0")
+    tier.load(SegmentLoad("run", "c1", 0, SPEC, 2, 7, "c1", None, secret="c1", optim=momentum, base="@b",
+                          base_secret="t"))
+    for c, s in (("c1", "c1"), ("@base.1", "t")):
+        tier.release("run", c, s)
+    assert tier.held == 0 and not tier._replicas
+
+
+def test_the_bound_on_what_a_tier_holds_comes_from_its_process_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tier_mod, "current_limits", lambda: BuildLimits(held_bytes=12345))
+    assert Tier("edge").max_held_bytes == 12345
+    monkeypatch.setattr(tier_mod, "current_limits", lambda: BuildLimits())
+    assert 0 < Tier("edge").max_held_bytes < memory_bytes(torch.device("cpu"))
+    with pytest.raises(ConfigError, match="held_bytes must be >= 0"):
+        BuildLimits(held_bytes=-1)
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["load", "release"]), st.integers(0, 3), st.sampled_from(["own", "R"]),
+                          st.integers(0, 6), st.integers(1, 7), st.sampled_from(["sgd", "adam"])),
+                min_size=1, max_size=25)
+
+
+@given(_ops, st.integers(1, 4))
+def test_what_a_tier_holds_is_its_segments_and_never_more_than_its_bound(ops, room: int) -> None:  # type: ignore[no-untyped-def]
+    """Loads (own replicas and a shared one, any blocks, optimizers with and without slots), re-loads and
+    releases in any order: the tier's count is what its replicas and bindings hold, never above its bound,
+    and nothing once everything is released."""
+    limit = room * _segment(0, 7, OptimConfig("adam")) // 2
+    tier = Tier("edge", idle_release_s=None, max_held_bytes=limit)
+    glob = initial_state(SPEC, 0)
+    for op, c, rep, start, length, opt in ops:
+        cid, stop = f"c{c}", min(7, start + length)
+        if op == "release":
+            tier.release("run", cid, "s")
+        else:
+            replica = cid if rep == "own" else "R"
+            try:
+                tier.load(SegmentLoad("run", cid, 0, SPEC, start, stop, replica, select(glob, start, stop),
+                                      secret="s", optim=OptimConfig(opt)))
+            except (ResourceExhausted, FailedPrecondition):
+                pass  # over the bound; or a re-load into another replica than the client's, or a shared one
+        assert tier.held == _held_now(tier) <= limit
+    for c in range(4):
+        tier.release("run", f"c{c}", "s")
+    assert tier.held == 0 and not tier._replicas and not tier._claims
+
+
+def test_a_tier_process_takes_its_bound_from_the_command_line() -> None:
+    """``splitfed tier --max-held-mb 1``: a load of vgg11's block 4 (a 1.1 MiB convolution, and its gradient) is
+    refused over gRPC with RESOURCE_EXHAUSTED, naming the option; the tier keeps serving (a small load after)."""
+    from splitfed.transport.client import GrpcTierClient
+    from splitfed.transport.process import TierProcess
+
+    vgg = resolve_spec("vgg11")
+    with TierProcess.start("cloud", insecure=True, extra_args=["--max-held-mb", "1"]) as cloud:
+        client = GrpcTierClient(cloud.address, insecure=True, retries=0)
+        try:
+            with pytest.raises(ResourceExhausted, match="--max-held-mb"):
+                client.load(SegmentLoad("run", "big", 0, vgg, 4, 5, "big", select(initial_state(vgg, 0), 4, 5),
+                                        secret="s"))
+            client.load(SegmentLoad("run", "small", 0, SPEC, 6, 7, "small", select(initial_state(SPEC, 0), 6, 7),
+                                    secret="s"))
+        finally:
+            client.close()

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from splitfed.commands._args import non_negative_float, positive_int
+from splitfed.commands._args import bounded_int, non_negative_float, positive_int
 from splitfed.engine.limits import (
     DEFAULT_LIMITS,
     IDLE_RELEASE_S,
@@ -53,6 +53,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="largest model (parameters) this tier builds, MiB (default: %(default)s)")
     p.add_argument("--max-sample-mb", type=positive_int, default=DEFAULT_LIMITS.sample_bytes >> 20,
                    help="largest tensor a model may make per sample, MiB (default: %(default)s)")
+    p.add_argument("--max-held-mb", type=bounded_int(0, 1 << 40), default=0, metavar="N",
+                   help="what the segments of every client and run may hold at once, MiB (weights, gradients "
+                        "and optimizer state); a load beyond is refused (default 0: three quarters of the "
+                        "memory of --torch-device)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--torch-device", default="cpu", metavar="DEV",
                    help="where this tier computes: cpu, cuda or cuda:N (default: cpu); what crosses the wire "
@@ -128,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
-    set_limits(BuildLimits(args.max_model_mb << 20, args.max_sample_mb << 20))
+    set_limits(BuildLimits(args.max_model_mb << 20, args.max_sample_mb << 20, args.max_held_mb << 20))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {args.name or role} %(levelname)s %(message)s")
     logging.getLogger("splitfed").setLevel(logging.INFO)  # the tier's status lines; libraries stay at WARNING

@@ -45,3 +45,12 @@ def torch_device(text: str, what: str = "--torch-device", *, here: bool = True) 
 def describe(dev: torch.device) -> str:
     """``cpu``, or ``cuda:0 (NVIDIA H200)``: what a tier's log and status name."""
     return f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else str(dev)
+
+
+def memory_bytes(dev: torch.device) -> int:
+    """The memory of ``dev``: the GPU's own, or the machine's (what a tier's segments share)."""
+    if dev.type == "cuda":
+        return int(torch.cuda.get_device_properties(dev).total_memory)
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

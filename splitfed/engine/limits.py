@@ -17,15 +17,24 @@ class BuildLimits:
     is built, so a tier refuses a model it could never hold (RESOURCE_EXHAUSTED)
     instead of running out of memory trying. ``splitfed tier --max-model-mb
     --max-sample-mb`` sets them for a tier process.
+
+    ``held_bytes``: what a tier's segments may hold at once, all clients and runs together (their weights and
+    buffers, gradients and optimizer state, as the cost model's fixed bytes count them); a load beyond it is
+    refused, not run into the machine's out-of-memory killer. 0: three quarters of the memory of the tier's
+    device when the tier starts. ``splitfed tier --max-held-mb`` sets it.
     """
 
     model_bytes: int = 4 << 30
     sample_bytes: int = 256 << 20
+    held_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("model_bytes", "sample_bytes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.held_bytes < 0:
+            raise ConfigError(f"held_bytes must be >= 0 (0: three quarters of the device's memory), "
+                              f"got {self.held_bytes}")
 
 
 DEFAULT_LIMITS = BuildLimits()

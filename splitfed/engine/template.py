@@ -200,6 +200,20 @@ def has_state(spec: ModelSpec, index: int) -> bool:
 
 
 @lru_cache(maxsize=256)
+def _held(key: str) -> tuple[tuple[int, int], ...]:
+    blocks = template(ModelSpec.from_dict(json.loads(key)))
+    with _lock:
+        return tuple((param_sizes([*m.parameters(), *m.buffers()])[1],
+                      param_sizes([p for p in m.parameters() if p.requires_grad])[1]) for m in blocks.modules)
+
+
+def held_bytes(spec: ModelSpec, index: int) -> tuple[int, int]:
+    """Block ``index``'s bytes of weights and buffers, and of the parameters that train (each storage once):
+    what a tier holds for it, besides a gradient and the optimizer's slots per byte that trains."""
+    return _held(_key(spec))[index]
+
+
+@lru_cache(maxsize=256)
 def _first_params(key: str) -> int:
     """The first block with a parameter that trains (``requires_grad``; L: none)."""
     blocks = template(ModelSpec.from_dict(json.loads(key)))

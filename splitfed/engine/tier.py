@@ -39,7 +39,8 @@ from torch import nn
 from splitfed.aggregate import Partial
 from splitfed.engine import template
 from splitfed.engine.checks import all_finite, check_returned, check_tensor
-from splitfed.engine.limits import IDLE_RELEASE_S
+from splitfed.engine.compute import memory_bytes
+from splitfed.engine.limits import IDLE_RELEASE_S, current_limits
 from splitfed.engine.link import Link
 from splitfed.engine.types import (
     Reduced,
@@ -82,6 +83,7 @@ class _Replica:
     secret: str = field(default="", repr=False)  # of the load that made it: only loads with it may bind to it
     loading: int = 0  # loads binding to it now: a replica being loaded is never dropped nor duplicated
     model: ModelSpec | None = None  # whose blocks it holds: a load of another model must not bind them
+    held: int = 0  # bytes its blocks hold (weights, buffers, a gradient per byte that trains): Tier.held
 
 
 @dataclass
@@ -103,6 +105,7 @@ class _Binding:
     holds_lock: bool = False
     last_used: float = 0.0
     backward: threading.Lock = field(default_factory=threading.Lock)  # one backward at a time: a retry waits
+    held: int = 0  # bytes of its optimizer's slots: Tier.held
 
 
 def _same_secret(held: str, given: str) -> bool:
@@ -173,7 +176,10 @@ class Tier:
 
     def __init__(self, name: str = "edge", next: Link | None = None, *, max_batch: int = 4096,
                  max_clients: int = 10_000, idle_release_s: float | None = IDLE_RELEASE_S,
-                 clock: Callable[[], float] = time.monotonic, torch_device: str | torch.device = "cpu") -> None:
+                 clock: Callable[[], float] = time.monotonic, torch_device: str | torch.device = "cpu",
+                 max_held_bytes: int | None = None) -> None:
+        """``max_held_bytes``: what its segments may hold at once (``BuildLimits.held_bytes``; None: this
+        process's limit, whose 0 is three quarters of the memory of ``torch_device``)."""
         if idle_release_s is not None and not (math.isfinite(idle_release_s) and idle_release_s > 0):
             raise ValueError(f"idle_release_s must be a positive number of seconds or None, got {idle_release_s}")
         self.name = name
@@ -182,6 +188,10 @@ class Tier:
         self.max_batch = max_batch
         self.max_clients = max_clients
         self.idle_release_s = idle_release_s
+        held = current_limits().held_bytes if max_held_bytes is None else max_held_bytes
+        self.max_held_bytes = held or memory_bytes(self.torch_device) * 3 // 4
+        self.held = 0  # bytes its segments hold now (replicas' blocks, bindings' optimizers)
+        self._reserved = 0  # bytes loads in flight may add
         self._clock = clock
         self._lock = threading.Lock()
         self._replicas: dict[tuple[str, str], _Replica] = {}
@@ -210,6 +220,7 @@ class Tier:
                 raise ResourceExhausted(f"tier {self.name} already holds {MAX_BASES} base segments" if
                                         is_base(spec.client_id) else
                                         f"tier {self.name} already serves {self.max_clients} clients")
+            need = self._reserve(spec, rkey, bkey)
             base = self._base(spec)
             # got or made under the lock: clients of one replica loaded at once all bind to the same one
             replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret, model=spec.model))
@@ -218,32 +229,64 @@ class Tier:
             # before it writes anything (else it could write a replica and only then be refused)
             self._claims.setdefault(bkey, [spec.secret, 0])[1] += 1
         try:
-            binding = self._bind(spec, replica, base)
+            binding, added = self._bind(spec, replica, base)
         except BaseException:
             with self._lock:
                 replica.loading -= 1
+                self._reserved -= need
                 self._unclaim(bkey)
                 if not replica.users and not replica.loading and self._replicas.get(rkey) is replica:
-                    del self._replicas[rkey]  # a failed first load leaves no empty replica behind
+                    self._drop_replica(rkey)  # a failed first load leaves no empty replica behind
             raise
         with self._lock:
             replica.loading -= 1
+            self._reserved -= need
+            replica.held += added
+            self.held += added
             self._unclaim(bkey)
             try:
                 self._authorize_load(spec, rkey)  # again: a concurrent load may have bound the client meanwhile
             except PermissionDenied:
                 if not replica.users and not replica.loading and self._replicas.get(rkey) is replica:
-                    del self._replicas[rkey]
+                    self._drop_replica(rkey)
                 raise
             old = self._bindings.get(bkey)
             if old is not None:
                 self._unbind(bkey, old)
             replica.users.add(spec.client_id)
+            if self._replicas.get(rkey) is not replica:  # the old binding was its last user: held again
+                self.held += replica.held
             self._replicas[rkey] = replica
             self._bindings[bkey] = binding
+            self.held += binding.held
             self._bases += is_base(spec.client_id)
 
-    def _bind(self, spec: SegmentLoad, replica: _Replica, base: _Replica | None = None) -> _Binding:
+    def _reserve(self, spec: SegmentLoad, rkey: tuple[str, str], bkey: tuple[str, str]) -> int:
+        """The bytes the load may add, set aside under ``self._lock``; RESOURCE_EXHAUSTED if they would take
+        the tier's segments over ``max_held_bytes`` (after letting go of what vanished coordinators left)."""
+        replica = self._replicas.get(rkey)
+        have = replica.blocks if replica is not None else {}
+        need = 0
+        for i in range(spec.start, spec.stop):
+            weights, trains = template.held_bytes(spec.model, i)
+            need += (weights + trains) * (i not in have) + trains * spec.optim.slots
+        old = self._bindings.get(bkey)
+        freed = old.held if old is not None else 0  # a re-load replaces the client's optimizer
+        if self.held + self._reserved + need - freed > self.max_held_bytes:
+            self._sweep_locked()
+            if self.held + self._reserved + need - freed > self.max_held_bytes:
+                raise ResourceExhausted(
+                    f"tier {self.name}: load of client {spec.client_id!r} would add {mib_text(need)} to the "
+                    f"{mib_text(self.held + self._reserved)} its segments hold, over its "
+                    f"{mib_text(self.max_held_bytes)} (splitfed tier --max-held-mb)")
+        self._reserved += need
+        return need
+
+    def _drop_replica(self, rkey: tuple[str, str]) -> None:
+        """Let go of a replica nobody binds nor loads (under ``self._lock``)."""
+        self.held -= self._replicas.pop(rkey).held
+
+    def _bind(self, spec: SegmentLoad, replica: _Replica, base: _Replica | None = None) -> tuple[_Binding, int]:
         """The binding of ``spec`` to ``replica``, its missing blocks written into it, the blocks its state leaves
         out copied from ``base``; nothing changes if refused.
 
@@ -268,14 +311,17 @@ class Tier:
                     segment.load_state_dict(state, strict=False)
             for i in missing:
                 replica.blocks[i] = new[i]
+            added = sum(sum(template.held_bytes(spec.model, i)) for i in missing)
             segment.train()
             in_shape, in_dtype = template.boundary(spec.model, spec.start)
             out_shape, _ = template.boundary(spec.model, spec.stop)
             # the binding keeps the load's settings, not its tensors (written into the segment above): a tier
             # holding each client's weights twice would halve the clients it can serve
+            slots = spec.optim.slots * sum(template.held_bytes(spec.model, i)[1] for i in range(spec.start, spec.stop))
             return _Binding(replace(spec, state=None), replica, segment, spec.optim.build(list(segment.parameters())),
                             in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start),
-                            ends_model=spec.stop == template.num_blocks(spec.model), last_used=self._clock())
+                            ends_model=spec.stop == template.num_blocks(spec.model), last_used=self._clock(),
+                            held=slots), added
 
     def _full(self, spec: SegmentLoad) -> bool:
         """Whether another binding like ``spec`` would pass the tier's bounds (under ``self._lock``): clients
@@ -447,11 +493,12 @@ class Tier:
             b.holds_lock = False
             b.replica.lock.release()
         del self._bindings[bkey]
+        self.held -= b.held
         self._bases -= is_base(bkey[1])
         b.replica.users.discard(bkey[1])
         rkey = (bkey[0], b.spec.replica)
         if not b.replica.users and not b.replica.loading and self._replicas.get(rkey) is b.replica:
-            del self._replicas[rkey]
+            self._drop_replica(rkey)
 
     def clients(self) -> int:
         with self._lock:
