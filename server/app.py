@@ -43,6 +43,7 @@ from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
 from splitfed.flower.workload import check_converging, evaluate, partitions_digest, test_data
 from splitfed.models import rng
+from splitfed.profile.fleet import fleet_digest
 from splitfed.sim.clock import fleet_for, make_clock
 from splitfed.sim.tiers import tier_chain
 
@@ -108,7 +109,8 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
 def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None,
             recorded_as: RunSettings | None = None) -> dict[str, Any]:
     data = data_digest(settings)  # once: hashing a dataset's files each round would cost seconds
-    ckpt = _resume(settings, data)
+    fleet_sha = fleet_digest(settings.fleet)
+    ckpt = _resume(settings, data, fleet_sha)
     settings = named(settings, ckpt)
     recorded = (recorded_as or settings).with_(run_name=settings.run_name).to_dict()
     # the key of the clients' binding secrets: a run resumed under its own name keeps it (its loads then
@@ -159,7 +161,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             if writer is not None:
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
                     rnd, state_now, recorded, dict(strategy.previous), policy.state_dict(),
-                    torch.get_rng_state(), data, binding_key=binding_key))
+                    torch.get_rng_state(), data, fleet=fleet_sha, binding_key=binding_key))
             started = time.perf_counter()
 
         strategy.start(grid, state_to_record(state), num_rounds=settings.rounds,
@@ -180,9 +182,10 @@ def data_digest(settings: RunSettings) -> str:
         settings.spec, settings.dataset, settings.partition, settings.clients, settings.seed)
 
 
-def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | None:
+def _resume(settings: RunSettings, data: str = "", fleet: str = "") -> checkpoint.Checkpoint | None:
     """The checkpoint to continue from, if it may be: the same math (settings) on the same data (``data``,
-    :func:`data_digest` now)."""
+    :func:`data_digest` now) and the same fleet (``fleet``, its :func:`~splitfed.profile.fleet.fleet_digest`
+    now: its devices drive the simulated clock and the cuts)."""
     if not settings.resume:
         return None
     ckpt = checkpoint.load(settings.out)
@@ -202,6 +205,10 @@ def _resume(settings: RunSettings, data: str = "") -> checkpoint.Checkpoint | No
         raise ConfigError(f"cannot resume: the clients would train on other samples than before the checkpoint "
                           f"(partition {settings.partition!r} deals them out otherwise in this splitfed version); "
                           "start the run over with --overwrite")
+    if fleet and ckpt.fleet and fleet != ckpt.fleet:
+        raise ConfigError(f"cannot resume: the devices of fleet {settings.fleet!r} changed since the checkpoint "
+                          f"(sha256 {ckpt.fleet[:12]}... then, {fleet[:12]}... now): the rounds before were "
+                          "simulated and cut on the old ones; put the old fleet file back or start a new run")
     check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
     _same_model(settings, ckpt)
     return ckpt
@@ -232,7 +239,7 @@ def check_resume(settings: RunSettings) -> None:
     """Refuse now, before anything starts, the resumption :func:`_resume` would refuse once the run has
     started: other math, or dataset files that changed since the checkpoint."""
     if settings.resume:
-        _resume(settings, data_digest(settings))
+        _resume(settings, data_digest(settings), fleet_digest(settings.fleet))
 
 
 def named(settings: RunSettings, ckpt: checkpoint.Checkpoint | None = None) -> RunSettings:

@@ -239,6 +239,30 @@ def test_resume_on_a_changed_dataset_is_refused_before_anything_starts(tmp_path,
            "... then, " in err, err
 
 
+def test_resume_on_a_fleet_whose_devices_changed_is_refused_before_anything_starts(tmp_path, monkeypatch,
+                                                                                   capsys) -> None:
+    """Before, a fleet file edited between a crash and its resume was taken as it was now: the rounds after
+    were simulated on other devices than the ones before, under the same client names, and the adaptive
+    policy carried what it had learned of the old ones. A comment changes nothing: the devices are compared."""
+    import splitfed.sim.runner
+    from splitfed.profile.fleet import fleet_digest
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", lambda *a, **k: pytest.fail("started"))
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[edge]\nprofile = "edge-server"\n[[device]]\nname = "pi"\nprofile = "rpi4"\n')
+    run = tmp_path / "run"
+    settings = RunSettings(fleet=str(fleet), clients=2, rounds=1, out=str(run))
+    checkpoint.save(run, checkpoint.Checkpoint(1, {"w": torch.ones(2)}, settings.to_dict(),
+                                               fleet=fleet_digest(fleet)))
+    fleet.write_text("# the same devices\n" + fleet.read_text())
+    assert fleet_digest(fleet) == checkpoint.load(run).fleet
+    fleet.write_text(fleet.read_text().replace("rpi4", "laptop"))
+    assert main(["simulate", "--resume", str(run), "--rounds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"cannot resume: the devices of fleet '{fleet}' changed since the checkpoint (sha256 " in err, err
+
+
 _MCU_FLEET = """
 [edge]
 profile = "edge-server"

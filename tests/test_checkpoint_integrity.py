@@ -82,13 +82,27 @@ def test_any_changed_byte_is_refused_or_changes_nothing(tmp_path_factory, writte
 
 
 def test_a_checkpoint_from_before_the_digest_still_loads(tmp_path):
-    """Checkpoints written by earlier versions carry no digest: they load as they did."""
+    """Checkpoints written by earlier versions (format 1) may carry no digest: they load as they did."""
     checkpoint.save(tmp_path, _ckpt())
     path = tmp_path / checkpoint.FILENAME
     payload = torch.load(path, weights_only=True)
     del payload["sha256"]
+    payload["format"] = 1
     torch.save(payload, path)
     assert _same(checkpoint.load(tmp_path), _ckpt())
+
+
+def test_a_checkpoint_whose_digest_was_taken_out_is_refused(tmp_path):
+    """Before, a file without its sha256 read as one from before the digest was kept: a weight changed and
+    the digest deleted loaded as if whole."""
+    checkpoint.save(tmp_path, _ckpt())
+    path = tmp_path / checkpoint.FILENAME
+    payload = torch.load(path, weights_only=True)
+    del payload["sha256"]
+    next(iter(payload["state"].values())).fill_(7.0)
+    torch.save(payload, path)
+    with pytest.raises(ConfigError, match=r"checkpoint\.pt is damaged: its sha256 is missing"):
+        checkpoint.load(tmp_path)
 
 
 def _full_disk(folder: Path, code: str, limit: int) -> subprocess.CompletedProcess:

@@ -342,6 +342,16 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
         checkpoint.load(tmp_path)
 
 
+def test_a_lost_checkpoint_beside_kept_rounds_is_named_so(tmp_path):
+    """The metrics hold finished rounds but the checkpoint is gone (deleted, moved, a partial copy). Before,
+    the message said no round had finished and to start again with --out, which the folder then refused."""
+    (tmp_path / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n')
+    with pytest.raises(ConfigError, match=r"checkpoint\.pt is missing, though .*metrics\.jsonl holds 2 finished "
+                                          r"round\(s\): put the checkpoint back, or start the run over with "
+                                          r"--overwrite"):
+        checkpoint.load(tmp_path)
+
+
 def test_metrics_writer_truncates_on_resume(tmp_path):
     w = MetricsWriter(tmp_path)
     for r in (1, 2, 3):

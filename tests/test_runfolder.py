@@ -278,8 +278,17 @@ def test_a_resume_with_nothing_to_do_writes_a_lost_summary_again(tmp_path, capsy
     assert main(["simulate", "--resume", str(tmp_path), "--json"]) == 0
     assert "nothing to do" in capsys.readouterr().err
     got = json.loads((tmp_path / SUMMARY).read_text())
-    assert got.pop("settings")["resume"] is True and want.pop("settings")["resume"] is False
-    assert got == want and got["rounds"] == 2
+    assert got == want and got["rounds"] == 2  # settings included: the run as it was recorded
+
+
+def test_a_resume_for_fewer_rounds_than_held_leaves_the_record_as_it_was(tmp_path, capsys, monkeypatch):
+    """Before, ``--resume DIR --rounds 1`` of a 2-round run rewrote its summary with ``rounds: 1`` in its
+    settings: a record of a run that never was."""
+    _two_rounds(tmp_path, monkeypatch)
+    want = (tmp_path / SUMMARY).read_bytes()
+    assert main(["simulate", "--resume", str(tmp_path), "--rounds", "1", "--json"]) == 0
+    assert "nothing to do" in capsys.readouterr().err
+    assert (tmp_path / SUMMARY).read_bytes() == want
 
 
 @pytest.mark.parametrize("damage, words", [

@@ -139,17 +139,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _finished(settings: RunSettings) -> dict[str, Any] | None:
     """A resumed run whose checkpoint already holds its last round: its summary, with nothing started."""
-    from splitfed.flower import checkpoint
+    from splitfed.flower import checkpoint, runfolder
     from splitfed.flower.metrics import summary_again
 
     if not settings.resume:
         return None
-    done = checkpoint.load(settings.out).round
+    ckpt = checkpoint.load(settings.out)
+    done = ckpt.round
     if done < settings.rounds:
         return None
     print(f"nothing to do: {settings.out} already holds round {done} of {settings.rounds} "
           f"(to train on: --resume {settings.out} --rounds {done + 1} or more)", file=sys.stderr)
-    return summary_again(settings.out, done, settings.to_dict())
+    runfolder.check(settings.out, resume=True, overwrite=False)  # no run writes there now
+    # the run as it was recorded: a --rounds below its last round asked for nothing, and changes no record
+    return summary_again(settings.out, done, ckpt.settings)
 
 
 def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:

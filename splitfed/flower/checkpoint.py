@@ -31,9 +31,10 @@ import torch
 
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
+from splitfed.flower.metrics import METRICS
 
 FILENAME = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2  # 2: the sha256 is always there (a format-1 file may lack it: written before it was kept)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Checkpoint:
     policy: dict[str, Any] = field(default_factory=dict)
     rng: torch.Tensor = field(default_factory=torch.get_rng_state)
     data: str = ""  # sha256 of the dataset's files ("": none read, or a checkpoint from before it was kept)
+    fleet: str = ""  # sha256 of the fleet as read (profile.fleet_digest; "": a checkpoint from before it was kept)
     where: str = ""  # "HOST:/absolute/folder" it was written in ("": a checkpoint from before it was kept)
     # the run's key of its clients' binding secrets (RoundConfig.binding_key): a run resumed under its own name
     # derives the secrets the crashed one loaded with, so its loads may replace what it left on the tiers
@@ -88,7 +90,8 @@ def save(folder: str | Path, ckpt: Checkpoint) -> Path:
 
 def _save(folder: Path, ckpt: Checkpoint) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data, "where": place(folder),
+    meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data, "fleet": ckpt.fleet,
+            "where": place(folder),
             "assignment": {k: list(v) for k, v in ckpt.assignment.items()}, "binding_key": ckpt.binding_key}
     payload = {"format": FORMAT, "round": int(ckpt.round), "meta": json.dumps(meta, sort_keys=True),
                "rng": ckpt.rng.clone(), "state": {k: v.detach().cpu().clone() for k, v in ckpt.state.items()}}
@@ -140,13 +143,22 @@ def load(folder: str | Path) -> Checkpoint:
     if not folder.exists():
         raise ConfigError(f"cannot resume: there is no folder {folder}")
     if not path.is_file():
+        rows = folder / METRICS
+        kept = sum(1 for line in rows.read_text(errors="replace").splitlines() if line.strip()) \
+            if rows.is_file() else 0
+        if kept:  # the rounds happened: the checkpoint was lost after (deleted, moved, a partial copy)
+            raise ConfigError(f"cannot resume: {path} is missing, though {rows} holds {kept} finished round(s): "
+                              "put the checkpoint back, or start the run over with --overwrite")
         raise ConfigError(f"cannot resume: {path} does not exist (no round of that run finished: start it again "
                           "with --out)")
     try:
         payload = torch.load(path, weights_only=True)
-        if payload.get("format") != FORMAT:
+        if payload.get("format") not in (1, FORMAT):
             raise ConfigError(f"{path}: checkpoint format {payload.get('format')!r}, expected {FORMAT}")
-        saved = payload.get("sha256")  # None: a checkpoint from before the digest was kept
+        saved = payload.get("sha256")  # None: a format-1 checkpoint from before the digest was kept
+        if saved is None and payload["format"] == FORMAT:
+            raise ConfigError(f"cannot resume: {path} is damaged: its sha256 is missing (every checkpoint of "
+                              f"format {FORMAT} is written with one); restore it from a copy or start a new run")
         if saved is not None and saved != digest(payload):
             raise ConfigError(f"cannot resume: {path} is damaged: what it holds no longer matches the sha256 "
                               "written with it (a checkpoint is replaced whole, so this file was changed after "
@@ -155,6 +167,7 @@ def load(folder: str | Path) -> Checkpoint:
         return Checkpoint(round=int(payload["round"]), state=dict(payload["state"]), settings=meta["settings"],
                           assignment={k: tuple(v) for k, v in meta["assignment"].items()},
                           policy=meta["policy"], rng=payload["rng"], data=str(meta.get("data", "")),
+                          fleet=str(meta.get("fleet", "")),
                           where=str(meta.get("where", "")), binding_key=str(meta.get("binding_key", "")))
     except ConfigError:
         raise

@@ -222,6 +222,21 @@ def load_fleet(path: str | Path) -> Fleet:
     return parse_fleet(tomlio.read_text(p, "fleet file"), source=str(p))
 
 
+def fleet_digest(path: str | Path) -> str:
+    """The sha256 of the devices and tiers a fleet file says, as read (not its bytes: a comment changes
+    nothing): what a checkpoint keeps, so that a resume on a fleet that changed is refused, not simulated on
+    other devices than the rounds before it."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    f = load_fleet(path)
+    said = {"edge": asdict(f.edge), "cloud": asdict(f.cloud) if f.cloud else None,
+            "edge_link": asdict(f.edge_link) if f.edge_link else None,
+            "clients": [asdict(c) for c in f.clients]}
+    return hashlib.sha256(json.dumps(said, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def shipped_fleets() -> list[str]:
     d = resources.files("splitfed") / "fleets"
     return sorted(f.name[:-5] for f in d.iterdir() if f.name.endswith(".toml"))
