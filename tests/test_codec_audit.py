@@ -395,7 +395,7 @@ def test_bad_topk_indices_are_refused(idx: list[int]) -> None:
 # ---------------------------------------------------------------- 3. bytes the cost model charges
 
 
-@pytest.mark.parametrize("codec", ["none", "fp16", "int8", "topk:0.1", "topk:0.07", "topk:0.3", "topk:1", "topk:1e-4"])
+@pytest.mark.parametrize("codec", ["none", "fp16", "int8", "topk:0.1", "topk:0.07", "topk:0.3", "topk:1", "topk:0.001"])
 @pytest.mark.parametrize("samples,features", [(1, 1), (32, 10), (7, 3 * 32 * 32), (64, 256), (100, 1), (5, 7)])
 def test_the_cost_model_prices_the_payload_the_codec_sends(codec: str, samples: int, features: int) -> None:
     """A float32 boundary tensor (every model of the zoo) and int64 labels or token ids: the payload the
@@ -506,7 +506,7 @@ def test_the_same_values_always_encode_to_the_same_bytes(values: list[float], ho
 # ---------------------------------------------------------------- codec names
 
 
-@given(fraction=st.floats(1e-9, 1.0))
+@given(fraction=st.floats(1e-3, 1.0))
 def test_a_codec_name_parses_back_to_the_same_codec(fraction: float) -> None:
     """A tier reports its next hop's codec by name and a run compares names: ``topk:{:g}`` rounded the
     fraction to 6 digits, so topk:0.1234567 and topk:0.1234568 were reported (and compared) alike."""

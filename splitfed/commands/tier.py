@@ -20,6 +20,7 @@ from splitfed.engine.limits import (
     DEFAULT_LIMITS,
     IDLE_RELEASE_S,
     STREAM_IDLE_S,
+    STREAM_MIN_BYTES_S,
     BuildLimits,
     set_limits,
 )
@@ -65,8 +66,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="release a client's segment nobody has used for S seconds: what a vanished coordinator "
                         "left behind (default %(default).0f; 0: never). Keep it above your longest round")
     p.add_argument("--stream-idle-s", type=non_negative_float, default=STREAM_IDLE_S, metavar="S",
-                   help="cancel a request stream that sends nothing for S seconds: it holds a worker thread "
-                        "(default %(default).0f; 0: never). Keep it above one message's time on your slowest link")
+                   help="cancel a stream that stops making progress: a request that sends nothing, or a reply "
+                        "nobody reads, for S seconds (each holds a worker thread; default %(default).0f; 0: "
+                        "never). Keep it above one message's time on your slowest link")
+    p.add_argument("--stream-min-kbps", type=non_negative_float, default=STREAM_MIN_BYTES_S * 8 / 1000,
+                   metavar="K", help="and one that moves less than K kbit/s on average, e.g. empty frames "
+                   "(default %(default).0f: a fifth of the slowest link of the shipped device profiles; 0: "
+                   "any frame is progress)")
     p.add_argument("--status-every-s", type=non_negative_float, default=300.0, metavar="S",
                    help="log what the tier holds and has served every S seconds, when it changed "
                         "(default %(default).0f; 0: never)")
@@ -144,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                         next_compress=args.compress, next_deadline_s=args.deadline,
                         allowed_models=args.allow_model, idle_release_s=args.idle_release_s or None,
                         status_every_s=args.status_every_s or None, torch_device=args.torch_device,
-                        stream_idle_s=args.stream_idle_s or None)
+                        stream_idle_s=args.stream_idle_s or None,
+                        stream_min_bytes_s=args.stream_min_kbps * 1000 / 8)
     # the first optimizer built imports torch._dynamo (seconds): start that now rather than in a client's load
     threading.Thread(target=lambda: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
                      daemon=True).start()

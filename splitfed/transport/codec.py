@@ -14,7 +14,10 @@ labels or token ids always travel exactly):
   so that the span and the decoder's steps stay finite, while a NaN or +-inf
   makes the whole tensor arrive non-finite (and the receiver refuses it);
 - ``topk:F``: the ceil(F * n) largest magnitudes: int32 indices (strictly
-  increasing), then their values in the tensor's dtype.
+  increasing), then their values in the tensor's dtype. F is at least
+  MIN_TOPK_FRACTION (0.001), wherever a codec is made (a setting, a frame's
+  codec): a receiver builds the whole dense tensor from the k values it is
+  sent, so this bounds what a few received bytes may make it allocate.
 
 Receivers check everything against the declared dtype, shape and codec before
 using a byte; a mismatch raises :class:`~splitfed.errors.InvalidArgument`.
@@ -52,6 +55,12 @@ DTYPE_CODES: dict[torch.dtype, int] = {v: k for k, v in DTYPES.items()}
 KINDS = {"none": 0, "fp16": 1, "int8": 2, "topk": 3}
 KIND_NAMES = {v: k for k, v in KINDS.items()}
 MAX_DIMS = limits.MAX_DIMS  # the engine's, so that an in-process link keeps it too
+# The smallest share of its values a top-k tensor may keep, 0.1% (deep gradient compression's 99.9% sparsity,
+# the sparsest in common use): k >= MIN_TOPK_FRACTION * numel. A receiver allocates the dense tensor (numel
+# values) from k values of 4 + itemsize bytes each: at most itemsize / ((4 + itemsize) * MIN_TOPK_FRACTION)
+# bytes per payload byte, 500 for float32. Without it one value (a frame of ~100 bytes, fraction 1e-9) made a
+# tier allocate and zero its largest tensor, 512 MiB, per call, before the call's ids or shape were checked.
+MIN_TOPK_FRACTION = 1e-3
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,10 @@ class Codec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"unknown codec {self.kind!r}: use none, fp16, int8 or topk:FRACTION")
-        if self.kind == "topk" and not (0.0 < self.fraction <= 1.0 and math.isfinite(self.fraction)):
-            raise ConfigError(f"top-k fraction must lie in (0, 1], got {self.fraction}")
+        if self.kind == "topk" and not (MIN_TOPK_FRACTION <= self.fraction <= 1.0 and math.isfinite(self.fraction)):
+            raise ConfigError(f"top-k fraction must lie in [{MIN_TOPK_FRACTION:g}, 1] (a receiver builds the dense "
+                              f"tensor from the values kept: at most {round(1 / MIN_TOPK_FRACTION)} values per value "
+                              f"sent), got {self.fraction}")
 
     @classmethod
     def parse(cls, name: str | Codec | None) -> Codec:

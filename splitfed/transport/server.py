@@ -30,7 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import splitfed
 from splitfed.engine import compute
-from splitfed.engine.limits import IDLE_RELEASE_S, STREAM_IDLE_S, current_limits
+from splitfed.engine.limits import IDLE_RELEASE_S, STREAM_IDLE_S, STREAM_MIN_BYTES_S, current_limits
 from splitfed.engine.link import Link
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import OptimConfig, ReduceItem, SegmentLoad, StepKey
@@ -59,67 +59,157 @@ PHASE_TENSORS = {pb.PHASE_STEP: ("activation", "labels"), pb.PHASE_FORWARD: ("ac
                  pb.PHASE_BACKWARD: ("gradient",)}
 
 
+@dataclass(eq=False)
+class _Watched:
+    """One open stream: ``left`` seconds of waiting it may still spend, counted from ``since`` while the tier waits
+    for its caller (None: while the tier itself works on it, which the caller is not charged for)."""
+
+    context: grpc.ServicerContext
+    what: str  # "StepStream request stream", "Fetch reply", ...
+    left: float
+    since: float | None
+    started: float
+    bytes: int = 0
+    frames: int = 0
 
 
 class _IdleStreams:
-    """Cancels request streams (StepStream, Load) that send nothing for ``idle_s``: reading one holds one of the
-    server's few worker threads, so a caller that opens streams and goes quiet would otherwise stop every call.
-    A client sends a call's frames as fast as its link takes them; one watcher thread, only while streams are open."""
+    """Cancels streams that stop making progress: each holds one of the server's few worker threads while it is
+    open, so a caller that opens streams and then goes quiet, drips, or never reads would otherwise stop every
+    call.
 
-    def __init__(self, idle_s: float | None) -> None:
+    A request stream (StepStream, Load) makes progress by delivering frames, a reply stream (Fetch, Reduce,
+    StepStream's reply) by gRPC taking its frames, which it does only as fast as the caller reads. A stream
+    starts with ``idle_s`` seconds of credit; each frame of n bytes adds n / ``min_bytes_s`` seconds (at most
+    ``idle_s`` in all), and the time the tier waits for the caller spends it. A stream out of credit is cancelled
+    (RESOURCE_EXHAUSTED, counted as a refusal, logged): one that moves nothing for ``idle_s`` is, as before, and
+    so, after about ``idle_s``, is one that moves frames with next to nothing in them (an empty frame a second).
+    Time the tier spends on a stream itself (decoding, computing the reply) is not charged to its caller.
+
+    The floor, 16 kB/s (128 kbit/s) by default: a fifth of the slowest link of the shipped device profiles
+    (0.7 Mbit/s), so a real device meets it with room for protocol overhead and a shared link; a frame of
+    ``chunk_bytes`` (1 MiB) then buys the whole ``idle_s``, and a client sends a call's frames as fast as its
+    link takes them. A caller that holds a worker must keep spending that bandwidth on it: a drip holds no
+    worker for free. A floor of 0 counts frames alone (any frame restores the whole ``idle_s``). One watcher
+    thread, only while streams are open."""
+
+    def __init__(self, idle_s: float | None, min_bytes_s: float = STREAM_MIN_BYTES_S) -> None:
         if idle_s is not None and not (math.isfinite(idle_s) and idle_s > 0):
             raise ConfigError(f"stream_idle_s must be a positive number of seconds or None, got {idle_s}")
+        if not (math.isfinite(min_bytes_s) and min_bytes_s >= 0):
+            raise ConfigError(f"stream_min_bytes_s must be a number of bytes per second >= 0, got {min_bytes_s}")
         self.idle_s = idle_s
+        self.min_bytes_s = float(min_bytes_s)
         self.on_cancel: Callable[[grpc.StatusCode], None] | None = None  # counts it as a refusal
         self.cancelled = 0
         self._lock = threading.Lock()
-        self._open: dict[int, list[Any]] = {}  # id -> [last message (monotonic), context, cancelled]
+        self._open: dict[int, _Watched] = {}
         self._ids = itertools.count()
         self._watcher: threading.Thread | None = None
 
-    def watch(self, frames: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+    def watch(self, frames: Iterable[bytes], context: grpc.ServicerContext, what: str = "request stream"
+              ) -> Iterator[bytes]:
+        """``frames`` (a request stream), cancelled when its caller stops delivering them."""
         if self.idle_s is None:
             yield from frames
             return
-        entry: list[Any] = [time.monotonic(), context, False]
+        key, entry = self._add(context, what, waiting=True)
+        try:
+            it = iter(frames)
+            while True:
+                try:
+                    f = next(it)  # the tier waits for its caller: charged
+                except StopIteration:
+                    return
+                self._moved(entry, f)
+                yield f  # the tier works on it: not charged
+                self._wait(entry)
+        finally:
+            self._remove(key)
+
+    def reply(self, frames: Iterable[bytes], context: grpc.ServicerContext, what: str) -> Iterator[bytes]:
+        """``frames`` (a reply stream), cancelled when gRPC stops taking them: its caller does not read."""
+        if self.idle_s is None:
+            yield from frames
+            return
+        key, entry = self._add(context, what, waiting=False)
+        try:
+            for f in frames:  # making the frame: not charged
+                self._wait(entry)
+                yield f  # gRPC sends it, as flow control lets it: charged until it asks for the next
+                self._moved(entry, f)
+        finally:
+            self._remove(key)
+
+    def _add(self, context: grpc.ServicerContext, what: str, waiting: bool) -> tuple[int, _Watched]:
+        assert self.idle_s is not None
+        now = time.monotonic()
+        entry = _Watched(context, what, self.idle_s, now if waiting else None, now)
         with self._lock:
             key = next(self._ids)
             self._open[key] = entry
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._loop, name="tier-idle-streams", daemon=True)
                 self._watcher.start()
-        try:
-            for f in frames:
-                entry[0] = time.monotonic()
-                yield f
-        finally:
-            with self._lock:
-                self._open.pop(key, None)
+        return key, entry
+
+    def _remove(self, key: int) -> None:
+        with self._lock:
+            self._open.pop(key, None)
+
+    def _moved(self, entry: _Watched, frame: object) -> None:
+        """A frame went (arrived, or was taken by gRPC): the wait is charged, the frame's bytes credited."""
+        assert self.idle_s is not None
+        n = len(frame) if isinstance(frame, bytes | bytearray | memoryview) else 0
+        now = time.monotonic()
+        with self._lock:
+            spent = 0.0 if entry.since is None else now - entry.since
+            gain = n / self.min_bytes_s if self.min_bytes_s else self.idle_s
+            entry.left = min(self.idle_s, max(entry.left - spent, 0.0) + gain)
+            entry.since = None
+            entry.bytes += n
+            entry.frames += 1
+
+    def _wait(self, entry: _Watched) -> None:
+        with self._lock:
+            entry.since = time.monotonic()
 
     def _loop(self) -> None:
         assert self.idle_s is not None
         while True:
             time.sleep(min(1.0, self.idle_s / 4))
-            now, quiet = time.monotonic(), []
+            now, stalled = time.monotonic(), []
             with self._lock:
                 if not self._open:
                     self._watcher = None
                     return
-                for entry in self._open.values():
-                    if not entry[2] and now - entry[0] > self.idle_s:
-                        entry[2] = True
-                        quiet.append(entry[1])
-                self.cancelled += len(quiet)
-            for context in quiet:
-                log.warning("cancelled a request stream that sent nothing for %.0f s (from %s)", self.idle_s,
-                            context.peer())
-                why = f"request stream sent nothing for {self.idle_s:g} s: cancelled (it held a worker thread)"
-                try:  # with a status that says why: grpc's call object (internal); a plain CANCELLED otherwise
-                    context._rpc_event.call.cancel(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], why)
-                except Exception:  # noqa: BLE001 - another grpc version: cancel all the same
-                    context.cancel()
-                if self.on_cancel is not None:
-                    self.on_cancel(grpc.StatusCode.RESOURCE_EXHAUSTED)
+                for key, e in list(self._open.items()):
+                    if e.since is not None and now - e.since > e.left:
+                        del self._open[key]  # once: its handler may never run again to unwatch it
+                        stalled.append(e)
+            for e in stalled:
+                self._cancel(e, now)
+
+    def _cancel(self, e: _Watched, now: float) -> None:
+        try:
+            if not e.context.is_active():  # its caller went away (or it ended): nothing to free, nothing refused
+                return
+            peer = e.context.peer()
+        except Exception:  # noqa: BLE001 - the call is gone already
+            return
+        why = (f"it moved {e.bytes} bytes in {e.frames} frame(s) in {now - e.started:.1f} s: a stream must move a "
+               f"frame at least every {self.idle_s:g} s and {self.min_bytes_s:g} bytes/s on average (it holds "
+               "one of the tier's worker threads)")
+        log.warning("cancelled %s from %s: %s", e.what, peer, why)
+        details = f"{e.what} cancelled: {why}"
+        try:  # with a status that says why: grpc's call object (internal); a plain CANCELLED otherwise
+            e.context._rpc_event.call.cancel(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], details)
+        except Exception:  # noqa: BLE001 - another grpc version: cancel all the same
+            e.context.cancel()
+        with self._lock:
+            self.cancelled += 1
+        if self.on_cancel is not None:
+            self.on_cancel(grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 def _check_ids(run_id: str, client_id: str, secret: str = "") -> None:
@@ -135,8 +225,8 @@ class TierServicer:
 
     def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = (),
                  next: GrpcTierClient | None = None, stream_idle_s: float | None = STREAM_IDLE_S,
-                 require_secret: bool = False) -> None:
-        self.idle_streams = _IdleStreams(stream_idle_s)
+                 require_secret: bool = False, stream_min_bytes_s: float = STREAM_MIN_BYTES_S) -> None:
+        self.idle_streams = _IdleStreams(stream_idle_s, stream_min_bytes_s)
         # a tier with a coordinator token holds no open segment: every load must carry a binding secret
         self.require_secret = require_secret
         self.idle_streams.on_cancel = self.count_refusal
@@ -229,12 +319,14 @@ class TierServicer:
 
     def StepStream(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         with self._guard(context, "step"):
-            head, items = wire.read_all(self.idle_streams.watch(request_iterator, context), wire.F_STEP,
-                                        self.limits, what="step request")
+            head, items = wire.read_all(self.idle_streams.watch(request_iterator, context,
+                                                                "StepStream request stream"),
+                                        wire.F_STEP, self.limits, what="step request")
             assert isinstance(head, pb.StepHeader)
             self._check(head, items)
             frames = self._run(head, items)
-        yield from frames  # built lazily: each frame's copy overlaps the sending of the last
+        # built lazily: each frame's copy overlaps the sending of the last
+        yield from self.idle_streams.reply(frames, context, "StepStream reply")
 
     def _check(self, head: pb.StepHeader, items: Sequence[wire.Received]) -> None:
         _check_ids(head.run_id, head.client_id, head.secret)
@@ -269,8 +361,8 @@ class TierServicer:
 
     def Load(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "load"):
-            head, items = wire.read_all(self.idle_streams.watch(request_iterator, context), wire.F_LOAD,
-                                        self.limits, what="load request")
+            head, items = wire.read_all(self.idle_streams.watch(request_iterator, context, "Load request stream"),
+                                        wire.F_LOAD, self.limits, what="load request")
             assert isinstance(head, pb.LoadHeader)
             self.tier.load(self._segment_load(head, items))
         return b""
@@ -332,7 +424,7 @@ class TierServicer:
             state = self.tier.fetch(ref.run_id, ref.client_id, ref.secret, blocks)
             out = wire.iter_frames(None, [(k, tc.encode(v)) for k, v in sorted(state.items())],
                                    self.limits.chunk_bytes)
-        yield from out
+        yield from self.idle_streams.reply(out, context, "Fetch reply")
 
     def Release(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "release"):
@@ -348,7 +440,7 @@ class TierServicer:
             head = pb.ReduceResult(refused=list(reduced.refused), reasons=list(reduced.refused.values()))
             out = wire.iter_frames(head, [(k, tc.encode(v)) for k, v in sorted(reduced.means.items())],
                                    self.limits.chunk_bytes)
-        yield from out
+        yield from self.idle_streams.reply(out, context, "Reduce reply")
 
     def _reduce_items(self, req: pb.ReduceRequest) -> list[ReduceItem]:
         """The request's items, checked: ids and secrets, weights finite and >= 0, distinct clients, at most
@@ -535,7 +627,8 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
                coordinator_token: str | None = None, allowed_models: Iterable[str] = (), tier: Any = None,
                max_batch: int = 4096,
                idle_release_s: float | None = IDLE_RELEASE_S, status_every_s: float | None = None,
-               torch_device: str = "cpu", stream_idle_s: float | None = STREAM_IDLE_S) -> TierServer:
+               torch_device: str = "cpu", stream_idle_s: float | None = STREAM_IDLE_S,
+               stream_min_bytes_s: float = STREAM_MIN_BYTES_S) -> TierServer:
     """Start a tier service on ``listen`` (port 0: any free port; see ``.port``/``.address``).
 
     Serving in plaintext needs ``insecure=True``: TLS is the default, not an
@@ -546,8 +639,10 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     ``tier`` replaces the :class:`Tier` (tests, benchmarks). Segments unused for
     ``idle_release_s`` (None: never) are released, checked every ``min(60, idle_release_s / 4)`` s;
     every ``status_every_s`` (None: never) the tier logs its status if it changed. ``torch_device`` (``cpu``,
-    ``cuda``, ``cuda:N``; checked here) is where the tier computes. A request stream (StepStream, Load) that sends
-    nothing for ``stream_idle_s`` (None: never) is cancelled: it would hold one of the ``max_workers`` threads.
+    ``cuda``, ``cuda:N``; checked here) is where the tier computes. A stream that stops making progress is cancelled
+    (None: never): a request stream (StepStream, Load) whose caller sends nothing for ``stream_idle_s``, or less
+    than ``stream_min_bytes_s`` on average (empty frames), and a reply stream (Fetch, Reduce, StepStream's) whose
+    caller does not read it for as long: either would hold one of the ``max_workers`` threads.
     """
     if tls is None and not insecure:
         raise ConfigError("refusing to serve without TLS: give a certificate and key (--tls-cert, --tls-key; "
@@ -567,9 +662,9 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
                                                   idle_release_s=idle_release_s,
                                                   torch_device=dev)
-    servicer = TierServicer(the_tier, limits, allowed_models, next=client, stream_idle_s=stream_idle_s,
-                            require_secret=bool(coordinator_token))
     try:
+        servicer = TierServicer(the_tier, limits, allowed_models, next=client, stream_idle_s=stream_idle_s,
+                                require_secret=bool(coordinator_token), stream_min_bytes_s=stream_min_bytes_s)
         interceptors = ([TokenInterceptor(token, on_refuse=servicer.count_refusal, coordinator=coordinator_token,
                                           control=[method(m) for m in CONTROL])]
                         if token or coordinator_token else [])

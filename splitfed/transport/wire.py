@@ -355,7 +355,10 @@ class Reader:
         if i >= self.limits.max_tensors:
             raise ResourceExhausted(f"{self.what}: more than {self.limits.max_tensors} tensors")
         label = f"{self.what}: tensor {meta.name or i}"
-        codec = codec_of(meta.codec)
+        try:
+            codec = codec_of(meta.codec)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{label}: {e}") from None
         dtype, shape = tc.check_meta(meta.dtype, list(meta.shape), codec, meta.nbytes,
                                      max_bytes=self.limits.max_tensor_bytes, what=label)
         self._declared += max(meta.nbytes, tc.payload_size(dtype, shape, tc.NONE))
