@@ -17,10 +17,15 @@ import torch
 
 import clients.app
 from splitfed.cli import main
-from splitfed.engine.verify import TOLERANCE, max_abs_diff
+from splitfed.engine.verify import max_abs_diff
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
-from tests.flower_fixtures import FakeGrid, inprocess_tiers, reference_run
+from tests.flower_fixtures import (
+    FakeGrid,
+    assert_rounds_are_the_reference,
+    inprocess_tiers,
+    kept_rounds,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
 
@@ -34,8 +39,9 @@ def two_rounds(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
     from splitfed.sim.runner import simulate
 
     out = tmp_path_factory.mktemp("sim") / "run"
-    summary = simulate(SETTINGS.with_(out=str(out)), progress=lambda line: None)
-    return out, summary
+    with kept_rounds() as kept:  # the ServerApp runs in this process: each round's global model
+        summary = simulate(SETTINGS.with_(out=str(out)), progress=lambda line: None)
+    return out, summary, kept
 
 
 def _rows(out):  # type: ignore[no-untyped-def]
@@ -43,7 +49,7 @@ def _rows(out):  # type: ignore[no-untyped-def]
 
 
 def test_simulation_trains_and_equals_unsplit_fedavg(two_rounds):
-    out, summary = two_rounds
+    out, summary, kept = two_rounds
     rows = _rows(out)
     assert [r["round"] for r in rows] == [1, 2] and summary["rounds"] == 2
     for r in rows:
@@ -57,12 +63,12 @@ def test_simulation_trains_and_equals_unsplit_fedavg(two_rounds):
     assert recorded["tier_addresses"] == recorded["coordinator_token_file"] == ""
     assert {k: v for k, v in recorded.items() if k != "run_name"} == {
         k: v for k, v in SETTINGS.with_(out=str(out)).to_dict().items() if k != "run_name"}
-    got = checkpoint.load(out).state
-    assert max_abs_diff(got, reference_run(SETTINGS)) <= TOLERANCE
+    assert all(torch.equal(v, kept[2][k]) for k, v in checkpoint.load(out).state.items())
+    assert_rounds_are_the_reference(SETTINGS, kept)
 
 
 def test_stopped_run_resumes_bit_identical(two_rounds, tmp_path, monkeypatch):
-    out, _ = two_rounds
+    out, _, _ = two_rounds
     resumed = tmp_path / "resumed"
     shutil.copytree(out, resumed)
     assert main(["simulate", "--resume", str(resumed), "--rounds", "3"]) == 0
