@@ -171,3 +171,44 @@ def test_a_signal_while_flower_is_inside_ray(tmp_path, sig, group, code, last):
     _ends_stopped(text, tmp_path / "run", last, 2)
     assert "with an engine thread inside Ray" not in text, text
     assert "core worker" not in text and "Traceback" not in text and "WARNING" not in text, text
+
+
+# Ray is held in its start for 3 s, after ``ray.init`` has put in its own SIGTERM handler (``sys.exit``)
+STARTING = textwrap.dedent("""
+    import sys
+    import time
+
+    import ray._private.node as node
+
+    start = node.Node.__init__
+
+    def held(self, *args, **kwargs):
+        print("HOOK: Ray is starting", flush=True)
+        time.sleep(3)
+        return start(self, *args, **kwargs)
+
+    node.Node.__init__ = held
+    from splitfed.cli import entry
+
+    sys.argv = ["splitfed", *sys.argv[1:]]
+    entry()
+""")
+
+
+@pytest.mark.parametrize(("sig", "code", "last"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated")], ids=["ctrl-c", "sigterm"])
+def test_a_signal_while_ray_starts_stops_the_run_and_leaves_nothing(tmp_path, sig, code, last):
+    """Before: SIGTERM while Ray started met Ray's own handler, and the run exited 15 with no word, keeping
+    Ray's session folder; a Ctrl-C raised there could land in the after-fork hook of a process Ray spawned,
+    where Python drops it with logging's lock held: the run went on, then hung."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", STARTING, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2",
+         "--rounds", "2", "--out", str(tmp_path / "run")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    returncode, text = _stop_at(p, "HOOK:", lambda p: p.send_signal(sig))
+    assert returncode == code, text
+    _ends_stopped(text, tmp_path / "run", last, 2)
+    assert "tiers:" not in text and "Traceback" not in text, text  # nothing after Ray's start began
+    assert not list(Path(get_default_ray_temp_dir()).glob(f"session_*_{p.pid}")), "Ray's session folder is left"

@@ -75,13 +75,16 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) {tiers}...")
     began = time.time()
     try:
+        before = signals.install()
         try:
-            start_ray({"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
-                       "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress)
+            with signals.starting():
+                start_ray({"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
+                           "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress)
         except RayStartError as e:
             raise SimulationError(f"the simulation engine failed: {e}") from e
         session = session_dir()
-        before = signals.install()  # after Ray's start: its SIGTERM handler would abort the process instead
+        signals.install()  # again: Ray's start put its own SIGTERM handler in (it would abort the process)
+        signals.reraise()  # a signal while Ray started: the run stops now, before anything else starts
         with start_tiers(settings) as chain:
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses),
                                           coordinator_token_file=chain.coordinator_token_file)
@@ -214,6 +217,7 @@ class _Signals:
         self.backend: Any = None  # Flower's RayBackend (its actor pool), once built
         self.received: int | None = None  # the first signal's number
         self.waiting = False  # inside the engine: the first signal stops the run instead of raising
+        self.deferring = False  # while Ray starts: signals are noted, raised after (starting)
         self.ended = False  # the interrupt is raised: no more progress lines
         self.lock = threading.RLock()  # reentrant: the handler may run while the main thread holds it
 
@@ -222,6 +226,24 @@ class _Signals:
         if threading.current_thread() is not threading.main_thread():
             return {}
         return {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    @contextmanager
+    def starting(self) -> Iterator[None]:
+        """Around Ray's start: a signal is only noted (:meth:`reraise` raises it after). Raised at once it
+        may land in the after-fork hook of a process Ray spawns (``logging._releaseLock``), where Python drops
+        it ("Exception ignored"), leaving logging's lock held: the run went on, then hung. Ray's own SIGTERM
+        handler, which its start installs, exits with ``SystemExit(15)``: that is this stop too."""
+        self.deferring = True
+        try:
+            yield
+        except SystemExit as e:
+            if e.code != signal.SIGTERM:
+                raise
+            if self.received is None:
+                self.received = signal.SIGTERM
+                runfolder.stop_requested(signal.SIGTERM)
+        finally:
+            self.deferring = False
 
     def progress(self, say: Callable[[str], None]) -> Callable[[str], None]:
         def said(line: str) -> None:
@@ -275,6 +297,8 @@ class _Signals:
         if first:
             self.received = signum
             runfolder.stop_requested(signum)  # the run's folder records it stopped, whatever its end raises
+        if self.deferring:
+            return
         if not (first and self.waiting):
             raise self._interrupt(signum)
         self.stop.set()
