@@ -11,8 +11,10 @@ with the same sequence number returns its cached reply and is applied once.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -40,6 +42,12 @@ T = TypeVar("T")
 # what gRPC says when a TLS handshake was refused (and when a connection just went away): only then is
 # one handshake tried to tell which (a refused connection, a DNS failure or a timeout is no TLS question)
 _TLS_SYMPTOMS = ("handshake", "ssl", "tls", "closed", "reset", "eof", "certificate", "verification")
+
+# what gRPC says of an address that took no connection. Of a host name that resolves to several addresses
+# (localhost: ::1 and 127.0.0.1) gRPC tries each and reports only the last one's error: a refused ::1 hid
+# the TLS refusal of the 127.0.0.1 a tier listens on. Only then are the name's addresses tried one by one.
+_NO_CONNECTION = ("failed to connect to remote host", "connection refused", "network is unreachable",
+                  "no route to host", "cannot assign requested address", "address not available")
 
 DEADLINE: ContextVar[float | None] = ContextVar("splitfed_deadline", default=None)
 """Monotonic time by which the call being served must answer (set by the server for its next hop)."""
@@ -169,32 +177,93 @@ class GrpcTierClient:
         """The error of a failed call; ``left``: seconds of the call's deadline still left, the most a TLS
         diagnosis (:func:`~splitfed.transport.security.tls_refusal`) may take."""
         where = f"tier {self.address}: {what}"
+        host, port = parse_address(self.address, "tier address")
+        tls, at = self._tls, ""
+        if code == grpc.StatusCode.UNAVAILABLE and left > 0.05 and _took_no_connection(details):
+            # a host name: gRPC's error is its last address's; another may have answered, and said more
+            t0 = time.monotonic()
+            answer = self._answer_of_another_address(host, port, min(3.0, left))
+            left -= time.monotonic() - t0
+            if answer is not None:
+                target, ip, code, new_details = answer
+                last = details.rpartition("last error: ")[2] or details
+                at = (f" (said by {target}, an address of {_bare(host)}; gRPC reported only the last address "
+                      f"it tried: {last})")
+                details = new_details
+                if tls is not None:  # the certificate is still checked for the name, not the address
+                    tls = replace(tls, server_name=tls.server_name or _bare(host))
+                host = ip
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return DeadlineExceeded(f"{where}: no answer within the deadline of {budget:.3g}s ({details})")
+            return DeadlineExceeded(f"{where}: no answer within the deadline of {budget:.3g}s ({details}){at}")
         if code == grpc.StatusCode.UNAVAILABLE:
             hint = ""
-            if self._tls is not None and left > 0.05 and any(w in details.lower() for w in _TLS_SYMPTOMS):
+            if tls is not None and left > 0.05 and any(w in details.lower() for w in _TLS_SYMPTOMS):
                 # a refused handshake looks like this, and so does a tier going away: one handshake tells
-                host, port = parse_address(self.address, "tier address")
-                refusal = tls_refusal(host, port, self._tls, timeout_s=min(3.0, left))
+                refusal = tls_refusal(host, port, tls, timeout_s=min(3.0, left))
                 if refusal is None and "certificate_verify_failed" in details.lower():  # by gRPC's own roots
                     refusal = (f"this side does not trust the tier's certificate ({details}): give the CA that "
                                "signed it (--tls-ca / tls-ca)")
                 if refusal:
-                    return TlsRefused(f"{where}: TLS refused: {refusal}")
+                    return TlsRefused(f"{where}: TLS refused: {refusal}{at}")
             elif "socket closed" in details.lower():
                 hint = (" (a tier that serves TLS closes a plaintext connection this way: connect with the CA "
                         "that signed its certificate, e.g. --tls-ca / tls-ca)")
-            return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}{hint}")
+            return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}{hint}{at}")
         if code == grpc.StatusCode.UNAUTHENTICATED:  # an operator rotating tokens needs to know which file to fix
             return error_of(code, f"{where}: {details} (the tier holds another token than this connection's: "
                                   "check --token-file / token-file, and for a run's coordinator "
                                   "coordinator-token-file, which the tier must hold too: splitfed tier "
-                                  "--coordinator-token-file)")
+                                  f"--coordinator-token-file){at}")
         if code == grpc.StatusCode.NOT_FOUND and tries:
             return NotFound(f"{where}: {details} (the tier was unreachable before: it may have restarted and "
-                            "lost this client's segment; load it again)")
-        return error_of(code, f"{where}: {details}")
+                            f"lost this client's segment; load it again){at}")
+        return error_of(code, f"{where}: {details}{at}")
+
+    def _answer_of_another_address(self, host: str, port: int, timeout_s: float
+                                   ) -> tuple[str, str, grpc.StatusCode, str] | None:
+        """When ``host`` is a name: the first of its addresses that takes a TCP connection on ``port`` and then
+        fails a health check with this client's credentials, as (``IP:PORT``, IP, the check's status, its
+        details); None when none does (each refuses, as gRPC said, or is silent, or one answers: nothing more to
+        tell), or ``host`` is an IP address (gRPC's error is that address's). ``timeout_s`` bounds it all."""
+        name = _bare(host)
+        if _is_ip(name):
+            return None
+        end = time.monotonic() + timeout_s
+        for ip in _addresses_of(name, port, timeout_s):
+            target = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            left = end - time.monotonic()
+            if left <= 0.01:
+                return None
+            try:  # an address that refuses, as gRPC's last one did, says no more than it
+                socket.create_connection((ip, port), timeout=min(1.0, left)).close()
+            except OSError:
+                continue
+            if end - time.monotonic() <= 0.01:  # no time to ask it: gRPC's error stands
+                return None
+            failed = self._health_of(target, name, end - time.monotonic())
+            if failed is None:  # it answers: nothing more to tell than gRPC's error
+                return None
+            if failed[0] != grpc.StatusCode.DEADLINE_EXCEEDED:  # else a silent port: no verdict, the next
+                return target, ip, *failed
+        return None
+
+    def _health_of(self, target: str, name: str, timeout_s: float) -> tuple[grpc.StatusCode, str] | None:
+        """A health check of the tier at ``target`` (an IP address of ``name``) with this client's TLS: its
+        status and details if it fails, else None."""
+        tls = replace(self._tls, server_name=self._tls.server_name or name) if self._tls is not None else None
+        opts = channel_options(self.limits) + (tls.channel_options() if tls else [])
+        channel = (grpc.secure_channel(target, tls.channel_credentials(), options=opts) if tls
+                   else grpc.insecure_channel(target, options=opts))
+        try:
+            r = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE),
+                                                         timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            return _status(e)
+        finally:
+            channel.close()
+        if r.status != health_pb2.HealthCheckResponse.SERVING:
+            return grpc.StatusCode.UNAVAILABLE, f"serving status {r.status}"
+        return None
 
     def _exchange(self, head: pb.StepHeader, enc: list[tuple[str, tc.Encoded]], what: str,
                   unary: bool) -> tuple[pb.StepResult, wire.Received | None]:
@@ -405,3 +474,40 @@ def _status(e: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = e.details() if hasattr(e, "details") else str(e)
     return code, details or code.name
+
+
+def _bare(host: str) -> str:
+    """``host`` without the brackets of an IPv6 address."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _took_no_connection(details: str) -> bool:
+    """Whether gRPC's error says its (last) address took no connection at all."""
+    last = details.lower().rpartition("last error:")[2]
+    return any(w in last for w in _NO_CONNECTION)
+
+
+def _addresses_of(name: str, port: int, timeout_s: float) -> list[str]:
+    """The IP addresses ``name`` resolves to, in the resolver's order, each once ([] if it does not resolve
+    within ``timeout_s``: ``getaddrinfo`` has no timeout of its own)."""
+    found: list[str] = []
+
+    def look_up() -> None:
+        try:
+            infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            return
+        found.extend(dict.fromkeys(str(info[4][0]) for info in infos))
+
+    t = threading.Thread(target=look_up, name=f"resolve {name}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return list(found) if not t.is_alive() else []
