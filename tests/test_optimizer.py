@@ -17,6 +17,7 @@ from splitfed.cost import Scenario, cut_options, evaluate, option_table
 from splitfed.errors import ConfigError
 from splitfed.optimizer import all_on_server, best_static, exhaustive, greedy, solve, static
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
+from splitfed.units import mib_text
 
 MAX_ASSIGNMENTS = 20_000  # keeps brute force fast: every example enumerates them all
 
@@ -424,6 +425,9 @@ def test_optimize_command_json(fleet_file: str, capsys) -> None:  # noqa: ANN001
     assert [c["name"] for c in out["clients"]] == ["phone-0", "phone-1", "pi"]
     assert all(len(c["cuts"]) == 2 and c["time_s"] > 0 for c in out["clients"])
     assert max(c["time_s"] for c in out["clients"]) <= out["makespan_s"]
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file]) == 0  # the table's device memory, in JSON too
+    table = capsys.readouterr().out
+    assert all(mib_text(c["device_memory_bytes"]) in table for c in out["clients"]), table
     assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--exhaustive", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["makespan_s"] == pytest.approx(out["makespan_s"], rel=1e-5)
 

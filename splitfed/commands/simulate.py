@@ -52,7 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9; Adam keeps its own betas, 0.9 and 0.999)")
     p.add_argument("--weight-decay", type=float, help="(default 0)")
     p.add_argument("--u-shape", action=argparse.BooleanOptionalAction, default=None,
-                   help="the device also holds the last blocks and the loss: labels never leave it")
+                   help="the device also holds the last blocks and the loss: labels never leave it (a static cut "
+                        "vector then ends with the cut where the device's tail starts: static:1,3,6 on 3 tiers)")
     p.add_argument("--compress", metavar="CODEC", help="activations and gradients on the wire: none | fp16 | "
                                                         "int8 | topk:F for every link (default none), or one per "
                                                         "link, the device's first: none,int8 compresses only "

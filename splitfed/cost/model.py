@@ -708,7 +708,8 @@ class RoundCost:
         return {"makespan_s": self.makespan_s, "mode": self.mode, "bottleneck": self.bottleneck,
                 "feasible": self.feasible, "violations": list(self.violations), "shared_s": self.shared_s,
                 "shared_memory_bytes": self.shared_memory,
-                "clients": [{"name": c.name, "cuts": list(c.cuts), "time_s": c.round_s} for c in self.clients]}
+                "clients": [{"name": c.name, "cuts": list(c.cuts), "time_s": c.round_s,
+                             "device_memory_bytes": c.memory[0]} for c in self.clients]}
 
 
 def client_key(c: Client) -> tuple:
