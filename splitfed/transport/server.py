@@ -201,15 +201,15 @@ class _IdleStreams:
                f"frame at least every {self.idle_s:g} s and {self.min_bytes_s:g} bytes/s on average (it holds "
                "one of the tier's worker threads)")
         log.warning("cancelled %s from %s: %s", e.what, peer, why)
+        with self._lock:  # counted before the caller can see it: whoever it tells may look at once
+            self.cancelled += 1
+        if self.on_cancel is not None:
+            self.on_cancel(grpc.StatusCode.RESOURCE_EXHAUSTED)
         details = f"{e.what} cancelled: {why}"
         try:  # with a status that says why: grpc's call object (internal); a plain CANCELLED otherwise
             e.context._rpc_event.call.cancel(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], details)
         except Exception:  # noqa: BLE001 - another grpc version: cancel all the same
             e.context.cancel()
-        with self._lock:
-            self.cancelled += 1
-        if self.on_cancel is not None:
-            self.on_cancel(grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 def _check_ids(run_id: str, client_id: str, secret: str = "") -> None:
