@@ -164,8 +164,8 @@ def reference_run(settings, rounds: int | None = None, *, first: int = 1, state=
     assignment = make_policy(s).assign(1, clients)
     data = {c.client_id: client_data(spec, s.dataset, s.partition, s.clients, c.partition_id, s.seed)
             for c in clients}
+    last = rounds or (first if state is not None else s.rounds)  # a state given: one round from it
     state = initial_state(spec, s.seed) if state is None else state
-    last = rounds or (first if state is not None else s.rounds)
     for r in range(first, last + 1):
         cfg = RoundConfig(s.run_id, r, spec, s.mode, s.u_shape, s.optim, s.seed)
         batches = {c.client_id: round_batches(*data[c.client_id], s.batch_size, s.seed, c.partition_id, r,

@@ -212,3 +212,44 @@ def test_a_signal_while_ray_starts_stops_the_run_and_leaves_nothing(tmp_path, si
     _ends_stopped(text, tmp_path / "run", last, 2)
     assert "tiers:" not in text and "Traceback" not in text, text  # nothing after Ray's start began
     assert not list(Path(get_default_ray_temp_dir()).glob(f"session_*_{p.pid}")), "Ray's session folder is left"
+
+
+def test_a_start_of_ray_that_fails_is_not_tried_again_once_stopped_and_a_second_signal_does_not_wait(monkeypatch):
+    """A Ray start that times out (a loaded host; it cannot be made to here, so ``ray.init`` fails on purpose)
+    while a signal is noted: before, all three attempts ran on (30 s each), and the failed start then ended
+    the run as failed, not stopped. A second signal raises at once."""
+    import threading
+    import time
+
+    import ray
+
+    from splitfed.sim import ray_start, runner
+
+    attempts: list[float] = []
+
+    def failing_init(**kwargs):  # type: ignore[no-untyped-def]
+        attempts.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the handler runs here: noted, not raised
+        raise Exception("simulated: the raylet did not register in 30 s")
+
+    monkeypatch.setattr(ray, "init", failing_init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(ray_start, "_children", lambda: [])
+    signals = runner._Signals(threading.Event())
+    before = signals.install()
+    try:
+        with signals.starting():
+            ray_start.start_ray({}, stopped=lambda: signals.received is not None)
+        assert len(attempts) == 1 and signals.received == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            signals.reraise()
+        again = runner._Signals(threading.Event())
+        again.install()
+        with pytest.raises(KeyboardInterrupt), again.starting():
+            os.kill(os.getpid(), signal.SIGINT)  # noted
+            os.kill(os.getpid(), signal.SIGINT)  # raised
+            time.sleep(5)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

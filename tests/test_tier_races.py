@@ -218,34 +218,75 @@ def test_the_bound_on_what_a_tier_holds_comes_from_its_process_limits(monkeypatc
         BuildLimits(held_bytes=-1)
 
 
-_ops = st.lists(st.tuples(st.sampled_from(["load", "release"]), st.integers(0, 3), st.sampled_from(["own", "R"]),
+_ops = st.lists(st.tuples(st.sampled_from(["load", "release"]), st.integers(0, 3),
+                          st.sampled_from(["own", "R", "from base", "from a base it may not copy"]),
                           st.integers(0, 6), st.integers(1, 7), st.sampled_from(["sgd", "adam"])),
                 min_size=1, max_size=25)
 
 
 @given(_ops, st.integers(1, 4))
 def test_what_a_tier_holds_is_its_segments_and_never_more_than_its_bound(ops, room: int) -> None:  # type: ignore[no-untyped-def]
-    """Loads (own replicas and a shared one, any blocks, optimizers with and without slots), re-loads and
-    releases in any order: the tier's count is what its replicas and bindings hold, never above its bound,
-    and nothing once everything is released."""
+    """Loads (own replicas and a shared one, copies of a base, refused copies of one, any blocks, optimizers
+    with and without slots), re-loads and releases in any order: the tier's count is what its replicas and
+    bindings hold, never above its bound, nothing is left reserved between loads (before, a load its base
+    refused kept its reservation, until the tier refused every load), and nothing is held once all is
+    released."""
     limit = room * _segment(0, 7, OptimConfig("adam")) // 2
     tier = Tier("edge", idle_release_s=None, max_held_bytes=limit)
     glob = initial_state(SPEC, 0)
-    for op, c, rep, start, length, opt in ops:
+    try:
+        tier.load(SegmentLoad("run", "@base.1", 0, SPEC, 0, 7, "@b", glob, secret="t"))
+    except ResourceExhausted:
+        pass
+    for op, c, how, start, length, opt in ops:
         cid, stop = f"c{c}", min(7, start + length)
         if op == "release":
             tier.release("run", cid, "s")
         else:
-            replica = cid if rep == "own" else "R"
+            replica = cid if how != "R" else "R"
+            state, base = (None, "@b") if how.startswith("from") else (select(glob, start, stop), "")
             try:
-                tier.load(SegmentLoad("run", cid, 0, SPEC, start, stop, replica, select(glob, start, stop),
-                                      secret="s", optim=OptimConfig(opt)))
-            except (ResourceExhausted, FailedPrecondition):
-                pass  # over the bound; or a re-load into another replica than the client's, or a shared one
-        assert tier.held == _held_now(tier) <= limit
+                tier.load(SegmentLoad("run", cid, 0, SPEC, start, stop, replica, state, secret="s",
+                                      optim=OptimConfig(opt), base=base,
+                                      base_secret="t" if how == "from base" else "guess"))
+            except (ResourceExhausted, FailedPrecondition, PermissionDenied):
+                pass  # over the bound; a re-load into another replica; a base not there, or not to be copied
+        assert tier.held == _held_now(tier) <= limit and tier._reserved == 0
     for c in range(4):
         tier.release("run", f"c{c}", "s")
+    tier.release("run", "@base.1", "t")
     assert tier.held == 0 and not tier._replicas and not tier._claims
+
+
+def test_loads_from_one_base_build_their_segments_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base's lock is held for the copy alone: before, it was held for the whole load (building the
+    blocks, checking, the optimizer), so every client of a round waited for the others (SplitFed v1's round
+    start). Two loads meet inside the build here; one at a time, they never would (the barrier breaks)."""
+    tier = Tier("edge", idle_release_s=None)
+    tier.load(SegmentLoad("run", "@base.1", 0, SPEC, 2, 7, "@b", _state(), secret="t"))
+    meet = threading.Barrier(2, timeout=10)
+    real = template.copy_blocks
+
+    def building(spec, start, stop):  # type: ignore[no-untyped-def]
+        meet.wait()
+        return real(spec, start, stop)
+
+    monkeypatch.setattr(template, "copy_blocks", building)
+    failed: list[BaseException] = []
+
+    def load(cid: str) -> None:
+        try:
+            tier.load(SegmentLoad("run", cid, 0, SPEC, 2, 7, cid, None, secret=cid, base="@b", base_secret="t"))
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            failed.append(e)
+
+    threads = [threading.Thread(target=load, args=(c,)) for c in ("c0", "c1")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not failed, failed
+    assert all(torch.equal(v, _state()[k]) for c in ("c0", "c1") for k, v in tier.fetch("run", c, c).items())
 
 
 def test_a_tier_process_takes_its_bound_from_the_command_line() -> None:

@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=("sl", "sflv1", "sflv2"), default="sflv1",
                    help="variant to price: sflv1 (parallel, replica per client), sflv2 (shared server model, "
                         "clients in turn on it), sl (clients in turn)")
-    p.add_argument("--codec", default="none", help="compression of boundary tensors: none|fp16|int8|topk:F on every "
+    p.add_argument("--codec", default="none", help="compression of boundary tensors: none|fp16|int8|topk:F (F >= 0.001) on every "
                                                     "link, or one per link, the device's first (none,int8)")
     p.add_argument("--u-shape", action="store_true", help="the device also holds the last blocks and the loss")
     p.add_argument("--min-device-blocks", type=int, default=0,

@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also check each tier keeps idle segments longer than a round of S seconds")
     p.add_argument("--compress", metavar="CODEC", default=None,
                    help="also check every forwarding tier sends with the codec a run would use for its onward "
-                        "link (a run's compress, none by default): none | fp16 | int8 | topk:F for every link, or "
+                        "link (a run's compress, none by default): none | fp16 | int8 | topk:F (F >= 0.001) for every link, or "
                         "one per link, device's first (none,int8)")
     p.add_argument("--count", type=positive_int, default=5, help="round trips timed per tier (default 5)")
     p.add_argument("--bandwidth", action="store_true",

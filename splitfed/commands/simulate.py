@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the device also holds the last blocks and the loss: labels never leave it (a static cut "
                         "vector then ends with the cut where the device's tail starts: static:1,3,6 on 3 tiers)")
     p.add_argument("--compress", metavar="CODEC", help="activations and gradients on the wire: none | fp16 | "
-                                                        "int8 | topk:F for every link (default none), or one per "
+                                                        "int8 | topk:F (F >= 0.001) for every link (default none), or one per "
                                                         "link, the device's first: none,int8 compresses only "
                                                         "edge -> cloud")
     p.add_argument("--min-clients", type=int, help="fewest clients that must finish a round (default 1)")

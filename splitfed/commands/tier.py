@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "coordinator's; another than --token-file). Without it, any caller with --token-file's "
                         "token may, so a device could claim a client's segment before the coordinator loads it")
     p.add_argument("--insecure", action="store_true", help="serve without TLS (explicit choice)")
-    p.add_argument("--compress", default="none", help="codec towards --next: none, fp16, int8, topk:F")
+    p.add_argument("--compress", default="none", help="codec towards --next: none, fp16, int8, topk:F (F >= 0.001)")
     p.add_argument("--deadline", type=float, default=60.0, help="seconds per call to --next")
     p.add_argument("--max-workers", type=positive_int, default=32, help="concurrent calls served")
     p.add_argument("--max-tensor-mb", type=positive_int, default=512, help="largest tensor accepted, MiB")

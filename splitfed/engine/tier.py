@@ -124,6 +124,13 @@ def _digest(phase: str, *tensors: torch.Tensor) -> bytes:
     return h.digest()
 
 
+def weight_refusal(weight: float) -> str | None:
+    """Why a Reduce weight is refused (None: it is not): a sample count, 0 (a check) or in MIN_WEIGHT..MAX_WEIGHT."""
+    if weight == 0 or MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        return None
+    return f"its weight must be 0 or in {MIN_WEIGHT:g}..{MAX_WEIGHT:g} (its samples), got {weight}"
+
+
 def _check_names(spec: SegmentLoad) -> None:
     """Run, client, replica and base names are printable: the tier's log and status lines show them."""
     for what, v in (("run_id", spec.run_id), ("client_id", spec.client_id), ("replica", spec.replica),
@@ -160,15 +167,6 @@ def _holding(replica: _Replica, tier: str, what: str) -> Iterator[None]:
         yield
     finally:
         replica.lock.release()
-
-
-@contextlib.contextmanager
-def _holding_all(replicas: Sequence[_Replica], tier: str, what: str) -> Iterator[None]:
-    """Several replicas' locks, always taken in one order (two loads, each the other's base, cannot deadlock)."""
-    with contextlib.ExitStack() as stack:
-        for r in sorted(replicas, key=id):
-            stack.enter_context(_holding(r, tier, what))
-        yield
 
 
 class Tier:
@@ -220,8 +218,8 @@ class Tier:
                 raise ResourceExhausted(f"tier {self.name} already holds {MAX_BASES} base segments" if
                                         is_base(spec.client_id) else
                                         f"tier {self.name} already serves {self.max_clients} clients")
-            need = self._reserve(spec, rkey, bkey)
             base = self._base(spec)
+            need = self._reserve(spec, rkey, bkey)  # last: nothing after it refuses before the try below
             # got or made under the lock: clients of one replica loaded at once all bind to the same one
             replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret, model=spec.model))
             replica.loading += 1
@@ -264,20 +262,25 @@ class Tier:
     def _reserve(self, spec: SegmentLoad, rkey: tuple[str, str], bkey: tuple[str, str]) -> int:
         """The bytes the load may add, set aside under ``self._lock``; RESOURCE_EXHAUSTED if they would take
         the tier's segments over ``max_held_bytes`` (after letting go of what vanished coordinators left)."""
-        replica = self._replicas.get(rkey)
-        have = replica.blocks if replica is not None else {}
-        need = 0
-        for i in range(spec.start, spec.stop):
-            weights, trains = template.held_bytes(spec.model, i)
-            need += (weights + trains) * (i not in have) + trains * spec.optim.slots
-        old = self._bindings.get(bkey)
-        freed = old.held if old is not None else 0  # a re-load replaces the client's optimizer
+        def need_now() -> tuple[int, int]:  # what it adds, and what a re-load frees (the client's optimizer)
+            replica = self._replicas.get(rkey)
+            have = replica.blocks if replica is not None else {}
+            need = 0
+            for i in range(spec.start, spec.stop):
+                weights, trains = template.held_bytes(spec.model, i)
+                need += (weights + trains) * (i not in have) + trains * spec.optim.slots
+            old = self._bindings.get(bkey)
+            return need, old.held if old is not None else 0
+
+        need, freed = need_now()
         if self.held + self._reserved + need - freed > self.max_held_bytes:
             self._sweep_locked()
+            need, freed = need_now()  # the sweep may have let go of the replica it would have joined
             if self.held + self._reserved + need - freed > self.max_held_bytes:
+                loading = f" and loads under way may add {mib_text(self._reserved)}" if self._reserved else ""
                 raise ResourceExhausted(
-                    f"tier {self.name}: load of client {spec.client_id!r} would add {mib_text(need)} to the "
-                    f"{mib_text(self.held + self._reserved)} its segments hold, over its "
+                    f"tier {self.name}: load of client {spec.client_id!r} would add {mib_text(need)}: its "
+                    f"segments hold {mib_text(self.held)}{loading}, and it holds at most "
                     f"{mib_text(self.max_held_bytes)} (splitfed tier --max-held-mb)")
         self._reserved += need
         return need
@@ -290,10 +293,13 @@ class Tier:
         """The binding of ``spec`` to ``replica``, its missing blocks written into it, the blocks its state leaves
         out copied from ``base``; nothing changes if refused.
 
-        The base's blocks are copied straight into the segment, under both replicas' locks (a load of the base
-        meanwhile cannot tear them): a copy of them first would sit beside the new segment, a second segment's
-        weights on the tier for a moment, which the cost model's memory does not price."""
-        with _holding_all([replica] if base is None else [replica, base], self.name, "load"):
+        The base's blocks are copied straight into the segment, under the base's lock too (a load of the base
+        meanwhile cannot tear them), taken for that copy alone: loads of many clients from one base (SplitFed v1's
+        round start) build their segments at once. A copy of them first would sit beside the new segment, a
+        second segment's weights on the tier for a moment, which the cost model's memory does not price. The
+        locks nest replica, then base; loads from each other's replica at once (no coordinator sends those)
+        would wait ``SHARED_WAIT_S`` and be refused UNAVAILABLE, not hang."""
+        with _holding(replica, self.name, "load"):
             copied = self._from_base(spec, base) if base is not None else []
             missing = [i for i in range(spec.start, spec.stop) if i not in replica.blocks]
             new = ({i: m.to(self.torch_device) for i, m in template.copy_blocks(spec.model, spec.start,
@@ -304,11 +310,13 @@ class Tier:
                 spec.start, spec.stop)
             self._check_state(segment, spec.state or {}, [i for i in missing if i not in copied], spec.replica)
             # nothing has changed yet: now commit
-            state = {f"{i}.{k}": v for i in copied for k, v in base.blocks[i].state_dict().items()} if base else {}
-            state.update(spec.state or {})  # the base's tensors themselves: loading copies them in place
-            if state:
-                with torch.no_grad():
-                    segment.load_state_dict(state, strict=False)
+            with _holding(base, self.name, "load from base") if base is not None else contextlib.nullcontext():
+                state = {f"{i}.{k}": v for i in copied for k, v in base.blocks[i].state_dict().items()} \
+                    if base is not None else {}
+                state.update(spec.state or {})  # the base's tensors themselves: loading copies them in place
+                if state:
+                    with torch.no_grad():
+                        segment.load_state_dict(state, strict=False)
             for i in missing:
                 replica.blocks[i] = new[i]
             added = sum(sum(template.held_bytes(spec.model, i)) for i in missing)
@@ -359,8 +367,8 @@ class Tier:
         return base
 
     def _from_base(self, spec: SegmentLoad, base: _Replica) -> list[int]:
-        """The blocks of ``[start, stop)`` with state that the load leaves out, to copy from ``base`` (under its
-        lock); refused if the base lacks one."""
+        """The blocks of ``[start, stop)`` with state that the load leaves out, to copy from ``base``; refused if
+        the base lacks one (a replica's blocks are only ever added: no lock needed to ask)."""
         given = {block_of(k) for k in spec.state or {}}
         wanted = [i for i in range(spec.start, spec.stop) if i not in given and template.has_state(spec.model, i)]
         lacking = [i for i in wanted if i not in base.blocks]
@@ -444,9 +452,9 @@ class Tier:
         if twice is not None:
             raise InvalidArgument(f"reduce: client {twice!r} is listed twice")
         for it in items:
-            if not (it.weight == 0 or MIN_WEIGHT <= it.weight <= MAX_WEIGHT):
-                raise InvalidArgument(f"reduce: the weight of client {it.client_id!r} must be 0 or in "
-                                      f"{MIN_WEIGHT:g}..{MAX_WEIGHT:g} (its samples), got {it.weight}")
+            why = weight_refusal(it.weight)
+            if why is not None:
+                raise InvalidArgument(f"reduce: client {it.client_id!r}: {why}")
         refused: dict[str, str] = {}
         with self._lock:
             found: dict[str, _Binding] = {}

@@ -37,8 +37,9 @@ class RayStartError(RuntimeError):
 
 
 def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
-              log: Callable[[str], None] = lambda line: None) -> None:
-    """``ray.init`` with Flower's runtime env (PYTHONPATH to the workers), retried on failure."""
+              log: Callable[[str], None] = lambda line: None, stopped: Callable[[], bool] = lambda: False) -> None:
+    """``ray.init`` with Flower's runtime env (PYTHONPATH to the workers), retried on failure, unless
+    ``stopped()`` (a stop asked for meanwhile: it returns without Ray, and the caller raises the stop)."""
     import ray
 
     pythonpath = child_pythonpath()
@@ -57,6 +58,8 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
             _kill([p for p in _children() if p not in before and _is_ray(p)])
             if not isinstance(e, Exception):  # Ctrl-C while Ray started: what it had started is stopped too
                 raise
+            if stopped():
+                return
             log(f"Ray did not start (attempt {attempt}/{attempts}): {type(e).__name__}: {e}")
     raise RayStartError(f"Ray did not start in {attempts} attempts; last error: {type(last).__name__}: {last}") \
         from last

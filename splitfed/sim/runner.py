@@ -79,8 +79,10 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         try:
             with signals.starting():
                 start_ray({"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
-                           "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress)
+                           "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress,
+                          stopped=lambda: signals.received is not None)
         except RayStartError as e:
+            signals.reraise()  # stopped while Ray failed to start: the run was stopped, as asked
             raise SimulationError(f"the simulation engine failed: {e}") from e
         session = session_dir()
         signals.install()  # again: Ray's start put its own SIGTERM handler in (it would abort the process)
@@ -232,7 +234,8 @@ class _Signals:
         """Around Ray's start: a signal is only noted (:meth:`reraise` raises it after). Raised at once it
         may land in the after-fork hook of a process Ray spawns (``logging._releaseLock``), where Python drops
         it ("Exception ignored"), leaving logging's lock held: the run went on, then hung. Ray's own SIGTERM
-        handler, which its start installs, exits with ``SystemExit(15)``: that is this stop too."""
+        handler, which its start installs, exits with ``SystemExit(15)``: that is this stop too. A start that
+        fails is not tried again once stopped; a second signal does not wait (as in the engine)."""
         self.deferring = True
         try:
             yield
@@ -297,7 +300,7 @@ class _Signals:
         if first:
             self.received = signum
             runfolder.stop_requested(signum)  # the run's folder records it stopped, whatever its end raises
-        if self.deferring:
+        if self.deferring and first:
             return
         if not (first and self.waiting):
             raise self._interrupt(signum)

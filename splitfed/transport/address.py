@@ -37,27 +37,44 @@ def unresolvable(address: str, timeout_s: float = 5.0) -> str | None:
     Names under ``.invalid`` never resolve (RFC 2606).
     """
     host, port = parse_address(address)
-    name = host[1:-1] if host.startswith("[") else host
+    name = host_name(host)
+    if is_ip(name):
+        return None
+    found = look_up(name, port, timeout_s)
+    return f"cannot resolve host {name!r} ({found})" if isinstance(found, str) else None
+
+
+def host_name(host: str) -> str:
+    """HOST without the brackets of an IPv6 address."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_ip(name: str) -> bool:
     try:
         ipaddress.ip_address(name)
-        return None
     except ValueError:
-        pass
-    verdict: list[str | None] = []
+        return False
+    return True
 
-    def look_up() -> None:
+
+def look_up(name: str, port: int, timeout_s: float) -> list[str] | str | None:
+    """The IP addresses ``name`` resolves to, in the resolver's order, each once; or why it does not resolve;
+    or None when the resolver has not answered within ``timeout_s`` (``getaddrinfo`` has no timeout)."""
+    answer: list[list[str] | str] = []
+
+    def ask() -> None:
         try:
-            socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-            verdict.append(None)
+            infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+            answer.append(list(dict.fromkeys(str(info[4][0]) for info in infos)))
         except socket.gaierror as e:
-            verdict.append(f"cannot resolve host {name!r} ({e.strerror or e})")
+            answer.append(str(e.strerror or e))
         except (OSError, UnicodeError) as e:
-            verdict.append(f"cannot resolve host {name!r} ({e})")
+            answer.append(str(e))
 
-    t = threading.Thread(target=look_up, name=f"resolve {name}", daemon=True)  # getaddrinfo has no timeout
+    t = threading.Thread(target=ask, name=f"resolve {name}", daemon=True)
     t.start()
     t.join(timeout_s)
-    return verdict[0] if verdict else None
+    return answer[0] if answer else None
 
 
 def _address_problem(address: str, lo: int) -> str | None:

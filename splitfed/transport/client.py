@@ -11,7 +11,6 @@ with the same sequence number returns its cached reply and is applied once.
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import random
 import socket
@@ -31,7 +30,7 @@ from splitfed.errors import ConfigError, InvalidArgument, NotFound, TierError
 from splitfed.models.zoo import ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
-from splitfed.transport.address import parse_address
+from splitfed.transport.address import host_name, is_ip, look_up, parse_address
 from splitfed.transport.describe import PROTOCOL, TierInfo, this_version
 from splitfed.transport.errors import DeadlineExceeded, RpcFailed, TlsRefused, error_of
 from splitfed.transport.pb import SERVICE, method, pb
@@ -187,11 +186,11 @@ class GrpcTierClient:
             if answer is not None:
                 target, ip, code, new_details = answer
                 last = details.rpartition("last error: ")[2] or details
-                at = (f" (said by {target}, an address of {_bare(host)}; gRPC reported only the last address "
+                at = (f" (said by {target}, an address of {host_name(host)}; gRPC reported only the last address "
                       f"it tried: {last})")
                 details = new_details
                 if tls is not None:  # the certificate is still checked for the name, not the address
-                    tls = replace(tls, server_name=tls.server_name or _bare(host))
+                    tls = replace(tls, server_name=tls.server_name or host_name(host))
                 host = ip
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return DeadlineExceeded(f"{where}: no answer within the deadline of {budget:.3g}s ({details}){at}")
@@ -225,11 +224,12 @@ class GrpcTierClient:
         fails a health check with this client's credentials, as (``IP:PORT``, IP, the check's status, its
         details); None when none does (each refuses, as gRPC said, or is silent, or one answers: nothing more to
         tell), or ``host`` is an IP address (gRPC's error is that address's). ``timeout_s`` bounds it all."""
-        name = _bare(host)
-        if _is_ip(name):
+        name = host_name(host)
+        if is_ip(name):
             return None
         end = time.monotonic() + timeout_s
-        for ip in _addresses_of(name, port, timeout_s):
+        found = look_up(name, port, timeout_s)
+        for ip in found if isinstance(found, list) else []:
             target = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
             left = end - time.monotonic()
             if left <= 0.01:
@@ -476,38 +476,9 @@ def _status(e: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
     return code, details or code.name
 
 
-def _bare(host: str) -> str:
-    """``host`` without the brackets of an IPv6 address."""
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _took_no_connection(details: str) -> bool:
     """Whether gRPC's error says its (last) address took no connection at all."""
     last = details.lower().rpartition("last error:")[2]
     return any(w in last for w in _NO_CONNECTION)
-
-
-def _addresses_of(name: str, port: int, timeout_s: float) -> list[str]:
-    """The IP addresses ``name`` resolves to, in the resolver's order, each once ([] if it does not resolve
-    within ``timeout_s``: ``getaddrinfo`` has no timeout of its own)."""
-    found: list[str] = []
-
-    def look_up() -> None:
-        try:
-            infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError):
-            return
-        found.extend(dict.fromkeys(str(info[4][0]) for info in infos))
-
-    t = threading.Thread(target=look_up, name=f"resolve {name}", daemon=True)
-    t.start()
-    t.join(timeout_s)
-    return list(found) if not t.is_alive() else []

@@ -32,7 +32,7 @@ import splitfed
 from splitfed.engine import compute
 from splitfed.engine.limits import IDLE_RELEASE_S, STREAM_IDLE_S, STREAM_MIN_BYTES_S, current_limits
 from splitfed.engine.link import Link
-from splitfed.engine.tier import Tier
+from splitfed.engine.tier import Tier, weight_refusal
 from splitfed.engine.types import OptimConfig, ReduceItem, SegmentLoad, StepKey
 from splitfed.errors import (
     ConfigError,
@@ -443,7 +443,7 @@ class TierServicer:
         yield from self.idle_streams.reply(out, context, "Reduce reply")
 
     def _reduce_items(self, req: pb.ReduceRequest) -> list[ReduceItem]:
-        """The request's items, checked: ids and secrets, weights finite and >= 0, distinct clients, at most
+        """The request's items, checked: ids and secrets, weights (``weight_refusal``), distinct clients, at most
         the tier's ``max_clients`` of them."""
         if not req.run_id or len(req.run_id) > MAX_ID:
             raise InvalidArgument(f"reduce: run_id must have 1..{MAX_ID} characters, got {len(req.run_id)}")
@@ -459,8 +459,9 @@ class TierServicer:
                 _check_ids(req.run_id, it.client_id, it.secret)
             except InvalidArgument as e:
                 raise InvalidArgument(f"{who}: {e}") from None
-            if not (math.isfinite(it.weight) and it.weight >= 0):
-                raise InvalidArgument(f"{who}: its weight must be a finite number >= 0, got {it.weight}")
+            why = weight_refusal(it.weight)
+            if why is not None:
+                raise InvalidArgument(f"{who}: {why}")
             if it.client_id in seen:
                 raise InvalidArgument(f"{who}: the client is listed twice")
             seen.add(it.client_id)
