@@ -164,6 +164,14 @@ def test_a_token_model_with_a_huge_vocab_is_refused_before_it_is_built() -> None
     template.admit(resolve_spec("transformer"))  # the zoo's own is admitted
 
 
+@pytest.mark.parametrize("classes", [0, -3, 10**7])
+def test_a_class_count_no_label_could_fit_is_refused_with_the_model(classes: int) -> None:
+    """Before, cnn with num_classes=0 loaded, and then every step was refused: no label lies in 0..-1."""
+    with pytest.raises(InvalidArgument, match=r"num_classes must be in 1\.\.1,000,000"):
+        wire.model_of(pb.ModelSpec(name="cnn", input_shape=[1, 8, 8], num_classes=classes))
+    assert wire.model_of(pb.ModelSpec(name="cnn", input_shape=[1, 8, 8], num_classes=10)).num_classes == 10
+
+
 # ---------------------------------------------------------------- servers
 
 

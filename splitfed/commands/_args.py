@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from splitfed.flower.config import MAX_SEED
-from splitfed.models.zoo import MAX_VOCAB, ModelSpec, resolve_spec
+from splitfed.models.zoo import MAX_CLASSES, MAX_VOCAB, ModelSpec, resolve_spec
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -37,7 +37,6 @@ def positive_int(text: str) -> int:
 
 
 MAX_BATCH = 1 << 20  # samples per batch: beyond this, one batch of any model outgrows a host's memory
-MAX_CLASSES = 1_000_000  # a classifier head beyond this is no longer a model splitfed can build
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:

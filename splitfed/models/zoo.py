@@ -36,6 +36,7 @@ from splitfed.models.blocks import (
 )
 
 MAX_VOCAB = 1 << 24  # token ids: an embedding table beyond this is no model splitfed can build
+MAX_CLASSES = 1_000_000  # a classifier head beyond this is no longer a model splitfed can build
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch
 from google.protobuf.message import DecodeError, Message
 
 from splitfed.errors import ConfigError, InvalidArgument, ResourceExhausted
-from splitfed.models.zoo import MAX_VOCAB, ModelSpec
+from splitfed.models.zoo import MAX_CLASSES, MAX_VOCAB, ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport.pb import pb
 
@@ -136,6 +136,8 @@ def model_of(m: pb.ModelSpec) -> ModelSpec:
     """The spec a message names (INVALID_ARGUMENT if malformed); whether it may be built is the tier's call."""
     if len(m.kwargs_json) > MAX_KWARGS_JSON:
         raise InvalidArgument(f"model: kwargs_json has {len(m.kwargs_json)} characters, at most {MAX_KWARGS_JSON}")
+    if not 1 <= m.num_classes <= MAX_CLASSES:  # else it loads, and every step is refused (no label fits)
+        raise InvalidArgument(f"model: num_classes must be in 1..{MAX_CLASSES:,}, got {m.num_classes}")
     if not (m.vocab == 0 or 2 <= m.vocab <= MAX_VOCAB):
         raise InvalidArgument(f"model: vocab must be 0 (float inputs) or in 2..{MAX_VOCAB:,}, got {m.vocab}")
     try:
