@@ -29,7 +29,7 @@ from splitfed.transport import wire
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.pb import method, pb
 from splitfed.transport.server import serve_tier
-from tests.transport_fixtures import plain_server  # noqa: F401
+from tests.transport_fixtures import at_once, plain_server  # noqa: F401
 
 SPEC = resolve_spec("cnn")  # 7 blocks; the tensor entering block 2 is 16x4x4
 
@@ -101,21 +101,12 @@ def test_concurrent_loads_of_one_replica_bind_to_the_same_weights(monkeypatch: p
     monkeypatch.setattr(template, "copy_blocks", slow)
     t = Tier("cloud", idle_release_s=None)
     bar = threading.Barrier(2)
-    errors: list[BaseException] = []
 
     def go(cid: str) -> None:
         bar.wait()
-        try:
-            t.load(seg(cid, 2, 7, replica="shared"))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        t.load(seg(cid, 2, 7, replica="shared"))
 
-    threads = [threading.Thread(target=go, args=(c,)) for c in ("a", "b")]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
+    assert not at_once(go, ("a", "b"))
     before = t.fetch("run", "b")
     t.step(StepKey("run", "a", 0, 0), act(), y())
     assert not same(before, t.fetch("run", "b"))  # b sees a's step: one replica

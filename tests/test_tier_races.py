@@ -27,6 +27,7 @@ from splitfed.errors import (
     ResourceExhausted,
 )
 from splitfed.models.zoo import resolve_spec
+from tests.transport_fixtures import at_once
 
 SPEC = resolve_spec("cnn")  # 7 blocks
 
@@ -272,19 +273,8 @@ def test_loads_from_one_base_build_their_segments_at_once(monkeypatch: pytest.Mo
         return real(spec, start, stop)
 
     monkeypatch.setattr(template, "copy_blocks", building)
-    failed: list[BaseException] = []
-
-    def load(cid: str) -> None:
-        try:
-            tier.load(SegmentLoad("run", cid, 0, SPEC, 2, 7, cid, None, secret=cid, base="@b", base_secret="t"))
-        except BaseException as e:  # noqa: BLE001 - asserted below
-            failed.append(e)
-
-    threads = [threading.Thread(target=load, args=(c,)) for c in ("c0", "c1")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    failed = at_once(lambda cid: tier.load(SegmentLoad("run", cid, 0, SPEC, 2, 7, cid, None, secret=cid, base="@b",
+                                                       base_secret="t")), ("c0", "c1"))
     assert not failed, failed
     assert all(torch.equal(v, _state()[k]) for c in ("c0", "c1") for k, v in tier.fetch("run", c, c).items())
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,3 +130,21 @@ def plain_server() -> Iterator:  # type: ignore[type-arg]
         yield srv
     finally:
         srv.stop(0)
+
+
+def at_once(call: Callable[[str], object], clients: Iterable[str], timeout_s: float = 30.0) -> list[BaseException]:
+    """``call(client)`` for each client, each in its own thread, all at once; what they raised."""
+    raised: list[BaseException] = []
+
+    def one(cid: str) -> None:
+        try:
+            call(cid)
+        except BaseException as e:  # noqa: BLE001 - the caller asserts on them
+            raised.append(e)
+
+    threads = [threading.Thread(target=one, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    return raised
