@@ -144,3 +144,41 @@ def test_an_ip_address_and_a_name_that_nothing_answers_keep_grpcs_error(certs: C
             c.describe()
     assert not isinstance(e.value, TlsRefused) and "said by" not in str(e.value), e.value
     assert "Connection refused" in str(e.value) or "failed to connect" in str(e.value).lower(), e.value
+
+
+def test_a_certificate_not_for_the_name_is_said_of_the_name_not_of_a_server_name_never_given(
+        tmp_path, both_loopbacks: None) -> None:  # type: ignore[no-untyped-def]
+    """The tier's certificate holds 127.0.0.1 only; the client connects to localhost and names no server. The
+    handshake is tried at 127.0.0.1 and checked for localhost, and the advice is about the address's host: before,
+    it said "server name 'localhost'", a setting the user never gave."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from splitfed.transport.security import TlsConfig
+    from tests.transport_fixtures import _name, _write, make_ca
+
+    _localhost_is_loopback()
+    ca_key, ca = make_ca("ca")
+    (tmp_path / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    key, now = ec.generate_private_key(ec.SECP256R1()), dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(_name("tier")).issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    s_cert, s_key = _write(tmp_path / "server", key, cert)
+    with serve_tier("cloud", tls=TlsConfig(s_cert, s_key, None)) as srv:
+        port = srv.port
+        with GrpcTierClient(f"localhost:{port}", tls=TlsConfig(ca=tmp_path / "ca.pem"), retries=0,
+                            deadline_s=10) as c:
+            err = c._error(grpc.StatusCode.UNAVAILABLE, _refused_at("::1", port), "describe", 0, 10.0, left=10.0)
+    assert isinstance(err, TlsRefused), err
+    assert "the tier's certificate is not for localhost" in str(err) and "(the address's host)" in str(err), err
+    assert "server name" not in str(err) and f"said by 127.0.0.1:{port}" in str(err), err

@@ -270,9 +270,9 @@ def test_the_tls_diagnosis_keeps_within_the_calls_deadline(certs: Certs, monkeyp
     asked: list[float] = []
     real = client_module.tls_refusal
 
-    def recorded(host, port, tls, timeout_s=3.0):  # type: ignore[no-untyped-def]
+    def recorded(host, port, tls, timeout_s=3.0, connect_to=""):  # type: ignore[no-untyped-def]
         asked.append(timeout_s)
-        return real(host, port, tls, timeout_s)
+        return real(host, port, tls, timeout_s, connect_to)
 
     monkeypatch.setattr(client_module, "tls_refusal", recorded)
     held = []

@@ -253,3 +253,61 @@ def test_a_start_of_ray_that_fails_is_not_tried_again_once_stopped_and_a_second_
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+# a signal that comes while Ray's start forks one of its processes, handled in the parent's after-fork hooks:
+# sent blocked before the fork, unblocked (from C, no Python frame) after it, ahead of logging's own hooks
+FORKING = textwrap.dedent("""
+    import functools
+    import os
+    import signal
+    import sys
+    import threading
+
+    import _signal
+    import ray._private.node as node
+
+    SIG = int(os.environ["SPLITFED_TEST_SIGNAL"])
+    armed, fired = [], []
+
+    def before():
+        if armed and not fired:
+            fired.append(True)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {SIG})
+            signal.pthread_kill(threading.main_thread().ident, SIG)
+
+    unblock = functools.partial(_signal.pthread_sigmask, signal.SIG_UNBLOCK, {SIG})
+    os.register_at_fork(before=before, after_in_parent=unblock, after_in_child=unblock)
+    start = node.Node.__init__
+
+    def held(self, *args, **kwargs):
+        armed.append(True)
+        print("HOOK: Ray is starting", flush=True)
+        return start(self, *args, **kwargs)
+
+    node.Node.__init__ = held
+    from splitfed.cli import entry
+
+    sys.argv = ["splitfed", *sys.argv[1:]]
+    entry()
+""")
+
+
+@pytest.mark.parametrize(("sig", "code", "last"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated")], ids=["ctrl-c", "sigterm"])
+def test_a_signal_in_the_fork_of_a_process_ray_starts_stops_the_run(tmp_path, sig, code, last):
+    """Before: handled in the after-fork hook, the interrupt (Ctrl-C) or Ray's ``sys.exit`` (SIGTERM, under the
+    handler Ray's start put in) was dropped by Python ("Exception ignored"): the run trained to its end and
+    exited 0, or hung on logging's lock."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", FORKING, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2",
+         "--rounds", "2", "--out", str(tmp_path / "run")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "SPLITFED_TEST_SIGNAL": str(int(sig))})
+    returncode, text = _stop_at(p, "HOOK:", lambda p: None)  # the hook sends it, at the fork
+    assert returncode == code, text
+    _ends_stopped(text, tmp_path / "run", last, 2)
+    assert "tiers:" not in text and "Exception ignored" not in text, text
+    assert not list(Path(get_default_ray_temp_dir()).glob(f"session_*_{p.pid}")), "Ray's session folder is left"

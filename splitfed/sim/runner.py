@@ -233,10 +233,22 @@ class _Signals:
     def starting(self) -> Iterator[None]:
         """Around Ray's start: a signal is only noted (:meth:`reraise` raises it after). Raised at once it
         may land in the after-fork hook of a process Ray spawns (``logging._releaseLock``), where Python drops
-        it ("Exception ignored"), leaving logging's lock held: the run went on, then hung. Ray's own SIGTERM
-        handler, which its start installs, exits with ``SystemExit(15)``: that is this stop too. A start that
-        fails is not tried again once stopped; a second signal does not wait (as in the engine)."""
+        it ("Exception ignored"), leaving logging's lock held: the run went on, then hung. So Ray's start may
+        not put in its own SIGTERM handlers either (``ray.init``'s and its node's ``sys.exit``, met in the same
+        hooks: the run went on, or exited 15 keeping Ray's session folder); a ``SystemExit(15)`` that still
+        comes (a Ray that installs them otherwise) is this stop too. A start that fails is not tried again
+        once stopped; a second signal does not wait (as in the engine)."""
         self.deferring = True
+        ray_utils: Any = None
+        installs: Any = None
+        try:
+            import ray._private.utils
+
+            ray_utils = ray._private.utils
+            installs = ray_utils.set_sigterm_handler
+            ray_utils.set_sigterm_handler = lambda handler: None
+        except (ImportError, AttributeError):  # another Ray: SystemExit(15) below, and install() after
+            ray_utils = None
         try:
             yield
         except SystemExit as e:
@@ -246,6 +258,8 @@ class _Signals:
                 self.received = signal.SIGTERM
                 runfolder.stop_requested(signal.SIGTERM)
         finally:
+            if ray_utils is not None:
+                ray_utils.set_sigterm_handler = installs
             self.deferring = False
 
     def progress(self, say: Callable[[str], None]) -> Callable[[str], None]:

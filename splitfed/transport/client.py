@@ -177,7 +177,7 @@ class GrpcTierClient:
         diagnosis (:func:`~splitfed.transport.security.tls_refusal`) may take."""
         where = f"tier {self.address}: {what}"
         host, port = parse_address(self.address, "tier address")
-        tls, at = self._tls, ""
+        tls, at, connect_to = self._tls, "", ""
         if code == grpc.StatusCode.UNAVAILABLE and left > 0.05 and _took_no_connection(details):
             # a host name: gRPC's error is its last address's; another may have answered, and said more
             t0 = time.monotonic()
@@ -189,16 +189,14 @@ class GrpcTierClient:
                 at = (f" (said by {target}, an address of {host_name(host)}; gRPC reported only the last address "
                       f"it tried: {last})")
                 details = new_details
-                if tls is not None:  # the certificate is still checked for the name, not the address
-                    tls = replace(tls, server_name=tls.server_name or host_name(host))
-                host = ip
+                connect_to = ip  # the certificate is still checked for the name, not the address
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return DeadlineExceeded(f"{where}: no answer within the deadline of {budget:.3g}s ({details}){at}")
         if code == grpc.StatusCode.UNAVAILABLE:
             hint = ""
             if tls is not None and left > 0.05 and any(w in details.lower() for w in _TLS_SYMPTOMS):
                 # a refused handshake looks like this, and so does a tier going away: one handshake tells
-                refusal = tls_refusal(host, port, tls, timeout_s=min(3.0, left))
+                refusal = tls_refusal(host, port, tls, timeout_s=min(3.0, left), connect_to=connect_to)
                 if refusal is None and "certificate_verify_failed" in details.lower():  # by gRPC's own roots
                     refusal = (f"this side does not trust the tier's certificate ({details}): give the CA that "
                                "signed it (--tls-ca / tls-ca)")

@@ -126,7 +126,7 @@ _PLAINTEXT = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO
 _NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
 
 
-def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0) -> str | None:
+def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0, connect_to: str = "") -> str | None:
     """Why this TLS config's handshake with the tier at ``host:port`` is refused, or None when there is no
     TLS-specific evidence (it succeeds, the tier cannot be reached, or the connection just closes).
 
@@ -137,7 +137,9 @@ def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0) ->
     server sends no alert). A port that closes before the tier's first flight (a proxy with no tier behind
     it), or a handshake that completes, is no verdict. This side refusing the tier's certificate fails
     with OpenSSL's reason (checked only against a CA file given: with the system's CAs gRPC's own roots,
-    which this process may not share, decide, and its error says so). ``timeout_s`` bounds the whole probe."""
+    which this process may not share, decide, and its error says so). ``timeout_s`` bounds the whole probe.
+    ``connect_to``: the address of ``host`` to connect to (one of a name's), the certificate still checked
+    for ``host``."""
     end = time.monotonic() + timeout_s
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.maximum_version = ssl.TLSVersion.TLSv1_2
@@ -156,7 +158,7 @@ def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0) ->
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     conn = ctx.wrap_bio(incoming, outgoing, server_hostname=name)
     try:
-        raw = socket.create_connection((host, port), timeout=max(0.01, end - time.monotonic()))
+        raw = socket.create_connection((connect_to or host, port), timeout=max(0.01, end - time.monotonic()))
     except OSError:
         return None
     flights, received = 0, 0
