@@ -173,26 +173,54 @@ def test_a_signal_while_flower_is_inside_ray(tmp_path, sig, group, code, last):
     assert "core worker" not in text and "Traceback" not in text and "WARNING" not in text, text
 
 
-# Ray is held in its start for 3 s, after ``ray.init`` has put in its own SIGTERM handler (``sys.exit``)
-STARTING = textwrap.dedent("""
-    import sys
-    import time
+def _while_ray_starts(setup: str, inside: str) -> str:
+    """``splitfed`` as the console script runs it, its Ray start patched: ``setup`` first, then at the start of
+    Ray's node (after ``ray.init`` has put in its own SIGTERM handler, unless splitfed kept it from that)
+    the line "HOOK: Ray is starting" is printed and ``inside`` runs."""
+    body = "\n".join("    " + line for line in textwrap.dedent(inside).strip().splitlines())
+    return textwrap.dedent(setup) + textwrap.dedent("""
+        import sys
 
-    import ray._private.node as node
+        import ray._private.node as node
 
-    start = node.Node.__init__
+        start = node.Node.__init__
 
-    def held(self, *args, **kwargs):
-        print("HOOK: Ray is starting", flush=True)
-        time.sleep(3)
-        return start(self, *args, **kwargs)
 
-    node.Node.__init__ = held
-    from splitfed.cli import entry
+        def held(self, *args, **kwargs):
+            print("HOOK: Ray is starting", flush=True)
+        {body}
+            return start(self, *args, **kwargs)
 
-    sys.argv = ["splitfed", *sys.argv[1:]]
-    entry()
-""")
+
+        node.Node.__init__ = held
+        from splitfed.cli import entry
+
+        sys.argv = ["splitfed", *sys.argv[1:]]
+        entry()
+    """).replace("{body}", body)
+
+
+def _run_stopped_while_ray_starts(tmp_path: Path, script: str, send, code: int, last: str,  # type: ignore[no-untyped-def]
+                                  env: dict[str, str] | None = None) -> str:
+    """Run ``script`` (a ``_while_ray_starts``), ``send`` its signal at the hook; it stops as asked, with its last
+    lines, having started no tier and left no Ray session folder. Its output."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", script, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2",
+         "--rounds", "2", "--out", str(tmp_path / "run")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, **(env or {})})
+    returncode, text = _stop_at(p, "HOOK:", send)
+    assert returncode == code, text
+    _ends_stopped(text, tmp_path / "run", last, 2)
+    assert "tiers:" not in text and "Traceback" not in text and "Exception ignored" not in text, text
+    assert not list(Path(get_default_ray_temp_dir()).glob(f"session_*_{p.pid}")), "Ray's session folder is left"
+    return text
+
+
+# Ray is held in its start for 3 s
+STARTING = _while_ray_starts("import time\n", "time.sleep(3)")
 
 
 @pytest.mark.parametrize(("sig", "code", "last"), [(signal.SIGINT, 130, "interrupted"),
@@ -201,17 +229,7 @@ def test_a_signal_while_ray_starts_stops_the_run_and_leaves_nothing(tmp_path, si
     """Before: SIGTERM while Ray started met Ray's own handler, and the run exited 15 with no word, keeping
     Ray's session folder; a Ctrl-C raised there could land in the after-fork hook of a process Ray spawned,
     where Python drops it with logging's lock held: the run went on, then hung."""
-    from ray._common.utils import get_default_ray_temp_dir
-
-    p = subprocess.Popen(
-        [sys.executable, "-c", STARTING, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2",
-         "--rounds", "2", "--out", str(tmp_path / "run")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    returncode, text = _stop_at(p, "HOOK:", lambda p: p.send_signal(sig))
-    assert returncode == code, text
-    _ends_stopped(text, tmp_path / "run", last, 2)
-    assert "tiers:" not in text and "Traceback" not in text, text  # nothing after Ray's start began
-    assert not list(Path(get_default_ray_temp_dir()).glob(f"session_*_{p.pid}")), "Ray's session folder is left"
+    _run_stopped_while_ray_starts(tmp_path, STARTING, lambda p: p.send_signal(sig), code, last)
 
 
 def test_a_start_of_ray_that_fails_is_not_tried_again_once_stopped_and_a_second_signal_does_not_wait(monkeypatch):
@@ -257,15 +275,13 @@ def test_a_start_of_ray_that_fails_is_not_tried_again_once_stopped_and_a_second_
 
 # a signal that comes while Ray's start forks one of its processes, handled in the parent's after-fork hooks:
 # sent blocked before the fork, unblocked (from C, no Python frame) after it, ahead of logging's own hooks
-FORKING = textwrap.dedent("""
+FORKING = _while_ray_starts("""
     import functools
     import os
     import signal
-    import sys
     import threading
 
     import _signal
-    import ray._private.node as node
 
     SIG = int(os.environ["SPLITFED_TEST_SIGNAL"])
     armed, fired = [], []
@@ -278,19 +294,7 @@ FORKING = textwrap.dedent("""
 
     unblock = functools.partial(_signal.pthread_sigmask, signal.SIG_UNBLOCK, {SIG})
     os.register_at_fork(before=before, after_in_parent=unblock, after_in_child=unblock)
-    start = node.Node.__init__
-
-    def held(self, *args, **kwargs):
-        armed.append(True)
-        print("HOOK: Ray is starting", flush=True)
-        return start(self, *args, **kwargs)
-
-    node.Node.__init__ = held
-    from splitfed.cli import entry
-
-    sys.argv = ["splitfed", *sys.argv[1:]]
-    entry()
-""")
+""", "armed.append(True)")
 
 
 @pytest.mark.parametrize(("sig", "code", "last"), [(signal.SIGINT, 130, "interrupted"),
@@ -299,15 +303,5 @@ def test_a_signal_in_the_fork_of_a_process_ray_starts_stops_the_run(tmp_path, si
     """Before: handled in the after-fork hook, the interrupt (Ctrl-C) or Ray's ``sys.exit`` (SIGTERM, under the
     handler Ray's start put in) was dropped by Python ("Exception ignored"): the run trained to its end and
     exited 0, or hung on logging's lock."""
-    from ray._common.utils import get_default_ray_temp_dir
-
-    p = subprocess.Popen(
-        [sys.executable, "-c", FORKING, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2",
-         "--rounds", "2", "--out", str(tmp_path / "run")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "SPLITFED_TEST_SIGNAL": str(int(sig))})
-    returncode, text = _stop_at(p, "HOOK:", lambda p: None)  # the hook sends it, at the fork
-    assert returncode == code, text
-    _ends_stopped(text, tmp_path / "run", last, 2)
-    assert "tiers:" not in text and "Exception ignored" not in text, text
-    assert not list(Path(get_default_ray_temp_dir()).glob(f"session_*_{p.pid}")), "Ray's session folder is left"
+    _run_stopped_while_ray_starts(tmp_path, FORKING, lambda p: None, code, last,  # the hook sends it, at the fork
+                                  env={"SPLITFED_TEST_SIGNAL": str(int(sig))})
