@@ -8,6 +8,8 @@ because "device" in splitfed is the client's tier.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from splitfed.errors import ConfigError
@@ -51,6 +53,4 @@ def memory_bytes(dev: torch.device) -> int:
     """The memory of ``dev``: the GPU's own, or the machine's (what a tier's segments share)."""
     if dev.type == "cuda":
         return int(torch.cuda.get_device_properties(dev).total_memory)
-    import os
-
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

@@ -31,7 +31,7 @@ import torch
 
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
-from splitfed.flower.metrics import METRICS
+from splitfed.flower.metrics import METRICS, rows_kept
 
 FILENAME = "checkpoint.pt"
 FORMAT = 2  # 2: the sha256 is always there (a format-1 file may lack it: written before it was kept)
@@ -143,11 +143,9 @@ def load(folder: str | Path) -> Checkpoint:
     if not folder.exists():
         raise ConfigError(f"cannot resume: there is no folder {folder}")
     if not path.is_file():
-        rows = folder / METRICS
-        kept = sum(1 for line in rows.read_text(errors="replace").splitlines() if line.strip()) \
-            if rows.is_file() else 0
+        kept = rows_kept(folder)
         if kept:  # the rounds happened: the checkpoint was lost after (deleted, moved, a partial copy)
-            raise ConfigError(f"cannot resume: {path} is missing, though {rows} holds {kept} finished round(s): "
+            raise ConfigError(f"cannot resume: {path} is missing, though {folder / METRICS} holds {kept} finished round(s): "
                               "put the checkpoint back, or start the run over with --overwrite")
         raise ConfigError(f"cannot resume: {path} does not exist (no round of that run finished: start it again "
                           "with --out)")

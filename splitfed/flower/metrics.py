@@ -29,6 +29,13 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 
 
+def rows_kept(folder: str | Path) -> int:
+    """How many rows (finished rounds) a run folder's metrics hold, counted without reading them (0: none, or no
+    file; a row cut short counts)."""
+    path = Path(folder) / METRICS
+    return sum(1 for line in path.read_text(errors="replace").splitlines() if line.strip()) if path.is_file() else 0
+
+
 def read_rows(path: str | Path) -> list[Any]:
     """The rows of a metrics file. A last line without its newline is a row whose append a crash (or a
     write still in progress) cut short: it is dropped, and a resumed run redoes that round. Any

@@ -38,7 +38,7 @@ from typing import Any
 
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint
-from splitfed.flower.metrics import METRICS, SUMMARY, read_rows
+from splitfed.flower.metrics import METRICS, SUMMARY, read_rows, rows_kept
 from splitfed.jsonio import dumps, write_atomic
 
 LOCK = ".splitfed.lock"
@@ -57,9 +57,7 @@ def held_run(folder: str | Path) -> str:
     A run stopped before its first round ended leaves an empty ``metrics.jsonl`` and no
     checkpoint: nothing to resume and nothing to lose, so that folder holds no run."""
     folder = Path(folder)
-    metrics = folder / METRICS
-    rounds = sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip()) \
-        if metrics.is_file() else 0
+    rounds = rows_kept(folder)
     if rounds:
         return f"{rounds} finished round(s)"
     return ", ".join(name for name in (SUMMARY, checkpoint.FILENAME) if (folder / name).is_file())
@@ -390,7 +388,9 @@ def _summary_since(folder: Path) -> bool:
         if (folder / SUMMARY).stat().st_mtime_ns < (folder / LOCK).stat().st_mtime_ns:
             return False
         summary = json.loads((folder / SUMMARY).read_text())
-        rows = sum(1 for line in (folder / METRICS).read_text(errors="replace").splitlines() if line.strip())
+        if not (folder / METRICS).is_file():
+            return False
+        rows = rows_kept(folder)
     except (OSError, ValueError):
         return False
     return isinstance(summary, dict) and summary.get("rounds") == rows

@@ -230,10 +230,7 @@ def fleet_digest(path: str | Path) -> str:
     import json
     from dataclasses import asdict
 
-    f = load_fleet(path)
-    said = {"edge": asdict(f.edge), "cloud": asdict(f.cloud) if f.cloud else None,
-            "edge_link": asdict(f.edge_link) if f.edge_link else None,
-            "clients": [asdict(c) for c in f.clients]}
+    said = {k: v for k, v in asdict(load_fleet(path)).items() if k not in ("name", "source", "description")}
     return hashlib.sha256(json.dumps(said, sort_keys=True, default=str).encode()).hexdigest()
 
 

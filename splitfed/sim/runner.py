@@ -85,7 +85,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
             signals.reraise()  # stopped while Ray failed to start: the run was stopped, as asked
             raise SimulationError(f"the simulation engine failed: {e}") from e
         session = session_dir()
-        signals.install()  # again: Ray's start put its own SIGTERM handler in (it would abort the process)
+        signals.install()  # again, should a Ray that ``starting`` cannot keep from it have put its own in
         signals.reraise()  # a signal while Ray started: the run stops now, before anything else starts
         with start_tiers(settings) as chain:
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses),
@@ -254,9 +254,7 @@ class _Signals:
         except SystemExit as e:
             if e.code != signal.SIGTERM:
                 raise
-            if self.received is None:
-                self.received = signal.SIGTERM
-                runfolder.stop_requested(signal.SIGTERM)
+            self._note(signal.SIGTERM)
         finally:
             if ray_utils is not None:
                 ray_utils.set_sigterm_handler = installs
@@ -310,10 +308,7 @@ class _Signals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
-        first = self.received is None
-        if first:
-            self.received = signum
-            runfolder.stop_requested(signum)  # the run's folder records it stopped, whatever its end raises
+        first = self._note(signum)
         if self.deferring and first:
             return
         if not (first and self.waiting):
@@ -324,6 +319,14 @@ class _Signals:
             # shuts Ray down), so Ray is up, and stays up while this handler runs (in that thread)
             self.flower_stop.set()
             self._kill_actors()
+
+    def _note(self, signum: int) -> bool:
+        """Note a signal; whether it is the first (the one the run stops for)."""
+        if self.received is not None:
+            return False
+        self.received = signum
+        runfolder.stop_requested(signum)  # the run's folder records it stopped, whatever its end raises
+        return True
 
     def _kill_actors(self) -> None:
         import ray

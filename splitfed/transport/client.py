@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import torch
@@ -114,9 +114,7 @@ class GrpcTierClient:
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
         self.limits = limits or wire.Limits()
-        opts = channel_options(self.limits) + (tls.channel_options() if tls else [])
-        channel = (grpc.secure_channel(address, tls.channel_credentials(), options=opts) if tls
-                   else grpc.insecure_channel(address, options=opts))
+        channel = _channel(address, tls, self.limits)
         self._raw_channel = channel
         self._tls = tls
         self._health_failed: tuple[grpc.StatusCode, str, float] | None = None
@@ -177,7 +175,7 @@ class GrpcTierClient:
         diagnosis (:func:`~splitfed.transport.security.tls_refusal`) may take."""
         where = f"tier {self.address}: {what}"
         host, port = parse_address(self.address, "tier address")
-        tls, at, connect_to = self._tls, "", ""
+        at, connect_to = "", ""
         if code == grpc.StatusCode.UNAVAILABLE and left > 0.05 and _took_no_connection(details):
             # a host name: gRPC's error is its last address's; another may have answered, and said more
             t0 = time.monotonic()
@@ -194,6 +192,7 @@ class GrpcTierClient:
             return DeadlineExceeded(f"{where}: no answer within the deadline of {budget:.3g}s ({details}){at}")
         if code == grpc.StatusCode.UNAVAILABLE:
             hint = ""
+            tls = self._tls
             if tls is not None and left > 0.05 and any(w in details.lower() for w in _TLS_SYMPTOMS):
                 # a refused handshake looks like this, and so does a tier going away: one handshake tells
                 refusal = tls_refusal(host, port, tls, timeout_s=min(3.0, left), connect_to=connect_to)
@@ -249,19 +248,11 @@ class GrpcTierClient:
         """A health check of the tier at ``target`` (an IP address of ``name``) with this client's TLS: its
         status and details if it fails, else None."""
         tls = replace(self._tls, server_name=self._tls.server_name or name) if self._tls is not None else None
-        opts = channel_options(self.limits) + (tls.channel_options() if tls else [])
-        channel = (grpc.secure_channel(target, tls.channel_credentials(), options=opts) if tls
-                   else grpc.insecure_channel(target, options=opts))
+        channel = _channel(target, tls, self.limits)
         try:
-            r = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE),
-                                                         timeout=timeout_s, metadata=self._metadata)
-        except grpc.RpcError as e:
-            return _status(e)
+            return _unhealthy(health_pb2_grpc.HealthStub(channel), timeout_s, metadata=self._metadata)
         finally:
             channel.close()
-        if r.status != health_pb2.HealthCheckResponse.SERVING:
-            return grpc.StatusCode.UNAVAILABLE, f"serving status {r.status}"
-        return None
 
     def _exchange(self, head: pb.StepHeader, enc: list[tuple[str, tc.Encoded]], what: str,
                   unary: bool) -> tuple[pb.StepResult, wire.Received | None]:
@@ -436,16 +427,9 @@ class GrpcTierClient:
 
     def health(self, timeout: float = 5.0, *, wait: bool = False) -> bool:
         """Whether the tier reports SERVING (``wait``: wait for the connection up to ``timeout``)."""
-        try:
-            r = self._health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout,
-                                   wait_for_ready=wait)
-        except grpc.RpcError as e:
-            failed: tuple[grpc.StatusCode, str, float] | None = (*_status(e), timeout)
-        else:
-            failed = (None if r.status == health_pb2.HealthCheckResponse.SERVING
-                      else (grpc.StatusCode.UNAVAILABLE, f"serving status {r.status}", timeout))
+        failed = _unhealthy(self._health, timeout, wait_for_ready=wait)
         with self._lock:
-            self._health_failed = failed
+            self._health_failed = None if failed is None else (*failed, timeout)
         return failed is None
 
     def health_failure(self) -> TierError | None:
@@ -480,3 +464,22 @@ def _took_no_connection(details: str) -> bool:
     """Whether gRPC's error says its (last) address took no connection at all."""
     last = details.lower().rpartition("last error:")[2]
     return any(w in last for w in _NO_CONNECTION)
+
+
+def _channel(target: str, tls: TlsConfig | None, limits: wire.Limits) -> grpc.Channel:
+    """A channel to ``target``: with TLS when ``tls`` is given, else in plaintext."""
+    opts = channel_options(limits) + (tls.channel_options() if tls else [])
+    return (grpc.secure_channel(target, tls.channel_credentials(), options=opts) if tls
+            else grpc.insecure_channel(target, options=opts))
+
+
+def _unhealthy(stub: health_pb2_grpc.HealthStub, timeout: float, **call: Any) -> tuple[grpc.StatusCode, str] | None:
+    """What a health check of the tier says when it does not report SERVING (its status and details); None if it
+    does."""
+    try:
+        r = stub.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout, **call)
+    except grpc.RpcError as e:
+        return _status(e)
+    if r.status != health_pb2.HealthCheckResponse.SERVING:
+        return grpc.StatusCode.UNAVAILABLE, f"serving status {r.status}"
+    return None

@@ -115,12 +115,7 @@ class _IdleStreams:
             return
         key, entry = self._add(context, what, waiting=True)
         try:
-            it = iter(frames)
-            while True:
-                try:
-                    f = next(it)  # the tier waits for its caller: charged
-                except StopIteration:
-                    return
+            for f in frames:  # the tier waits for its caller: charged
                 self._moved(entry, f)
                 yield f  # the tier works on it: not charged
                 self._wait(entry)
