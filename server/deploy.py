@@ -211,7 +211,8 @@ class _Signals:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        old = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        old = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)
+               if signal.getsignal(sig) is not signal.SIG_IGN}  # a background job's SIGINT: Ctrl-C is not for it
         try:
             yield
         finally:

@@ -168,6 +168,20 @@ def test_a_signal_while_a_child_starts_waits_until_the_child_is_guarded():
     assert signal.getsignal(signal.SIGTERM) is before  # main() leaves the handlers as it found them
 
 
+def test_a_deploy_started_ignoring_sigint_leaves_it_ignored():
+    """A background job of a script starts with SIGINT ignored (Ctrl-C is for the job in the foreground):
+    deploy put its own handler in anyway, and a Ctrl-C meant for another job stopped the deployment."""
+    script = ("import signal\n"
+              "from server.deploy import _SIGNALS\n"
+              "with _SIGNALS.installed():\n"
+              "    print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN,\n"
+              "          signal.getsignal(signal.SIGTERM) == _SIGNALS.handle)\n"
+              "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n")
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert p.stdout.split() == ["True", "True", "True"], p.stderr
+
+
 # --------------------------------------------------------------- real deployments
 
 def _deploy(tmp: Path, *args: str) -> tuple[subprocess.Popen, Path, Path]:

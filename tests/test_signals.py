@@ -105,6 +105,20 @@ def test_sigterm_stops_like_ctrl_c(tmp_path):
     assert (out / "checkpoint.pt").is_file()
 
 
+def test_a_run_started_ignoring_sigint_trains_on_through_it(tmp_path):
+    """A background job of a script starts with SIGINT ignored (the user's Ctrl-C is for the job in the
+    foreground); the run put its own handler in anyway, and stopped."""
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds", "2",
+         "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    code, text = _stop_at(run, "round 1/2", lambda p: p.send_signal(signal.SIGINT))
+    assert code == 0, text
+    assert "interrupted" not in text and "Traceback" not in text, text
+    assert _rounds(out) == [1, 2]
+
+
 # ``splitfed`` as the console script runs it, with hooks in Flower's engine: the first worker thread to fetch a
 # client's reply from Ray says so on stdout and then waits there (``ray.get`` not yet called) until the run's stop
 # flag is set, so the signal always finds an engine thread inside a Ray call; and ``ray.shutdown()`` says so when

@@ -455,3 +455,31 @@ def test_a_tier_on_an_address_that_is_not_this_hosts_is_refused_before_it_starts
     check_bindable("127.0.0.1:0")  # any free port: nothing to check
     with pytest.raises(ConfigError, match=r"cannot listen on 192\.0\.2\.1:5000: Cannot assign requested address"):
         serve_tier("cloud", "192.0.2.1:5000", insecure=True)
+
+
+def test_a_tier_started_ignoring_sigint_keeps_serving_through_it_and_stops_on_sigterm() -> None:
+    """A background job (``splitfed tier ... &`` in a script) starts with SIGINT ignored: the shell means the
+    user's Ctrl-C for the job in the foreground. The tier put its own handler in anyway and stopped."""
+    import signal
+    import subprocess
+    import time
+
+    from splitfed.transport.process import READY
+
+    tier = subprocess.Popen([sys.executable, "-m", "splitfed.cli", "tier", "--role", "cloud", "--listen",
+                             "127.0.0.1:0", "--insecure"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert tier.stdout is not None
+        address = next(line for line in tier.stdout if line.startswith(READY))[len(READY):].split()[0]
+        with GrpcTierClient(address, deadline_s=10) as client:
+            assert client.health(10, wait=True)
+            tier.send_signal(signal.SIGINT)
+            for _ in range(3):  # a stop takes its time: ask again over a second and a half
+                time.sleep(0.5)
+                assert tier.poll() is None and client.describe().name == "cloud"
+        tier.send_signal(signal.SIGTERM)
+        assert tier.wait(60) == 0
+    finally:
+        tier.kill()
+        tier.wait()

@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
                      daemon=True).start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # a background job's SIGINT: Ctrl-C is not for it
+            signal.signal(sig, lambda *_: stop.set())
     if args.exit_with_stdin:
         def stop_at_eof() -> None:
             sys.stdin.buffer.read()

@@ -186,6 +186,9 @@ def static_fits(settings: RunSettings, policy: Any, clients: Sequence[Any]) -> N
                           "device (static:K1,K2/K1,K2 deals cut vectors out by client) or use --cuts adaptive")
 
 
+_STOPPING = (signal.SIGINT, signal.SIGTERM)
+
+
 class _Signals:
     """Ctrl-C and SIGTERM stop the run the same way, every process stopped and the last checkpoint kept:
     :class:`KeyboardInterrupt` (:class:`Terminated` for SIGTERM) leaves :func:`simulate`.
@@ -222,12 +225,17 @@ class _Signals:
         self.deferring = False  # while Ray starts: signals are noted, raised after (starting)
         self.ended = False  # the interrupt is raised: no more progress lines
         self.lock = threading.RLock()  # reentrant: the handler may run while the main thread holds it
+        self.ignored: set[int] | None = None  # the signals this process was started ignoring, at install
 
     def install(self) -> dict[int, Any]:
-        """Handle SIGINT and SIGTERM; returns the handlers replaced ({}: not the main thread)."""
+        """Handle SIGINT and SIGTERM, but not one this process was started ignoring (a background job's
+        SIGINT: the user's Ctrl-C is meant for the job in the foreground); returns the handlers replaced ({}:
+        not the main thread)."""
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if self.ignored is None:  # as started, not as Ray's start may have left them
+            self.ignored = {sig for sig in _STOPPING if signal.getsignal(sig) is signal.SIG_IGN}
+        return {sig: signal.signal(sig, self._handle) for sig in _STOPPING if sig not in self.ignored}
 
     @contextmanager
     def starting(self) -> Iterator[None]:
