@@ -9,7 +9,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import event, example, given, settings
+from hypothesis import assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from splitfed.cli import main
@@ -182,6 +182,58 @@ PROF = ModelProfile.synthetic([20e6, 40e6, 40e6, 1e6], [48e3, 16e3, 4e3, 40], [8
 
 def _client(name: str, flops: float = 10e9, memory: float = 2**30, up: float = 1e6, samples: int = 500) -> Client:
     return Client(name, name.rstrip("0123456789-"), TierProfile(flops, memory), LinkProfile(up, 4 * up, 0.03), samples)
+
+
+@settings(max_examples=150)
+@given(st.sampled_from(["sflv1", "sflv2"]).flatmap(instances))
+def test_greedy_picks_only_cuts_that_fit_the_servers_alone(sc: Scenario) -> None:
+    """Greedy prices each device as if the servers were its alone, so with one client it is the optimum. It
+    kept only the device's memory: a single client was given cuts the edge could not hold."""
+    one = sc.with_clients(sc.clients[:1])
+    truth, got = _outcome(exhaustive, one), _outcome(greedy, one)
+    if isinstance(truth, ConfigError):
+        assert isinstance(got, ConfigError)
+        return
+    assert not isinstance(got, ConfigError), got
+    assert got.cost.feasible and got.makespan_s == truth.makespan_s
+    every = _outcome(greedy, sc)
+    if not isinstance(every, ConfigError):
+        for c in sc.clients:  # together they may overflow a server, but each pick fits it alone
+            assert evaluate(sc.with_clients([c]), {c.name: every.assignment[c.name]}).feasible
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances(), st.integers(1, 6))
+def test_a_solve_cut_short_by_its_time_limit_never_claims_a_gap_it_did_not_prove(sc: Scenario, ticks: int) -> None:
+    """The solve's clock runs out after ``ticks`` reads (each MILP reads it once before it starts): a
+    deterministic stand-in for a time limit that falls between two MILPs. A feasibility MILP not run was
+    taken as a proven "no", and the bound after a last MILP not run as the answer's own makespan: a
+    solve 2.8x from the optimum reported "proven gap 0"."""
+    import splitfed.optimizer.assign as assign
+
+    exact = _outcome(lambda s: solve(s, gap=0.0, time_limit=None, method="bisect"), sc)
+    assume(not isinstance(exact, ConfigError))
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 1.0
+            return self.now
+
+    real = assign.time
+    assign.time = Clock()  # type: ignore[assignment]
+    try:
+        cut = _outcome(lambda s: solve(s, gap=0.0, time_limit=float(ticks), method="bisect"), sc)
+    finally:
+        assign.time = real
+    if isinstance(cut, ConfigError):
+        assert "time limit ran out" in str(cut)
+        return
+    event("cut short" if not cut.optimal else "finished")
+    assert cut.makespan_s >= exact.makespan_s * (1 - 1e-9)
+    bound = cut.makespan_s * (1 - cut.gap)
+    assert bound <= exact.makespan_s * (1 + 1e-9), (cut.note, exact.makespan_s)
 
 
 def _scenario(clients, edge_mem: float = 2**34, cloud_mem: float = 2**35) -> Scenario:  # noqa: ANN001

@@ -491,7 +491,13 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
     best = priced(hi)
     a = allowed(lo)
     r, ok = s.run(a, time_rows=False, m_max=float(taus[hi]))
-    bound = float(taus[hi]) if ok is None else min(float(taus[hi]), r.bound)
+    if ok is not None:
+        bound = min(float(taus[hi]), r.bound)
+    elif r.optimal:  # proven: nothing capped at tau_hi fits, so M* = tau_hi
+        bound = float(taus[hi])
+    else:  # cut short by the time limit: only a "no" that was proven bounds M* (M* > tau_k there)
+        no = [k for k, (rk, ak) in memo.items() if ak is None and rk.optimal]
+        bound = float(taus[max(no)]) if no else float(taus[0])
     if ok is not None:
         cost = s.price(a, r)
         if cost.makespan_s < best.makespan_s:
@@ -870,14 +876,19 @@ def best_static(sc: Scenario) -> Solution:
 
 
 def greedy(sc: Scenario) -> Solution:
-    """Each device picks the cuts that minimise its own round time, as if the servers were its alone."""
+    """Each device picks the cuts that minimise its own round time, as if the servers were its alone: among
+    the cuts that fit its device and, alone, every server (together its clients may overflow a server)."""
     t0 = time.perf_counter()
     assignment: dict[str, Cuts] = {}
     memo: dict[tuple, Cuts] = {}
     for c, k, t in _kinds(sc):
         if t is not None:
-            r = np.where(t.fits_device, t.round_s, np.inf)
-            memo[k] = tuple(int(x) for x in t.options[int(np.argmin(r))])
+            fits = t.fits_device & _fits_alone(sc, *_server_columns(sc, t))
+            if not fits.any():
+                caps = ", ".join(f"{n} {mib_text(m)}" for n, m in zip(sc.tier_names[1:], sc.memory_caps, strict=True))
+                raise ConfigError(f"greedy: no cuts of client {c.name!r} that its device holds fit the server "
+                                  f"tiers ({caps}) even with the servers its alone")
+            memo[k] = tuple(int(x) for x in t.options[int(np.argmin(np.where(fits, t.round_s, np.inf)))])
         assignment[c.name] = memo[k]
     cost = evaluate(sc, assignment)
     return Solution("greedy", cost, time.perf_counter() - t0, False,

@@ -163,8 +163,8 @@ def one_sample_batches(settings: RunSettings, clients: Sequence[Any]) -> None:
 
 def static_fits(settings: RunSettings, policy: Any, clients: Sequence[Any]) -> None:
     """Static cuts that a device's memory cannot hold are refused, as ``splitfed optimize --static`` refuses
-    them: the simulated clock would price a round no such device could train (adaptive and greedy plan
-    within memory)."""
+    them: the simulated clock would price a round no such device could train (adaptive plans within every
+    tier's memory; greedy within each device's, and each server's as if the server were the device's alone)."""
     from splitfed.cost import evaluate
     from splitfed.flower.adaptive import scenario
 
