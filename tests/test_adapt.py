@@ -392,3 +392,47 @@ def test_an_adapter_keeps_a_bounded_history() -> None:
         adapter.observe(r, {})
     assert len(adapter.history) == HISTORY
     assert [d.round for d in adapter.history] == list(range(21, HISTORY + 21))  # the latest
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "greedy"])
+def test_a_resumed_run_plans_a_node_its_checkpoint_did_not_know(policy: str) -> None:
+    """A deployment registers whichever nodes answer: on resume one may hold a partition the checkpoint never
+    saw. That client's cuts and beliefs were looked up in the checkpoint: a KeyError from the ServerApp."""
+    from splitfed.cost import evaluate
+    from splitfed.flower.adaptive import AdaptivePolicy, GreedyPolicy, scenario
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.policy import ClientInfo
+    from splitfed.flower.policy import Measurement as Reported
+    from splitfed.sim.clock import fleet_for
+
+    settings = RunSettings(cuts=policy, fleet="small", clients=4, rounds=5)
+    kinds = [c.name for c in fleet_for(settings).clients]
+    first = [ClientInfo(f"client{i}", i + 1, i, kinds[i % len(kinds)], 100) for i in range(4)]
+    make = AdaptivePolicy if policy == "adaptive" else GreedyPolicy
+    before = make(settings)
+    cuts = before.assign(1, first)
+    # the measured numbers (samples, seconds, bytes): client0 trains 10x slower than its profile says
+    before.observe(1, [Reported(c.client_id, cuts[c.client_id], 100, 9.0 if c.client_id == "client0" else 0.1,
+                                0.2, 1000, 1000) for c in first])
+    saved = before.state_dict()
+    after = make(settings)
+    after.load_state_dict(saved)
+    now = [*first[:3], ClientInfo("client4", 9, 4, kinds[3 % len(kinds)], 100)]  # client3's node is gone
+    got = after.assign(2, now)
+    assert set(got) == {c.client_id for c in now}
+    kept = {k: tuple(v) for k, v in saved["assignment"].items()}
+    if policy == "greedy":  # each device's own pick: the known keep theirs, the new one gets its own
+        assert all(got[c.client_id] == kept[c.client_id] for c in now[:3])
+        fresh = GreedyPolicy(settings).assign(1, now)
+        assert got["client4"] == fresh["client4"]
+        return
+    belief = after.adapter.belief
+    for c in now[:3]:  # what the run had learned of the clients it knew is kept
+        learned = saved["beliefs"][c.client_id]
+        seen = belief.clients[belief.index(c.client_id)]
+        assert [seen.device.flops, seen.link.up, seen.link.down, seen.link.rtt] == learned
+    new = belief.clients[belief.index("client4")]
+    assert new.device == scenario(settings, now).clients[3].device  # a node new to it: its profile's numbers
+    plan = evaluate(belief, got)
+    assert plan.feasible
+    assert plan.makespan_s == solve(belief).makespan_s  # planned with the rest, optimally

@@ -186,10 +186,11 @@ class GreedyPolicy:
         self.assignment: dict[str, Cuts] = {}
 
     def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:
-        if not self.assignment:
+        if any(c.client_id not in self.assignment for c in clients):  # the first round, or a resumed run's new node
             from splitfed.optimizer import greedy
 
-            self.assignment = dict(greedy(scenario(self.settings, clients)).assignment)
+            # each device's pick is its own: those a resumed run kept stay
+            self.assignment = {**greedy(scenario(self.settings, clients)).assignment, **self.assignment}
         return {c.client_id: self.assignment[c.client_id] for c in clients}
 
     def observe(self, round: int, measurements: Sequence[Measurement]) -> None:
@@ -217,11 +218,12 @@ class AdaptivePolicy:
 
         sc = scenario(self.settings, clients)
         saved = self._saved
+        if saved:  # a resumed run: what it had learned of each client it knew (a node new to it: its profile)
+            beliefs = saved.get("beliefs", {})
+            sc = replace(sc, clients=tuple(_with_belief(c, beliefs[c.name]) if c.name in beliefs else c
+                                           for c in sc.clients))
         self.adapter = Adapter(sc, self.settings.rounds,
                                assignment={k: tuple(v) for k, v in saved["assignment"].items()} if saved else None)
-        if saved:
-            self.adapter.belief = replace(sc, clients=tuple(_with_belief(c, saved["beliefs"][c.name])
-                                                            for c in sc.clients))
         self._truth = {c.client_id: c.profile for c in clients}
 
     def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:

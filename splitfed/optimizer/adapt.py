@@ -130,8 +130,10 @@ class Adapter:
         self.rounds = rounds
         self.alpha, self.jump, self.hysteresis = alpha, jump, hysteresis
         self.gap, self.time_limit = gap, time_limit
-        if assignment is None:
-            assignment = solve(scenario, gap=gap, time_limit=time_limit).assignment
+        if assignment is None or any(c.name not in assignment for c in scenario.clients):
+            # none yet, or a resumed run's clients that it did not know: planned with the rest, which keep
+            # their cuts where that is as good
+            assignment = solve(scenario, gap=gap, time_limit=time_limit, prefer=assignment).assignment
         self.assignment: dict[str, Cuts] = {c.name: scenario.check_cuts(assignment[c.name]) for c in scenario.clients}
         self.history: list[Decision] = []  # the last HISTORY decisions (each holds every client's cuts)
 
