@@ -27,7 +27,6 @@ import shutil
 import signal
 import sys
 import time
-import tomllib
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from splitfed import jsonio
+from splitfed import jsonio, tomlio
 from splitfed.errors import ConfigError, SplitfedError, Terminated, unknown_key
 
 C = TypeVar("C")
@@ -52,12 +51,7 @@ OUTPUTS = (RESULTS, "results.csv", "summary.md", RUNS)  # what an experiment wri
 def load_config(path: str | Path, cls: type[C]) -> C:
     """Read a TOML file into the dataclass ``cls`` (top-level keys are its fields)."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {p} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {p}: {e}") from None
+    data = tomlio.parse(tomlio.read_text(p, "config file"), f"config file {p}")
     return config_from_mapping(data, cls, str(p))
 
 

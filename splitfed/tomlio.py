@@ -4,6 +4,7 @@ configs, fleet entries)."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,15 @@ def read_text(path: Path, what: str) -> str:
         raise ConfigError(f"{what} {path} is not UTF-8 text (byte {e.start}): TOML files are UTF-8") from None
     except OSError as e:
         raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
+
+
+def parse(text: str, source: str) -> dict[str, Any]:
+    """A TOML document, or a ConfigError naming ``source``: a syntax error, or an integer of more than 4300
+    digits (a plain ValueError from Python's int())."""
+    try:
+        return tomllib.loads(text)
+    except ValueError as e:  # TOMLDecodeError is one
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
 
 
 def value(v: Any) -> str:

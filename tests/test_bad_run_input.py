@@ -120,6 +120,53 @@ def test_run_config_and_cli_seeds_share_one_bound(capsys) -> None:
     assert "argument --seed: expected an integer in 0..4,294,967,295, got 4294967296" in capsys.readouterr().err
 
 
+def test_a_batch_size_beyond_what_any_host_holds_is_refused_as_the_other_commands_refuse_it(tmp_path,
+                                                                                           capsys) -> None:
+    """simulate took any --batch-size: 10**20 overflowed torch (a traceback), 10**8 tried to allocate 25 GB while
+    profiling and then named --batch, a flag simulate does not have."""
+    from splitfed.engine.limits import MAX_BATCH
+
+    out = tmp_path / "run"
+    for bad in ("99999999999999999999", str(MAX_BATCH + 1)):
+        with pytest.raises(SystemExit) as exc:
+            main(["simulate", "--clients", "2", "--rounds", "1", "--batch-size", bad, "--out", str(out)])
+        assert exc.value.code == 2
+        assert (f"argument --batch-size: expected an integer in 1..{MAX_BATCH:,}, got {bad}"
+                in capsys.readouterr().err)
+    config = tmp_path / "c.toml"
+    config.write_text(f"batch-size = {MAX_BATCH + 1}\n")
+    with pytest.raises(ConfigError, match=f"c.toml: batch-size must be at most 1,048,576, got {MAX_BATCH + 1}$"):
+        RunSettings.from_toml(config)
+    assert not out.exists()
+
+
+def test_a_config_with_an_integer_python_will_not_read_is_named(tmp_path, capsys) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("rounds = 1" + "0" * 5000 + "\n")
+    assert main(["simulate", "--config", str(config), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"splitfed simulate: error: config file {config}: not valid TOML: ") and "4300" in err
+    assert err.count("\n") == 1, err
+
+
+def test_a_run_folder_that_cannot_be_written_is_refused_before_anything_starts(tmp_path, capsys) -> None:
+    """Only files in the way were looked for: the engine and the tiers started (28 s) before the folder was
+    made, and refused. /proc refuses every user, root too."""
+    from splitfed.flower import runfolder
+
+    assert main(["simulate", "--clients", "2", "--rounds", "1", "--out", "/proc/splitfed-test/run"]) == 2
+    out, err = capsys.readouterr()
+    assert "starting" not in out + err, out + err
+    assert err.startswith("splitfed simulate: error: cannot write run folder /proc/splitfed-test/run: ") and \
+        err.count("\n") == 1, err
+    nested = tmp_path / "a" / "b" / "run"
+    runfolder.check(nested, resume=False, overwrite=False)  # a folder it can write: accepted, and nothing made
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "there").mkdir()
+    runfolder.check(tmp_path / "there", resume=False, overwrite=False)
+    assert list((tmp_path / "there").iterdir()) == []
+
+
 def test_resume_in_a_config_says_to_give_resume_on_the_command_line(tmp_path, capsys) -> None:
     config = tmp_path / "c.toml"
     config.write_text("resume = true\n")

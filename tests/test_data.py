@@ -56,7 +56,7 @@ def test_parse_partition_accepts_the_two_forms(text: str, want: Partition) -> No
 @pytest.mark.parametrize(
     "text",
     ["", "iid:2", "dirichlet", "dirichlet:", "dirichlet:0", "dirichlet:-1", "dirichlet:nan",
-     "dirichlet:inf", "dirichlet:abc", "shards:2", "pathological", "dirichlet 0.5"],
+     "dirichlet:inf", "dirichlet:1e308", "dirichlet:1000001", "dirichlet:abc", "shards:2", "pathological", "dirichlet 0.5"],
 )
 def test_parse_partition_rejects_everything_else_and_says_what_works(text: str) -> None:
     with pytest.raises(ConfigError, match=r"'iid' or 'dirichlet:ALPHA'"):
@@ -352,6 +352,9 @@ def test_mnist_missing_file_names_the_path_and_never_downloads(tmp_path: Path) -
         (lambda b: b"\x01" + b[1:], "bad magic"),
         (lambda b: b[:2] + b"\x0d" + b[3:], "not unsigned byte"),
         (lambda b: b[:-7], "file holds"),
+        # 65 dimensions, each 1, and one data byte: numpy's reshape raised a ValueError (a traceback)
+        (lambda b: b[:3] + bytes([65]) + (1).to_bytes(4, "big") * 65 + b"\x00",
+         r"IDX header says 65 dimensions; at most 8 are read \(MNIST files have 1 or 3\)"),
     ],
 )
 def test_mnist_rejects_malformed_idx(tmp_path: Path, corrupt, match: str) -> None:
@@ -386,6 +389,16 @@ def _write_cifar(root: Path) -> Path:
     (folder / "data_batch_2.bin").write_bytes(_cifar_records([0], [(10, 20, 30)]))
     (folder / "test_batch.bin").write_bytes(_cifar_records([7], [(255, 255, 255)]))
     return folder
+
+
+def test_cifar10_reads_only_its_five_named_batches_and_says_which_are_missing(tmp_path: Path, caplog) -> None:
+    """Any data_batch_*.bin was read: a stray data_batch_old.bin beside them was trained on, without a word."""
+    folder = _write_cifar(tmp_path)
+    (folder / "data_batch_old.bin").write_bytes(_cifar_records([5], [(1, 2, 3)]))
+    with caplog.at_level("WARNING", logger="splitfed.data.datasets"):
+        train, _ = cifar10(tmp_path)
+    assert train.tensors[1].tolist() == [3, 9, 0]
+    assert f"{folder} has no data_batch_3.bin, data_batch_4.bin, data_batch_5.bin: training on 2 of the 5" in caplog.text
 
 
 def test_cifar10_reads_binary_batches_in_order_with_rgb_planes(tmp_path: Path) -> None:

@@ -315,6 +315,18 @@ def test_checkpoint_round_trip(tmp_path):
     assert torch.equal(back.rng, ck.rng) and back.settings == RunSettings().to_dict()
 
 
+def test_resume_with_out_naming_the_same_folder_another_way_is_accepted(tmp_path, monkeypatch):
+    """``--resume run --out /abs/run`` was refused as a move ("cannot move it"): the paths were compared as
+    spelled."""
+    run = tmp_path / "run"
+    checkpoint.save(run, checkpoint.Checkpoint(1, initial_state(SPEC, 1), RunSettings().to_dict(), {}, {}))
+    monkeypatch.chdir(tmp_path)
+    for same in (run, "run/", "./run", tmp_path / "x" / ".." / "run"):
+        assert checkpoint.resumed("run", same).round == 1
+    with pytest.raises(ConfigError, match="--out elsewhere cannot move it"):
+        checkpoint.resumed("run", "elsewhere")
+
+
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     """A crash while writing leaves the previous checkpoint whole and no temporary file."""
     state = initial_state(SPEC, 1)

@@ -233,6 +233,49 @@ def test_a_run_has_as_many_classes_as_its_npz_labels_name(tmp_path) -> None:
     assert spec_for("cnn", "digits").num_classes == 10
 
 
+@pytest.mark.parametrize(("labels", "words"), [
+    ([0, 1, 2, 2**40], r"label 1099511627776 would give the model 1,099,511,627,777 outputs; splitfed builds at "
+                       r"most 1,000,000 classes"),
+    ([0, 5_000_000], r"label 5000000 would give the model 5,000,001 outputs"),
+])
+def test_labels_that_give_no_buildable_classifier_are_refused_before_anything_starts(tmp_path, labels, words) -> None:
+    """Labels set the class count: 2**40 gave an 8 TiB allocation and a traceback, 5,000,000 started the engine
+    and the tiers before a tier refused the model, and all-zero labels got a 10-class model without a word."""
+    import subprocess
+    import sys
+
+    from splitfed.data.datasets import spec_for
+
+    n = len(labels)
+    path = save(tmp_path / "d.npz", x_train=np.zeros((n, 1, 8, 8), np.float32), y_train=np.array(labels),
+                x_test=np.zeros((1, 1, 8, 8), np.float32), y_test=np.array([0]))
+    with pytest.raises(ConfigError, match=f"dataset npz:{path}: {words}"):
+        spec_for("cnn", f"npz:{path}")
+    run = subprocess.run([sys.executable, "-m", "splitfed.cli", "simulate", "--dataset", f"npz:{path}", "--clients",
+                          "2", "--rounds", "1", "--out", str(tmp_path / "run")], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == "" and len(run.stderr.splitlines()) == 1, run.stderr  # nothing started
+    assert not (tmp_path / "run").exists()
+
+
+def test_negative_labels_are_refused_without_a_warning_about_unused_classes(tmp_path, caplog) -> None:
+    from splitfed.data.datasets import spec_for
+
+    path = save(tmp_path / "d.npz", x_train=np.zeros((4, 1, 8, 8), np.float32), y_train=np.array([0, -1, 2, 3]),
+                x_test=np.zeros((1, 1, 8, 8), np.float32), y_test=np.array([0]))
+    spec = spec_for("cnn", f"npz:{path}")
+    with pytest.raises(ConfigError, match=r"y_train: labels must lie in 0\.\.9 .*found -1\.\.3"):
+        read_npz(path, spec)
+    assert "no sample has class" not in caplog.text
+
+
+def test_a_class_count_beyond_what_splitfed_builds_is_refused_wherever_a_spec_is_made() -> None:
+    for bad in (0, -3, 1_000_001):
+        with pytest.raises(ConfigError, match=f"num_classes must be in 1..1,000,000, got {bad}"):
+            resolve_spec("cnn", num_classes=bad)
+
+
 def test_a_user_model_on_synthetic_data_is_refused_saying_why() -> None:
     from splitfed.data.datasets import spec_for
 

@@ -82,6 +82,11 @@ def test_deployment_rows_use_measured_round_time() -> None:
     ({"round": 1, "accuracy": "high", "sim_round_s": 1.0}, "'accuracy' must be a number"),
     ({"round": 1.5, "accuracy": 0.5, "sim_round_s": 1.0}, "'round' must be a non-negative integer"),
     ({"round": 1, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": {"c": ["a"]}}, "cuts of client 'c'"),
+    # a colour (and before, a colour-bar tick) per cut value: 100,000 hung the report, 10**23 crashed it half way
+    ({"round": 1, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": {"a": [0], "b": [100000]}},
+     r"cuts of client 'b' must lie in 0..10,000 \(blocks before each cut\), got \[100000\]"),
+    ({"round": 1, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": {"a": [10**23]}}, "cuts of client 'a' must lie in"),
+    ({"round": 1, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": {"a": [-1, 2]}}, "cuts of client 'a' must lie in"),
 ])
 def test_bad_rows_are_named(row: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -159,6 +164,22 @@ def test_report_refuses_before_writing_anything_when_an_output_is_a_folder(
     runs = load_runs([tmp_path / "run"])
     assert made == {"summary.md", "summary.csv", "rounds.csv", *(p.name for p in plots.standard_plot_files(runs, out))}
     assert blocked in made
+
+
+def test_a_figure_that_fails_to_draw_leaves_the_report_folder_as_it_was(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    write_run(tmp_path / "run", make_rows(2, moving=True))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise ValueError("x and y arguments to pcolormesh cannot have non-finite values")
+
+    monkeypatch.setattr(plots, "cuts_heatmap", fails)  # drawn after the others: they were already in place
+    with pytest.raises(ValueError, match="non-finite"):
+        cli(["report", str(tmp_path / "run"), "--out", str(out)])
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
 def test_clashing_labels_are_made_unique(tmp_path: Path) -> None:

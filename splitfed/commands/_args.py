@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from splitfed.engine.limits import MAX_BATCH
 from splitfed.flower.config import MAX_SEED
 from splitfed.models.zoo import MAX_CLASSES, MAX_VOCAB, ModelSpec, resolve_spec
 
@@ -34,9 +35,6 @@ def positive_int(text: str) -> int:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
     return v
-
-
-MAX_BATCH = 1 << 20  # samples per batch: beyond this, one batch of any model outgrows a host's memory
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from splitfed.commands._args import positive_int
+from splitfed.commands._args import batch_size, positive_int
 from splitfed.engine.types import MODES
 from splitfed.errors import SplitfedError
 from splitfed.jsonio import dumps
@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="zoo model name (default cnn)")
     p.add_argument("--fleet", help="fleet file or shipped fleet name the devices are drawn from "
                                    "(default reference)")
-    p.add_argument("--batch-size", type=positive_int)
+    p.add_argument("--batch-size", type=batch_size)
     p.add_argument("--local-epochs", type=positive_int)
     p.add_argument("--optimizer", choices=("sgd", "adam"), help="every tier's optimizer (default sgd)")
     p.add_argument("--lr", type=float, help="learning rate (default 0.05)")

@@ -22,9 +22,10 @@ from torch.utils.data import TensorDataset
 
 from splitfed.data._seed import derive_seed
 from splitfed.errors import ConfigError
-from splitfed.models.zoo import ZOO, ModelSpec, resolve_spec
+from splitfed.models.zoo import MAX_CLASSES, ZOO, ModelSpec, resolve_spec
 
 log = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # what was said once per process (a dataset's unused classes, CIFAR's missing batches)
 
 Layout = Literal["image", "flat", "tokens"]
 Split = tuple[TensorDataset, TensorDataset]
@@ -138,6 +139,9 @@ def _find(root: Path, name: str, dataset: str) -> Path:
     raise ConfigError(f"{dataset}: missing {root / name}[.gz] (or {kaggle}); {_NEVER}")
 
 
+MAX_IDX_DIMS = 8
+
+
 def read_idx(path: str | Path) -> np.ndarray:
     """An IDX array of unsigned bytes (the MNIST format), gzipped or not."""
     path = Path(path)
@@ -152,6 +156,9 @@ def read_idx(path: str | Path) -> np.ndarray:
     if raw[2] != 0x08:
         raise ConfigError(f"{path}: IDX data type 0x{raw[2]:02x} is not unsigned byte (0x08)")
     ndim = raw[3]
+    if ndim > MAX_IDX_DIMS:  # numpy takes at most 64
+        raise ConfigError(f"{path}: IDX header says {ndim} dimensions; at most {MAX_IDX_DIMS} are read "
+                          "(MNIST files have 1 or 3)")
     header = 4 + 4 * ndim
     if len(raw) < header:
         raise ConfigError(f"{path}: IDX header truncated")
@@ -218,7 +225,13 @@ def _read_cifar_bin(paths: list[Path]) -> TensorDataset:
 def _cifar_files(root: Path) -> tuple[Path, list[Path], Path]:
     """The batches folder (``root`` or ``root/cifar-10-batches-bin``), its training batches and its test batch."""
     folder = root if root.name == "cifar-10-batches-bin" else root / "cifar-10-batches-bin"
-    return folder, sorted(folder.glob("data_batch_*.bin")), folder / "test_batch.bin"
+    named = [folder / f"data_batch_{i}.bin" for i in range(1, 6)]  # these only: not a stray data_batch_old.bin
+    train = [p for p in named if p.exists()]
+    missing = [p.name for p in named if p not in train]
+    if train and missing and str(folder) not in _WARNED:  # a subset is fine (small copies), but said
+        _WARNED.add(str(folder))
+        log.warning("cifar10: %s has no %s: training on %d of the 5 batches", folder, ", ".join(missing), len(train))
+    return folder, train, folder / "test_batch.bin"
 
 
 def cifar10(root: str | Path) -> Split:
@@ -414,17 +427,22 @@ def _npz_integers(dataset: str, keys: tuple[str, str]) -> list[np.ndarray] | Non
 
 def sample_classes(dataset: str) -> int | None:
     """How many classes an ``.npz`` dataset's labels name (its largest label + 1, over ``y_train`` and
-    ``y_test``); None for the named datasets (10 classes each, as every zoo model's default)."""
+    ``y_test``); None for the named datasets (10 classes each, as every zoo model's default) and where every
+    label is 0."""
     ys = _npz_integers(dataset, ("y_train", "y_test"))
     if ys is None:
         return None
-    top = max(int(y.max()) for y in ys)
-    if top >= 1:
-        _warn_unused_classes(str(dataset).strip(), ys, top + 1)
-    return top + 1 if top >= 1 else None  # one class is no classifier: read_npz's checks speak to it
-
-
-_WARNED: set[str] = set()
+    top, low = max(int(y.max()) for y in ys), min(int(y.min()) for y in ys)
+    if low < 0:
+        return None  # read_npz refuses them, naming the labels found
+    if top < 1:
+        return None  # every label 0 (a one-sample file, say): one output is no classifier, the model's own count
+    name = str(dataset).strip()
+    if top >= MAX_CLASSES:
+        raise ConfigError(f"dataset {name}: label {top} would give the model {top + 1:,} outputs; splitfed "
+                          f"builds at most {MAX_CLASSES:,} classes (relabel to 0..N-1)")
+    _warn_unused_classes(name, ys, top + 1)
+    return top + 1
 
 
 def _warn_unused_classes(dataset: str, ys: list[np.ndarray], classes: int) -> None:

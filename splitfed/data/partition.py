@@ -13,7 +13,9 @@ import torch
 from splitfed.data._seed import derive_seed
 from splitfed.errors import ConfigError
 
-_FORMS = "'iid' or 'dirichlet:ALPHA' with ALPHA > 0 (e.g. 'dirichlet:0.5')"
+MAX_ALPHA = 1e6  # beyond it every client's class shares are within 0.1% of IID; near the float maximum numpy's
+# draw is all zeros, and the partitioner then gave every sample but a few to one client
+_FORMS = f"'iid' or 'dirichlet:ALPHA' with 0 < ALPHA <= {MAX_ALPHA:g} (e.g. 'dirichlet:0.5'; 'iid' for an even split)"
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def parse_partition(text: str | Partition) -> Partition:
             alpha = float(arg)
         except ValueError:
             alpha = math.nan
-        if math.isfinite(alpha) and alpha > 0:
+        if 0 < alpha <= MAX_ALPHA:
             return Partition("dirichlet", alpha)
         raise ConfigError(f"bad Dirichlet alpha {arg.strip()!r} in partition {text!r}: use {_FORMS}")
     raise ConfigError(f"unknown partition {text!r}: use {_FORMS}")

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from splitfed.errors import ConfigError
 
+MAX_BATCH = 1 << 20  # samples per batch: beyond this, one batch of any model outgrows a host's memory
+
 
 @dataclass(frozen=True)
 class BuildLimits:

@@ -117,7 +117,7 @@ def _save(folder: Path, ckpt: Checkpoint) -> Path:
 def resumed(folder: str | Path, out: str | Path | None = None) -> Checkpoint:
     """The checkpoint ``--resume FOLDER`` continues; an ``--out`` elsewhere is refused: a run cannot move."""
     ckpt = load(folder)
-    if out is not None and Path(out) != Path(folder):
+    if out is not None and Path(out).resolve() != Path(folder).resolve():  # one folder spelled two ways is fine
         raise ConfigError(f"--resume {folder} continues the run in {folder}: --out {out} cannot move it "
                           "(copy the folder first to continue a copy)")
     return ckpt

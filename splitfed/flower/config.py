@@ -12,7 +12,6 @@ import dataclasses
 import json
 import math
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from splitfed import tomlio
+from splitfed.engine.limits import MAX_BATCH
 from splitfed.engine.types import IN_TURN, MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
 from splitfed.profile.fleet import MAX_CLIENTS
@@ -88,6 +88,8 @@ class RunSettings:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_key(name)} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size > MAX_BATCH:  # one batch of any model would outgrow the host's memory
+            raise ConfigError(f"{_key('batch_size')} must be at most {MAX_BATCH:,}, got {self.batch_size}")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.tiers < 2:
@@ -241,10 +243,7 @@ class RunSettings:
 def toml_table(path: str | Path) -> dict[str, Any]:
     """A config file's run settings: its ``[simulate]`` table, or the whole file when it has none."""
     p = Path(path)
-    try:
-        data = tomllib.loads(tomlio.read_text(p, "config file"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"cannot read config file {p}: {e}") from None
+    data = tomlio.parse(tomlio.read_text(p, "config file"), f"config file {p}")
     table = data.get("simulate", data)
     if not isinstance(table, dict):
         raise ConfigError(f"{p}: [simulate] must be a table")

@@ -64,9 +64,10 @@ def held_run(folder: str | Path) -> str:
 
 
 def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
-    """Refuse now, before anything starts, what :func:`claim` would refuse; creates nothing."""
+    """Refuse now, before anything starts, what :func:`claim` would refuse; leaves nothing behind."""
     folder = Path(folder)
     _usable(folder)
+    _writable(folder)
     if not folder.is_dir():
         return
     _refuse_held(folder, resume, overwrite)
@@ -293,6 +294,30 @@ def _usable(folder: Path) -> None:
     for p in (folder, *folder.parents):
         if p.exists() and not p.is_dir():
             raise ConfigError(f"run folder {folder}: {p} is a file, not a folder")
+
+
+def _writable(folder: Path) -> None:
+    """Refuse a folder a run could not write, by writing there: the folder and the parents it lacks are made,
+    take an empty file, and are removed again (permissions alone miss a read-only mount, or /proc)."""
+    missing = []
+    p = folder.absolute()
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    made: list[Path] = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            made.append(d)
+        probe = folder / f".splitfed-probe.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
+    finally:
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def _refuse_held(folder: Path, resume: bool, overwrite: bool) -> None:

@@ -319,6 +319,8 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
     user's factory."""
     if vocab is not None and not 2 <= vocab <= MAX_VOCAB:
         raise ConfigError(f"vocab must be in 2..{MAX_VOCAB:,}, got {vocab}")
+    if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
+        raise ConfigError(f"num_classes must be in 1..{MAX_CLASSES:,}, got {num_classes}")
     if name in ZOO:
         e = ZOO[name]
         if vocab is not None and not e.vocab:

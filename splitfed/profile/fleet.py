@@ -31,7 +31,6 @@ and a number outside its field's physical range (:data:`RANGES`; drift included,
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -240,10 +239,7 @@ def shipped_fleets() -> list[str]:
 
 
 def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
-    try:
-        doc = tomllib.loads(text)
-    except ValueError as e:  # TOMLDecodeError, or an integer of more than 4300 digits (a ValueError)
-        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    doc = tomlio.parse(text, source)
     _keys(doc, _TOP_KEYS, source, "top level")
     default_samples = _int(doc, "samples", source, "top level", default=DEFAULT_SAMPLES, most=MAX_SAMPLES)
     name = doc.get("name", Path(source).stem)

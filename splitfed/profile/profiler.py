@@ -403,7 +403,7 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int,
         if isinstance(e, MemoryError) or "alloc" in str(e).lower() or "out of memory" in str(e).lower():
             raise ConfigError(f"profiling model {spec.name} at batch {batch} runs out of memory: "
                               f"{first_line(e)}; "
-                              "use a smaller --batch") from None
+                              "use a smaller batch") from None
         raise
 
 

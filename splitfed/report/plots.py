@@ -14,6 +14,7 @@ standard views of runs (:class:`~splitfed.report.runs.Run`) with it.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -198,7 +199,7 @@ def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_label
         axes[0].set_yticks([])
     fig.suptitle(title or f"Cuts over rounds: {run.label}")
     assert im is not None
-    bar = fig.colorbar(im, ax=list(axes), ticks=range(lo, hi + 1))
+    bar = fig.colorbar(im, ax=list(axes), ticks=MaxNLocator(nbins=12, integer=True))
     bar.set_label("cut (blocks before it)")
     return _save(fig, path)
 
@@ -209,10 +210,22 @@ def standard_plot_files(runs: Sequence[Run], out: str | Path) -> list[Path]:
 
 
 def standard_plots(runs: Sequence[Run], out: str | Path, target: float | None = None) -> dict[str, Path]:
-    """Every standard view of ``runs`` in folder ``out``; name -> PNG path."""
+    """Every standard view of ``runs`` in folder ``out``; name -> PNG path. Each is drawn beside its place
+    first, and all are put in place once all are drawn: a drawing that fails leaves the folder as it was."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
-    return {name: draw(path) for name, path, draw in _views(runs, d, target)}
+    drawn: dict[str, tuple[Path, Path]] = {}
+    try:
+        for name, path, draw in _views(runs, d, target):
+            drawn[name] = (path.with_name(f".{path.name}.{os.getpid()}.tmp"), path)
+            draw(drawn[name][0])
+    except BaseException:
+        for tmp, _ in drawn.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, path in drawn.values():
+        os.replace(tmp, path)
+    return {name: path for name, (_, path) in drawn.items()}
 
 
 def _views(runs: Sequence[Run], d: Path, target: float | None) -> list[tuple[str, Path, Callable[[Path], Path]]]:

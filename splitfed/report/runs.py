@@ -164,6 +164,14 @@ def parse_row(obj: Mapping[str, Any], where: str = "row") -> RoundRow:
     )
 
 
+MAX_CUT = 10_000  # more blocks than any model splitfed cuts has (the optimizer prices every pair of cuts)
+
+
+def _short(v: Sequence[int]) -> str:
+    text = repr(list(v))
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def parse_cuts(value: Any, where: str = "row") -> dict[str, Cuts]:
     """``{"client0": [2, 5]}`` or ``[[2, 5], ...]`` (clients ``"0"``, ``"1"``, ...) -> client -> cuts."""
     items: Iterable[tuple[str, Any]]
@@ -179,6 +187,9 @@ def parse_cuts(value: Any, where: str = "row") -> dict[str, Cuts]:
             v = [v]
         if not isinstance(v, list | tuple) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
             raise ConfigError(f"{where}: cuts of client {k!r} must be a list of integers, got {v!r}")
+        if not all(0 <= x <= MAX_CUT for x in v):  # a cut counts blocks; the heatmap has a colour per value
+            raise ConfigError(f"{where}: cuts of client {k!r} must lie in 0..{MAX_CUT:,} (blocks before each cut), "
+                              f"got {_short(v)}")
         out[k] = tuple(v)
     return out
 
