@@ -93,11 +93,14 @@ def query(msg: Message, context: Context) -> Message:
     samples = 0
     x = None
     if "model" in ask:
-        spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
-        seed = ask["seed"]
-        if isinstance(seed, list):
-            raise ConfigError(f"query: seed must be one integer, got a list {seed!r}")
-        x, _ = _data(node, spec, str(ask["dataset"]), str(ask["partition"]), int(seed))
+        try:
+            spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
+            seed, dataset, partition = ask["seed"], str(ask["dataset"]), str(ask["partition"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # a coordinator of another make, or hostile
+            raise ConfigError(f"query: malformed ({type(e).__name__}: {e})") from None
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"query: seed must be one integer, got {seed!r}")
+        x, _ = _data(node, spec, dataset, partition, seed)
         samples = len(x)
     link, link_error = _measure_link(node, ask) if ask.get("measure-link") else (None, "")
     up, down, rtt = (link.up_mbps or 0.0, link.down_mbps or 0.0, link.rtt_ms) if link else (0.0, 0.0, 0.0)
@@ -109,7 +112,8 @@ def query(msg: Message, context: Context) -> Message:
         speed, speed_error = _measure_speed(node, spec, x, batch)
     info = NodeInfo(node.partition_id, node.num_partitions, samples, node.device_profile, node.edge_address,
                     up, down, rtt, PROTOCOL, splitfed.__version__, link_error,
-                    *((speed.blocks, speed.samples, speed.seconds) if speed else (0, 0, 0.0)), speed_error)
+                    *((speed.blocks, speed.samples, speed.seconds) if speed else (0, 0, 0.0)), speed_error,
+                    own_data=bool(node.data_file))
     return Message(RecordDict({NODE: info.to_record()}), reply_to=msg)
 
 
@@ -177,9 +181,9 @@ def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | No
     from splitfed.transport.probe import measure_link
 
     try:
-        with connect(node.edge_address or str(ask["edge-address"]), tls_ca=node.tls_ca or str(ask["tls-ca"]),
-                     tls_cert=node.tls_cert or str(ask["tls-cert"]), tls_key=node.tls_key or str(ask["tls-key"]),
-                     token_file=node.token_file or str(ask["token-file"]), deadline_s=30.0) as link:
+        with connect(node.edge_address or str(ask.get("edge-address", "")), tls_ca=node.tls_ca or str(ask.get("tls-ca", "")),
+                     tls_cert=node.tls_cert or str(ask.get("tls-cert", "")), tls_key=node.tls_key or str(ask.get("tls-key", "")),
+                     token_file=node.token_file or str(ask.get("token-file", "")), deadline_s=30.0) as link:
             return measure_link(link, count=3, bandwidth=True), ""
     except TlsRefused as e:  # no network blip either: every step through the edge would be refused
         raise ConfigError(f"the edge refuses this node's TLS ({e}); node config tls-ca, tls-cert and tls-key "
@@ -189,7 +193,7 @@ def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | No
             return _unmeasured(node, e)
         # no network blip: this node's every step through its edge would be refused, so it is left out now
         which = (f"this node's token-file {node.token_file}" if node.token_file
-                 else f"the run's token-file {str(ask['token-file'])}")
+                 else f"the run's token-file {str(ask.get('token-file', ''))}")
         raise ConfigError(f"the edge refuses {which} (UNAUTHENTICATED): give the node the token the tiers hold "
                           "(node config token-file)") from None
     except SplitfedError as e:

@@ -49,6 +49,7 @@ from flwr.serverapp.strategy.result import Result
 from splitfed.data._seed import derive_seed
 from splitfed.engine.link import TierControl
 from splitfed.engine.rounds import ClientResult, Outcome, RoundConfig, SplitRound
+from splitfed.engine.tier import weight_refusal
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.flower.adaptive import device_work, measured_device_flops, profile_refusal
 from splitfed.flower.config import RunSettings
@@ -191,6 +192,7 @@ class SplitFedAvg(FedAvg):
         clients: dict[int, ClientInfo] = {}
         refusal = profile_refusal(s)
         seen: dict[int, int] = {}
+        twice: set[int] = set()  # partitions two nodes claimed
         links: dict[int, str] = {}  # what each node's registration says of its link, for the log
         for msg in replies:
             node = msg.metadata.src_node_id
@@ -199,7 +201,7 @@ class SplitFedAvg(FedAvg):
                 continue
             try:
                 info = NodeInfo.from_record(msg.content.config_records[NODE])
-            except (ConfigError, KeyError) as e:
+            except Exception as e:  # noqa: BLE001 - whatever a node's record makes decoding raise leaves it out
                 log(WARNING, "Node %d sent a malformed node record: %s", node, e)
                 continue
             if info.protocol != PROTOCOL:  # its device tier would talk to the edge in another protocol
@@ -207,9 +209,19 @@ class SplitFedAvg(FedAvg):
                     "out; run one splitfed version on every machine", node, info.partition_id,
                     info.version or "older than 0.1.0", info.protocol, this_version())
                 continue
-            if info.partition_id in seen:
-                raise ConfigError(f"nodes {seen[info.partition_id]} and {node} both hold partition "
-                                  f"{info.partition_id}: give each node its own partition-id")
+            if not info.own_data and info.num_partitions != s.clients:  # it would train on another split's slice
+                log(WARNING, "Node %d (partition %d) left out: its node config's num-partitions is %d, the run "
+                    "deals its data out to %d clients", node, info.partition_id, info.num_partitions, s.clients)
+                continue
+            if info.partition_id in seen:  # which one is right cannot be told: neither trains
+                log(WARNING, "Nodes %d and %d both hold partition %d: both left out; give each node its own "
+                    "partition-id", seen[info.partition_id], node, info.partition_id)
+                clients.pop(seen[info.partition_id], None)
+                twice.add(info.partition_id)
+                continue
+            if info.partition_id in twice:
+                log(WARNING, "Node %d also holds partition %d: left out", node, info.partition_id)
+                continue
             seen[info.partition_id] = node
             if info.profile and (why := refusal(info.profile)) is not None:  # a typo in its node config
                 log(WARNING, "Node %d (partition %d) left out: its node config's %s", node, info.partition_id, why)
@@ -404,6 +416,12 @@ class SplitFedAvg(FedAvg):
         rec["server-round"] = server_round
         return rec
 
+    def _check_samples(self, cid: str, samples: int) -> None:
+        registered = self.clients[self._node_of[cid]].samples
+        why = _samples_refusal(samples, registered, self.settings.local_epochs)
+        if why is not None:
+            raise ConfigError(why)
+
     def _outcomes(self, replies: Iterable[Message]) -> dict[str, Outcome]:
         assert self._round is not None
         by_node = {n: c for c, n in self._node_of.items()}
@@ -422,7 +440,9 @@ class SplitFedAvg(FedAvg):
                 state = record_to_state(msg.content.array_records[ARRAYS])
                 report = TrainReport.from_record(msg.content.metric_records[METRICS])
                 _check_weights(state, self._expected[cid])
-            except (ConfigError, KeyError, TypeError, ValueError) as e:  # a reply that does not decode, too
+                self._check_samples(cid, report.samples)
+            except Exception as e:  # noqa: BLE001 - a reply that does not decode (np.load of its bytes raises
+                # EOFError, BadZipFile, ...) costs its own update, never the run
                 log(WARNING, "%s sent a malformed reply, dropped: %s", cid, e)
                 self._why[cid] = f"malformed reply: {e}"
                 continue
@@ -432,6 +452,16 @@ class SplitFedAvg(FedAvg):
                 report.compute_s, report.link_s, report.bytes_up, report.bytes_down,
                 report.rtt_ms / 1e3 if report.rtt_ms >= 0 else None))
         return out
+
+
+def _samples_refusal(claimed: int, registered: int, epochs: int) -> str | None:
+    """Why a node's count of the samples it trained on is refused (None: it is not). The count weighs its
+    update in every average: a node claiming 10**9 made the global model its own alone, one claiming more
+    than a tier's Reduce takes failed the round for every client."""
+    if claimed > registered * epochs:
+        return (f"it trained on {claimed} sample(s), more than the {registered} it registered x {epochs} "
+                "local epoch(s)")
+    return weight_refusal(claimed)
 
 
 def _check_weights(state: Mapping[str, torch.Tensor],

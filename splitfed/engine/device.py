@@ -17,7 +17,7 @@ from splitfed.engine.checks import check_returned
 from splitfed.engine.link import Link
 from splitfed.engine.types import OptimConfig, State, StepKey
 from splitfed.errors import ConfigError, CutError
-from splitfed.models.blocks import Segment, segment_bounds, step_rng
+from splitfed.models.blocks import Segment, segment_bounds, step_rng, validate_cuts
 from splitfed.models.zoo import ModelSpec
 
 
@@ -30,7 +30,7 @@ class Device:
                  torch_device: str | torch.device = "cpu", secret: str = "") -> None:
         self.torch_device = dev = torch.device(torch_device)
         n = template.num_blocks(model)
-        bounds = segment_bounds(cuts, n, u_shape)
+        bounds = segment_bounds(validate_cuts(cuts, n, u_shape=u_shape, model=model.name), n, u_shape)
         self.head_bounds = bounds[0]
         self.tail_bounds = bounds[-1] if u_shape else (n, n)
         blocks = {i: m.to(dev) for i, m in {**template.copy_blocks(model, *self.head_bounds),
@@ -39,11 +39,16 @@ class Device:
         self.tail = Segment({str(i): blocks[i] for i in range(*self.tail_bounds)}, *self.tail_bounds)
         with torch.no_grad():
             for seg in (self.head, self.tail):
-                keys = seg.state_dict().keys()
-                missing = sorted(set(keys) - set(state))
+                own = seg.state_dict()
+                missing = sorted(set(own) - set(state))
                 if missing:
                     raise ConfigError(f"device weights lack {missing[:3]} for blocks [{seg.start}, {seg.stop})")
-                seg.load_state_dict({k: state[k] for k in keys}, strict=True)
+                for k, v in own.items():  # else load_state_dict's RuntimeError, or a silent cast of the dtype
+                    if state[k].shape != v.shape or state[k].dtype != v.dtype:
+                        raise ConfigError(f"device weights {k!r}: {str(state[k].dtype).removeprefix('torch.')} "
+                                          f"{list(state[k].shape)}, but model {model.name!r} has "
+                                          f"{str(v.dtype).removeprefix('torch.')} {list(v.shape)}")
+                seg.load_state_dict({k: state[k] for k in own}, strict=True)
         self.head.train()
         self.tail.train()
         # no server block between head and tail: the step never leaves the device

@@ -27,7 +27,7 @@ from splitfed.engine.types import OptimConfig, State
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec
 from splitfed.profile.devices import LinkProfile, mbps
-from splitfed.profile.fleet import in_range
+from splitfed.profile.fleet import MAX_SAMPLES, in_range
 from splitfed.profile.speed import SpeedMeasure
 
 ARRAYS = "arrays"
@@ -51,6 +51,22 @@ def _get(record: Mapping[str, Any], key: str, what: str) -> Any:
         return record[key]
     except KeyError:
         raise ConfigError(f"{what}: missing {key!r}") from None
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_TYPE_WORDS = {"str": "a string", "int": "an integer", "bool": "true or false", "float": "a finite number"}
+
+
+def _of_type(v: Any, typ: str) -> bool:
+    """Whether a record's value is of a field's type (a bool is no integer; an integer is a float)."""
+    if typ == "int":
+        return _whole(v)
+    if typ == "float":
+        return (_whole(v) or isinstance(v, float)) and math.isfinite(v)
+    return isinstance(v, {"str": str, "bool": bool}[typ])
 
 
 @dataclass(frozen=True)
@@ -107,11 +123,21 @@ class TrainInstruction:
                 if f.name in ("model", "optim"):
                     v = (ModelSpec if f.name == "model" else OptimConfig).from_dict(json.loads(v))
                 elif f.name == "cuts":
-                    v = tuple(int(k) for k in v)
+                    if not isinstance(v, list | tuple) or not all(_whole(k) for k in v):
+                        raise ConfigError(f"{what}: cuts must be a list of integers, got {v!r}")
+                    v = tuple(v)
+                elif not _of_type(v, str(f.type)):
+                    raise ConfigError(f"{what}: {key} must be {_TYPE_WORDS[str(f.type)]}, got {v!r}")
                 vals[f.name] = v
-            return cls(**vals)
-        except (TypeError, ValueError, KeyError) as e:
+            ins = cls(**vals)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a model or optim that is no spec
             raise ConfigError(f"{what}: malformed ({type(e).__name__}: {e})") from None
+        for name in ("round", "batch_size", "local_epochs"):  # what a node would train nothing, or forever, on
+            if getattr(ins, name) < 1:
+                raise ConfigError(f"{what}: {name.replace('_', '-')} must be >= 1, got {getattr(ins, name)}")
+        if not ins.deadline_s > 0:
+            raise ConfigError(f"{what}: deadline-s must be > 0, got {ins.deadline_s}")
+        return ins
 
 
 @dataclass(frozen=True)
@@ -163,15 +189,20 @@ class TrainReport:
             for name in optional[1:]:  # a timing that is no number is no timing: the round itself stands
                 vals[name] = _number(record.get(name.replace("_", "-"), 0), whole=name != "speed_s")
             rtt = _number(record.get("rtt-ms", -1.0), whole=False, default=-1.0)  # before they were measured: -1
-            vals["rtt_ms"] = rtt if rtt >= 0 else -1.0  # anything else (no number, negative): not measured
+            # anything else (no number, negative, beyond what registration believes of a link): not measured
+            vals["rtt_ms"] = rtt if rtt >= 0 and in_range(rtt, "rtt_ms") else -1.0
             report = cls(samples=int(_get(record, "num-examples", what)), **vals)
         except (TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinite float
             raise ConfigError(f"{what}: malformed ({e})") from None
         # what the adaptive policy learns from: a NaN or negative time would stay in its beliefs for good
-        for name in ("samples", "steps", "correct", "compute_s", "link_s", "bytes_up", "bytes_down"):
+        # and what the round's train loss averages: one node's NaN or -1000 was the round's
+        for name in ("samples", "steps", "loss", "correct", "compute_s", "link_s", "bytes_up", "bytes_down"):
             v = getattr(report, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{what}: {name.replace('_', '-')} must be a finite number >= 0, got {v}")
+        if (report.samples == 0) != (report.steps == 0) or report.correct > report.samples:
+            raise ConfigError(f"{what}: {report.samples} sample(s) in {report.steps} step(s), {report.correct} "
+                              "correct: no round trains so")
         return report
 
 
@@ -211,6 +242,7 @@ class NodeInfo:
     speed_samples: int = 0
     speed_s: float = 0.0
     speed_error: str = ""
+    own_data: bool = False  # it trains on a data-file of its own (its partition-id only names it)
 
     @property
     def link(self) -> LinkProfile | None:
@@ -237,13 +269,16 @@ class NodeInfo:
     def from_record(cls, record: Mapping[str, Any]) -> NodeInfo:
         what = "node info"
         try:
-            return cls(int(_get(record, "partition-id", what)), int(_get(record, "num-partitions", what)),
+            info = cls(int(_get(record, "partition-id", what)), int(_get(record, "num-partitions", what)),
                        int(record.get("samples", 0)), str(record.get("profile", "")),
                        str(record.get("edge-address", "")), float(record.get("up-mbps", 0.0)),
                        float(record.get("down-mbps", 0.0)), float(record.get("rtt-ms", 0.0)),
                        int(record.get("protocol", 0)), str(record.get("version", "")),
                        str(record.get("link-error", "")), int(record.get("speed-blocks", 0)),
                        int(record.get("speed-samples", 0)), float(record.get("speed-s", 0.0)),
-                       str(record.get("speed-error", "")))
+                       str(record.get("speed-error", "")), record.get("own-data", False) is True)
         except (TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinite float
             raise ConfigError(f"{what}: malformed ({e})") from None
+        if not 0 <= info.samples <= MAX_SAMPLES:  # its weight in every average, and its time on the clock
+            raise ConfigError(f"{what}: samples must be in 0..{MAX_SAMPLES:,}, got {info.samples}")
+        return info
