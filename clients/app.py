@@ -181,9 +181,9 @@ def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | No
     from splitfed.transport.probe import measure_link
 
     try:
-        with connect(node.edge_address or str(ask.get("edge-address", "")), tls_ca=node.tls_ca or str(ask.get("tls-ca", "")),
-                     tls_cert=node.tls_cert or str(ask.get("tls-cert", "")), tls_key=node.tls_key or str(ask.get("tls-key", "")),
-                     token_file=node.token_file or str(ask.get("token-file", "")), deadline_s=30.0) as link:
+        with connect(node.edge_address or _asked(ask, "edge-address"), tls_ca=node.tls_ca or _asked(ask, "tls-ca"),
+                     tls_cert=node.tls_cert or _asked(ask, "tls-cert"), tls_key=node.tls_key or _asked(ask, "tls-key"),
+                     token_file=node.token_file or _asked(ask, "token-file"), deadline_s=30.0) as link:
             return measure_link(link, count=3, bandwidth=True), ""
     except TlsRefused as e:  # no network blip either: every step through the edge would be refused
         raise ConfigError(f"the edge refuses this node's TLS ({e}); node config tls-ca, tls-cert and tls-key "
@@ -193,11 +193,16 @@ def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | No
             return _unmeasured(node, e)
         # no network blip: this node's every step through its edge would be refused, so it is left out now
         which = (f"this node's token-file {node.token_file}" if node.token_file
-                 else f"the run's token-file {str(ask.get('token-file', ''))}")
+                 else f"the run's token-file {_asked(ask, 'token-file')}")
         raise ConfigError(f"the edge refuses {which} (UNAUTHENTICATED): give the node the token the tiers hold "
                           "(node config token-file)") from None
     except SplitfedError as e:
         return _unmeasured(node, e)
+
+
+def _asked(ask: ConfigRecord, key: str) -> str:
+    """A path or address the coordinator sent ("": none, so the node's own or nothing)."""
+    return str(ask.get(key, ""))
 
 
 def _unmeasured(node: NodeConfig, e: SplitfedError) -> tuple[None, str]:
