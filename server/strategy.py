@@ -142,6 +142,9 @@ class SplitFedAvg(FedAvg):
         self.edge_address = edge_address or (settings.addresses[0] if settings.addresses else "")
         self.edge_instance = edge_instance  # from the chain check: who a node's own edge-address must reach
         self.clients: dict[int, ClientInfo] = {}  # node id -> client
+        self._asked: dict[str, int] = {}  # message id -> the node it went to, of the last exchange
+        self._profile_of: Callable[[NodeInfo], str] | None = None  # a node's profile when its config names none
+        self._strangers: set[int] = set()  # nodes asked after registration that do not take a client's place
         self.last: RoundRecord | None = None  # the round just done (metrics.jsonl keeps them all, not memory)
         self._unreleased: dict[tuple[int, str], int] = {}  # releases that did not reach a tier (SplitRound)
         self.previous: dict[str, Cuts] = {}  # each client's cuts when it last trained (the clock's moves)
@@ -177,6 +180,20 @@ class SplitFedAvg(FedAvg):
         if len(nodes) < need:
             raise ConfigError(f"only {len(nodes)} node(s) registered within {s.node_wait_s:.0f}s; "
                               f"at least {need} needed")
+        self._profile_of = profile_of
+        clients, links = self._query(grid, nodes)
+        self._strangers = set(nodes) - set(clients)
+        if len(clients) < need:
+            raise ConfigError(f"only {len(clients)} node(s) answered the query round; at least {need} needed")
+        self.clients = dict(sorted(clients.items(), key=lambda kv: kv[1].partition_id))
+        log(INFO, "Registered %d client(s): %s", len(self.clients),
+            ", ".join(f"{c.client_id}={c.profile or '?'}{links[n]}" for n, c in self.clients.items()))
+        return list(self.clients.values())
+
+    def _query(self, grid: Grid, nodes: Sequence[int]) -> tuple[dict[int, ClientInfo], dict[int, str]]:
+        """The query round of ``nodes``: each one's client (by node id), and what its answer says of its link
+        and speed for the log; a node whose answer does not do is left out, with why."""
+        s = self.settings
         ask = ConfigRecord({"model": json.dumps(self.spec.to_dict(), sort_keys=True), "dataset": s.dataset,
                             "partition": s.partition, "seed": s.seed})
         if not s.sim_clock and self.edge_address:  # real time: each node measures its real link to the edge
@@ -189,13 +206,14 @@ class SplitFedAvg(FedAvg):
         msgs = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type=MessageType.QUERY)
                 for n in nodes]
         replies = self.exchange(grid, msgs, s.node_wait_s)
+        profile_of = self._profile_of
         clients: dict[int, ClientInfo] = {}
         refusal = profile_refusal(s)
         seen: dict[int, int] = {}
         twice: set[int] = set()  # partitions two nodes claimed
         links: dict[int, str] = {}  # what each node's registration says of its link, for the log
         for msg in replies:
-            node = msg.metadata.src_node_id
+            node = self._node_asked(msg)
             if msg.has_error():
                 log(WARNING, "Node %d did not answer the query round: %s", node, msg.error.reason)
                 continue
@@ -234,12 +252,28 @@ class SplitFedAvg(FedAvg):
             links[node] = _link_text(link) or (
                 f" (link not measured: {info.link_error}; the profile's is used)" if info.link_error else "")
             links[node] += _speed_text(s, info) if speed_asked else ""
-        if len(clients) < need:
-            raise ConfigError(f"only {len(clients)} node(s) answered the query round; at least {need} needed")
-        self.clients = dict(sorted(clients.items(), key=lambda kv: kv[1].partition_id))
-        log(INFO, "Registered %d client(s): %s", len(self.clients),
-            ", ".join(f"{c.client_id}={c.profile or '?'}{links[n]}" for n, c in self.clients.items()))
-        return list(self.clients.values())
+        return clients, links
+
+    def _rejoin(self, grid: Grid) -> None:
+        """A node that took the place of a registered one that is gone (a SuperNode restarted: a new node id,
+        the same partition) trains for that client from now on. Before, the run kept sending to the dead node
+        id, and the partition's data was never trained again."""
+        live = set(grid.get_node_ids())
+        gone = {c.partition_id: n for n, c in self.clients.items() if n not in live}
+        new = sorted(live - set(self.clients) - self._strangers)
+        if not gone or not new:
+            return
+        found, _ = self._query(grid, new)
+        self._strangers |= set(new) - set(found)  # asked once: its answer does not change
+        for node, info in found.items():
+            old = gone.get(info.partition_id)
+            if old is None:  # a partition the run holds with a live node, or none it registered
+                log(WARNING, "Node %d (partition %d) is not one this run registered, or its node is still up: "
+                    "left out", node, info.partition_id)
+                self._strangers.add(node)
+                continue
+            self.clients = {(node if n == old else n): (info if n == old else c) for n, c in self.clients.items()}
+            log(INFO, "%s is back on node %d (node %d is gone)", info.client_id, node, old)
 
     def sample(self, server_round: int) -> list[ClientInfo]:
         """This round's clients: the same for a (seed, round) in every run, so resume is exact.
@@ -260,6 +294,7 @@ class SplitFedAvg(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         """The messages of the round's next group (all sampled nodes in SplitFed v1)."""
         if self._round is None:
+            self._rejoin(grid)
             self._open(server_round, arrays)
         assert self._round is not None
         group = self._groups.pop(0)
@@ -348,7 +383,9 @@ class SplitFedAvg(FedAvg):
         """
         if not msgs:  # every client of the group was dropped before training
             return []
-        ids = set(grid.push_messages(msgs))
+        ids = set(grid.push_messages(msgs)) - {None}  # a grid gives None for a message it could not push
+        # a reply is the node's that was asked: the SuperLink answers for a node that is gone, from its own id
+        self._asked = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
         end = time.monotonic() + timeout
         out: list[Message] = []
         while ids and time.monotonic() < end:
@@ -416,6 +453,11 @@ class SplitFedAvg(FedAvg):
         rec["server-round"] = server_round
         return rec
 
+    def _node_asked(self, msg: Message) -> int:
+        """The node a reply answers for: the one its message went to (an error reply the SuperLink makes for
+        a node that is gone comes from the SuperLink's own id, and was taken for no reply at all)."""
+        return self._asked.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+
     def _check_samples(self, cid: str, samples: int) -> None:
         registered = self.clients[self._node_of[cid]].samples
         why = _samples_refusal(samples, registered, self.settings.local_epochs)
@@ -427,7 +469,7 @@ class SplitFedAvg(FedAvg):
         by_node = {n: c for c, n in self._node_of.items()}
         out: dict[str, Outcome] = {}
         for msg in replies:
-            cid = by_node.get(msg.metadata.src_node_id)
+            cid = by_node.get(self._node_asked(msg))
             if cid is None or cid not in self._expected:
                 continue
             if msg.has_error():

@@ -102,6 +102,58 @@ def _failing(msg: Message, ctx: Any) -> Message:
     return clients.app.app(msg, ctx)
 
 
+def test_the_superlinks_answer_for_a_node_that_is_gone_is_that_nodes_failure(monkeypatch, tmp_path, caplog) -> None:
+    """Flower's SuperLink answers for a dead SuperNode with an error reply from its own node id: the reply was
+    matched to no client and dropped, and the round said "no reply before the round timeout" (it came at once)."""
+    from flwr.app import Error
+    from flwr.common.constant import SUPERLINK_NODE_ID
+
+    def gone(msg: Message, ctx: Any) -> Message:
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1:
+            reply = Message(Error(code=2, reason="Node unavailable: it did not answer the SuperLink"), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID  # as Flower builds it
+            return reply
+        return clients.app.app(msg, ctx)
+
+    with caplog.at_level("WARNING"):
+        rows, held = _run(monkeypatch, tmp_path, gone, "gone")
+    assert rows[0]["failed"] == ["client1"] and held == [0, 0]
+    assert rows[0]["why_failed"]["client1"] == "Node unavailable: it did not answer the SuperLink"
+    assert "client1 failed: Node unavailable" in caplog.text
+
+
+def test_a_restarted_node_trains_for_its_client_again(monkeypatch, tmp_path, caplog) -> None:
+    """A SuperNode that restarts comes back with a new node id and the same partition: the run kept sending
+    to the old id, and the partition's data was never trained again. A node the run never registered, or
+    one whose partition's node is still up, takes no client's place."""
+    from flwr.app import Context
+
+    grid: FakeGrid
+    restarted: list[int] = []
+
+    def restarting(msg: Message, ctx: Any) -> Message:
+        reply = clients.app.app(msg, ctx)
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 1 and not restarted:
+            restarted.append(old := ctx.node_id)
+            for new, config in ((old + 1, ctx.node_config), (old + 2, {**ctx.node_config, "partition-id": 2}),
+                                (old + 3, {**ctx.node_config, "partition-id": 7, "num-partitions": 8})):
+                grid.contexts[new] = Context(run_id=1, node_id=new, node_config=dict(config), state=RecordDict(),
+                                             run_config={})
+            grid.node_ids = [n for n in grid.node_ids if n != old] + [old + 1, old + 2, old + 3]
+            del grid.contexts[old]  # gone with its process
+        return reply
+
+    grid = FakeGrid(restarting, 3)
+    with caplog.at_level("INFO"):
+        rows, held = _run(monkeypatch, tmp_path, restarting, "back", grid=grid, settings=BASE.with_(rounds=3))
+    assert [r["failed"] for r in rows] == [[], [], []] and held == [0, 0]
+    assert all(sorted(r["per_client"]) == ["client0", "client1", "client2"] for r in rows)
+    (old,) = restarted
+    assert f"client1 is back on node {old + 1} (node {old} is gone)" in caplog.text
+    # each asked once, not every round
+    assert caplog.text.count("is not one this run registered") == 1 and caplog.text.count("num-partitions is 8") == 1
+
+
 def test_a_train_report_takes_a_round_trip_no_link_has_as_none() -> None:
     """Registration refuses an rtt beyond any link; the train report believed it, and one node's 1e300 ms made
     every prediction of the fleet 1e297 s."""
