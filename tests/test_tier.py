@@ -331,7 +331,7 @@ def test_segments_unused_for_the_idle_time_are_released_and_the_rest_kept(caplog
     clock.now += 60  # b unused for 120 s, a for 60 s
     assert t.sweep() == [("run", "b")]
     assert t.clients() == 1 and "released 1 segment(s) unused for 100 s" in caplog.text
-    with pytest.raises(NotFound, match="segments unused for 100 s are released"):
+    with pytest.raises(NotFound, match=r"client 'b' in run 'run' \(released unused for 100 s\)$"):
         t.step(StepKey("run", "b", 0, 0), act(), y())
     gc.collect()
     assert gone() is None  # b's replica (weights, optimizer state) is freed, not just unlisted
@@ -339,6 +339,30 @@ def test_segments_unused_for_the_idle_time_are_released_and_the_rest_kept(caplog
     assert t.sweep() == [] and t.clients() == 1
     clock.now += 101
     assert t.sweep() == [("run", "a")] and t.clients() == 0
+
+
+def test_a_segment_a_young_tier_never_held_is_named_as_lost_with_a_restart_not_as_released() -> None:
+    """A tier restarted mid-run answered the round's next step with "segments unused for 3600 s are released"
+    after 10 s up, and a Reduce with "its edge no segment is loaded on tier edge"."""
+    from splitfed.engine.types import ReduceItem
+
+    clock = FakeClock()
+    t = Tier("edge", idle_release_s=3600.0, clock=clock)
+    clock.now += 10
+    young = r"no segment loaded for client 'gone' in run 'run' \(this tier started 10 s ago: a segment loaded " \
+            r"before then was lost with the process that held it\)"
+    with pytest.raises(NotFound, match=young):
+        t.step(StepKey("run", "gone", 0, 0), act(), y())
+    assert re.fullmatch("segment is missing: tier edge: " + young,
+                        t.reduce("run", [ReduceItem("gone", "", 1.0)]).refused["gone"])
+    clock.now += 3600
+    with pytest.raises(NotFound, match=r"'run' \(segments unused for 3600 s are released\)$"):
+        t.step(StepKey("run", "gone", 0, 0), act(), y())
+    # one it held says why it went, however young the tier
+    fresh = _loaded(FakeClock())
+    fresh.release("run", "a")
+    with pytest.raises(NotFound, match=r"client 'a' in run 'run' \(released by its coordinator\)$"):
+        fresh.step(StepKey("run", "a", 0, 0), act(), y())
 
 
 def test_fetch_counts_as_use_and_no_idle_time_means_never() -> None:

@@ -580,8 +580,8 @@ def test_a_holder_the_tier_lost_fails_the_next_turn_naming_it() -> None:
     assignment = {"c0": (2, 5), "c1": (2, 5)}
     rnd = SplitRound(RoundConfig(RUN, 1, SPEC, "sflv2"), [Restarted(chain.tiers[0]), chain.tiers[1]],
                      initial_state(SPEC, 0), assignment)
-    with pytest.raises(RoundFailed, match=r"the edge lost the server-side model's latest blocks \(@held\.1\.0: no "
-                                          r"segment is loaded on tier edge\)"):
+    with pytest.raises(RoundFailed, match=r"the edge lost the server-side model's latest blocks \(@held\.1\.0: "
+                                          r"segment is missing: tier edge: no segment loaded for client '@held\.1\.0'"):
         drive(rnd, local_trainer(chain, {c: _batches(seed=i) for i, c in enumerate(assignment)}))
     assert [t.clients() for t in chain.tiers] == [0, 0]
 

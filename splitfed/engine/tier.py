@@ -29,6 +29,7 @@ import logging
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -65,6 +66,7 @@ from splitfed.models.zoo import ModelSpec
 from splitfed.units import mib_text
 
 SHARED_WAIT_S = 60.0
+GONE_KEPT = 4096  # released segments a tier remembers, to tell a late call why its segment is gone
 # a Reduce weight is a sample count: 0 (a check) or within these, so float64 sums of float32 weights stay exact
 # enough and finite (a weight of 1e308 overflowed them, one of 5e-324 underflowed them; both answered OK)
 MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e15
@@ -191,6 +193,8 @@ class Tier:
         self.held = 0  # bytes its segments hold now (replicas' blocks, bindings' optimizers)
         self._reserved = 0  # bytes loads in flight may add
         self._clock = clock
+        self._born = clock()  # a segment asked for that this tier never held: loaded into a process before it?
+        self._gone: OrderedDict[tuple[str, str], str] = OrderedDict()  # (run, client) -> why its segment went
         self._lock = threading.Lock()
         self._replicas: dict[tuple[str, str], _Replica] = {}
         self._bindings: dict[tuple[str, str], _Binding] = {}
@@ -250,12 +254,13 @@ class Tier:
                 raise
             old = self._bindings.get(bkey)
             if old is not None:
-                self._unbind(bkey, old)
+                self._unbind(bkey, old, "replaced by a new load")  # remembered only until the line below
             replica.users.add(spec.client_id)
             if self._replicas.get(rkey) is not replica:  # the old binding was its last user: held again
                 self.held += replica.held
             self._replicas[rkey] = replica
             self._bindings[bkey] = binding
+            self._gone.pop(bkey, None)
             self.held += binding.held
             self._bases += is_base(spec.client_id)
 
@@ -460,8 +465,8 @@ class Tier:
             found: dict[str, _Binding] = {}
             for it in items:
                 b = self._bindings.get((run_id, it.client_id))
-                if b is None:
-                    refused[it.client_id] = f"no segment is loaded on tier {self.name}"
+                if b is None:  # read after "its edge ": its reason
+                    refused[it.client_id] = f"segment is missing: tier {self.name}: {self._not_loaded(run_id, it.client_id)}"
                 elif not _same_secret(b.spec.secret, it.secret):  # that client alone: as its own fetch would be
                     refused[it.client_id] = str(self._denied("reduce", run_id, it.client_id, it.secret))
                 else:
@@ -494,9 +499,14 @@ class Tier:
             if b is not None and not _same_secret(b.spec.secret, secret):
                 raise self._denied("release", run_id, client_id, secret)
             if b is not None:
-                self._unbind((run_id, client_id), b)
+                self._unbind((run_id, client_id), b, "released by its coordinator")
 
-    def _unbind(self, bkey: tuple[str, str], b: _Binding) -> None:
+    def _unbind(self, bkey: tuple[str, str], b: _Binding, why: str) -> None:
+        """Drop a binding; a later call for it is told ``why`` it is gone (the last GONE_KEPT remembered)."""
+        self._gone[bkey] = why
+        self._gone.move_to_end(bkey)
+        while len(self._gone) > GONE_KEPT:
+            self._gone.popitem(last=False)
         if b.holds_lock:
             b.holds_lock = False
             b.replica.lock.release()
@@ -541,7 +551,7 @@ class Tier:
         horizon = self._clock() - self.idle_release_s
         stale = [k for k, b in self._bindings.items() if b.last_used < horizon]
         for k in stale:
-            self._unbind(k, self._bindings[k])
+            self._unbind(k, self._bindings[k], f"released unused for {self.idle_release_s:.0f} s")
         if stale:
             log.warning("tier %s: released %d segment(s) unused for %.0f s (their coordinator gone?) of run(s) %s",
                         self.name, len(stale), self.idle_release_s, _few(sorted({r for r, _ in stale})))
@@ -557,12 +567,25 @@ class Tier:
             if b is not None and allowed:
                 b.last_used = self._clock()  # a refused call does not keep a segment from its idle release
         if b is None:
-            raise NotFound(f"tier {self.name}: no segment loaded for client {client_id!r} in run {run_id!r}"
-                           + (f" (segments unused for {self.idle_release_s:.0f} s are released)"
-                              if self.idle_release_s is not None else ""))
+            raise NotFound(f"tier {self.name}: {self._not_loaded(run_id, client_id)}")
         if not allowed:
             raise self._denied("call", run_id, client_id, secret)
         return b
+
+    def _not_loaded(self, run_id: str, client_id: str) -> str:
+        """Why a client has no segment here, as far as the tier can tell: released (by its coordinator, or
+        unused), or, on a tier too young to have released it, lost with the tier process before this one."""
+        text = f"no segment loaded for client {client_id!r} in run {run_id!r}"
+        why = self._gone.get((run_id, client_id))
+        if why is not None:
+            return f"{text} ({why})"
+        up = self._clock() - self._born
+        if up <= (self.idle_release_s or IDLE_RELEASE_S):  # young: a segment it never held was not released here
+            return text + (f" (this tier started {up:.0f} s ago: a segment loaded before then was lost with the "
+                           "process that held it)")
+        if self.idle_release_s is not None:  # forgotten, or never loaded
+            return text + f" (segments unused for {self.idle_release_s:.0f} s are released)"
+        return text
 
     def _denied(self, what: str, run_id: str, client_id: str, secret: str) -> PermissionDenied:
         """The refusal of a call for a client that does not carry its binding's secret (never shown)."""
