@@ -33,9 +33,11 @@ stay in the run folder for ``--resume``).
 TLS: with ``--tls-ca/--tls-cert/--tls-key`` every hop is encrypted: SuperLink
 (``--ssl-*``), SuperNodes and ``flwr`` (verify it against the CA), and the
 tier servers (mutual TLS: the ServerApp and every ClientApp present the given
-certificate). The certificate must name 127.0.0.1 (or the host you use) and
-allow both server and client authentication. Without certificates everything
-runs with ``--insecure``, which is only sensible on loopback.
+certificate). The certificate must name 127.0.0.1 (every process here is reached
+there: its subjectAltName needs ``IP:127.0.0.1``), be within its validity dates,
+and allow both server and client authentication; one that does not name 127.0.0.1,
+or is out of its dates, is refused before anything starts. Without certificates
+everything runs with ``--insecure``, which is only sensible on loopback.
 
 Tokens: the tiers get ``--token-file`` (the devices' token, which the SuperNodes
 get in their node config) and a coordinator token of their own
@@ -242,6 +244,27 @@ def free_ports(n: int) -> list[int]:
         return [int(s.getsockname()[1]) for s in socks]
 
 
+def check_tls(tls_ca: str, tls_cert: str, tls_key: str) -> None:
+    """Refuse (ConfigError, before anything starts) TLS files the deployment cannot run with: not all three,
+    files that do not parse, a key not the certificate's, a certificate out of its validity dates
+    (:meth:`TlsConfig.check`), or one whose subjectAltName does not cover 127.0.0.1, where every process is
+    reached (the SuperLink then refused its SuperNodes and ``flwr``, and deploy said only that the SuperLink
+    was unavailable)."""
+    if not (tls_ca or tls_cert or tls_key):
+        return
+    if not (tls_ca and tls_cert and tls_key):
+        raise ConfigError("TLS needs --tls-ca, --tls-cert and --tls-key together")
+    from splitfed.transport.security import TlsConfig, certificate_names
+
+    cert, _, _ = TlsConfig(tls_cert, tls_key, tls_ca).check(("--tls-cert", "--tls-key", "--tls-ca"))
+    assert cert is not None
+    names = certificate_names(cert)
+    if "IP:127.0.0.1" not in names:  # where every process of the deployment listens and is reached
+        held = f"it names {', '.join(names)}" if names else "it has no subjectAltName"
+        raise ConfigError(f"--tls-cert {tls_cert} is not valid for 127.0.0.1 ({held}): every process of the "
+                          "deployment is reached there; give a certificate with subjectAltName IP:127.0.0.1")
+
+
 def _kv(values: Mapping[str, Any]) -> str:
     """Flower's ``key=value key2="text"`` form (values in TOML syntax)."""
     return " ".join(f"{k}={tomlio.value(v)}" for k, v in values.items())
@@ -273,8 +296,7 @@ class Deployment:
     def __post_init__(self) -> None:
         if self.clients < 1:
             raise ConfigError(f"clients must be >= 1, got {self.clients}")
-        if bool(self.tls_cert) != bool(self.tls_key) or (self.tls_cert and not self.tls_ca):
-            raise ConfigError("TLS needs --tls-ca, --tls-cert and --tls-key together")
+        check_tls(self.tls_ca, self.tls_cert, self.tls_key)
         self.workdir = Path(self.workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home = self.workdir / "flwr-home"
@@ -633,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file, args.coordinator_token_file))
     wanted: RunSettings | None = None
     try:
+        check_tls(args.tls_ca, args.tls_cert, args.tls_key)  # the files as given, named as given
         saved: dict[str, Any] = {}
         if args.resume:  # as splitfed simulate --resume: the run's own settings, then what is given here
             saved = checkpoint.resumed(args.resume, args.out).settings

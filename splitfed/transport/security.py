@@ -16,11 +16,12 @@ that a device, which holds the devices' token, cannot claim or release a segment
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,37 @@ def _spki(public_key: Any) -> bytes:
     return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def _when(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def out_of_date(cert: Any, now: dt.datetime | None = None) -> tuple[str, str] | None:
+    """Whether a certificate is outside its validity dates now (by this machine's clock), as a phrase for a
+    sentence about it (``"expired on DATE"``, ``"is not valid before DATE"``) and what to do about it; None
+    when it is within them. OpenSSL refuses such a certificate (verify codes 9 and 10) at
+    every handshake, whoever checks it."""
+    now = now or dt.datetime.now(dt.UTC)
+    if cert.not_valid_after_utc < now:
+        return f"expired on {_when(cert.not_valid_after_utc)}", "renew it"
+    if cert.not_valid_before_utc > now:
+        return f"is not valid before {_when(cert.not_valid_before_utc)}", "check the clocks, or renew it"
+    return None
+
+
+def certificate_names(cert_pem: bytes) -> list[str]:
+    """The subjectAltName entries of the first certificate in ``cert_pem`` (the leaf), as ``DNS:name`` and
+    ``IP:address``: what a client verifying it by name or address checks (never the subject's CN)."""
+    from cryptography import x509
+
+    leaf = x509.load_pem_x509_certificates(cert_pem)[0]
+    try:
+        san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return ([f"DNS:{n}" for n in san.get_values_for_type(x509.DNSName)]
+            + [f"IP:{a}" for a in san.get_values_for_type(x509.IPAddress)])
+
+
 @dataclass(frozen=True)
 class TlsConfig:
     """PEM files: this party's certificate chain and key, and the CA that signs its peers."""
@@ -95,11 +127,15 @@ class TlsConfig:
     def check(self, names: tuple[str, str, str] = ("TLS certificate", "TLS key", "CA certificate")
               ) -> tuple[bytes | None, bytes | None, bytes | None]:
         """The PEM bytes of (cert, key, ca), refused with a ConfigError naming the file (as ``names``: e.g.
-        the flags ``--tls-cert``, ``--tls-key``, ``--tls-ca``) unless each parses as what it should be and the
-        key is the certificate's. gRPC would otherwise fail later and vaguely: a tier "cannot listen", a
-        client's handshake fails and the tier looks down."""
+        the flags ``--tls-cert``, ``--tls-key``, ``--tls-ca``) unless each parses as what it should be, the
+        key is the certificate's and the certificate is within its validity dates. gRPC would otherwise fail
+        later and vaguely: a tier "cannot listen", or serves a certificate every client refuses; a client's
+        handshake fails and the tier looks down."""
         cert, key, ca = (_read(self.cert, names[0]), _read(self.key, names[1]), _read(self.ca, names[2]))
         leaf = _pem_certificates(cert, self.cert, names[0])[0] if cert is not None else None
+        if leaf is not None and (dated := out_of_date(leaf)) is not None:
+            said, todo = dated
+            raise ConfigError(f"{names[0]} {self.cert} {said}: {todo}")
         if ca is not None:
             _pem_certificates(ca, self.ca, names[2])
         if key is not None:
@@ -124,6 +160,74 @@ class TlsConfig:
 
 _PLAINTEXT = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST")
 _NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+_DATES = (9, 10)  # X509_V_ERR_CERT_NOT_YET_VALID, X509_V_ERR_CERT_HAS_EXPIRED
+_KEPT = 1 << 16  # bytes of the tier's first flight kept to read its certificates from
+
+
+def _sent_certificates(data: bytes) -> list[Any]:
+    """The certificates of the Certificate message in a TLS 1.2 server's first flight (``data``: the bytes
+    received, records as they came), leaf first; [] when there is none to read. In TLS 1.2 that message
+    travels in plaintext, so a certificate this side refused can still be looked at."""
+    from cryptography import x509
+
+    handshake, i = bytearray(), 0
+    while i + 5 <= len(data):
+        kind, length = data[i], int.from_bytes(data[i + 3:i + 5], "big")
+        if kind == 20:  # change_cipher_spec: what follows is encrypted
+            break
+        if kind == 22:
+            handshake += data[i + 5:i + 5 + length]
+        i += 5 + length
+    j = 0
+    while j + 4 <= len(handshake):
+        kind, length = handshake[j], int.from_bytes(handshake[j + 1:j + 4], "big")
+        if kind == 11:  # certificate: a 3-byte length of the list, then a 3-byte length before each DER
+            body, k, certs = handshake[j + 4:j + 4 + length], 3, []
+            while k + 3 <= len(body):
+                n = int.from_bytes(body[k:k + 3], "big")
+                try:
+                    certs.append(x509.load_der_x509_certificate(bytes(body[k + 3:k + 3 + n])))
+                except ValueError:
+                    break
+                k += 3 + n
+            return certs
+        j += 4 + length
+    return []
+
+
+def _file_certificates(path: str | Path | None) -> list[Any]:
+    """The certificates of a PEM file, [] when it cannot be read as such (the caller's evidence only)."""
+    from cryptography import x509
+
+    try:
+        return x509.load_pem_x509_certificates(Path(path).read_bytes()) if path is not None else []
+    except (OSError, ValueError):
+        return []
+
+
+def _first_out_of_date(certs: Sequence[Any]) -> tuple[int, Any, str, str] | None:
+    for i, cert in enumerate(certs):
+        if (dated := out_of_date(cert)) is not None:
+            return i, cert, *dated
+    return None
+
+
+def _dates_refusal(received: bytes, tls: TlsConfig, e: ssl.SSLCertVerificationError) -> str:
+    """Why this side refuses the tier's chain for its dates (verify code 9 or 10): which certificate, its
+    date and what to renew; the tier's, one of its chain, or the CA this side trusts it by."""
+    why = f"({e.reason}: {e.verify_message})"
+    sent = _sent_certificates(received)
+    if (found := _first_out_of_date(sent)) is not None:
+        i, cert, said, todo = found
+        which = ("the tier's certificate" if i == 0 else
+                 f"the certificate {cert.subject.rfc4514_string()} of the tier's chain")
+        return f"{which} {said} {why}: {todo} (splitfed tier --tls-cert and --tls-key)"
+    if (found := _first_out_of_date(_file_certificates(tls.ca))) is not None:
+        _, cert, said, todo = found
+        return (f"the CA certificate {cert.subject.rfc4514_string()} in {tls.ca} {said} {why}: {todo} and give "
+                "this side the new one (--tls-ca / tls-ca)")
+    return (f"the tier's certificate chain is outside its validity dates {why}: renew the tier's certificate, "
+            "or check this machine's clock")
 
 
 def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0, connect_to: str = "") -> str | None:
@@ -137,7 +241,9 @@ def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0, co
     server sends no alert). A port that closes before the tier's first flight (a proxy with no tier behind
     it), or a handshake that completes, is no verdict. This side refusing the tier's certificate fails
     with OpenSSL's reason (checked only against a CA file given: with the system's CAs gRPC's own roots,
-    which this process may not share, decide, and its error says so). ``timeout_s`` bounds the whole probe.
+    which this process may not share, decide, and its error says so); one refused for its dates is named
+    with the date, read from the tier's first flight (plaintext in TLS 1.2), and a certificate of this side
+    outside its dates is named before the tier's CA is blamed. ``timeout_s`` bounds the whole probe.
     ``connect_to``: the address of ``host`` to connect to (one of a name's), the certificate still checked
     for ``host``."""
     end = time.monotonic() + timeout_s
@@ -161,7 +267,7 @@ def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0, co
         raw = socket.create_connection((connect_to or host, port), timeout=max(0.01, end - time.monotonic()))
     except OSError:
         return None
-    flights, received = 0, 0
+    flights, received = 0, bytearray()  # what the tier sent: its certificates, when this side refuses them
     with raw:
         while True:
             try:
@@ -174,6 +280,8 @@ def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0, co
                     how = f"server name {name!r}" if tls.server_name else "the address's host"
                     return (f"the tier's certificate is not for {name} ({e.verify_message}): connect by a name it "
                             f"holds, or give the tier a certificate for {name} ({how})")
+                if e.verify_code in _DATES:
+                    return _dates_refusal(bytes(received), tls, e)
                 return (f"this side does not trust the tier's certificate by the CA in {tls.ca} "
                         f"({e.reason}: {e.verify_message}): give the CA that signed it (--tls-ca / tls-ca)")
             except ssl.SSLError as e:
@@ -196,15 +304,21 @@ def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0, co
             except OSError:
                 chunk = b""
             if not chunk:  # closed: after its flight and this side's certificate, a refusal of that certificate
-                if received == 0 or flights < 2:
+                if not received or flights < 2:
                     return None
                 if tls.cert is None:
                     return ("the tier closed the connection when this side sent no certificate: it requires "
                             "one (mutual TLS): --tls-cert and --tls-key / tls-cert and tls-key")
+                if (found := _first_out_of_date(_file_certificates(tls.cert))) is not None:  # before the CA
+                    i, cert, said, todo = found
+                    which = (f"this side's certificate {tls.cert}" if i == 0 else
+                             f"the certificate {cert.subject.rfc4514_string()} in {tls.cert}")
+                    return (f"the tier closed the connection when it got this side's certificate: {which} {said}: "
+                            f"{todo} (--tls-cert and --tls-key / tls-cert and tls-key)")
                 return (f"the tier closed the connection when it got this side's certificate {tls.cert}: it "
                         "refuses it (one its CA did not sign?): give a certificate the tier's CA signed, "
                         "--tls-cert and --tls-key / tls-cert and tls-key")
-            received += len(chunk)
+            received += chunk[:max(0, _KEPT - len(received))]  # a first flight is a few KiB
             incoming.write(chunk)
 
 
