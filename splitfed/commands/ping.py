@@ -18,10 +18,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitfed.commands._args import positive_int, shape
 from splitfed.jsonio import dumps
+
+if TYPE_CHECKING:
+    from splitfed.models.zoo import ModelSpec
+
+SPEED_PASSES = 7  # --fleet-entry: measurements of the training rate, the fastest kept (see training_rate)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also measure each link's bandwidth up and down (Probe calls of up to 4 MiB)")
     p.add_argument("--fleet-entry", metavar="NAME",
                    help="with one address (the edge), print this host as a fleet file's [[device]] entry: its "
-                        "training rate on --model (default cnn, profiled here), memory, and the measured link")
+                        "training rate on --model (default cnn), timed here as a node of a run times itself (a "
+                        f"batch of 32 on one thread, the fastest of {SPEED_PASSES} passes), its memory, and the "
+                        "measured link")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for each tier")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -129,25 +136,52 @@ def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> st
     """This host as a ``[[device]]``: its training rate on the model, its memory, its link to ``row``."""
     import psutil
 
-    from splitfed.commands.profile import cache_dir
-    from splitfed.errors import ConfigError
     from splitfed.models.zoo import resolve_spec
     from splitfed.profile.devices import DeviceProfile
     from splitfed.profile.fleet import device_entry
-    from splitfed.profile.profiler import profile_model
     from splitfed.units import MIB
 
     spec = resolve_spec(args.model or "cnn", args.input_shape, args.num_classes)
-    flops = profile_model(spec, 32, cache_dir=cache_dir()).host_flops()
-    if flops is None:
-        raise ConfigError(f"model {spec.name}'s profile has no training rate measured on this host (no timed or "
-                          "counted FLOPs), so the fleet entry would lack flops: pick another --model")
+    flops = training_rate(spec)
     memory_mb = psutil.virtual_memory().total / MIB
     device = DeviceProfile(flops, memory_mb, row["up_mbps"], row["down_mbps"], row["rtt_ms"])
     to = f"to {row['name']} at {row['address']}"
     return device_entry(name, device, {
-        "flops": f"trains {spec.name} at this rate here (splitfed profile)", "memory_mb": "this host's memory",
-        "up_mbps": f"measured {to}", "down_mbps": f"measured {to}", "rtt_ms": f"measured {to}"})
+        "flops": f"trains {spec.name} at this rate here (one thread, as a node times itself)",
+        "memory_mb": "this host's memory", "up_mbps": f"measured {to}", "down_mbps": f"measured {to}",
+        "rtt_ms": f"measured {to}"})
+
+
+def training_rate(spec: ModelSpec, batch: int = 32, passes: int = SPEED_PASSES) -> float:
+    """This host's training FLOP/s on ``spec``, measured as a node of a run measures itself at registration:
+    :func:`splitfed.profile.speed.measure_speed` on a batch, on one thread as a virtual client computes, turned
+    into FLOP/s with the cost model's FLOPs (:func:`~splitfed.profile.speed.measured_flops`, as the coordinator
+    does). Measured ``passes`` times, the fastest kept: a busy host stalls some passes (none runs faster than
+    the device can), and a rate too low by a stall would make the optimizer plan for a device that much
+    slower. Of the measurements that timed the most blocks: a stall while blocks are added stops the adding
+    early, and a measurement of fewer blocks (the first conv without its pooling) is not the same rate.
+    Torch's thread count is given back as it was."""
+    import torch
+
+    from splitfed.commands.profile import cache_dir
+    from splitfed.errors import ConfigError
+    from splitfed.profile.profiler import profile_model
+    from splitfed.profile.speed import measure_speed, measured_flops
+
+    x = spec.example_input(batch)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        measures = [measure_speed(spec, x, reps=1) for _ in range(passes)]
+    finally:
+        torch.set_num_threads(threads)
+    profile = profile_model(spec, batch, reps=1, cache_dir=cache_dir())  # its FLOP counts only: no times used
+    most = max(m.blocks for m in measures)
+    rates = [r for r in (measured_flops(profile, m) for m in measures if m.blocks == most) if r is not None]
+    if not rates:
+        raise ConfigError(f"model {spec.name}: no training rate measured on this host (its profile counts no "
+                          "FLOPs in the blocks timed), so the fleet entry would lack flops: pick another --model")
+    return max(rates)
 
 
 def _describe(row: dict[str, Any]) -> str:
