@@ -109,16 +109,18 @@ def test_a_probe_needs_the_token() -> None:
 
 
 def test_fleet_entry_of_a_profile_without_a_measured_rate_is_refused_naming_why(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A profile with no timings (or no counted FLOPs) has no training rate: the entry is refused as such,
-    not written without ``flops`` and then refused as a fleet entry the user never wrote."""
+    """A profile that counts no FLOPs in the blocks this host timed gives no training rate: the entry is
+    refused as such, not written without ``flops`` and then refused as a fleet entry the user never wrote."""
     import argparse
+    from dataclasses import replace
 
     import splitfed.commands.profile  # noqa: F401 - first imported under the patch, it kept the fake for good
     import splitfed.profile.profiler as profiler
     from splitfed.commands.ping import _fleet_entry
+    from splitfed.models.zoo import resolve_spec
 
-    untimed = profiler.ModelProfile.synthetic([1e6, 2e6], [100.0, 10.0], [400.0, 40.0], input_bytes=256.0)
-    assert untimed.host_flops() is None
+    real = profiler.profile_model(resolve_spec("cnn"), 32, reps=1)
+    untimed = replace(real, fwd_flops=tuple(0.0 for _ in real.fwd_flops), bwd_flops=tuple(0.0 for _ in real.bwd_flops))
     monkeypatch.setattr(profiler, "profile_model", lambda *a, **k: untimed)
     monkeypatch.setenv("SPLITFED_PROFILE_CACHE", str(tmp_path))
     row = {"name": "edge", "address": "127.0.0.1:1", "up_mbps": 100.0, "down_mbps": 100.0, "rtt_ms": 1.0}
