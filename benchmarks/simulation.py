@@ -159,8 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int_list, default=(10, 50, 100), help="fleet sizes, comma-separated")
     ap.add_argument("--rounds", type=positive_int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "simulation.json"))
-    ap.add_argument("--accuracy", action="store_true", help="run the accuracy check instead (see above)")
+    ap.add_argument("--out", help="the JSON written (default benchmarks/results/simulation.json, with --accuracy "
+                                   "benchmarks/results/accuracy.json)")
+    ap.add_argument("--accuracy", action="store_true",
+                    help="instead, check accuracy: splitfed simulate (10 clients, 20 rounds, digits) against the "
+                         "unsplit model trained centrally, target 0.93 (minutes)")
     ap.add_argument("--one", type=positive_int, help=argparse.SUPPRESS)  # child mode: one fleet size
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -168,9 +171,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> int:
-    if args.accuracy:
-        accuracy(Path(args.out).with_name("accuracy.json"))
+    results = Path(__file__).parent / "results"
+    if args.accuracy:  # the file named, as every other mode writes it
+        accuracy(Path(args.out) if args.out else results / "accuracy.json")
         return 0
+    args.out = args.out or str(results / "simulation.json")
     if args.one is not None:
         print(dumps(one(args.one, args.rounds, Path(args.run_dir))))
         return 0

@@ -389,6 +389,9 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
     return 0
 
 
+_ASIDE = ".replaced-"  # where --overwrite keeps the results it replaces until the experiment writes anything
+
+
 @contextmanager
 def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     """Hold ``out`` for one experiment (as a run holds its run folder), refusing one that holds an earlier
@@ -399,7 +402,9 @@ def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     held = sorted(p.name for p in out.iterdir() if p.name != runfolder.LOCK) if out.is_dir() else []
-    foreign = [n for n in held if n not in OUTPUTS and not n.endswith(".png")]
+    ours = bool({RESULTS, RUNS} & set(held))  # figures are an experiment's only beside its results or runs
+    foreign = [n for n in held if n not in OUTPUTS and not (ours and n.endswith(".png"))
+               and not n.startswith(_ASIDE)]
     if foreign:
         raise ConfigError(f"--out {out} holds what no experiment writes ({', '.join(foreign[:3])}"
                           f"{', ...' if len(foreign) > 3 else ''}): choose another --out")
@@ -407,13 +412,23 @@ def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
         raise ConfigError(f"--out {out} already holds an experiment's results ({', '.join(held[:3])}"
                           f"{', ...' if len(held) > 3 else ''}): replace them with --overwrite, or choose another --out")
     with runfolder.claim(out, resume=False, overwrite=False):  # one experiment at a time in a folder
-        for name in held:
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        yield out
+        # the results replaced wait aside until the experiment has written anything: one that refuses its
+        # config first (a typo in its last policy) leaves them as they were
+        aside = out / f"{_ASIDE}{os.getpid()}"
+        if held:
+            aside.mkdir()
+            for name in held:
+                os.replace(out / name, aside / name)
+        try:
+            yield out
+        except BaseException:
+            if held and not any(p.name not in (runfolder.LOCK, aside.name) for p in out.iterdir()):
+                for name in held:
+                    if not name.startswith(_ASIDE):  # one a killed experiment left: no longer wanted
+                        os.replace(aside / name, out / name)
+            raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextmanager

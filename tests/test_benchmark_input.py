@@ -48,3 +48,15 @@ def test_a_bad_flag_is_one_line_and_nothing_is_written(tmp_path: Path, name: str
     assert len(lines) == 1 and lines[0].startswith(f"benchmarks/{name}.py: error: "), p.stderr[-2000:]
     assert message in lines[0]
     assert p.stdout == "" and not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_the_accuracy_check_writes_the_file_out_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--accuracy wrote accuracy.json beside the file --out named, whatever its name (over one there)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import simulation  # type: ignore[import-not-found]
+
+    written: list[Path] = []
+    monkeypatch.setattr(simulation, "accuracy", written.append)  # the check itself takes minutes
+    assert simulation.main(["--accuracy", "--out", str(tmp_path / "mine.json")]) == 0
+    assert simulation.main(["--accuracy"]) == 0
+    assert written == [tmp_path / "mine.json", ROOT / "benchmarks" / "results" / "accuracy.json"]

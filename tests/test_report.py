@@ -268,6 +268,38 @@ def test_heatmap_with_clients_missing_from_rounds(tmp_path: Path) -> None:
     valid_png(p)
 
 
+@pytest.mark.parametrize(("cuts", "ticks"), [([7], [7]), ([0, 3], [0, 1, 2, 3]), ([0, 40], list(range(0, 41, 4)))])
+def test_heatmap_colour_bar_ticks_are_whole_cuts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cuts, ticks) -> None:  # type: ignore[no-untyped-def]
+    """One cut for every client gave ticks 6.5, 6.6, ... 7.5 on a bar labelled "cut"."""
+    from matplotlib.figure import Figure
+
+    seen: list[list[float]] = []
+    colorbar = Figure.colorbar
+
+    def keeping(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(list(kwargs["ticks"]))
+        return colorbar(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "colorbar", keeping)
+    rows = [{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": {f"c{i}": [k] for i, k in enumerate(cuts)}}]
+    valid_png(plots.cuts_heatmap(rows_to_run(rows, "one"), tmp_path / "h.png"))
+    assert seen == [ticks]
+
+
+def test_a_report_again_into_its_folder_leaves_only_its_own_runs_figures(tmp_path: Path) -> None:
+    """A heatmap is named by its run's place in the list: a second report of fewer runs left the first one's
+    heatmaps beside its own."""
+    for name in ("a", "b", "c"):
+        write_run(tmp_path / name, make_rows(2, moving=True))
+    out = tmp_path / "out"
+    assert cli(["report", *(str(tmp_path / n) for n in "abc"), "--out", str(out)]) == 0
+    assert len(list(out.glob("cuts_*.png"))) == 3
+    assert cli(["report", str(tmp_path / "c"), "--out", str(out)]) == 0
+    runs = load_runs([tmp_path / "c"])
+    assert sorted(out.glob("cuts_*.png")) == sorted(p for p in plots.standard_plot_files(runs, out)
+                                                   if p.name.startswith("cuts_"))
+
+
 def test_heatmap_two_tiers_many_clients(tmp_path: Path) -> None:
     rows = [{"round": r, "accuracy": 0.5, "sim_round_s": 1.0, "cuts": {f"dev-{i}": [i % 4] for i in range(60)}}
             for r in (1, 2, 3)]

@@ -297,6 +297,31 @@ def test_an_output_folder_that_holds_results_is_refused_then_replaced_with_overw
     assert not (out / ".splitfed.lock").exists()
 
 
+def test_overwrite_keeps_the_results_when_the_new_config_is_refused_before_anything_ran(tmp_path, capsys) -> None:
+    """--overwrite removed the earlier results first; a codec typo then refused the run (exit 2, "before
+    anything ran") and left the folder empty."""
+    out = tmp_path / "out"
+    run_tiny(compression, "compression", out, capsys)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    results = (out / "results.json").read_text()
+    typo = _tiny(tmp_path, "compression", {'"int8"': '"int9"'})
+    assert compression.cli(["--config", str(typo), "--out", str(out), "--overwrite"]) == 2
+    assert "int9" in capsys.readouterr().err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert (out / "results.json").read_text() == results
+
+
+def test_a_folder_of_figures_alone_is_no_experiments(tmp_path, capsys) -> None:
+    """Any PNG counted as an experiment's: --overwrite into a folder of the user's own figures deleted them."""
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "mine.png").write_bytes(b"\x89PNG")
+    cfg = str(CONFIGS / "compression.tiny.toml")
+    assert compression.cli(["--config", cfg, "--out", str(figures), "--overwrite"]) == 2
+    assert "holds what no experiment writes (mine.png)" in capsys.readouterr().err
+    assert (figures / "mine.png").read_bytes() == b"\x89PNG"
+
+
 def test_an_output_folder_of_something_else_is_refused_even_with_overwrite(tmp_path, capsys) -> None:
     run = tmp_path / "a-simulate-run"
     run.mkdir()

@@ -143,8 +143,9 @@ def predicted_plot(runs: Sequence[Run], path: str | Path,
     return line_plot(series, path, title=title, xlabel="round", ylabel="round time (s)", integer_x=True)
 
 
-def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Bytes on the wire per round") -> Path:
-    """Uplink (solid) and downlink (dashed) megabytes per round, per run."""
+def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Activations and gradients per round") -> Path:
+    """Uplink (solid) and downlink (dashed) megabytes per round on the devices' links, per run: activations
+    and gradients (the weights a device exchanges with the coordinator are not counted)."""
     series = []
     for i, r in enumerate(runs):
         color = f"C{i % 10}"
@@ -157,9 +158,9 @@ def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Bytes on the
 
 
 def accuracy_vs_bytes_plot(runs: Sequence[Run], path: str | Path,
-                           title: str = "Test accuracy vs bytes on the wire") -> Path:
+                           title: str = "Test accuracy vs activation bytes") -> Path:
     series = [Series(r.label, *_with_start(r, [b / MB for b in r.cum_bytes])) for r in runs]
-    return line_plot(series, path, title=title, xlabel="cumulative MB on the wire (up + down)",
+    return line_plot(series, path, title=title, xlabel="cumulative MB of activations and gradients (up + down)",
                      ylabel="test accuracy")
 
 
@@ -199,7 +200,7 @@ def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_label
         axes[0].set_yticks([])
     fig.suptitle(title or f"Cuts over rounds: {run.label}")
     assert im is not None
-    bar = fig.colorbar(im, ax=list(axes), ticks=MaxNLocator(nbins=12, integer=True))
+    bar = fig.colorbar(im, ax=list(axes), ticks=range(lo, hi + 1, max(1, math.ceil((hi - lo + 1) / 12))))
     bar.set_label("cut (blocks before it)")
     return _save(fig, path)
 
@@ -211,7 +212,9 @@ def standard_plot_files(runs: Sequence[Run], out: str | Path) -> list[Path]:
 
 def standard_plots(runs: Sequence[Run], out: str | Path, target: float | None = None) -> dict[str, Path]:
     """Every standard view of ``runs`` in folder ``out``; name -> PNG path. Each is drawn beside its place
-    first, and all are put in place once all are drawn: a drawing that fails leaves the folder as it was."""
+    first, and all are put in place once all are drawn: a drawing that fails leaves the folder as it was. The
+    views an earlier report drew there of runs not in this one (a cut heatmap is named by its run's place in
+    the list) are removed: the folder shows these runs only."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     drawn: dict[str, tuple[Path, Path]] = {}
@@ -225,6 +228,10 @@ def standard_plots(runs: Sequence[Run], out: str | Path, target: float | None = 
         raise
     for tmp, path in drawn.values():
         os.replace(tmp, path)
+    made = {path for _, path in drawn.values()}
+    for old in [*d.glob("cuts_*.png"), d / "predicted_vs_measured.png"]:  # an earlier report's, of other runs
+        if old not in made:
+            old.unlink(missing_ok=True)
     return {name: path for name, (_, path) in drawn.items()}
 
 

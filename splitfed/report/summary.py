@@ -16,7 +16,7 @@ from splitfed.report.runs import MEASURED, Run, clock_of, run_notes
 from splitfed.report.table import MB, format_value
 
 HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
-           "MB on the wire", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
+           "activation MB", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
 
 
 def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list[str], list[list[Any]]]:
