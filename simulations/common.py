@@ -395,8 +395,9 @@ _ASIDE = ".replaced-"  # where --overwrite keeps the results it replaces until t
 @contextmanager
 def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     """Hold ``out`` for one experiment (as a run holds its run folder), refusing one that holds an earlier
-    experiment's results unless ``overwrite`` (which removes them first: no stale ``results.json`` beside
-    new runs) and one that holds anything an experiment does not write (a run folder, say)."""
+    experiment's results unless ``overwrite`` (which moves them aside, and removes them once the experiment
+    has written anything: no stale ``results.json`` beside new runs, and a config refused before anything ran
+    costs nothing) and one that holds anything an experiment does not write (a run folder, say)."""
     from splitfed.flower import runfolder
 
     if out.exists() and not out.is_dir():
