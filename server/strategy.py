@@ -145,6 +145,7 @@ class SplitFedAvg(FedAvg):
         self._asked: dict[str, int] = {}  # message id -> the node it went to, of the last exchange
         self._profile_of: Callable[[NodeInfo], str] | None = None  # a node's profile when its config names none
         self._strangers: set[int] = set()  # nodes asked after registration that do not take a client's place
+        self._waiting: dict[int, ClientInfo] = {}  # nodes for a partition whose registered node is still listed
         self.last: RoundRecord | None = None  # the round just done (metrics.jsonl keeps them all, not memory)
         self._unreleased: dict[tuple[int, str], int] = {}  # releases that did not reach a tier (SplitRound)
         self.previous: dict[str, Cuts] = {}  # each client's cuts when it last trained (the clock's moves)
@@ -257,21 +258,30 @@ class SplitFedAvg(FedAvg):
     def _rejoin(self, grid: Grid) -> None:
         """A node that took the place of a registered one that is gone (a SuperNode restarted: a new node id,
         the same partition) trains for that client from now on. Before, the run kept sending to the dead node
-        id, and the partition's data was never trained again."""
+        id, and the partition's data was never trained again. A new node whose partition's node is still
+        listed (the SuperLink keeps a dead node's id until its heartbeat times out) waits for it to go."""
         live = set(grid.get_node_ids())
-        gone = {c.partition_id: n for n, c in self.clients.items() if n not in live}
-        new = sorted(live - set(self.clients) - self._strangers)
-        if not gone or not new:
+        self._waiting = {n: info for n, info in self._waiting.items() if n in live}
+        registered = {c.partition_id: n for n, c in self.clients.items()}
+        gone = {p: n for p, n in registered.items() if n not in live}
+        if not gone:
             return
-        found, _ = self._query(grid, new)
-        self._strangers |= set(new) - set(found)  # asked once: its answer does not change
-        for node, info in found.items():
-            old = gone.get(info.partition_id)
-            if old is None:  # a partition the run holds with a live node, or none it registered
-                log(WARNING, "Node %d (partition %d) is not one this run registered, or its node is still up: "
-                    "left out", node, info.partition_id)
-                self._strangers.add(node)
+        new = sorted(live - set(self.clients) - self._strangers - set(self._waiting))
+        if new:
+            found, _ = self._query(grid, new)
+            self._strangers |= set(new) - set(found)  # refused: its answer does not change
+            for node, info in found.items():
+                if info.partition_id in registered:
+                    self._waiting[node] = info
+                else:
+                    log(WARNING, "Node %d holds partition %d, which this run did not register: left out", node,
+                        info.partition_id)
+                    self._strangers.add(node)
+        for node, info in sorted(self._waiting.items()):
+            old = gone.pop(info.partition_id, None)
+            if old is None:  # its partition's node is still listed: it waits
                 continue
+            del self._waiting[node]
             self.clients = {(node if n == old else n): (info if n == old else c) for n, c in self.clients.items()}
             log(INFO, "%s is back on node %d (node %d is gone)", info.client_id, node, old)
 
@@ -487,6 +497,10 @@ class SplitFedAvg(FedAvg):
                 # EOFError, BadZipFile, ...) costs its own update, never the run
                 log(WARNING, "%s sent a malformed reply, dropped: %s", cid, e)
                 self._why[cid] = f"malformed reply: {e}"
+                continue
+            if not math.isfinite(report.loss):  # its weights may be finite yet: the round's loss would not be
+                log(WARNING, "%s diverged (its loss is %s), dropped", cid, report.loss)
+                self._why[cid] = f"its training diverged (its loss is {report.loss}): a lower lr may help"
                 continue
             self._speeds[cid] = report.speed
             out[cid] = Outcome(state, ClientResult(

@@ -424,9 +424,8 @@ def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
             yield out
         except BaseException:
             if held and not any(p.name not in (runfolder.LOCK, aside.name) for p in out.iterdir()):
-                for name in held:
-                    if not name.startswith(_ASIDE):  # one a killed experiment left: no longer wanted
-                        os.replace(aside / name, out / name)
+                for name in held:  # a killed experiment's aside folder too: the only copy of its results
+                    os.replace(aside / name, out / name)
             raise
         finally:
             shutil.rmtree(aside, ignore_errors=True)

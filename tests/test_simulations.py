@@ -311,6 +311,25 @@ def test_overwrite_keeps_the_results_when_the_new_config_is_refused_before_anyth
     assert (out / "results.json").read_text() == results
 
 
+def test_results_a_killed_overwrite_left_aside_survive_the_next_refused_one(tmp_path) -> None:
+    """A killed --overwrite leaves the results it replaced in its aside folder; the next --overwrite that
+    failed before writing anything deleted that folder, the only copy."""
+    from simulations.common import output_folder
+
+    out = tmp_path / "exp"
+    (out / "runs").mkdir(parents=True)
+    (out / "results.json").write_text('{"old": 1}')
+    pid = os.fork()
+    if pid == 0:  # the experiment, killed while it runs
+        with output_folder(out, True):
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    (left,) = [p.name for p in out.iterdir() if p.name.startswith(".replaced-")]
+    with pytest.raises(ValueError), output_folder(out, True):
+        raise ValueError("its config is refused")
+    assert (out / left / "results.json").read_text() == '{"old": 1}' and (out / left / "runs").is_dir()
+
+
 def test_a_folder_of_figures_alone_is_no_experiments(tmp_path, capsys) -> None:
     """Any PNG counted as an experiment's: --overwrite into a folder of the user's own figures deleted them."""
     figures = tmp_path / "figures"

@@ -195,11 +195,12 @@ class TrainReport:
         except (TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinite float
             raise ConfigError(f"{what}: malformed ({e})") from None
         # what the adaptive policy learns from: a NaN or negative time would stay in its beliefs for good
-        # and what the round's train loss averages: one node's NaN or -1000 was the round's
-        for name in ("samples", "steps", "loss", "correct", "compute_s", "link_s", "bytes_up", "bytes_down"):
+        for name in ("samples", "steps", "correct", "compute_s", "link_s", "bytes_up", "bytes_down"):
             v = getattr(report, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{what}: {name.replace('_', '-')} must be a finite number >= 0, got {v}")
+        if report.loss < 0:  # a cross-entropy: one node's -1000 was the round's train loss (NaN or inf: diverged)
+            raise ConfigError(f"{what}: loss must be >= 0, got {report.loss}")
         if (report.samples == 0) != (report.steps == 0) or report.correct > report.samples:
             raise ConfigError(f"{what}: {report.samples} sample(s) in {report.steps} step(s), {report.correct} "
                               "correct: no round trains so")
