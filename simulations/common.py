@@ -19,6 +19,7 @@ with :mod:`splitfed.report.plots`. The cost-model-only scripts build a
 from __future__ import annotations
 
 import argparse
+import contextvars
 import csv
 import dataclasses
 import json
@@ -226,8 +227,14 @@ def _train_checked(settings: Any, out: Path, label: str, backend: str) -> Any:
     from splitfed.report.runs import load_run
 
     settings = settings.with_(out=str(out), overwrite=True)  # the experiment's own folder: a rerun replaces it
+    if _RESUME.get():
+        if _finished(settings, out):
+            print(f"  [{label}] kept: its {settings.rounds} round(s) in {out}", flush=True)
+            return load_run(out, label=label)
+        if backend == "flower" and (out / "checkpoint.pt").is_file():
+            settings = settings.with_(resume=True, overwrite=False)  # refused if its math differs (server.app)
     print(f"  [{label}] {backend}: cuts={settings.cuts} mode={settings.mode} compress={settings.compress} "
-          f"-> {out}", flush=True)
+          f"{'continues in' if settings.resume else '->'} {out}", flush=True)
     if backend == "flower":
         from splitfed.sim.runner import simulate
 
@@ -238,6 +245,21 @@ def _train_checked(settings: Any, out: Path, label: str, backend: str) -> Any:
         train_inprocess(settings, progress=lambda line: print(f"  [{label}] {line}", flush=True))
     _label_run(out, label)
     return load_run(out, label=label)
+
+
+def _finished(settings: Any, out: Path) -> bool:
+    """Whether ``out`` holds this run finished: its summary, of as many rounds, with the same math."""
+    from server.app import RESUMABLE
+    from splitfed.report.runs import SUMMARY
+
+    try:
+        summary = json.loads((out / SUMMARY).read_text())
+        before = summary["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    now = settings.to_dict()
+    return summary.get("rounds") == settings.rounds and all(
+        k in RESUMABLE or before.get(k) == v for k, v in now.items())
 
 
 def _label_run(out: Path, label: str) -> None:
@@ -361,17 +383,24 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
     parser.add_argument("--out", default=None, help=f"output folder (default: runs/simulations/{name})")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results the --out folder holds (without it, such a folder is refused)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the experiment the --out folder holds, stopped part way: its finished runs "
+                             "are kept, a stopped one continues from its checkpoint (Flower backend; the in-process "
+                             "one starts it again), the rest train")
     args = parser.parse_args(argv)
     if args.out is not None and not args.out.strip():
         parser.error("--out is empty: name a folder, or leave --out out for the default")
+    if args.resume and args.overwrite:
+        parser.error("--resume continues the experiment in --out, --overwrite replaces it: give one")
     _threads()
     out = Path(args.out or Path("runs") / "simulations" / name)
     prog = f"simulations.{name}"
     try:
         with _interrupts():
             cfg = load_config(args.config, config_cls)
-            with output_folder(out, args.overwrite):
-                print(f"{name}: config {args.config}; writing to {out}", flush=True)
+            with output_folder(out, args.overwrite, args.resume), _resuming(args.resume):
+                print(f"{name}: config {args.config}; {'continuing in' if args.resume else 'writing to'} {out}",
+                      flush=True)
                 t0 = time.perf_counter()
                 results = experiment(cfg, out)
                 write_json(out / RESULTS, {"experiment": name,
@@ -383,7 +412,7 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated): the runs that ended are kept
         terminated = isinstance(e, Terminated)
         print(f"{prog}: {'terminated' if terminated else 'interrupted'}; the runs that ended are in "
-              f"{out / RUNS}, without {RESULTS}; to start over: the same command with --overwrite", file=sys.stderr)
+              f"{out / RUNS}, without {RESULTS}; to continue: the same command with --resume", file=sys.stderr)
         return 143 if terminated else 130
     print(f"{name}: results in {out.resolve()}")
     return 0
@@ -392,8 +421,20 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
 _ASIDE = ".replaced-"  # where --overwrite keeps the results it replaces until the experiment writes anything
 
 
+_RESUME = contextvars.ContextVar("experiment_resumes", default=False)  # main's --resume, for run_cases
+
+
 @contextmanager
-def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
+def _resuming(resume: bool) -> Iterator[None]:
+    token = _RESUME.set(resume)
+    try:
+        yield
+    finally:
+        _RESUME.reset(token)
+
+
+@contextmanager
+def output_folder(out: Path, overwrite: bool, resume: bool = False) -> Iterator[Path]:
     """Hold ``out`` for one experiment (as a run holds its run folder), refusing one that holds an earlier
     experiment's results unless ``overwrite`` (which moves them aside, and removes them once the experiment
     has written anything: no stale ``results.json`` beside new runs, and a config refused before anything ran
@@ -409,9 +450,17 @@ def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     if foreign:
         raise ConfigError(f"--out {out} holds what no experiment writes ({', '.join(foreign[:3])}"
                           f"{', ...' if len(foreign) > 3 else ''}): choose another --out")
+    if resume:
+        if RUNS not in held:
+            raise ConfigError(f"--resume: --out {out} holds no experiment's runs to continue: leave --resume out to "
+                              "start one there")
+        with runfolder.claim(out, resume=False, overwrite=False):  # results.json is written again at the end
+            yield out
+        return
     if held and not overwrite:
         raise ConfigError(f"--out {out} already holds an experiment's results ({', '.join(held[:3])}"
-                          f"{', ...' if len(held) > 3 else ''}): replace them with --overwrite, or choose another --out")
+                          f"{', ...' if len(held) > 3 else ''}): continue them with --resume, replace them with "
+                          "--overwrite, or choose another --out")
     with runfolder.claim(out, resume=False, overwrite=False):  # one experiment at a time in a folder
         # the results replaced wait aside until the experiment has written anything: one that refuses its
         # config first (a typo in its last policy) leaves them as they were

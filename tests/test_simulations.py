@@ -330,6 +330,59 @@ def test_results_a_killed_overwrite_left_aside_survive_the_next_refused_one(tmp_
     assert (out / left / "results.json").read_text() == '{"old": 1}' and (out / left / "runs").is_dir()
 
 
+def test_resume_keeps_the_runs_that_finished_and_trains_the_rest(tmp_path, capsys) -> None:
+    """An experiment stopped part way could only start over (--overwrite), training its finished runs again."""
+    out = tmp_path / "out"
+    cfg = str(CONFIGS / "compression.tiny.toml")
+    whole = run_tiny(compression, "compression", out, capsys)
+    (out / "results.json").unlink()  # as a stop during int8 leaves it: none finished, int8 not
+    (out / "runs" / "int8" / "summary.json").unlink()
+    assert compression.cli(["--config", cfg, "--out", str(out), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert f"[none] kept: its 2 round(s) in {out / 'runs' / 'none'}" in printed, printed
+    assert "[int8] inprocess: " in printed and "[none] inprocess: " not in printed, printed
+    again = json.loads((out / "results.json").read_text())
+    assert again["codecs"] == whole["codecs"]
+    # nothing to continue, or both asked
+    assert compression.cli(["--config", cfg, "--out", str(tmp_path / "empty"), "--resume"]) == 2
+    assert "holds no experiment's runs to continue" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        compression.cli(["--config", cfg, "--out", str(out), "--resume", "--overwrite"])
+    assert "give one" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("flower-real")
+def test_a_flower_run_stopped_part_way_continues_from_its_checkpoint_on_resume(tmp_path) -> None:
+    cfg = _tiny(tmp_path, "compression", {'codecs = ["none", "int8"]': 'codecs = ["none"]',
+                                          'backend = "inprocess"': 'backend = "flower"', "rounds = 2": "rounds = 4"})
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "simulations.compression", "--config", str(cfg), "--out", str(out)]
+    p = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            if "[none] round 2/4" in line:
+                break
+        p.send_signal(signal.SIGINT)
+        _, stderr = p.communicate(timeout=180)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and "to continue: the same command with --resume" in stderr, stderr[-2000:]
+    from splitfed.flower import checkpoint
+
+    kept = checkpoint.load(out / "runs" / "none").round
+    assert 2 <= kept < 4
+    done = subprocess.run([*command, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"continues in {out / 'runs' / 'none'}" in done.stdout
+    assert f"round {kept + 1}/4" in done.stdout and "round 1/4" not in done.stdout, done.stdout
+    rows = [json.loads(x) for x in (out / "runs" / "none" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert json.loads((out / "results.json").read_text())["codecs"][0]["rounds"] == 4
+
+
 def test_a_folder_of_figures_alone_is_no_experiments(tmp_path, capsys) -> None:
     """Any PNG counted as an experiment's: --overwrite into a folder of the user's own figures deleted them."""
     figures = tmp_path / "figures"
