@@ -186,11 +186,23 @@ def refuse_root_hooks(model: nn.Module, name: str | None = None) -> None:
                               "hook's work in a module inside the model (an nn.Sequential's first or last child, say)")
 
 
+def refuse_tensor_hooks(model: nn.Module, name: str | None = None) -> None:
+    """A ConfigError if a parameter or buffer of ``model`` has a hook (``register_hook``, as pruning by a
+    gradient mask does): every tier trains a copy of its blocks, and a copied tensor has none, so the hook
+    would silently stop working (and could not be carried over: its closure holds the original tensor)."""
+    for key, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        if getattr(t, "_backward_hooks", None) or getattr(t, "_post_accumulate_grad_hooks", None):
+            raise ConfigError(f"model {name or type(model).__name__}: {key} has a gradient hook, which the copies "
+                              "of it each tier trains do not keep: do the hook's work in a module (a mask applied "
+                              "in forward, say), or with torch.nn.utils.prune")
+
+
 def to_blocks(model: nn.Module) -> Blocks:
     """The model's blocks: children of a Sequential, else cut points found by tracing; blocks that share a
     parameter or buffer (one tensor, or one storage) are one block. A model with a hook on itself is refused."""
     refuse_root_hooks(model)
-    if isinstance(model, nn.Sequential):
+    refuse_tensor_hooks(model)
+    if isinstance(model, nn.Sequential) and type(model).forward is nn.Sequential.forward:  # else: its own forward
         # every entry, in order: children() yields a module used twice only once, silently dropping its
         # second use (Sequential(lin, act, lin2, act) would lose its last activation)
         mods = [m for m in model._modules.values() if m is not None]

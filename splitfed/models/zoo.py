@@ -321,6 +321,13 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
         raise ConfigError(f"vocab must be in 2..{MAX_VOCAB:,}, got {vocab}")
     if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
         raise ConfigError(f"num_classes must be in 1..{MAX_CLASSES:,}, got {num_classes}")
+    try:  # every process rebuilds the model from the spec as JSON: a tuple would come back a list
+        same = json.loads(json.dumps(kwargs)) == kwargs  # a tuple is no list: unequal
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise ConfigError(f"model {name}: its keyword arguments {kwargs!r} must be JSON values (numbers, strings, "
+                          "true/false, lists, objects with string keys): every tier rebuilds the model from them")
     if name in ZOO:
         e = ZOO[name]
         if vocab is not None and not e.vocab:
@@ -382,7 +389,29 @@ def _build(spec: ModelSpec) -> nn.Module:
             raise ConfigError(f"model factory {spec.name} raised {type(ex).__name__}: {first_line(ex)}") from None
         if not isinstance(model, nn.Module):
             raise ConfigError(f"factory {spec.name!r} returned {type(model).__name__}, not torch.nn.Module")
+        _materialise(spec, model)
     return model
+
+
+def _materialise(spec: ModelSpec, model: nn.Module) -> None:
+    """Give a model's lazy modules (``nn.LazyLinear``...) their sizes, by one pass of an example batch in eval
+    mode: splitfed sizes, copies and cuts the model's tensors before anything trains, and an uninitialised
+    parameter has no size. Every process builds it so, from the same seed: the same weights everywhere."""
+    from torch.nn.parameter import is_lazy
+
+    if not any(is_lazy(t) for t in [*model.parameters(), *model.buffers()]):
+        return
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(spec.example_input(2))
+    except Exception as ex:  # noqa: BLE001 - the user's code may raise anything
+        raise ConfigError(f"model {spec.name}: its lazy modules could not be sized by a batch of input shape "
+                          f"{list(spec.input_shape)}: {type(ex).__name__}: {first_line(ex)}") from None
+    finally:
+        for m, training in modes.items():
+            m.training = training
 
 
 def first_line(e: BaseException) -> str:
