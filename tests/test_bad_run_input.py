@@ -349,6 +349,41 @@ def test_static_cuts_a_device_cannot_hold_are_refused_naming_its_fleet_entry(tmp
     validate(settings.with_(cuts="static:7,7/0,7/0,7"))  # dealt out by client: the mcus (client1, 2) get 0,7
 
 
+def test_static_cuts_a_server_tier_cannot_hold_are_refused_too(tmp_path, capsys) -> None:
+    """Only the devices were checked: cuts that overflowed the fleet's edge were simulated and timed without a
+    word, while ``splitfed optimize --static`` called them infeasible."""
+    fleet = tmp_path / "tiny-edge.toml"
+    fleet.write_text('[edge]\nprofile = "edge-server"\nmemory_mb = 0.5\n[cloud]\nprofile = "cloud-gpu"\n'
+                     '[[device]]\nname = "pi"\nprofile = "rpi4"\ncount = 2\n')
+    out = tmp_path / "run"
+    assert main(["simulate", "--fleet", str(fleet), "--cuts", "static:0,7", "--clients", "2", "--rounds", "1",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"cuts 0,7 overflow the fleet's edge: its segments of the 2 clients need 1\.53 MiB of its "
+                     r"0\.5 MiB", err), err
+    assert not out.exists()
+    from splitfed.sim.runner import validate
+
+    validate(RunSettings(fleet=str(fleet), clients=2, rounds=1, cuts="static:7,7"))  # all on the devices: fits
+
+
+def test_a_drift_at_round_1_is_in_the_first_plan(tmp_path) -> None:
+    """The plan of round 1 (adaptive, greedy, best static) was made on the fleet before its drift, which the
+    clock applied from round 1: devices already 100x slower were planned as they were not."""
+    from splitfed.flower.adaptive import scenario
+    from splitfed.sim.clock import fleet_for
+    from splitfed.sim.inprocess import sim_clients
+
+    fleet = tmp_path / "drift.toml"
+    fleet.write_text('[edge]\nprofile = "edge-server"\n[cloud]\nprofile = "cloud-gpu"\n'
+                     '[[device]]\nname = "phone"\nprofile = "phone-mid"\n'
+                     '[[device.drift]]\nround = 1\nflops_scale = 0.01\n')
+    settings = RunSettings(fleet=str(fleet), clients=1, rounds=2, cuts="adaptive")
+    drawn = fleet_for(settings)
+    (planned,) = scenario(settings, sim_clients(settings, drawn)).clients
+    assert planned.device.flops == pytest.approx(drawn.clients[0].device.flops * 0.01)
+
+
 def test_the_memory_a_device_needs_counts_the_run_s_optimizer_state(tmp_path, capsys) -> None:
     """Adam keeps two tensors per parameter, SGD with momentum one, plain SGD none. Before, simulate's
     memory model counted one whatever the run's optimizer: an Adam run was let onto a device it overflows."""

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 
 def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ignore[no-untyped-def]
-    """The cost model's view of the registered clients, named by client id."""
+    """The cost model's view of the registered clients, named by client id, in round 1 (a fleet file's drift at
+    round 1 included)."""
     from splitfed.cost import Scenario
     from splitfed.profile import (
         MIB,
@@ -57,8 +58,8 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
     for info in clients:
         if (why := refusal(info.profile)) is not None:
             raise ConfigError(f"{info.client_id}: {why}")
-        if info.profile in names:
-            base = names[info.profile]
+        if info.profile in names:  # as it is in round 1, the first round planned (the clock drifts it from there)
+            base = names[info.profile].at_round(1)
         else:
             p = PROFILES[info.profile]
             assert p.up_mbps is not None  # profile_refusal: a device's profile

@@ -162,8 +162,8 @@ def one_sample_batches(settings: RunSettings, clients: Sequence[Any]) -> None:
 
 
 def static_fits(settings: RunSettings, policy: Any, clients: Sequence[Any]) -> None:
-    """Static cuts that a device's memory cannot hold are refused, as ``splitfed optimize --static`` refuses
-    them: the simulated clock would price a round no such device could train (adaptive plans within every
+    """Static cuts that a device's or a server tier's memory cannot hold are refused, as ``splitfed optimize
+    --static`` refuses them: the simulated clock would price a round no such tier could train (adaptive plans within every
     tier's memory; greedy within each device's, and each server's as if the server were the device's alone)."""
     from splitfed.cost import evaluate
     from splitfed.flower.adaptive import scenario
@@ -184,6 +184,12 @@ def static_fits(settings: RunSettings, policy: Any, clients: Sequence[Any]) -> N
                           f"({', '.join(who[:3])}{', ...' if len(who) > 3 else ''}): they need {mib_text(need[key][0])} "
                           f"of its {mib_text(need[key][1])}{more}; give it cuts that keep fewer blocks on the "
                           "device (static:K1,K2/K1,K2 deals cut vectors out by client) or use --cuts adaptive")
+    for name, cap in zip(sc.tier_names[1:], sc.memory_caps, strict=True):  # nor one its servers cannot hold
+        if cost.shared_memory[name] > cap:
+            raise ConfigError(f"cuts {settings.cuts.removeprefix('static:')} overflow the fleet's {name}: its "
+                              f"segments of the {len(clients)} clients need {mib_text(cost.shared_memory[name])} of "
+                              f"its {mib_text(cap)}; give it cuts that keep more blocks on the devices, more memory "
+                              "in the fleet file, or use --cuts adaptive")
 
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM)
