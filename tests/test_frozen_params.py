@@ -112,6 +112,9 @@ HAND: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "tied": ((56, 80, 27), (56, 144, 27)),
     "tied_frozen": ((56, 80, 27), (0, 0, 27)),
 }
+# Per block, bytes of buffers a tier holds beside the parameters (and the profile's fixed bytes count):
+# BatchNorm2d(2)'s running mean and variance (2 + 2 float32) and its step counter (one int64).
+BUFFERS: dict[str, dict[int, int]] = {"frozen_backbone": {1: F32 * 4 + 8}}
 MODELS = tuple(HAND)
 INPUT = {"frozen_backbone": (1, 4, 4)}
 
@@ -140,12 +143,13 @@ def _batches(spec: ModelSpec, B: int) -> list[tuple[torch.Tensor, torch.Tensor]]
                          ids=["sgd", "momentum", "adam"])
 def test_fixed_bytes_are_the_hand_count(model: str, optim: OptimConfig) -> None:
     """Parameter bytes count each storage once; trainable bytes each trainable Parameter; fixed bytes are
-    parameters + (gradient + optimizer slots) x trainable parameters, frozen ones 1x their weights."""
+    parameters and buffers + (gradient + optimizer slots) x trainable parameters, frozen ones 1x their weights."""
     elements, trainable = HAND[model]
     prof = profile_model(_spec(model), batch=4, reps=1, optimizer_slots=optim.slots, use_cache=False)
     assert prof.param_bytes == tuple(F32 * n for n in elements)
-    assert prof.fixed_bytes == tuple(F32 * (p + t * (1 + optim.slots)) for p, t in zip(elements, trainable,
-                                                                                        strict=True))
+    buffers = BUFFERS.get(model, {})
+    assert prof.fixed_bytes == tuple(F32 * (p + t * (1 + optim.slots)) + buffers.get(i, 0)
+                                     for i, (p, t) in enumerate(zip(elements, trainable, strict=True)))
     assert prof.train_bytes == tuple(F32 * n for n in trainable)
 
 
@@ -159,7 +163,7 @@ def _storages(ts: list[torch.Tensor]) -> int:
                          ids=["sgd", "momentum", "adam"])
 def test_fixed_bytes_are_what_a_tier_holds_after_a_step(model: str, optim: OptimConfig) -> None:
     """A tier's copy of each block and the optimizer it builds over ``segment.parameters()`` (frozen ones
-    included), after a step: the parameters', gradients' and optimizer state's storages add up to the
+    included), after a step: the parameters', buffers', gradients' and optimizer state's storages add up to the
     profile's fixed bytes (the optimizer keeps nothing for a parameter that never has a gradient; Adam's
     one-value step counters are not counted)."""
     spec = _spec(model)
@@ -177,7 +181,8 @@ def test_fixed_bytes_are_what_a_tier_holds_after_a_step(model: str, optim: Optim
             opt.step()
         state = [] if opt is None else [t for p in params for t in opt.state.get(p, {}).values()
                                         if isinstance(t, torch.Tensor) and t.numel() == p.numel()]
-        held = _storages(params) + _storages([p.grad for p in params if p.grad is not None]) + _storages(state)
+        held = (_storages([*params, *blocks[i].buffers()]) + _storages([p.grad for p in params if p.grad is not None])
+                + _storages(state))
         assert held == prof.fixed_bytes[i], (model, i)
         assert all((p.grad is None) == (not p.requires_grad) for p in params)
 

@@ -10,7 +10,7 @@ Blocks 0..L-1; per sample f_i (forward + backward FLOPs), h_i (activation bytes 
 backward); per block w_i (state bytes: what the weight exchange sends for block i, every key of
 its state dict, ``ModelProfile.state_bytes``: weights frozen or not, a tensor tied under two
 names once per name, persistent buffers such as BatchNorm statistics), g_i (bytes of the
-parameters that train, ``requires_grad``), m_i (fixed bytes: params, each storage once, +
+parameters that train, ``requires_grad``), m_i (fixed bytes: params and buffers, each storage once, +
 grads and optimizer state of the trainable ones); a_k is the size of the tensor at boundary
 k (a_0 the input, a_k the output of block k-1). Cuts k_1 <= ... <= k_{T-1} <= E, where E = L, or
 E = u (the U-shape tail cut): tier t holds [k_t, k_{t+1}) with k_0 = 0 and

@@ -8,7 +8,9 @@ memory autograd keeps for backward (saved tensors, unique storages, parameters
 excluded); the input's bytes and dtype. Per block: parameter bytes (each storage once: two
 Parameters tied by ``.data`` are one weight in memory), trainable parameter bytes (``requires_grad``:
 what gets a gradient and optimizer state; a frozen parameter gets neither), fixed memory
-(parameters + gradients and optimizer state of the trainable ones) and state bytes (what the weight
+(parameters and buffers, each storage once, as a tier holds them (``engine.template.held_bytes``): a causal
+mask or BatchNorm's running statistics take memory too; + gradients and optimizer state of the trainable
+parameters) and state bytes (what the weight
 exchange sends for the block: every key of its state dict, a tied tensor under each of its names,
 persistent buffers such as BatchNorm statistics included). A block's backward is measured
 as training runs it: its input's gradient is computed only when a block before it has trainable
@@ -34,10 +36,12 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
@@ -50,10 +54,12 @@ from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 4  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+PROFILE_VERSION = 5  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
 # key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
-# exchange sends)
+# exchange sends); 5: fixed bytes hold the buffers (an older profile left a block's causal mask or running
+# statistics out of its memory, where a tier counts them) and the user's files the model's forward calls are
+# in the key of a user's model
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +77,7 @@ class ModelProfile:
     param_bytes: tuple[float, ...]
     out_bytes: tuple[float, ...]  # output activation, per sample
     act_bytes: tuple[float, ...]  # kept for backward, per sample
-    fixed_bytes: tuple[float, ...]  # params + (grads + optimizer state) of the trainable ones
+    fixed_bytes: tuple[float, ...]  # params and buffers + (grads + optimizer state) of the trainable params
     fwd_s: tuple[float, ...] = ()  # measured seconds per batch on ``host`` (may be empty)
     bwd_s: tuple[float, ...] = ()
     optimizer_slots: int = 1      # optimizer tensors per parameter (SGD momentum: 1, Adam: 2)
@@ -198,10 +204,12 @@ class ModelProfile:
                    optimizer_slots=optimizer_slots, train_bytes=train, state_bytes=state)
 
 
-def fixed_memory(param_bytes: float, train_bytes: float, optimizer_slots: int) -> float:
-    """A block's fixed memory: its parameters, and a gradient and ``optimizer_slots`` optimizer tensors for each
-    one that trains (the optimizer keeps no state for a parameter that never has a gradient)."""
-    return param_bytes + train_bytes * (1 + optimizer_slots)
+def fixed_memory(weight_bytes: float, train_bytes: float, optimizer_slots: int) -> float:
+    """A block's fixed memory: its weights (``weight_bytes``: its parameters and buffers, each storage once, as
+    a tier holds them: ``splitfed.engine.template.held_bytes``), and a gradient and ``optimizer_slots``
+    optimizer tensors for each parameter that trains (``train_bytes``; the optimizer keeps no state for a
+    parameter that never has a gradient)."""
+    return weight_bytes + train_bytes * (1 + optimizer_slots)
 
 
 def state_dict_bytes(module: torch.nn.Module) -> int:
@@ -214,28 +222,111 @@ _MEMORY: dict[str, ModelProfile] = {}
 
 
 def code_digest(spec: ModelSpec) -> str:
-    """What a user's model is now, beyond its name (empty for a zoo model, which is splitfed's code): the
-    source files that define its factory and the classes of its modules, and the model it builds (its modules
-    and their sizes, built on the meta device: no memory, no draws). A profile cached by name alone outlived
-    edits to the model (a wider layer, another block, a forward that does more) and priced the old one."""
+    """What a user's model is now, beyond its name (empty for a zoo model, which is splitfed's code). A profile
+    cached by name alone outlived edits to the model (a wider layer, another block, a forward that does more)
+    and priced the old one. The digest holds:
+
+    - the model it builds: its modules and their sizes (built on the meta device: no memory, no draws);
+    - the source files of the user's code it runs (:func:`_user_files`): the factory's module, the modules that
+      define the classes of its modules, and every module those reach through their globals, transitively (a
+      module imported by name, ``import helpers``; or a function or class imported from one, ``from helpers
+      import body``), which is where a forward's helper functions live. The walk stops at modules of Python's
+      installation (the standard library, site-packages or dist-packages), splitfed's and torch's (their
+      versions are not the user's edits; torch's is in the key), so the files are the same whatever else a
+      process has imported: a key is stable across processes, and an unrelated module beside the model does
+      not change it. A module imported only inside a function body is not reached (no global refers to it);
+      nor is code reached only through an object's attributes. A traced model's graph is made of the same
+      functions' code, so these files cover it too.
+
+    The files are read on each call (a profile asked for again after an edit in the same process, such as a
+    reload, gets a new key); the model is built once per version of them.
+    """
     from splitfed.models.zoo import ZOO, _import_factory, build
 
     if spec.name in ZOO:
         return ""
     factory = _import_factory(spec.name)
-    seen = (json.dumps(spec.to_dict(), sort_keys=True, default=str), id(factory), _file_digest(factory))
-    if seen in _CODE:  # profile_model asks per call: the build on meta is done once per factory and source
-        return _CODE[seen]
-    with torch.device("meta"):
-        model = build(spec)
-    h = hashlib.sha1(seen[2].encode())
-    for path in sorted({f for m in model.modules() if (f := _own_source(type(m)))}):
+    roots = {spec.name.partition(":")[0]}
+    if isinstance(getattr(factory, "__module__", None), str):
+        roots.add(factory.__module__)
+    files = _user_files(roots)
+    seen = (json.dumps(spec.to_dict(), sort_keys=True, default=str), id(factory), _file_digest(factory),
+            tuple((f, _file_digest(f)) for f in files))
+    if seen not in _CODE:  # profile_model asks per call: the build on meta is done once per factory and sources
+        with torch.device("meta"):
+            model = build(spec)
+        h = hashlib.sha1(seen[2].encode())
+        h.update(repr(model).encode())
+        for name, t in (*model.named_parameters(), *model.named_buffers()):
+            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.requires_grad}".encode())
+        own = [type(m) for m in model.modules() if _own_source(type(m))]
+        _CODE[seen] = (h.hexdigest(), frozenset(c.__module__ for c in own), frozenset(_own_source(c) for c in own))
+    structure, modules, class_files = _CODE[seen]
+    h = hashlib.sha1(structure.encode())
+    for path in sorted({*_user_files(roots | modules), *class_files}):
         h.update(path.encode() + _file_digest(path).encode())
-    h.update(repr(model).encode())
-    for name, t in (*model.named_parameters(), *model.named_buffers()):
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.requires_grad}".encode())
-    _CODE[seen] = h.hexdigest()[:16]
-    return _CODE[seen]
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def _installed_dirs() -> tuple[str, ...]:
+    """The folders of Python's installation that hold no user's model code: the standard library and the
+    package folders (site-packages, dist-packages), and splitfed's own."""
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs |= {sysconfig.get_path(k, vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
+                                         "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
+             for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        dirs |= {*site.getsitepackages(), site.getusersitepackages()}
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    dirs.add(str(Path(__file__).resolve().parents[1]))  # splitfed
+    return tuple(sorted(os.path.realpath(d) + os.sep for d in dirs if d))
+
+
+_NOT_USERS = {"torch", "splitfed", "builtins"}  # by name: a source checkout of torch is not walked either
+
+
+def _is_users_file(path: str) -> bool:
+    real = os.path.realpath(path)
+    parts = Path(real).parts
+    return ("site-packages" not in parts and "dist-packages" not in parts
+            and not real.startswith(_installed_dirs()))
+
+
+def _user_files(roots: set[str]) -> list[str]:
+    """The source files of the user's modules ``roots`` and of every user's module they reach through their
+    globals (a module object, or a function or class by its ``__module__``), sorted: see :func:`code_digest`.
+    A root without a file (a notebook's module) is walked; another module without one (built in) is not."""
+    todo = [(n, True) for n in sorted(roots)]
+    walked: set[str] = set()
+    files: set[str] = set()
+    while todo:
+        name, root = todo.pop()
+        mod = sys.modules.get(name)
+        if name in walked or mod is None or name.partition(".")[0] in _NOT_USERS:
+            continue
+        walked.add(name)
+        path = getattr(mod, "__file__", None)
+        if isinstance(path, str) and path:
+            if not _is_users_file(path):
+                continue
+            files.add(path)
+        elif not root:
+            continue
+        try:
+            values = list(vars(mod).values())
+        except TypeError:  # an object in sys.modules without a __dict__
+            continue
+        for value in values:
+            if isinstance(value, types.ModuleType):
+                todo.append((value.__name__, False))
+            elif isinstance(value, type | types.FunctionType) and isinstance(value.__module__, str):
+                todo.append((value.__module__, False))
+    return sorted(files)
 
 
 def _file_digest(obj: object) -> str:
@@ -258,7 +349,9 @@ def _own_source(cls: type) -> str:
         return ""
 
 
-_CODE: dict[tuple[str, int, str], str] = {}
+# (spec, factory, its file's digest, the user's files and digests) -> (structure digest, the modules and the files
+# of the model's own classes)
+_CODE: dict[tuple[str, int, str, tuple[tuple[str, str], ...]], tuple[str, frozenset[str], frozenset[str]]] = {}
 
 
 def _key(spec: ModelSpec, batch: int, optimizer_slots: int, where: torch.device) -> str:
@@ -290,6 +383,12 @@ def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1,
     """
     if batch < 1:
         raise ConfigError(f"batch must be >= 1, got {batch}")
+    if batch == 1:
+        from splitfed.engine import template
+
+        if why := template.one_sample_error(spec):  # as verify refuses it: not a traceback from the measurement
+            raise ConfigError(f"batch 1: model {spec.name} cannot train on one sample ({why}); give a batch of 2 "
+                              "or more")
     reps = max(1, reps)
     where = compute.torch_device(str(torch_device), "torch_device")  # "cuda" -> cuda:N, and there
     if not use_cache:
@@ -474,7 +573,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             abytes.append(a_bytes / batch)
             gbwd.append(g_bwd / batch)
             gact.append(g_act / batch)
-            fixed.append(fixed_memory(p_bytes, t_bytes, slots))
+            fixed.append(fixed_memory(param_sizes([*params, *block.buffers()])[1], t_bytes, slots))
             fwd_s.append(statistics.median(tf))
             bwd_s.append(statistics.median(tb))
             x = _detach(out, grad=False)

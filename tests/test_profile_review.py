@@ -1,0 +1,243 @@
+"""Three defects of the profiler a review reproduced.
+
+1. The cache key of a user's model missed a helper function its forward calls from another file: an edit to
+   the helper kept the old profile (its FLOPs) in the cache.
+2. A block's fixed memory (the cost model's m_i) left out its buffers (a causal mask, BatchNorm's running
+   statistics), which a tier holds and counts (``template.held_bytes``).
+3. ``splitfed profile --batch 1`` of a model with BatchNorm crashed with a traceback, where ``verify``
+   refuses a batch of one sample in one line.
+
+The models of 2 and 3 are defined here and loaded by ``module:factory`` path, as a user's would be.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from splitfed.cli import main
+from splitfed.engine import template
+from splitfed.engine.types import OptimConfig
+from splitfed.errors import ConfigError
+from splitfed.models.zoo import ModelSpec, resolve_spec
+from splitfed.profile import profiler as profiler_mod
+from splitfed.profile.profiler import code_digest, profile_model
+
+torch.set_num_threads(1)
+
+T = 512  # the causal mask is T x T float32: 1 MiB
+MASK_BYTES = T * T * 4
+
+
+# ---------------------------------------------------------------- 1. a helper in another file
+
+
+NET = """\
+import torch.nn as nn
+import torch.nn.functional as F
+{import_line}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 32)
+        self.b = nn.Linear(32, 32)
+        self.d = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = F.relu(self.a(x))
+        h = F.relu({call}(h, self.b)) * 1.0
+        return self.d(h)
+
+
+def make():
+    return Net()
+"""
+ONCE = "def body(x, lin):\n    return lin(x)\n"
+THRICE = "def body(x, lin):\n    return lin(lin(lin(x)))\n"
+B_FLOPS = 2 * 32 * 32  # per sample, one pass through block b (Linear 32 -> 32)
+
+
+@pytest.fixture
+def user_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """Names of a model module and a helper module (fresh names: no other test's ``net`` in sys.modules),
+    written by the test into ``tmp_path``, which is on sys.path; both forgotten afterwards."""
+    tag = uuid.uuid4().hex[:8]
+    net, helpers = f"review_net_{tag}", f"review_helpers_{tag}"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    profiler_mod.clear_cache()
+    yield net, helpers
+    for name in (net, helpers, f"review_other_{tag}"):
+        sys.modules.pop(name, None)
+    profiler_mod.clear_cache()
+
+
+def _block_b_flops(spec: ModelSpec, cache: Path) -> float:
+    prof = profile_model(spec, batch=4, reps=1, cache_dir=cache)
+    return prof.fwd_flops[prof.names.index("b")]
+
+
+@pytest.mark.parametrize("style", ["import module", "from module import function"])
+def test_a_cached_profile_follows_an_edit_to_a_helper_the_forward_calls_from_another_file(
+        style: str, user_modules: tuple[str, str], tmp_path: Path) -> None:
+    """The model's file and its class are unchanged; only the helper its forward calls, in another file, is
+    edited (and reloaded, as in a notebook): the profile is measured again, not the cached one returned.
+    An unrelated module beside them, imported or edited, leaves the key as it was."""
+    net, helpers = user_modules
+    import_line, call = ((f"import {helpers}", f"{helpers}.body") if style == "import module"
+                         else (f"from {helpers} import body", "body"))
+    (tmp_path / f"{helpers}.py").write_text(ONCE)
+    (tmp_path / f"{net}.py").write_text(NET.format(import_line=import_line, call=call))
+    spec = resolve_spec(f"{net}:make", input_shape=(8,), num_classes=10)
+    cache = tmp_path / "cache"
+
+    assert _block_b_flops(spec, cache) == B_FLOPS
+    before = code_digest(spec)
+    other = net.replace("net", "other")  # in the same folder, imported by nobody the model uses
+    (tmp_path / f"{other}.py").write_text("X = 1\n")
+    importlib.import_module(other)
+    (tmp_path / f"{other}.py").write_text("X = 2\n")
+    assert code_digest(spec) == before  # not the model's code: no new key
+
+    (tmp_path / f"{helpers}.py").write_text(THRICE)
+    importlib.reload(sys.modules[helpers])
+    if style != "import module":  # the name bound in the model's module is the old function: reload it too
+        importlib.reload(sys.modules[net])
+    assert code_digest(spec) != before
+    assert _block_b_flops(spec, cache) == 3 * B_FLOPS  # before: 1x, the stale profile from the cache
+    assert len(list(cache.iterdir())) == 2  # one cached profile per version of the helper
+    profiler_mod.clear_cache()
+    assert _block_b_flops(spec, cache) == 3 * B_FLOPS  # and from disk, as a new process reads it
+
+
+def test_the_profile_command_follows_an_edit_to_a_helper_in_a_new_process(tmp_path: Path) -> None:
+    """The reviewer's repro: ``splitfed profile`` run twice in its own processes, the helper edited between."""
+    (tmp_path / "net.py").write_text(NET.format(import_line="import helpers", call="helpers.body"))
+    env = {**os.environ, "SPLITFED_PROFILE_CACHE": str(tmp_path / "pc"), "PYTHONPATH": str(tmp_path)}
+
+    def flops(helper: str) -> float:
+        (tmp_path / "helpers.py").write_text(helper)
+        p = subprocess.run([sys.executable, "-m", "splitfed.cli", "profile", "--model", "net:make",
+                            "--input-shape", "8", "--reps", "1", "--json"], capture_output=True, text=True,
+                           timeout=300, env=env, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        d = json.loads(p.stdout)
+        return float(d["fwd_flops"][d["names"].index("b")])
+
+    assert flops(ONCE) == B_FLOPS
+    assert flops(THRICE) == 3 * B_FLOPS  # before: 2048, the cached profile of the first helper
+
+
+# ---------------------------------------------------------------- 2. buffers in fixed memory
+
+
+class CausalMix(nn.Module):
+    """nanoGPT-style: a causal mask kept as a (persistent) buffer."""
+
+    mask: torch.Tensor
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.register_buffer("mask", torch.tril(torch.ones(T, T)))
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        return self.lin(self.mask[:t, :t] @ x)
+
+
+def causal() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), CausalMix(), nn.Flatten(), nn.Linear(4 * 16, 10))
+
+
+def batchnorm() -> nn.Module:
+    """BatchNorm1d: running mean and variance (float32) and a step counter (int64) as buffers."""
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+
+SPECS = {"causal": ((4, 8), 10), "batchnorm": ((8,), 3)}
+
+
+def _spec(model: str) -> ModelSpec:
+    shape, classes = SPECS[model]
+    return resolve_spec(f"tests.test_profile_review:{model}", input_shape=shape, num_classes=classes)
+
+
+@pytest.mark.parametrize("slots", [0, 1, 2])
+@pytest.mark.parametrize("model", list(SPECS))
+def test_fixed_bytes_hold_the_buffers_as_a_tier_counts_them(model: str, slots: int) -> None:
+    """m_i is what a tier holds for the block: its parameters and buffers (``held_bytes``' first part, each
+    storage once), and a gradient and the optimizer's slots for each byte that trains (its second)."""
+    spec = _spec(model)
+    prof = profile_model(spec, batch=4, reps=1, optimizer_slots=slots, use_cache=False)
+    for i in range(prof.n_blocks):
+        weights, trains = template.held_bytes(spec, i)
+        assert prof.fixed_bytes[i] == weights + trains * (1 + slots), (model, i)
+    if model == "causal":
+        assert prof.fixed_bytes[1] >= MASK_BYTES  # before: 3264 B for the mask's block at 1 slot
+        assert prof.param_bytes[1] < MASK_BYTES  # a buffer is no parameter
+    else:
+        assert prof.fixed_bytes[1] == prof.param_bytes[1] * (2 + slots) + 16 * 4 * 2 + 8  # + mean, var, counter
+
+
+def _storages(ts: list[torch.Tensor]) -> int:
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())
+
+
+@pytest.mark.parametrize("model", list(SPECS))
+def test_fixed_bytes_are_what_a_tier_holds_after_a_step_buffers_included(model: str) -> None:
+    """A tier's copy of each block after a step with momentum: its parameters', buffers', gradients' and
+    optimizer state's storages add up to the profile's fixed bytes."""
+    optim = OptimConfig("sgd", momentum=0.9)
+    spec = _spec(model)
+    prof = profile_model(spec, batch=4, reps=1, optimizer_slots=optim.slots, use_cache=False)
+    blocks = template.copy_blocks(spec, 0, prof.n_blocks)
+    opts = [optim.build(list(blocks[i].parameters())) for i in range(prof.n_blocks)]
+    x = spec.example_input(4)
+    for i in range(prof.n_blocks):
+        x = blocks[i](x)
+    F.cross_entropy(x, torch.arange(4) % spec.num_classes).backward()
+    for i in range(prof.n_blocks):
+        params = list(blocks[i].parameters())
+        opt = opts[i]
+        if opt is not None:
+            opt.step()
+        state = [] if opt is None else [t for p in params for t in opt.state.get(p, {}).values()
+                                        if isinstance(t, torch.Tensor)]
+        held = (_storages([*params, *blocks[i].buffers()]) + _storages([p.grad for p in params if p.grad is not None])
+                + _storages(state))
+        assert held == prof.fixed_bytes[i], (model, i)
+
+
+# ---------------------------------------------------------------- 3. batch 1 with BatchNorm
+
+
+def test_a_batch_of_one_for_a_model_with_batchnorm_is_refused_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                                         tmp_path: Path) -> None:
+    """As ``verify`` refuses it (``template.one_sample_error``): a ConfigError, one line and exit code 2 from
+    the command, not a traceback from the measurement; a batch of 2 is profiled, and a model without
+    BatchNorm is profiled at batch 1."""
+    spec = _spec("batchnorm")
+    with pytest.raises(ConfigError, match=r"^batch 1: model .*batchnorm cannot train on one sample \(Expected"):
+        profile_model(spec, batch=1, reps=1, use_cache=False)
+    argv = ["profile", "--model", "tests.test_profile_review:batchnorm", "--input-shape", "8", "--num-classes", "3",
+            "--reps", "1", "--no-cache"]
+    assert main([*argv, "--batch", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert captured.err.startswith("splitfed profile: error: batch 1: ") and "give a batch of 2" in captured.err
+    assert main([*argv, "--batch", "2"]) == 0
+    assert "Linear" in capsys.readouterr().out
+    assert profile_model(_spec("causal"), batch=1, reps=1, use_cache=False).batch == 1
