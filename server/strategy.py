@@ -75,6 +75,7 @@ from splitfed.flower.records import (
 )
 from splitfed.profile.devices import LinkProfile
 from splitfed.profile.speed import SpeedMeasure
+from splitfed.sim.clock import finished_time
 from splitfed.transport.describe import PROTOCOL, this_version
 
 _SAMPLE_STREAM = 211  # derive_seed purpose of client sampling
@@ -334,6 +335,9 @@ class SplitFedAvg(FedAvg):
             for cid, why in rnd.why.items():  # what the round itself refused; node errors were logged above
                 log(WARNING, "%s dropped from round %d: %s", cid, server_round, why)
         record.failed = list(rnd.failed)
+        if record.failed and self.clock is not None and record.sim_round_s is not None:
+            record.sim_round_s = finished_time(self.clock, server_round, record.assignment, self._sampled,
+                                               self.previous, record.failed)
         record.tier_weight_bytes = [list(b) for b in rnd.weight_bytes]
         reasons = {**self._why, **rnd.why}
         record.why_failed = {c: reasons.get(c, "no reply before the round timeout") for c in rnd.failed}

@@ -238,6 +238,43 @@ def test_a_client_whose_training_raises_fails_alone_in_both_backends(monkeypatch
     assert err.value.exit_code == 1
 
 
+@pytest.mark.parametrize("mode", ["sflv1", "sl"])
+def test_a_round_a_client_failed_is_timed_for_the_clients_that_finished_in_both_backends(monkeypatch, tmp_path,
+                                                                                       mode):
+    """The clock priced every sampled client, the failed one too, while the row's bytes, clients and losses were
+    the others': a dropped straggler set the round's time (in sl its whole turn was added)."""
+    import splitfed.engine.rounds as rounds
+    from splitfed.errors import SplitfedError
+    from splitfed.sim.clock import fleet_for, make_clock
+    from splitfed.sim.inprocess import sim_clients, train_inprocess
+
+    s = BASE.with_(rounds=1, mode=mode, min_clients=2)
+
+    def crashes(msg, ctx):  # type: ignore[no-untyped-def]
+        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 2:
+            raise RuntimeError("the node crashed")
+        return clients.app.app(msg, ctx)
+
+    _run(monkeypatch, s.with_(out=str(tmp_path / "flower")), grid=FakeGrid(crashes, s.clients))
+    train = rounds.train_client
+
+    def raising(cfg, chain, cid, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if cid == "client2":
+            raise SplitfedError("the node crashed")
+        return train(cfg, chain, cid, *args, **kwargs)
+
+    monkeypatch.setattr(rounds, "train_client", raising)
+    train_inprocess(s.with_(out=str(tmp_path / "local")))
+    fleet = fleet_for(s)
+    done = [c for c in sim_clients(s, fleet) if c.client_id != "client2"]
+    cuts = {c.client_id: tuple(int(k) for k in s.cuts.removeprefix("static:").split("/")[c.partition_id].split(","))
+            for c in done}
+    want = make_clock(s, fleet)(1, cuts, done, {})
+    for name in ("flower", "local"):
+        (row,) = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert row["failed"] == ["client2"] and row["sim_round_s"] == want, (name, row["sim_round_s"], want)
+
+
 def test_a_diverged_global_model_stops_the_run_and_is_not_checkpointed(monkeypatch, tmp_path):
     """The main job at lr 100: after round 1 the global model's weights are finite, but its logits overflow
     (test loss NaN). The run stops there, in both backends, instead of failing every client of round 2;

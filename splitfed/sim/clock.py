@@ -10,7 +10,7 @@ fleet's drift applied for the round.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from splitfed.flower.config import RunSettings
@@ -47,3 +47,12 @@ def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
         return evaluate(sc, assignment, extra_s=moves).makespan_s
 
     return clock
+
+
+def finished_time(clock: Clock, round: int, assignment: Mapping[str, Cuts], clients: Sequence[ClientInfo],
+                  previous: Mapping[str, Cuts], failed: Collection[str]) -> float | None:
+    """The simulated time of a round its ``failed`` clients did not finish: the makespan of the ones that did,
+    as its bytes, clients and losses are theirs (a dropped straggler set the round's time, in sl and sflv2 its
+    whole turn was added). Both backends ask it, so their rows stay the same."""
+    done = [c for c in clients if c.client_id not in set(failed)]
+    return clock(round, {c.client_id: assignment[c.client_id] for c in done}, done, previous) if done else None

@@ -68,7 +68,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
         round_batches,
         test_data,
     )
-    from splitfed.sim.clock import fleet_for, make_clock
+    from splitfed.sim.clock import finished_time, fleet_for, make_clock
     from splitfed.transport.compress import get as codec
 
     s = settings
@@ -97,6 +97,8 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
         errors: dict[str, str] = {}  # a client whose training raised is dropped, as a node's error reply is
         state = drive(split, local_trainer(chain, batches, failed=errors), lost=errors)
         record.failed, record.why_failed = list(split.failed), {**errors, **split.why}
+        if record.failed and record.sim_round_s is not None:
+            record.sim_round_s = finished_time(clock, rnd, assignment, clients, previous, record.failed)
         record.tier_weight_bytes = [list(b) for b in split.weight_bytes]
         record.measurements = [Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s,
                                            r.bytes_up, r.bytes_down) for r in split.results]
