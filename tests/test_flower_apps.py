@@ -434,6 +434,24 @@ def test_optimizer_policies_run_and_resume_exactly(monkeypatch, tmp_path, cuts):
     assert all(r["sim_round_s"] > 0 for r in rows)
 
 
+def test_a_finished_adaptive_run_resumed_for_more_rounds_plans_them_as_one_run_would(monkeypatch, tmp_path):
+    """Its last round's decision kept every cut (no round left to repay a move), and the resumed rounds ran
+    those cuts: two phones 100x slower from round 2 stayed on their devices, rounds 3.3 s instead of 0.6 s."""
+    fleet = tmp_path / "drift.toml"
+    fleet.write_text('samples = 300\n[edge]\nprofile = "edge-server"\n[cloud]\nprofile = "cloud-gpu"\n'
+                     '[[device]]\nname = "phone"\nprofile = "phone-mid"\ncount = 2\n'
+                     '[[device.drift]]\nround = 2\nflops_scale = 0.01\n'
+                     '[[device]]\nname = "pi"\nprofile = "rpi4"\n')
+    s = BASE.with_(clients=3, rounds=3, cuts="adaptive", fleet=str(fleet), seed=2)
+    _run(monkeypatch, s.with_(out=str(tmp_path / "whole")))
+    _run(monkeypatch, s.with_(out=str(tmp_path / "part"), rounds=2))
+    _run(monkeypatch, s.with_(out=str(tmp_path / "part"), resume=True))
+    whole, part = ([json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+                   for n in ("whole", "part"))
+    assert whole[2]["moved"]  # the one run moves the phones' blocks after round 2
+    assert [(r["cuts"], r["sim_round_s"]) for r in part] == [(r["cuts"], r["sim_round_s"]) for r in whole]
+
+
 @pytest.mark.parametrize("tiers, u_shape, cuts", [(2, False, "static:2/4"), (3, True, "static:1,3,6/2,5,7")])
 def test_two_tiers_and_u_shape_equal_reference(monkeypatch, tmp_path, tiers, u_shape, cuts):
     s = BASE.with_(rounds=1, tiers=tiers, u_shape=u_shape, cuts=cuts, out=str(tmp_path))

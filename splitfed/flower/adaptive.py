@@ -230,6 +230,12 @@ class AdaptivePolicy:
     def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:
         if self.adapter is None:
             self._start(clients)
+            saved = self._saved or {}
+            if saved.get("rounds") == round - 1 < self.settings.rounds:
+                # a finished run resumed for more rounds: its last decision kept every cut ("last round", no
+                # round left to repay a move); decided again for the rounds now left, from what it had learned
+                assert self.adapter is not None
+                self.adapter.observe(round - 1, {})
         return {c.client_id: tuple(self.adapter.assignment[c.client_id]) for c in clients}
 
     def observe(self, round: int, measurements: Sequence[Measurement]) -> dict[str, Any]:
@@ -261,7 +267,8 @@ class AdaptivePolicy:
             return dict(self._saved or {})
         return {"assignment": {k: list(v) for k, v in self.adapter.assignment.items()},
                 "beliefs": {c.name: [c.device.flops, c.link.up, c.link.down, c.link.rtt]
-                            for c in self.adapter.belief.clients}}
+                            for c in self.adapter.belief.clients},
+                "rounds": self.settings.rounds}  # the horizon its decisions were made for
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._saved = state if state.get("assignment") else None
