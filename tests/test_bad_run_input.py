@@ -328,18 +328,25 @@ profile = "rpi4"
 """
 
 
+def _refused_static(tmp_path: Path, capsys: pytest.CaptureFixture[str], fleet_text: str, cuts: str,
+                    clients: int) -> tuple[Path, str]:
+    """``splitfed simulate`` of static ``cuts`` on a fleet file: refused (exit 2) with nothing written; the
+    fleet file and the refusal."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(fleet_text)
+    out = tmp_path / "run"
+    assert main(["simulate", "--fleet", str(fleet), "--cuts", f"static:{cuts}", "--clients", str(clients),
+                 "--rounds", "1", "--out", str(out)]) == 2
+    assert not out.exists()
+    return fleet, capsys.readouterr().err
+
+
 def test_static_cuts_a_device_cannot_hold_are_refused_naming_its_fleet_entry(tmp_path, capsys) -> None:
     """Before: simulate ran them and its clock priced rounds no such device could train, while
     ``splitfed optimize --static`` refused the same cuts (a static baseline that is physically impossible)."""
-    fleet = tmp_path / "mcu.toml"
-    fleet.write_text(_MCU_FLEET)
-    out = tmp_path / "run"
-    assert main(["simulate", "--fleet", str(fleet), "--cuts", "static:7,7", "--clients", "3", "--rounds", "1",
-                 "--out", str(out)]) == 2
-    err = capsys.readouterr().err
+    fleet, err = _refused_static(tmp_path, capsys, _MCU_FLEET, "7,7", 3)
     assert re.search(r"cuts 7,7 do not fit fleet device 'mcu' \((client\d, )*client\d\): they need 0\.775 MiB "
                      r"of its 0\.25 MiB", err), err
-    assert not out.exists()
     assert main(["optimize", "--model", "cnn", "--fleet", str(fleet), "--static", "7,7"]) == 2  # the same verdict
     assert "do not fit device 'mcu" in capsys.readouterr().err
     from splitfed.sim.runner import validate
@@ -352,16 +359,11 @@ def test_static_cuts_a_device_cannot_hold_are_refused_naming_its_fleet_entry(tmp
 def test_static_cuts_a_server_tier_cannot_hold_are_refused_too(tmp_path, capsys) -> None:
     """Only the devices were checked: cuts that overflowed the fleet's edge were simulated and timed without a
     word, while ``splitfed optimize --static`` called them infeasible."""
-    fleet = tmp_path / "tiny-edge.toml"
-    fleet.write_text('[edge]\nprofile = "edge-server"\nmemory_mb = 0.5\n[cloud]\nprofile = "cloud-gpu"\n'
-                     '[[device]]\nname = "pi"\nprofile = "rpi4"\ncount = 2\n')
-    out = tmp_path / "run"
-    assert main(["simulate", "--fleet", str(fleet), "--cuts", "static:0,7", "--clients", "2", "--rounds", "1",
-                 "--out", str(out)]) == 2
-    err = capsys.readouterr().err
+    fleet, err = _refused_static(tmp_path, capsys, '[edge]\nprofile = "edge-server"\nmemory_mb = 0.5\n[cloud]\n'
+                                 'profile = "cloud-gpu"\n[[device]]\nname = "pi"\nprofile = "rpi4"\ncount = 2\n',
+                                 "0,7", 2)
     assert re.search(r"cuts 0,7 overflow the fleet's edge: its segments of the 2 clients need 1\.53 MiB of its "
                      r"0\.5 MiB", err), err
-    assert not out.exists()
     from splitfed.sim.runner import validate
 
     validate(RunSettings(fleet=str(fleet), clients=2, rounds=1, cuts="static:7,7"))  # all on the devices: fits

@@ -433,10 +433,8 @@ def sample_classes(dataset: str) -> int | None:
     if ys is None:
         return None
     top, low = max(int(y.max()) for y in ys), min(int(y.min()) for y in ys)
-    if low < 0:
-        return None  # read_npz refuses them, naming the labels found
-    if top < 1:
-        return None  # every label 0 (a one-sample file, say): one output is no classifier, the model's own count
+    if low < 0 or top < 1:  # labels below 0 (read_npz refuses them, naming them); or every label 0 (a one-
+        return None  # sample file, say): one output is no classifier, so the model keeps its own count
     name = str(dataset).strip()
     if top >= MAX_CLASSES:
         raise ConfigError(f"dataset {name}: label {top} would give the model {top + 1:,} outputs; splitfed "

@@ -254,7 +254,7 @@ class Tier:
                 raise
             old = self._bindings.get(bkey)
             if old is not None:
-                self._unbind(bkey, old, "replaced by a new load")  # remembered only until the line below
+                self._unbind(bkey, old)  # bound again below: nothing to remember
             replica.users.add(spec.client_id)
             if self._replicas.get(rkey) is not replica:  # the old binding was its last user: held again
                 self.held += replica.held
@@ -501,12 +501,13 @@ class Tier:
             if b is not None:
                 self._unbind((run_id, client_id), b, "released by its coordinator")
 
-    def _unbind(self, bkey: tuple[str, str], b: _Binding, why: str) -> None:
+    def _unbind(self, bkey: tuple[str, str], b: _Binding, why: str | None = None) -> None:
         """Drop a binding; a later call for it is told ``why`` it is gone (the last GONE_KEPT remembered)."""
-        self._gone[bkey] = why
-        self._gone.move_to_end(bkey)
-        while len(self._gone) > GONE_KEPT:
-            self._gone.popitem(last=False)
+        if why is not None:
+            self._gone[bkey] = why
+            self._gone.move_to_end(bkey)
+            while len(self._gone) > GONE_KEPT:
+                self._gone.popitem(last=False)
         if b.holds_lock:
             b.holds_lock = False
             b.replica.lock.release()
