@@ -50,8 +50,10 @@ Per client, per round (prefix sums make each term O(1) per option):
   X = W / down_1 + W / up_1 + rtt_1  (only if W > 0; server replicas stay put)
 - round time (one client's batches run sequentially along the chain):
   R = sum_t C_t + sum_j (U_j + D_j) + X;  one batch: the same with S = B, n = 1.
-- memory on tier t: sum_{i in tier t} (m_i + B h_i); the device adds B a_0 (its
-  input batch) and its tail.
+- memory on tier t, holding blocks [a, b): sum_{i in [a, b)} (m_i + B h_i) - B sum_{a < i < b} s_i,
+  where s_i is the part of h_i that block i-1 keeps too (block i's input, saved by both: one tensor;
+  ``ModelProfile.shared_act_bytes``); the device adds B a_0 (its input batch), less B s_0 (block 0
+  keeps that batch) when it holds block 0, and its tail (with h'_i and s'_i when fed by the servers).
 
 The fleet's round, by variant (``mode``; one option per client, everything below
 is linear in that choice, so the optimizer minimises it exactly as a MILP):
@@ -408,7 +410,8 @@ class Scenario:
                 "grad_work": pre(grad_work), "grad_act": pre(p.grad_act_bytes),
                 "state": pre(p.state_bytes),  # what the weight exchange sends: every state-dict key, buffers too
                 "train": pre(p.train_bytes),  # the gradient rule (weights, frozen or not, travel: "state")
-                "act": pre(p.act_bytes), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
+                "act": pre(p.act_bytes), "shared": _pairs(p.shared_act, p.n_blocks),
+                "grad_shared": _pairs(p.grad_shared_act, p.n_blocks), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "itemsize": np.array(p.float_itemsize, dtype=float),  # 0: an integer tensor (token ids)
                 "move": np.asarray(p.state_bytes, dtype=float),  # optimizer state is not kept across rounds
                 "block_fixed": np.asarray(p.fixed_bytes, dtype=float)}
@@ -543,14 +546,39 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     batch_parts = np.concatenate([fwd_ps * B / speed, (per_sample - fwd_ps) * B / speed, batch_up, batch_down],
                                  axis=1)
 
-    act = B * (P["act"][edges[:, 1:]] - P["act"][edges[:, :-1]])
-    act[:, 0] += B * np.where(fed, P["grad_act"][L] - P["grad_act"][E], P["act"][L] - P["act"][E]) + B * P["bound"][0]
+    lo, hi = edges[:, :-1], edges[:, 1:]
+    act = B * (P["act"][hi] - P["act"][lo] - _within(P["shared"], lo, hi))
+    # the device: the head, its input batch (that the head's blocks keep too, counted once), and the tail: fed
+    # by the servers it keeps its own; fed by the head (k_1 = E) it goes on from it, one run of blocks [0, L)
+    head = np.where(fed, k[:, 0], L)
+    act[:, 0] = B * (P["act"][head] - _within(P["shared"], np.zeros(m, np.int64), head, batch=True)
+                     + np.where(fed, P["grad_act"][L] - P["grad_act"][E] - _within(P["grad_shared"], E, np.full(m, L)),
+                                0.0)
+                     + P["bound"][0])
     memory = (P["fixed"][edges[:, 1:]] - P["fixed"][edges[:, :-1]]) + act
     memory[:, 0] += P["fixed"][L] - P["fixed"][E]
     serial = [round_s[:, None]] if sc.in_turn else []
     shared = np.concatenate([flops[:, 1:], up_bytes[:, 1:], down_bytes[:, 1:], *serial], axis=1)
     return OptionTable(C, round_s, batch_s, batch_parts, exchange_s, dev_state, compute_s, flops, up_bytes,
                        down_bytes, up_s, down_s, memory, shared, memory[:, 0] <= client.device.memory, act)
+
+
+def _pairs(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
+    """2-D prefix sums of ``ModelProfile.shared_act``: ``P[r, c]`` sums the bytes of the pairs whose keeper
+    row (j + 1: row 0 is the input batch) is below r and whose block is below c."""
+    m = np.zeros((n + 2, n + 1))
+    for j, i, b in triples:
+        m[j + 2, i + 1] += b
+    return m.cumsum(axis=0).cumsum(axis=1)
+
+
+def _within(P: np.ndarray, lo: np.ndarray, hi: np.ndarray, batch: bool = False) -> np.ndarray:
+    """Per sample, the saved bytes blocks ``[lo, hi)`` of one tier keep twice (a block and one before it on
+    the tier, or the input batch if ``batch``: held once); 0 where ``lo >= hi``."""
+    first = np.minimum(lo, hi)
+    top = first + 1 - batch                              # keeper rows: lo..hi-1 (and the batch's)
+    got = P[hi + 1, hi] - P[top, hi] - P[hi + 1, first] + P[top, first]
+    return np.where(hi > lo, got, 0.0)
 
 
 def move_costs(sc: Scenario, client: Client, old: Sequence[int], options: np.ndarray | None = None) -> np.ndarray:

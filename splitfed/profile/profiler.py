@@ -5,7 +5,8 @@ it counts matmuls and convolutions, so a block of only pooling or activations
 costs ~0 FLOPs), the bytes and dtype of its output activation (what crosses a
 cut after it; the dtype decides what a link's codec sends), the activation
 memory autograd keeps for backward (saved tensors, unique storages, parameters
-excluded); the input's bytes and dtype. Per block: parameter bytes (each storage once: two
+excluded), and which of it a block keeps of a tensor a block before it keeps too (counted once on a tier that
+holds both: ``ModelProfile.shared_act``); the input's bytes and dtype. Per block: parameter bytes (each storage once: two
 Parameters tied by ``.data`` are one weight in memory), trainable parameter bytes (``requires_grad``:
 what gets a gradient and optimizer state; a frozen parameter gets neither), fixed memory
 (parameters and buffers, each storage once, as a tier holds them (``engine.template.held_bytes``): a causal
@@ -54,12 +55,13 @@ from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 5  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+PROFILE_VERSION = 6  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
 # key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
 # exchange sends); 5: fixed bytes hold the buffers (an older profile left a block's causal mask or running
 # statistics out of its memory, where a tier counts them) and the user's files the model's forward calls are
-# in the key of a user's model
+# in the key of a user's model; 6: the saved bytes two neighbouring blocks share recorded (an older profile
+# counted a boundary tensor once for each of the two blocks that keep it)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,15 @@ class ModelProfile:
     # those wherever a block before it trains. () (a synthetic profile, or an older one): those.
     grad_bwd_flops: tuple[float, ...] = ()
     grad_act_bytes: tuple[float, ...] = ()
+    # Per sample, what two blocks on one tier keep as one tensor, counted in both blocks' ``act_bytes``: a
+    # triple (j, i, bytes) says block i keeps, of its input, bytes that block j < i keeps too (the ReLU ending
+    # block j keeps its output; the conv starting block i = j + 1 keeps it as its input; a Flatten between them
+    # passes the same storage on). j = -1: the input batch, which the device holds anyway. j is the last block
+    # before i that keeps it, so the pair is one tensor whenever j and i are on one tier. ``grad_shared_act``
+    # is the same with every input needing a gradient (``grad_act_bytes``, a U-shape tail). () (a synthetic
+    # profile): none shared, every block's bytes its own.
+    shared_act: tuple[tuple[int, int, float], ...] = ()
+    grad_shared_act: tuple[tuple[int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -132,6 +143,8 @@ class ModelProfile:
                 raise ConfigError(f"profile of {self.model}: {f} has {len(v)} entries for {n} blocks")
             if any(not x >= 0 for x in getattr(self, f)):
                 raise ConfigError(f"profile of {self.model}: {f} has a negative or NaN entry")
+        for f, whole in (("shared_act", self.act_bytes), ("grad_shared_act", self.grad_act_bytes)):
+            object.__setattr__(self, f, _shared(self.model, f, getattr(self, f), whole))
         object.__setattr__(self, "names", tuple(self.names))
         object.__setattr__(self, "fwd_s", tuple(float(x) for x in self.fwd_s))
         object.__setattr__(self, "bwd_s", tuple(float(x) for x in self.bwd_s))
@@ -202,6 +215,28 @@ class ModelProfile:
                    tuple(act_bytes if act_bytes is not None else out_bytes),
                    tuple(fixed_memory(p, t, optimizer_slots) for p, t in zip(param_bytes, train, strict=True)),
                    optimizer_slots=optimizer_slots, train_bytes=train, state_bytes=state)
+
+
+def _shared(model: str, field: str, triples: Sequence[Sequence[float]],
+            act: Sequence[float]) -> tuple[tuple[int, int, float], ...]:
+    """``triples`` checked as ``ModelProfile.shared_act`` (see there) against each block's ``act`` bytes."""
+    out: list[tuple[int, int, float]] = []
+    per_block = [0.0] * len(act)
+    for t in triples:
+        try:
+            j, i, b = t
+            ok = float(j) == int(j) and float(i) == int(i) and -1 <= int(j) < int(i) < len(act) and float(b) >= 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"profile of {model}: {field} entry {t!r} is not (j, i, bytes) with -1 <= j < i < "
+                              f"{len(act)} and bytes >= 0")
+        out.append((int(j), int(i), float(b)))
+        per_block[int(i)] += float(b)
+    if any(s > a * (1 + 1e-9) for s, a in zip(per_block, act, strict=True)):
+        raise ConfigError(f"profile of {model}: {field} exceeds a block's activation bytes (a block shares more "
+                          "than it keeps)")
+    return tuple(out)
 
 
 def fixed_memory(weight_bytes: float, train_bytes: float, optimizer_slots: int) -> float:
@@ -428,11 +463,13 @@ def _read_cache(path: Path) -> ModelProfile | None:
     try:
         if not isinstance(d, dict):
             raise TypeError(f"a JSON {type(d).__name__}, not an object")
-        if any(f not in d for f in ("train_bytes", "state_bytes", "grad_bwd_flops", "grad_act_bytes")):
+        if any(f not in d for f in ("train_bytes", "state_bytes", "grad_bwd_flops", "grad_act_bytes",
+                                    "shared_act")):
             # measured before frozen parameters were told apart: it may price a frozen part as trainable (its
             # gradients, optimizer state and backward) and a weight tied by .data twice; or before state bytes
             # were: its weight exchange would price the parameters only (no buffer, a tie once); or before a
-            # U-shape tail's input gradient was: its tail would be priced without it; measured again
+            # U-shape tail's input gradient was: its tail would be priced without it; or before the bytes two
+            # blocks share were: a tier's activations would be priced high; measured again
             return None
         return ModelProfile.from_dict(d)
     except (ValueError, TypeError, ConfigError):
@@ -506,9 +543,28 @@ def _measure(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int,
         raise
 
 
-def _count(block: torch.nn.Module, xin: object, own: set[int]) -> tuple[object, int, int, int]:
-    """One forward and backward of ``block`` on ``xin``: (output, forward FLOPs, backward FLOPs, bytes of the
-    tensors autograd saves for backward, unique storages, the block's own parameters and buffers excluded)."""
+@dataclass(frozen=True)
+class _Count:
+    """One forward and backward of a block: its FLOPs and the bytes autograd saved for backward, with which
+    of them are its input's (per input tensor: the bytes of its storage if saved, else 0) and which of its
+    output tensors it saved or passes on from its input (a view: ``view_of``, the input tensor's index)."""
+
+    out: object
+    fwd_flops: int
+    bwd_flops: int
+    act_bytes: int
+    kept_in: tuple[int, ...]
+    kept_out: tuple[bool, ...]
+    view_of: tuple[int | None, ...]
+
+
+def _storages(x: object) -> list[int]:
+    return [t.untyped_storage().data_ptr() for t in _tensors(x)]
+
+
+def _count(block: torch.nn.Module, xin: object, own: set[int]) -> _Count:
+    """One forward and backward of ``block`` on ``xin``: FLOPs both ways and the tensors autograd saves for
+    backward (unique storages, the block's own parameters and buffers excluded)."""
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -522,7 +578,33 @@ def _count(block: torch.nn.Module, xin: object, own: set[int]) -> tuple[object, 
     f_flops = fc.get_total_flops()
     with FlopCounterMode(display=False) as fc:
         _backward(out)
-    return out, f_flops, fc.get_total_flops(), sum(saved.values())
+    # the saved storages are alive until the backward: none of them can have the address of ``out``'s or
+    # ``xin``'s (both still alive here) without being it
+    ins, outs = _storages(xin), _storages(out)
+    kept_in = tuple(saved[p] if p in saved and p and p not in ins[:q] else 0 for q, p in enumerate(ins))
+    view_of = tuple(ins.index(p) if p in ins and p else None for p in outs)
+    return _Count(out, f_flops, fc.get_total_flops(), sum(saved.values()), kept_in,
+                  tuple(bool(p) and p in saved for p in outs), view_of)
+
+
+class _Keepers:
+    """Which block last kept each tensor at the boundary being crossed, block after block: what makes the
+    triples of ``ModelProfile.shared_act``."""
+
+    def __init__(self, inputs: int, batch: bool) -> None:
+        self.last: list[int | None] = [-1 if batch else None] * inputs  # -1: the batch the device holds
+        self.shared: list[tuple[int, int, float]] = []
+
+    def cross(self, i: int, run: _Count, batch: int) -> None:
+        last = self.last + [None] * (len(run.kept_in) - len(self.last))
+        for q, b in enumerate(run.kept_in):
+            if b:
+                j = last[q]
+                if j is not None:
+                    self.shared.append((j, i, b / batch))
+                last[q] = i
+        self.last = [i if kept else (None if v is None else last[v])
+                     for kept, v in zip(run.kept_out, run.view_of, strict=True)]
 
 
 def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, reps: int,
@@ -538,6 +620,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
 
     names, fwd, bwd, pbytes, tbytes, sbytes, obytes, abytes, fixed, fwd_s, bwd_s, gbwd, gact = (
         [] for _ in range(13))
+    keepers = _Keepers(len(_tensors(x)), batch=True)  # as training runs the blocks
+    grad_keepers = _Keepers(len(_tensors(x)), batch=False)  # with an input gradient (a tail: never block 0's)
     trained = False  # a block so far has trainable parameters: the next block's input needs a gradient
     with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
@@ -547,7 +631,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             p_bytes = param_sizes(params)[1]
             t_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
             own = {p.untyped_storage().data_ptr() for p in [*params, *block.buffers()]}
-            out, f_flops, b_flops, a_bytes = _count(block, xin, own)
+            run = _count(block, xin, own)
+            out = run.out
             tf, tb = [], []
             for rep in range(reps + 1):  # the first run warms caches up and is not counted
                 xin = _detach(x, grad=trained)
@@ -560,19 +645,21 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
                     tf.append(t1 - t0)
                     tb.append(t2 - t1)
             # a U-shape tail's input always needs a gradient (the device sends it back up): its blocks as then
-            g_bwd, g_act = (b_flops, a_bytes) if trained else _count(block, _detach(x, grad=True), own)[2:]
+            grad_run = run if trained else _count(block, _detach(x, grad=True), own)
             block.zero_grad(set_to_none=True)
             names.append(blocks.names[i])
-            fwd.append(f_flops / batch)
-            bwd.append(b_flops / batch)
+            fwd.append(run.fwd_flops / batch)
+            bwd.append(run.bwd_flops / batch)
             pbytes.append(p_bytes)
             tbytes.append(t_bytes)
             sbytes.append(state_dict_bytes(block))
             obytes.append(_nbytes(out) / batch)
             dtypes.append(_dtype(out))
-            abytes.append(a_bytes / batch)
-            gbwd.append(g_bwd / batch)
-            gact.append(g_act / batch)
+            abytes.append(run.act_bytes / batch)
+            gbwd.append(grad_run.bwd_flops / batch)
+            gact.append(grad_run.act_bytes / batch)
+            keepers.cross(i, run, batch)
+            grad_keepers.cross(i, grad_run, batch)
             fixed.append(fixed_memory(param_sizes([*params, *block.buffers()])[1], t_bytes, slots))
             fwd_s.append(statistics.median(tf))
             bwd_s.append(statistics.median(tb))
@@ -583,7 +670,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
                         optimizer_slots=slots, spec=spec.to_dict(), reps=reps,
                         host=platform.node() + (f" ({compute.describe(where)})" if where.type != "cpu" else ""),
                         input_dtype=input_dtype, out_dtype=tuple(dtypes), train_bytes=tuple(tbytes),
-                        state_bytes=tuple(sbytes), grad_bwd_flops=tuple(gbwd), grad_act_bytes=tuple(gact))
+                        state_bytes=tuple(sbytes), grad_bwd_flops=tuple(gbwd), grad_act_bytes=tuple(gact),
+                        shared_act=tuple(keepers.shared), grad_shared_act=tuple(grad_keepers.shared))
 
 
 def clear_cache() -> None:

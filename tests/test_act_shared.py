@@ -1,0 +1,148 @@
+"""A tier's activation memory is what autograd keeps once for the blocks it runs together.
+
+Neighbouring blocks on one tier often keep one tensor between them: the ReLU ending block i keeps its output
+for backward and the conv starting block i+1 keeps the same tensor as its input. The profiler measures each
+block alone, so it records that shared part (``ModelProfile.shared_act_bytes``) and the cost model counts it
+once. The truth here is a run of each tier's segment as the engine runs it (``Segment``, its input as the
+tier takes it, the device's batch held), counting the unique storages autograd saves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from splitfed.cost import Scenario
+from splitfed.cost.model import option_table
+from splitfed.engine.template import trains_before
+from splitfed.errors import ConfigError
+from splitfed.models.blocks import make_segment
+from splitfed.models.zoo import ModelSpec, model_blocks, resolve_spec
+from splitfed.profile import Client, LinkProfile, TierProfile
+from splitfed.profile.profiler import ModelProfile, profile_model
+
+B = 4
+EDGE, CLOUD = TierProfile(1e10, 1e15), TierProfile(1e11, 1e15)
+LINK, EDGE_LINK = LinkProfile(1e6, 1e6, 0.01), LinkProfile(1e7, 1e7, 0.005)
+
+SPECS = {
+    "cnn": lambda: resolve_spec("cnn"),
+    "vgg11": lambda: resolve_spec("vgg11", width=0.125),
+    "resnet18": lambda: resolve_spec("resnet18", width=8),
+    "mlp": lambda: resolve_spec("mlp"),
+    "transformer": lambda: resolve_spec("transformer"),
+    "frozen_first": lambda: resolve_spec("tests.test_frozen_params:frozen_first", (6,), 3),
+    "tuple_between": lambda: resolve_spec("tests.own_models:tuple_between", (16,), 3),
+    "inplace_first": lambda: resolve_spec("tests.own_models:inplace_first", (16,), 3),
+}
+
+
+def _saved(run: object, own: set[int]) -> tuple[object, dict[int, int]]:
+    """``run()`` under a hook that records the storages autograd saves (data pointer -> bytes)."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in own:
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()  # type: ignore[operator]
+    return out, saved
+
+
+def _true_act(spec: ModelSpec, cuts: tuple[int, ...], u_shape: bool) -> list[float]:
+    """Per tier, the bytes autograd keeps for one step of ``B`` samples under ``cuts``, the device's input
+    batch counted once whoever keeps it."""
+    torch.manual_seed(0)
+    _, blocks = model_blocks(spec, seed=0)
+    for m in blocks.modules:
+        m.train()
+    L = len(blocks)
+    k = list(cuts[: len(cuts) - u_shape])
+    E = cuts[-1] if u_shape else L
+    edges = [0, *k, E]
+    own = {t.untyped_storage().data_ptr() for m in blocks.modules for t in [*m.parameters(), *m.buffers()]}
+    keep: list[object] = []  # every graph alive until all is counted: no storage address is reused
+    x = spec.example_input(B)
+    head = make_segment(blocks, 0, edges[1])
+    local = u_shape and edges[1] == E
+    tail = make_segment(blocks, E, L)
+
+    def device_run() -> object:
+        out = head(x)
+        return tail(out) if local else out
+
+    out, saved = _saved(device_run, own)
+    keep.append(out)
+    saved.setdefault(x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())  # the batch it holds
+    act = [float(sum(saved.values()))]
+    for a, b in itertools.pairwise(edges[1:]):
+        xin = out.detach()  # type: ignore[union-attr]
+        if trains_before(spec, a) and xin.is_floating_point():
+            xin.requires_grad_(True)  # as a tier takes it (Tier._input); Segment clones it then
+        out, saved = _saved(lambda s=make_segment(blocks, a, b), xin=xin: s(xin), own)
+        keep.append(out)
+        act.append(float(sum(saved.values())))
+    if u_shape and not local:
+        mid = out.detach().requires_grad_(True)  # type: ignore[union-attr]
+        out, saved = _saved(lambda: tail(mid), own)
+        keep.append(out)
+        act[0] += sum(saved.values())
+    return act
+
+
+def _predicted(prof: ModelProfile, cuts: np.ndarray, u_shape: bool) -> np.ndarray:
+    dev = Client("c", "c", TierProfile(1e9, 1e15), LINK, samples=B)
+    sc = Scenario(prof, (dev,), (EDGE, CLOUD), (EDGE_LINK,), batch=B, u_shape=u_shape)
+    return option_table(sc, dev, cuts).act_memory
+
+
+@pytest.mark.parametrize("model", sorted(SPECS))
+@pytest.mark.parametrize("u_shape", [False, True])
+def test_activation_memory_per_tier_is_what_its_segment_keeps(model: str, u_shape: bool) -> None:
+    """Every legal cut vector of each model (3 tiers, with and without the U-shape tail): the cost model's
+    activation memory of each tier equals the bytes its segments keep, run as the engine runs them."""
+    spec = SPECS[model]()
+    prof = profile_model(spec, batch=B, reps=1, use_cache=False)
+    dev = Client("c", "c", TierProfile(1e9, 1e15), LINK, samples=B)
+    options = Scenario(prof, (dev,), (EDGE, CLOUD), (EDGE_LINK,), batch=B, u_shape=u_shape).options
+    rng = np.random.default_rng(len(model) + u_shape)
+    rows = options if len(options) <= 40 else options[rng.choice(len(options), 40, replace=False)]
+    predicted = _predicted(prof, rows, u_shape)
+    for r, cuts in enumerate(rows):
+        truth = _true_act(spec, tuple(int(c) for c in cuts), u_shape)
+        assert predicted[r] == pytest.approx(truth, rel=1e-9, abs=1e-6), (model, tuple(cuts))
+
+
+def test_neighbouring_blocks_share_what_one_keeps_as_output_and_the_next_as_input() -> None:
+    """cnn: block 0 is conv + ReLU (the ReLU keeps its output), block 1 starts with a conv (it keeps its
+    input): the tensor between them is shared, in full; and block 0's conv keeps the input batch. mlp: a
+    Flatten (block 0, keeping nothing) passes the batch's storage to the Linear of block 1."""
+    prof = profile_model(SPECS["cnn"](), batch=B, reps=1, use_cache=False)
+    pairs = {(j, i): b for j, i, b in prof.shared_act}
+    assert pairs[(0, 1)] == prof.out_bytes[0] > 0
+    assert pairs[(-1, 0)] == prof.input_bytes
+    mlp = profile_model(SPECS["mlp"](), batch=B, reps=1, use_cache=False)
+    assert mlp.act_bytes[0] == 0 and (-1, 1, mlp.input_bytes) in mlp.shared_act
+    for p in (prof, mlp):
+        again = ModelProfile.from_dict(json.loads(json.dumps(p.to_dict())))
+        assert again.shared_act == p.shared_act and again.grad_shared_act == p.grad_shared_act
+
+
+@pytest.mark.parametrize("triples, why", [
+    ([[0, 0, 1.0]], "is not"), ([[-2, 1, 1.0]], "is not"), ([[0, 2, 1.0]], "is not"), ([[0, 1, -1.0]], "is not"),
+    ([[0, 1]], "is not"), ([["a", 1, 1.0]], "is not"), ([[0.5, 1, 1.0]], "is not"),
+    ([[0, 1, 60.0], [-1, 1, 50.0]], "exceeds a block's activation bytes")])
+def test_a_synthetic_profile_shares_nothing_and_a_malformed_pair_is_refused(triples: list, why: str) -> None:
+    syn = ModelProfile.synthetic([1e6, 2e6], [4000, 100], [1000, 500], input_bytes=800)
+    assert syn.shared_act == () and syn.grad_shared_act == ()
+    d = syn.to_dict()
+    d["shared_act"] = triples
+    with pytest.raises(ConfigError, match=f"shared_act .*{why}|shared_act {why}"):
+        ModelProfile.from_dict(d)
