@@ -24,6 +24,8 @@ from splitfed.commands._args import positive_int, shape
 from splitfed.jsonio import dumps
 
 if TYPE_CHECKING:
+    import torch
+
     from splitfed.models.zoo import ModelSpec
 
 SPEED_PASSES = 7  # --fleet-entry: measurements of the training rate, the fastest kept (see training_rate)
@@ -54,6 +56,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "training rate on --model (default cnn), timed here as a node of a run times itself (a "
                         f"batch of 32 on one thread, the fastest of {SPEED_PASSES} passes), its memory, and the "
                         "measured link")
+    p.add_argument("--torch-device", default="cpu", metavar="DEV",
+                   help="with --fleet-entry: time the training on cpu | cuda | cuda:N, as a node whose "
+                        "torch-device it is computes (a Jetson's GPU); its memory is then that device's")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for each tier")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -88,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--fleet-entry measures this host's link to its edge: give exactly one address")
     if args.fleet_entry is not None and (not args.fleet_entry or any(c.isspace() for c in args.fleet_entry)):
         raise ConfigError(f"--fleet-entry: a device name must be non-empty, without spaces, got {args.fleet_entry!r}")
+    if args.fleet_entry is not None:
+        from splitfed.engine.compute import torch_device
+
+        torch_device(args.torch_device)  # a GPU this host lacks is refused before any tier is asked
+    elif args.torch_device != "cpu":
+        raise ConfigError("--torch-device says where --fleet-entry times training: give it with --fleet-entry")
     spec = resolve_spec(args.model, args.input_shape, args.num_classes) if args.model else None
     rows: list[dict[str, Any]] = []
     infos: list[TierInfo] = []
@@ -136,23 +147,28 @@ def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> st
     """This host as a ``[[device]]``: its training rate on the model, its memory, its link to ``row``."""
     import psutil
 
+    from splitfed.engine.compute import describe, memory_bytes, torch_device
     from splitfed.models.zoo import resolve_spec
     from splitfed.profile.devices import DeviceProfile
     from splitfed.profile.fleet import device_entry
     from splitfed.units import MIB
 
     spec = resolve_spec(args.model or "cnn", args.input_shape, args.num_classes)
-    flops = training_rate(spec)
-    memory_mb = psutil.virtual_memory().total / MIB
+    where = torch_device(args.torch_device)
+    flops = training_rate(spec, where=where)
+    gpu = where.type == "cuda"
+    memory_mb = (memory_bytes(where) if gpu else psutil.virtual_memory().total) / MIB
     device = DeviceProfile(flops, memory_mb, row["up_mbps"], row["down_mbps"], row["rtt_ms"])
     to = f"to {row['name']} at {row['address']}"
     return device_entry(name, device, {
-        "flops": f"trains {spec.name} at this rate here (one thread, as a node times itself)",
-        "memory_mb": "this host's memory", "up_mbps": f"measured {to}", "down_mbps": f"measured {to}",
+        "flops": (f"trains {spec.name} at this rate on {describe(where)}, as a node with that torch-device times "
+                  "itself" if gpu else f"trains {spec.name} at this rate here (one thread, as a node times itself)"),
+        "memory_mb": f"the memory of {describe(where)}" if gpu else "this host's memory", "up_mbps": f"measured {to}", "down_mbps": f"measured {to}",
         "rtt_ms": f"measured {to}"})
 
 
-def training_rate(spec: ModelSpec, batch: int = 32, passes: int = SPEED_PASSES) -> float:
+def training_rate(spec: ModelSpec, batch: int = 32, passes: int = SPEED_PASSES,
+                  where: torch.device | None = None) -> float:
     """This host's training FLOP/s on ``spec``, measured as a node of a run measures itself at registration:
     :func:`splitfed.profile.speed.measure_speed` on a batch, on one thread as a virtual client computes, turned
     into FLOP/s with the cost model's FLOPs (:func:`~splitfed.profile.speed.measured_flops`, as the coordinator
@@ -160,7 +176,7 @@ def training_rate(spec: ModelSpec, batch: int = 32, passes: int = SPEED_PASSES) 
     the device can), and a rate too low by a stall would make the optimizer plan for a device that much
     slower. Of the measurements that timed the most blocks: a stall while blocks are added stops the adding
     early, and a measurement of fewer blocks (the first conv without its pooling) is not the same rate.
-    Torch's thread count is given back as it was."""
+    Torch's thread count is given back as it was. ``where``: the torch device a node computes on (cpu)."""
     import torch
 
     from splitfed.commands.profile import cache_dir
@@ -172,7 +188,7 @@ def training_rate(spec: ModelSpec, batch: int = 32, passes: int = SPEED_PASSES) 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        measures = [measure_speed(spec, x, reps=1) for _ in range(passes)]
+        measures = [measure_speed(spec, x, where, reps=1) for _ in range(passes)]
     finally:
         torch.set_num_threads(threads)
     profile = profile_model(spec, batch, reps=1, cache_dir=cache_dir())  # its FLOP counts only: no times used
