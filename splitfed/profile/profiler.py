@@ -30,7 +30,9 @@ fewer; a request for more measures again and keeps the better profile (see
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.machinery
 import inspect
 import json
 import logging
@@ -265,12 +267,14 @@ def code_digest(spec: ModelSpec) -> str:
     - the source files of the user's code it runs (:func:`_user_files`): the factory's module, the modules that
       define the classes of its modules, and every module those reach through their globals, transitively (a
       module imported by name, ``import helpers``; or a function or class imported from one, ``from helpers
-      import body``), which is where a forward's helper functions live. The walk stops at modules of Python's
+      import body``), which is where a forward's helper functions live; and every module their files import,
+      anywhere in them (an ``import helpers`` inside ``forward`` runs only when the model does, so such a module
+      is found by reading the file, imported or not). The walk stops at modules of Python's
       installation (the standard library, site-packages or dist-packages), splitfed's and torch's (their
       versions are not the user's edits; torch's is in the key), so the files are the same whatever else a
       process has imported: a key is stable across processes, and an unrelated module beside the model does
-      not change it. A module imported only inside a function body is not reached (no global refers to it);
-      nor is code reached only through an object's attributes. A traced model's graph is made of the same
+      not change it. Code reached only through an object's attributes, or imported by a name computed at run
+      time (``importlib.import_module(name)``), is not reached. A traced model's graph is made of the same
       functions' code, so these files cover it too.
 
     The files are read on each call (a profile asked for again after an edit in the same process, such as a
@@ -334,23 +338,28 @@ def _is_users_file(path: str) -> bool:
 
 def _user_files(roots: set[str]) -> list[str]:
     """The source files of the user's modules ``roots`` and of every user's module they reach through their
-    globals (a module object, or a function or class by its ``__module__``), sorted: see :func:`code_digest`.
-    A root without a file (a notebook's module) is walked; another module without one (built in) is not."""
+    globals (a module object, or a function or class by its ``__module__``) or import anywhere in their files,
+    sorted: see :func:`code_digest`. A root without a file (a notebook's module) is walked; another module
+    without one (built in) is not."""
     todo = [(n, True) for n in sorted(roots)]
     walked: set[str] = set()
     files: set[str] = set()
     while todo:
         name, root = todo.pop()
-        mod = sys.modules.get(name)
-        if name in walked or mod is None or name.partition(".")[0] in _NOT_USERS:
+        if name in walked or name.partition(".")[0] in _NOT_USERS:
             continue
         walked.add(name)
-        path = getattr(mod, "__file__", None)
+        mod = sys.modules.get(name)
+        path = getattr(mod, "__file__", None) if mod is not None else _locate(name)
         if isinstance(path, str) and path:
             if not _is_users_file(path):
                 continue
             files.add(path)
+            package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+            todo.extend((n, False) for n in _imports(path, package))
         elif not root:
+            continue
+        if mod is None:  # found by its file alone: its imports are all there is to follow
             continue
         try:
             values = list(vars(mod).values())
@@ -362,6 +371,62 @@ def _user_files(roots: set[str]) -> list[str]:
             elif isinstance(value, type | types.FunctionType) and isinstance(value.__module__, str):
                 todo.append((value.__module__, False))
     return sorted(files)
+
+
+def _locate(name: str) -> str | None:
+    """The source file of module ``name`` as an import would find it, without importing it (nor its
+    packages: their code runs nothing here); None if there is none."""
+    parts = name.split(".")
+    search: list[str] | None = None
+    origin: object = None
+    for i in range(len(parts)):
+        full = ".".join(parts[: i + 1])
+        mod = sys.modules.get(full)
+        if mod is not None:
+            origin = getattr(mod, "__file__", None)
+            search = list(getattr(mod, "__path__", None) or [])
+        else:
+            try:
+                spec = importlib.machinery.PathFinder.find_spec(full, search)
+            except (ImportError, ValueError, OSError):
+                return None
+            if spec is None:
+                return None
+            origin, search = spec.origin, list(spec.submodule_search_locations or [])
+        if i < len(parts) - 1 and not search:  # ``a.b`` where ``a`` is no package: b is a name, not a module
+            return None
+    return origin if isinstance(origin, str) and origin.endswith(".py") else None
+
+
+def _imports(path: str, package: str) -> list[str]:
+    """The modules the file at ``path`` (of ``package``) imports anywhere in it, by absolute name: for ``from
+    a import b``, ``a`` and ``a.b`` (b may be a module); read once per version of the file."""
+    key = (path, package, _file_digest(path))
+    if key not in _IMPORTS:
+        names: list[str] = []
+        try:
+            tree = ast.parse(Path(path).read_bytes(), path)
+        except (OSError, SyntaxError, ValueError):
+            tree = ast.Module(body=[], type_ignores=[])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    parts = a.name.split(".")
+                    names += [".".join(parts[: i + 1]) for i in range(len(parts))]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".") if package else []
+                    up = up[: len(up) - (node.level - 1)] if node.level - 1 <= len(up) else []
+                    base = ".".join([*up, *([base] if base else [])])
+                if base:
+                    names.append(base)
+                    names += [f"{base}.{a.name}" for a in node.names if a.name != "*"]
+        _IMPORTS[key] = sorted(set(names))
+    return _IMPORTS[key]
+
+
+_IMPORTS: dict[tuple[str, str, str], list[str]] = {}
 
 
 def _file_digest(obj: object) -> str:
