@@ -82,7 +82,7 @@ import psutil
 from splitfed import tomlio
 from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower import checkpoint, runfolder
-from splitfed.flower.config import RunSettings
+from splitfed.flower.config import RunSettings, app_config
 from splitfed.flower.metrics import summary_again
 
 BIN = Path(sys.executable).parent
@@ -467,9 +467,7 @@ class Deployment:
         app.mkdir()
         for pkg in ("server", "clients"):
             shutil.copytree(repo / pkg, app / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        defaults = {k.replace("_", "-"): v for k, v in RunSettings().to_dict().items()}
-        defaults["num-server-rounds"] = defaults.pop("rounds")
-        config = "\n".join(f"{k} = {tomlio.value(v)}" for k, v in defaults.items())
+        config = "\n".join(f"{k} = {tomlio.value(v)}" for k, v in app_config().items())  # as `flwr run .`
         (app / "pyproject.toml").write_text(
             '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
             '[project]\nname = "splitfed-app"\nversion = "0.1.0"\n'

@@ -240,6 +240,22 @@ class RunSettings:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
+# What a Flower App of splitfed runs when its run config does not say: RunSettings' defaults but these (the
+# optimizer's cuts on non-IID data, 2 clients as Flower's local SuperLink simulates 2 SuperNodes). The
+# repository's pyproject.toml lists them for ``flwr run .``, and ``server.deploy`` writes them into the app it
+# runs, so the two ways to deploy compute the same with the same flags (a test holds pyproject.toml to this).
+APP_DEFAULTS: dict[str, Any] = {"clients": 2, "partition": "dirichlet:0.5", "cuts": "adaptive"}
+
+
+def app_config() -> dict[str, Any]:
+    """A Flower App's ``[tool.flwr.app.config]``: every setting, by its dashed key (``num-server-rounds`` for
+    rounds), at :data:`APP_DEFAULTS` or RunSettings' default."""
+    settings = {**RunSettings().to_dict(), **APP_DEFAULTS}
+    out = {("num-server-rounds" if k == "rounds" else _key(k)): v for k, v in settings.items()}
+    RunSettings.from_mapping(out, source="the app's defaults")
+    return out
+
+
 def toml_table(path: str | Path) -> dict[str, Any]:
     """A config file's run settings: its ``[simulate]`` table, or the whole file when it has none."""
     p = Path(path)
