@@ -8,14 +8,16 @@ transport's codec), never in the engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from splitfed.engine.limits import MAX_DIMS
 from splitfed.engine.types import Reduced, ReduceItem, SegmentLoad, State, StepKey, StepReply
-from splitfed.errors import InvalidArgument
+from splitfed.errors import InvalidArgument, SplitfedError, TierError
 
 if TYPE_CHECKING:
     from splitfed.engine.tier import Tier
@@ -53,6 +55,9 @@ class TierControl(Protocol):
     def release(self, run_id: str, client_id: str, secret: str = "") -> None: ...
 
     def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced: ...
+
+
+log = logging.getLogger(__name__)
 
 
 def nbytes(t: torch.Tensor | None) -> int:
@@ -95,19 +100,40 @@ class InProcessLink:
         self.bytes_down += n
         return t
 
+    @contextmanager
+    def _internal(self, what: str) -> Iterator[None]:
+        """Anything else the tier raises (its segment's own forward failing on a batch, say) as the gRPC tier
+        answers it (INTERNAL, logged with its traceback): a TierError, so that client fails and the round goes
+        on, on either transport. Raised bare, it ended the whole in-process round instead."""
+        try:
+            yield
+        except SplitfedError:
+            raise
+        except Exception as e:
+            log.exception("tier %s: %s failed", self.tier.name, what)
+            raise TierError(f"tier {self.tier.name}: internal error in {what}: {type(e).__name__}: {e}") from e
+
     def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
         self.bytes_up += nbytes(labels)
-        reply = self.tier.step(key, self._up(activation), labels)
+        up = self._up(activation)
+        with self._internal("step"):
+            reply = self.tier.step(key, up, labels)
         reply.grad = self._down(reply.grad)
         return reply
 
     def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
-        out = self._down(self.tier.forward(key, self._up(activation)))
+        up = self._up(activation)
+        with self._internal("forward"):
+            mid = self.tier.forward(key, up)
+        out = self._down(mid)
         assert out is not None
         return out
 
     def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
-        return self._down(self.tier.backward(key, self._up(grad)))
+        up = self._up(grad)
+        with self._internal("backward"):
+            g = self.tier.backward(key, up)
+        return self._down(g)
 
     # control passes straight through
     def load(self, spec: SegmentLoad) -> None:

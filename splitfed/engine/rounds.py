@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,6 +66,7 @@ from splitfed.models.blocks import segment_bounds, validate_cuts
 from splitfed.models.zoo import ModelSpec
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -207,13 +209,14 @@ def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...]
     dev = Device(cfg.model, chain.link, run_id=cfg.run_id, client_id=cid, round=cfg.round, cuts=cuts,
                  state=state, u_shape=cfg.u_shape, optim=cfg.optim, seed=cfg.seed, torch_device=torch_device,
                  secret=cfg.secret_of(cid) if secret is None else secret)
-    losses, correct = [], 0
+    total, correct = 0.0, 0
     for x, y in batches:
         loss, c = dev.train_step(x, y)
-        losses.append(loss)
+        total += loss * int(x.shape[0])  # a batch's mean loss times its samples: a short last batch counts less
         correct += c
     up1, down1 = chain.bytes
-    return dev, ClientResult(cid, cuts, dev.samples, sum(losses) / max(1, len(losses)), correct,
+    # the mean over samples, as a round's train loss (its clients' losses weighted by their samples) reads it
+    return dev, ClientResult(cid, cuts, dev.samples, total / max(1, dev.samples), correct,
                              dev.compute_s, dev.link_s, up1 - up0, down1 - down0)
 
 
@@ -804,9 +807,10 @@ def drive(rnd: SplitRound, train: Trainer, lost: Mapping[str, str] | None = None
 def local_trainer(chain: Chain, data: Mapping[str, Batches], failed: dict[str, str] | None = None) -> Trainer:
     """Clients trained in this process over ``chain.link`` (the in-process form of the ClientApp).
 
-    A client whose training raises a :class:`SplitfedError` (a tier refused its step, a diverged loss)
-    fails the round for everyone, unless ``failed`` is given: then, as a ClientApp's error reply does,
-    it only drops that client, and ``failed`` gets the reason.
+    A client whose training raises (a tier refused its step, a diverged loss, its own model failed on a
+    batch) fails the round for everyone, unless ``failed`` is given: then, as a ClientApp's error reply
+    does in a Flower run, whatever it raised, it only drops that client, and ``failed`` gets the reason
+    (an error splitfed does not name is logged with its traceback, as Flower logs it).
     """
 
     def train(cfg: RoundConfig, cuts: Mapping[str, Cuts], weights: Mapping[str, State]) -> dict[str, Outcome]:
@@ -814,9 +818,11 @@ def local_trainer(chain: Chain, data: Mapping[str, Batches], failed: dict[str, s
         for cid, w in weights.items():
             try:
                 dev, res = train_client(cfg, chain, cid, cuts[cid], w, data[cid])
-            except SplitfedError as e:
+            except Exception as e:
                 if failed is None:
                     raise
+                if not isinstance(e, SplitfedError):
+                    log.exception("%s: training failed", cid)
                 failed[cid] = f"{type(e).__name__}: {e}"
                 continue
             out[cid] = Outcome(dev.state(), res)
