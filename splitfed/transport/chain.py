@@ -18,7 +18,14 @@ def grpc_chain(addresses: list[str], **client_kwargs: Any) -> Chain:
     """
     if not addresses:
         raise ConfigError("a gRPC chain needs at least one tier address")
-    clients = [GrpcTierClient(a, **client_kwargs) for a in addresses]
+    clients: list[GrpcTierClient] = []
+    try:
+        for a in addresses:
+            clients.append(GrpcTierClient(a, **client_kwargs))
+    except BaseException:  # a bad later address: the channels already open are closed, not left to the collector
+        for c in clients:
+            c.close()
+        raise
     return Chain(list(clients), clients[0])
 
 

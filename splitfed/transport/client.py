@@ -32,7 +32,13 @@ from splitfed.transport import codec as tc
 from splitfed.transport import wire
 from splitfed.transport.address import host_name, is_ip, look_up, parse_address
 from splitfed.transport.describe import PROTOCOL, TierInfo, this_version
-from splitfed.transport.errors import DeadlineExceeded, RpcFailed, TlsRefused, error_of
+from splitfed.transport.errors import (
+    DeadlineExceeded,
+    RpcFailed,
+    TlsRefused,
+    error_of,
+    sent_by_tier,
+)
 from splitfed.transport.pb import SERVICE, method, pb
 from splitfed.transport.security import TlsConfig, bearer, tls_refusal
 
@@ -106,6 +112,10 @@ class GrpcTierClient:
             raise ConfigError(f"deadline_s must be a positive number of seconds, got {deadline_s}")
         if insecure and tls is not None:
             raise ConfigError("insecure=True contradicts a TLS config: choose one")
+        if not (isinstance(retries, int) and retries >= 0):
+            raise ConfigError(f"retries must be a whole number >= 0, got {retries!r}")
+        if not (math.isfinite(backoff_s) and backoff_s >= 0):  # else the first retry's sleep raises ValueError
+            raise ConfigError(f"backoff_s must be a number of seconds >= 0, got {backoff_s}")
         parse_address(address, "tier address")
         self.address = address
         self.deadline_s = float(deadline_s)
@@ -167,13 +177,24 @@ class GrpcTierClient:
                             self.retried += 1
                         time.sleep(pause)
                         continue
-                raise self._error(code, details, what, tries, budget, end - time.monotonic()) from None
+                raise self._error(code, details, what, tries, budget, end - time.monotonic(),
+                                  by_tier=sent_by_tier(e)) from None
 
     def _error(self, code: grpc.StatusCode, details: str, what: str, tries: int, budget: float,
-               left: float = 0.0) -> TierError:
+               left: float = 0.0, by_tier: bool = False) -> TierError:
         """The error of a failed call; ``left``: seconds of the call's deadline still left, the most a TLS
-        diagnosis (:func:`~splitfed.transport.security.tls_refusal`) may take."""
+        diagnosis (:func:`~splitfed.transport.security.tls_refusal`) may take. ``by_tier``: the tier sent the
+        status itself (:func:`~splitfed.transport.errors.sent_by_tier`), so it says nothing of this side's
+        connection, TLS, token or deadline: a forwarding tier relays what its next tier said, already
+        diagnosed there, and a hint about this link would send the user to fix one that works."""
         where = f"tier {self.address}: {what}"
+        if by_tier:
+            if code == grpc.StatusCode.UNAVAILABLE:
+                return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}")
+            if code == grpc.StatusCode.NOT_FOUND and tries:
+                return NotFound(f"{where}: {details} (the tier was unreachable before: it may have restarted and "
+                                "lost this client's segment; load it again)")
+            return error_of(code, f"{where}: {details}")
         host, port = parse_address(self.address, "tier address")
         at, connect_to = "", ""
         if code == grpc.StatusCode.UNAVAILABLE and left > 0.05 and _took_no_connection(details):
@@ -420,7 +441,7 @@ class GrpcTierClient:
             self._probe(raw, timeout=self._budget(), metadata=self._metadata)
         except grpc.RpcError as e:
             code, details = _status(e)
-            raise self._error(code, details, "probe", 0, self._budget()) from None
+            raise self._error(code, details, "probe", 0, self._budget(), by_tier=sent_by_tier(e)) from None
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------ other

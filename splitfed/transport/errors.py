@@ -3,6 +3,9 @@
 The tier raises ``TierError`` subclasses whose ``code`` names a gRPC status;
 the server sends that status with the error's message, and the client raises
 the matching class again, so an error keeps its kind across any number of hops.
+A status the tier sends itself carries :data:`SENT_BY_TIER` in its trailing
+metadata: the client then knows it is the tier's word (its own refusal, or one
+its next tier gave it), not what gRPC says of this side's connection.
 """
 
 from __future__ import annotations
@@ -18,6 +21,17 @@ from splitfed.errors import (
     TierError,
     Unavailable,
 )
+
+SENT_BY_TIER = ("splitfed-sent-by-tier", "1")
+"""Trailing metadata of every status a tier's handler sends (not gRPC's own, nor the token check's)."""
+
+
+def sent_by_tier(e: grpc.RpcError) -> bool:
+    """Whether a failed call's status came from the tier's handler, not from gRPC or the network."""
+    try:
+        return SENT_BY_TIER in tuple(e.trailing_metadata() or ())
+    except Exception:  # noqa: BLE001 - an error without trailing metadata: not the tier's
+        return False
 
 
 class TlsRefused(Unavailable):

@@ -48,7 +48,7 @@ def round_trip_ms(client: GrpcTierClient, count: int, timeout: float) -> float:
 
 def bandwidth_mbps(client: GrpcTierClient, up: bool, count: int = 3, target_s: float = 0.25) -> float:
     """Megabit/s one way: the median of ``count`` probes of the largest payload tried, less an empty probe."""
-    most = client.limits.unary_bytes - (64 << 10)  # one message, with room for its framing
+    most = client.limits.unary_bytes  # one message: Limits.head_room leaves room for its framing
     size = min(START_BYTES, most)
     while True:
         took = statistics.median(client.probe(size, 0) if up else client.probe(0, size) for _ in range(count))

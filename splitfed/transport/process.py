@@ -105,8 +105,13 @@ class TierProcess:
             child_env["OMP_NUM_THREADS"] = str(threads)
         # a session of its own: a terminal's Ctrl-C goes to our process group, and a tier killed by it would leave
         # our stopping run retrying its releases against a dead tier; we stop it ourselves, and its stdin ties it to us
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=child_env, text=True, bufsize=1, start_new_session=True)
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=child_env, text=True, bufsize=1, start_new_session=True)
+        except BaseException:  # no child to reap it: the token's file must not outlive this call
+            if tmp_token:
+                Path(tmp_token).unlink(missing_ok=True)
+            raise
         log: collections.deque[str] = collections.deque(maxlen=200)
         lines: queue.Queue[str | None] = queue.Queue()
         tp = cls(proc, name, log, tmp_token)

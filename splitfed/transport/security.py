@@ -136,8 +136,14 @@ class TlsConfig:
         if leaf is not None and (dated := out_of_date(leaf)) is not None:
             said, todo = dated
             raise ConfigError(f"{names[0]} {self.cert} {said}: {todo}")
-        if ca is not None:
-            _pem_certificates(ca, self.ca, names[2])
+        if ca is not None:  # a CA file none of whose certificates is within its dates verifies no peer at all
+            anchors = _pem_certificates(ca, self.ca, names[2])
+            stale = [d for c in anchors if (d := out_of_date(c)) is not None]
+            if len(stale) == len(anchors):
+                said, todo = stale[0]
+                every = " (as is every certificate in it)" if len(stale) > 1 else ""
+                raise ConfigError(f"{names[2]} {self.ca} {said}{every}: {todo}; every peer's certificate "
+                                  "it signed is refused")
         if key is not None:
             private = _pem_key(key, self.key, names[1])
             if leaf is not None and _spki(private.public_key()) != _spki(leaf.public_key()):

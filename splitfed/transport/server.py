@@ -47,7 +47,7 @@ from splitfed.transport import wire
 from splitfed.transport.address import parse_address
 from splitfed.transport.client import DEADLINE, GrpcTierClient, server_options
 from splitfed.transport.describe import PROTOCOL, TierInfo
-from splitfed.transport.errors import PermissionDenied, status_of
+from splitfed.transport.errors import SENT_BY_TIER, PermissionDenied, status_of
 from splitfed.transport.pb import SERVICE, method, pb
 from splitfed.transport.security import TlsConfig, TokenInterceptor
 
@@ -288,6 +288,7 @@ class TierServicer:
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+        context.set_trailing_metadata((SENT_BY_TIER,))  # the tier's word: its caller adds no diagnosis of its own
         context.abort(code, details[:2000])
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -655,34 +656,36 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
         client = GrpcTierClient(next_address, tls=tls, token=next_token if next_token is not None else token,
                                 deadline_s=next_deadline_s, compress=next_compress, limits=limits)
         next_link = client
-    the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
-                                                  idle_release_s=idle_release_s,
-                                                  torch_device=dev)
-    try:
+    server: grpc.Server | None = None
+    try:  # whatever refuses to start, the next tier's channel (and a bound port) is let go of, not left to the GC
+        the_tier = tier if tier is not None else Tier(name, next=next_link, max_batch=max_batch,
+                                                      idle_release_s=idle_release_s,
+                                                      torch_device=dev)
         servicer = TierServicer(the_tier, limits, allowed_models, next=client, stream_idle_s=stream_idle_s,
                                 require_secret=bool(coordinator_token), stream_min_bytes_s=stream_min_bytes_s)
         interceptors = ([TokenInterceptor(token, on_refuse=servicer.count_refusal, coordinator=coordinator_token,
                                           control=[method(m) for m in CONTROL])]
                         if token or coordinator_token else [])
-    except ConfigError:
-        if client:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),
+                             interceptors=interceptors, options=server_options(limits),
+                             maximum_concurrent_rpcs=max_concurrent_rpcs)
+        server.add_generic_rpc_handlers((servicer.handler(),))
+        hs = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+        try:
+            port = (server.add_secure_port(listen, tls.server_credentials()) if tls
+                    else server.add_insecure_port(listen))
+        except RuntimeError as e:
+            raise ConfigError(f"cannot listen on {listen}: {e}") from None
+        if not port:
+            raise ConfigError(f"cannot listen on {listen}")
+        server.start()
+    except BaseException:
+        if server is not None:
+            server.stop(None)
+        if client is not None:
             client.close()
         raise
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tier-{name}"),
-                         interceptors=interceptors, options=server_options(limits),
-                         maximum_concurrent_rpcs=max_concurrent_rpcs)
-    server.add_generic_rpc_handlers((servicer.handler(),))
-    hs = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    try:
-        port = server.add_secure_port(listen, tls.server_credentials()) if tls else server.add_insecure_port(listen)
-    except RuntimeError as e:
-        if client:
-            client.close()
-        raise ConfigError(f"cannot listen on {listen}: {e}") from None
-    if not port:
-        raise ConfigError(f"cannot listen on {listen}")
-    server.start()
     for service in ("", SERVICE):
         hs.set(service, health_pb2.HealthCheckResponse.SERVING)
     served = TierServer(server, the_tier, port, f"{host}:{port}", hs, client, servicer)
