@@ -105,7 +105,7 @@ def test_min_device_blocks_keeps_raw_inputs_on_every_device(cuts):
     assert min(c[0] for c in free.values()) == 0  # the constraint below changes something
     s = base.with_(min_device_blocks=1)
     kept = make_policy(s).assign(1, clients)
-    assert min(c[0] for c in kept.values()) == 1
+    assert min(c[0] for c in kept.values()) >= 1
     assert make_clock(s, fleet_for(s))(1, kept, clients, {}) > 0  # the clock prices the same cut space
 
 
@@ -408,7 +408,7 @@ def test_metrics_are_strict_json_even_when_the_model_diverged(tmp_path):
     (["--resume", "/nonexistent/run"], "cannot resume"),
     (["--cuts", "static:2,5/0,4", "--min-device-blocks", "1"], "static cuts 0,4 leave 0 block(s) on the device"),
     (["--cuts", "adaptive", "--min-device-blocks", "8"], "no legal cut keeps 8 block(s) on the device"),
-    (["--cuts", "adaptive", "--fleet", "iot", "--clients", "10", "--min-device-blocks", "2"],
+    (["--cuts", "adaptive", "--fleet", "iot", "--clients", "10", "--min-device-blocks", "3"],
      "cannot train any legal cut"),
     (["--lr", "inf"], "learning rate must be a finite number > 0"),
     (["--momentum", "nan"], "momentum must be a finite number >= 0"),

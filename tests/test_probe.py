@@ -124,7 +124,7 @@ def test_fleet_entry_of_a_profile_without_a_measured_rate_is_refused_naming_why(
     monkeypatch.setattr(profiler, "profile_model", lambda *a, **k: untimed)
     monkeypatch.setenv("SPLITFED_PROFILE_CACHE", str(tmp_path))
     row = {"name": "edge", "address": "127.0.0.1:1", "up_mbps": 100.0, "down_mbps": 100.0, "rtt_ms": 1.0}
-    args = argparse.Namespace(model="cnn", input_shape=None, num_classes=None)
+    args = argparse.Namespace(model="cnn", input_shape=None, num_classes=None, torch_device="cpu")
     with pytest.raises(ConfigError, match="no training rate measured on this host") as e:
         _fleet_entry("lab-box", row, args)
     assert "missing 'flops'" not in str(e.value)
