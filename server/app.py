@@ -286,6 +286,9 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "bytes_down": rec.bytes_down,
         # the coordinator's weight traffic to each server tier and back (chain order): not in the cost model
         "tier_weight_bytes": [list(b) for b in rec.tier_weight_bytes],
+        # the devices' weight exchange, [to the devices, back]: over their links, beside bytes_up/bytes_down
+        # (activations and gradients); the cost model prices it (X in splitfed.cost.model)
+        "device_weight_bytes": list(rec.device_weight_bytes),
         "cuts": {cid: list(c) for cid, c in rec.assignment.items()},
         "moved": {cid: [list(a), list(b)] for cid, (a, b) in rec.moved.items()},
         "decision": rec.decision,

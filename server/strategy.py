@@ -102,6 +102,7 @@ class RoundRecord:
     moved: dict[str, tuple[Cuts, Cuts]] = field(default_factory=dict)  # client -> (cuts it last trained at, now)
     decision: dict[str, Any] | None = None  # what the policy decided after this round (adaptive: moves and why)
     tier_weight_bytes: list[list[int]] = field(default_factory=list)  # per server tier: [sent, received] bytes
+    device_weight_bytes: list[int] = field(default_factory=lambda: [0, 0])  # to the devices, and back
 
     @property
     def bytes_up(self) -> int:
@@ -339,6 +340,7 @@ class SplitFedAvg(FedAvg):
             record.sim_round_s = finished_time(self.clock, server_round, record.assignment, self._sampled,
                                                self.previous, record.failed)
         record.tier_weight_bytes = [list(b) for b in rnd.weight_bytes]
+        record.device_weight_bytes = list(rnd.device_bytes)
         reasons = {**self._why, **rnd.why}
         record.why_failed = {c: reasons.get(c, "no reply before the round timeout") for c in rnd.failed}
         record.measurements = [_measurement(r, self._speeds.get(r.client_id)) for r in rnd.results]

@@ -363,6 +363,7 @@ def run_record(run: Any, target: float | None = None) -> dict[str, Any]:
         "final_accuracy": run.final.accuracy, "best_accuracy": max(r.accuracy for r in run.rounds),
         "sim_time_s": run.sim_time[-1], "mean_round_s": run.sim_time[-1] / len(run.rounds),
         "bytes_up": sum(r.bytes_up for r in run.rounds), "bytes_down": sum(r.bytes_down for r in run.rounds),
+        "weight_bytes": run.weight_bytes,  # the devices' weight exchange, both ways
         "accuracy": [r.accuracy for r in run.rounds], "sim_round_s": [r.sim_round_s for r in run.rounds],
     }
     if target is not None:

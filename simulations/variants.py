@@ -59,7 +59,8 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
                for (v, s), r in zip(cases, runs, strict=True)]
     for rec in records:
         print(f"  {rec['variant']:<7} final accuracy {rec['final_accuracy']:.4f}  "
-              f"simulated time {rec['sim_time_s']:.2f}s  {(rec['bytes_up'] + rec['bytes_down']) / 1e6:.2f} MB")
+              f"simulated time {rec['sim_time_s']:.2f}s  activations {(rec['bytes_up'] + rec['bytes_down']) / 1e6:.2f} MB"
+              f"  weights {rec['weight_bytes'] / 1e6:.2f} MB")
     write_results(out, records)
     return {"variants": records, "figures": figures}
 

@@ -17,6 +17,7 @@ import torch
 
 import clients.app
 from splitfed.cli import main
+from splitfed.engine.rounds import device_state, initial_state, state_bytes
 from splitfed.engine.verify import max_abs_diff
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
@@ -56,6 +57,10 @@ def test_simulation_trains_and_equals_unsplit_fedavg(two_rounds):
         assert r["clients"] == 4 and r["failed"] == []
         assert r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["sim_round_s"] > 0
         assert r["cuts"] == {"client0": [1, 3], "client1": [2, 5], "client2": [0, 4], "client3": [3, 7]}
+        # the devices' weights went down and came back over Flower, counted as the in-process backend counts
+        sent = sum(state_bytes(device_state(initial_state(SETTINGS.spec, SETTINGS.seed), c, 7, False))
+                   for c in [(1, 3), (2, 5), (0, 4), (3, 7)])
+        assert r["device_weight_bytes"] == [sent, sent] and sent > 0
     assert rows[1]["accuracy"] > rows[0]["accuracy"] > 0.2  # 10 classes: chance is 0.1
     # what the user asked for is recorded, not the addresses and temporary token of the tiers started for it
     recorded = json.loads((out / "summary.json").read_text())["settings"]

@@ -289,6 +289,9 @@ class SplitRound:
         # per server tier, the weight bytes this round sent it (loads) and got back (fetches, means): the
         # coordinator's own traffic (the cost model does not price it)
         self.weight_bytes: list[list[int]] = [[0, 0] for _ in self.tiers]
+        # the devices' weight exchange this round: [sent (their segments' state, to each client of a group),
+        # received (each trained state that came back)]: over the devices' own links, as the cost model prices it
+        self.device_bytes: list[int] = [0, 0]
         self._staged: list[tuple[int, str]] = []  # (tier, base segment's id) loaded now (sflv1: see _stage)
         self._based: set[int] = set()  # the tiers whose base the clients' loads copy now
         # sl, sflv2: block -> (tier, holder) whose segment keeps the block's latest weights (see _keep); a block
@@ -329,6 +332,7 @@ class SplitRound:
                     self._collect(i for a, z in ([bounds[0], bounds[-1]] if cfg.u_shape else [bounds[0]])
                                   for i in range(a, z))
                 out[cid] = device_state(base, self.assignment[cid], self.n_blocks, cfg.u_shape)
+                self.device_bytes[0] += state_bytes(out[cid])
         finally:
             self._unstage()
         self._group = list(out)
@@ -495,6 +499,8 @@ class SplitRound:
         why, where the caller knows, e.g. a node's error reply; a failed round's message names it)."""
         for cid in self._group:
             out = outcomes.get(cid)
+            if out is not None:  # it came back over the device's link, kept or refused below
+                self.device_bytes[1] += state_bytes(out.state)
             if out is None and lost and cid in lost:
                 self.lost[cid] = lost[cid]
             if out is None or self._refused(cid, "device", out.state):

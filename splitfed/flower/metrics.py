@@ -146,9 +146,16 @@ def summarise(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) ->
         "bytes_down": sum(r.get("bytes_down", 0) for r in rows),
         # the coordinator's weight traffic with the server tiers, all rounds: [sent, received] per tier
         "tier_weight_bytes": _tier_weight_bytes(rows),
+        # the devices' weight exchange, all rounds: [to the devices, back]
+        "device_weight_bytes": [sum(_pair(r.get("device_weight_bytes"))[k] for r in rows) for k in (0, 1)],
         "failed_clients": sum(len(r.get("failed", [])) for r in rows),
         "settings": dict(settings),
     }
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    """A row's [sent, received] (rows older than the field have none: 0, 0)."""
+    return (int(v[0]), int(v[1])) if isinstance(v, list | tuple) and len(v) == 2 else (0, 0)
 
 
 def _tier_weight_bytes(rows: Sequence[Mapping[str, Any]]) -> list[list[int]]:

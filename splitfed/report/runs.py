@@ -6,8 +6,8 @@ plots, the Markdown summary, the terminal table and the experiment scripts all
 agree on what a round is. Required per round: ``round``, ``accuracy`` and
 ``sim_round_s`` (the cost model's makespan; a run without a simulated clock,
 i.e. a deployment, writes ``null`` and its ``measured_round_s`` is used); ``loss``, ``wall_s``, ``bytes_up``,
-``bytes_down`` and ``cuts`` (client -> cut vector, or a list in client order)
-default to empty. Unknown keys are kept in :attr:`RoundRow.extra`.
+``bytes_down`` (activations and gradients on the devices' links), ``device_weight_bytes`` ([to the devices,
+back]: their weight exchange) and ``cuts`` (client -> cut vector, or a list in client order) default to empty. Unknown keys are kept in :attr:`RoundRow.extra`.
 
 A run that stopped before its end has no ``summary.json`` (it is written last), and a
 crash can cut the last line of ``metrics.jsonl`` short (the rows before it are read,
@@ -43,7 +43,7 @@ from splitfed.flower.metrics import METRICS, SUMMARY, read_rows_cut
 from splitfed.jsonio import dumps, write_atomic, write_json
 
 REQUIRED = ("round", "accuracy", "sim_round_s")
-_KNOWN = {*REQUIRED, "loss", "wall_s", "bytes_up", "bytes_down", "cuts", "classes"}
+_KNOWN = {*REQUIRED, "loss", "wall_s", "bytes_up", "bytes_down", "device_weight_bytes", "cuts", "classes"}
 
 Cuts = tuple[int, ...]
 
@@ -59,6 +59,7 @@ class RoundRow:
     wall_s: float = math.nan
     bytes_up: int = 0
     bytes_down: int = 0
+    weight_bytes: int = 0  # the devices' weight exchange, both ways (``device_weight_bytes``)
     cuts: Mapping[str, Cuts] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -95,6 +96,11 @@ class Run:
     def cum_bytes(self) -> list[float]:
         """Bytes on the wire (up + down) at the end of each round."""
         return _cumsum(r.bytes_total for r in self.rounds)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The devices' weight exchange over the whole run, both ways."""
+        return sum(r.weight_bytes for r in self.rounds)
 
     @property
     def clients(self) -> list[str]:
@@ -157,9 +163,15 @@ def parse_row(obj: Mapping[str, Any], where: str = "row") -> RoundRow:
     for key in ("sim_round_s", "wall_s", "bytes_up", "bytes_down"):
         if num(key, 0) < 0:
             raise ConfigError(f"{where}: {key!r} must be >= 0, got {obj[key]!r}")
+    weights = obj.get("device_weight_bytes") or [0, 0]
+    if not (isinstance(weights, list) and len(weights) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in weights)):
+        raise ConfigError(f"{where}: 'device_weight_bytes' must be [sent, received], two integers >= 0, got "
+                          f"{_short(weights) if isinstance(weights, list) else repr(weights)[:80]}")
     return RoundRow(
         round=int(rnd), accuracy=num("accuracy"), sim_round_s=num("sim_round_s"), loss=num("loss"),
         wall_s=num("wall_s"), bytes_up=int(num("bytes_up", 0)), bytes_down=int(num("bytes_down", 0)),
+        weight_bytes=sum(weights),
         cuts=parse_cuts(obj.get("cuts", {}), where), extra={k: v for k, v in obj.items() if k not in _KNOWN},
     )
 

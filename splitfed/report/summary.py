@@ -16,7 +16,7 @@ from splitfed.report.runs import MEASURED, Run, clock_of, run_notes
 from splitfed.report.table import MB, format_value
 
 HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
-           "activation MB", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
+           "activation MB", "weight MB", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
 
 
 def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list[str], list[list[Any]]]:
@@ -31,7 +31,7 @@ def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list
         n = len(r.rounds)
         wall = [x.wall_s for x in r.rounds]
         row: list[Any] = [r.label, n, r.final.accuracy, max(x.accuracy for x in r.rounds), r.sim_time[-1],
-                          r.sim_time[-1] / n, r.cum_bytes[-1] / MB, sum(wall), r.status]
+                          r.sim_time[-1] / n, r.cum_bytes[-1] / MB, r.weight_bytes / MB, sum(wall), r.status]
         if target is not None:
             row += [r.time_to_target(target), r.rounds_to_target(target)]
         rows.append(row)
@@ -79,7 +79,7 @@ def summary_markdown(runs: Sequence[Run], target: float | None = None,
 # cost model's clock) or "measured" (a run without one: its measured round times); ``predicted_round_s``: what
 # the cost model predicted of a measured round before it ran
 ROUND_COLUMNS = ("run", "round", "accuracy", "loss", "sim_round_s", "sim_time_s", "wall_s", "bytes_up",
-                 "bytes_down", "bytes_total", "clients", "clock", "predicted_round_s")
+                 "bytes_down", "bytes_total", "clients", "clock", "predicted_round_s", "weight_bytes")
 
 
 def _number(v: Any) -> float | None:
@@ -113,6 +113,6 @@ def write_csv(runs: Sequence[Run], out: Path, target: float | None = None) -> tu
                 w.writerow([cell(v) for v in (r.label, row.round, row.accuracy, row.loss, row.sim_round_s, t,
                                               row.wall_s, row.bytes_up, row.bytes_down, row.bytes_total,
                                               len(row.cuts), "measured" if row.extra.get(MEASURED) else "sim",
-                                              _number(row.extra.get("predicted_round_s")))])
+                                              _number(row.extra.get("predicted_round_s")), row.weight_bytes)])
     return summary, rounds
 

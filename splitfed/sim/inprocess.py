@@ -100,6 +100,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
         if record.failed and record.sim_round_s is not None:
             record.sim_round_s = finished_time(clock, rnd, assignment, clients, previous, record.failed)
         record.tier_weight_bytes = [list(b) for b in split.weight_bytes]
+        record.device_weight_bytes = list(split.device_bytes)
         record.measurements = [Measurement(r.client_id, tuple(r.cuts), r.samples, r.compute_s, r.link_s,
                                            r.bytes_up, r.bytes_down) for r in split.results]
         total = sum(r.samples for r in split.results)
