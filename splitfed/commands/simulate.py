@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
 def _finished(settings: RunSettings) -> dict[str, Any] | None:
     """A resumed run whose checkpoint already holds its last round: its summary, with nothing started."""
     from splitfed.flower import checkpoint, runfolder
-    from splitfed.flower.metrics import summary_again
+    from splitfed.flower.metrics import METRICS, read_rows, summarise, summary_again
 
     if not settings.resume:
         return None
@@ -149,6 +149,13 @@ def _finished(settings: RunSettings) -> dict[str, Any] | None:
     done = ckpt.round
     if done < settings.rounds:
         return None
+    own = int(ckpt.settings.get("rounds", done))  # the rounds the run that is there was started for
+    if done < own:  # it ended part way: a --rounds below what it holds asks for nothing, and it stays unfinished
+        print(f"nothing to do: {settings.out} holds round {done} of its {own}, --rounds {settings.rounds} asks for "
+              f"no more (to train on: --resume {settings.out})", file=sys.stderr)
+        runfolder.check(settings.out, resume=True, overwrite=False)
+        rows = [r for r in read_rows(Path(settings.out) / METRICS) if int(r.get("round", 0)) <= done]
+        return summarise(rows, ckpt.settings)  # not written: a summary.json marks a run that finished
     print(f"nothing to do: {settings.out} already holds round {done} of {settings.rounds} "
           f"(to train on: --resume {settings.out} --rounds {done + 1} or more)", file=sys.stderr)
     runfolder.check(settings.out, resume=True, overwrite=False)  # no run writes there now

@@ -25,13 +25,13 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
-from splitfed.flower.metrics import METRICS, rows_kept
+from splitfed.flower.metrics import METRICS
 
 FILENAME = "checkpoint.pt"
 FORMAT = 2  # 2: the sha256 is always there (a format-1 file may lack it: written before it was kept)
@@ -51,6 +51,23 @@ class Checkpoint:
     # the run's key of its clients' binding secrets (RoundConfig.binding_key): a run resumed under its own name
     # derives the secrets the crashed one loaded with, so its loads may replace what it left on the tiers
     binding_key: str = field(default="", repr=False)
+
+
+def finished_rows(folder: str | Path) -> int:
+    """How many rounds a run folder's metrics say finished (0: none, or no file), counted as ``rows_kept`` counts
+    them, but a last row that a crash or a full disk cut short (no newline, not JSON) is no finished round: its
+    round has no checkpoint, and a run with only that row holds nothing to resume or to lose."""
+    path = Path(folder) / METRICS
+    if not path.is_file():
+        return 0
+    text = path.read_text(errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and not text.endswith("\n") and lines[-1].lstrip().startswith("{"):
+        try:
+            json.loads(lines[-1])
+        except ValueError:
+            return len(lines) - 1
+    return len(lines)
 
 
 def place(folder: str | Path) -> str:
@@ -80,12 +97,35 @@ def save(folder: str | Path, ckpt: Checkpoint) -> Path:
     """Write ``ckpt`` atomically; a disk that fails on the way is one :class:`RunFolderError` line, and the
     previous checkpoint is left whole."""
     folder = Path(folder)
+    kept = (folder / FILENAME).is_file()
     try:
         return _save(folder, ckpt)
     except OSError as e:
-        raise RunFolderError(f"cannot write the checkpoint in {folder}: {e.strerror or e} (the previous one, if "
-                             "any, is kept: free space or fix the folder, then continue with --resume "
-                             f"{folder})") from None
+        # without a previous checkpoint, round 1's row is there and its checkpoint is not: --resume refuses that
+        then = (f"the previous one is kept: free space or fix the folder, then continue with --resume {folder}"
+                if kept else "no round is kept yet: free space or fix the folder, then start the run over with "
+                "--overwrite")
+        raise RunFolderError(f"cannot write the checkpoint in {folder}: {e.strerror or e} ({then})") from None
+
+
+class _Writer:
+    """The file torch writes the checkpoint to. torch's zip writer turns an ``OSError`` raised by ``write``
+    (a full disk, mid-file) into a ``RuntimeError`` of its own ("unexpected pos ..."): the error is kept here
+    so that :func:`save` can say what happened."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return int(self.f.write(data))
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def _save(folder: Path, ckpt: Checkpoint) -> Path:
@@ -100,7 +140,13 @@ def _save(folder: Path, ckpt: Checkpoint) -> Path:
     tmp = folder / f".{FILENAME}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
-            torch.save(payload, f)
+            out = _Writer(f)
+            try:
+                torch.save(payload, cast(IO[bytes], out))  # torch calls write and flush only
+            except Exception:
+                if out.error is not None:  # torch's echo of the disk's error: the disk's is the one to say
+                    raise out.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -143,7 +189,7 @@ def load(folder: str | Path) -> Checkpoint:
     if not folder.exists():
         raise ConfigError(f"cannot resume: there is no folder {folder}")
     if not path.is_file():
-        kept = rows_kept(folder)
+        kept = finished_rows(folder)
         if kept:  # the rounds happened: the checkpoint was lost after (deleted, moved, a partial copy)
             raise ConfigError(f"cannot resume: {path} is missing, though {folder / METRICS} holds {kept} finished round(s): "
                               "put the checkpoint back, or start the run over with --overwrite")

@@ -54,10 +54,11 @@ _active: dict[Path, tuple[int, dict[str, Any]]] = {}  # folder -> (held lock fil
 def held_run(folder: str | Path) -> str:
     """What run ``folder`` holds, in words ("" if none): its finished rounds, or its files.
 
-    A run stopped before its first round ended leaves an empty ``metrics.jsonl`` and no
-    checkpoint: nothing to resume and nothing to lose, so that folder holds no run."""
+    A run stopped before its first round ended leaves an empty ``metrics.jsonl`` (or, cut short by a crash
+    or a full disk, round 1's row in part) and no checkpoint: nothing to resume and nothing to lose, so that
+    folder holds no run."""
     folder = Path(folder)
-    rounds = rows_kept(folder)
+    rounds = checkpoint.finished_rows(folder)
     if rounds:
         return f"{rounds} finished round(s)"
     return ", ".join(name for name in (SUMMARY, checkpoint.FILENAME) if (folder / name).is_file())
@@ -282,7 +283,7 @@ def _tidy(folder: Path, new: bool) -> None:
     is still held: a process that opened it just before fails to lock it, and one that comes after
     makes a new one."""
     metrics = folder / METRICS
-    if metrics.is_file() and metrics.stat().st_size == 0:
+    if metrics.is_file() and not checkpoint.finished_rows(folder):  # empty, or round 1's row cut short
         metrics.unlink()
     (folder / LOCK).unlink(missing_ok=True)
     if new:

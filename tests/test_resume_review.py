@@ -1,0 +1,158 @@
+"""Checkpoints, run folders and resuming: what a full disk, a crash or a resume asking for less leaves behind.
+
+- a full disk while the checkpoint is written is one line whatever byte it fails at (torch's zip writer
+  turned the disk's error into its own "unexpected pos" RuntimeError at most sizes);
+- a round-1 checkpoint that cannot be written does not send the user to a ``--resume`` that refuses;
+- a row cut short in round 1 (a crash or a full disk mid-append) is no finished round: the folder may be
+  run again, and is left tidy;
+- ``--resume DIR --rounds N`` below what a run that ended part way holds writes no summary, which would
+  make the run read ``finished``.
+
+The full disk is the kernel's own refusal (``RLIMIT_FSIZE``: EFBIG, the ``OSError`` a full disk gives) in a
+child process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import clients.app
+from splitfed.cli import main
+from splitfed.errors import ConfigError
+from splitfed.flower import checkpoint, runfolder
+from splitfed.flower.config import RunSettings
+from splitfed.flower.metrics import METRICS, SUMMARY
+from tests.flower_fixtures import FakeGrid, inprocess_tiers
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = RunSettings(rounds=4, clients=2, tiers=3, cuts="static:1,3", batch_size=64, seed=1)
+
+
+def _limited(folder: Path, code: str) -> list[str]:
+    """Run ``code`` in a child whose files may grow to ``limit(n)`` bytes at most (set before each try); each
+    line it prints comes back."""
+    script = textwrap.dedent("""
+        import resource, sys, torch
+        from pathlib import Path
+        from splitfed.errors import RunFolderError
+        from splitfed.flower import checkpoint
+        folder = Path(sys.argv[1])
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        def limit(n):
+            resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
+        g = torch.Generator().manual_seed(0)
+        def ckpt(rnd):
+            state = {"0.weight": torch.randn(64, 256, generator=g), "0.bias": torch.randn(64, generator=g),
+                     "1.weight": torch.randn(10, 64, generator=g)}
+            return checkpoint.Checkpoint(rnd, state, {"rounds": 5})
+    """) + textwrap.dedent(code)
+    out = subprocess.run([sys.executable, "-c", script, str(folder)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_a_full_disk_at_any_byte_of_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path):
+    """Before, most sizes raised torch's ``RuntimeError: [enforce fail at inline_container.cc:672] .
+    unexpected pos 7808 vs 7760`` out of the run instead of the disk's error."""
+    lines = _limited(tmp_path, """
+        checkpoint.save(folder, ckpt(1))
+        size = (folder / checkpoint.FILENAME).stat().st_size
+        for n in range(1000, size, 3000):
+            limit(n)
+            try:
+                checkpoint.save(folder, ckpt(2))
+                print("saved")
+            except RunFolderError as e:
+                print(e)
+            except Exception as e:
+                print("other:", type(e).__name__, e)
+            limit(hard)
+    """)
+    assert len(lines) > 10
+    assert not [line for line in lines if not line.startswith("cannot write the checkpoint")], lines
+    for line in lines:
+        assert line.startswith(f"cannot write the checkpoint in {tmp_path}: File too large (the previous one is "
+                               f"kept: free space or fix the folder, then continue with --resume {tmp_path})"), line
+    assert checkpoint.load(tmp_path).round == 1  # the last one, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint.FILENAME]  # no temporary file left
+
+
+def test_a_full_disk_at_the_first_checkpoint_says_no_round_is_kept(tmp_path):
+    """Round 1's row is written before its checkpoint: with none written, ``--resume`` refuses the folder
+    ("checkpoint.pt is missing, though metrics.jsonl holds 1 finished round(s)"), so the error must not
+    send the user there."""
+    (tmp_path / METRICS).write_text(json.dumps({"round": 1}) + "\n")
+    [line] = _limited(tmp_path, """
+        limit(2000)
+        try:
+            checkpoint.save(folder, ckpt(1))
+        except RunFolderError as e:
+            print(e)
+    """)
+    assert line == (f"cannot write the checkpoint in {tmp_path}: File too large (no round is kept yet: free space "
+                    "or fix the folder, then start the run over with --overwrite)")
+    with pytest.raises(ConfigError, match="start the run over with --overwrite"):  # what --resume says
+        checkpoint.load(tmp_path)
+
+
+def test_a_row_cut_short_in_round_1_is_no_finished_round(tmp_path):
+    """Before, a crash or a full disk while round 1's row was appended left a folder that the same command
+    refused ("already holds a run (1 finished round(s))") and ``--resume`` refused too ("checkpoint.pt is
+    missing, though metrics.jsonl holds 1 finished round(s): put the checkpoint back")."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / METRICS).write_text('{"round": 1, "accuracy": 0.3, "cuts": {"cli')  # no newline: cut short
+    assert runfolder.held_run(folder) == ""
+    runfolder.check(folder, resume=False, overwrite=False)
+    with pytest.raises(ConfigError, match=r"does not exist \(no round of that run finished"):
+        checkpoint.load(folder)
+    with runfolder.claim(folder, resume=False, overwrite=False):  # a run that ends before round 1 does
+        pass
+    assert not (folder / METRICS).exists() and not (folder / runfolder.LOCK).exists()  # nothing half left
+
+    (folder / METRICS).write_text('{"round": 1}\n{"round": 2}')  # whole rows, the last without its newline
+    assert checkpoint.finished_rows(folder) == 2 and runfolder.held_run(folder) == "2 finished round(s)"
+    (folder / METRICS).write_text("notes of my own")  # not a row: still the user's, not refused as empty
+    assert runfolder.held_run(folder) == "1 finished round(s)"
+
+
+def _stopped_after(folder: Path, rounds: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of ``SMALL`` stopped (Ctrl-C) right after round ``rounds``'s checkpoint was written."""
+    real = checkpoint.save
+
+    def save(where, ckpt):  # type: ignore[no-untyped-def]
+        path = real(where, ckpt)
+        if ckpt.round == rounds:
+            raise KeyboardInterrupt
+        return path
+
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1), monkeypatch.context() as m:
+        import server.app
+
+        m.setattr(checkpoint, "save", save)
+        with pytest.raises(KeyboardInterrupt):
+            server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(folder)),
+                           progress=lambda line: None)
+
+
+def test_a_resume_asking_fewer_rounds_of_a_run_that_ended_part_way_leaves_it_unfinished(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """Before, ``--resume DIR --rounds 1`` of a run stopped at round 2 of 4 wrote its summary.json, so
+    ``splitfed report`` read it ``finished``, and said to train on with ``--rounds 3 or more``."""
+    _stopped_after(tmp_path, 2, monkeypatch)
+    assert runfolder.status(tmp_path).state == "stopped"
+    rows = (tmp_path / METRICS).read_bytes()
+    assert main(["simulate", "--resume", str(tmp_path), "--rounds", "1", "--json"]) == 0
+    assert not (tmp_path / SUMMARY).exists() and (tmp_path / METRICS).read_bytes() == rows
+    assert runfolder.status(tmp_path).state == "stopped"
+    out = capsys.readouterr()
+    assert json.loads(out.out)["rounds"] == 2
+    assert f"nothing to do: {tmp_path} holds round 2 of its 4" in out.err
+    assert f"(to train on: --resume {tmp_path})" in out.err
