@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from splitfed.cli import Parser, script
-from splitfed.commands._args import batch_size, int_list, positive_int
+from splitfed.commands._args import batch_size, int_list, json_out, positive_int, zoo_model
 from splitfed.engine import compute, template
 from splitfed.engine.device import Device
 from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
@@ -44,14 +44,15 @@ PROG = "benchmarks/engine.py"
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="vgg11")
+    ap.add_argument("--model", type=zoo_model, default="vgg11", help="a zoo model (default vgg11)")
     ap.add_argument("--batch", type=batch_size, default=64)
     ap.add_argument("--cuts", type=int_list, default=(4, 10), help="device | edge | cloud cut points")
     ap.add_argument("--reps", type=positive_int, default=5, help="alternating rounds")
     ap.add_argument("--steps", type=positive_int, default=3, help="steps per round and side")
     ap.add_argument("--tier-torch-device", default="cpu", help="also time the split step with the server tiers "
                                                                 "on this device (e.g. cuda)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine.json"))
+    ap.add_argument("--out", type=json_out("engine.json"),
+                    default=str(Path(__file__).parent / "results" / "engine.json"))
     args = ap.parse_args(argv)
     try:
         tier_dev = compute.torch_device(args.tier_torch_device, "--tier-torch-device")

@@ -40,7 +40,7 @@ import scipy
 import torch
 
 from splitfed.cli import Parser, script
-from splitfed.commands._args import int_list
+from splitfed.commands._args import int_list, json_out
 from splitfed.cost.model import MODES, RoundCost, Scenario, option_table, parse_codec
 from splitfed.errors import SplitfedError
 from splitfed.jsonio import write_json
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-scaling", action="store_true", help="skip the solve-time table")
     ap.add_argument("--sweep", type=fleet_sizes, default=(60, 125, 250, 500, 1000, 2000, 5000),
                     help="fleet sizes of the contention sweep (comma-separated; empty: none)")
-    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--out", type=json_out("optimizer.json"), default=str(OUT))
     args = ap.parse_args(argv)
     return script(PROG, lambda: measure(args))
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from splitfed.cli import Parser, script
-from splitfed.commands._args import int_list, positive_int
+from splitfed.commands._args import int_list, json_out, positive_int
 from splitfed.jsonio import dumps, write_json
 
 PROG = "benchmarks/simulation.py"
@@ -159,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int_list, default=(10, 50, 100), help="fleet sizes, comma-separated")
     ap.add_argument("--rounds", type=positive_int, default=3)
-    ap.add_argument("--out", help="the JSON written (default benchmarks/results/simulation.json, with --accuracy "
-                                   "benchmarks/results/accuracy.json)")
+    ap.add_argument("--out", type=json_out("simulation.json"),
+                    help="the JSON written (default benchmarks/results/simulation.json, with --accuracy "
+                         "benchmarks/results/accuracy.json)")
     ap.add_argument("--accuracy", action="store_true",
                     help="instead, check accuracy: splitfed simulate (10 clients, 20 rounds, digits) against the "
                          "unsplit model trained centrally, target 0.93 (minutes)")

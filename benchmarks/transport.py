@@ -44,7 +44,7 @@ import grpc
 import torch
 
 from splitfed.cli import Parser, script
-from splitfed.commands._args import batch_size, positive_int
+from splitfed.commands._args import batch_size, json_out, positive_int
 from splitfed.jsonio import write_json
 
 MB = 1 << 20
@@ -311,7 +311,8 @@ def main() -> int:
     ap.add_argument("--skip-a", action="store_true", help="only (b) and (c) (no vgg11 training)")
     ap.add_argument("--no-malloc-tuning", action="store_true",
                     help="leave glibc's malloc as it is in every process (see splitfed.transport.memory)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "transport.json"))
+    ap.add_argument("--out", type=json_out("transport.json"),
+                    default=str(Path(__file__).parent / "results" / "transport.json"))
     args = ap.parse_args()
     return script(PROG, lambda: measure(args))
 

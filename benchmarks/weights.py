@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from splitfed.cli import Parser, script
-from splitfed.commands._args import positive_int
+from splitfed.commands._args import json_out, positive_int, zoo_model
 from splitfed.jsonio import write_json
 
 PROG = "benchmarks/weights.py"
@@ -40,10 +40,11 @@ PROG = "benchmarks/weights.py"
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="vgg11")
+    ap.add_argument("--model", type=zoo_model, default="vgg11", help="a zoo model (default vgg11)")
     ap.add_argument("--clients", type=positive_int, default=20)
     ap.add_argument("--reps", type=positive_int, default=3, help="rounds per side, alternating")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "weights.json"))
+    ap.add_argument("--out", type=json_out("weights.json"),
+                    default=str(Path(__file__).parent / "results" / "weights.json"))
     args = ap.parse_args(argv)
     return script(PROG, lambda: measure(args))
 

@@ -80,3 +80,32 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def model_spec(args: argparse.Namespace) -> ModelSpec:
     """The spec ``add_model_args``' flags name."""
     return resolve_spec(args.model, args.input_shape, args.num_classes, vocab=getattr(args, "vocab", None))
+
+
+def json_out(name: str) -> Callable[[str], str]:
+    """The type of a benchmark's ``--out``: the JSON file to write (``name``: the example its refusal gives),
+    refused when the flags are read if it cannot be written (a folder, or a path under a file), not with a
+    traceback once the measuring is done."""
+    from pathlib import Path
+
+    def out_file(text: str) -> str:
+        p = Path(text)
+        if p.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a folder: name the JSON file to write, e.g. {p / name}")
+        folder = next((a for a in p.parents if a.exists()), None)
+        if folder is not None and not folder.is_dir():
+            raise argparse.ArgumentTypeError(f"{folder} is not a folder, so {text} cannot be written")
+        return text
+
+    return out_file
+
+
+def zoo_model(text: str) -> str:
+    """A zoo model by name, where a ``module:factory`` one would need an input shape the command has no flag
+    for."""
+    from splitfed.models.zoo import ZOO
+
+    if text not in ZOO:
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}: this benchmark takes a zoo model: "
+                                         f"{', '.join(sorted(ZOO))}")
+    return text

@@ -1,0 +1,68 @@
+"""A walk through the README and the benchmarks as a new user: what it found wrong in the benchmarks.
+
+Every benchmark wrote its JSON only once it had measured everything, to whatever ``--out`` named: an
+``--out`` naming a folder (``--out benchmarks/results``) or a path under a file measured for minutes and
+then died with a traceback (IsADirectoryError, FileExistsError), its numbers lost. Now such an ``--out``
+is refused in one line, exit 2, before anything is measured.
+
+``engine.py`` and ``weights.py`` took ``--model module:factory`` and answered "give --input-shape", a flag
+neither has (and a misspelt zoo name was told to try 'module.path:factory'): they take zoo models only, and
+say so.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# each at its smallest size, so that before the fix the test failed in seconds to a minute, not an hour
+QUICK = {
+    "engine": ["--model", "cnn", "--batch", "2", "--cuts", "2,4", "--reps", "1", "--steps", "1"],
+    "weights": ["--model", "cnn", "--clients", "2", "--reps", "1"],
+    "transport": ["--skip-a", "--reps-b", "1"],
+    "optimizer": ["--no-scaling", "--sweep", ""],
+    "simulation": ["--clients", "1", "--rounds", "1"],
+}
+
+
+def refused(name: str, out: Path) -> str:
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *QUICK[name], "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2, p.stdout[-1000:] + p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"benchmarks/{name}.py: error: argument --out: "), p.stderr[-2000:]
+    assert p.stdout == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", sorted(QUICK))
+def test_an_out_that_is_a_folder_is_refused_before_measuring(tmp_path: Path, name: str) -> None:
+    line = refused(name, tmp_path)
+    assert f"{tmp_path} is a folder" in line and str(tmp_path / f"{name}.json") in line
+    assert list(tmp_path.iterdir()) == []  # nothing written there, not even a temporary file
+
+
+@pytest.mark.parametrize("name", sorted(QUICK))
+def test_an_out_under_a_file_is_refused_before_measuring(tmp_path: Path, name: str) -> None:
+    (tmp_path / "old.json").write_text("{}")
+    line = refused(name, tmp_path / "old.json" / "new.json")
+    assert f"{tmp_path / 'old.json'} is not a folder" in line
+    assert (tmp_path / "old.json").read_text() == "{}" and [p.name for p in tmp_path.iterdir()] == ["old.json"]
+
+
+@pytest.mark.parametrize("name", ["engine", "weights"])
+@pytest.mark.parametrize("model", ["mymodels:make_net", "vgg12"])
+def test_a_model_the_benchmark_cannot_build_names_the_ones_it_can(tmp_path: Path, name: str, model: str) -> None:
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--model", model,
+                        "--out", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", p.stderr[-2000:]
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith(f"benchmarks/{name}.py: error: argument --model: unknown model {model!r}: ")
+    assert "--input-shape" not in line and "module.path:factory" not in line
+    assert "cnn, mlp, mobilenetv2, resnet18, transformer, vgg11" in line
+    assert list(tmp_path.iterdir()) == []
