@@ -85,12 +85,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def script(prog: str, body: Callable[[], int | None]) -> int:
     """A script's ``main`` (the benchmarks) under the command's rules: a :class:`SplitfedError` is one line
-    and its exit code, Ctrl-C one line and 130, rather than a traceback."""
+    and its exit code, Ctrl-C one line and 130, a reader of its output gone (``| head``) the quiet 141 of a
+    command, rather than a traceback."""
     try:
-        return int(body() or 0)
+        code = int(body() or 0)
+        sys.stdout.flush()  # here, not at the interpreter's exit, where a closed pipe is a message and rc 120
+        return code
     except SplitfedError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        if not _stdout_gone():  # a socket's or a child's pipe: a failure to show
+            raise
+        _stdout_to_devnull()
+        return STDOUT_CLOSED
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

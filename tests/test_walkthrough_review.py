@@ -66,3 +66,26 @@ def test_a_model_the_benchmark_cannot_build_names_the_ones_it_can(tmp_path: Path
     assert "--input-shape" not in line and "module.path:factory" not in line
     assert "cnn, mlp, mobilenetv2, resnet18, transformer, vgg11" in line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("unbuffered", [True, False])
+def test_a_benchmark_whose_reader_closes_early_ends_quietly(tmp_path: Path, unbuffered: bool) -> None:
+    """``benchmarks/weights.py ... | head -1``: before, a BrokenPipeError traceback and rc 1 (or, buffered,
+    a message at the interpreter's exit and rc 120); now the quiet 141 of a splitfed command."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    out = tmp_path / "o.json"
+    try:
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "weights.py"), "--model", "cnn", "--clients",
+                            "2", "--reps", "1", "--out", str(out)], stdout=write, stderr=subprocess.PIPE, text=True,
+                           timeout=600, env=env, cwd=ROOT)
+    finally:
+        os.close(write)
+    assert (p.returncode, p.stderr) == (141, ""), p.stderr[-2000:]
