@@ -399,7 +399,7 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
     try:
         with _interrupts():
             cfg = load_config(args.config, config_cls)
-            with output_folder(out, args.overwrite, args.resume), _resuming(args.resume):
+            with output_folder(out, args.overwrite, args.resume, name), _resuming(args.resume):
                 print(f"{name}: config {args.config}; {'continuing in' if args.resume else 'writing to'} {out}",
                       flush=True)
                 t0 = time.perf_counter()
@@ -419,6 +419,16 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
     return 0
 
 
+def _experiment_of(results: Path) -> str:
+    """The experiment whose ``results.json`` this is ("" if none can be read)."""
+    try:
+        obj = json.loads(results.read_text())
+    except (OSError, ValueError):
+        return ""
+    name = obj.get("experiment") if isinstance(obj, dict) else None
+    return name if isinstance(name, str) else ""
+
+
 _ASIDE = ".replaced-"  # where --overwrite keeps the results it replaces until the experiment writes anything
 
 
@@ -435,11 +445,12 @@ def _resuming(resume: bool) -> Iterator[None]:
 
 
 @contextmanager
-def output_folder(out: Path, overwrite: bool, resume: bool = False) -> Iterator[Path]:
+def output_folder(out: Path, overwrite: bool, resume: bool = False, name: str = "") -> Iterator[Path]:
     """Hold ``out`` for one experiment (as a run holds its run folder), refusing one that holds an earlier
     experiment's results unless ``overwrite`` (which moves them aside, and removes them once the experiment
     has written anything: no stale ``results.json`` beside new runs, and a config refused before anything ran
-    costs nothing) and one that holds anything an experiment does not write (a run folder, say)."""
+    costs nothing) and one that holds anything an experiment does not write (a run folder, say). ``resume``
+    continues the experiment ``name`` only: the results of another are refused, naming it."""
     from splitfed.flower import runfolder
 
     if out.exists() and not out.is_dir():
@@ -455,6 +466,10 @@ def output_folder(out: Path, overwrite: bool, resume: bool = False) -> Iterator[
         if RUNS not in held:
             raise ConfigError(f"--resume: --out {out} holds no experiment's runs to continue: leave --resume out to "
                               "start one there")
+        other = _experiment_of(out / RESULTS)
+        if name and other and other != name:
+            raise ConfigError(f"--resume: --out {out} holds the results of experiment {other!r}, not {name!r}: "
+                              "continue it with its own script, or choose another --out")
         with runfolder.claim(out, resume=False, overwrite=False):  # results.json is written again at the end
             yield out
         return

@@ -89,3 +89,21 @@ def test_a_benchmark_whose_reader_closes_early_ends_quietly(tmp_path: Path, unbu
     finally:
         os.close(write)
     assert (p.returncode, p.stderr) == (141, ""), p.stderr[-2000:]
+
+
+def test_resume_refuses_the_results_of_another_experiment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m simulations.drift --out DIR --resume`` where DIR holds static_vs_adaptive's results: before,
+    drift trained beside them and replaced their results.json; now refused before anything trains."""
+    import json
+
+    from simulations import drift
+    from simulations.common import RESULTS, RUNS
+
+    out = tmp_path / "exp"
+    (out / RUNS).mkdir(parents=True)
+    (out / RESULTS).write_text(json.dumps({"experiment": "static_vs_adaptive"}))
+    assert drift.cli(["--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "holds the results of experiment 'static_vs_adaptive', not 'drift'" in err
+    assert json.loads((out / RESULTS).read_text()) == {"experiment": "static_vs_adaptive"}
+    assert sorted(p.name for p in (out / RUNS).iterdir()) == []
