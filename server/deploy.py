@@ -83,7 +83,6 @@ from splitfed import tomlio
 from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings, app_config
-from splitfed.flower.metrics import summary_again
 
 BIN = Path(sys.executable).parent
 CONNECTION = "splitfed-local"
@@ -685,12 +684,7 @@ def main(argv: list[str] | None = None) -> int:
             from server.app import check_resume
 
             check_resume(wanted)  # a checkpoint of other math or other data: refused before anything starts
-            done = checkpoint.load(wanted.out).round
-            if done >= wanted.rounds:
-                print(f"nothing to do: {wanted.out} already holds round {done} of {wanted.rounds} "
-                      f"(to train on: --resume {args.resume or wanted.out} --rounds {done + 1} or more)",
-                      file=sys.stderr)
-                summary_again(wanted.out, done, wanted.to_dict())
+            if runfolder.nothing_to_do(wanted.out, wanted.rounds, args.resume or wanted.out) is not None:
                 return 0
         workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
         with _SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,

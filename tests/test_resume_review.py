@@ -156,3 +156,20 @@ def test_a_resume_asking_fewer_rounds_of_a_run_that_ended_part_way_leaves_it_unf
     assert json.loads(out.out)["rounds"] == 2
     assert f"nothing to do: {tmp_path} holds round 2 of its 4" in out.err
     assert f"(to train on: --resume {tmp_path})" in out.err
+
+
+def test_server_deploy_resume_asking_fewer_rounds_leaves_a_run_ended_part_way_unfinished(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """``server.deploy`` answers a resume that asks for nothing as ``simulate`` does (one function): before,
+    it wrote the summary of the flags that asked (rounds 1) and marked the run finished; nothing starts."""
+    from server import deploy
+
+    _stopped_after(tmp_path, 2, monkeypatch)
+    rows = (tmp_path / METRICS).read_bytes()
+    assert deploy.main(["--resume", str(tmp_path), "--rounds", "1"]) == 0
+    assert not (tmp_path / SUMMARY).exists() and (tmp_path / METRICS).read_bytes() == rows
+    assert runfolder.status(tmp_path).state == "stopped"
+    err = capsys.readouterr().err
+    assert f"nothing to do: {tmp_path} holds round 2 of its 4" in err and f"--resume {tmp_path})" in err
+    assert deploy.main(["--resume", str(tmp_path), "--rounds", "2"]) == 0  # its own last round kept: the same
+    assert not (tmp_path / SUMMARY).exists()

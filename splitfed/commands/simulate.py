@@ -10,7 +10,6 @@ and other settings that do not change the math).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -139,28 +138,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _finished(settings: RunSettings) -> dict[str, Any] | None:
-    """A resumed run whose checkpoint already holds its last round: its summary, with nothing started."""
-    from splitfed.flower import checkpoint, runfolder
-    from splitfed.flower.metrics import METRICS, read_rows, summarise, summary_again
+    """A resumed run whose checkpoint already holds what is asked: its summary, with nothing started."""
+    from splitfed.flower import runfolder
 
-    if not settings.resume:
-        return None
-    ckpt = checkpoint.load(settings.out)
-    done = ckpt.round
-    if done < settings.rounds:
-        return None
-    own = int(ckpt.settings.get("rounds", done))  # the rounds the run that is there was started for
-    if done < own:  # it ended part way: a --rounds below what it holds asks for nothing, and it stays unfinished
-        print(f"nothing to do: {settings.out} holds round {done} of its {own}, --rounds {settings.rounds} asks for "
-              f"no more (to train on: --resume {settings.out})", file=sys.stderr)
-        runfolder.check(settings.out, resume=True, overwrite=False)
-        rows = [r for r in read_rows(Path(settings.out) / METRICS) if int(r.get("round", 0)) <= done]
-        return summarise(rows, ckpt.settings)  # not written: a summary.json marks a run that finished
-    print(f"nothing to do: {settings.out} already holds round {done} of {settings.rounds} "
-          f"(to train on: --resume {settings.out} --rounds {done + 1} or more)", file=sys.stderr)
-    runfolder.check(settings.out, resume=True, overwrite=False)  # no run writes there now
-    # the run as it was recorded: a --rounds below its last round asked for nothing, and changes no record
-    return summary_again(settings.out, done, ckpt.settings)
+    return runfolder.nothing_to_do(settings.out, settings.rounds, settings.out) if settings.resume else None
 
 
 def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:

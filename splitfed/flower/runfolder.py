@@ -471,3 +471,28 @@ def _identity(pid: int) -> str:
         return "" if p.status() == psutil.STATUS_ZOMBIE else f"{p.create_time():.3f}"
     except psutil.Error:
         return ""
+
+
+def nothing_to_do(out: str, rounds: int, again: str) -> dict[str, Any] | None:
+    """A resume of the run in ``out`` up to round ``rounds`` that finds nothing to train: it says so (with how
+    to train on: ``again``, the folder as the user named it) and returns the run's summary; None when there
+    is a round to train. A run that ended part way stays unfinished (no ``summary.json`` is written: it marks
+    a finished run), and the summary is of the run as it was recorded, not of the flags that asked."""
+    import sys
+
+    from splitfed.flower.metrics import summarise, summary_again
+
+    ckpt = checkpoint.load(out)
+    done = ckpt.round
+    if done < rounds:
+        return None
+    own = int(ckpt.settings.get("rounds", done))  # the rounds the run that is there was started for
+    check(out, resume=True, overwrite=False)  # no run writes there now
+    if done < own:
+        print(f"nothing to do: {out} holds round {done} of its {own}, --rounds {rounds} asks for no more (to "
+              f"train on: --resume {again})", file=sys.stderr)
+        rows = [r for r in read_rows(Path(out) / METRICS) if int(r.get("round", 0)) <= done]
+        return summarise(rows, ckpt.settings)
+    print(f"nothing to do: {out} already holds round {done} of {rounds} (to train on: --resume {again} "
+          f"--rounds {done + 1} or more)", file=sys.stderr)
+    return summary_again(out, done, ckpt.settings)
