@@ -41,7 +41,13 @@ from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import METRICS, MetricsWriter, check_rounds, summarise
 from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
-from splitfed.flower.workload import check_converging, evaluate, partitions_digest, test_data
+from splitfed.flower.workload import (
+    RunDiverged,
+    check_converging,
+    evaluate,
+    partitions_digest,
+    test_data,
+)
 from splitfed.models import rng
 from splitfed.profile.fleet import fleet_digest
 from splitfed.sim.clock import fleet_for, make_clock
@@ -154,14 +160,19 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             acc, loss = evaluate(spec, state_now, test_x, test_y)
             row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles,
                               in_turn=settings.in_turn)
-            if writer is not None:
-                writer.append(row)  # a diverged round's row too (loss null): the user sees where it went
-            say(progress_line(row, settings.rounds, profiles))
-            check_converging(rnd, loss, settings.lr)
-            if writer is not None:
+            try:
+                check_converging(rnd, loss, settings.lr)
+            except RunDiverged:  # its row (loss null: the user sees where it went), and no checkpoint of it
+                if writer is not None:
+                    writer.append(row)
+                say(progress_line(row, settings.rounds, profiles))
+                raise
+            if writer is not None:  # the checkpoint first, with its row: a crash between the two is mended
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
                     rnd, state_now, recorded, dict(strategy.previous), policy.state_dict(),
-                    torch.get_rng_state(), data, fleet=fleet_sha, binding_key=binding_key))
+                    torch.get_rng_state(), data, fleet=fleet_sha, binding_key=binding_key, row=row))
+                writer.append(row)
+            say(progress_line(row, settings.rounds, profiles))
             started = time.perf_counter()
 
         strategy.start(grid, state_to_record(state), num_rounds=settings.rounds,
@@ -209,6 +220,7 @@ def _resume(settings: RunSettings, data: str = "", fleet: str = "") -> checkpoin
         raise ConfigError(f"cannot resume: the devices of fleet {settings.fleet!r} changed since the checkpoint "
                           f"(sha256 {ckpt.fleet[:12]}... then, {fleet[:12]}... now): the rounds before were "
                           "simulated and cut on the old ones; put the old fleet file back or start a new run")
+    checkpoint.restore_row(settings.out, ckpt)  # a crash between the checkpoint and its row
     check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
     _same_model(settings, ckpt)
     return ckpt

@@ -85,10 +85,8 @@ def test_a_full_disk_at_any_byte_of_a_checkpoint_is_one_line_and_keeps_the_last_
 
 
 def test_a_full_disk_at_the_first_checkpoint_says_no_round_is_kept(tmp_path):
-    """Round 1's row is written before its checkpoint: with none written, ``--resume`` refuses the folder
-    ("checkpoint.pt is missing, though metrics.jsonl holds 1 finished round(s)"), so the error must not
-    send the user there."""
-    (tmp_path / METRICS).write_text(json.dumps({"round": 1}) + "\n")
+    """Round 1's checkpoint could not be written: nothing of the run is kept (its row comes after), so
+    ``--resume`` has nothing to continue and the error must not send the user there."""
     [line] = _limited(tmp_path, """
         limit(2000)
         try:
@@ -97,8 +95,9 @@ def test_a_full_disk_at_the_first_checkpoint_says_no_round_is_kept(tmp_path):
             print(e)
     """)
     assert line == (f"cannot write the checkpoint in {tmp_path}: File too large (no round is kept yet: free space "
-                    "or fix the folder, then start the run over with --overwrite)")
-    with pytest.raises(ConfigError, match="start the run over with --overwrite"):  # what --resume says
+                    "or fix the folder, then run the same command again)")
+    assert runfolder.held_run(tmp_path) == ""  # which then starts
+    with pytest.raises(ConfigError, match="no round of that run finished: start it again"):  # what --resume says
         checkpoint.load(tmp_path)
 
 
@@ -124,14 +123,14 @@ def test_a_row_cut_short_in_round_1_is_no_finished_round(tmp_path):
 
 
 def _stopped_after(folder: Path, rounds: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run of ``SMALL`` stopped (Ctrl-C) right after round ``rounds``'s checkpoint was written."""
+    """A run of ``SMALL`` stopped (Ctrl-C) once round ``rounds`` was kept (its checkpoint and row), as the
+    next round's checkpoint was about to be written."""
     real = checkpoint.save
 
     def save(where, ckpt):  # type: ignore[no-untyped-def]
-        path = real(where, ckpt)
-        if ckpt.round == rounds:
+        if ckpt.round == rounds + 1:
             raise KeyboardInterrupt
-        return path
+        return real(where, ckpt)
 
     with inprocess_tiers(monkeypatch, SMALL.tiers - 1), monkeypatch.context() as m:
         import server.app
@@ -173,3 +172,59 @@ def test_server_deploy_resume_asking_fewer_rounds_leaves_a_run_ended_part_way_un
     assert f"nothing to do: {tmp_path} holds round 2 of its 4" in err and f"--resume {tmp_path})" in err
     assert deploy.main(["--resume", str(tmp_path), "--rounds", "2"]) == 0  # its own last round kept: the same
     assert not (tmp_path / SUMMARY).exists()
+
+
+def _crash_at_round_1(folder: Path, monkeypatch: pytest.MonkeyPatch, *, after_checkpoint: bool) -> None:
+    """A run of ``SMALL`` whose process dies (an exception no one catches: the run ends there) as round 1's
+    checkpoint is written, before it (nothing of round 1 is kept) or just after it (its row not yet)."""
+    real = checkpoint.save
+
+    def save(where, ckpt):  # type: ignore[no-untyped-def]
+        if after_checkpoint:
+            real(where, ckpt)
+        raise SystemExit("killed")
+
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1), monkeypatch.context() as m:
+        import server.app
+
+        m.setattr(checkpoint, "save", save)
+        with pytest.raises(SystemExit):
+            server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(folder), rounds=2),
+                           progress=lambda line: None)
+
+
+def _whole(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        import server.app
+
+        server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(folder), rounds=2),
+                       progress=lambda line: None)
+
+
+def _numbers(folder: Path) -> list[tuple]:
+    return [(r["round"], r["accuracy"], r["loss"], r["cuts"], r["device_weight_bytes"])
+            for r in map(json.loads, (folder / METRICS).read_text().splitlines())]
+
+
+@pytest.mark.parametrize("after_checkpoint", [False, True])
+def test_a_run_killed_in_round_1_is_started_again_or_resumed(tmp_path, monkeypatch, after_checkpoint) -> None:
+    """Before, round 1's row was written before its checkpoint: a run killed between them (just after
+    ``round 1/N`` was printed) held a row and no checkpoint, so ``--resume`` refused it ("put the checkpoint
+    back") and so did the same command ("already holds a run"); only --overwrite went on. Now the checkpoint
+    comes first and keeps its row: killed before it, nothing is kept and the same command starts again;
+    killed after it, ``--resume`` puts the row back and trains on. Either way the run ends as one never
+    killed."""
+    from server.app import run as server_run
+
+    folder, whole = tmp_path / "run", tmp_path / "whole"
+    _crash_at_round_1(folder, monkeypatch, after_checkpoint=after_checkpoint)
+    assert not (folder / METRICS).is_file() or not (folder / METRICS).read_text().strip()
+    assert (folder / checkpoint.FILENAME).is_file() == after_checkpoint
+    assert runfolder.held_run(folder) == ("checkpoint.pt" if after_checkpoint else "")
+    again = SMALL.with_(out=str(folder), rounds=2, resume=after_checkpoint)
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        server_run(FakeGrid(clients.app.app, SMALL.clients), again, progress=lambda line: None)
+    _whole(whole, monkeypatch)
+    assert _numbers(folder) == _numbers(whole)
+    a, b = checkpoint.load(folder).state, checkpoint.load(whole).state
+    assert all(bool((a[k] == b[k]).all()) for k in a)

@@ -32,6 +32,7 @@ import torch
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
 from splitfed.flower.metrics import METRICS
+from splitfed.jsonio import dumps
 
 FILENAME = "checkpoint.pt"
 FORMAT = 2  # 2: the sha256 is always there (a format-1 file may lack it: written before it was kept)
@@ -51,6 +52,35 @@ class Checkpoint:
     # the run's key of its clients' binding secrets (RoundConfig.binding_key): a run resumed under its own name
     # derives the secrets the crashed one loaded with, so its loads may replace what it left on the tiers
     binding_key: str = field(default="", repr=False)
+    # its round's metrics row: the checkpoint is written before the row, so a crash between the two leaves a
+    # checkpoint whose row a resume puts back (restore_row); the other way round, round 1's row without a
+    # checkpoint left a run that could be neither resumed nor started again
+    row: dict[str, Any] | None = None
+
+
+def restore_row(folder: str | Path, ckpt: Checkpoint) -> bool:
+    """Put back the metrics row of the checkpoint's round when a crash came between the checkpoint and the
+    row: the file then holds rounds 1..r-1 whole (and perhaps the row cut short). Whether it did."""
+    from splitfed.flower.metrics import MetricsWriter, read_rows
+
+    if ckpt.row is None or ckpt.round < 1:
+        return False
+    path = Path(folder) / METRICS
+    held = [int(r.get("round", 0)) for r in read_rows(path) if isinstance(r, dict)] if path.is_file() else []
+    if held != list(range(1, ckpt.round)):
+        return False
+    writer = MetricsWriter(folder)
+    writer.truncate_after(ckpt.round - 1)  # a cut-short line of it goes
+    writer.append(ckpt.row)
+    return True
+
+
+def _row(text: object) -> dict[str, Any] | None:
+    try:
+        row = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def finished_rows(folder: str | Path) -> int:
@@ -101,10 +131,11 @@ def save(folder: str | Path, ckpt: Checkpoint) -> Path:
     try:
         return _save(folder, ckpt)
     except OSError as e:
-        # without a previous checkpoint, round 1's row is there and its checkpoint is not: --resume refuses that
+        # without a previous checkpoint nothing of the run is kept (a round's row is written after its
+        # checkpoint): there is nothing to resume, and the same command starts it again
         then = (f"the previous one is kept: free space or fix the folder, then continue with --resume {folder}"
-                if kept else "no round is kept yet: free space or fix the folder, then start the run over with "
-                "--overwrite")
+                if kept else "no round is kept yet: free space or fix the folder, then run the same command "
+                "again")
         raise RunFolderError(f"cannot write the checkpoint in {folder}: {e.strerror or e} ({then})") from None
 
 
@@ -132,7 +163,8 @@ def _save(folder: Path, ckpt: Checkpoint) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data, "fleet": ckpt.fleet,
             "where": place(folder),
-            "assignment": {k: list(v) for k, v in ckpt.assignment.items()}, "binding_key": ckpt.binding_key}
+            "assignment": {k: list(v) for k, v in ckpt.assignment.items()}, "binding_key": ckpt.binding_key,
+            "row": None if ckpt.row is None else dumps(ckpt.row)}  # a string: the row's own key order kept
     payload = {"format": FORMAT, "round": int(ckpt.round), "meta": json.dumps(meta, sort_keys=True),
                "rng": ckpt.rng.clone(), "state": {k: v.detach().cpu().clone() for k, v in ckpt.state.items()}}
     payload["sha256"] = digest(payload)
@@ -212,7 +244,8 @@ def load(folder: str | Path) -> Checkpoint:
                           assignment={k: tuple(v) for k, v in meta["assignment"].items()},
                           policy=meta["policy"], rng=payload["rng"], data=str(meta.get("data", "")),
                           fleet=str(meta.get("fleet", "")),
-                          where=str(meta.get("where", "")), binding_key=str(meta.get("binding_key", "")))
+                          where=str(meta.get("where", "")), binding_key=str(meta.get("binding_key", "")),
+                          row=_row(meta.get("row")))
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem

@@ -7,9 +7,10 @@ after its checkpoint's round, so the file never holds a round twice.
 JSON (what jq, browsers and pandas read): a NaN or infinite number, such as the
 loss of a diverged model, is written as ``null``.
 
-A round's row is fsynced before its checkpoint is written, so the file holds every
-round the checkpoint does: a resume whose file lacks one of them (damaged, or cut
-by hand) is refused rather than continued with a hole. A disk that fails while a
+A round's row is written right after its checkpoint, which keeps a copy of it: a
+resume puts back the row of a crash between the two (``checkpoint.restore_row``), so
+the file holds every round the checkpoint does, and one that lacks another of them
+(damaged, or cut by hand) is refused rather than continued with a hole. A disk that fails while a
 row is written is one :class:`~splitfed.errors.RunFolderError` line.
 """
 
@@ -74,9 +75,9 @@ def check_rounds(path: str | Path, round: int) -> None:
     twice = sorted({r for r in held if held.count(r) > 1})
     what = (f"lacks round(s) {_rounds(missing)}" if missing else f"holds round(s) {_rounds(twice)} twice"
             if twice else "holds its rounds out of order")
-    raise ConfigError(f"cannot resume: {p} {what}, but the checkpoint holds round {round} (rows are written "
-                      "before the checkpoint, so the file was changed after it was written); put the file back, "
-                      "or start the run again with --overwrite")
+    raise ConfigError(f"cannot resume: {p} {what}, but the checkpoint holds round {round} (a row is written "
+                      "right after its round's checkpoint, which keeps a copy of it, so the file was changed after "
+                      "it was written); put the file back, or start the run again with --overwrite")
 
 
 def _rounds(rounds: Sequence[int], show: int = 5) -> str:
