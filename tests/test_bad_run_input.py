@@ -345,7 +345,7 @@ def test_static_cuts_a_device_cannot_hold_are_refused_naming_its_fleet_entry(tmp
     """Before: simulate ran them and its clock priced rounds no such device could train, while
     ``splitfed optimize --static`` refused the same cuts (a static baseline that is physically impossible)."""
     fleet, err = _refused_static(tmp_path, capsys, _MCU_FLEET, "7,7", 3)
-    assert re.search(r"cuts 7,7 do not fit fleet device 'mcu' \((client\d, )*client\d\): they need 0\.775 MiB "
+    assert re.search(r"cuts 7,7 do not fit fleet device 'mcu' \((client\d, )*client\d\): they need 0\.58 MiB "
                      r"of its 0\.25 MiB", err), err
     assert main(["optimize", "--model", "cnn", "--fleet", str(fleet), "--static", "7,7"]) == 2  # the same verdict
     assert "do not fit device 'mcu" in capsys.readouterr().err
@@ -362,7 +362,7 @@ def test_static_cuts_a_server_tier_cannot_hold_are_refused_too(tmp_path, capsys)
     fleet, err = _refused_static(tmp_path, capsys, '[edge]\nprofile = "edge-server"\nmemory_mb = 0.5\n[cloud]\n'
                                  'profile = "cloud-gpu"\n[[device]]\nname = "pi"\nprofile = "rpi4"\ncount = 2\n',
                                  "0,7", 2)
-    assert re.search(r"cuts 0,7 overflow the fleet's edge: its segments of the 2 clients need 1\.53 MiB of its "
+    assert re.search(r"cuts 0,7 overflow the fleet's edge: its segments of the 2 clients need 1\.16 MiB of its "
                      r"0\.5 MiB", err), err
     from splitfed.sim.runner import validate
 
@@ -392,11 +392,11 @@ def test_the_memory_a_device_needs_counts_the_run_s_optimizer_state(tmp_path, ca
     from splitfed.sim.runner import validate
 
     fleet = tmp_path / "mcu.toml"
-    fleet.write_text(_MCU_FLEET.replace("memory_mb = 0.25", "memory_mb = 0.8"))
+    fleet.write_text(_MCU_FLEET.replace("memory_mb = 0.25", "memory_mb = 0.6"))
     settings = RunSettings(fleet=str(fleet), clients=3, rounds=1, cuts="static:7,7")
-    validate(settings)  # SGD, momentum 0.9: 0.775 MiB
-    validate(settings.with_(momentum=0.0))  # plain SGD: 0.722 MiB
-    with pytest.raises(ConfigError, match=r"do not fit fleet device 'mcu' .*need 0\.828 MiB of its 0\.8 MiB"):
+    validate(settings)  # SGD, momentum 0.9: 0.58 MiB
+    validate(settings.with_(momentum=0.0))  # plain SGD: 0.527 MiB
+    with pytest.raises(ConfigError, match=r"do not fit fleet device 'mcu' .*need 0\.632 MiB of its 0\.6 MiB"):
         validate(settings.with_(optimizer="adam"))
     base = ["optimize", "--model", "cnn", "--fleet", str(fleet), "--static", "7,7"]
     assert main([*base, "--optimizer-slots", "1"]) == 0
