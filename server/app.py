@@ -107,9 +107,25 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
          recorded_as: RunSettings | None) -> dict[str, Any]:
     if not settings.out:
         return _run_in(grid, settings, say, stop, recorded_as)
+    if settings.resume and _held_round(settings.out) >= settings.rounds:
+        # a resume that asks for nothing (``flwr run`` with resume=true, the Python API): answered as simulate
+        # and server.deploy answer it, before the folder is claimed, whose end would record the run finished
+        check_resume(settings)  # other math or data is refused, as with a round to train
+        done = runfolder.nothing_to_do(settings.out, settings.rounds, settings.out)
+        if done is not None:
+            return done
     with runfolder.claim(settings.out, settings.resume, settings.overwrite), \
             runfolder.recording_stops():  # one run per folder, held to the end; a signal's stop is recorded at once
         return _run_in(grid, settings, say, stop, recorded_as)
+
+
+def _held_round(out: str) -> int:
+    """The round the checkpoint in ``out`` holds (0: none, or one :func:`checkpoint.load` refuses: the resume
+    then refuses it where it always did)."""
+    try:
+        return checkpoint.load(out).round
+    except ConfigError:
+        return 0
 
 
 def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None,

@@ -2,7 +2,7 @@
 
 Neighbouring blocks on one tier often keep one tensor between them: the ReLU ending block i keeps its output
 for backward and the conv starting block i+1 keeps the same tensor as its input. The profiler measures each
-block alone, so it records that shared part (``ModelProfile.shared_act_bytes``) and the cost model counts it
+block alone, so it records that shared part (``ModelProfile.shared_act``) and the cost model counts it
 once. The truth here is a run of each tier's segment as the engine runs it (``Segment``, its input as the
 tier takes it, the device's batch held), counting the unique storages autograd saves.
 """

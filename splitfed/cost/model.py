@@ -50,10 +50,11 @@ Per client, per round (prefix sums make each term O(1) per option):
   X = W / down_1 + W / up_1 + rtt_1  (only if W > 0; server replicas stay put)
 - round time (one client's batches run sequentially along the chain):
   R = sum_t C_t + sum_j (U_j + D_j) + X;  one batch: the same with S = B, n = 1.
-- memory on tier t, holding blocks [a, b): sum_{i in [a, b)} (m_i + B h_i) - B sum_{a < i < b} s_i,
-  where s_i is the part of h_i that block i-1 keeps too (block i's input, saved by both: one tensor;
-  ``ModelProfile.shared_act_bytes``); the device adds B a_0 (its input batch), less B s_0 (block 0
-  keeps that batch) when it holds block 0, and its tail (with h'_i and s'_i when fed by the servers).
+- memory on tier t, holding blocks [a, b): sum_{i in [a, b)} (m_i + B h_i) - B sum_{a <= j < i < b} s_ji,
+  where s_ji is the part of h_i that block j, the last block before i that keeps it, keeps too (block i's
+  input, or a view of it such as a Flatten passes on, saved by both: one tensor; ``ModelProfile.shared_act``);
+  the device adds B a_0 (its input batch), less B s_-1,i for each of its head's blocks i that keeps that batch
+  (j = -1), and its tail (with h'_i and s'_ji, ``grad_shared_act``, when fed by the servers).
 
 The fleet's round, by variant (``mode``; one option per client, everything below
 is linear in that choice, so the optimizer minimises it exactly as a MILP):

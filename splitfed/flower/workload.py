@@ -146,6 +146,8 @@ def check_converging(rnd: int, loss: float, lr: float) -> None:
     every client of the next round would train on them and be dropped.
     """
     if not math.isfinite(loss):
+        kept = (f"the checkpoint keeps round {rnd - 1}" if rnd > 1 else
+                "no round is kept (start it again with --overwrite)")
         raise RunDiverged(f"round {rnd}: the global model diverged (its test loss is not finite); the run "
-                          f"stops and the checkpoint keeps round {rnd - 1} (a learning rate below {lr:g}?)")
+                          f"stops and {kept} (a learning rate below {lr:g}?)")
 

@@ -417,7 +417,9 @@ def _imports(path: str, package: str) -> list[str]:
                 base = node.module or ""
                 if node.level:
                     up = package.split(".") if package else []
-                    up = up[: len(up) - (node.level - 1)] if node.level - 1 <= len(up) else []
+                    if node.level > len(up):  # beyond the top-level package: Python refuses it, nothing to follow
+                        continue
+                    up = up[: len(up) - (node.level - 1)]
                     base = ".".join([*up, *([base] if base else [])])
                 if base:
                     names.append(base)
