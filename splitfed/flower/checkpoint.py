@@ -85,8 +85,8 @@ def _row(text: object) -> dict[str, Any] | None:
 
 def finished_rows(folder: str | Path) -> int:
     """How many rounds a run folder's metrics say finished (0: none, or no file), counted as ``rows_kept`` counts
-    them, but a last row that a crash or a full disk cut short (no newline, not JSON) is no finished round: its
-    round has no checkpoint, and a run with only that row holds nothing to resume or to lose."""
+    them, but a last row that a crash or a full disk cut short (no newline, not JSON) is no finished round: a
+    resume puts it back whole from its checkpoint (:func:`restore_row`), if that was written."""
     path = Path(folder) / METRICS
     if not path.is_file():
         return 0
