@@ -43,6 +43,7 @@ C = TypeVar("C")
 CONFIGS = Path(__file__).resolve().parent / "configs"
 RESULTS = "results.json"
 RUNS = "runs"  # each training run's own run folder, under the output folder
+MARK = ".experiment"  # in RUNS: the name of the experiment whose runs these are (before its results.json)
 OUTPUTS = (RESULTS, "results.csv", "summary.md", RUNS)  # what an experiment writes (and figures, *.png)
 
 
@@ -227,6 +228,11 @@ def _train_checked(settings: Any, out: Path, label: str, backend: str) -> Any:
     from splitfed.report.runs import load_run
 
     settings = settings.with_(out=str(out), overwrite=True)  # the experiment's own folder: a rerun replaces it
+    mark = out.parent / MARK
+    if _NAME.get() and out.parent.name == RUNS and not mark.is_file():
+        # whose runs these are: another experiment's --resume is refused before this one's results.json is there
+        out.parent.mkdir(parents=True, exist_ok=True)
+        jsonio.write_atomic(mark, json.dumps({"experiment": _NAME.get()}))
     if _RESUME.get():
         if _finished(settings, out):
             print(f"  [{label}] kept: its {settings.rounds} round(s) in {out}", flush=True)
@@ -399,7 +405,7 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
     try:
         with _interrupts():
             cfg = load_config(args.config, config_cls)
-            with output_folder(out, args.overwrite, args.resume, name), _resuming(args.resume):
+            with output_folder(out, args.overwrite, args.resume, name), _resuming(args.resume, name):
                 print(f"{name}: config {args.config}; {'continuing in' if args.resume else 'writing to'} {out}",
                       flush=True)
                 t0 = time.perf_counter()
@@ -420,7 +426,7 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
 
 
 def _experiment_of(results: Path) -> str:
-    """The experiment whose ``results.json`` this is ("" if none can be read)."""
+    """The experiment whose ``results.json`` (or runs' :data:`MARK`) this is ("" if none can be read)."""
     try:
         obj = json.loads(results.read_text())
     except (OSError, ValueError):
@@ -433,15 +439,17 @@ _ASIDE = ".replaced-"  # where --overwrite keeps the results it replaces until t
 
 
 _RESUME = contextvars.ContextVar("experiment_resumes", default=False)  # main's --resume, for run_cases
+_NAME = contextvars.ContextVar("experiment_name", default="")  # main's experiment, marked beside its runs
 
 
 @contextmanager
-def _resuming(resume: bool) -> Iterator[None]:
-    token = _RESUME.set(resume)
+def _resuming(resume: bool, name: str = "") -> Iterator[None]:
+    token, named = _RESUME.set(resume), _NAME.set(name)
     try:
         yield
     finally:
         _RESUME.reset(token)
+        _NAME.reset(named)
 
 
 @contextmanager
@@ -466,7 +474,7 @@ def output_folder(out: Path, overwrite: bool, resume: bool = False, name: str = 
         if RUNS not in held:
             raise ConfigError(f"--resume: --out {out} holds no experiment's runs to continue: leave --resume out to "
                               "start one there")
-        other = _experiment_of(out / RESULTS)
+        other = _experiment_of(out / RESULTS) or _experiment_of(out / RUNS / MARK)
         if name and other and other != name:
             raise ConfigError(f"--resume: --out {out} holds the results of experiment {other!r}, not {name!r}: "
                               "continue it with its own script, or choose another --out")

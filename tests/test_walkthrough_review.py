@@ -107,3 +107,39 @@ def test_resume_refuses_the_results_of_another_experiment(tmp_path: Path, capsys
     assert "holds the results of experiment 'static_vs_adaptive', not 'drift'" in err
     assert json.loads((out / RESULTS).read_text()) == {"experiment": "static_vs_adaptive"}
     assert sorted(p.name for p in (out / RUNS).iterdir()) == []
+
+
+def test_resume_refuses_the_runs_of_another_experiment_stopped_part_way(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An experiment stopped part way has runs and no results.json yet: its runs are marked with its name as
+    its first run starts, so another experiment's --resume is refused there too, and its own goes on."""
+    import json
+
+    import simulations.common as common
+    from simulations import static_vs_adaptive, variants
+    from simulations.common import MARK, RESULTS, RUNS
+
+    out = tmp_path / "exp"
+    cfg = ROOT / "simulations" / "configs" / "variants.tiny.toml"
+
+    real = common._train_checked
+    calls = []
+
+    def stop_after_the_first(*a, **k):  # type: ignore[no-untyped-def]
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*a, **k)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(common, "_train_checked", stop_after_the_first)
+    try:
+        assert variants.cli(["--config", str(cfg), "--out", str(out)]) == 130
+    finally:
+        mp.undo()
+    assert not (out / RESULTS).exists() and json.loads((out / RUNS / MARK).read_text()) == {"experiment": "variants"}
+    capsys.readouterr()
+    assert static_vs_adaptive.cli(["--out", str(out), "--resume"]) == 2
+    assert "holds the results of experiment 'variants', not 'static_vs_adaptive'" in capsys.readouterr().err
+    assert variants.cli(["--config", str(cfg), "--out", str(out), "--resume"]) == 0
+    assert json.loads((out / RESULTS).read_text())["experiment"] == "variants"
