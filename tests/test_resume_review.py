@@ -27,7 +27,7 @@ from splitfed.cli import main
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
-from splitfed.flower.metrics import METRICS, SUMMARY
+from splitfed.flower.metrics import METRICS, SUMMARY, rows_kept
 from tests.flower_fixtures import FakeGrid, inprocess_tiers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +117,7 @@ def test_a_row_cut_short_in_round_1_is_no_finished_round(tmp_path):
     assert not (folder / METRICS).exists() and not (folder / runfolder.LOCK).exists()  # nothing half left
 
     (folder / METRICS).write_text('{"round": 1}\n{"round": 2}')  # whole rows, the last without its newline
-    assert checkpoint.finished_rows(folder) == 2 and runfolder.held_run(folder) == "2 finished round(s)"
+    assert rows_kept(folder, cut=False) == 2 and runfolder.held_run(folder) == "2 finished round(s)"
     (folder / METRICS).write_text("notes of my own")  # not a row: still the user's, not refused as empty
     assert runfolder.held_run(folder) == "1 finished round(s)"
 

@@ -163,8 +163,8 @@ def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> st
     return device_entry(name, device, {
         "flops": (f"trains {spec.name} at this rate on {describe(where)}, as a node with that torch-device times "
                   "itself" if gpu else f"trains {spec.name} at this rate here (one thread, as a node times itself)"),
-        "memory_mb": f"the memory of {describe(where)}" if gpu else "this host's memory", "up_mbps": f"measured {to}", "down_mbps": f"measured {to}",
-        "rtt_ms": f"measured {to}"})
+        "memory_mb": f"the memory of {describe(where)}" if gpu else "this host's memory",
+        "up_mbps": f"measured {to}", "down_mbps": f"measured {to}", "rtt_ms": f"measured {to}"})
 
 
 def training_rate(spec: ModelSpec, batch: int = 32, passes: int = SPEED_PASSES,

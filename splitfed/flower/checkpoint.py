@@ -31,7 +31,7 @@ import torch
 
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
-from splitfed.flower.metrics import METRICS
+from splitfed.flower.metrics import METRICS, rows_kept
 from splitfed.jsonio import dumps
 
 FILENAME = "checkpoint.pt"
@@ -81,23 +81,6 @@ def _row(text: object) -> dict[str, Any] | None:
     except ValueError:
         return None
     return row if isinstance(row, dict) else None
-
-
-def finished_rows(folder: str | Path) -> int:
-    """How many rounds a run folder's metrics say finished (0: none, or no file), counted as ``rows_kept`` counts
-    them, but a last row that a crash or a full disk cut short (no newline, not JSON) is no finished round: a
-    resume puts it back whole from its checkpoint (:func:`restore_row`), if that was written."""
-    path = Path(folder) / METRICS
-    if not path.is_file():
-        return 0
-    text = path.read_text(errors="replace")
-    lines = [line for line in text.splitlines() if line.strip()]
-    if lines and not text.endswith("\n") and lines[-1].lstrip().startswith("{"):
-        try:
-            json.loads(lines[-1])
-        except ValueError:
-            return len(lines) - 1
-    return len(lines)
 
 
 def place(folder: str | Path) -> str:
@@ -221,7 +204,7 @@ def load(folder: str | Path) -> Checkpoint:
     if not folder.exists():
         raise ConfigError(f"cannot resume: there is no folder {folder}")
     if not path.is_file():
-        kept = finished_rows(folder)
+        kept = rows_kept(folder, cut=False)
         if kept:  # the rounds happened: the checkpoint was lost after (deleted, moved, a partial copy)
             raise ConfigError(f"cannot resume: {path} is missing, though {folder / METRICS} holds {kept} finished round(s): "
                               "put the checkpoint back, or start the run over with --overwrite")

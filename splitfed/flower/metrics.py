@@ -30,11 +30,21 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 
 
-def rows_kept(folder: str | Path) -> int:
-    """How many rows (finished rounds) a run folder's metrics hold, counted without reading them (0: none, or no
-    file; a row cut short counts)."""
+def rows_kept(folder: str | Path, *, cut: bool = True) -> int:
+    """How many rows (finished rounds) a run folder's metrics hold, counted without parsing them (0: none, or no
+    file). A last row that a crash or a full disk cut short (no newline, not JSON) counts if ``cut``; without,
+    it is no finished round (a resume puts it back whole from its checkpoint: ``checkpoint.restore_row``)."""
     path = Path(folder) / METRICS
-    return sum(1 for line in path.read_text(errors="replace").splitlines() if line.strip()) if path.is_file() else 0
+    if not path.is_file():
+        return 0
+    text = path.read_text(errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not cut and lines and not text.endswith("\n") and lines[-1].lstrip().startswith("{"):
+        try:
+            json.loads(lines[-1])
+        except ValueError:
+            return len(lines) - 1
+    return len(lines)
 
 
 def read_rows(path: str | Path) -> list[Any]:

@@ -58,7 +58,7 @@ def held_run(folder: str | Path) -> str:
     or a full disk, round 1's row in part) and no checkpoint: nothing to resume and nothing to lose, so that
     folder holds no run."""
     folder = Path(folder)
-    rounds = checkpoint.finished_rows(folder)
+    rounds = rows_kept(folder, cut=False)
     if rounds:
         return f"{rounds} finished round(s)"
     return ", ".join(name for name in (SUMMARY, checkpoint.FILENAME) if (folder / name).is_file())
@@ -283,7 +283,7 @@ def _tidy(folder: Path, new: bool) -> None:
     is still held: a process that opened it just before fails to lock it, and one that comes after
     makes a new one."""
     metrics = folder / METRICS
-    if metrics.is_file() and not checkpoint.finished_rows(folder):  # empty, or round 1's row cut short
+    if metrics.is_file() and not rows_kept(folder, cut=False):  # empty, or round 1's row cut short
         metrics.unlink()
     (folder / LOCK).unlink(missing_ok=True)
     if new:
