@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from splitfed.engine import template
 from splitfed.engine.rounds import (
     RoundConfig,
     SplitRound,
@@ -20,7 +21,7 @@ from splitfed.engine.rounds import (
     state_bytes,
 )
 from splitfed.engine.tier import Tier
-from splitfed.engine.types import SegmentLoad
+from splitfed.engine.types import OptimConfig, SegmentLoad
 from splitfed.errors import ResourceExhausted
 from splitfed.models.zoo import resolve_spec
 
@@ -139,3 +140,33 @@ def test_holders_cost_no_more_bytes_than_a_copy_per_client() -> None:
                      for a, z in server_bounds(cuts, N_BLOCKS, False)[:1])
     sent, got = rnd.weight_bytes[0]
     assert sent <= per_client and got <= per_client
+
+
+@pytest.mark.parametrize("mode", ["sflv2", "sl"])
+@pytest.mark.parametrize("assignment", [RISING, MIXED])
+def test_a_tier_sized_as_the_cost_model_prices_holders_keeps_them(mode: str, assignment: dict) -> None:
+    """Each tier may hold what the memory model prices beside activations: the client training there with its
+    optimizer (adam: two slots), its own holder as its turn ends, and the holder before it (``turn_c,t`` and
+    ``max_c H_c,t``, a holder its weights alone). Before, a tier counted a holder as a client training (adam:
+    four times its weights), refused it, and the round fetched every trained segment instead."""
+    adam = OptimConfig("adam")
+
+    def sized(tier: Tier, t: int) -> Tier:
+        spans = [server_bounds(cuts, N_BLOCKS, False)[t] for cuts in assignment.values()]
+        weights = [sum(template.held_bytes(SPEC, i)[0] for i in range(a, z)) for a, z in spans]
+        fixed = [sum(w + (1 + adam.slots) * g for i in range(a, z) for w, g in [template.held_bytes(SPEC, i)])
+                 for a, z in spans]
+        tier.max_held_bytes = max(1, max(f + h for f, h in zip(fixed, weights, strict=True)) + max(weights))
+        return tier
+
+    def run(tight: bool) -> tuple[SplitRound, dict]:
+        chain = inprocess_chain(2)
+        tiers = [sized(t, i) if tight else t for i, t in enumerate(chain.tiers)]
+        rnd = SplitRound(RoundConfig(RUN, 1, SPEC, mode, optim=adam), tiers, initial_state(SPEC, 0), assignment)
+        new = drive(rnd, local_trainer(chain, {c: _batches(i) for i, c in enumerate(assignment)}))
+        assert not rnd.failed and [t.clients() for t in chain.tiers] == [0, 0]
+        return rnd, new
+
+    (tight, kept), (roomy, same) = run(True), run(False)
+    assert tight.weight_bytes == roomy.weight_bytes  # no holder refused: nothing fetched that a roomy tier kept
+    assert all(torch.equal(kept[k], same[k]) for k in kept)

@@ -18,7 +18,7 @@ from splitfed.engine.compute import memory_bytes
 from splitfed.engine.limits import BuildLimits
 from splitfed.engine.rounds import initial_state, select
 from splitfed.engine.tier import Tier
-from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey
+from splitfed.engine.types import OptimConfig, SegmentLoad, StepKey, is_base
 from splitfed.errors import (
     ConfigError,
     FailedPrecondition,
@@ -175,11 +175,15 @@ def test_names_with_line_breaks_are_refused(field: str) -> None:
 
 def _held_now(tier: Tier) -> int:
     """What the tier holds, counted afresh from its replicas and bindings (each block's weights and buffers
-    and a gradient per byte that trains; each binding's optimizer slots)."""
-    blocks = sum(sum(template.held_bytes(r.model, i)) for r in tier._replicas.values() for i in r.blocks
-                 if r.model is not None)
-    slots = sum(b.spec.optim.slots * template.held_bytes(b.spec.model, i)[1]
-                for b in tier._bindings.values() for i in range(b.spec.start, b.spec.stop))
+    and, where a client trains it, a gradient per byte that trains; each client binding's optimizer slots). A
+    coordinator's base segment (``@...``) never steps: its weights alone."""
+    def trains(users: set[str]) -> bool:
+        return not all(is_base(u) for u in users)
+
+    blocks = sum(template.held_bytes(r.model, i)[0] + template.held_bytes(r.model, i)[1] * trains(r.users)
+                 for r in tier._replicas.values() for i in r.blocks if r.model is not None)
+    slots = sum(b.spec.optim.slots * template.held_bytes(b.spec.model, i)[1] * trains({c})
+                for (_, c), b in tier._bindings.items() for i in range(b.spec.start, b.spec.stop))
     return blocks + slots
 
 
@@ -188,24 +192,61 @@ def _segment(start: int, stop: int, optim: OptimConfig) -> int:
                for i in range(start, stop))
 
 
+def _weights(start: int, stop: int) -> int:
+    return sum(template.held_bytes(SPEC, i)[0] for i in range(start, stop))
+
+
 def test_a_load_beyond_what_the_tier_may_hold_is_refused_and_a_release_makes_room() -> None:
     """Before, only the number of clients bounded a tier: 40 loads of 68 bytes each, copying a base, took a
     tier from 467 to 1,791 MiB, towards the machine's out-of-memory killer."""
     momentum = OptimConfig("sgd", momentum=0.9)
-    one = _segment(2, 7, momentum)
-    tier = Tier("edge", idle_release_s=None, max_held_bytes=int(2.5 * one))
-    base = SegmentLoad("run", "@base.1", 0, SPEC, 2, 7, "@b", _state(), secret="t", optim=momentum)
-    with pytest.raises(ResourceExhausted, match="would add"):  # the base and two copies of it are three
-        tier.load(base)
-        for c in ("c0", "c1"):
-            tier.load(SegmentLoad("run", c, 0, SPEC, 2, 7, c, None, secret=c, optim=momentum, base="@b",
-                                  base_secret="t"))
-    assert tier.clients() == 2 and tier.held == _held_now(tier) == 2 * one
-    assert ("run", "c1") not in tier._replicas  # the refused load left nothing
+    one, base_bytes = _segment(2, 7, momentum), _weights(2, 7)
+    tier = Tier("edge", idle_release_s=None, max_held_bytes=2 * one + base_bytes + one // 2)
+    tier.load(SegmentLoad("run", "@base.1", 0, SPEC, 2, 7, "@b", _state(), secret="t", optim=momentum))
+    for c in ("c0", "c1"):
+        tier.load(SegmentLoad("run", c, 0, SPEC, 2, 7, c, None, secret=c, optim=momentum, base="@b",
+                              base_secret="t"))
+    with pytest.raises(ResourceExhausted, match="would add"):  # the base and three copies of it
+        tier.load(SegmentLoad("run", "c2", 0, SPEC, 2, 7, "c2", None, secret="c2", optim=momentum, base="@b",
+                              base_secret="t"))
+    assert tier.clients() == 3 and tier.held == _held_now(tier) == 2 * one + base_bytes
+    assert ("run", "c2") not in tier._replicas  # the refused load left nothing
     tier.release("run", "c0", "c0")
-    tier.load(SegmentLoad("run", "c1", 0, SPEC, 2, 7, "c1", None, secret="c1", optim=momentum, base="@b",
+    tier.load(SegmentLoad("run", "c2", 0, SPEC, 2, 7, "c2", None, secret="c2", optim=momentum, base="@b",
                           base_secret="t"))
-    for c, s in (("c1", "c1"), ("@base.1", "t")):
+    for c, s in (("c1", "c1"), ("c2", "c2"), ("@base.1", "t")):
+        tier.release("run", c, s)
+    assert tier.held == 0 and not tier._replicas
+
+
+@pytest.mark.parametrize("optim", [OptimConfig("adam"), OptimConfig("sgd", momentum=0.9), OptimConfig("sgd")])
+def test_a_coordinators_base_segment_holds_its_weights_alone_and_never_steps(optim: OptimConfig) -> None:
+    """A base (sflv1) or a holder (sl, sflv2) is copied and summed, never stepped: it holds no gradient and no
+    optimizer slots, as the cost model prices a holder (its state, ``H_c,t``). Before, each was counted as a
+    client training (adam: four times its weights), so a tier sized to the plan refused the holder, and the
+    coordinator fetched the weights instead."""
+    trained = _segment(2, 7, optim)
+    tier = Tier("edge", idle_release_s=None, max_held_bytes=trained + _weights(2, 7))
+    tier.load(SegmentLoad("run", "c0", 0, SPEC, 2, 7, "c0", _state(), secret="c0", optim=optim))
+    tier.load(SegmentLoad("run", "@held.0.0", 0, SPEC, 2, 7, "@held.0.0", None, secret="t", optim=optim,
+                          base="c0", base_secret="c0"))  # as rounds.SplitRound._keep copies a finished client
+    assert tier.held == _held_now(tier) == trained + _weights(2, 7)
+    assert tier._bindings[("run", "@held.0.0")].optim is None
+    x = torch.zeros(2, *template.boundary(SPEC, 2)[0][1:])
+    key = StepKey("run", "@held.0.0", 0, 0, "t")
+    with pytest.raises(FailedPrecondition, match="never stepped"):
+        tier.step(key, x, torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(FailedPrecondition, match="never stepped"):
+        tier.forward(key, x)
+    with pytest.raises(FailedPrecondition, match="never stepped"):
+        tier.backward(key, torch.zeros(2, *template.boundary(SPEC, 7)[0][1:]))
+    # its blocks are counted as a base's: a client may not bind to them, nor a base to a client's
+    with pytest.raises(FailedPrecondition, match="a coordinator's base segment, which never trains"):
+        tier.load(SegmentLoad("run", "c1", 0, SPEC, 2, 7, "@held.0.0", None, secret="t", optim=optim))
+    with pytest.raises(FailedPrecondition, match="a client's segment, which trains"):
+        tier.load(SegmentLoad("run", "@base.1", 0, SPEC, 2, 7, "c0", None, secret="c0", optim=optim))
+    assert tier.held == _held_now(tier) == trained + _weights(2, 7) and tier._reserved == 0
+    for c, s in (("c0", "c0"), ("@held.0.0", "t")):
         tier.release("run", c, s)
     assert tier.held == 0 and not tier._replicas
 

@@ -86,6 +86,7 @@ class _Replica:
     loading: int = 0  # loads binding to it now: a replica being loaded is never dropped nor duplicated
     model: ModelSpec | None = None  # whose blocks it holds: a load of another model must not bind them
     held: int = 0  # bytes its blocks hold (weights, buffers, a gradient per byte that trains): Tier.held
+    base: bool = False  # the coordinator's own (a base or a holder, ``is_base``): never trains, so weights only
 
 
 @dataclass
@@ -124,6 +125,14 @@ def _digest(phase: str, *tensors: torch.Tensor) -> bytes:
         if t.numel():
             h.update(t.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().data)
     return h.digest()
+
+
+def _trained_bytes(spec: SegmentLoad, index: int) -> tuple[int, int]:
+    """Block ``index``'s bytes of weights and buffers, and of the parameters that train, as a load of ``spec``
+    holds them: a coordinator's own segment (a base, a holder: ``is_base``) never steps, so it holds its weights
+    and nothing that trains (no gradient, no optimizer slots), as the cost model prices a holder."""
+    weights, trains = template.held_bytes(spec.model, index)
+    return weights, 0 if is_base(spec.client_id) else trains
 
 
 def weight_refusal(weight: float) -> str | None:
@@ -225,7 +234,8 @@ class Tier:
             base = self._base(spec)
             need = self._reserve(spec, rkey, bkey)  # last: nothing after it refuses before the try below
             # got or made under the lock: clients of one replica loaded at once all bind to the same one
-            replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret, model=spec.model))
+            replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret, model=spec.model,
+                                                                 base=is_base(spec.client_id)))
             replica.loading += 1
             # the client is this load's until it ends: a load of it under another secret meanwhile is refused
             # before it writes anything (else it could write a replica and only then be refused)
@@ -272,7 +282,7 @@ class Tier:
             have = replica.blocks if replica is not None else {}
             need = 0
             for i in range(spec.start, spec.stop):
-                weights, trains = template.held_bytes(spec.model, i)
+                weights, trains = _trained_bytes(spec, i)
                 need += (weights + trains) * (i not in have) + trains * spec.optim.slots
             old = self._bindings.get(bkey)
             return need, old.held if old is not None else 0
@@ -324,14 +334,15 @@ class Tier:
                         segment.load_state_dict(state, strict=False)
             for i in missing:
                 replica.blocks[i] = new[i]
-            added = sum(sum(template.held_bytes(spec.model, i)) for i in missing)
+            added = sum(sum(_trained_bytes(spec, i)) for i in missing)
             segment.train()
             in_shape, in_dtype = template.boundary(spec.model, spec.start)
             out_shape, _ = template.boundary(spec.model, spec.stop)
             # the binding keeps the load's settings, not its tensors (written into the segment above): a tier
             # holding each client's weights twice would halve the clients it can serve
-            slots = spec.optim.slots * sum(template.held_bytes(spec.model, i)[1] for i in range(spec.start, spec.stop))
-            return _Binding(replace(spec, state=None), replica, segment, spec.optim.build(list(segment.parameters())),
+            slots = spec.optim.slots * sum(_trained_bytes(spec, i)[1] for i in range(spec.start, spec.stop))
+            optim = None if is_base(spec.client_id) else spec.optim.build(list(segment.parameters()))
+            return _Binding(replace(spec, state=None), replica, segment, optim,
                             in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start),
                             ends_model=spec.stop == template.num_blocks(spec.model), last_used=self._clock(),
                             held=slots), added
@@ -404,6 +415,11 @@ class Tier:
             raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                      f"refused: replica {spec.replica!r} holds blocks of another model "
                                      f"({replica.model.name}, not {spec.model.name} as this load says)")
+        if replica is not None and replica.base != is_base(spec.client_id):  # its blocks are counted as its own
+            raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
+                                     f"refused: replica {spec.replica!r} holds " +
+                                     ("a coordinator's base segment, which never trains" if replica.base else
+                                      "a client's segment, which trains: a base segment needs a replica of its own"))
 
     def _unclaim(self, bkey: tuple[str, str]) -> None:
         """A load of ``bkey`` ended (under ``self._lock``)."""
@@ -657,8 +673,17 @@ class Tier:
     def _rng(self, b: _Binding, key: StepKey) -> int:
         return step_rng(b.spec.seed, key.client_id, key.round, key.seq)
 
-    def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
+    def _trainer(self, key: StepKey) -> _Binding:
+        """The binding a step or forward runs on: a coordinator's own segment (a base, a holder) never trains,
+        and is held without room for a gradient or optimizer slots (:func:`_trained_bytes`)."""
         b = self._binding(key.run_id, key.client_id, key.secret)
+        if is_base(key.client_id):
+            raise FailedPrecondition(f"tier {self.name}: {key.client_id!r} in run {key.run_id!r} is a coordinator's "
+                                     "base segment: it is copied and summed, never stepped")
+        return b
+
+    def step(self, key: StepKey, activation: torch.Tensor, labels: torch.Tensor) -> StepReply:
+        b = self._trainer(key)
         if b.holds_lock:
             raise FailedPrecondition(f"step {key.seq} while U-shape step {b.last_seq} waits for its backward")
         if self._onward(b) is None and not b.ends_model:
@@ -714,7 +739,7 @@ class Tier:
         return self._out(x.grad) if x.requires_grad and x.grad is not None else None
 
     def forward(self, key: StepKey, activation: torch.Tensor) -> torch.Tensor:
-        b = self._binding(key.run_id, key.client_id, key.secret)
+        b = self._trainer(key)
         digest = _digest("forward", activation)
         if b.holds_lock:
             # this client's forward waits for its backward and keeps the replica's lock: a retry of it gets its
@@ -750,7 +775,7 @@ class Tier:
         return result
 
     def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
-        b = self._binding(key.run_id, key.client_id, key.secret)
+        b = self._trainer(key)
         # a retry that comes while the first is still running waits for it, then takes its reply; two at once
         # would both pass the checks below and run the graph's backward twice (the second: an internal error)
         if not b.backward.acquire(timeout=SHARED_WAIT_S):
