@@ -246,7 +246,8 @@ def free_ports(n: int) -> list[int]:
 def check_tls(tls_ca: str, tls_cert: str, tls_key: str) -> None:
     """Refuse (ConfigError, before anything starts) TLS files the deployment cannot run with: not all three,
     files that do not parse, a key not the certificate's, a certificate out of its validity dates
-    (:meth:`TlsConfig.check`), or one whose subjectAltName does not cover 127.0.0.1, where every process is
+    (:meth:`TlsConfig.check`), one whose extendedKeyUsage lacks serverAuth or clientAuth (every process serves
+    it and presents it to the tiers), or one whose subjectAltName does not cover 127.0.0.1, where every process is
     reached (the SuperLink then refused its SuperNodes and ``flwr``, and deploy said only that the SuperLink
     was unavailable)."""
     if not (tls_ca or tls_cert or tls_key):
@@ -255,7 +256,8 @@ def check_tls(tls_ca: str, tls_cert: str, tls_key: str) -> None:
         raise ConfigError("TLS needs --tls-ca, --tls-cert and --tls-key together")
     from splitfed.transport.security import TlsConfig, certificate_names
 
-    cert, _, _ = TlsConfig(tls_cert, tls_key, tls_ca).check(("--tls-cert", "--tls-key", "--tls-ca"))
+    cert, _, _ = TlsConfig(tls_cert, tls_key, tls_ca).check(("--tls-cert", "--tls-key", "--tls-ca"),
+                                                          roles=("server", "client"))
     assert cert is not None
     names = certificate_names(cert)
     if "IP:127.0.0.1" not in names:  # where every process of the deployment listens and is reached

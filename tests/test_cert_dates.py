@@ -19,6 +19,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from splitfed.errors import ConfigError
 from splitfed.transport.client import GrpcTierClient
@@ -36,19 +37,23 @@ def _when(t: dt.datetime) -> str:
 
 def _reissued(key_cert: tuple[ec.EllipticCurvePrivateKey, x509.Certificate], ca_key: ec.EllipticCurvePrivateKey,
               *, not_before: dt.datetime | None = None, not_after: dt.datetime | None = None,
-              names: list[x509.GeneralName] | None = None) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """``make_leaf``'s (or ``make_ca``'s) certificate signed again by ``ca_key`` with other dates or other
-    subjectAltName entries (``[]``: none); the same key."""
+              names: list[x509.GeneralName] | None = None, usages: list[x509.ObjectIdentifier] | None = None
+              ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """``make_leaf``'s (or ``make_ca``'s) certificate signed again by ``ca_key`` with other dates, other
+    subjectAltName entries (``[]``: none) or another extendedKeyUsage (``[]``: none); the same key."""
     key, cert = key_cert
     b = (x509.CertificateBuilder().subject_name(cert.subject).issuer_name(cert.issuer).public_key(cert.public_key())
          .serial_number(x509.random_serial_number())
          .not_valid_before(not_before or cert.not_valid_before_utc)
          .not_valid_after(not_after or cert.not_valid_after_utc))
     for ext in cert.extensions:
-        if not (names is not None and isinstance(ext.value, x509.SubjectAlternativeName)):
+        if not (names is not None and isinstance(ext.value, x509.SubjectAlternativeName)
+                or usages is not None and isinstance(ext.value, x509.ExtendedKeyUsage)):
             b = b.add_extension(ext.value, ext.critical)
     if names:
         b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    if usages:
+        b = b.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     return key, b.sign(ca_key, hashes.SHA256())
 
 
@@ -65,6 +70,9 @@ class Pki:
     old_ca_expired_on: str
     other_host: TlsConfig  # within its dates, for other.example only
     no_names: TlsConfig  # within its dates, without subjectAltName
+    server_only: TlsConfig  # extendedKeyUsage serverAuth alone
+    client_only: TlsConfig  # extendedKeyUsage clientAuth alone
+    any_use: TlsConfig  # no extendedKeyUsage: any use
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +105,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         old_ca_expired_on=_when(now - DAY),
         other_host=tls("wronghost", _reissued(leaf, ca_key, names=[x509.DNSName("other.example")])),
         no_names=tls("nonames", _reissued(leaf, ca_key, names=[])),
+        server_only=tls("serveronly", _reissued(leaf, ca_key, usages=[ExtendedKeyUsageOID.SERVER_AUTH])),
+        client_only=tls("clientonly", _reissued(leaf, ca_key, usages=[ExtendedKeyUsageOID.CLIENT_AUTH,
+                                                                      ExtendedKeyUsageOID.CODE_SIGNING])),
+        any_use=tls("anyuse", _reissued(leaf, ca_key, usages=[])),
     )
 
 
@@ -199,7 +211,7 @@ def test_this_sides_expired_certificate_is_named_before_the_tiers_ca_is_blamed(p
 # ------------------------------------------------------------------ server.deploy
 
 
-@pytest.mark.parametrize("which", ["other_host", "no_names", "expired"])
+@pytest.mark.parametrize("which", ["other_host", "no_names", "expired", "server_only", "client_only"])
 def test_deploy_refuses_a_certificate_it_cannot_run_with_before_anything_starts(
         pki: Pki, which: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,7 +228,54 @@ def test_deploy_refuses_a_certificate_it_cannot_run_with_before_anything_starts(
     said = {"other_host": "is not valid for 127.0.0.1 (it names DNS:other.example): every process of the "
                          "deployment is reached there; give a certificate with subjectAltName IP:127.0.0.1",
             "no_names": "is not valid for 127.0.0.1 (it has no subjectAltName)",
-            "expired": f"expired on {pki.expired_on}: renew it"}[which]
+            "expired": f"expired on {pki.expired_on}: renew it",
+            "server_only": "cannot authenticate a TLS client (its extended key usage allows serverAuth only, not "
+                           "clientAuth): a tier that asks for it (mutual TLS) refuses it; give a certificate "
+                           "whose extendedKeyUsage includes clientAuth",
+            "client_only": "cannot authenticate a TLS server (its extended key usage allows clientAuth, "
+                           "codeSigning only, not serverAuth)"}[which]
     assert code == 2 and err.count("\n") == 1 and err.startswith(f"deploy: error: --tls-cert {t.cert} {said}"), err
     assert not (tmp_path / "work").exists() and not (tmp_path / "run").exists()  # nothing was started
     deploy.check_tls(str(pki.ca), str(pki.good.cert), str(pki.good.key))  # one for 127.0.0.1: taken
+
+
+# ------------------------------------------------------------------ what a certificate may authenticate
+
+
+def test_a_certificate_is_checked_for_the_roles_it_plays(pki: Pki) -> None:
+    """Served, a certificate must allow serverAuth; presented for mutual TLS, clientAuth (OpenSSL refuses it
+    at every handshake otherwise: "unsupported certificate purpose"). One without extendedKeyUsage allows both."""
+    with pytest.raises(ConfigError, match=r"serveronly.pem cannot authenticate a TLS client \(its extended key "
+                                          r"usage allows serverAuth only, not clientAuth\)"):
+        pki.server_only.check(roles=("client",))
+    with pytest.raises(ConfigError, match="clientonly.pem cannot authenticate a TLS server"):
+        serve_tier("cloud", tls=pki.client_only)  # before it listens
+    pki.server_only.check(roles=("server",))
+    pki.client_only.check(roles=("client",))
+    pki.any_use.check(roles=("server", "client"))
+    with serve_tier("cloud", tls=pki.any_use) as srv:  # no extendedKeyUsage: served, and taken as a client's
+        assert tls_refusal("127.0.0.1", srv.port, pki.any_use) is None
+
+
+def test_a_tier_refusing_this_sides_certificate_for_its_purpose_is_told_apart_from_another_ca(pki: Pki) -> None:
+    """The tier closes the connection on a client certificate without clientAuth as it does on one another CA
+    signed; the diagnosis used to guess the CA. It now reads this side's own certificate and names its use."""
+    with serve_tier("cloud", tls=pki.good) as srv:
+        said = tls_refusal("127.0.0.1", srv.port, pki.server_only)
+        assert said == (f"the tier closed the connection when it got this side's certificate {pki.server_only.cert}: "
+                        "it cannot authenticate a client (its extended key usage allows serverAuth only, not "
+                        "clientAuth): give one whose extendedKeyUsage includes clientAuth (--tls-cert and --tls-key / "
+                        "tls-cert and tls-key)")
+        with pytest.raises(TlsRefused, match="cannot authenticate a client"):
+            GrpcTierClient(srv.address, tls=pki.server_only).describe(deadline_s=5)
+
+
+def test_ping_refuses_a_certificate_that_cannot_authenticate_a_client_before_any_call(
+        pki: Pki, capsys: pytest.CaptureFixture[str]) -> None:
+    from splitfed.cli import main
+
+    code = main(["ping", "127.0.0.1:9", "--tls-ca", str(pki.ca), "--tls-cert", str(pki.server_only.cert),
+                 "--tls-key", str(pki.server_only.key)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "cannot authenticate a TLS client" in err, err
+    assert "unavailable" not in err.lower()  # refused before any tier was asked

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         if bool(args.tls_cert) != bool(args.tls_key):
             raise ConfigError("--tls-cert and --tls-key go together")
         TlsConfig(args.tls_cert or None, args.tls_key or None, args.tls_ca or None).check(
-            ("--tls-cert", "--tls-key", "--tls-ca"))
+            ("--tls-cert", "--tls-key", "--tls-ca"), roles=("client",))
     if args.fleet_entry is not None and len(args.addresses) != 1:
         raise ConfigError("--fleet-entry measures this host's link to its edge: give exactly one address")
     if args.fleet_entry is not None and (not args.fleet_entry or any(c.isspace() for c in args.fleet_entry)):

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("TLS needs --tls-cert and --tls-key (--tls-ca adds mutual TLS)")
         tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
-        tls.check(("--tls-cert", "--tls-key", "--tls-ca"))  # before serving: gRPC would only fail to bind
+        tls.check(("--tls-cert", "--tls-key", "--tls-ca"), roles=("server",))  # before serving: gRPC would only fail to bind
     elif not args.insecure:
         raise ConfigError("refusing to serve without TLS: give --tls-cert and --tls-key (and --tls-ca for mutual "
                           "TLS), or --insecure to serve in plaintext on purpose")

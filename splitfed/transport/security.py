@@ -93,6 +93,29 @@ def out_of_date(cert: Any, now: dt.datetime | None = None) -> tuple[str, str] | 
     return None
 
 
+_AUTH = {"server": "serverAuth", "client": "clientAuth"}  # TLS roles, as extendedKeyUsage names them
+
+
+def refused_role(cert: Any, role: str) -> str | None:
+    """Why ``cert`` cannot authenticate a TLS ``role`` ("server" or "client"), as a phrase ("its extended key
+    usage allows serverAuth only"); None when it can: it has no extendedKeyUsage (any use), or one that names
+    the role or any use. OpenSSL refuses such a peer's certificate at every handshake with "unsupported
+    certificate purpose", which its peer sees only as a closed connection."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID as Eku
+
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return None
+    wanted = Eku.SERVER_AUTH if role == "server" else Eku.CLIENT_AUTH
+    if wanted in usage or Eku.ANY_EXTENDED_KEY_USAGE in usage:
+        return None
+    names = [n if (n := getattr(u, "_name", "")) and n != "Unknown OID" else u.dotted_string for u in usage]
+    names = names or ["nothing"]
+    return f"its extended key usage allows {', '.join(names)} only, not {_AUTH[role]}"
+
+
 def certificate_names(cert_pem: bytes) -> list[str]:
     """The subjectAltName entries of the first certificate in ``cert_pem`` (the leaf), as ``DNS:name`` and
     ``IP:address``: what a client verifying it by name or address checks (never the subject's CN)."""
@@ -124,18 +147,24 @@ class TlsConfig:
     def mutual(self) -> bool:
         return self.ca is not None
 
-    def check(self, names: tuple[str, str, str] = ("TLS certificate", "TLS key", "CA certificate")
-              ) -> tuple[bytes | None, bytes | None, bytes | None]:
+    def check(self, names: tuple[str, str, str] = ("TLS certificate", "TLS key", "CA certificate"),
+              roles: tuple[str, ...] = ()) -> tuple[bytes | None, bytes | None, bytes | None]:
         """The PEM bytes of (cert, key, ca), refused with a ConfigError naming the file (as ``names``: e.g.
         the flags ``--tls-cert``, ``--tls-key``, ``--tls-ca``) unless each parses as what it should be, the
-        key is the certificate's and the certificate is within its validity dates. gRPC would otherwise fail
-        later and vaguely: a tier "cannot listen", or serves a certificate every client refuses; a client's
-        handshake fails and the tier looks down."""
+        key is the certificate's, the certificate is within its validity dates and may authenticate each of
+        ``roles`` ("server": it is served; "client": it is presented for mutual TLS; :func:`refused_role`).
+        gRPC would otherwise fail later and vaguely: a tier "cannot listen", or serves a certificate every
+        client refuses; a client's handshake fails and the tier looks down."""
         cert, key, ca = (_read(self.cert, names[0]), _read(self.key, names[1]), _read(self.ca, names[2]))
         leaf = _pem_certificates(cert, self.cert, names[0])[0] if cert is not None else None
         if leaf is not None and (dated := out_of_date(leaf)) is not None:
             said, todo = dated
             raise ConfigError(f"{names[0]} {self.cert} {said}: {todo}")
+        for role in roles if leaf is not None else ():
+            if (why := refused_role(leaf, role)) is not None:
+                who = "every client" if role == "server" else "a tier that asks for it (mutual TLS)"
+                raise ConfigError(f"{names[0]} {self.cert} cannot authenticate a TLS {role} ({why}): {who} "
+                                  f"refuses it; give a certificate whose extendedKeyUsage includes {_AUTH[role]}")
         if ca is not None:  # a CA file none of whose certificates is within its dates verifies no peer at all
             anchors = _pem_certificates(ca, self.ca, names[2])
             stale = [d for c in anchors if (d := out_of_date(c)) is not None]
@@ -153,7 +182,7 @@ class TlsConfig:
     def server_credentials(self) -> grpc.ServerCredentials:
         if self.cert is None:
             raise ConfigError("a TLS server needs a certificate and key (--tls-cert, --tls-key)")
-        cert, key, ca = self.check()
+        cert, key, ca = self.check(roles=("server",))
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
@@ -321,6 +350,11 @@ def tls_refusal(host: str, port: int, tls: TlsConfig, timeout_s: float = 3.0, co
                              f"the certificate {cert.subject.rfc4514_string()} in {tls.cert}")
                     return (f"the tier closed the connection when it got this side's certificate: {which} {said}: "
                             f"{todo} (--tls-cert and --tls-key / tls-cert and tls-key)")
+                mine = _file_certificates(tls.cert)
+                if mine and (why := refused_role(mine[0], "client")) is not None:
+                    return (f"the tier closed the connection when it got this side's certificate {tls.cert}: "
+                            f"it cannot authenticate a client ({why}): give one whose extendedKeyUsage "
+                            "includes clientAuth (--tls-cert and --tls-key / tls-cert and tls-key)")
                 return (f"the tier closed the connection when it got this side's certificate {tls.cert}: it "
                         "refuses it (one its CA did not sign?): give a certificate the tier's CA signed, "
                         "--tls-cert and --tls-key / tls-cert and tls-key")
