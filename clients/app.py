@@ -152,8 +152,8 @@ def train(msg: Message, context: Context) -> Message:
     data = round_batches(x, y, ins.batch_size, ins.seed, pid, ins.round, ins.local_epochs)
     cfg = RoundConfig(ins.run_id, ins.round, ins.model, ins.mode, ins.u_shape, ins.optim, ins.seed)
     edge = node.edge_address or ins.edge_address
-    link = connect(edge, tls_ca=node.tls_ca or ins.tls_ca, tls_cert=node.tls_cert or ins.tls_cert,
-                   tls_key=node.tls_key or ins.tls_key, token_file=node.token_file or ins.token_file,
+    ca, cert, key = node.tls_files(ins.tls_ca, ins.tls_cert, ins.tls_key)
+    link = connect(edge, tls_ca=ca, tls_cert=cert, tls_key=key, token_file=node.token_file or ins.token_file,
                    compress=ins.compress, deadline_s=ins.deadline_s)
     try:
         if edge != ins.edge_address:
@@ -181,8 +181,8 @@ def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | No
     from splitfed.transport.probe import measure_link
 
     try:
-        with connect(node.edge_address or _asked(ask, "edge-address"), tls_ca=node.tls_ca or _asked(ask, "tls-ca"),
-                     tls_cert=node.tls_cert or _asked(ask, "tls-cert"), tls_key=node.tls_key or _asked(ask, "tls-key"),
+        ca, cert, key = node.tls_files(_asked(ask, "tls-ca"), _asked(ask, "tls-cert"), _asked(ask, "tls-key"))
+        with connect(node.edge_address or _asked(ask, "edge-address"), tls_ca=ca, tls_cert=cert, tls_key=key,
                      token_file=node.token_file or _asked(ask, "token-file"), deadline_s=30.0) as link:
             return measure_link(link, count=3, bandwidth=True), ""
     except TlsRefused as e:  # no network blip either: every step through the edge would be refused

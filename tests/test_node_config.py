@@ -16,6 +16,7 @@ from splitfed.flower.node import NodeConfig
 from splitfed.profile.fleet import parse_fleet
 from tests.flower_fixtures import FakeGrid
 from tests.test_flower_apps import BASE, _run
+from tests.transport_fixtures import Certs, certs  # noqa: F401 - fixture
 
 KNOWN = {"partition-id", "num-partitions", "device-profile", "edge-address", "data-file", "tls-ca", "tls-cert",
          "tls-key", "token-file", "torch-device"}
@@ -177,3 +178,27 @@ def test_a_node_whose_token_the_edge_refuses_is_left_out_at_registration(tmp_pat
                                 "token-file": str(old)})
     link, why = _measure_link(gone, ask)  # the edge is down now: a network failure, not this node's config
     assert link is None and why
+
+
+def test_a_node_connects_with_its_own_tls_files_as_a_whole(tmp_path, certs: Certs) -> None:  # noqa: F811
+    """A node that names a tls-ca alone (its tier asks for no client certificate) connects with that CA and
+    presents nothing. Before, each file fell back to the run's on its own, so it also took the coordinator's
+    certificate and key, paths that only the coordinator's host has: its link went unmeasured ("cannot read
+    --tls-cert") and each of its rounds failed the same way."""
+    from flwr.app import ConfigRecord
+
+    from clients.app import _measure_link
+    from splitfed.transport.server import serve_tier
+
+    run = {"tls-ca": "/coordinator/ca.pem", "tls-cert": "/coordinator/coord.pem", "tls-key": "/coordinator/coord.key"}
+    with serve_tier("edge", tls=certs.server_tls_only) as edge:
+        node = NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "edge-address": edge.address,
+                                 "tls-ca": str(certs.ca)})
+        assert node.tls_files(*run.values()) == (str(certs.ca), "", "")
+        link, why = _measure_link(node, ConfigRecord({"edge-address": "", "token-file": "", **run}))
+        assert link is not None and not why, why
+    plain = NodeConfig.parse({"partition-id": 0, "num-partitions": 1})
+    assert plain.tls_files(*run.values()) == tuple(run.values())  # none of its own: the run's (one host)
+    (tmp_path / "device.pem").write_text("x")
+    with pytest.raises(ConfigError, match="node config: tls-cert and tls-key go together"):
+        NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "tls-cert": str(tmp_path / "device.pem")})

@@ -35,6 +35,13 @@ class NodeConfig:
     token_file: str = ""
     torch_device: str = "cpu"  # where this device computes: cpu, cuda, cuda:N (a Jetson's GPU)
 
+    def tls_files(self, ca: str, cert: str, key: str) -> tuple[str, str, str]:
+        """The (tls-ca, tls-cert, tls-key) this node connects with, given the run's: its own as a whole when it
+        names any (a tls-ca alone: it presents no certificate), else the run's (one host: the coordinator's
+        files). Taken one by one, a node's tls-ca beside the run's certificate sent it looking for the
+        coordinator's files, which only the coordinator's host has."""
+        return (self.tls_ca, self.tls_cert, self.tls_key) if self.tls_ca or self.tls_cert else (ca, cert, key)
+
     @classmethod
     def parse(cls, cfg: Mapping[str, Any]) -> NodeConfig:
         keys = {f.name.replace("_", "-"): f for f in fields(cls)}
@@ -70,6 +77,8 @@ class NodeConfig:
         if not 0 <= node.partition_id < node.num_partitions:
             raise ConfigError(f"node config: partition-id {node.partition_id} is outside 0..{node.num_partitions - 1} "
                               f"(num-partitions {node.num_partitions})")
+        if bool(node.tls_cert) != bool(node.tls_key):
+            raise ConfigError("node config: tls-cert and tls-key go together (the node's certificate and its key)")
         for key in ("data-file", "tls-ca", "tls-cert", "tls-key", "token-file"):
             path = getattr(node, key.replace("-", "_"))
             if path and not Path(path).is_file():
