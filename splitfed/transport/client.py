@@ -7,6 +7,10 @@ once a call has sent more than ``grpc.per_rpc_retry_buffer_size`` (256 KiB),
 which every real activation does, so it is switched off rather than relied
 on. Retrying is safe because every call is idempotent at the tier: a step
 with the same sequence number returns its cached reply and is applied once.
+So is gRPC's own RESOURCE_EXHAUSTED of a server at its ``maximum_concurrent_rpcs``
+(the tier is busy; none of the call ran), with the same backoff and budget; a
+RESOURCE_EXHAUSTED the tier sends itself (a memory or size refusal) is its
+answer, and is not.
 """
 
 from __future__ import annotations
@@ -53,6 +57,11 @@ _TLS_SYMPTOMS = ("handshake", "ssl", "tls", "closed", "reset", "eof", "certifica
 # the TLS refusal of the 127.0.0.1 a tier listens on. Only then are the name's addresses tried one by one.
 _NO_CONNECTION = ("failed to connect to remote host", "connection refused", "network is unreachable",
                   "no route to host", "cannot assign requested address", "address not available")
+
+# gRPC's own refusal of a call beyond a server's maximum_concurrent_rpcs (grpc/_server.py: "Concurrent RPC limit
+# exceeded!"): a busy tier, and nothing of the call ran. gRPC's other RESOURCE_EXHAUSTED (a message above the size
+# limit) and the tier's own (marked sent-by-tier) would come back the same if retried.
+_OVERLOADED = "concurrent rpc limit exceeded"
 
 DEADLINE: ContextVar[float | None] = ContextVar("splitfed_deadline", default=None)
 """Monotonic time by which the call being served must answer (set by the server for its next hop)."""
@@ -143,7 +152,8 @@ class GrpcTierClient:
         self._lock = threading.Lock()
         self.bytes_up = 0
         self.bytes_down = 0
-        self.retried = 0  # attempts repeated after UNAVAILABLE (for tests and logs)
+        self.retried = 0  # attempts repeated after UNAVAILABLE or an overloaded tier (for tests and logs)
+        self._sent_most = (0, 0)  # the largest tensor and call (bytes) sent so far: see _read_limits
 
     # ------------------------------------------------------------ calls
 
@@ -169,7 +179,8 @@ class GrpcTierClient:
                 return attempt(left)
             except grpc.RpcError as e:
                 code, details = _status(e)
-                if code == grpc.StatusCode.UNAVAILABLE and tries < self.retries:
+                by_tier = sent_by_tier(e)
+                if _retryable(code, details, by_tier) and tries < self.retries:
                     pause = self.backoff_s * (2 ** tries) * (0.5 + random.random() / 2)
                     if time.monotonic() + pause < end:
                         tries += 1
@@ -178,7 +189,7 @@ class GrpcTierClient:
                         time.sleep(pause)
                         continue
                 raise self._error(code, details, what, tries, budget, end - time.monotonic(),
-                                  by_tier=sent_by_tier(e)) from None
+                                  by_tier=by_tier) from None
 
     def _error(self, code: grpc.StatusCode, details: str, what: str, tries: int, budget: float,
                left: float = 0.0, by_tier: bool = False) -> TierError:
@@ -234,6 +245,9 @@ class GrpcTierClient:
         if code == grpc.StatusCode.NOT_FOUND and tries:
             return NotFound(f"{where}: {details} (the tier was unreachable before: it may have restarted and "
                             f"lost this client's segment; load it again){at}")
+        if _retryable(code, details, by_tier):  # gRPC's overload refusal, every attempt
+            return error_of(code, f"{where}: busy after {tries + 1} attempt(s): {details} (the tier takes only so "
+                                  f"many calls at once, and it stayed at that limit){at}")
         return error_of(code, f"{where}: {details}{at}")
 
     def _answer_of_another_address(self, host: str, port: int, timeout_s: float
@@ -287,7 +301,7 @@ class GrpcTierClient:
             else:
                 replies = self._step_stream(wire.iter_frames(head, enc, chunk), timeout=timeout,
                                             metadata=self._metadata)
-            result, items = wire.read_all(replies, wire.F_RESULT, self.limits, what=f"{what} reply")
+            result, items = wire.read_all(replies, wire.F_RESULT, self._read_limits(), what=f"{what} reply")
             assert isinstance(result, pb.StepResult)
             if len(items) != int(result.has_tensor):
                 raise TierError(f"tier {self.address}: {what}: reply carries {len(items)} tensors")
@@ -300,6 +314,7 @@ class GrpcTierClient:
         head = pb.StepHeader(run_id=key.run_id, client_id=key.client_id, round=key.round, seq=key.seq, phase=phase,
                              reply_codec=self._reply_codec, secret=key.secret)
         enc = [("", tc.encode(t, c)) for t, c in tensors]
+        self._sending(enc)
         # one message up and (the activation's gradient) one message down: a unary call
         act = enc[0][1]
         unary = (phase == pb.PHASE_STEP and wire.single_frame(enc, self.limits.unary_bytes)
@@ -307,6 +322,27 @@ class GrpcTierClient:
                  <= self.limits.unary_bytes)
         result, out = self._exchange(head, enc, what, unary)
         return result, out, sum(e.nbytes for _, e in enc)
+
+    def _sending(self, tensors: Sequence[tuple[str, tc.Encoded]]) -> None:
+        """Note the largest tensor and call sent (bytes as declared, decoded or as sent): see :meth:`_read_limits`."""
+        sizes = [max(e.nbytes, tc.payload_size(e.dtype, e.shape, tc.NONE)) for _, e in tensors]
+        with self._lock:
+            tensor, call = self._sent_most
+            self._sent_most = (max(tensor, max(sizes, default=0)), max(call, sum(sizes)))
+
+    def _read_limits(self, factor: int = 1) -> wire.Limits:
+        """The limits a reply is read with: this client's, times ``factor``, raised to take back the largest
+        tensor and call it has sent. A tier hands back what it took (a fetch, a step's gradient), and whether it
+        takes a tensor is its own limit's call: a tier started with ``--max-tensor-mb`` above 512 took tensors
+        whose fetch the coordinator's default client then refused, at the round's end, after the training. A
+        tier still cannot make this side take more than it sent."""
+        with self._lock:
+            tensor, call = self._sent_most
+        own = self.limits
+        if factor == 1 and tensor <= own.max_tensor_bytes and call <= own.max_call_bytes:
+            return own
+        return replace(own, max_tensor_bytes=factor * max(own.max_tensor_bytes, tensor),
+                       max_call_bytes=factor * max(own.max_call_bytes, call))
 
     def _count(self, up: int, down: wire.Received | None) -> None:
         with self._lock:
@@ -345,6 +381,7 @@ class GrpcTierClient:
             seed=spec.seed, loss_here=spec.loss_here, has_state=spec.state is not None, secret=spec.secret,
             base=spec.base, base_secret=spec.base_secret)
         tensors = [(k, tc.encode(v)) for k, v in sorted((spec.state or {}).items())]
+        self._sending(tensors)
         chunk = self.limits.chunk_bytes
         self._call(f"load of {spec.client_id}",
                    lambda t: self._load(wire.iter_frames(head, tensors, chunk), timeout=t, metadata=self._metadata))
@@ -358,7 +395,8 @@ class GrpcTierClient:
 
         def attempt(timeout: float) -> State:
             stream = self._fetch(req, timeout=timeout, metadata=self._metadata)
-            _, items = wire.read_all(stream, None, self.limits, writable=True, what="fetch reply")
+            _, items = wire.read_all(stream, None, self._read_limits(), writable=True,
+                                     what=f"tier {self.address}: fetch of {client_id}: reply")
             return {it.name: it.tensor for it in items}
 
         return self._call(f"fetch of {client_id}", attempt)
@@ -379,8 +417,7 @@ class GrpcTierClient:
 
         # float32 means of float16 weights, float64 means of int32 buffers: twice the bytes a fetch of them may
         # hold (a float32 model's means: the bytes of a fetch)
-        limits = replace(self.limits, max_tensor_bytes=2 * self.limits.max_tensor_bytes,
-                         max_call_bytes=2 * self.limits.max_call_bytes)
+        limits = self._read_limits(factor=2)
 
         def attempt(timeout: float) -> Reduced:
             stream = self._reduce(raw, timeout=timeout, metadata=self._metadata)
@@ -479,6 +516,12 @@ def _status(e: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
     return code, details or code.name
 
 
+
+
+def _retryable(code: grpc.StatusCode, details: str, by_tier: bool) -> bool:
+    """Whether a failed call may be tried again: UNAVAILABLE, or gRPC's own refusal of a busy server."""
+    return code == grpc.StatusCode.UNAVAILABLE or (
+        code == grpc.StatusCode.RESOURCE_EXHAUSTED and not by_tier and _OVERLOADED in details.lower())
 
 
 def _took_no_connection(details: str) -> bool:

@@ -20,7 +20,8 @@ labels or token ids always travel exactly):
   sent, so this bounds what a few received bytes may make it allocate.
 
 Receivers check everything against the declared dtype, shape and codec before
-using a byte; a mismatch raises :class:`~splitfed.errors.InvalidArgument`.
+using a byte, and a bool payload for bytes other than 0 and 1; a mismatch raises
+:class:`~splitfed.errors.InvalidArgument`.
 """
 
 from __future__ import annotations
@@ -275,6 +276,17 @@ def _readonly(payload: object) -> bool:
     return isinstance(payload, bytes) or (isinstance(payload, memoryview) and payload.readonly)
 
 
+def _check_bools(raw: torch.Tensor) -> None:
+    """Refuse bool bytes other than 0 and 1. Such a byte is no bool: what torch and numpy do with it is
+    undefined, and the exact codec decodes in place, so the tensor would keep it, send it on (its bytes are
+    what a fetch or a forward sends) and differ, byte for byte, from an equal tensor (a view as uint8, a
+    checksum)."""
+    bad = raw > 1
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise InvalidArgument(f"bool payload byte {i} is {int(raw[i])}: bool values travel as bytes 0 and 1 only")
+
+
 def decode(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec,
            payload: memoryview | bytes | bytearray | torch.Tensor, *, writable: bool = False) -> torch.Tensor:
     """Rebuild a tensor whose meta passed :func:`check_meta`.
@@ -289,6 +301,8 @@ def decode(dtype: torch.dtype, shape: tuple[int, ...], codec: Codec,
     numel = math.prod(shape)
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
+    if dtype == torch.bool:  # lossy codecs never apply to it (check_meta)
+        _check_bools(_as_uint8(payload, 1))
     if codec.kind == "none":
         if not isinstance(payload, torch.Tensor):  # received bytes: one view of them as the dtype, if aligned
             t = torch.frombuffer(payload, dtype=dtype)

@@ -68,15 +68,30 @@ class TierInfo:
 
     @classmethod
     def from_pb(cls, m: pb.TierInfo) -> TierInfo:
+        """A peer's description; ValueError naming the field of a value no tier has (a negative count or limit, an
+        idle release that is negative or not a number: read as "never", it skipped the round-timeout check)."""
         fields = {k: getattr(m, k) for k in cls.__dataclass_fields__}
+        for k in _COUNTS:
+            if fields[k] < 0:
+                raise ValueError(f"{k} must be >= 0, got {fields[k]}")
+        for k in ("idle_release_s", "uptime_s"):
+            if not (math.isfinite(fields[k]) and fields[k] >= 0):
+                raise ValueError(f"{k} must be a finite number of seconds >= 0"
+                                 f"{' (0: never)' if k == 'idle_release_s' else ''}, got {fields[k]}")
         idle = float(m.idle_release_s)
-        fields["idle_release_s"] = idle if math.isfinite(idle) and idle > 0 else None
+        fields["idle_release_s"] = idle if idle > 0 else None
         fields["allowed_models"] = tuple(m.allowed_models)
         return cls(**fields)
 
     def to_dict(self) -> dict[str, object]:
         return {k: (list(v) if isinstance(v, tuple) else v)
                 for k, v in ((k, getattr(self, k)) for k in self.__dataclass_fields__)}
+
+
+_COUNTS = ("max_clients", "max_model_bytes", "max_sample_bytes", "max_tensor_bytes", "segments", "runs", "steps_served",
+           "threads")
+"""The whole-number fields of a description but its protocol (another protocol is check_chain's to name): counts, and
+limits (0: not said, by an older tier)."""
 
 
 def _codec_name(name: str) -> str:

@@ -434,6 +434,11 @@ class TierServicer:
             items = self._reduce_items(req)
             reduced = self.tier.reduce(req.run_id, items)
             head = pb.ReduceResult(refused=list(reduced.refused), reasons=list(reduced.refused.values()))
+            if not wire.head_fits(head, self.limits):  # else gRPC refused to send it: "Sent message larger than max"
+                raise ResourceExhausted(f"reduce: the reply would leave out {len(reduced.refused)} of the "
+                                        f"{len(items)} client(s), and their ids and reasons ({head.ByteSize()} bytes) "
+                                        f"do not fit one message ({self.limits.max_message_bytes} bytes): ask "
+                                        "about fewer clients at once")
             out = wire.iter_frames(head, [(k, tc.encode(v)) for k, v in sorted(reduced.means.items())],
                                    self.limits.chunk_bytes)
         yield from self.idle_streams.reply(out, context, "Reduce reply")

@@ -34,6 +34,9 @@ _HEAD_NUMS: dict[type[Message], int] = {v: k for k, v in HEADS.items()}
 _TAG_PAD = bytes([(F_PAD << 3) | 2])
 _TAG_DATA = bytes([(F_DATA << 3) | 2])
 ALIGN = 16
+META_BYTES = 32 << 10
+"""The most bytes of head and tensor metas one frame carries (a larger head travels alone: see
+:func:`iter_frames`); ``Limits.head_room`` holds twice this."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class Limits:
     ``max_tensor_bytes`` / ``max_call_bytes``: the most one tensor / all
     tensors of one call may declare; ``max_tensors`` and ``max_frames`` bound a
     call's count of each (RESOURCE_EXHAUSTED above any).
+
+    Every bound is checked here: a zero or negative one refused every call with a message about the call
+    ("more than 0 messages"), and a ``head_room`` below a frame's head and metas made gRPC refuse frames the
+    sender built itself.
     """
 
     chunk_bytes: int = 1 << 20
@@ -59,10 +66,17 @@ class Limits:
     head_room: int = 64 << 10
 
     def __post_init__(self) -> None:
-        for name in ("chunk_bytes", "unary_bytes"):
+        mib = 64 << 20
+        for name, low, high in (("chunk_bytes", 1, mib), ("unary_bytes", 1, mib), ("head_room", 2 * META_BYTES, mib),
+                                ("max_tensor_bytes", 1, None), ("max_call_bytes", 1, None), ("max_tensors", 1, None),
+                                ("max_frames", 1, None)):
             v = getattr(self, name)
-            if not 0 < v <= 64 << 20:
-                raise ConfigError(f"{name} must lie in 1 B..64 MiB, got {v}")
+            if isinstance(v, int) and not isinstance(v, bool) and low <= v <= (high or v):
+                continue
+            if high is None:
+                raise ConfigError(f"{name} must be a whole number >= {low}, got {v!r}")
+            why = "; it carries a frame's head and metas" if name == "head_room" else ""
+            raise ConfigError(f"{name} must be a whole number of bytes in {low}..{high} (64 MiB{why}), got {v!r}")
 
     @property
     def max_message_bytes(self) -> int:
@@ -153,29 +167,38 @@ def model_of(m: pb.ModelSpec) -> ModelSpec:
         raise InvalidArgument(f"model: {e}") from None
 
 
+def head_fits(head: Message, limits: Limits) -> bool:
+    """Whether ``head`` fits one message of ``limits`` (alone, as :func:`iter_frames` sends a large one)."""
+    n = head.ByteSize()
+    return 1 + len(_varint(n)) + n <= limits.max_message_bytes
+
+
 def padded(n: int) -> int:
     """A payload's length in the stream: rounded up to ALIGN."""
     return n + (-n) % ALIGN
 
 
 def frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]], chunk_bytes: int,
-           meta_bytes: int = 32 << 10) -> list[bytes]:
+           meta_bytes: int = META_BYTES) -> list[bytes]:
     """All messages of one call (see :func:`iter_frames`)."""
     return list(iter_frames(head, tensors, chunk_bytes, meta_bytes))
 
 
-def single_frame(tensors: Sequence[tuple[str, tc.Encoded]], chunk_bytes: int, meta_bytes: int = 32 << 10) -> bool:
+def single_frame(tensors: Sequence[tuple[str, tc.Encoded]], chunk_bytes: int, meta_bytes: int = META_BYTES) -> bool:
     """Whether the call fits one message (then it may go as a unary call)."""
     return sum(padded(e.nbytes) for _, e in tensors) <= chunk_bytes and len(tensors) * 64 <= meta_bytes
 
 
 def iter_frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]], chunk_bytes: int,
-                meta_bytes: int = 32 << 10) -> Iterator[bytes]:
+                meta_bytes: int = META_BYTES) -> Iterator[bytes]:
     """The messages of one call, built as they are sent: ``head`` first, then metas and payload stream.
 
     A frame carries at most ``chunk_bytes`` of payload stream and about
-    ``meta_bytes`` of tensor metas (a state of many small tensors takes several
-    frames). Built lazily, a frame's copy overlaps the sending of the previous one.
+    ``meta_bytes`` of head and tensor metas (a state of many small tensors takes several
+    frames). The head counts in that budget: one larger than it travels alone, in a frame without payload.
+    Else a head near ``Limits.head_room`` (a Load's model options may take 64 KiB) plus a full chunk made a
+    frame larger than gRPC's message limit, and the sender's own gRPC refused the call.
+    Built lazily, a frame's copy overlaps the sending of the previous one.
     """
     prefix: list[bytes] = []
     parts: list[memoryview | bytes] = []
@@ -183,6 +206,7 @@ def iter_frames(head: Message | None, tensors: Sequence[tuple[str, tc.Encoded]],
     sent = False
     if head is not None:
         prefix.append(_field(_HEAD_NUMS[type(head)], head.SerializeToString()))
+        metas = len(prefix[0])
     for name, e in tensors:
         meta = _meta_field(name, e.dtype, e.shape, e.nbytes, e.codec)
         if metas and metas + len(meta) > meta_bytes:
@@ -402,7 +426,10 @@ class Reader:
                         self._complete(self._queue.pop(0), b"")
 
     def _complete(self, cur: _Pending, payload: memoryview | bytes | torch.Tensor) -> None:
-        t = tc.decode(cur.dtype, cur.shape, cur.codec, payload, writable=self.writable)
+        try:
+            t = tc.decode(cur.dtype, cur.shape, cur.codec, payload, writable=self.writable)
+        except InvalidArgument as e:  # the payload's own checks (bool bytes, top-k indices): name the tensor
+            raise InvalidArgument(f"{self.what}: tensor {cur.name or cur.index}: {e}") from None
         self._done[cur.index] = Received(cur.name, t, cur.nbytes)
         cur.buffer = None
 
