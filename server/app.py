@@ -64,13 +64,15 @@ RESUMABLE = {"rounds", "out", "resume", "overwrite", "tier_addresses", "tier_tor
 def build_app(settings: RunSettings | None = None, progress: Progress | None = None,
               stop: threading.Event | None = None,
               on_summary: Callable[[dict[str, Any]], None] | None = None,
-              recorded_as: RunSettings | None = None) -> ServerApp:
+              recorded_as: RunSettings | None = None,
+              resumed: checkpoint.Checkpoint | None = None) -> ServerApp:
     """A ServerApp for ``settings``; without them it reads ``context.run_config`` (``flwr run``).
 
     ``stop`` ends the run between polls (Ctrl-C in ``splitfed simulate``);
     ``on_summary`` receives the run's summary (``run_simulation`` returns nothing); ``recorded_as``: the
     settings the summary and checkpoint record, when ``settings`` carry what only this process knows (the
-    addresses and temporary token of tiers ``splitfed simulate`` started for the run).
+    addresses and temporary token of tiers ``splitfed simulate`` started for the run); ``resumed``: the
+    checkpoint the caller read for a resume, used unless the file has changed since (:func:`run`).
     """
     server_app = ServerApp()
 
@@ -78,7 +80,7 @@ def build_app(settings: RunSettings | None = None, progress: Progress | None = N
     def main(grid: Grid, context: Context) -> None:
         s = settings or RunSettings.from_mapping(dict(context.run_config), source="run config")
         try:
-            summary = run(grid, s, progress, stop, recorded_as=recorded_as)
+            summary = run(grid, s, progress, stop, recorded_as=recorded_as, resumed=resumed)
         except RunStopped:
             if stop is not None and stop.is_set():
                 return  # stopped by its caller, who knows why: ending normally spares Flower's 3 s wait for it
@@ -93,46 +95,55 @@ app = build_app()
 
 
 def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
-        stop: threading.Event | None = None, recorded_as: RunSettings | None = None) -> dict[str, Any]:
-    """The whole run (see the module docstring); returns the summary (see :func:`build_app`)."""
+        stop: threading.Event | None = None, recorded_as: RunSettings | None = None,
+        resumed: checkpoint.Checkpoint | None = None) -> dict[str, Any]:
+    """The whole run (see the module docstring); returns the summary (see :func:`build_app`).
+
+    A resume reads and checks its checkpoint (the sha256 of all it holds) once, here or by the caller
+    (``resumed``), and hands it on; it is read again only if the file changed meanwhile
+    (:func:`checkpoint.current`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every other process of a run: the same kernels, so the same numbers
     try:
-        return _run(grid, settings, progress or (lambda line: log(INFO, "%s", line)), stop, recorded_as)
+        return _run(grid, settings, progress or (lambda line: log(INFO, "%s", line)), stop, recorded_as, resumed)
     finally:
         torch.set_num_threads(threads)  # the caller's process (a notebook, a test) gets its setting back
 
 
 def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None,
-         recorded_as: RunSettings | None) -> dict[str, Any]:
+         recorded_as: RunSettings | None, resumed: checkpoint.Checkpoint | None = None) -> dict[str, Any]:
     if not settings.out:
         return _run_in(grid, settings, say, stop, recorded_as)
-    if settings.resume and _held_round(settings.out) >= settings.rounds:
+    held = _held(settings, resumed)
+    if held is not None and held.round >= settings.rounds:
         # a resume that asks for nothing (``flwr run`` with resume=true, the Python API): answered as simulate
         # and server.deploy answer it, before the folder is claimed, whose end would record the run finished
-        check_resume(settings)  # other math or data is refused, as with a round to train
-        done = runfolder.nothing_to_do(settings.out, settings.rounds, settings.out)
+        check_resume(settings, held)  # other math or data is refused, as with a round to train
+        done = runfolder.nothing_to_do(settings.out, settings.rounds, settings.out, held)
         if done is not None:
             return done
     with runfolder.claim(settings.out, settings.resume, settings.overwrite), \
             runfolder.recording_stops():  # one run per folder, held to the end; a signal's stop is recorded at once
-        return _run_in(grid, settings, say, stop, recorded_as)
+        return _run_in(grid, settings, say, stop, recorded_as, held)
 
 
-def _held_round(out: str) -> int:
-    """The round the checkpoint in ``out`` holds (0: none, or one :func:`checkpoint.load` refuses: the resume
-    then refuses it where it always did)."""
+def _held(settings: RunSettings, resumed: checkpoint.Checkpoint | None = None) -> checkpoint.Checkpoint | None:
+    """The checkpoint a resume continues from, read once (``resumed``, read by the caller, unless the file
+    changed since) and handed on; None when the run is no resume, or :func:`checkpoint.load` refuses the file:
+    the resume then refuses it where it always did, with the folder held."""
+    if not settings.resume:
+        return None
     try:
-        return checkpoint.load(out).round
+        return checkpoint.current(settings.out, resumed)
     except ConfigError:
-        return 0
+        return None
 
 
 def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None,
-            recorded_as: RunSettings | None = None) -> dict[str, Any]:
+            recorded_as: RunSettings | None = None, held: checkpoint.Checkpoint | None = None) -> dict[str, Any]:
     data = data_digest(settings)  # once: hashing a dataset's files each round would cost seconds
     fleet_sha = fleet_digest(settings.fleet)
-    ckpt = _resume(settings, data, fleet_sha)
+    ckpt = _resume(settings, data, fleet_sha, held)
     settings = named(settings, ckpt)
     recorded = (recorded_as or settings).with_(run_name=settings.run_name).to_dict()
     # the key of the clients' binding secrets: a run resumed under its own name keeps it (its loads then
@@ -209,13 +220,15 @@ def data_digest(settings: RunSettings) -> str:
         settings.spec, settings.dataset, settings.partition, settings.clients, settings.seed)
 
 
-def _resume(settings: RunSettings, data: str = "", fleet: str = "") -> checkpoint.Checkpoint | None:
+def _resume(settings: RunSettings, data: str = "", fleet: str = "",
+            held: checkpoint.Checkpoint | None = None) -> checkpoint.Checkpoint | None:
     """The checkpoint to continue from, if it may be: the same math (settings) on the same data (``data``,
     :func:`data_digest` now) and the same fleet (``fleet``, its :func:`~splitfed.profile.fleet.fleet_digest`
-    now: its devices drive the simulated clock and the cuts)."""
+    now: its devices drive the simulated clock and the cuts). ``held``: the one the resume read before, not
+    read again unless the file changed since (:func:`checkpoint.current`)."""
     if not settings.resume:
         return None
-    ckpt = checkpoint.load(settings.out)
+    ckpt = checkpoint.current(settings.out, held)
     before = RunSettings.from_mapping(ckpt.settings, source=f"{settings.out}/{checkpoint.FILENAME}")
     changed = [k for k, v in settings.to_dict().items() if k not in RESUMABLE and before.to_dict()[k] != v]
     if changed:
@@ -263,11 +276,12 @@ def _same_model(settings: RunSettings, ckpt: checkpoint.Checkpoint) -> None:
                           "differently; start the run over with --overwrite")
 
 
-def check_resume(settings: RunSettings) -> None:
+def check_resume(settings: RunSettings, held: checkpoint.Checkpoint | None = None) -> None:
     """Refuse now, before anything starts, the resumption :func:`_resume` would refuse once the run has
-    started: other math, or dataset files that changed since the checkpoint."""
+    started: other math, or dataset files that changed since the checkpoint (``held``: the checkpoint the
+    resume read, not read again)."""
     if settings.resume:
-        _resume(settings, data_digest(settings), fleet_digest(settings.fleet))
+        _resume(settings, data_digest(settings), fleet_digest(settings.fleet), held)
 
 
 def named(settings: RunSettings, ckpt: checkpoint.Checkpoint | None = None) -> RunSettings:

@@ -20,6 +20,7 @@ from splitfed.errors import SplitfedError
 from splitfed.jsonio import dumps
 
 if TYPE_CHECKING:
+    from splitfed.flower.checkpoint import Checkpoint
     from splitfed.flower.config import RunSettings
 
 # flag -> RunSettings field (flags left out keep the config file's or default value)
@@ -81,6 +82,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """Defaults <- checkpoint (--resume) <- config file <- flags."""
+    return _settings_and_checkpoint(args)[0]
+
+
+def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Checkpoint | None]:
+    """:func:`settings_from_args`, and the checkpoint ``--resume`` read for them (None without): the resume
+    hands it on rather than read and check it again."""
     from splitfed.errors import ConfigError
     from splitfed.flower import checkpoint
     from splitfed.flower.config import RunSettings, flag, toml_table
@@ -88,10 +95,10 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     if getattr(args, "out", None) is not None and not args.out.strip():
         raise ConfigError("--out must name a folder (a run writes its metrics and checkpoint there)")
     layers: list[tuple[dict[str, Any], str | None]] = []
-    if args.resume:
+    held = checkpoint.resumed(args.resume, getattr(args, "out", None)) if args.resume else None
+    if held is not None:
         # the stopped run's tier processes are gone: this run starts its own (or --config names them)
-        saved = {**checkpoint.resumed(args.resume, getattr(args, "out", None)).settings, "tier_addresses": "",
-                 "coordinator_token_file": "", "overwrite": False}
+        saved = {**held.settings, "tier_addresses": "", "coordinator_token_file": "", "overwrite": False}
         layers.append((saved, args.resume))
     if args.config:
         table = toml_table(args.config)
@@ -104,7 +111,7 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
         layers.append(({"out": args.resume, "resume": True}, None))
     elif not any(values.get("out") for values, _ in layers):
         layers.append(({"out": _fresh_folder(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))}, None))
-    return RunSettings.layered(layers)  # checked as a whole: a flag may make right what the file alone is not
+    return RunSettings.layered(layers), held  # checked as a whole: a flag may make right what the file alone is not
 
 
 def _fresh_folder(stem: Path) -> str:
@@ -119,10 +126,10 @@ def _fresh_folder(stem: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     from splitfed.sim.runner import simulate, validate
 
-    settings = settings_from_args(args)
-    validate(settings)
+    settings, held = _settings_and_checkpoint(args)  # a resume reads and checks its checkpoint here, once
+    validate(settings, held)
     try:
-        summary = _finished(settings) or simulate(settings, verbose=args.verbose)
+        summary = _finished(settings, held) or simulate(settings, verbose=args.verbose, resumed=held)
     except (SplitfedError, KeyboardInterrupt) as e:  # the run had started: say what is kept and how to go on
         e.hint = _continue_hint(settings, stopped=isinstance(e, KeyboardInterrupt))  # type: ignore[union-attr]
         raise
@@ -137,11 +144,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _finished(settings: RunSettings) -> dict[str, Any] | None:
+def _finished(settings: RunSettings, held: Checkpoint | None = None) -> dict[str, Any] | None:
     """A resumed run whose checkpoint already holds what is asked: its summary, with nothing started."""
     from splitfed.flower import runfolder
 
-    return runfolder.nothing_to_do(settings.out, settings.rounds, settings.out) if settings.resume else None
+    return runfolder.nothing_to_do(settings.out, settings.rounds, settings.out, held) if settings.resume else None
 
 
 def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:

@@ -31,7 +31,7 @@ import torch
 
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
-from splitfed.flower.metrics import METRICS, rows_kept
+from splitfed.flower.metrics import METRICS, rows_kept, sync_folder
 from splitfed.jsonio import dumps
 
 FILENAME = "checkpoint.pt"
@@ -56,6 +56,8 @@ class Checkpoint:
     # checkpoint whose row a resume puts back (restore_row); the other way round, round 1's row without a
     # checkpoint left a run that could be neither resumed nor started again
     row: dict[str, Any] | None = None
+    # the file it was read from (device, inode, size, times: :func:`current`); () for one not read from a file
+    stamp: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
 
 def restore_row(folder: str | Path, ckpt: Checkpoint) -> bool:
@@ -167,11 +169,7 @@ def _save(folder: Path, ckpt: Checkpoint) -> Path:
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_folder(folder)
     return final
 
 
@@ -194,7 +192,28 @@ def resume_point(folder: str | Path, rounds: int) -> tuple[int, str]:
     return ckpt.round, "" if ckpt.settings.get("rounds") == rounds else f" --rounds {rounds}"
 
 
+def current(folder: str | Path, held: Checkpoint | None = None) -> Checkpoint:
+    """The checkpoint in ``folder`` now: ``held`` (one :func:`load` read and checked before) while the file
+    there is still the one it was read from, else the file read again. A resume reads and checks its
+    checkpoint once and hands it on; a checkpoint written since, or changed in place, is read again (a
+    checkpoint is replaced whole, as a new file: another inode)."""
+    if held is not None and held.stamp and held.stamp == _stamp(Path(folder) / FILENAME):
+        return held
+    return load(folder)
+
+
+def _stamp(path: Path, st: os.stat_result | None = None) -> tuple[int, ...]:
+    """Which file ``path`` is, and which version of it ((): none there)."""
+    if st is None:
+        try:
+            st = path.stat()
+        except OSError:
+            return ()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def load(folder: str | Path) -> Checkpoint:
+    """Read and check the checkpoint in ``folder`` (refused with a :class:`ConfigError` that says why)."""
     folder = Path(folder)
     path = folder / FILENAME
     if folder.exists() and not folder.is_dir():
@@ -211,7 +230,9 @@ def load(folder: str | Path) -> Checkpoint:
         raise ConfigError(f"cannot resume: {path} does not exist (no round of that run finished: start it again "
                           "with --out)")
     try:
-        payload = torch.load(path, weights_only=True)
+        with open(path, "rb") as f:
+            stamp = _stamp(path, os.fstat(f.fileno()))  # of the very file read: one replaced meanwhile is not it
+            payload = torch.load(f, weights_only=True)
         if payload.get("format") not in (1, FORMAT):
             raise ConfigError(f"{path}: checkpoint format {payload.get('format')!r}, expected {FORMAT}")
         saved = payload.get("sha256")  # None: a format-1 checkpoint from before the digest was kept
@@ -228,7 +249,7 @@ def load(folder: str | Path) -> Checkpoint:
                           policy=meta["policy"], rng=payload["rng"], data=str(meta.get("data", "")),
                           fleet=str(meta.get("fleet", "")),
                           where=str(meta.get("where", "")), binding_key=str(meta.get("binding_key", "")),
-                          row=_row(meta.get("row")))
+                          row=_row(meta.get("row")), stamp=stamp)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem

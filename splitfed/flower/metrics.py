@@ -12,6 +12,10 @@ resume puts back the row of a crash between the two (``checkpoint.restore_row``)
 the file holds every round the checkpoint does, and one that lacks another of them
 (damaged, or cut by hand) is refused rather than continued with a hole. A disk that fails while a
 row is written is one :class:`~splitfed.errors.RunFolderError` line.
+
+Each row is fsynced as it is appended; a file made anew (the metrics a run starts or a resume rewrites, the
+summary) is also made durable in its folder (:func:`sync_folder`): an fsynced file whose name the folder
+has not recorded on disk may be gone after a power loss.
 """
 
 from __future__ import annotations
@@ -28,6 +32,16 @@ from splitfed.jsonio import dumps, write_atomic
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+
+
+def sync_folder(folder: str | Path) -> None:
+    """Make what ``folder`` names durable (files made, replaced or removed there): fsync the folder itself.
+    A file's own fsync covers its bytes, not its name."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def rows_kept(folder: str | Path, *, cut: bool = True) -> int:
@@ -118,17 +132,23 @@ class MetricsWriter:
         keep = [r for r in self.rows() if int(r.get("round", 0)) <= round]
         with _writing(self.path):
             write_atomic(self.path, "".join(dumps(r) + "\n" for r in keep))
+            sync_folder(self.folder)  # the file is a new one (replaced whole): its name is made durable too
 
     def append(self, row: Mapping[str, Any]) -> None:
-        with _writing(self.path), open(self.path, "a") as f:
-            f.write(dumps(dict(row)) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        with _writing(self.path):
+            made = not self.path.exists()
+            with open(self.path, "a") as f:
+                f.write(dumps(dict(row)) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            if made:  # a row in a file the folder does not yet hold on disk would be lost with the file
+                sync_folder(self.folder)
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
         path = self.folder / SUMMARY
         with _writing(path):
             write_atomic(path, dumps(dict(summary), indent=2, sort_keys=True) + "\n")
+            sync_folder(self.folder)
         return path
 
 

@@ -38,11 +38,12 @@ from typing import Any
 
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint
-from splitfed.flower.metrics import METRICS, SUMMARY, read_rows, rows_kept
+from splitfed.flower.metrics import METRICS, SUMMARY, read_rows, rows_kept, sync_folder
 from splitfed.jsonio import dumps, write_atomic
 
 LOCK = ".splitfed.lock"
-RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``overwrite`` removes
+RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``overwrite`` removes (:func:`outputs` too)
+REPORT = "report"  # where ``splitfed report RUN`` writes its report by default: inside the run folder
 ENDS = ("finished", "stopped", "failed")  # how a run that recorded its end ended
 TIME = "%Y-%m-%d %H:%M:%S"
 
@@ -72,6 +73,8 @@ def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
     if not folder.is_dir():
         return
     _refuse_held(folder, resume, overwrite)
+    if overwrite and not resume:
+        _replaceable(folder)
     if resume and (folder / METRICS).is_file():
         read_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
     lock = folder / LOCK
@@ -86,14 +89,17 @@ def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
 @contextmanager
 def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
     """Hold ``folder`` for one run: refused if another process holds it, or if it holds a run that
-    this one neither resumes nor replaces (``overwrite`` removes that run's files, once the lock is
-    held). The lock file records the run's start once it is accepted, and how it ended when it ends
+    this one neither resumes nor replaces (``overwrite`` removes that run's files, and the figures and
+    report made of it: :func:`outputs`, once the lock is held). The lock file records the run's start once it is accepted, and how it ended when it ends
     (see the module docstring); a refused claim leaves the record of the run that is there."""
     folder = Path(folder)
     _usable(folder)
     new = not folder.exists()
+    made = _missing(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        for d in made:  # its name in its parent is as durable as what the run keeps in it
+            sync_folder(d.parent)
     except OSError as e:
         raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
     fd = _take(folder)
@@ -105,9 +111,8 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
         # the run that is there, if any: its record, and when it was written (``status`` compares it with the
         # summary's time: a record put back must keep it)
         before, kept, written = _record(os.pread(fd, 65536, 0)), _footprint(folder), os.fstat(fd).st_mtime_ns
-        if overwrite and not resume:
-            for name in RUN_FILES:
-                (folder / name).unlink(missing_ok=True)
+        if overwrite and not resume and not new:
+            _remove_run(folder)
         for name in (*RUN_FILES, LOCK):  # what a writer killed mid-write left: with the lock held, none is alive
             for tmp in folder.glob(f".{name}.*.tmp"):
                 tmp.unlink(missing_ok=True)
@@ -142,6 +147,53 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
                         os.utime(folder / LOCK, ns=(written, written))
         finally:
             os.close(fd)  # the lock goes with the descriptor
+
+
+def outputs(folder: str | Path) -> list[Path]:
+    """What splitfed made in ``folder`` of the run there, beside the run's own files (:data:`RUN_FILES`): the
+    figures ``splitfed simulate`` draws when a run ends, and the report ``splitfed report FOLDER`` writes by
+    default in ``FOLDER/report`` (its figures, ``summary.md``, ``summary.csv`` and ``rounds.csv``). Those
+    that are there now, by their names: a file of any other name (the user's) is never one, nor a folder."""
+    from splitfed.report.plots import standard_plot_files
+    from splitfed.report.summary import csv_files
+
+    def figures(d: Path) -> list[Path]:  # the standard views, and the ones standard_plots removes as an earlier
+        return [*standard_plot_files([], d), *sorted(d.glob("cuts_*.png")), d / "predicted_vs_measured.png"]
+
+    folder = Path(folder)
+    found = figures(folder)
+    report = folder / REPORT
+    if report.is_dir() and not report.is_symlink():  # (a link: a folder elsewhere, not the run's)
+        found += [*figures(report), report / "summary.md", *csv_files(report)]
+    return [p for p in dict.fromkeys(found) if p.is_symlink() or p.is_file()]
+
+
+def _replaceable(folder: Path) -> None:
+    """Refuse to replace the run in ``folder`` when a run's file there is a folder: it could not be removed,
+    nor written."""
+    for name in RUN_FILES:
+        p = folder / name
+        if p.is_dir() and not p.is_symlink():
+            raise ConfigError(f"cannot replace the run in {folder}: {p} is a folder, not a file of a run (move it "
+                              "away, or choose another out)")
+
+
+def _remove_run(folder: Path) -> None:
+    """``overwrite``: remove the run ``folder`` holds, and what splitfed made of it (:func:`outputs`), so that
+    nothing of the old run is seen beside the new one's rows. Checked first; the figures and report go
+    before the run's own files, so a disk that refuses a removal leaves the old run whole; the user's
+    files stay, and so does ``report`` if it holds any."""
+    _replaceable(folder)
+    old = outputs(folder)
+    report = folder / REPORT
+    for p in [*old, *(folder / name for name in RUN_FILES)]:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot replace the run in {folder}: cannot remove {p}: {e.strerror or e}") from None
+    if any(p.parent == report for p in old):
+        with contextlib.suppress(OSError):  # not empty: the user's files are there
+            report.rmdir()
 
 
 def _footprint(folder: Path) -> tuple[tuple[int, int] | None, ...]:
@@ -297,17 +349,22 @@ def _usable(folder: Path) -> None:
             raise ConfigError(f"run folder {folder}: {p} is a file, not a folder")
 
 
-def _writable(folder: Path) -> None:
-    """Refuse a folder a run could not write, by writing there: the folder and the parents it lacks are made,
-    take an empty file, and are removed again (permissions alone miss a read-only mount, or /proc)."""
+def _missing(folder: Path) -> list[Path]:
+    """The folders ``folder.mkdir(parents=True)`` would make, outermost first."""
     missing = []
     p = folder.absolute()
     while not p.exists() and p != p.parent:
         missing.append(p)
         p = p.parent
+    return missing[::-1]
+
+
+def _writable(folder: Path) -> None:
+    """Refuse a folder a run could not write, by writing there: the folder and the parents it lacks are made,
+    take an empty file, and are removed again (permissions alone miss a read-only mount, or /proc)."""
     made: list[Path] = []
     try:
-        for d in reversed(missing):
+        for d in _missing(folder):
             d.mkdir()
             made.append(d)
         probe = folder / f".splitfed-probe.{os.getpid()}"
@@ -473,16 +530,18 @@ def _identity(pid: int) -> str:
         return ""
 
 
-def nothing_to_do(out: str, rounds: int, again: str) -> dict[str, Any] | None:
+def nothing_to_do(out: str, rounds: int, again: str, held: checkpoint.Checkpoint | None = None,
+                  ) -> dict[str, Any] | None:
     """A resume of the run in ``out`` up to round ``rounds`` that finds nothing to train: it says so (with how
     to train on: ``again``, the folder as the user named it) and returns the run's summary; None when there
     is a round to train. A run that ended part way stays unfinished (no ``summary.json`` is written: it marks
-    a finished run), and the summary is of the run as it was recorded, not of the flags that asked."""
+    a finished run), and the summary is of the run as it was recorded, not of the flags that asked. ``held``:
+    the checkpoint the resume read (:func:`checkpoint.current`), not read again."""
     import sys
 
     from splitfed.flower.metrics import summarise, summary_again
 
-    ckpt = checkpoint.load(out)
+    ckpt = checkpoint.current(out, held)
     done = ckpt.round
     if done < rounds:
         return None

@@ -40,6 +40,8 @@ from splitfed.units import mib_text
 if TYPE_CHECKING:
     from flwr.app import ConfigRecordValues
 
+    from splitfed.flower.checkpoint import Checkpoint
+
 
 class SimulationError(SplitfedError):
     """Flower's simulation engine (Ray) failed; the message names the root cause."""
@@ -48,8 +50,9 @@ class SimulationError(SplitfedError):
 
 
 def simulate(settings: RunSettings, progress: Callable[[str], None] = print, verbose: bool = False,
-             cpus: int | None = None) -> dict[str, Any]:
-    """Run the simulation; returns the run's summary (also in ``out/summary.json``)."""
+             cpus: int | None = None, resumed: Checkpoint | None = None) -> dict[str, Any]:
+    """Run the simulation; returns the run's summary (also in ``out/summary.json``). ``resumed``: the
+    checkpoint a resume read already, handed to the ServerApp (read again only if the file changed since)."""
     import ray
     from flwr.simulation import run_simulation
 
@@ -92,7 +95,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
                                           coordinator_token_file=chain.coordinator_token_file)
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
             server_app = build_app(run_settings, signals.progress(progress), stop=stop, on_summary=summary.update,
-                                   recorded_as=settings)
+                                   recorded_as=settings, resumed=resumed)
             backend: dict[str, dict[str, ConfigRecordValues]] = {  # Ray is already up
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
             try:
@@ -375,8 +378,9 @@ class ExpectedWarnings(logging.Filter):
         return not any(e in text for e in self.EXPECTED)
 
 
-def validate(settings: RunSettings) -> None:
-    """Refuse bad settings before any process starts (one clear error, nothing started)."""
+def validate(settings: RunSettings, resumed: Checkpoint | None = None) -> None:
+    """Refuse bad settings before any process starts (one clear error, nothing started). ``resumed``: the
+    checkpoint a resume read already (not read again unless the file changed since)."""
     from splitfed.cost.model import cut_options
     from splitfed.data import parse_partition
     from splitfed.engine import template
@@ -396,7 +400,7 @@ def validate(settings: RunSettings) -> None:
     if settings.resume:  # a checkpoint of other math or other data
         from server.app import check_resume
 
-        check_resume(settings)
+        check_resume(settings, resumed)
     spec = settings.spec
     parse_partition(settings.partition)
     test_data(spec, settings.dataset, settings.seed)  # unknown dataset or shape mismatch
