@@ -34,8 +34,19 @@ def dumps(obj: Any, *, default: Callable[[Any], Any] | None = None, **kw: Any) -
     return json.dumps(strict(obj), allow_nan=False, **kw)
 
 
+def sync_folder(folder: str | Path) -> None:
+    """Make what ``folder`` names durable (files made, replaced or removed there): fsync the folder itself.
+    A file's own fsync covers its bytes, not its name: after a power loss the folder may name the old file."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: str | Path, text: str) -> Path:
-    """Replace ``path`` with ``text`` in one step (a crash leaves the old file or the new, never half)."""
+    """Replace ``path`` with ``text`` in one step (a crash leaves the old file or the new, never half), and
+    durably (the file's bytes and its name in the folder are fsynced)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
@@ -48,6 +59,7 @@ def write_atomic(path: str | Path, text: str) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    sync_folder(p.parent)
     return p
 
 

@@ -64,3 +64,25 @@ def test_a_toml_literal_reads_back_as_its_value(v) -> None:  # type: ignore[no-u
     from splitfed.tomlio import value
 
     assert tomllib.loads(f"x = {value(v)}")["x"] == v
+
+
+def test_a_file_written_atomically_is_named_durably(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's bytes are fsynced before it replaces the old one, and the folder after: an fsynced file the
+    folder does not yet name on disk may be the old one after a power loss (results.json, the run's lock
+    record, experiment results)."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:  # type: ignore[no-untyped-def]
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    path = write_json(tmp_path / "results.json", {"a": 1})
+    assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
+    assert events[1][1] == str(path) and events[2][1] == str(tmp_path)

@@ -31,8 +31,8 @@ import torch
 
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
-from splitfed.flower.metrics import METRICS, rows_kept, sync_folder
-from splitfed.jsonio import dumps
+from splitfed.flower.metrics import METRICS, rows_kept
+from splitfed.jsonio import dumps, sync_folder
 
 FILENAME = "checkpoint.pt"
 FORMAT = 2  # 2: the sha256 is always there (a format-1 file may lack it: written before it was kept)

@@ -14,7 +14,7 @@ the file holds every round the checkpoint does, and one that lacks another of th
 row is written is one :class:`~splitfed.errors.RunFolderError` line.
 
 Each row is fsynced as it is appended; a file made anew (the metrics a run starts or a resume rewrites, the
-summary) is also made durable in its folder (:func:`sync_folder`): an fsynced file whose name the folder
+summary) is also made durable in its folder (:func:`~splitfed.jsonio.sync_folder`): an fsynced file whose name the folder
 has not recorded on disk may be gone after a power loss.
 """
 
@@ -28,20 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, RunFolderError
-from splitfed.jsonio import dumps, write_atomic
+from splitfed.jsonio import dumps, sync_folder, write_atomic
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
-
-
-def sync_folder(folder: str | Path) -> None:
-    """Make what ``folder`` names durable (files made, replaced or removed there): fsync the folder itself.
-    A file's own fsync covers its bytes, not its name."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rows_kept(folder: str | Path, *, cut: bool = True) -> int:
@@ -131,8 +121,7 @@ class MetricsWriter:
         """Keep only rows of rounds <= ``round`` (a resumed run redoes the rest)."""
         keep = [r for r in self.rows() if int(r.get("round", 0)) <= round]
         with _writing(self.path):
-            write_atomic(self.path, "".join(dumps(r) + "\n" for r in keep))
-            sync_folder(self.folder)  # the file is a new one (replaced whole): its name is made durable too
+            write_atomic(self.path, "".join(dumps(r) + "\n" for r in keep))  # its name made durable too
 
     def append(self, row: Mapping[str, Any]) -> None:
         with _writing(self.path):
@@ -148,7 +137,6 @@ class MetricsWriter:
         path = self.folder / SUMMARY
         with _writing(path):
             write_atomic(path, dumps(dict(summary), indent=2, sort_keys=True) + "\n")
-            sync_folder(self.folder)
         return path
 
 

@@ -38,8 +38,8 @@ from typing import Any
 
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint
-from splitfed.flower.metrics import METRICS, SUMMARY, read_rows, rows_kept, sync_folder
-from splitfed.jsonio import dumps, write_atomic
+from splitfed.flower.metrics import METRICS, SUMMARY, read_rows, rows_kept
+from splitfed.jsonio import dumps, sync_folder, write_atomic
 
 LOCK = ".splitfed.lock"
 RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``overwrite`` removes (:func:`outputs` too)
