@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, SplitfedError, Terminated
+
+
+class ReportWriteError(SplitfedError):
+    """The report could not be written once it was started (a full disk, a file too large): exit code 1, as
+    for any command that started and failed. The report there before is kept whole."""
+
+    exit_code = 1
+
+
+if TYPE_CHECKING:
+    from splitfed.report.runs import Run
 
 
 def _accuracy(text: str) -> float:
@@ -59,9 +75,33 @@ def without_out(paths: list[Path], out: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitfed.report.plots import standard_plot_files, standard_plots
+    with _terminated_on_sigterm():  # SIGTERM ends it as Ctrl-C does: its drafts removed, 143
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _terminated_on_sigterm() -> Iterator[None]:
+    """While held (in the main thread, where SIGTERM has its default action), SIGTERM raises
+    :class:`~splitfed.errors.Terminated`: the report's drafts are removed on the way out, where the default
+    action would end the process at once and leave them beside the report."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from splitfed.report.plots import standard_plot_files
     from splitfed.report.runs import load_runs, run_notes
-    from splitfed.report.summary import csv_files, summary_markdown, summary_rows, write_csv
+    from splitfed.report.summary import csv_files, summary_rows
     from splitfed.report.table import class_table, format_table
 
     paths = [Path(p) for p in args.runs]
@@ -86,10 +126,7 @@ def run(args: argparse.Namespace) -> int:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"cannot write the report to {out}: {e.strerror or e}") from None
-    images = standard_plots(runs, out, args.target)
-    rel = {name: p.relative_to(out) for name, p in images.items()}
-    (out / "summary.md").write_text(summary_markdown(runs, args.target, rel))
-    write_csv(runs, out, args.target)
+    images = write_report(runs, out, args.target)
     headers, rows = summary_rows(runs, args.target)
     print(format_table(headers, rows))
     for r in runs:
@@ -100,3 +137,55 @@ def run(args: argparse.Namespace) -> int:
     for note in (note for r in runs for note in run_notes(r)):  # on stderr: seen also when stdout is a file
         print(f"splitfed report: note: {note}", file=sys.stderr)
     return 0
+
+
+def write_report(runs: Sequence[Run], out: Path, target: float | None) -> dict[str, Path]:
+    """The figures, ``summary.md``, ``summary.csv`` and ``rounds.csv`` of ``runs`` in ``out``; name -> figure.
+
+    Every file is written beside its place first (and synced), and all are put in place once all are written:
+    an interrupt (Ctrl-C, SIGTERM) or a failed write (a full disk) leaves the report there before as it was,
+    never half a file, nor new figures beside an old summary. A failed write is one line naming the file."""
+    from splitfed.report.plots import draw_standard_plots, remove_stale_plots
+    from splitfed.report.summary import csv_files, csv_texts, summary_markdown
+
+    staged: list[tuple[Path, Path]] = []  # (draft, its place)
+    writing = "the figures"
+    replaced = 0
+    try:
+        drawn = draw_standard_plots(runs, out, target)
+        staged += drawn.values()
+        rel = {name: path.relative_to(out) for name, (_, path) in drawn.items()}
+        texts = [summary_markdown(runs, target, rel), *csv_texts(runs, target)]
+        for place, text in zip([out / "summary.md", *csv_files(out)], texts, strict=True):
+            writing = place.name
+            draft = place.with_name(f".{place.name}.{os.getpid()}.tmp")
+            staged.append((draft, place))
+            with open(draft, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        for draft, place in staged:
+            writing = place.name
+            os.replace(draft, place)
+            replaced += 1
+        writing = "an earlier report's figures"
+        remove_stale_plots(out, [place for _, place in staged])
+    except OSError as e:
+        kept = ("the report there before, if any, is kept" if not replaced
+                else f"{replaced} of its {len(staged)} files are new")
+        raise ReportWriteError(f"cannot write the report to {out}: {_named(e, writing)}: {e.strerror or e} "
+                               f"({kept})") from None
+    finally:
+        for draft, _ in staged[replaced:]:
+            draft.unlink(missing_ok=True)
+    return {name: place for name, (_, place) in drawn.items()}
+
+
+def _named(e: OSError, writing: str) -> str:
+    """The file a failed write was for: the one ``e`` names (a figure's draft named as its figure), else
+    ``writing``."""
+    if not e.filename:
+        return writing
+    name = Path(os.fsdecode(e.filename)).name
+    draft = f".{os.getpid()}.tmp"
+    return name[1:-len(draft)] if name.startswith(".") and name.endswith(draft) else name

@@ -179,18 +179,22 @@ def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_label
     levels = np.arange(lo, hi + 2) - 0.5
     cmap = ListedColormap([_viridis(v) for v in np.linspace(0, 1, len(levels) - 1)]).with_extremes(bad="white")
     norm = BoundaryNorm(levels, cmap.N)
-    fig = Figure(figsize=(min(14.0, 3.0 + 0.35 * len(rounds)) * (1 if width == 1 else 1.6),
-                          min(12.0, 1.8 + 0.22 * len(clients))), dpi=DPI, layout="constrained")
+    names = _cut_names(run, width)
+    wide = max(min(14.0, 3.0 + 0.35 * len(rounds)) * (1 if width == 1 else 1.6),
+               1.5 + width * (0.3 + 0.1 * max(map(len, names))))  # room for each panel's title
+    fig = Figure(figsize=(wide, min(12.0, 1.8 + 0.22 * len(clients))), dpi=DPI, layout="constrained")
     axes = fig.subplots(1, width, squeeze=False, sharey=True)[0]
     im = None
+    # one column per row of the metrics, placed by its index and labelled with its round: rounds that skip
+    # (rows of a hand-made run) would otherwise stretch the columns over them and put them under wrong ticks
+    step = max(1, math.ceil(len(rounds) / 15))
     for k, ax in enumerate(axes):
         im = ax.imshow(np.ma.masked_invalid(grid[k]), aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
-                       extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(clients) - 0.5, -0.5) if rounds else None)
-        ax.set_title(_cut_name(k, width))
+                       extent=(-0.5, len(rounds) - 0.5, len(clients) - 0.5, -0.5) if rounds else None)
+        ax.set_title(names[k])
         ax.set_xlabel("round")
         if rounds:
-            step = max(1, math.ceil(len(rounds) / 15))
-            ax.set_xticks(rounds[::step])
+            ax.set_xticks(range(0, len(rounds), step), [str(x) for x in rounds[::step]])
     axes[0].set_ylabel("client (device class)")
     if len(clients) <= max_labels:
         axes[0].set_yticks(range(len(clients)))
@@ -215,24 +219,42 @@ def standard_plots(runs: Sequence[Run], out: str | Path, target: float | None = 
     first, and all are put in place once all are drawn: a drawing that fails leaves the folder as it was. The
     views an earlier report drew there of runs not in this one (a cut heatmap is named by its run's place in
     the list) are removed: the folder shows these runs only."""
+    drawn = draw_standard_plots(runs, out, target)
+    for tmp, path in drawn.values():
+        os.replace(tmp, path)
+    remove_stale_plots(out, [path for _, path in drawn.values()])
+    return {name: path for name, (_, path) in drawn.items()}
+
+
+def draw_standard_plots(runs: Sequence[Run], out: str | Path,
+                        target: float | None = None) -> dict[str, tuple[Path, Path]]:
+    """Every standard view of ``runs``, each drawn to a temporary file beside its place in ``out``; name ->
+    (temporary file, place). Nothing is put in place (a caller that writes more files puts all in place
+    together, e.g. with ``os.replace``); a drawing that fails removes those drawn before it."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     drawn: dict[str, tuple[Path, Path]] = {}
+    path = d
     try:
         for name, path, draw in _views(runs, d, target):
             drawn[name] = (path.with_name(f".{path.name}.{os.getpid()}.tmp"), path)
             draw(drawn[name][0])
-    except BaseException:
+    except BaseException as e:
         for tmp, _ in drawn.values():
             tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not e.filename:  # a write that failed part way (a full disk) names no file
+            e.filename = str(path)
         raise
-    for tmp, path in drawn.values():
-        os.replace(tmp, path)
-    made = {path for _, path in drawn.values()}
+    return drawn
+
+
+def remove_stale_plots(out: str | Path, made: Sequence[Path]) -> None:
+    """Remove the views an earlier report drew in ``out`` that ``made`` (this report's) does not hold."""
+    d = Path(out)
+    keep = set(made)
     for old in [*d.glob("cuts_*.png"), d / "predicted_vs_measured.png"]:  # an earlier report's, of other runs
-        if old not in made:
+        if old not in keep:
             old.unlink(missing_ok=True)
-    return {name: path for name, (_, path) in drawn.items()}
 
 
 def _views(runs: Sequence[Run], d: Path, target: float | None) -> list[tuple[str, Path, Callable[[Path], Path]]]:
@@ -269,9 +291,33 @@ def _with_start(run: Run, x: Sequence[float]) -> tuple[list[float], list[float]]
     return xs, ys
 
 
-def _cut_name(k: int, width: int) -> str:
-    names = {1: ["device | server"], 2: ["device | edge", "edge | cloud"]}.get(width)
-    return f"cut {k + 1}: {names[k]}" if names else f"cut {k + 1}"
+def _chain(run: Run) -> int | None:
+    """How many tiers the run's chain has: its settings' ``tiers`` (``summary.json``), else one more than
+    the server tiers its rows' ``tier_weight_bytes`` name; None when neither says."""
+    settings = run.summary.get("settings")
+    tiers = settings.get("tiers") if isinstance(settings, dict) else None
+    if isinstance(tiers, int) and not isinstance(tiers, bool) and tiers >= 2:
+        return tiers
+    for r in run.rounds:
+        per_tier = r.extra.get("tier_weight_bytes")
+        if isinstance(per_tier, list) and per_tier and all(isinstance(b, list) for b in per_tier):
+            return len(per_tier) + 1
+    return None
+
+
+def _cut_names(run: Run, width: int) -> list[str]:
+    """Each cut's panel title: the tiers it lies between. A run's cut vector has one cut per server tier and,
+    for a U-shape, one more where the device's tail starts, so its chain (:func:`_chain`) tells the two apart;
+    without one, two cuts are read as three tiers (the default)."""
+    tiers = _chain(run) or {1: 2, 2: 3}.get(width)
+    if tiers is None or width not in (tiers - 1, tiers):
+        return [f"cut {k + 1}" for k in range(width)]
+    names = {2: ["device", "server"], 3: ["device", "edge", "cloud"]}.get(
+        tiers, ["device", *(f"tier {t}" for t in range(2, tiers + 1))])
+    between = [f"{a} | {b}" for a, b in zip(names, names[1:], strict=False)]
+    if width == tiers:  # U-shape: the last cut hands back to the device, which holds the tail and the loss
+        between.append(f"{names[-1]} | device (tail)")
+    return [f"cut {k + 1}: {name}" for k, name in enumerate(between)]
 
 
 def _viridis(v: float) -> tuple[float, float, float, float]:
@@ -287,5 +333,8 @@ def slug(text: str) -> str:
 def _save(fig: Figure, path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, format="png", bbox_inches="tight")
+    with open(p, "wb") as f:  # on disk before it is put in place (a crash then leaves the old one or the new)
+        fig.savefig(f, format="png", bbox_inches="tight")
+        f.flush()
+        os.fsync(f.fileno())
     return p

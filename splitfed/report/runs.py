@@ -233,12 +233,16 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if not metrics.is_file():
         what = "is not a run folder" if p.exists() else "does not exist"
         raise ConfigError(f"{p} {what}: no {METRICS} in it")
+    if p.is_file() and p.name == SUMMARY:  # read as metrics, its first line "{" is "not valid JSON"
+        raise ConfigError(f"{p} is a run's summary, not its metrics: give the run folder ({folder}) or its {METRICS}")
     rows, cut_short = read_rows_cut(metrics)  # a run still writing its last row: the rows before it
     summary: dict[str, Any] = {}
     sp = folder / SUMMARY
     if sp.is_file():
         try:
-            summary = json.loads(sp.read_text())
+            summary = json.loads(sp.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ConfigError(f"{sp}: not valid JSON: not UTF-8 text") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{sp}: not valid JSON: {e.msg}") from None
         if not isinstance(summary, dict):
@@ -249,7 +253,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     except ConfigError as e:
         raise ConfigError(f"{metrics}: {e}") from None
     if not run.rounds:
-        raise ConfigError(f"{metrics}: no rounds in it")
+        torn = " (its only line was cut short: a crash, or a round still being written)" if cut_short else ""
+        raise ConfigError(f"{metrics}: no rounds in it{torn}")
     # imported here: it imports torch (for the checkpoint's file name)
     from splitfed.flower.runfolder import status
 

@@ -7,12 +7,14 @@ The same rows feed the terminal table (:func:`summary_rows` + ``table.format_tab
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitfed.report.runs import MEASURED, Run, clock_of, run_notes
+from splitfed.jsonio import write_atomic
+from splitfed.report.runs import MEASURED, RoundRow, Run, clock_of, run_notes
 from splitfed.report.table import MB, format_value
 
 HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
@@ -30,12 +32,18 @@ def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list
     for r in runs:
         n = len(r.rounds)
         wall = [x.wall_s for x in r.rounds]
-        row: list[Any] = [r.label, n, r.final.accuracy, max(x.accuracy for x in r.rounds), r.sim_time[-1],
+        row: list[Any] = [r.label, n, r.final.accuracy, best_accuracy(r), r.sim_time[-1],
                           r.sim_time[-1] / n, r.cum_bytes[-1] / MB, r.weight_bytes / MB, sum(wall), r.status]
         if target is not None:
             row += [r.time_to_target(target), r.rounds_to_target(target)]
         rows.append(row)
     return headers, rows
+
+
+def best_accuracy(run: Run) -> float:
+    """The run's best test accuracy over the rounds that have one (a diverged round's ``null`` reads as NaN,
+    which ``max`` would return or skip by where it stands); NaN when no round has one."""
+    return max((x.accuracy for x in run.rounds if not math.isnan(x.accuracy)), default=math.nan)
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -92,27 +100,41 @@ def csv_files(out: Path) -> tuple[Path, Path]:
     return out / "summary.csv", out / "rounds.csv"
 
 
-def write_csv(runs: Sequence[Run], out: Path, target: float | None = None) -> tuple[Path, Path]:
-    """``summary.csv`` (the runs table, numbers unrounded) and ``rounds.csv`` (every round of every run),
-    for spreadsheets and dataframes; a missing or non-finite number is an empty cell."""
+def _clients(row: RoundRow) -> int:
+    """The clients that finished the round: the row's own ``clients`` where it says (a client that failed
+    keeps its cuts in the row), else those with cuts."""
+    n = row.extra.get("clients")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else len(row.cuts)
+
+
+def csv_texts(runs: Sequence[Run], target: float | None = None) -> tuple[str, str]:
+    """The text of ``summary.csv`` and of ``rounds.csv`` (see :func:`write_csv`)."""
     def cell(v: Any) -> Any:
         return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
 
-    out.mkdir(parents=True, exist_ok=True)
     headers, rows = summary_rows(runs, target)
-    summary, rounds = csv_files(out)
-    with summary.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(headers)
-        w.writerows([[cell(v) for v in row] for row in rows])
-    with rounds.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(ROUND_COLUMNS)
-        for r in runs:
-            for row, t in zip(r.rounds, r.sim_time, strict=True):
-                w.writerow([cell(v) for v in (r.label, row.round, row.accuracy, row.loss, row.sim_round_s, t,
-                                              row.wall_s, row.bytes_up, row.bytes_down, row.bytes_total,
-                                              len(row.cuts), "measured" if row.extra.get(MEASURED) else "sim",
-                                              _number(row.extra.get("predicted_round_s")), row.weight_bytes)])
-    return summary, rounds
+    summary, rounds = io.StringIO(newline=""), io.StringIO(newline="")
+    w = csv.writer(summary)
+    w.writerow(headers)
+    w.writerows([[cell(v) for v in row] for row in rows])
+    w = csv.writer(rounds)
+    w.writerow(ROUND_COLUMNS)
+    for r in runs:
+        for row, t in zip(r.rounds, r.sim_time, strict=True):
+            w.writerow([cell(v) for v in (r.label, row.round, row.accuracy, row.loss, row.sim_round_s, t,
+                                          row.wall_s, row.bytes_up, row.bytes_down, row.bytes_total,
+                                          _clients(row), "measured" if row.extra.get(MEASURED) else "sim",
+                                          _number(row.extra.get("predicted_round_s")), row.weight_bytes)])
+    return summary.getvalue(), rounds.getvalue()
+
+
+def write_csv(runs: Sequence[Run], out: Path, target: float | None = None) -> tuple[Path, Path]:
+    """``summary.csv`` (the runs table, numbers unrounded) and ``rounds.csv`` (every round of every run),
+    for spreadsheets and dataframes; a missing or non-finite number is an empty cell. Each file is replaced
+    in one step: an interrupted or failed write leaves the one there before, never half of one."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = csv_files(out)
+    for path, text in zip(paths, csv_texts(runs, target), strict=True):
+        write_atomic(path, text)
+    return paths
 
