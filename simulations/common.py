@@ -274,7 +274,7 @@ def _label_run(out: Path, label: str) -> None:
 
     path = out / SUMMARY
     summary = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**summary, "label": label}, indent=2, sort_keys=True) + "\n")
+    jsonio.write_json(path, {**summary, "label": label}, sort_keys=True)  # whole or not at all: the run's summary
 
 
 def base_settings(table: Mapping[str, Any], source: str = "") -> Any:
@@ -356,17 +356,20 @@ def report_runs(runs: Sequence[Any], out: Path, target: float | None = None, tit
     from splitfed.report.table import format_table
 
     images = standard_plots(runs, out, target)
-    (out / "summary.md").write_text(summary_markdown(runs, target, {k: p.relative_to(out) for k, p in images.items()},
-                                                     title=title or "results"))
+    jsonio.write_atomic(out / "summary.md", summary_markdown(runs, target, {k: p.relative_to(out)
+                                                                           for k, p in images.items()},
+                                                             title=title or "results"))
     print(format_table(*summary_rows(runs, target)), flush=True)
     return {k: str(p) for k, p in images.items()}
 
 
 def run_record(run: Any, target: float | None = None) -> dict[str, Any]:
-    """One run's headline numbers for ``results.json``."""
+    """One run's headline numbers for ``results.json`` (as ``splitfed report`` counts them)."""
+    from splitfed.report.summary import best_accuracy
+
     rec: dict[str, Any] = {
         "label": run.label, "path": str(run.path), "rounds": len(run.rounds),
-        "final_accuracy": run.final.accuracy, "best_accuracy": max(r.accuracy for r in run.rounds),
+        "final_accuracy": run.final.accuracy, "best_accuracy": best_accuracy(run),
         "sim_time_s": run.sim_time[-1], "mean_round_s": run.sim_time[-1] / len(run.rounds),
         "bytes_up": sum(r.bytes_up for r in run.rounds), "bytes_down": sum(r.bytes_down for r in run.rounds),
         "weight_bytes": run.weight_bytes,  # the devices' weight exchange, both ways

@@ -64,6 +64,9 @@ def test_best_accuracy_skips_a_diverged_round_wherever_it_stands(tmp_path: Path)
     assert cli(["report", str(tmp_path / "run")]) == 0
     with open(tmp_path / "run" / "report" / "summary.csv") as f:
         assert next(csv.DictReader(f))["best accuracy"] == "0.6"
+    from simulations.common import run_record  # an experiment's results.json counts it the same way
+
+    assert run_record(rows_to_run(rows, "a"))["best_accuracy"] == 0.6
 
 
 def test_rounds_csv_counts_the_clients_that_finished(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
