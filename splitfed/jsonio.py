@@ -8,6 +8,7 @@ reader never sees half of one.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -40,6 +41,9 @@ def sync_folder(folder: str | Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:  # a file system that cannot sync a folder (some FUSE and network mounts): done as it may
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
     finally:
         os.close(fd)
 

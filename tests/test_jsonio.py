@@ -86,3 +86,23 @@ def test_a_file_written_atomically_is_named_durably(tmp_path, monkeypatch: pytes
     path = write_json(tmp_path / "results.json", {"a": 1})
     assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
     assert events[1][1] == str(path) and events[2][1] == str(tmp_path)
+
+
+def test_a_folder_that_cannot_be_synced_leaves_the_file_written(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some FUSE and network file systems refuse to fsync a folder (EINVAL): the file is in place, and its
+    writer goes on; a real failure of the disk (EIO) is still raised."""
+    import errno
+
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    code = errno.EINVAL
+    assert json.loads(write_json(tmp_path / "a.json", {"a": 1}).read_text()) == {"a": 1}
+    code = errno.EIO
+    with pytest.raises(OSError, match="Input/output error"):
+        write_json(tmp_path / "b.json", {"b": 2})

@@ -4,6 +4,7 @@ known one (before, it was ignored and the node silently trained on something els
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -202,3 +203,21 @@ def test_a_node_connects_with_its_own_tls_files_as_a_whole(tmp_path, certs: Cert
     (tmp_path / "device.pem").write_text("x")
     with pytest.raises(ConfigError, match="node config: tls-cert and tls-key go together"):
         NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "tls-cert": str(tmp_path / "device.pem")})
+
+
+def test_a_node_certificate_without_its_own_ca_is_refused_at_parse(tmp_path: Path) -> None:
+    """A node's tls-* files are a set (``NodeConfig.tls_files``): one naming tls-cert and tls-key but no tls-ca
+    connected with no CA at all (gRPC's default roots), not the run's CA as before the set, so its edge's
+    certificate, signed by the run's own CA, was refused at registration ("this side does not trust the tier's
+    certificate") and at each round. The run config refuses a tls-cert without tls-ca; a node's is refused the
+    same way, where it is read."""
+    cert, key, ca = (tmp_path / n for n in ("device.pem", "device.key", "ca.pem"))
+    for f in (cert, key, ca):
+        f.write_text("x")
+    with pytest.raises(ConfigError, match="node config: tls-cert needs tls-ca"):
+        NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "tls-cert": str(cert), "tls-key": str(key)})
+    whole = NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "tls-cert": str(cert), "tls-key": str(key),
+                              "tls-ca": str(ca)})
+    assert whole.tls_files("/run/ca.pem", "/run/c.pem", "/run/c.key") == (str(ca), str(cert), str(key))
+    alone = NodeConfig.parse({"partition-id": 0, "num-partitions": 1, "tls-ca": str(ca)})  # no certificate: taken
+    assert alone.tls_files("/run/ca.pem", "/run/c.pem", "/run/c.key") == (str(ca), "", "")

@@ -79,6 +79,9 @@ class NodeConfig:
                               f"(num-partitions {node.num_partitions})")
         if bool(node.tls_cert) != bool(node.tls_key):
             raise ConfigError("node config: tls-cert and tls-key go together (the node's certificate and its key)")
+        if node.tls_cert and not node.tls_ca:  # its files are a set (tls_files): the run's CA is not taken with them
+            raise ConfigError("node config: tls-cert needs tls-ca (the CA this node verifies its edge with): a node "
+                              "naming any tls-* file connects with its own files alone, not the run's")
         for key in ("data-file", "tls-ca", "tls-cert", "tls-key", "token-file"):
             path = getattr(node, key.replace("-", "_"))
             if path and not Path(path).is_file():
