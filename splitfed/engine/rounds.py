@@ -492,6 +492,7 @@ class SplitRound:
             tier.release(self.cfg.run_id, cid, self._secret_in(left, cid))
             del self.unreleased[(t, cid)]
             tier.load(load)
+        self.unreleased.pop((t, cid), None)  # bound under this round's secret: an earlier binding noted is gone
         self.weight_bytes[t][0] += state_bytes(load.state or {})
 
     def end(self, outcomes: Mapping[str, Outcome], lost: Mapping[str, str] | None = None) -> None:
@@ -766,21 +767,39 @@ class SplitRound:
 
     def _release_on(self, t: int, tier: TierControl, cid: str, secret: str, loaded_in: int | None = None) -> None:
         """A release that fails is noted in ``unreleased`` with the round that loaded it (this one unless
-        ``loaded_in``), for a later round to retry."""
-        left = t in self._gone
-        if not left:
-            try:
-                tier.release(self.cfg.run_id, cid, secret)
-            except TierError as e:
-                left = True
-                if e.code in GONE:
-                    self._gone.add(t)
-            except Exception:  # noqa: BLE001 - a vanished tier must not mask the round's outcome
-                left = True
-        if not left:
+        ``loaded_in``), for a later round to retry. An earlier round's binding still noted there (this round's load
+        of ``cid`` did not bind it: never sent, refused, or its reply lost; :meth:`_load_on` forgets it once one
+        does) may be what the tier holds: a release this round's secret does not do is tried with that round's, and
+        the binding that may be left is the one noted (noted under the wrong round, every later load of ``cid``
+        there would be refused: the release before it is, with that round's secret)."""
+        loaded_in = self.cfg.round if loaded_in is None else loaded_in
+        older = self.unreleased.get((t, cid))
+        left = self._not_released(t, tier, cid, secret)
+        if left is not None and older is not None and older != loaded_in:
+            again = self._not_released(t, tier, cid, self._secret_in(older, cid))
+            if again is None:  # nothing is left: this round's binding would have refused the older secret
+                left = None
+            elif again != "PERMISSION_DENIED":  # else the tier holds another binding than the older one
+                loaded_in = older
+        if left is None:
             self.unreleased.pop((t, cid), None)
         else:
-            self.unreleased[(t, cid)] = self.cfg.round if loaded_in is None else loaded_in
+            self.unreleased[(t, cid)] = loaded_in
+
+    def _not_released(self, t: int, tier: TierControl, cid: str, secret: str) -> str | None:
+        """Release ``cid`` on tier ``t``: None once done, else why not (the tier's status code; "" when the tier
+        was not asked, or its answer says nothing)."""
+        if t in self._gone:
+            return ""
+        try:
+            tier.release(self.cfg.run_id, cid, secret)
+        except TierError as e:
+            if e.code in GONE:
+                self._gone.add(t)
+            return e.code
+        except Exception:  # noqa: BLE001 - a vanished tier must not mask the round's outcome
+            return ""
+        return None
 
 
 def _runs(blocks: Sequence[int]) -> list[tuple[int, int]]:
