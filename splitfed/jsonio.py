@@ -48,17 +48,30 @@ def sync_folder(folder: str | Path) -> None:
         os.close(fd)
 
 
+def draft_of(path: str | Path) -> Path:
+    """Where ``path``'s next version is written before it replaces it: beside it, hidden, this process's."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.{os.getpid()}.tmp")
+
+
+def write_draft(path: str | Path, text: str) -> Path:
+    """``text`` written and fsynced to ``path``'s draft (:func:`draft_of`), not yet in its place."""
+    tmp = draft_of(path)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
 def write_atomic(path: str | Path, text: str) -> Path:
     """Replace ``path`` with ``text`` in one step (a crash leaves the old file or the new, never half), and
     durably (the file's bytes and its name in the folder are fsynced)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp = draft_of(p)
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        write_draft(p, text)
         os.replace(tmp, p)
     except BaseException:
         tmp.unlink(missing_ok=True)

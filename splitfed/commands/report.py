@@ -145,6 +145,7 @@ def write_report(runs: Sequence[Run], out: Path, target: float | None) -> dict[s
     Every file is written beside its place first (and synced), and all are put in place once all are written:
     an interrupt (Ctrl-C, SIGTERM) or a failed write (a full disk) leaves the report there before as it was,
     never half a file, nor new figures beside an old summary. A failed write is one line naming the file."""
+    from splitfed.jsonio import draft_of, write_draft
     from splitfed.report.plots import draw_standard_plots, remove_stale_plots
     from splitfed.report.summary import csv_files, csv_texts, summary_markdown
 
@@ -158,12 +159,8 @@ def write_report(runs: Sequence[Run], out: Path, target: float | None) -> dict[s
         texts = [summary_markdown(runs, target, rel), *csv_texts(runs, target)]
         for place, text in zip([out / "summary.md", *csv_files(out)], texts, strict=True):
             writing = place.name
-            draft = place.with_name(f".{place.name}.{os.getpid()}.tmp")
-            staged.append((draft, place))
-            with open(draft, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+            staged.append((draft_of(place), place))
+            write_draft(place, text)
         for draft, place in staged:
             writing = place.name
             os.replace(draft, place)

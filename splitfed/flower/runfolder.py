@@ -154,11 +154,11 @@ def outputs(folder: str | Path) -> list[Path]:
     figures ``splitfed simulate`` draws when a run ends, and the report ``splitfed report FOLDER`` writes by
     default in ``FOLDER/report`` (its figures, ``summary.md``, ``summary.csv`` and ``rounds.csv``). Those
     that are there now, by their names: a file of any other name (the user's) is never one, nor a folder."""
-    from splitfed.report.plots import standard_plot_files
+    from splitfed.report.plots import run_plot_files, standard_plot_files
     from splitfed.report.summary import csv_files
 
-    def figures(d: Path) -> list[Path]:  # the standard views, and the ones standard_plots removes as an earlier
-        return [*standard_plot_files([], d), *sorted(d.glob("cuts_*.png")), d / "predicted_vs_measured.png"]
+    def figures(d: Path) -> list[Path]:  # the standard views, and those that depend on the runs shown
+        return [*standard_plot_files([], d), *run_plot_files(d)]
 
     folder = Path(folder)
     found = figures(folder)

@@ -26,6 +26,7 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from splitfed.jsonio import draft_of
 from splitfed.report.runs import MEASURED, Run, clock_of
 from splitfed.report.table import MB
 
@@ -237,7 +238,7 @@ def draw_standard_plots(runs: Sequence[Run], out: str | Path,
     path = d
     try:
         for name, path, draw in _views(runs, d, target):
-            drawn[name] = (path.with_name(f".{path.name}.{os.getpid()}.tmp"), path)
+            drawn[name] = (draft_of(path), path)
             draw(drawn[name][0])
     except BaseException as e:
         for tmp, _ in drawn.values():
@@ -248,11 +249,17 @@ def draw_standard_plots(runs: Sequence[Run], out: str | Path,
     return drawn
 
 
+def run_plot_files(out: str | Path) -> list[Path]:
+    """The views in ``out`` that depend on which runs a report held (a cut heatmap per run, named by its place
+    in the list; the measured-vs-predicted view): an earlier report's may be there beside this one's."""
+    d = Path(out)
+    return [*sorted(d.glob("cuts_*.png")), d / "predicted_vs_measured.png"]
+
+
 def remove_stale_plots(out: str | Path, made: Sequence[Path]) -> None:
     """Remove the views an earlier report drew in ``out`` that ``made`` (this report's) does not hold."""
-    d = Path(out)
     keep = set(made)
-    for old in [*d.glob("cuts_*.png"), d / "predicted_vs_measured.png"]:  # an earlier report's, of other runs
+    for old in run_plot_files(out):  # an earlier report's, of other runs
         if old not in keep:
             old.unlink(missing_ok=True)
 
