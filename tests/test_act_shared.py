@@ -88,12 +88,14 @@ def _true_act(spec: ModelSpec, cuts: tuple[int, ...], u_shape: bool) -> list[flo
             xin.requires_grad_(True)  # as a tier takes it (Tier._input); Segment clones it then
         out, saved = _saved(lambda s=make_segment(blocks, a, b), xin=xin: s(xin), own)
         keep.append(out)
+        if a < E:  # the chain enters it: it holds what it received for the whole step, whoever keeps it
+            saved.setdefault(xin.untyped_storage().data_ptr(), xin.untyped_storage().nbytes())
         act.append(float(sum(saved.values())))
     if u_shape and not local:
         mid = out.detach().requires_grad_(True)  # type: ignore[union-attr]
         out, saved = _saved(lambda: tail(mid), own)
         keep.append(out)
-        act[0] += sum(saved.values())
+        act[0] += sum(saved.values()) + mid.untyped_storage().nbytes()  # the tail keeps a clone of it
     return act
 
 
@@ -145,4 +147,38 @@ def test_a_synthetic_profile_shares_nothing_and_a_malformed_pair_is_refused(trip
     d = syn.to_dict()
     d["shared_act"] = triples
     with pytest.raises(ConfigError, match=f"shared_act .*{why}|shared_act {why}"):
+        ModelProfile.from_dict(d)
+
+
+def test_a_server_tier_holds_the_tensor_it_receives_less_what_its_blocks_keep_of_it() -> None:
+    """A server tier holds the tensor it receives for the whole step. Taken with a gradient (a block before
+    it trains), its segment keeps a clone and the received tensor is held besides (transformer, edge [1, 2):
+    the embedding's output, 4 x 8192 bytes, that was priced at 0); taken without one, its blocks keep that
+    very tensor (mlp: a Flatten passes the batch's storage to the Linear after it) and it is counted once."""
+    tr = profile_model(SPECS["transformer"](), batch=B, reps=1, use_cache=False)
+    dev = Client("c", "c", TierProfile(1e9, 1e15), LINK, samples=B)
+    sc = Scenario(tr, (dev,), (EDGE, CLOUD), (EDGE_LINK,), batch=B)
+    got = option_table(sc, dev, np.array([[1, 2]])).act_memory[0]
+    alone = B * (tr.act_bytes[1] - sum(b for j, i, b in tr.shared_act if j == 1 == i))
+    assert got[1] == pytest.approx(alone + B * tr.out_bytes[0]) and B * tr.out_bytes[0] == 32_768
+    mlp = profile_model(SPECS["mlp"](), batch=B, reps=1, use_cache=False)
+    assert (0, 1, mlp.input_bytes) in mlp.input_kept  # the batch, kept by block 1 through block 0's view
+    sc = Scenario(mlp, (dev,), (EDGE, CLOUD), (EDGE_LINK,), batch=B)
+    kept, relayed = option_table(sc, dev, np.array([[0, 2], [0, 0]])).act_memory
+    assert kept[1] == pytest.approx(B * (mlp.act_bytes[0] + mlp.act_bytes[1]))  # the batch once, in block 1's
+    assert relayed[1] == pytest.approx(B * mlp.input_bytes)  # the edge relays it to the cloud: held, kept by none
+    assert relayed[2] == pytest.approx(kept[1] + B * sum(mlp.act_bytes[2:]) - B * sum(
+        b for j, i, b in mlp.shared_act if j >= 1))
+    again = ModelProfile.from_dict(json.loads(json.dumps(mlp.to_dict())))
+    assert again.input_kept == mlp.input_kept
+
+
+@pytest.mark.parametrize("triples", [[[1, 0, 1.0]], [[-1, 0, 1.0]], [[0, 2, 1.0]], [[0, 1, -1.0]], [[0, 1]],
+                                     [["a", 1, 1.0]], [[0.5, 1, 1.0]], [[0, 1, 101.0]]])
+def test_a_malformed_input_kept_is_refused(triples: list) -> None:
+    syn = ModelProfile.synthetic([1e6, 2e6], [4000, 100], [1000, 500], input_bytes=800)
+    assert syn.input_kept == ()  # a synthetic profile: every server tier holds what it receives in full
+    d = syn.to_dict()
+    d["input_kept"] = triples
+    with pytest.raises(ConfigError, match="input_kept entry .* is not"):
         ModelProfile.from_dict(d)

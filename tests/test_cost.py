@@ -54,8 +54,9 @@ def test_device_then_edge_by_hand() -> None:
     assert c.exchange_s == pytest.approx(1000 / 2e5 + 1000 / 1e5 + 0.02)
     assert c.round_s == pytest.approx(0.03 + 0.006 + 0.4308 + 0.23 + 0.035)
     assert c.batch_s == pytest.approx(4 * 3e6 / 1e9 + 4 * 6e6 / 1e10 + 16032 / 1e5 + 0.01 + 16000 / 2e5 + 0.01)
-    # memory: fixed (params, grads, momentum) + batch x activations; the device holds its input batch
-    assert c.memory == pytest.approx((3000 + 4 * 4000 + 4 * 800, 1500 + 4 * 100, 0))
+    # memory: fixed (params, grads, momentum) + batch x activations; the device holds its input batch, the
+    # edge the tensor it receives (block 0's output) for the whole step; the cloud is not entered
+    assert c.memory == pytest.approx((3000 + 4 * 4000 + 4 * 800, 1500 + 4 * 100 + 4 * 4000, 0))
     assert c.batches == 3
     one = c.batch()  # one batch of 4, part by part
     assert one["forward_s"] == pytest.approx((4e6 / 1e9, 8e6 / 1e10, 0))
@@ -109,14 +110,16 @@ def test_makespan_counts_shared_tiers() -> None:
     assert r.shared_s["edge->cloud link up"] == pytest.approx(link)
     assert r.makespan_s == pytest.approx(max(link, cloud, 0.13478))
     assert r.bottleneck == "edge->cloud link up"
-    assert r.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100))
+    assert r.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100 + 4 * 800))  # + the input it receives
+    assert r.shared_memory["edge"] == pytest.approx(50 * 4 * 800)  # relaying: it holds what it passes on
     assert round_time(sc, r.assignment()) == r.makespan_s
     assert r.times()["c3"] == pytest.approx(0.13478)
 
 
 def test_memory_violations_are_reported() -> None:
     small = Client("tiny", "t", TierProfile(1e9, 10_000), DEV.link, samples=10)
-    sc = Scenario(PROF, (small,), (TierProfile(1e10, 1000), CLOUD), (EDGE_LINK,), batch=4)
+    # the edge has room for a batch it relays (4 x 800 bytes), not for block 1 and the tensor it takes
+    sc = Scenario(PROF, (small,), (TierProfile(1e10, 4000), CLOUD), (EDGE_LINK,), batch=4)
     r = evaluate(sc, {"tiny": (1, 2)})
     assert not r.feasible
     assert any(v.startswith("tiny: device memory") for v in r.violations)
@@ -209,9 +212,9 @@ def test_sl_runs_the_clients_in_turn() -> None:
     assert sl.makespan_s == pytest.approx(sum(v1.times().values())) and sl.bottleneck == "clients in turn"
     assert v1.makespan_s == max(v1.times().values())
     # one client's segment at a time, not the sum: c0's (fixed 1500 bytes; its one step's activations, 4 x 100,
-    # or, its turn over, the holder it leaves there, 500), beside the largest holder a client before it can
-    # have left (500)
-    assert sl.shared_memory["edge"] == 1500 + max(4 * 100, 500) + 500
+    # and the tensor it received, 4 x 4000, or, its turn over, the holder it leaves there, 500), beside the
+    # largest holder a client before it can have left (500); c1's relayed batch (4 x 800) is less
+    assert sl.shared_memory["edge"] == 1500 + max(4 * 100 + 4 * 4000, 500) + 500
     assert v1.shared_memory["edge"] == pytest.approx(sum(c.memory[1] for c in v1.clients))
     # a client's extra time (moving weights) delays the whole round
     sc = replace(scenario(clients), mode="sl")
@@ -233,10 +236,10 @@ def test_sflv2_runs_the_clients_in_turn_as_sl() -> None:
     assert r.makespan_s == pytest.approx(50 * 0.13478) and r.bottleneck == "clients in turn"
     v1 = evaluate(replace(sc, mode="sflv1"), {c.name: (0, 0) for c in many})
     assert v1.makespan_s == pytest.approx(max(50 * 8080 / 1e6, 0.13478))  # in parallel: far shorter
-    # one client's segment at a time: both blocks' fixed bytes (4500) + one batch of activations (4 x 4100),
-    # beside the holder the client before left (both blocks' weights, 1500)
-    assert r.shared_memory["cloud"] == pytest.approx(4500 + 4 * 4100 + 1500)
-    assert v1.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100))
+    # one client's segment at a time: both blocks' fixed bytes (4500) + one batch of activations (4 x 4100)
+    # and of input (4 x 800), beside the holder the client before left (both blocks' weights, 1500)
+    assert r.shared_memory["cloud"] == pytest.approx(4500 + 4 * 4100 + 4 * 800 + 1500)
+    assert v1.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100 + 4 * 800))
     # a client's extra time (moving its weights) delays every client after it
     cuts = {c.name: (0, 0) for c in many}
     assert evaluate(sc, cuts, extra_s={"c1": 2.0}).makespan_s == pytest.approx(r.makespan_s + 2.0)
@@ -260,9 +263,11 @@ def test_sflv2_costs_what_sl_costs() -> None:
     # there; alone, a client has no holder before it
     a, b = _fleet(2)
     r = evaluate(replace(scenario([a, b]), mode="sflv2"), {"c0": (0, 1), "c1": (1, 2)})  # edge: block 0, block 1
-    assert r.shared_memory["edge"] == pytest.approx(max(3000 + 4 * 4000, 1500 + max(4 * 100, 500)) + max(1000, 500))
+    # (each turn with the tensor the edge receives: the input batch, 4 x 800, or block 0's output, 4 x 4000)
+    assert r.shared_memory["edge"] == pytest.approx(max(3000 + 4 * 4000 + 4 * 800, 1500 + max(4 * 100 + 4 * 4000, 500))
+                                                    + max(1000, 500))
     alone = evaluate(replace(scenario([a]), mode="sflv2"), {"c0": (1, 2)})
-    assert alone.shared_memory["edge"] == pytest.approx(1500 + max(4 * 100, 500))
+    assert alone.shared_memory["edge"] == pytest.approx(1500 + max(4 * 100 + 4 * 4000, 500))
 
 
 def test_cost_model_modes_schedule_clients_as_the_engine_groups_them() -> None:

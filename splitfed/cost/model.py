@@ -54,7 +54,11 @@ Per client, per round (prefix sums make each term O(1) per option):
   where s_ji is the part of h_i that block j, the last block before i that keeps it, keeps too (block i's
   input, or a view of it such as a Flatten passes on, saved by both: one tensor; ``ModelProfile.shared_act``);
   the device adds B a_0 (its input batch), less B s_-1,i for each of its head's blocks i that keeps that batch
-  (j = -1), and its tail (with h'_i and s'_ji, ``grad_shared_act``, when fed by the servers).
+  (j = -1), and its tail (with h'_i and s'_ji, ``grad_shared_act``, when fed by the servers, and B a_u, the
+  tensor they send, which the tail's blocks keep a clone of: it needs a gradient). A server tier the chain
+  enters (k_t < E) adds B max(0, a_lo - sum_{i < b} e_lo,i), the tensor it receives (held for the whole step,
+  relayed or not), less what its blocks keep of it (``ModelProfile.input_kept``: none when it comes with a
+  gradient, since the tier's segment then keeps a clone).
 
 The fleet's round, by variant (``mode``; one option per client, everything below
 is linear in that choice, so the optimizer minimises it exactly as a MILP):
@@ -412,7 +416,8 @@ class Scenario:
                 "state": pre(p.state_bytes),  # what the weight exchange sends: every state-dict key, buffers too
                 "train": pre(p.train_bytes),  # the gradient rule (weights, frozen or not, travel: "state")
                 "act": pre(p.act_bytes), "shared": _pairs(p.shared_act, p.n_blocks),
-                "grad_shared": _pairs(p.grad_shared_act, p.n_blocks), "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
+                "grad_shared": _pairs(p.grad_shared_act, p.n_blocks), "kept": _kept(p.input_kept, p.n_blocks),
+                "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "itemsize": np.array(p.float_itemsize, dtype=float),  # 0: an integer tensor (token ids)
                 "move": np.asarray(p.state_bytes, dtype=float),  # optimizer state is not kept across rounds
                 "block_fixed": np.asarray(p.fixed_bytes, dtype=float)}
@@ -556,6 +561,12 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
                      + np.where(fed, P["grad_act"][L] - P["grad_act"][E] - _within(P["grad_shared"], E, np.full(m, L)),
                                 0.0)
                      + P["bound"][0])
+    # a server tier the chain enters holds the tensor it receives for the whole step, less what its blocks keep
+    # of it (counted in their act); a fed tail's input comes with a gradient, its blocks keep a clone
+    recv = P["bound"][lo[:, 1:]] - P["kept"][lo[:, 1:], hi[:, 1:]]
+    act[:, 1:] += B * cross * np.maximum(recv, 0.0)
+    if sc.u_shape:
+        act[:, 0] += B * np.where(fed, P["bound"][E], 0.0)
     memory = (P["fixed"][edges[:, 1:]] - P["fixed"][edges[:, :-1]]) + act
     memory[:, 0] += P["fixed"][L] - P["fixed"][E]
     serial = [round_s[:, None]] if sc.in_turn else []
@@ -571,6 +582,15 @@ def _pairs(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
     for j, i, b in triples:
         m[j + 2, i + 1] += b
     return m.cumsum(axis=0).cumsum(axis=1)
+
+
+def _kept(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
+    """Prefix sums of ``ModelProfile.input_kept``: ``K[k, c]`` sums the bytes blocks below c keep of the
+    boundary-k tensor a tier starting at k receives."""
+    m = np.zeros((n + 1, n + 1))
+    for k, i, b in triples:
+        m[k, i + 1] += b
+    return m.cumsum(axis=1)
 
 
 def _within(P: np.ndarray, lo: np.ndarray, hi: np.ndarray, batch: bool = False) -> np.ndarray:

@@ -6,7 +6,8 @@ costs ~0 FLOPs), the bytes and dtype of its output activation (what crosses a
 cut after it; the dtype decides what a link's codec sends), the activation
 memory autograd keeps for backward (saved tensors, unique storages, parameters
 excluded), and which of it a block keeps of a tensor a block before it keeps too (counted once on a tier that
-holds both: ``ModelProfile.shared_act``); the input's bytes and dtype. Per block: parameter bytes (each storage once: two
+holds both: ``ModelProfile.shared_act``) and of the tensor a tier starting at it receives (a server holds that
+tensor for the step anyway: ``ModelProfile.input_kept``); the input's bytes and dtype. Per block: parameter bytes (each storage once: two
 Parameters tied by ``.data`` are one weight in memory), trainable parameter bytes (``requires_grad``:
 what gets a gradient and optimizer state; a frozen parameter gets neither), fixed memory
 (parameters and buffers, each storage once, as a tier holds them (``engine.template.held_bytes``): a causal
@@ -57,13 +58,14 @@ from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 6  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+PROFILE_VERSION = 7  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
 # key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
 # exchange sends); 5: fixed bytes hold the buffers (an older profile left a block's causal mask or running
 # statistics out of its memory, where a tier counts them) and the user's files the model's forward calls are
 # in the key of a user's model; 6: the saved bytes two neighbouring blocks share recorded (an older profile
-# counted a boundary tensor once for each of the two blocks that keep it)
+# counted a boundary tensor once for each of the two blocks that keep it); 7: what a tier's blocks keep of the
+# tensor it receives recorded (an older profile left a server tier's received input out of its memory)
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,12 @@ class ModelProfile:
     # profile): none shared, every block's bytes its own.
     shared_act: tuple[tuple[int, int, float], ...] = ()
     grad_shared_act: tuple[tuple[int, int, float], ...] = ()
+    # Per sample, what a server tier's blocks keep of the tensor it receives, which it holds for the whole step
+    # anyway: a triple (k, i, bytes) says block i >= k, the first block from boundary k on to keep it (or a view
+    # of it), keeps bytes of the boundary-k tensor as a tier starting at k takes it. None for a tensor a tier
+    # takes with a gradient: it keeps a clone (``Segment``), never what it received. () (a synthetic profile):
+    # nothing kept, every server tier holds its input besides its blocks' activations.
+    input_kept: tuple[tuple[int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -147,6 +155,7 @@ class ModelProfile:
                 raise ConfigError(f"profile of {self.model}: {f} has a negative or NaN entry")
         for f, whole in (("shared_act", self.act_bytes), ("grad_shared_act", self.grad_act_bytes)):
             object.__setattr__(self, f, _shared(self.model, f, getattr(self, f), whole))
+        object.__setattr__(self, "input_kept", _kept(self.model, self.input_kept, self.act_bytes))
         object.__setattr__(self, "names", tuple(self.names))
         object.__setattr__(self, "fwd_s", tuple(float(x) for x in self.fwd_s))
         object.__setattr__(self, "bwd_s", tuple(float(x) for x in self.bwd_s))
@@ -238,6 +247,24 @@ def _shared(model: str, field: str, triples: Sequence[Sequence[float]],
     if any(s > a * (1 + 1e-9) for s, a in zip(per_block, act, strict=True)):
         raise ConfigError(f"profile of {model}: {field} exceeds a block's activation bytes (a block shares more "
                           "than it keeps)")
+    return tuple(out)
+
+
+def _kept(model: str, triples: Sequence[Sequence[float]],
+          act: Sequence[float]) -> tuple[tuple[int, int, float], ...]:
+    """``triples`` checked as ``ModelProfile.input_kept`` (see there) against each block's ``act`` bytes."""
+    out: list[tuple[int, int, float]] = []
+    for t in triples:
+        try:
+            k, i, b = t
+            ok = (float(k) == int(k) and float(i) == int(i) and 0 <= int(k) <= int(i) < len(act)
+                  and 0 <= float(b) <= act[int(i)] * (1 + 1e-9))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"profile of {model}: input_kept entry {t!r} is not (k, i, bytes) with 0 <= k <= i < "
+                              f"{len(act)} and 0 <= bytes <= block i's activation bytes")
+        out.append((int(k), int(i), float(b)))
     return tuple(out)
 
 
@@ -531,12 +558,13 @@ def _read_cache(path: Path) -> ModelProfile | None:
         if not isinstance(d, dict):
             raise TypeError(f"a JSON {type(d).__name__}, not an object")
         if any(f not in d for f in ("train_bytes", "state_bytes", "grad_bwd_flops", "grad_act_bytes",
-                                    "shared_act")):
+                                    "shared_act", "input_kept")):
             # measured before frozen parameters were told apart: it may price a frozen part as trainable (its
             # gradients, optimizer state and backward) and a weight tied by .data twice; or before state bytes
             # were: its weight exchange would price the parameters only (no buffer, a tie once); or before a
             # U-shape tail's input gradient was: its tail would be priced without it; or before the bytes two
-            # blocks share were: a tier's activations would be priced high; measured again
+            # blocks share were: a tier's activations would be priced high; or before what a server tier keeps of
+            # its input was: its input would be priced as kept by its blocks or not at all; measured again
             return None
         return ModelProfile.from_dict(d)
     except (ValueError, TypeError, ConfigError):
@@ -654,6 +682,26 @@ def _count(block: torch.nn.Module, xin: object, own: set[int]) -> _Count:
                   tuple(bool(p) and p in saved for p in outs), view_of)
 
 
+class _Received:
+    """Which boundaries' tensors each input of the block being crossed is (itself or a view), among those a
+    tier starting there takes without a gradient and no block since has kept: what makes the triples of
+    ``ModelProfile.input_kept``."""
+
+    def __init__(self, inputs: int) -> None:
+        self.open: list[list[int]] = [[0] for _ in range(inputs)]  # nothing trains before block 0: no clone
+        self.kept: list[tuple[int, int, float]] = []
+
+    def cross(self, i: int, run: _Count, batch: int, cloned: Sequence[bool]) -> None:
+        """Block ``i`` ran; ``cloned[p]``: a tier starting after it takes output ``p`` with a gradient."""
+        opened = self.open + [[] for _ in range(len(run.kept_in) - len(self.open))]
+        for q, b in enumerate(run.kept_in):
+            if b:
+                self.kept += [(k, i, b / batch) for k in opened[q]]
+                opened[q] = []
+        self.open = [([] if v is None else opened[v]) + ([] if c else [i + 1])
+                     for v, c in zip(run.view_of, cloned, strict=True)]
+
+
 class _Keepers:
     """Which block last kept each tensor at the boundary being crossed, block after block: what makes the
     triples of ``ModelProfile.shared_act``."""
@@ -689,6 +737,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
         [] for _ in range(13))
     keepers = _Keepers(len(_tensors(x)), batch=True)  # as training runs the blocks
     grad_keepers = _Keepers(len(_tensors(x)), batch=False)  # with an input gradient (a tail: never block 0's)
+    received = _Received(len(_tensors(x)))
     trained = False  # a block so far has trainable parameters: the next block's input needs a gradient
     with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
@@ -732,13 +781,15 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             bwd_s.append(statistics.median(tb))
             x = _detach(out, grad=False)
             trained = trained or t_bytes > 0
+            received.cross(i, run, batch, [trained and t.is_floating_point() for t in _tensors(out)])
     return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
                         optimizer_slots=slots, spec=spec.to_dict(), reps=reps,
                         host=platform.node() + (f" ({compute.describe(where)})" if where.type != "cpu" else ""),
                         input_dtype=input_dtype, out_dtype=tuple(dtypes), train_bytes=tuple(tbytes),
                         state_bytes=tuple(sbytes), grad_bwd_flops=tuple(gbwd), grad_act_bytes=tuple(gact),
-                        shared_act=tuple(keepers.shared), grad_shared_act=tuple(grad_keepers.shared))
+                        shared_act=tuple(keepers.shared), grad_shared_act=tuple(grad_keepers.shared),
+                        input_kept=tuple(received.kept))
 
 
 def clear_cache() -> None:
