@@ -38,7 +38,7 @@ from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.adaptive import make_predictor
 from splitfed.flower.config import RunSettings
-from splitfed.flower.metrics import METRICS, MetricsWriter, check_rounds, summarise
+from splitfed.flower.metrics import METRICS, MetricsWriter, check_rounds, run_rows, summarise
 from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
 from splitfed.flower.workload import (
@@ -249,6 +249,8 @@ def _resume(settings: RunSettings, data: str = "", fleet: str = "",
         raise ConfigError(f"cannot resume: the devices of fleet {settings.fleet!r} changed since the checkpoint "
                           f"(sha256 {ckpt.fleet[:12]}... then, {fleet[:12]}... now): the rounds before were "
                           "simulated and cut on the old ones; put the old fleet file back or start a new run")
+    if (metrics := Path(settings.out) / METRICS).is_file():
+        run_rows(metrics)  # a line that is no row is named, before the rows are counted by round below
     checkpoint.restore_row(settings.out, ckpt)  # a crash between the checkpoint and its row
     check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
     _same_model(settings, ckpt)

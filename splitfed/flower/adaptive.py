@@ -212,7 +212,8 @@ class AdaptivePolicy:
         self.settings = settings
         self.adapter: Any = None
         self._saved: Mapping[str, Any] | None = None
-        self._truth: Any = None  # the fleet as it really is (simulation), named by client id
+        # each client's device in the fleet as it really is (simulation), by client id; None: its times are measured
+        self._truth: dict[str, str] | None = None
 
     def _start(self, clients: Sequence[ClientInfo]) -> None:
         from splitfed.optimizer import Adapter
@@ -225,7 +226,7 @@ class AdaptivePolicy:
                                            for c in sc.clients))
         self.adapter = Adapter(sc, self.settings.rounds,
                                assignment={k: tuple(v) for k, v in saved["assignment"].items()} if saved else None)
-        self._truth = {c.client_id: c.profile for c in clients}
+        self._truth = simulated_devices(self.settings, clients)
 
     def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:
         if self.adapter is None:
@@ -244,7 +245,7 @@ class AdaptivePolicy:
 
         sc = self.adapter.belief
         seen: dict[str, Seen] = {}
-        if self.settings.sim_clock:
+        if self._truth is not None:
             from splitfed.profile.speed import first_work
             from splitfed.sim.clock import fleet_for
 
@@ -272,6 +273,22 @@ class AdaptivePolicy:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._saved = state if state.get("assignment") else None
+
+
+def simulated_devices(settings: RunSettings, clients: Sequence[ClientInfo]) -> dict[str, str] | None:
+    """Each client's device in the run's drawn fleet, by client id, where the simulated clock times the round
+    (``sim-clock``, every client one of the devices ``fleet_for`` drew, as :func:`splitfed.sim.clock.make_clock`
+    requires); else None: the clock reports measured times, so the policy learns from them too. Before, a node
+    naming another device (``rpi4``, or a fleet entry such as ``pi-home``: registration takes both) under
+    ``sim-clock`` trained its first round and then stopped the run: the fleet has no client of that name."""
+    if not settings.sim_clock:
+        return None
+    from splitfed.sim.clock import fleet_for
+
+    drawn = {c.name for c in fleet_for(settings).clients}
+    if any(c.profile not in drawn for c in clients):
+        return None
+    return {c.client_id: c.profile for c in clients}
 
 
 def _measured(sc: Any, m: Measurement) -> Any:

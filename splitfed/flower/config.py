@@ -216,12 +216,18 @@ class RunSettings:
         named: list[str] = []
         for values, source in layers:
             where = source or "config"
+            given: dict[str, str] = {}  # setting -> the key of this layer that gave it
             for raw, v in values.items():
                 name = raw.replace("-", "_")
                 name = ALIASES.get(name, name)
                 if name not in types:
                     raise unknown_key(raw, map(_key, types), where)
-                changes[name] = _coerce(v, str(types[name]), raw, where)
+                value = _coerce(v, str(types[name]), raw, where)
+                if name in given and changes[name] != value:  # one would be dropped unseen, by the keys' order
+                    raise ConfigError(f"{where}: {given[name]} = {changes[name]!r} and {raw} = {value!r} both set "
+                                      f"{_key(name)}: give one")
+                given[name] = raw
+                changes[name] = value
             if values and source and source not in named:
                 named.append(source)
         try:

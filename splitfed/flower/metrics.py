@@ -52,8 +52,8 @@ def rows_kept(folder: str | Path, *, cut: bool = True) -> int:
 
 
 def read_rows(path: str | Path) -> list[Any]:
-    """The rows of a metrics file. A last line without its newline is a row whose append a crash (or a
-    write still in progress) cut short: it is dropped, and a resumed run redoes that round. Any
+    """The lines of a metrics file, as JSON values. A last line without its newline is a row whose append a
+    crash (or a write still in progress) cut short: it is dropped, and a resumed run redoes that round. Any
     other line that is not JSON is refused with its line number."""
     return read_rows_cut(path)[0]
 
@@ -61,15 +61,35 @@ def read_rows(path: str | Path) -> list[Any]:
 def read_rows_cut(path: str | Path) -> tuple[list[Any], bool]:
     """:func:`read_rows`, and whether a cut-short last line was dropped (one read: a row appended
     meanwhile is not taken for a cut one)."""
+    rows, cut = _numbered_rows(Path(path))
+    return [row for _, row in rows], cut
+
+
+def run_rows(path: str | Path) -> list[dict[str, Any]]:
+    """:func:`read_rows` of a run's own metrics, each line a row: an object whose ``round`` is a whole number
+    >= 1, else refused naming the line. A resume keeps, drops and counts rows by their round, and such a line
+    made it stop with a traceback (``[]``: AttributeError; ``"round": null``: TypeError) or a false reason
+    (``{}``: "out of order", ``"round": 2.5``: "round 2 twice")."""
     p = Path(path)
+    rows, _ = _numbered_rows(p)
+    for n, row in rows:
+        r = row.get("round") if isinstance(row, dict) else None
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            what = f"its round is {json.dumps(r)}" if isinstance(row, dict) else f"not an object: {dumps(row)[:40]}"
+            raise ConfigError(f"{p}:{n}: not a metrics row ({what}); put the file back as the run wrote it, or start "
+                              "the run again with --overwrite")
+    return [row for _, row in rows]
+
+
+def _numbered_rows(p: Path) -> tuple[list[tuple[int, Any]], bool]:
     text = p.read_text(errors="replace")
     lines = text.splitlines()
-    rows: list[Any] = []
+    rows: list[tuple[int, Any]] = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append((n, json.loads(line)))
         except json.JSONDecodeError as e:
             if n == len(lines) and not text.endswith("\n"):
                 return rows, True
@@ -81,7 +101,7 @@ def check_rounds(path: str | Path, round: int) -> None:
     """Refuse to continue after ``round`` (the checkpoint's) unless the file holds rounds 1..``round``, each
     once (rows after it are a round the crash cut short; the resume redoes it)."""
     p = Path(path)
-    held = [int(r.get("round", 0)) for r in read_rows(p) if isinstance(r, dict)] if p.is_file() else []
+    held = [int(r["round"]) for r in run_rows(p)] if p.is_file() else []
     held = [r for r in held if r <= round]
     if held == list(range(1, round + 1)):
         return
@@ -115,11 +135,11 @@ class MetricsWriter:
         self.path = self.folder / METRICS
 
     def rows(self) -> list[dict[str, Any]]:
-        return read_rows(self.path) if self.path.is_file() else []
+        return run_rows(self.path) if self.path.is_file() else []
 
     def truncate_after(self, round: int) -> None:
         """Keep only rows of rounds <= ``round`` (a resumed run redoes the rest)."""
-        keep = [r for r in self.rows() if int(r.get("round", 0)) <= round]
+        keep = [r for r in self.rows() if r["round"] <= round]
         with _writing(self.path):
             write_atomic(self.path, "".join(dumps(r) + "\n" for r in keep))  # its name made durable too
 
@@ -144,7 +164,7 @@ def summary_again(folder: str | Path, done: int, settings: Mapping[str, Any]) ->
     """The summary of a run whose checkpoint holds its last round (``done``), written again from its rows
     (a lost or stale ``summary.json``): what a resume with nothing left to do leaves behind."""
     writer = MetricsWriter(folder)
-    rows = [r for r in writer.rows() if int(r.get("round", 0)) <= done]  # checked on resume: rounds 1..done
+    rows = [r for r in writer.rows() if r["round"] <= done]  # checked on resume: rounds 1..done
     summary = summarise(rows, settings)
     writer.write_summary(summary)
     return summary

@@ -184,14 +184,14 @@ class TrainReport:
         what = "train report"
         try:
             optional = ("rtt_ms", "speed_blocks", "speed_samples", "speed_s")  # a node from before they were
-            vals = {f.name: _cast(f.type, _get(record, f.name.replace("_", "-"), what))
+            vals = {f.name: _cast(f.type, _get(record, key := f.name.replace("_", "-"), what), key, what)
                     for f in fields(cls) if f.name != "samples" and f.name not in optional}
             for name in optional[1:]:  # a timing that is no number is no timing: the round itself stands
                 vals[name] = _number(record.get(name.replace("_", "-"), 0), whole=name != "speed_s")
             rtt = _number(record.get("rtt-ms", -1.0), whole=False, default=-1.0)  # before they were measured: -1
             # anything else (no number, negative, beyond what registration believes of a link): not measured
             vals["rtt_ms"] = rtt if rtt >= 0 and in_range(rtt, "rtt_ms") else -1.0
-            report = cls(samples=int(_get(record, "num-examples", what)), **vals)
+            report = cls(samples=_integer(_get(record, "num-examples", what), "num-examples", what), **vals)
         except (TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinite float
             raise ConfigError(f"{what}: malformed ({e})") from None
         # what the adaptive policy learns from: a NaN or negative time would stay in its beliefs for good
@@ -218,8 +218,17 @@ def _number(v: Any, whole: bool, default: float = 0) -> int | float:
     return int(x) if whole else x
 
 
-def _cast(typ: Any, v: Any) -> Any:
-    return int(v) if str(typ) == "int" else float(v)
+def _cast(typ: Any, v: Any, key: str, what: str) -> Any:
+    return _integer(v, key, what) if str(typ) == "int" else float(v)
+
+
+def _integer(v: Any, key: str, what: str) -> int:
+    """A count of a record (samples, steps, bytes, a partition): an integer, or a float that is one (``12.0``).
+    ``int()`` alone truncated ``9.9`` samples to 9 (a client's weight in every average) and read ``"3"`` or
+    ``true`` as a partition."""
+    if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+        raise ConfigError(f"{what}: {key} must be a whole number, got {v!r}")
+    return int(v)
 
 
 @dataclass(frozen=True)
@@ -270,8 +279,9 @@ class NodeInfo:
     def from_record(cls, record: Mapping[str, Any]) -> NodeInfo:
         what = "node info"
         try:
-            info = cls(int(_get(record, "partition-id", what)), int(_get(record, "num-partitions", what)),
-                       int(record.get("samples", 0)), str(record.get("profile", "")),
+            info = cls(_integer(_get(record, "partition-id", what), "partition-id", what),
+                       _integer(_get(record, "num-partitions", what), "num-partitions", what),
+                       _integer(record.get("samples", 0), "samples", what), str(record.get("profile", "")),
                        str(record.get("edge-address", "")), float(record.get("up-mbps", 0.0)),
                        float(record.get("down-mbps", 0.0)), float(record.get("rtt-ms", 0.0)),
                        int(record.get("protocol", 0)), str(record.get("version", "")),
