@@ -63,12 +63,12 @@ class Checkpoint:
 def restore_row(folder: str | Path, ckpt: Checkpoint) -> bool:
     """Put back the metrics row of the checkpoint's round when a crash came between the checkpoint and the
     row: the file then holds rounds 1..r-1 whole (and perhaps the row cut short). Whether it did."""
-    from splitfed.flower.metrics import MetricsWriter, read_rows
+    from splitfed.flower.metrics import MetricsWriter, run_rows
 
     if ckpt.row is None or ckpt.round < 1:
         return False
     path = Path(folder) / METRICS
-    held = [int(r.get("round", 0)) for r in read_rows(path) if isinstance(r, dict)] if path.is_file() else []
+    held = [r["round"] for r in run_rows(path)] if path.is_file() else []
     if held != list(range(1, ckpt.round)):
         return False
     writer = MetricsWriter(folder)

@@ -38,7 +38,7 @@ from typing import Any
 
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint
-from splitfed.flower.metrics import METRICS, SUMMARY, read_rows, rows_kept
+from splitfed.flower.metrics import METRICS, SUMMARY, rows_kept, run_rows
 from splitfed.jsonio import dumps, sync_folder, write_atomic
 
 LOCK = ".splitfed.lock"
@@ -76,7 +76,7 @@ def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
     if overwrite and not resume:
         _replaceable(folder)
     if resume and (folder / METRICS).is_file():
-        read_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
+        run_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
     lock = folder / LOCK
     if lock.is_file():
         fd = os.open(lock, os.O_RDONLY)
@@ -551,7 +551,7 @@ def nothing_to_do(out: str, rounds: int, again: str, held: checkpoint.Checkpoint
     if done < own:
         print(f"nothing to do: {out} holds round {done} of its {own}, --rounds {rounds} asks for no more (to "
               f"train on: --resume {again})", file=sys.stderr)
-        rows = [r for r in read_rows(Path(out) / METRICS) if int(r.get("round", 0)) <= done]
+        rows = [r for r in run_rows(Path(out) / METRICS) if r["round"] <= done]
         return summarise(rows, ckpt.settings)
     print(f"nothing to do: {out} already holds round {done} of {rounds} (to train on: --resume {again} "
           f"--rounds {done + 1} or more)", file=sys.stderr)
