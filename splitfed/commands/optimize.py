@@ -9,7 +9,7 @@ import sys
 from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
 from splitfed.commands.profile import cache_dir
 from splitfed.cost.model import Scenario, link_codecs
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, CutError
 from splitfed.jsonio import dumps
 from splitfed.optimizer.assign import (
     DEFAULT_GAP,
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="choose each client's cuts for a fleet (or price a policy)",
                        description=__doc__.splitlines()[0])
     add_model_args(p)
-    p.add_argument("--fleet", required=True,
+    p.add_argument("--fleet", required=True, type=fleet_name,
                    help=f"fleet TOML file, or a shipped fleet: {', '.join(shipped_fleets())}")
     p.add_argument("--tiers", type=int, choices=(2, 3), default=3)
     p.add_argument("--batch", type=batch_size, default=32)
@@ -60,6 +60,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "best assignment found so far is printed, marked not proven optimal")
     p.add_argument("--json", action="store_true", help="print a JSON object (makespan_s, clients, ...)")
     p.set_defaults(func=run)
+
+
+def fleet_name(text: str) -> str:
+    """``--fleet``'s value: not empty (``""`` is the current folder to a path, refused as "a folder")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a fleet file or a shipped fleet's name, got nothing")
+    return text
 
 
 def render(sc: Scenario, sol: Solution, header: str) -> str:
@@ -95,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
     if args.exhaustive:
         sol = exhaustive(sc)
     elif args.static is not None:
-        sol = static(sc, args.static)
+        try:
+            sol = static(sc, args.static)
+        except CutError as e:  # a vector the model or the chain cannot take: the flag that gave it
+            raise CutError(f"--static: {e}") from None
     elif args.best_static:
         sol = best_static(sc)
     elif args.greedy:

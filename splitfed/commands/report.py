@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     from splitfed.report.plots import standard_plot_files
     from splitfed.report.runs import load_runs, run_notes
     from splitfed.report.summary import csv_files, summary_rows
-    from splitfed.report.table import class_table, format_table
+    from splitfed.report.table import class_table, format_table, shown
 
     paths = [Path(p) for p in args.runs]
     if args.out is not None and not args.out.strip():  # "" would have meant the default folder, silently
@@ -133,9 +133,9 @@ def _run(args: argparse.Namespace) -> int:
         if r.clients:
             print()
             print(class_table(r))
-    print(f"\nreport: {len(images)} figure(s), summary.md, summary.csv and rounds.csv in {out}")
+    print(f"\nreport: {len(images)} figure(s), summary.md, summary.csv and rounds.csv in {shown(str(out))}")
     for note in (note for r in runs for note in run_notes(r)):  # on stderr: seen also when stdout is a file
-        print(f"splitfed report: note: {note}", file=sys.stderr)
+        print(f"splitfed report: note: {shown(note)}", file=sys.stderr)  # one line, whatever the folder's name
     return 0
 
 

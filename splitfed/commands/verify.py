@@ -5,24 +5,33 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from splitfed.commands._args import add_model_args, batch_size, model_spec, positive_int, seed
+from splitfed.commands._args import (
+    add_model_args,
+    batch_size,
+    int_list,
+    model_spec,
+    positive_int,
+    seed,
+)
 from splitfed.engine import template
 from splitfed.engine.types import MODES
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, CutError
 from splitfed.jsonio import dumps
 from splitfed.models.blocks import validate_cuts
 from splitfed.models.zoo import ZOO
 
 
 def _cut_vectors(text: str) -> list[tuple[int, ...]]:
+    """``"2,5/3,7"`` -> ``[(2, 5), (3, 7)]``; each vector read as :func:`int_list` reads one (an empty entry,
+    ``2,,5``, is a cut left out: refused, not dropped)."""
     out = []
     for part in text.split("/"):
-        try:
-            out.append(tuple(int(p) for p in part.split(",") if p.strip()))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"cuts must be integers like 3,7 (or 2,5/3,7 per client), got {text!r}") from None
-        if not out[-1]:
+        if not part.strip():
             raise argparse.ArgumentTypeError(f"empty cut vector in {text!r}")
+        try:
+            out.append(int_list(part))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"cuts must be integers like 3,7 (or 2,5/3,7 per client), got {text!r}") from None
     return out
 
 
@@ -35,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tiers", type=positive_int, default=None, help="tiers in the chain (default: cuts + 1)")
     p.add_argument("--steps", type=positive_int, default=2, help="training steps per client per round")
     p.add_argument("--rounds", type=positive_int, default=1)
-    p.add_argument("--clients", type=positive_int, default=1)
+    p.add_argument("--clients", type=positive_int, default=None,
+                   help="clients, dealt the cut vectors in turn (default: one per cut vector)")
     p.add_argument("--batch", type=batch_size, default=4)
     p.add_argument("--mode", choices=MODES, default="sflv1")
     p.add_argument("--u-shape", action="store_true", help="the device also holds the last blocks and the loss")
@@ -57,8 +67,16 @@ def run(args: argparse.Namespace) -> int:
     if tiers < 2:
         raise ConfigError(f"a chain needs at least 2 tiers, got {tiers}")
     for c in args.cuts:
-        validate_cuts(c, n, tiers, args.u_shape, model=spec.name)
-    cuts = [args.cuts[i % len(args.cuts)] for i in range(args.clients)]
+        try:
+            validate_cuts(c, n, tiers, args.u_shape, model=spec.name)
+        except CutError as e:
+            raise CutError(f"--cuts: {e}") from None
+    clients = args.clients or len(args.cuts)
+    if clients < len(args.cuts):  # the vectors past the last client would be reported OK, never trained
+        unused = "/".join(",".join(map(str, c)) for c in args.cuts[clients:])
+        raise ConfigError(f"--clients {clients} leaves cut vector(s) {unused} of --cuts to no client: give "
+                          f"--clients {len(args.cuts)} or more, or fewer cut vectors")
+    cuts = [args.cuts[i % len(args.cuts)] for i in range(clients)]
     with contextlib.ExitStack() as stack:
         if args.transport == "grpc":
             from splitfed.transport.chain import close_chain, grpc_chain

@@ -28,7 +28,7 @@ from matplotlib.ticker import MaxNLocator
 
 from splitfed.jsonio import draft_of
 from splitfed.report.runs import MEASURED, Run, clock_of
-from splitfed.report.table import MB
+from splitfed.report.table import MB, shown
 
 _CLOCK = {"sim": "simulated", "measured": "measured", "sim/measured": "simulated or measured"}  # clock_of's words
 
@@ -79,7 +79,8 @@ def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    lines = ax.get_lines()  # named here: a label that starts with "_" would be left out of the legend
+    ax.legend(lines, [str(x.get_label()) for x in lines], loc="best", fontsize="small")
     if note:
         fig.text(0.01, 0.005, note, fontsize="x-small", color="dimgrey", ha="left", va="bottom", wrap=True)
         fig.subplots_adjust(bottom=0.18)
@@ -93,7 +94,7 @@ def accuracy_vs_time_plot(runs: Sequence[Run], path: str | Path, target: float |
                           title: str = "") -> Path:
     """Accuracy after each round against the simulated clock (cost-model makespans summed), or a
     deployment's measured one (:func:`~splitfed.report.runs.clock_of` names which on the axis)."""
-    series = [Series(r.label, *_with_start(r, r.sim_time)) for r in runs]
+    series = [Series(_plain(r.label), *_with_start(r, r.sim_time)) for r in runs]
     kind = _CLOCK[clock_of(runs)]
     return line_plot(series, path, title=title or f"Test accuracy vs {kind} time", xlabel=f"{kind} time (s)",
                      ylabel="test accuracy",
@@ -102,7 +103,7 @@ def accuracy_vs_time_plot(runs: Sequence[Run], path: str | Path, target: float |
 
 def accuracy_per_round_plot(runs: Sequence[Run], path: str | Path,
                             title: str = "Test accuracy per round") -> Path:
-    series = [Series(r.label, [x.round for x in r.rounds], [x.accuracy for x in r.rounds]) for r in runs]
+    series = [Series(_plain(r.label), [x.round for x in r.rounds], [x.accuracy for x in r.rounds]) for r in runs]
     return line_plot(series, path, title=title, xlabel="round", ylabel="test accuracy", integer_x=True)
 
 
@@ -110,7 +111,7 @@ def makespan_plot(runs: Sequence[Run], path: str | Path, title: str = "",
                   mark_round: int | None = None) -> Path:
     """Each round's simulated makespan (a deployment's measured round time); ``mark_round`` draws a vertical
     line (e.g. where drift starts)."""
-    series = [Series(r.label, [x.round for x in r.rounds], [x.sim_round_s for x in r.rounds]) for r in runs]
+    series = [Series(_plain(r.label), [x.round for x in r.rounds], [x.sim_round_s for x in r.rounds]) for r in runs]
     kind = _CLOCK[clock_of(runs)]
     return line_plot(series, path, title=title or f"{kind.capitalize()} round time (makespan)", xlabel="round",
                      ylabel=f"makespan ({kind} s)", integer_x=True,
@@ -137,9 +138,9 @@ def predicted_plot(runs: Sequence[Run], path: str | Path,
     for i, r in enumerate(runs):
         rows = _predicted_rows(r)
         colour = {"color": f"C{i % 10}"}
-        series += [Series(f"{r.label}: measured", [x[0] for x in rows], [x[1] for x in rows],
+        series += [Series(f"{_plain(r.label)}: measured", [x[0] for x in rows], [x[1] for x in rows],
                           {**colour, "linestyle": "-", "marker": "o"}),
-                   Series(f"{r.label}: predicted", [x[0] for x in rows], [x[2] for x in rows],
+                   Series(f"{_plain(r.label)}: predicted", [x[0] for x in rows], [x[2] for x in rows],
                           {**colour, "linestyle": "--", "marker": "x"})]
     return line_plot(series, path, title=title, xlabel="round", ylabel="round time (s)", integer_x=True)
 
@@ -151,16 +152,16 @@ def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Activations 
     for i, r in enumerate(runs):
         color = f"C{i % 10}"
         rounds = [x.round for x in r.rounds]
-        series.append(Series(f"{r.label} up", rounds, [x.bytes_up / MB for x in r.rounds],
+        series.append(Series(f"{_plain(r.label)} up", rounds, [x.bytes_up / MB for x in r.rounds],
                              {"color": color, "linestyle": "-", "marker": "o"}))
-        series.append(Series(f"{r.label} down", rounds, [x.bytes_down / MB for x in r.rounds],
+        series.append(Series(f"{_plain(r.label)} down", rounds, [x.bytes_down / MB for x in r.rounds],
                              {"color": color, "linestyle": "--", "marker": "s"}))
     return line_plot(series, path, title=title, xlabel="round", ylabel="MB per round", integer_x=True)
 
 
 def accuracy_vs_bytes_plot(runs: Sequence[Run], path: str | Path,
                            title: str = "Test accuracy vs activation bytes") -> Path:
-    series = [Series(r.label, *_with_start(r, [b / MB for b in r.cum_bytes])) for r in runs]
+    series = [Series(_plain(r.label), *_with_start(r, [b / MB for b in r.cum_bytes])) for r in runs]
     return line_plot(series, path, title=title, xlabel="cumulative MB of activations and gradients (up + down)",
                      ylabel="test accuracy")
 
@@ -199,11 +200,12 @@ def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_label
     axes[0].set_ylabel("client (device class)")
     if len(clients) <= max_labels:
         axes[0].set_yticks(range(len(clients)))
-        axes[0].set_yticklabels([f"{c} ({run.class_of(c)})" if run.class_of(c) != c else c for c in clients],
+        axes[0].set_yticklabels([_plain(f"{c} ({run.class_of(c)})" if run.class_of(c) != c else c) for c in clients],
                                 fontsize="small")
     else:
         axes[0].set_yticks([])
-    fig.suptitle(title or f"Cuts over rounds: {run.label}")
+    unsure = "" if _chain(run) or width == 1 else "\n(the run does not record its tiers: its cuts are numbered, not named)"
+    fig.suptitle(title or f"Cuts over rounds: {_plain(run.label)}{unsure}")
     assert im is not None
     bar = fig.colorbar(im, ax=list(axes), ticks=range(lo, hi + 1, max(1, math.ceil((hi - lo + 1) / 12))))
     bar.set_label("cut (blocks before it)")
@@ -314,9 +316,10 @@ def _chain(run: Run) -> int | None:
 
 def _cut_names(run: Run, width: int) -> list[str]:
     """Each cut's panel title: the tiers it lies between. A run's cut vector has one cut per server tier and,
-    for a U-shape, one more where the device's tail starts, so its chain (:func:`_chain`) tells the two apart;
-    without one, two cuts are read as three tiers (the default)."""
-    tiers = _chain(run) or {1: 2, 2: 3}.get(width)
+    for a U-shape, one more where the device's tail starts, so its chain (:func:`_chain`) tells the two apart.
+    Without one, only a single cut is sure (device | server); more are numbered, not named: two cuts are three
+    tiers, or two in a U-shape (``splitfed simulate --tiers 2 --u-shape``), which its rows do not say."""
+    tiers = _chain(run) or (2 if width == 1 else None)
     if tiers is None or width not in (tiers - 1, tiers):
         return [f"cut {k + 1}" for k in range(width)]
     names = {2: ["device", "server"], 3: ["device", "edge", "cloud"]}.get(
@@ -325,6 +328,13 @@ def _cut_names(run: Run, width: int) -> list[str]:
     if width == tiers:  # U-shape: the last cut hands back to the device, which holds the tail and the loss
         between.append(f"{names[-1]} | device (tail)")
     return [f"cut {k + 1}: {name}" for k, name in enumerate(between)]
+
+
+def _plain(label: str) -> str:
+    """A run's or a client's name as matplotlib draws it as it is: on one line as the tables show it
+    (:func:`~splitfed.report.table.shown`: no control character drawn as a missing glyph), its ``$`` escaped
+    (two would start math, which a name such as ``a$\\frac$`` cannot be drawn as)."""
+    return shown(label).replace("$", r"\$")
 
 
 def _viridis(v: float) -> tuple[float, float, float, float]:

@@ -188,7 +188,7 @@ def parse_cuts(value: Any, where: str = "row") -> dict[str, Cuts]:
     """``{"client0": [2, 5]}`` or ``[[2, 5], ...]`` (clients ``"0"``, ``"1"``, ...) -> client -> cuts."""
     items: Iterable[tuple[str, Any]]
     if isinstance(value, Mapping):
-        items = ((str(k), v) for k, v in value.items())
+        items = ((text(k), v) for k, v in value.items())
     elif isinstance(value, list):
         items = ((str(i), v) for i, v in enumerate(value))
     else:
@@ -216,7 +216,7 @@ def rows_to_run(rows: Sequence[Mapping[str, Any]], label: str = "run", summary: 
         raise ConfigError(f"{label}: round(s) {', '.join(map(str, twice))} appear more than once "
                           "(rows of two runs in one metrics file?)")
     summary = dict(summary or {})
-    return Run(label, tuple(parsed), summary, _classes(parsed, rows, summary), path)
+    return Run(text(label), tuple(parsed), summary, _classes(parsed, rows, summary), path)
 
 
 def run_folder(path: str | Path) -> Path:
@@ -330,7 +330,8 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
         seen[key] = p
     runs = [load_run(p) for p in paths]
     labels = unique_labels([r.label for r in runs], [r.path or Path(r.label) for r in runs])
-    return [r if r.label == label else replace(r, label=label) for r, label in zip(runs, labels, strict=True)]
+    return [r if r.label == label else replace(r, label=text(label))  # told apart by folders that may not be UTF-8
+            for r, label in zip(runs, labels, strict=True)]
 
 
 def unique_labels(labels: Sequence[str], folders: Sequence[Path]) -> list[str]:
@@ -390,6 +391,12 @@ def write_run(folder: str | Path, rows: Iterable[Mapping[str, Any]], summary: Ma
 # ---------------------------------------------------------------- internals
 
 
+def text(value: Any) -> str:
+    """``value`` as a label that every output can hold: a lone surrogate (a folder name that is not UTF-8, or
+    a ``\\udcff`` in JSON) as its escape, where it would stop the figures (matplotlib) and the CSV (UTF-8)."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _cumsum(values: Iterable[float]) -> list[float]:
     out, total = [], 0.0
     for v in values:
@@ -413,15 +420,15 @@ def _classes(parsed: Sequence[RoundRow], raw: Sequence[Mapping[str, Any]], summa
             continue
         per = r.get("per_client")
         if isinstance(per, Mapping):
-            out.update({str(k): _strip_index(str(v["profile"])) for k, v in per.items()
+            out.update({text(k): _strip_index(text(v["profile"])) for k, v in per.items()
                         if isinstance(v, Mapping) and v.get("profile")})
         prof = r.get("profiles")  # every client of the round, also those that failed
         if isinstance(prof, Mapping):
-            out.update({str(k): _strip_index(str(v)) for k, v in prof.items() if v})
+            out.update({text(k): _strip_index(text(v)) for k, v in prof.items() if v})
         rc = r.get("classes")
         if isinstance(rc, Mapping):
-            out.update({str(k): str(v) for k, v in rc.items()})
+            out.update({text(k): text(v) for k, v in rc.items()})
     s = summary.get("classes")
     if isinstance(s, Mapping):
-        out.update({str(k): str(v) for k, v in s.items()})
+        out.update({text(k): text(v) for k, v in s.items()})
     return out

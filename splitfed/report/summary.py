@@ -9,13 +9,14 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from splitfed.jsonio import write_atomic
 from splitfed.report.runs import MEASURED, RoundRow, Run, clock_of, run_notes
-from splitfed.report.table import MB, format_value
+from splitfed.report.table import MB, format_value, shown
 
 HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
            "activation MB", "weight MB", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
@@ -46,10 +47,45 @@ def best_accuracy(run: Run) -> float:
     return max((x.accuracy for x in run.rounds if not math.isnan(x.accuracy)), default=math.nan)
 
 
+_MARKDOWN = frozenset("\\`*[]<>|~$&")  # what starts or ends markup in a line of GitHub Markdown (``$``: math)
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as it reads, in a Markdown table's cell or inside a line: on one line (:func:`shown`), each
+    character that would make markup backslash-escaped, ``\\`` too (so that ``a\\|b`` neither splits a cell
+    nor loses its backslash); ``_`` only where it could (not inside a word: ``run_1`` stays as it is). Spaces
+    at either end are ``&#32;``: a table's cell, and an emphasis, trims them."""
+    t = shown(text)
+    t = "".join("\\" + c if c in _MARKDOWN or (c == "_" and not _inside_word(t, i)) else c for i, c in enumerate(t))
+    return re.sub(r"^ +| +$", lambda m: "&#32;" * len(m.group()), t)
+
+
+def _inside_word(text: str, i: int) -> bool:
+    """Whether ``text[i]`` stands between two letters or digits, where CommonMark's ``_`` makes no emphasis."""
+    return 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+
+
+def markdown_item(text: str) -> str:
+    """``- text``: a list item that reads as ``text`` (:func:`markdown_text`), also where ``text`` starts as a
+    block would (``# x`` a heading, ``- x`` or ``1. x`` a list)."""
+    t = markdown_text(text)
+    t = re.sub(r"^(\d{1,9})([.)])(?=[ \t]|$)", r"\1\\\2", t)
+    return "- " + ("\\" + t if t[:1] in ("#", "+", "-", "=") else t)
+
+
+def markdown_code(text: str) -> str:
+    """``text`` as a code span on one line: fenced by more backticks than it holds in a row, padded where
+    it starts or ends with one (CommonMark strips one space each side only where both have one)."""
+    text = shown(text)
+    fence = "`" * (1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+    pad = " " if text[:1] == "`" or text[-1:] == "`" or (text[:1] == text[-1:] == " " and text.strip()) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-flavoured Markdown table (``|`` in text escaped; numbers right-aligned)."""
+    """A GitHub-flavoured Markdown table (text escaped: :func:`markdown_text`; numbers right-aligned)."""
     def esc(v: Any) -> str:
-        return format_value(v).replace("|", "\\|")
+        return markdown_text(format_value(v))
 
     numeric = [all(isinstance(row[j], int | float) or row[j] is None for row in rows) and bool(rows)
                for j in range(len(headers))]
@@ -65,7 +101,7 @@ def summary_markdown(runs: Sequence[Run], target: float | None = None,
     where each run came from, and the figures (relative links)."""
     headers, rows = summary_rows(runs, target)
     parts = [f"# {title}", "", markdown_table(headers, rows), ""]
-    notes = [f"- {note}" for r in runs for note in run_notes(r)]
+    notes = [markdown_item(note) for r in runs for note in run_notes(r)]
     if notes:
         parts += ["## Notes", "", *notes, ""]
     if target is not None:
@@ -73,12 +109,12 @@ def summary_markdown(runs: Sequence[Run], target: float | None = None,
             clock_of(runs), "simulated seconds (cost-model clock), or measured ones for a deployment")
         parts += [f"Time to target: {seconds} until the global model's test "
                   f"accuracy first reaches {target:g}; `-`: never.", ""]
-    sources = [f"- **{r.label}**: `{r.path}`" for r in runs if r.path is not None]
+    sources = [f"- **{markdown_text(r.label)}**: {markdown_code(str(r.path))}" for r in runs if r.path is not None]
     if sources:
         parts += ["## Runs", "", *sources, ""]
     if images:
         parts += ["## Figures", ""]
-        parts += [f"![{name}]({Path(p).as_posix()})" for name, p in images.items()]
+        parts += [f"![{markdown_text(name)}]({Path(p).as_posix()})" for name, p in images.items()]
         parts.append("")
     return "\n".join(parts)
 

@@ -21,9 +21,17 @@ MB = 1e6
 _FILLERS = ("", "...", None)
 
 
+def shown(text: str) -> str:
+    """``text`` on one line of a terminal: each character that is not printable (a newline, a tab, an escape
+    sequence's ESC, a lone surrogate from a folder name that is not UTF-8) as its Python escape (``\\n``,
+    ``\\x1b``, ``\\udcff``), so that a label breaks no row of a table and moves no column."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
-    """A plain-text table; numbers right-aligned, text left-aligned."""
+    """A plain-text table; numbers right-aligned, text left-aligned (one line per row: :func:`shown`)."""
     cells = [[format_value(v) for v in row] for row in rows]
+    headers = [format_value(h) for h in headers]
     numeric = [all(_is_num(row[j]) for row in rows if j < len(row) and row[j] not in _FILLERS) and bool(rows)
                for j in range(len(headers))]
     widths = [max([len(h), *(len(r[j]) for r in cells if j < len(r))]) for j, h in enumerate(headers)]
@@ -31,7 +39,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: s
     def line(vals: Sequence[str]) -> str:
         return "  ".join(v.rjust(w) if numeric[j] else v.ljust(w) for j, (v, w) in enumerate(zip(vals, widths, strict=True))).rstrip()
 
-    out = [title] if title else []
+    out = [shown(title)] if title else []
     out += [line(list(headers)), "  ".join("-" * w for w in widths)]
     out += [line(r + [""] * (len(headers) - len(r))) for r in cells]
     return "\n".join(out)
@@ -111,4 +119,4 @@ def format_value(v: Any) -> str:
         if a >= 1e5 or a < 1e-3:
             return f"{v:.3g}"
         return f"{v:.4f}" if a < 1 else f"{v:.2f}"
-    return str(v)
+    return shown(str(v))
