@@ -26,6 +26,10 @@ from splitfed.engine.limits import (
 )
 from splitfed.errors import ConfigError
 
+MOST_MB = 1 << 40
+"""The largest size in MiB a tier takes for its limits: in bytes, it still fits the int64 of ``Describe``
+(a larger one broke every Describe of the tier with gRPC's "Exception calling application")."""
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tier", help="serve an edge or cloud tier over gRPC",
@@ -49,12 +53,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compress", default="none", help="codec towards --next: none, fp16, int8, topk:F (F >= 0.001)")
     p.add_argument("--deadline", type=float, default=60.0, help="seconds per call to --next")
     p.add_argument("--max-workers", type=positive_int, default=32, help="concurrent calls served")
-    p.add_argument("--max-tensor-mb", type=positive_int, default=512, help="largest tensor accepted, MiB")
-    p.add_argument("--max-model-mb", type=positive_int, default=DEFAULT_LIMITS.model_bytes >> 20,
+    p.add_argument("--max-tensor-mb", type=positive_int, default=512,
+                   help="largest tensor accepted, MiB (at most what one call's messages carry)")
+    p.add_argument("--max-model-mb", type=bounded_int(1, MOST_MB), default=DEFAULT_LIMITS.model_bytes >> 20,
                    help="largest model (parameters) this tier builds, MiB (default: %(default)s)")
-    p.add_argument("--max-sample-mb", type=positive_int, default=DEFAULT_LIMITS.sample_bytes >> 20,
+    p.add_argument("--max-sample-mb", type=bounded_int(1, MOST_MB), default=DEFAULT_LIMITS.sample_bytes >> 20,
                    help="largest tensor a model may make per sample, MiB (default: %(default)s)")
-    p.add_argument("--max-held-mb", type=bounded_int(0, 1 << 40), default=0, metavar="N",
+    p.add_argument("--max-held-mb", type=bounded_int(0, MOST_MB), default=0, metavar="N",
                    help="what the segments of every client and run may hold at once, MiB (weights, gradients "
                         "and optimizer state); a load beyond is refused (default 0: three quarters of the "
                         "memory of --torch-device)")
@@ -131,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
 
     from splitfed.transport import wire
     from splitfed.transport.server import serve_tier
+
+    most = wire.Limits().stream_bytes >> 20
+    if args.max_tensor_mb > most:  # above it, a limit no tensor could reach, and past 2**43 every Describe failed
+        raise ConfigError(f"--max-tensor-mb must be at most {most} (MiB: what one call's messages carry), got "
+                          f"{args.max_tensor_mb}")
 
     if not args.no_malloc_tuning:
         from splitfed.transport.memory import keep_freed_memory

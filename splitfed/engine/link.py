@@ -17,10 +17,13 @@ import torch
 
 from splitfed.engine.limits import MAX_DIMS
 from splitfed.engine.types import Reduced, ReduceItem, SegmentLoad, State, StepKey, StepReply
-from splitfed.errors import InvalidArgument, SplitfedError, TierError
+from splitfed.errors import InvalidArgument, ResourceExhausted, SplitfedError, TierError
 
 if TYPE_CHECKING:
     from splitfed.engine.tier import Tier
+
+MAX_ID = 256
+"""The most characters of a run, client, replica or base id and of a secret that a tier takes."""
 
 Compress = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
 """Lossy round trip of a tensor: returns what the receiver sees and the bytes on the wire."""
@@ -58,6 +61,78 @@ class TierControl(Protocol):
 
 
 log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- control checks
+# A tier's control calls are checked here, on either transport: the gRPC tier (transport.server) and its client
+# (transport.client) call these, and so does InProcessLink, so the same bad input gets the same error.
+
+
+def check_ids(run_id: str, client_id: str, secret: str = "") -> None:
+    """The run and client a call names (1..MAX_ID characters) and its secret (at most MAX_ID)."""
+    for what, v in (("run_id", run_id), ("client_id", client_id)):
+        if not v or len(v) > MAX_ID:
+            raise InvalidArgument(f"{what} must have 1..{MAX_ID} characters, got {len(v)}")
+    if len(secret) > MAX_ID:  # its value is never shown
+        raise InvalidArgument(f"secret must have at most {MAX_ID} characters, got {len(secret)}")
+
+
+def check_replica(replica: str, base: str, base_secret: str) -> None:
+    """A load's replica (1..MAX_ID characters), base and base secret (at most MAX_ID)."""
+    if not replica or len(replica) > MAX_ID:
+        raise InvalidArgument(f"replica must have 1..{MAX_ID} characters")
+    if len(base) > MAX_ID:
+        raise InvalidArgument(f"base must have at most {MAX_ID} characters, got {len(base)}")
+    if len(base_secret) > MAX_ID:  # its value is never shown
+        raise InvalidArgument(f"base_secret must have at most {MAX_ID} characters, got {len(base_secret)}")
+
+
+def check_blocks(client_id: str, blocks: tuple[int, int] | None) -> None:
+    """A fetch's range of blocks, if any: ``[start, stop)`` with ``0 <= start < stop``."""
+    if blocks is None:
+        return
+    a, z = blocks
+    if not 0 <= a < z:
+        raise InvalidArgument(f"fetch of {client_id}: blocks must be a range [start, stop) with 0 <= start < stop, "
+                              f"got [{a}, {z})")
+
+
+class Listed(Protocol):
+    """A client a reduce lists: a :class:`ReduceItem`, or the message it travels as (checked before it is one)."""
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def secret(self) -> str: ...
+
+    @property
+    def weight(self) -> float: ...
+
+
+def check_reduce(run_id: str, items: Sequence[Listed], tier: str, max_clients: int) -> None:
+    """A reduce's run, and its items: ids and secrets, weights, distinct clients, at most ``max_clients`` of
+    them (0: any number) on tier ``tier``."""
+    # imported here: splitfed.engine.tier imports this module
+    from splitfed.engine.tier import weight_refusal
+
+    if not run_id or len(run_id) > MAX_ID:
+        raise InvalidArgument(f"reduce: run_id must have 1..{MAX_ID} characters, got {len(run_id)}")
+    if max_clients and len(items) > max_clients:
+        raise ResourceExhausted(f"reduce: {len(items)} clients listed, but tier {tier} serves at most {max_clients}")
+    seen: set[str] = set()
+    for i, it in enumerate(items):
+        who = f"reduce: item {i} (client {it.client_id[:64]!r})"  # an overlong id: its start
+        try:
+            check_ids(run_id, it.client_id, it.secret)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{who}: {e}") from None
+        why = weight_refusal(it.weight)
+        if why is not None:
+            raise InvalidArgument(f"{who}: {why}")
+        if it.client_id in seen:
+            raise InvalidArgument(f"{who}: the client is listed twice")
+        seen.add(it.client_id)
 
 
 def nbytes(t: torch.Tensor | None) -> int:
@@ -102,13 +177,17 @@ class InProcessLink:
 
     @contextmanager
     def _internal(self, what: str) -> Iterator[None]:
-        """Anything else the tier raises (its segment's own forward failing on a batch, say) as the gRPC tier
-        answers it (INTERNAL, logged with its traceback): a TierError, so that client fails and the round goes
-        on, on either transport. Raised bare, it ended the whole in-process round instead."""
+        """What the tier raises, as the gRPC tier answers it: a TierError as is; any other SplitfedError (a
+        model that does not build: ConfigError) as INVALID_ARGUMENT with its message; anything else (its
+        segment's own forward failing on a batch, say) as INTERNAL, logged with its traceback. Each a TierError,
+        so that client fails and the round goes on, on either transport. Raised bare, it ended the whole
+        in-process round instead."""
         try:
             yield
-        except SplitfedError:
+        except TierError:
             raise
+        except SplitfedError as e:
+            raise InvalidArgument(str(e)) from e
         except Exception as e:
             log.exception("tier %s: %s failed", self.tier.name, what)
             raise TierError(f"tier {self.tier.name}: internal error in {what}: {type(e).__name__}: {e}") from e
@@ -135,15 +214,25 @@ class InProcessLink:
             g = self.tier.backward(key, up)
         return self._down(g)
 
-    # control passes straight through
+    # control: checked and answered as over gRPC (the same checks, the same errors)
     def load(self, spec: SegmentLoad) -> None:
-        self.tier.load(spec)
+        check_ids(spec.run_id, spec.client_id, spec.secret)
+        check_replica(spec.replica, spec.base, spec.base_secret)
+        with self._internal("load"):
+            self.tier.load(spec)
 
     def fetch(self, run_id: str, client_id: str, secret: str = "", blocks: tuple[int, int] | None = None) -> State:
-        return self.tier.fetch(run_id, client_id, secret, blocks)
+        check_blocks(client_id, blocks)
+        check_ids(run_id, client_id, secret)
+        with self._internal("fetch"):
+            return self.tier.fetch(run_id, client_id, secret, blocks)
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
-        self.tier.release(run_id, client_id, secret)
+        check_ids(run_id, client_id, secret)
+        with self._internal("release"):
+            self.tier.release(run_id, client_id, secret)
 
     def reduce(self, run_id: str, items: Sequence[ReduceItem]) -> Reduced:
-        return self.tier.reduce(run_id, items)
+        check_reduce(run_id, items, self.tier.name, int(getattr(self.tier, "max_clients", 0)))
+        with self._internal("reduce"):
+            return self.tier.reduce(run_id, items)

@@ -27,10 +27,12 @@ from typing import Any, TypeVar
 
 import grpc
 import torch
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from splitfed.engine.link import check_blocks
 from splitfed.engine.types import Reduced, ReduceItem, SegmentLoad, State, StepKey, StepReply
-from splitfed.errors import ConfigError, InvalidArgument, NotFound, TierError
+from splitfed.errors import ConfigError, InvalidArgument, NotFound, ResourceExhausted, TierError
 from splitfed.models.zoo import ModelSpec
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
@@ -301,7 +303,7 @@ class GrpcTierClient:
             else:
                 replies = self._step_stream(wire.iter_frames(head, enc, chunk), timeout=timeout,
                                             metadata=self._metadata)
-            result, items = wire.read_all(replies, wire.F_RESULT, self._read_limits(), what=f"{what} reply")
+            result, items = self._read(replies, wire.F_RESULT, self._read_limits(), what, writable=False)
             assert isinstance(result, pb.StepResult)
             if len(items) != int(result.has_tensor):
                 raise TierError(f"tier {self.address}: {what}: reply carries {len(items)} tensors")
@@ -343,6 +345,15 @@ class GrpcTierClient:
             return own
         return replace(own, max_tensor_bytes=factor * max(own.max_tensor_bytes, tensor),
                        max_call_bytes=factor * max(own.max_call_bytes, call))
+
+    def _read(self, replies: Iterable[bytes], head: int | None, limits: wire.Limits, what: str, *,
+              writable: bool = True) -> tuple[Message | None, list[wire.Received]]:
+        """A call's reply, read to its end (:func:`wire.read_all`); one that is malformed or too large is refused
+        naming this tier and the call, as every other error of a call is."""
+        try:
+            return wire.read_all(replies, head, limits, writable=writable, what="reply")
+        except (InvalidArgument, ResourceExhausted) as e:
+            raise type(e)(f"tier {self.address}: {what}: {e}") from None
 
     def _count(self, up: int, down: wire.Received | None) -> None:
         with self._lock:
@@ -387,19 +398,17 @@ class GrpcTierClient:
                    lambda t: self._load(wire.iter_frames(head, tensors, chunk), timeout=t, metadata=self._metadata))
 
     def fetch(self, run_id: str, client_id: str, secret: str = "", blocks: tuple[int, int] | None = None) -> State:
+        check_blocks(client_id, blocks)
         a, z = blocks if blocks is not None else (0, 0)
-        if blocks is not None and not 0 <= a < z:
-            raise InvalidArgument(f"fetch of {client_id}: blocks must be a range [start, stop) with 0 <= start < stop, "
-                              f"got [{a}, {z})")
         req = pb.ClientRef(run_id=run_id, client_id=client_id, secret=secret, start=a, stop=z).SerializeToString()
+        what = f"fetch of {client_id}"
 
         def attempt(timeout: float) -> State:
             stream = self._fetch(req, timeout=timeout, metadata=self._metadata)
-            _, items = wire.read_all(stream, None, self._read_limits(), writable=True,
-                                     what=f"tier {self.address}: fetch of {client_id}: reply")
+            _, items = self._read(stream, None, self._read_limits(), what)
             return {it.name: it.tensor for it in items}
 
-        return self._call(f"fetch of {client_id}", attempt)
+        return self._call(what, attempt)
 
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         req = pb.ClientRef(run_id=run_id, client_id=client_id, secret=secret).SerializeToString()
@@ -412,7 +421,8 @@ class GrpcTierClient:
         req = pb.ReduceRequest(run_id=run_id, items=[pb.ReduceItem(client_id=it.client_id, secret=it.secret,
                                                                    weight=it.weight) for it in items])
         raw = req.SerializeToString()
-        where = f"tier {self.address}: reduce of {len(items)} client(s)"
+        what = f"reduce of {len(items)} client(s)"
+        where = f"tier {self.address}: {what}"
         listed = {it.client_id for it in items}
 
         # float32 means of float16 weights, float64 means of int32 buffers: twice the bytes a fetch of them may
@@ -421,7 +431,7 @@ class GrpcTierClient:
 
         def attempt(timeout: float) -> Reduced:
             stream = self._reduce(raw, timeout=timeout, metadata=self._metadata)
-            head, got = wire.read_all(stream, wire.F_REDUCE, limits, writable=True, what="reduce reply")
+            head, got = self._read(stream, wire.F_REDUCE, limits, what)
             if not isinstance(head, pb.ReduceResult):  # pragma: no cover - read_all insists on the head
                 raise TierError(f"{where}: the reply carries no ReduceResult")
             if len(head.refused) != len(head.reasons):
@@ -443,7 +453,7 @@ class GrpcTierClient:
                                 "not float32 or float64")
             return Reduced({r.name: r.tensor for r in got}, refused)
 
-        return self._call(f"reduce of {len(items)} client(s)", attempt)
+        return self._call(what, attempt)
 
     def describe(self, model: ModelSpec | None = None, *, deadline_s: float | None = None,
                  shallow: bool = False) -> TierInfo:

@@ -25,12 +25,22 @@ from splitfed.errors import (
 SENT_BY_TIER = ("splitfed-sent-by-tier", "1")
 """Trailing metadata of every status a tier's handler sends (not gRPC's own, nor the token check's)."""
 
+IDLE_CANCELLED = "idle stream cancelled by tier "
+"""How the details of a stream a tier cancelled for making no progress begin (RESOURCE_EXHAUSTED): its mark of
+the tier's word, since gRPC's cancel of a call carries a status and details only, no trailing metadata."""
+
 
 def sent_by_tier(e: grpc.RpcError) -> bool:
-    """Whether a failed call's status came from the tier's handler, not from gRPC or the network."""
+    """Whether a failed call's status came from the tier, not from gRPC or the network: its handler's (marked
+    :data:`SENT_BY_TIER`) or its cancel of an idle stream (details from :data:`IDLE_CANCELLED`)."""
     try:
-        return SENT_BY_TIER in tuple(e.trailing_metadata() or ())
-    except Exception:  # noqa: BLE001 - an error without trailing metadata: not the tier's
+        if SENT_BY_TIER in tuple(e.trailing_metadata() or ()):
+            return True
+    except Exception:  # noqa: BLE001 - an error without trailing metadata: not the handler's
+        pass
+    try:
+        return str(e.details() or "").startswith(IDLE_CANCELLED)
+    except Exception:  # noqa: BLE001 - an error without details: not the tier's
         return False
 
 

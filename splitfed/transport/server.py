@@ -31,8 +31,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 import splitfed
 from splitfed.engine import compute
 from splitfed.engine.limits import IDLE_RELEASE_S, STREAM_IDLE_S, STREAM_MIN_BYTES_S, current_limits
-from splitfed.engine.link import Link
-from splitfed.engine.tier import Tier, weight_refusal
+from splitfed.engine.link import MAX_ID, Link, check_ids, check_reduce, check_replica  # noqa: F401 - MAX_ID re-exported
+from splitfed.engine.tier import Tier
 from splitfed.engine.types import OptimConfig, ReduceItem, SegmentLoad, StepKey
 from splitfed.errors import (
     ConfigError,
@@ -47,13 +47,12 @@ from splitfed.transport import wire
 from splitfed.transport.address import parse_address
 from splitfed.transport.client import DEADLINE, GrpcTierClient, server_options
 from splitfed.transport.describe import PROTOCOL, TierInfo
-from splitfed.transport.errors import SENT_BY_TIER, PermissionDenied, status_of
+from splitfed.transport.errors import IDLE_CANCELLED, SENT_BY_TIER, PermissionDenied, status_of
 from splitfed.transport.pb import SERVICE, method, pb
 from splitfed.transport.security import TlsConfig, TokenInterceptor
 
 log = logging.getLogger(__name__)
 
-MAX_ID = 256
 CONTROL = ("Load", "Fetch", "Release", "Reduce")  # the coordinator's calls: a coordinator token keeps them its own
 PHASE_TENSORS = {pb.PHASE_STEP: ("activation", "labels"), pb.PHASE_FORWARD: ("activation",),
                  pb.PHASE_BACKWARD: ("gradient",)}
@@ -93,13 +92,14 @@ class _IdleStreams:
     worker for free. A floor of 0 counts frames alone (any frame restores the whole ``idle_s``). One watcher
     thread, only while streams are open."""
 
-    def __init__(self, idle_s: float | None, min_bytes_s: float = STREAM_MIN_BYTES_S) -> None:
+    def __init__(self, idle_s: float | None, min_bytes_s: float = STREAM_MIN_BYTES_S, tier: str = "") -> None:
         if idle_s is not None and not (math.isfinite(idle_s) and idle_s > 0):
             raise ConfigError(f"stream_idle_s must be a positive number of seconds or None, got {idle_s}")
         if not (math.isfinite(min_bytes_s) and min_bytes_s >= 0):
             raise ConfigError(f"stream_min_bytes_s must be a number of bytes per second >= 0, got {min_bytes_s}")
         self.idle_s = idle_s
         self.min_bytes_s = float(min_bytes_s)
+        self.tier = tier  # its name, in the cancel's details
         self.on_cancel: Callable[[grpc.StatusCode], None] | None = None  # counts it as a refusal
         self.cancelled = 0
         self._lock = threading.Lock()
@@ -200,19 +200,11 @@ class _IdleStreams:
             self.cancelled += 1
         if self.on_cancel is not None:
             self.on_cancel(grpc.StatusCode.RESOURCE_EXHAUSTED)
-        details = f"{e.what} cancelled: {why}"
+        details = f"{IDLE_CANCELLED}{self.tier}: {e.what}: {why}"  # marked: its caller takes it as the tier's word
         try:  # with a status that says why: grpc's call object (internal); a plain CANCELLED otherwise
             e.context._rpc_event.call.cancel(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], details)
         except Exception:  # noqa: BLE001 - another grpc version: cancel all the same
             e.context.cancel()
-
-
-def _check_ids(run_id: str, client_id: str, secret: str = "") -> None:
-    for what, v in (("run_id", run_id), ("client_id", client_id)):
-        if not v or len(v) > MAX_ID:
-            raise InvalidArgument(f"{what} must have 1..{MAX_ID} characters, got {len(v)}")
-    if len(secret) > MAX_ID:  # its value is never shown
-        raise InvalidArgument(f"secret must have at most {MAX_ID} characters, got {len(secret)}")
 
 
 class TierServicer:
@@ -221,7 +213,7 @@ class TierServicer:
     def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = (),
                  next: GrpcTierClient | None = None, stream_idle_s: float | None = STREAM_IDLE_S,
                  require_secret: bool = False, stream_min_bytes_s: float = STREAM_MIN_BYTES_S) -> None:
-        self.idle_streams = _IdleStreams(stream_idle_s, stream_min_bytes_s)
+        self.idle_streams = _IdleStreams(stream_idle_s, stream_min_bytes_s, tier.name)
         # a tier with a coordinator token holds no open segment: every load must carry a binding secret
         self.require_secret = require_secret
         self.idle_streams.on_cancel = self.count_refusal
@@ -325,7 +317,7 @@ class TierServicer:
         yield from self.idle_streams.reply(frames, context, "StepStream reply")
 
     def _check(self, head: pb.StepHeader, items: Sequence[wire.Received]) -> None:
-        _check_ids(head.run_id, head.client_id, head.secret)
+        check_ids(head.run_id, head.client_id, head.secret)
         names = PHASE_TENSORS.get(head.phase)
         if names is None:
             raise InvalidArgument(f"unknown phase {head.phase}")
@@ -364,17 +356,12 @@ class TierServicer:
         return b""
 
     def _segment_load(self, h: pb.LoadHeader, items: Sequence[wire.Received]) -> SegmentLoad:
-        _check_ids(h.run_id, h.client_id, h.secret)
+        check_ids(h.run_id, h.client_id, h.secret)
         if self.require_secret and not h.secret:
             raise PermissionDenied(f"tier {self.tier.name} refuses a load without a binding secret: it has a "
                                    "coordinator token, and a segment without a secret would be open to every "
                                    "device (load with the client's secret)")
-        if not h.replica or len(h.replica) > MAX_ID:
-            raise InvalidArgument(f"replica must have 1..{MAX_ID} characters")
-        if len(h.base) > MAX_ID:
-            raise InvalidArgument(f"base must have at most {MAX_ID} characters, got {len(h.base)}")
-        if len(h.base_secret) > MAX_ID:  # its value is never shown
-            raise InvalidArgument(f"base_secret must have at most {MAX_ID} characters, got {len(h.base_secret)}")
+        check_replica(h.replica, h.base, h.base_secret)
         spec = self._model(h.model)
         try:
             optim = OptimConfig(h.optim.name or "sgd", h.optim.lr, h.optim.momentum, h.optim.weight_decay)
@@ -444,30 +431,9 @@ class TierServicer:
         yield from self.idle_streams.reply(out, context, "Reduce reply")
 
     def _reduce_items(self, req: pb.ReduceRequest) -> list[ReduceItem]:
-        """The request's items, checked: ids and secrets, weights (``weight_refusal``), distinct clients, at most
-        the tier's ``max_clients`` of them."""
-        if not req.run_id or len(req.run_id) > MAX_ID:
-            raise InvalidArgument(f"reduce: run_id must have 1..{MAX_ID} characters, got {len(req.run_id)}")
-        most = int(getattr(self.tier, "max_clients", 0))
-        if most and len(req.items) > most:
-            raise ResourceExhausted(f"reduce: {len(req.items)} clients listed, but tier {self.tier.name} serves at "
-                                    f"most {most}")
-        items: list[ReduceItem] = []
-        seen: set[str] = set()
-        for i, it in enumerate(req.items):
-            who = f"reduce: item {i} (client {it.client_id[:64]!r})"  # an overlong id: its start
-            try:
-                _check_ids(req.run_id, it.client_id, it.secret)
-            except InvalidArgument as e:
-                raise InvalidArgument(f"{who}: {e}") from None
-            why = weight_refusal(it.weight)
-            if why is not None:
-                raise InvalidArgument(f"{who}: {why}")
-            if it.client_id in seen:
-                raise InvalidArgument(f"{who}: the client is listed twice")
-            seen.add(it.client_id)
-            items.append(ReduceItem(it.client_id, it.secret, float(it.weight)))
-        return items
+        """The request's items, checked (:func:`~splitfed.engine.link.check_reduce`)."""
+        check_reduce(req.run_id, req.items, self.tier.name, int(getattr(self.tier, "max_clients", 0)))
+        return [ReduceItem(it.client_id, it.secret, float(it.weight)) for it in req.items]
 
     def Describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self._guard(context, "describe"):
@@ -531,7 +497,7 @@ def _parse(message: type[M], raw: bytes) -> M:
 
 def _client_ref(raw: bytes) -> pb.ClientRef:
     ref = _parse(pb.ClientRef, raw)
-    _check_ids(ref.run_id, ref.client_id, ref.secret)
+    check_ids(ref.run_id, ref.client_id, ref.secret)
     return ref
 
 

@@ -82,6 +82,12 @@ class Limits:
     def max_message_bytes(self) -> int:
         return max(self.chunk_bytes, self.unary_bytes) + self.head_room
 
+    @property
+    def stream_bytes(self) -> int:
+        """The most payload one call's frames carry (``max_frames`` of ``chunk_bytes``): a larger tensor could
+        never arrive, whatever ``max_tensor_bytes`` says."""
+        return self.max_frames * self.chunk_bytes
+
     def grpc_options(self) -> list[tuple[str, int]]:
         m = self.max_message_bytes
         return [("grpc.max_send_message_length", m), ("grpc.max_receive_message_length", m)]
@@ -360,7 +366,10 @@ class Reader:
     def feed(self, raw: bytes) -> None:
         if not isinstance(raw, bytes | bytearray | memoryview):
             raise InvalidArgument(f"{self.what}: frame is not bytes")
-        fields, data = parse_frame(raw)
+        try:
+            fields, data = parse_frame(raw)
+        except InvalidArgument as e:  # named as the Reader's other refusals are
+            raise InvalidArgument(f"{self.what}: {e}") from None
         heads = [k for k in HEADS if k in fields]
         if heads:
             if self._frames or heads != [self.head]:
