@@ -51,7 +51,8 @@ from splitfed.flower.workload import (
 from splitfed.models import rng
 from splitfed.profile.fleet import fleet_digest
 from splitfed.sim.clock import fleet_for, make_clock
-from splitfed.sim.tiers import tier_chain
+from splitfed.sim.tiers import TierChain, tier_chain
+from splitfed.transport.client import GrpcTierClient
 
 Progress = Callable[[str], None]
 
@@ -127,6 +128,18 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
         return _run_in(grid, settings, say, stop, recorded_as, held)
 
 
+EDGE_DESCRIBE_S = 10.0  # the most the edge may take to say its instance at a round's start (no model to build)
+
+
+def _edge_now(chain: TierChain) -> Callable[[], str] | None:
+    """The edge's instance as it is now (a shallow Describe), asked by the strategy at each round's start: the
+    nodes are told that one, not the chain check's, which an edge restarted since no longer is."""
+    edge = chain.controls[0] if chain.controls else None
+    if not isinstance(edge, GrpcTierClient):
+        return None
+    return lambda: edge.describe(deadline_s=EDGE_DESCRIBE_S, shallow=True).instance
+
+
 def _held(settings: RunSettings, resumed: checkpoint.Checkpoint | None = None) -> checkpoint.Checkpoint | None:
     """The checkpoint a resume continues from, read once (``resumed``, read by the caller, unless the file
     changed since) and handed on; None when the run is no resume, or :func:`checkpoint.load` refuses the file:
@@ -165,7 +178,8 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
     with tier_chain(settings) as chain:
         clock = make_clock(settings, fleet) if settings.sim_clock else None
         strategy = SplitFedAvg(settings, chain.controls, policy, clock=clock, edge_address=chain.addresses[0],
-                               edge_instance=chain.infos[0].instance if chain.infos else "", stop=stop,
+                               edge_instance=chain.infos[0].instance if chain.infos else "",
+                               edge_now=_edge_now(chain), stop=stop,
                                binding_key=binding_key,
                                predict=None if settings.sim_clock else make_predictor(settings, policy))
         strategy.register(grid, profile_of=lambda info: fleet.clients[info.partition_id % len(fleet.clients)].name)

@@ -73,6 +73,7 @@ from splitfed.flower.records import (
     record_to_state,
     state_to_record,
 )
+from splitfed.models.zoo import first_line
 from splitfed.profile.devices import LinkProfile
 from splitfed.profile.speed import SpeedMeasure
 from splitfed.sim.clock import finished_time
@@ -127,8 +128,8 @@ class SplitFedAvg(FedAvg):
 
     def __init__(self, settings: RunSettings, tiers: Sequence[TierControl], policy: AssignmentPolicy, *,
                  clock: Clock | None = None, edge_address: str = "", edge_instance: str = "",
-                 stop: threading.Event | None = None, binding_key: str = "",
-                 predict: Predictor | None = None) -> None:
+                 edge_now: Callable[[], str] | None = None, stop: threading.Event | None = None,
+                 binding_key: str = "", predict: Predictor | None = None) -> None:
         super().__init__(fraction_train=settings.fraction, fraction_evaluate=0.0,
                          min_train_nodes=settings.min_clients, min_evaluate_nodes=0,
                          min_available_nodes=1)
@@ -143,6 +144,7 @@ class SplitFedAvg(FedAvg):
         self.binding_key = binding_key
         self.edge_address = edge_address or (settings.addresses[0] if settings.addresses else "")
         self.edge_instance = edge_instance  # from the chain check: who a node's own edge-address must reach
+        self.edge_now = edge_now  # the edge's instance now (a Describe): asked again at each round's start
         self.clients: dict[int, ClientInfo] = {}  # node id -> client
         self._asked: dict[str, int] = {}  # message id -> the node it went to, of the last exchange
         self._profile_of: Callable[[NodeInfo], str] | None = None  # a node's profile when its config names none
@@ -420,6 +422,7 @@ class SplitFedAvg(FedAvg):
 
     def _open(self, server_round: int, arrays: ArrayRecord) -> None:
         self._why, self._speeds = {}, {}
+        self._describe_edge()
         s = self.settings
         sampled = self.sample(server_round)
         assignment = self.policy.assign(server_round, sampled)
@@ -437,6 +440,24 @@ class SplitFedAvg(FedAvg):
         predicted = self.predict(assignment, sampled) if self.predict is not None else None
         if predicted is not None:
             self._record.predicted_round_s, self._record.predicted = predicted
+
+    def _describe_edge(self) -> None:
+        """The edge instance the nodes are told this round: a restarted edge (the same address, a new process)
+        is a new instance, and a node naming it otherwise (``localhost`` for ``127.0.0.1``) was refused every
+        round against the one of the chain check. An edge that does not answer keeps the last: the round's
+        loads then fail and say why."""
+        if self.edge_now is None or not self.edge_instance:
+            return
+        try:
+            now = self.edge_now()
+        except SplitfedError as e:
+            log(WARNING, "the edge at %s did not describe itself (%s): nodes check against instance %s",
+                self.edge_address, first_line(e), self.edge_instance)
+            return
+        if now != self.edge_instance:
+            log(INFO, "the edge at %s is a new instance (%s, was %s): restarted", self.edge_address, now,
+                self.edge_instance)
+            self.edge_instance = now
 
     def _predict_finished(self, record: RoundRecord) -> None:
         """The prediction of the round its clients finished, beside what they measured: a dropped client's
