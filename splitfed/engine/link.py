@@ -41,8 +41,10 @@ class Link(Protocol):
         """U-shape: run the rest of the server chain, return its output activation."""
         ...
 
-    def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
-        """U-shape: gradient of the server chain's output in, gradient of its input out."""
+    def backward(self, key: StepKey, grad: torch.Tensor | None) -> torch.Tensor | None:
+        """U-shape: gradient of the server chain's output in, gradient of its input out. ``grad`` None: none
+        reached the tail's input (a block of the tail detaches): the servers release the step without a
+        backward, as training the whole model leaves the blocks before it without a gradient."""
         ...
 
 
@@ -208,8 +210,8 @@ class InProcessLink:
         assert out is not None
         return out
 
-    def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
-        up = self._up(grad)
+    def backward(self, key: StepKey, grad: torch.Tensor | None) -> torch.Tensor | None:
+        up = None if grad is None else self._up(grad)
         with self._internal("backward"):
             g = self.tier.backward(key, up)
         return self._down(g)

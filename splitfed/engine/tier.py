@@ -127,6 +127,35 @@ def _digest(phase: str, *tensors: torch.Tensor) -> bytes:
     return h.digest()
 
 
+def _drop_reply(b: _Binding) -> None:
+    """Let go of the previous step's cached reply once the next step is checked and admitted (under the replica's
+    lock): a retry of that step is stale from now on (:meth:`Tier._admit`), and kept until this step's reply
+    replaced it, its tensors (a relaying tier's input gradient) sat beside this step's activations."""
+    b.cached, b.digest = None, b""
+
+
+class _Sent(torch.autograd.Function):
+    """A stand-in (one element's bytes) for a tensor sent on, joined to its graph: its backward hands the gradient
+    to the tensor's own ``grad_fn`` unchanged, so the tensor's data need not be kept for it."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, out: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(out.shape, (0,) * out.dim(), dtype=out.dtype, device=out.device)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _kept(out: torch.Tensor) -> torch.Tensor:
+    """What a U-shape forward keeps of its output until its backward: its shape, dtype and graph, not its bytes
+    (what it sent on is the receiver's). An op that needs its output for its backward (a ReLU, a
+    sigmoid) saved it in the graph itself, so only bytes no backward reads are let go of."""
+    if out.requires_grad:
+        return _Sent.apply(out)
+    return torch.empty_strided(out.shape, (0,) * out.dim(), dtype=out.dtype, device=out.device)
+
+
 def _trained_bytes(spec: SegmentLoad, index: int) -> tuple[int, int]:
     """Block ``index``'s bytes of weights and buffers, and of the parameters that train, as a load of ``spec``
     holds them: a coordinator's own segment (a base, a holder: ``is_base``) never steps, so it holds its weights
@@ -697,6 +726,7 @@ class Tier:
                 return cached  # type: ignore[return-value]
             x = self._input(b, activation)
             self._labels(b, labels, x.shape[0])
+            _drop_reply(b)
             try:
                 with _undone_on_error(b.segment):
                     reply = self._step(b, key, x, labels)
@@ -756,10 +786,12 @@ class Tier:
             if cached is not None:  # pragma: no cover - a forward's reply is cached only while its lock is held
                 b.replica.lock.release()
                 return cached  # type: ignore[return-value]
+            _drop_reply(b)
             with _undone_on_error(b.segment):
                 out = b.segment(x, rng=self._rng(b, key))
                 onward = self._onward(b)
                 result = onward.forward(key, self._out(out)) if onward is not None else self._out(out)
+                out = _kept(out)
         except BaseException:
             b.replica.lock.release()
             raise
@@ -774,7 +806,9 @@ class Tier:
         b.last_seq, b.last_phase, b.cached, b.digest = key.seq, "forward", result, digest
         return result
 
-    def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
+    def backward(self, key: StepKey, grad: torch.Tensor | None) -> torch.Tensor | None:
+        """U-shape: the gradient of the forward's output in (None: none reached it, and the step is released
+        without a backward: no block of the chain gets a gradient), the gradient of its input out."""
         b = self._trainer(key)
         # a retry that comes while the first is still running waits for it, then takes its reply; two at once
         # would both pass the checks below and run the graph's backward twice (the second: an internal error)
@@ -786,10 +820,10 @@ class Tier:
         finally:
             b.backward.release()
 
-    def _backward(self, b: _Binding, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
+    def _backward(self, b: _Binding, key: StepKey, grad: torch.Tensor | None) -> torch.Tensor | None:
         if key.round != b.spec.round:
             raise FailedPrecondition(f"step for round {key.round}, but round {b.spec.round} is loaded")
-        digest = _digest("backward", grad)
+        digest = _digest("backward", *(() if grad is None else (grad,)))
         cached = self._cached(b, key, "backward", digest)
         if cached is not None:
             return cached[0]  # type: ignore[index]
@@ -799,7 +833,7 @@ class Tier:
         x, out = b.pending
         onward = self._onward(b)
         want = b.out_shape if onward is None else None
-        if want is not None:
+        if want is not None and grad is not None:
             check_tensor(grad, want, out.dtype, "gradient", self.max_batch)
             if grad.shape[0] != out.shape[0]:
                 raise InvalidArgument(f"gradient batch {grad.shape[0]} does not match the forward's {out.shape[0]}")

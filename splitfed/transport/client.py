@@ -318,8 +318,8 @@ class GrpcTierClient:
         enc = [("", tc.encode(t, c)) for t, c in tensors]
         self._sending(enc)
         # one message up and (the activation's gradient) one message down: a unary call
-        act = enc[0][1]
-        unary = (phase == pb.PHASE_STEP and wire.single_frame(enc, self.limits.unary_bytes)
+        act = enc[0][1] if enc else None  # a backward with no gradient carries none
+        unary = (phase == pb.PHASE_STEP and act is not None and wire.single_frame(enc, self.limits.unary_bytes)
                  and wire.padded(tc.payload_size(act.dtype, act.shape, self.codec.for_dtype(act.dtype)))
                  <= self.limits.unary_bytes)
         result, out = self._exchange(head, enc, what, unary)
@@ -376,8 +376,9 @@ class GrpcTierClient:
         self._count(up, out)
         return out.tensor
 
-    def backward(self, key: StepKey, grad: torch.Tensor) -> torch.Tensor | None:
-        _, out, up = self._data(key, pb.PHASE_BACKWARD, [(grad, self.codec)], f"backward {key.seq} of {key.client_id}")
+    def backward(self, key: StepKey, grad: torch.Tensor | None) -> torch.Tensor | None:
+        _, out, up = self._data(key, pb.PHASE_BACKWARD, [] if grad is None else [(grad, self.codec)],
+                                f"backward {key.seq} of {key.client_id}")
         self._count(up, out)
         return None if out is None else out.tensor
 

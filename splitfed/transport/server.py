@@ -213,7 +213,7 @@ class TierServicer:
     def __init__(self, tier: Tier, limits: wire.Limits, allowed_models: Iterable[str] = (),
                  next: GrpcTierClient | None = None, stream_idle_s: float | None = STREAM_IDLE_S,
                  require_secret: bool = False, stream_min_bytes_s: float = STREAM_MIN_BYTES_S) -> None:
-        self.idle_streams = _IdleStreams(stream_idle_s, stream_min_bytes_s, tier.name)
+        self.idle_streams = _IdleStreams(stream_idle_s, stream_min_bytes_s, getattr(tier, "name", ""))
         # a tier with a coordinator token holds no open segment: every load must carry a binding secret
         self.require_secret = require_secret
         self.idle_streams.on_cancel = self.count_refusal
@@ -321,7 +321,7 @@ class TierServicer:
         names = PHASE_TENSORS.get(head.phase)
         if names is None:
             raise InvalidArgument(f"unknown phase {head.phase}")
-        if len(items) != len(names):
+        if len(items) != len(names) and not (head.phase == pb.PHASE_BACKWARD and not items):  # no gradient
             raise InvalidArgument(f"{pb.Phase.Name(head.phase)} carries {len(names)} tensor(s) "
                                   f"({', '.join(names)}), got {len(items)}")
         if head.round < 0 or head.seq < 0:
@@ -340,7 +340,7 @@ class TierServicer:
         elif head.phase == pb.PHASE_FORWARD:
             out = self.tier.forward(key, items[0].tensor)
         else:
-            out = self.tier.backward(key, items[0].tensor)
+            out = self.tier.backward(key, items[0].tensor if items else None)
         result.has_tensor = out is not None
         tensors = [] if out is None else [("", tc.encode(out, reply_codec))]
         return wire.iter_frames(result, tensors, chunk or self.limits.chunk_bytes)
