@@ -18,8 +18,8 @@ and after the round without faults, no tier holds anything and ``unreleased`` is
 By design (the module docstring of :mod:`splitfed.engine.rounds`, and ``SplitRound``'s), a round may fail as a
 whole rather than drop clients: a tier that answers UNAVAILABLE to a load, fetch or holder check fails it
 (``GONE``), as does a holder that cannot be checked or fetched (the server-side model's latest blocks are
-nowhere else), and an sflv1 tier whose Reduce fails drops every client (each has a segment there), so the round
-fails its minimum. Those are accepted outcomes here; what is checked is that nothing leaks and nothing wrong is
+nowhere else), and an sflv1 tier whose Reduce fails drops the clients of that call (every client if it says the
+tier is not there: each has a segment there), so the round may fail its minimum. Those are accepted outcomes here; what is checked is that nothing leaks and nothing wrong is
 averaged.
 """
 

@@ -150,7 +150,7 @@ def test_the_edge_sends_no_gradient_when_its_segment_detaches(optim: OptimConfig
 
 
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kind=st.sampled_from(KINDS), at=st.integers(1, 6), optim=st.sampled_from(OPTIMS),
+@given(kind=st.sampled_from(KINDS), at=st.integers(1, 7), optim=st.sampled_from(OPTIMS),
        mode=st.sampled_from(["sl", "sflv1", "sflv2"]), tiers=st.integers(1, 2), data=st.data())
 def test_a_fed_tail_that_blocks_the_gradient_trains_as_the_whole_model(kind: str, at: int, optim: OptimConfig,
                                                                          mode: str, tiers: int,

@@ -570,8 +570,8 @@ class SplitRound:
     def _reduced(self) -> list[Partial]:
         """Each tier's sample-weighted sum of the finished clients' replicas (sent as means, see :meth:`_partial`).
         A client a tier leaves out (weights not finite, segment gone) is dropped, and the means are asked for
-        again without it: the other tiers' include it. A tier that cannot answer drops every client (each has a
-        segment on every tier)."""
+        again without it: the other tiers' include it. A Reduce call that fails drops its clients (a tier that is
+        not there, every client: each has a segment on every tier; see :meth:`_sums_on`)."""
         while True:
             clients = [c for c in self.order if c in self.done]
             if not clients:
@@ -588,14 +588,17 @@ class SplitRound:
 
     def _sums_on(self, t: int, tier: TierControl, items: Sequence[ReduceItem]) -> list[Partial] | None:
         """Tier ``t``'s sums of ``items``, its means asked :data:`REDUCE_BATCH` clients at a time (each call
-        within one deadline, however large the fleet); None: clients were dropped, they must be asked again."""
+        within one deadline, however large the fleet); None: clients were dropped, and the others' means must
+        be asked again (every tier's sums so far include the dropped). A call that fails drops its batch's
+        clients alone (their segments there cannot be averaged; the other batches' can, or were not asked
+        yet); one that says the tier is not there (``GONE``) drops every client: none can be averaged there."""
         out = []
         for k in range(0, len(items), REDUCE_BATCH):
             batch = items[k:k + REDUCE_BATCH]
             try:
                 reduced = tier.reduce(self.cfg.run_id, batch)
             except TierError as e:
-                for it in items:
+                for it in items if e.code in GONE else batch:
                     self.why[it.client_id] = f"its {self._label(t)} segments could not be averaged: {e}"
                     self._drop(it.client_id)
                 return None

@@ -18,6 +18,7 @@ from torch import nn
 
 from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
 from splitfed.errors import ResourceExhausted, SplitfedError
+from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ZOO, ModelSpec, build, first_line, input_error, model_blocks
 from splitfed.units import mib_text
@@ -151,7 +152,8 @@ def _boundaries(key: str) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
     blocks = template(spec)
     x = spec.example_input(2)
     out = [(tuple(x.shape[1:]), x.dtype)]
-    with _lock, torch.no_grad():
+    # seeded: a model may draw in eval mode too, from torch's generator that other threads seed and draw from
+    with _lock, rng.seeded(), torch.no_grad():
         modes = [m.training for m in blocks.modules]
         try:
             for m in blocks.modules:
@@ -174,7 +176,9 @@ def _one_sample_error(key: str) -> str:
     spec = ModelSpec.from_dict(json.loads(key))
     whole = copy.deepcopy(template(spec).whole()).train()  # a copy: its statistics may move
     try:
-        with torch.no_grad():
+        # dropout draws from torch's generator: under its lock, and given back as it was (splitfed.models.rng),
+        # or a thread's seeded step (a tier's, a client's) draws another mask, and the caller's next draws move
+        with rng.seeded(), torch.no_grad():
             whole(spec.example_input(1))
     except Exception as e:  # noqa: BLE001 - whatever a layer raises for one sample
         return first_line(e)

@@ -56,7 +56,9 @@ def _train_whole(cfg: RoundConfig, cid: str, whole: Segment, batches: Batches) -
     opt = cfg.optim.build(list(whole.parameters()))
     for seq, (x, y) in enumerate(batches):
         out = whole(x, rng=step_rng(cfg.seed, cid, cfg.round, seq))
-        F.cross_entropy(out, y).backward()
+        loss = F.cross_entropy(out, y)
+        if loss.requires_grad:  # a model whose output nothing trains reaches (a last block detaches): no backward
+            loss.backward()
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=True)
