@@ -321,9 +321,11 @@ class TierServicer:
         names = PHASE_TENSORS.get(head.phase)
         if names is None:
             raise InvalidArgument(f"unknown phase {head.phase}")
-        if len(items) != len(names) and not (head.phase == pb.PHASE_BACKWARD and not items):  # no gradient
-            raise InvalidArgument(f"{pb.Phase.Name(head.phase)} carries {len(names)} tensor(s) "
-                                  f"({', '.join(names)}), got {len(items)}")
+        none = head.phase == pb.PHASE_BACKWARD  # or no gradient: none reached the forward's output
+        if len(items) != len(names) and not (none and not items):
+            also = "; none: no gradient reached the forward's output" if none else ""
+            raise InvalidArgument(f"{pb.Phase.Name(head.phase)} carries {'at most ' if none else ''}{len(names)} "
+                                  f"tensor(s) ({', '.join(names)}{also}), got {len(items)}")
         if head.round < 0 or head.seq < 0:
             raise InvalidArgument(f"round and seq must be >= 0, got {head.round}, {head.seq}")
 
@@ -477,7 +479,9 @@ class TierServicer:
             next_address=self.next.address if self.next is not None else "", next_instance=next_instance,
             next_error=next_error, idle_release_s=getattr(self.tier, "idle_release_s", None),
             max_clients=int(getattr(self.tier, "max_clients", 0)), max_model_bytes=limits.model_bytes,
-            max_sample_bytes=limits.sample_bytes, max_tensor_bytes=self.limits.max_tensor_bytes,
+            max_sample_bytes=limits.sample_bytes,
+            # what it takes: none above what one call's frames carry (and an int64, whatever the limit)
+            max_tensor_bytes=min(self.limits.max_tensor_bytes, self.limits.stream_bytes),
             allowed_models=tuple(sorted(self.allowed)), model_error=model_error, segments=segments, runs=len(runs),
             steps_served=steps, uptime_s=time.monotonic() - self.started, threads=torch.get_num_threads(),
             compute=compute.describe(getattr(self.tier, "torch_device", torch.device("cpu"))),
