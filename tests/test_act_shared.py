@@ -82,7 +82,10 @@ def _true_act(spec: ModelSpec, cuts: tuple[int, ...], u_shape: bool) -> list[flo
     keep.append(out)
     saved.setdefault(x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())  # the batch it holds
     act = [float(sum(saved.values()))]
-    for a, b in itertools.pairwise(edges[1:]):
+    if not local and edges[1] < E:  # it sends its head's output on and waits for its gradient
+        act[0] += _sent(saved, out, trains_before(spec, edges[1]), both=True)
+    relays = []  # U-shape servers before the last: each keeps the chain's output it relays back as its reply
+    for t, (a, b) in enumerate(itertools.pairwise(edges[1:]), 1):
         xin = out.detach()  # type: ignore[union-attr]
         if trains_before(spec, a) and xin.is_floating_point():
             xin.requires_grad_(True)  # as a tier takes it (Tier._input); Segment clones it then
@@ -90,13 +93,31 @@ def _true_act(spec: ModelSpec, cuts: tuple[int, ...], u_shape: bool) -> list[flo
         keep.append(out)
         if a < E:  # the chain enters it: it holds what it received for the whole step, whoever keeps it
             saved.setdefault(xin.untyped_storage().data_ptr(), xin.untyped_storage().nbytes())
-        act.append(float(sum(saved.values())))
+        sent = 0.0
+        if a < E and b < E:  # on to the next server: a U-shape forward lets go of it once that one answers
+            sent = _sent(saved, out, trains_before(spec, b), both=not u_shape)
+            relays += [t] if u_shape else []
+        elif u_shape and a < E == b:  # to the device's tail, whose gradient always comes back
+            sent = _sent(saved, out, True, both=True)
+        act.append(float(sum(saved.values())) + sent)
+    for t in relays:
+        act[t] += out.numel() * out.element_size()  # type: ignore[union-attr]
     if u_shape and not local:
         mid = out.detach().requires_grad_(True)  # type: ignore[union-attr]
         out, saved = _saved(lambda: tail(mid), own)
         keep.append(out)
         act[0] += sum(saved.values()) + mid.untyped_storage().nbytes()  # the tail keeps a clone of it
     return act
+
+
+def _sent(saved: dict[int, int], out: object, back: bool, both: bool) -> float:
+    """What a tier holds of the output it sends on beyond what its blocks keep (none of a view of what they
+    keep, or of what it received), and of the gradient that comes back for it (``back``, floating): both at
+    once, or (``both`` False) the larger."""
+    assert isinstance(out, torch.Tensor)
+    held = 0 if out.untyped_storage().data_ptr() in saved else out.numel() * out.element_size()
+    grad = out.numel() * out.element_size() if back and out.is_floating_point() else 0
+    return float(held + grad if both else max(held, grad))
 
 
 def _predicted(prof: ModelProfile, cuts: np.ndarray, u_shape: bool) -> np.ndarray:
@@ -160,17 +181,53 @@ def test_a_server_tier_holds_the_tensor_it_receives_less_what_its_blocks_keep_of
     sc = Scenario(tr, (dev,), (EDGE, CLOUD), (EDGE_LINK,), batch=B)
     got = option_table(sc, dev, np.array([[1, 2]])).act_memory[0]
     alone = B * (tr.act_bytes[1] - sum(b for j, i, b in tr.shared_act if j == 1 == i))
-    assert got[1] == pytest.approx(alone + B * tr.out_bytes[0]) and B * tr.out_bytes[0] == 32_768
+    sent = 2 * B * tr.out_bytes[1]  # it sends block 1's output on (kept by none), and its gradient comes back
+    assert got[1] == pytest.approx(alone + B * tr.out_bytes[0] + sent) and B * tr.out_bytes[0] == 32_768
     mlp = profile_model(SPECS["mlp"](), batch=B, reps=1, use_cache=False)
     assert (0, 1, mlp.input_bytes) in mlp.input_kept  # the batch, kept by block 1 through block 0's view
     sc = Scenario(mlp, (dev,), (EDGE, CLOUD), (EDGE_LINK,), batch=B)
     kept, relayed = option_table(sc, dev, np.array([[0, 2], [0, 0]])).act_memory
-    assert kept[1] == pytest.approx(B * (mlp.act_bytes[0] + mlp.act_bytes[1]))  # the batch once, in block 1's
+    assert (2, 1, mlp.out_bytes[1]) in mlp.out_kept  # block 1 (Linear, ReLU) keeps the output it sends on
+    # the batch once, in block 1's; and the gradient of what it sends on
+    assert kept[1] == pytest.approx(B * (mlp.act_bytes[0] + mlp.act_bytes[1] + mlp.out_bytes[1]))
     assert relayed[1] == pytest.approx(B * mlp.input_bytes)  # the edge relays it to the cloud: held, kept by none
-    assert relayed[2] == pytest.approx(kept[1] + B * sum(mlp.act_bytes[2:]) - B * sum(
-        b for j, i, b in mlp.shared_act if j >= 1))
+    # the cloud holds every block: the batch it receives once (block 1 keeps it), each pair of its blocks once
+    assert relayed[2] == pytest.approx(B * (sum(mlp.act_bytes) - sum(b for j, i, b in mlp.shared_act if j >= 0)))
     again = ModelProfile.from_dict(json.loads(json.dumps(mlp.to_dict())))
-    assert again.input_kept == mlp.input_kept
+    assert (again.input_kept, again.out_kept, again.out_views) == (mlp.input_kept, mlp.out_kept, mlp.out_views)
+
+
+def test_a_tier_holds_what_it_sends_on_until_its_gradient_comes_back() -> None:
+    """cnn: block 0 ends in a ReLU, which keeps its output: a device holding it sends that very tensor and holds
+    only the gradient that comes back besides; block 1 (a max-pool) keeps no output: holding [0, 2) it holds its
+    output until the gradient comes, and that too. A tier that computes the loss sends nothing on. mlp: an edge
+    holding the Flatten alone sends on a view of the batch it received, held once."""
+    cnn = profile_model(SPECS["cnn"](), batch=B, reps=1, use_cache=False)
+    dev = Client("c", "c", TierProfile(1e9, 1e15), LINK, samples=B)
+    sc = Scenario(cnn, (dev,), (EDGE,), (), batch=B)
+    one, two, whole = option_table(sc, dev, np.array([[1], [2], [cnn.n_blocks]])).act_memory
+    head = option_table(Scenario(cnn, (dev,), (EDGE,), (), batch=B), dev, np.array([[0]])).act_memory[0]
+    assert (1, 0, cnn.out_bytes[0]) in cnn.out_kept and not any(k == 2 for k, _, _ in cnn.out_kept)
+    shared = {(j, i): b for j, i, b in cnn.shared_act}
+    assert one[0] == pytest.approx(B * (cnn.act_bytes[0] - shared[(-1, 0)] + cnn.input_bytes + cnn.out_bytes[0]))
+    assert two[0] == pytest.approx(B * (cnn.act_bytes[0] + cnn.act_bytes[1] - shared[(-1, 0)] - shared.get((0, 1), 0)
+                                        + cnn.input_bytes + 2 * cnn.out_bytes[1]))
+    assert whole[1] == 0 and head[0] == B * cnn.input_bytes  # the device trains alone / holds no block
+    mlp = profile_model(SPECS["mlp"](), batch=B, reps=1, use_cache=False)
+    assert (1, 0, mlp.out_bytes[0]) in mlp.out_views
+    sc = Scenario(mlp, (dev,), (EDGE, CLOUD), (EDGE_LINK,), batch=B)
+    assert option_table(sc, dev, np.array([[0, 1]])).act_memory[0][1] == B * mlp.input_bytes  # the batch, once
+
+
+@pytest.mark.parametrize("field, triples", [("out_kept", [[0, -1, 1.0]]), ("out_kept", [[1, -2, 1.0]]),
+                                            ("out_kept", [[1, 1, 1.0]]), ("out_kept", [[1, 0, 4001.0]]),
+                                            ("out_views", [[1, -1, 1.0]]), ("out_views", [[3, 0, 1.0]]),
+                                            ("out_views", [[2, 0, -1.0]]), ("out_kept", [[1, 0]])])
+def test_a_malformed_out_kept_or_view_is_refused(field: str, triples: list) -> None:
+    d = ModelProfile.synthetic([1e6, 2e6], [4000, 100], [1000, 500], input_bytes=800).to_dict()
+    d[field] = triples
+    with pytest.raises(ConfigError, match=f"{field} entry .* is not"):
+        ModelProfile.from_dict(d)
 
 
 @pytest.mark.parametrize("triples", [[[1, 0, 1.0]], [[-1, 0, 1.0]], [[0, 2, 1.0]], [[0, 1, -1.0]], [[0, 1]],

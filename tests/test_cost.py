@@ -54,9 +54,10 @@ def test_device_then_edge_by_hand() -> None:
     assert c.exchange_s == pytest.approx(1000 / 2e5 + 1000 / 1e5 + 0.02)
     assert c.round_s == pytest.approx(0.03 + 0.006 + 0.4308 + 0.23 + 0.035)
     assert c.batch_s == pytest.approx(4 * 3e6 / 1e9 + 4 * 6e6 / 1e10 + 16032 / 1e5 + 0.01 + 16000 / 2e5 + 0.01)
-    # memory: fixed (params, grads, momentum) + batch x activations; the device holds its input batch, the
+    # memory: fixed (params, grads, momentum) + batch x activations; the device holds its input batch, and the
+    # output it sends (no block of a synthetic profile keeps it) until its gradient comes back, and that too; the
     # edge the tensor it receives (block 0's output) for the whole step; the cloud is not entered
-    assert c.memory == pytest.approx((3000 + 4 * 4000 + 4 * 800, 1500 + 4 * 100 + 4 * 4000, 0))
+    assert c.memory == pytest.approx((3000 + 4 * 4000 + 4 * 800 + 2 * 4 * 4000, 1500 + 4 * 100 + 4 * 4000, 0))
     assert c.batches == 3
     one = c.batch()  # one batch of 4, part by part
     assert one["forward_s"] == pytest.approx((4e6 / 1e9, 8e6 / 1e10, 0))
@@ -263,9 +264,10 @@ def test_sflv2_costs_what_sl_costs() -> None:
     # there; alone, a client has no holder before it
     a, b = _fleet(2)
     r = evaluate(replace(scenario([a, b]), mode="sflv2"), {"c0": (0, 1), "c1": (1, 2)})  # edge: block 0, block 1
-    # (each turn with the tensor the edge receives: the input batch, 4 x 800, or block 0's output, 4 x 4000)
-    assert r.shared_memory["edge"] == pytest.approx(max(3000 + 4 * 4000 + 4 * 800, 1500 + max(4 * 100 + 4 * 4000, 500))
-                                                    + max(1000, 500))
+    # (each turn with the tensor the edge receives: the input batch, 4 x 800, or block 0's output, 4 x 4000; c0's
+    # with block 0's output it sends to the cloud and the gradient that comes back, 2 x 4 x 4000)
+    assert r.shared_memory["edge"] == pytest.approx(max(3000 + 4 * 4000 + 4 * 800 + 2 * 4 * 4000,
+                                                        1500 + max(4 * 100 + 4 * 4000, 500)) + max(1000, 500))
     alone = evaluate(replace(scenario([a]), mode="sflv2"), {"c0": (1, 2)})
     assert alone.shared_memory["edge"] == pytest.approx(1500 + max(4 * 100 + 4 * 4000, 500))
 

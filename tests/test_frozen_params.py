@@ -324,7 +324,9 @@ def test_the_gradient_rule_prices_trainable_bytes_and_weights_travel_frozen_or_n
     sc = Scenario(prof, (dev,), (EDGE,), batch=4)
     one = client_cost(sc, dev, (1,))
     assert one.up_bytes == (4 * 4000 + 4 * LABEL_BYTES,) and one.down_bytes == (0.0,)
-    assert one.exchange_bytes == 1000 and one.memory[0] == 1000 + 4 * 4000 + 4 * 800
+    # memory: the frozen block, its activations, the batch, and the output it sends on (kept by no block of a
+    # synthetic profile) until the step's reply, with no gradient in it
+    assert one.exchange_bytes == 1000 and one.memory[0] == 1000 + 4 * 4000 + 4 * 800 + 4 * 4000
     two = client_cost(sc, dev, (2,))
     assert two.down_bytes == (4 * 100,) and two.exchange_bytes == 1500
     assert client_cost(sc, dev, (0,)).down_bytes == (0.0,)

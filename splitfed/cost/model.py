@@ -58,7 +58,12 @@ Per client, per round (prefix sums make each term O(1) per option):
   tensor they send, which the tail's blocks keep a clone of: it needs a gradient). A server tier the chain
   enters (k_t < E) adds B max(0, a_lo - sum_{i < b} e_lo,i), the tensor it receives (held for the whole step,
   relayed or not), less what its blocks keep of it (``ModelProfile.input_kept``: none when it comes with a
-  gradient, since the tier's segment then keeps a clone).
+  gradient, since the tier's segment then keeps a clone). A tier that sends its output on (the device's head, a
+  server before an entered one, with U-shape the last server, to the tail) holds it until its gradient comes
+  back, less what its blocks keep of it (``out_kept``; a view of what it received, ``out_views``: held anyway),
+  and then that gradient too (if one comes back; from a tail, always): B (a_hi - kept + a_hi); a U-shape forward
+  between servers lets go of its output once the next one answers, and keeps the chain's output it relays back
+  (its reply, for a retry), so there B (max(a_hi - kept, a_hi) + a_u).
 
 The fleet's round, by variant (``mode``; one option per client, everything below
 is linear in that choice, so the optimizer minimises it exactly as a MILP):
@@ -417,6 +422,7 @@ class Scenario:
                 "train": pre(p.train_bytes),  # the gradient rule (weights, frozen or not, travel: "state")
                 "act": pre(p.act_bytes), "shared": _pairs(p.shared_act, p.n_blocks),
                 "grad_shared": _pairs(p.grad_shared_act, p.n_blocks), "kept": _kept(p.input_kept, p.n_blocks),
+                "out_kept": _out_kept(p.out_kept, p.n_blocks), "out_views": _views(p.out_views, p.n_blocks),
                 "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "itemsize": np.array(p.float_itemsize, dtype=float),  # 0: an integer tensor (token ids)
                 "move": np.asarray(p.state_bytes, dtype=float),  # optimizer state is not kept across rounds
@@ -567,6 +573,7 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     act[:, 1:] += B * cross * np.maximum(recv, 0.0)
     if sc.u_shape:
         act[:, 0] += B * np.where(fed, P["bound"][E], 0.0)
+    act += B * _in_flight(sc, edges, cross, grad, E)
     memory = (P["fixed"][edges[:, 1:]] - P["fixed"][edges[:, :-1]]) + act
     memory[:, 0] += P["fixed"][L] - P["fixed"][E]
     serial = [round_s[:, None]] if sc.in_turn else []
@@ -582,6 +589,57 @@ def _pairs(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
     for j, i, b in triples:
         m[j + 2, i + 1] += b
     return m.cumsum(axis=0).cumsum(axis=1)
+
+
+def _in_flight(sc: Scenario, edges: np.ndarray, cross: np.ndarray, grad: np.ndarray, E: np.ndarray) -> np.ndarray:
+    """(m, T), per sample: what each tier holds of the tensor it sends on and of the gradient that comes back for
+    it. A tier sends its output on (the device's head, a server before an entered one; with U-shape the last
+    entered server, to the device's tail) and holds it, less what its blocks keep of it (``out_kept``), until
+    the gradient comes back, which it then holds too (if one comes: ``grad``; from a tail, always). A U-shape
+    forward lets go of its output once the next server has answered, so there the larger of the two, and it
+    keeps the chain's output it relays back (its reply, kept for a retry until the backward)."""
+    P, L = sc._prefix, sc.profile.n_blocks
+    m, T = edges.shape[0], sc.tiers
+    out = np.zeros((m, T))
+    C = P["out_kept"]
+    for t in range(T):
+        lo, hi = edges[:, t], edges[:, t + 1]
+        a = P["bound"][hi]
+        # kept by its blocks (the device's batch too: j = -1), or (a view of) what a server received, held anyway
+        kept = C[hi, L + 1] - C[hi, 0] if t == 0 else C[hi, L + 1] - C[hi, lo + 1] + P["out_views"][hi, lo]
+        held = np.maximum(a - kept, 0.0)
+        # a tier that holds no block sends on what it received: the device its batch, a server the very tensor
+        # (counted with what it receives), or, taken with a gradient, the clone its segment makes of it
+        held = np.where(lo < hi, held, 0.0 if t == 0 else grad[:, t - 1] * a)
+        if t < T - 1:
+            on = cross[:, t]  # the next tier is entered
+            back = grad[:, t] * a
+            if sc.u_shape and t > 0:  # and the chain's output it relays back, kept as its forward's reply
+                out[:, t] += on * (np.maximum(held, back) + P["bound"][E])
+            else:
+                out[:, t] += on * (held + back)
+        if sc.u_shape and t > 0:  # the last server the chain enters: its output goes to the tail and comes back
+            last = (lo < E) & (hi == E)
+            out[:, t] += last * (held + a)
+    return out
+
+
+def _out_kept(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
+    """Prefix sums of ``ModelProfile.out_kept``: ``C[k, c]`` sums the bytes of the boundary-k tensor that blocks
+    j < c - 1 keep (column 0 before the input batch, j = -1)."""
+    m = np.zeros((n + 1, n + 2))
+    for k, j, b in triples:
+        m[k, j + 2] += b
+    return m.cumsum(axis=1)
+
+
+def _views(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
+    """``ModelProfile.out_views`` as a table: ``V[k, lo]`` bytes of the boundary-k tensor that are the boundary-lo
+    tensor a tier starting at lo receives."""
+    m = np.zeros((n + 1, n + 1))
+    for k, lo, b in triples:
+        m[k, lo] += b
+    return m
 
 
 def _kept(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:

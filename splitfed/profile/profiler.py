@@ -65,7 +65,8 @@ PROFILE_VERSION = 7  # 2: blocks that share a weight or pass a tuple are one blo
 # statistics out of its memory, where a tier counts them) and the user's files the model's forward calls are
 # in the key of a user's model; 6: the saved bytes two neighbouring blocks share recorded (an older profile
 # counted a boundary tensor once for each of the two blocks that keep it); 7: what a tier's blocks keep of the
-# tensor it receives recorded (an older profile left a server tier's received input out of its memory)
+# tensor it receives recorded (an older profile left a server tier's received input out of its memory), and what
+# they keep of the tensor it sends on
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,14 @@ class ModelProfile:
     # takes with a gradient: it keeps a clone (``Segment``), never what it received. () (a synthetic profile):
     # nothing kept, every server tier holds its input besides its blocks' activations.
     input_kept: tuple[tuple[int, int, float], ...] = ()
+    # Per sample, what blocks keep of the tensor a tier sends on, which it holds until the gradient comes back
+    # anyway: a triple (k, j, bytes) says block j < k, the last block to keep it (j = -1: the input batch, a view
+    # of which it is), keeps bytes of the boundary-k tensor (k >= 1). () (a synthetic profile): nothing kept.
+    out_kept: tuple[tuple[int, int, float], ...] = ()
+    # Per sample, a tensor a tier sends on that is (a view of) the one it received, which no block keeps: a
+    # triple (k, lo, bytes) says the boundary-k tensor is bytes of the boundary-lo tensor as a tier starting at
+    # lo takes it (without a gradient: with one, its segment works on a clone). () (a synthetic profile): none.
+    out_views: tuple[tuple[int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -156,6 +165,8 @@ class ModelProfile:
         for f, whole in (("shared_act", self.act_bytes), ("grad_shared_act", self.grad_act_bytes)):
             object.__setattr__(self, f, _shared(self.model, f, getattr(self, f), whole))
         object.__setattr__(self, "input_kept", _kept(self.model, self.input_kept, self.act_bytes))
+        object.__setattr__(self, "out_kept", _out_kept(self.model, "out_kept", self.out_kept, self.out_bytes, -1))
+        object.__setattr__(self, "out_views", _out_kept(self.model, "out_views", self.out_views, self.out_bytes, 0))
         object.__setattr__(self, "names", tuple(self.names))
         object.__setattr__(self, "fwd_s", tuple(float(x) for x in self.fwd_s))
         object.__setattr__(self, "bwd_s", tuple(float(x) for x in self.bwd_s))
@@ -266,6 +277,25 @@ def _kept(model: str, triples: Sequence[Sequence[float]],
                               f"{len(act)} and 0 <= bytes <= block i's activation bytes")
         out.append((int(k), int(i), float(b)))
     return tuple(out)
+
+
+def _out_kept(model: str, field: str, triples: Sequence[Sequence[float]], out: Sequence[float],
+              least: int) -> tuple[tuple[int, int, float], ...]:
+    """``triples`` checked as ``ModelProfile.out_kept`` or ``out_views`` (see there; ``least``: the smallest j)
+    against each boundary's bytes."""
+    got: list[tuple[int, int, float]] = []
+    for t in triples:
+        try:
+            k, j, b = t
+            ok = (float(k) == int(k) and float(j) == int(j) and 1 <= int(k) <= len(out) and least <= int(j) < int(k)
+                  and 0 <= float(b) <= out[int(k) - 1] * (1 + 1e-9))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"profile of {model}: {field} entry {t!r} is not (k, j, bytes) with 1 <= k <= "
+                              f"{len(out)}, {least} <= j < k and 0 <= bytes <= the boundary's bytes")
+        got.append((int(k), int(j), float(b)))
+    return tuple(got)
 
 
 def fixed_memory(weight_bytes: float, train_bytes: float, optimizer_slots: int) -> float:
@@ -558,7 +588,7 @@ def _read_cache(path: Path) -> ModelProfile | None:
         if not isinstance(d, dict):
             raise TypeError(f"a JSON {type(d).__name__}, not an object")
         if any(f not in d for f in ("train_bytes", "state_bytes", "grad_bwd_flops", "grad_act_bytes",
-                                    "shared_act", "input_kept")):
+                                    "shared_act", "input_kept", "out_kept", "out_views")):
             # measured before frozen parameters were told apart: it may price a frozen part as trainable (its
             # gradients, optimizer state and backward) and a weight tied by .data twice; or before state bytes
             # were: its weight exchange would price the parameters only (no buffer, a tie once); or before a
@@ -690,6 +720,7 @@ class _Received:
     def __init__(self, inputs: int) -> None:
         self.open: list[list[int]] = [[0] for _ in range(inputs)]  # nothing trains before block 0: no clone
         self.kept: list[tuple[int, int, float]] = []
+        self.views: list[tuple[int, int, float]] = []  # ModelProfile.out_views
 
     def cross(self, i: int, run: _Count, batch: int, cloned: Sequence[bool]) -> None:
         """Block ``i`` ran; ``cloned[p]``: a tier starting after it takes output ``p`` with a gradient."""
@@ -698,6 +729,10 @@ class _Received:
             if b:
                 self.kept += [(k, i, b / batch) for k in opened[q]]
                 opened[q] = []
+        outs = _tensors(run.out)
+        for v, t in zip(run.view_of, outs, strict=True):
+            if v is not None:
+                self.views += [(i + 1, k, min(t.untyped_storage().nbytes(), _nbytes(t)) / batch) for k in opened[v]]
         self.open = [([] if v is None else opened[v]) + ([] if c else [i + 1])
                      for v, c in zip(run.view_of, cloned, strict=True)]
 
@@ -738,6 +773,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
     keepers = _Keepers(len(_tensors(x)), batch=True)  # as training runs the blocks
     grad_keepers = _Keepers(len(_tensors(x)), batch=False)  # with an input gradient (a tail: never block 0's)
     received = _Received(len(_tensors(x)))
+    sent: list[tuple[int, int, float]] = []  # out_kept
     trained = False  # a block so far has trainable parameters: the next block's input needs a gradient
     with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
@@ -775,6 +811,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             gbwd.append(grad_run.bwd_flops / batch)
             gact.append(grad_run.act_bytes / batch)
             keepers.cross(i, run, batch)
+            sent += [(i + 1, j, min(t.untyped_storage().nbytes(), _nbytes(t)) / batch)
+                     for t, j in zip(_tensors(out), keepers.last, strict=True) if j is not None]
             grad_keepers.cross(i, grad_run, batch)
             fixed.append(fixed_memory(param_sizes([*params, *block.buffers()])[1], t_bytes, slots))
             fwd_s.append(statistics.median(tf))
@@ -789,7 +827,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
                         input_dtype=input_dtype, out_dtype=tuple(dtypes), train_bytes=tuple(tbytes),
                         state_bytes=tuple(sbytes), grad_bwd_flops=tuple(gbwd), grad_act_bytes=tuple(gact),
                         shared_act=tuple(keepers.shared), grad_shared_act=tuple(grad_keepers.shared),
-                        input_kept=tuple(received.kept))
+                        input_kept=tuple(received.kept), out_kept=tuple(sent), out_views=tuple(received.views))
 
 
 def clear_cache() -> None:
