@@ -179,3 +179,64 @@ def _session_processes(session: Path) -> list[psutil.Process]:
         except psutil.Error:  # gone, a zombie, or not ours to read
             continue
     return found
+
+
+DONE = b"done"  # what the runner tells its watcher once it has shut Ray down and tidied up itself
+WATCHED = "SPLITFED_WATCHED_RAY_SESSION"  # the watcher's environment: the session folder it watches
+
+
+class SessionWatch:
+    """A watcher process for one Ray session: if this process ends without :meth:`release` (SIGKILL, the OOM
+    killer), it kills the processes of that session still left and removes its folder.
+
+    Ray's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) outlive a driver killed so, reparented to
+    PID 1, for good; a parent-death signal cannot reach them (raylet starts them, and it is not inherited).
+    The watcher reads a pipe only this process can write to (its end is not inheritable): end of file
+    without :data:`DONE` is this process gone. It runs in a session of its own, so the terminal's Ctrl-C,
+    which the runner handles, does not end it first."""
+
+    def __init__(self, session: Path) -> None:
+        import subprocess
+        import sys
+
+        read, self._write = os.pipe()  # both close-on-exec: no other process of this run holds the write end
+        try:
+            # the folder in its environment, not on its command line: there it would be one of the session's
+            # processes (_session_processes), waited for by remove_session
+            self.proc = subprocess.Popen([sys.executable, "-m", "splitfed.sim.ray_start"], stdin=read,
+                                         start_new_session=True, close_fds=True,
+                                         env={**os.environ, "PYTHONPATH": child_pythonpath(), WATCHED: str(session)})
+        except BaseException:
+            os.close(self._write)
+            raise
+        finally:
+            os.close(read)
+
+    def release(self) -> None:
+        """This process has tidied up (or means to keep the session): the watcher ends, doing nothing."""
+        if self._write < 0:
+            return
+        try:
+            os.write(self._write, DONE)
+        except OSError:  # the watcher is gone already
+            pass
+        os.close(self._write)
+        self._write = -1
+        self.proc.wait()
+
+
+def _watch(session: Path) -> None:
+    """The watcher's side (:class:`SessionWatch`): wait for end of file on stdin, then tidy up unless told not to."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stop meant for the run: the run tells this one what to do
+    said = sys.stdin.buffer.read()
+    if said == DONE:
+        return
+    _kill(_session_processes(session))
+    remove_session(session)
+
+
+if __name__ == "__main__":
+    _watch(Path(os.environ[WATCHED]))

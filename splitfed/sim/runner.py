@@ -9,7 +9,10 @@ Every process it started is stopped on the way out:
 normal end, error or Ctrl-C (the ServerApp polls a stop flag, Flower's engine
 winds down and shuts Ray down, the tier processes are stopped by their context
 manager). Ray's session folder (``/tmp/ray/session_...``) is removed once Ray is
-down, unless the run failed: then it is kept, and the failure names its logs.
+down, unless the run failed: then it is kept, and the failure names its logs. A runner killed outright
+(SIGKILL) cannot do any of that: a watcher process (``SessionWatch``) then stops what is left of its Ray
+(its agents outlive it otherwise) and removes the session folder; the tier processes stop themselves.
+A closed stdout (``| head``) ends the run as a Unix tool ends (exit 141), not as a failure.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from splitfed.flower import runfolder
 from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import (
     RayStartError,
+    SessionWatch,
     own_sessions,
     remove_session,
     session_dir,
@@ -71,6 +75,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     before: dict[int, Any] = {}
     interrupted = False
     session = None  # Ray's session folder, once Ray is up
+    watch: SessionWatch | None = None  # tidies up after this process if it is killed outright
     failed = True
     tiers = (f"using the tiers at {', '.join(settings.addresses)}" if settings.addresses
              else f"and {settings.tiers - 1} tier process(es)"
@@ -88,6 +93,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
             signals.reraise()  # stopped while Ray failed to start: the run was stopped, as asked
             raise SimulationError(f"the simulation engine failed: {e}") from e
         session = session_dir()
+        watch = SessionWatch(session) if session is not None else None
         signals.install()  # again, should a Ray that ``starting`` cannot keep from it have put its own in
         signals.reraise()  # a signal while Ray started: the run stops now, before anything else starts
         with start_tiers(settings) as chain:
@@ -127,6 +133,9 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         failed = False
         raise
     except Exception as e:
+        if _output_gone(e):  # its reader went (``| head``): the run ends as a Unix tool does, not as a failure
+            failed = False
+            raise
         if session is not None and not isinstance(e, SimulationError):  # a SimulationError names them itself
             progress(f"the run failed; Ray's logs are kept in {session / 'logs'}")
         raise
@@ -141,7 +150,16 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         if not failed:  # its own session only, once none of its processes is left
             for s in [session] if session is not None else own_sessions(began):  # (Ctrl-C while Ray started)
                 remove_session(s)
+        if watch is not None:
+            watch.release()
     return summary
+
+
+def _output_gone(e: BaseException) -> bool:
+    """Whether ``e`` is a progress line refused because stdout's reader has gone (the command's quiet 141)."""
+    from splitfed.cli import _stdout_gone
+
+    return isinstance(e, BrokenPipeError) and _stdout_gone()
 
 
 def _logs_at(session: Path | None) -> str:

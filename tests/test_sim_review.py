@@ -1,0 +1,190 @@
+"""Simulation runner review: how ``splitfed simulate`` ends when it is not let to end itself.
+
+- A simulate killed outright (SIGKILL, the OOM killer) left Ray's ``ray::DashboardAgent`` and
+  ``ray::RuntimeEnvAgent`` running for good, reparented to PID 1, and its session folder: a watcher process
+  (:class:`~splitfed.sim.ray_start.SessionWatch`) now kills what is left of the session and removes it.
+- A simulate whose output's reader went (``splitfed simulate ... | head``) ended quietly (141) but kept Ray's
+  session folder, as for a failed run, and tried to print where its logs are, to the closed pipe.
+
+Ray runs under a temporary folder of the test's own (``RAY_TMPDIR``): no other run's session is near it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from splitfed.sim import ray_start
+
+REPO = Path(__file__).resolve().parents[1]
+SPLITFED = REPO / ".venv" / "bin" / "splitfed"
+TINY = ["--clients", "2", "--tiers", "2", "--cuts", "static:2", "--batch-size", "64", "--seed", "1"]
+
+
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    """Ray's folder for this test (``RAY_TMPDIR``); short, for Ray's sockets."""
+    base = Path(tempfile.mkdtemp(prefix="sfw", dir="/tmp"))
+    try:
+        yield base
+    finally:
+        for session in (base / "ray").glob("session_2*"):  # whatever a failing test left: its processes too
+            ray_start._kill(ray_start._session_processes(session))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _until(check, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
+    """Poll ``check`` until true or ``timeout_s`` passes (a bound for a wait, not a measurement)."""
+    end = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _simulate(ray_tmp: Path, out: Path, *extra: str, stdout: int | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
+    return subprocess.Popen([str(SPLITFED), "simulate", *TINY, "--out", str(out), *extra], cwd=REPO, env=env,
+                            stdout=stdout if stdout is not None else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _sessions(ray_tmp: Path) -> list[Path]:
+    return sorted((ray_tmp / "ray").glob("session_2*"))
+
+
+# ---------------------------------------------------------------- the watcher, without Ray
+
+
+_HOLDER = """
+import subprocess, sys, time
+from pathlib import Path
+from splitfed.sim.ray_start import SessionWatch
+session = Path(sys.argv[1])
+watch = SessionWatch(session)
+# a process of that session that outlives this one (as Ray's agents do): holds a file in it, own session
+child = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'a'); time.sleep(600)",
+                          str(session / "logs" / "agent.log")], start_new_session=True)
+print(child.pid, flush=True)
+if sys.argv[2] == "release":
+    watch.release()
+time.sleep(600)
+"""
+
+
+def _holder(session: Path, how: str) -> tuple[subprocess.Popen[str], psutil.Process]:
+    parent = subprocess.Popen([sys.executable, "-c", _HOLDER, str(session), how], stdout=subprocess.PIPE,
+                              text=True, cwd=REPO)
+    assert parent.stdout is not None
+    child = psutil.Process(int(parent.stdout.readline()))
+    assert _until(lambda: any(f.path.endswith("agent.log") for f in child.open_files()), 30)
+    return parent, child
+
+
+def test_a_killed_runner_s_session_processes_and_folder_are_tidied_by_its_watcher(tmp_path):
+    session = tmp_path / "session_2026-01-01_00-00-00_000000_1"
+    (session / "logs").mkdir(parents=True)
+    parent, child = _holder(session, "keep")
+    try:
+        parent.kill()  # SIGKILL: nothing of the runner's own runs
+        parent.wait()
+        assert _until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE)
+        assert _until(lambda: not session.exists())
+    finally:
+        parent.kill()
+        ray_start._kill([child])
+
+
+def test_a_released_watcher_leaves_the_session_alone(tmp_path):
+    """A runner that tidied up itself (or keeps a failed run's session for its logs) releases its watcher."""
+    session = tmp_path / "session_2026-01-01_00-00-00_000000_1"
+    (session / "logs").mkdir(parents=True)
+    parent, child = _holder(session, "release")
+    try:
+        assert _until(lambda: not [p for p in psutil.Process(parent.pid).children() if p.pid != child.pid])
+        parent.kill()
+        parent.wait()
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+        assert (session / "logs" / "agent.log").is_file()
+    finally:
+        parent.kill()
+        ray_start._kill([child])
+
+
+# ---------------------------------------------------------------- real simulations
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("flower-real")
+def test_a_sigkilled_simulate_leaves_no_ray_process_and_no_session(ray_tmp, tmp_path):
+    out = tmp_path / "run"
+    proc = _simulate(ray_tmp, out, "--rounds", "200")
+    try:
+        assert _until(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size, 300)
+        [session] = _sessions(ray_tmp)
+        ray_procs = [p for p in ray_start._session_processes(session) if p.pid != proc.pid]
+        assert ray_procs  # Ray's processes of this run, there while it runs
+        proc.kill()
+        proc.wait()
+        assert _until(lambda: not [p for p in ray_procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE])
+        assert _until(lambda: not session.exists())
+        assert (out / "checkpoint.pt").is_file()  # the run folder is kept, to resume
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("flower-real")
+def test_a_simulate_whose_reader_went_ends_quietly_and_removes_its_ray_session(ray_tmp, tmp_path):
+    proc = _simulate(ray_tmp, tmp_path / "run", "--rounds", "3", stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(b"starting the simulation engine")
+        assert _until(lambda: bool(_sessions(ray_tmp)), 300)
+        proc.stdout.close()  # ``| head -1``
+        assert proc.wait(timeout=300) == 141
+        assert proc.stderr is not None and proc.stderr.read() == b""
+        assert _sessions(ray_tmp) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("flower-real")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_simulate_stops_resumable_and_tidy(ray_tmp, tmp_path, sig):
+    """SIGINT and SIGTERM mid-run: the stop is said, the checkpoint kept and resumable, nothing of Ray left."""
+    out = tmp_path / "run"
+    proc = _simulate(ray_tmp, out, "--rounds", "200")
+    try:
+        assert _until(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size, 300)
+        [session] = _sessions(ray_tmp)
+        ray_procs = [p for p in ray_start._session_processes(session) if p.pid != proc.pid]
+        proc.send_signal(sig)
+        assert proc.wait(timeout=300) == 128 + sig
+        assert proc.stderr is not None
+        said = proc.stderr.read().decode()
+        assert "Traceback" not in said and f"--resume {out}" in said
+        assert _until(lambda: not [p for p in ray_procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE])
+        assert _sessions(ray_tmp) == []
+        again = subprocess.run([str(SPLITFED), "simulate", "--resume", str(out), "--rounds", "2"], cwd=REPO,
+                               env={**os.environ, "RAY_TMPDIR": str(ray_tmp)}, capture_output=True, text=True,
+                               timeout=300)
+        assert again.returncode == 0, again.stderr
+        assert _sessions(ray_tmp) == []
+    finally:
+        proc.kill()
+        proc.wait()
