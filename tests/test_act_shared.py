@@ -18,7 +18,7 @@ import torch
 
 from splitfed.cost import Scenario
 from splitfed.cost.model import option_table
-from splitfed.engine.template import trains_before
+from splitfed.engine.template import grad_reach, trains_before
 from splitfed.errors import ConfigError
 from splitfed.models.blocks import make_segment
 from splitfed.models.zoo import ModelSpec, model_blocks, resolve_spec
@@ -98,7 +98,7 @@ def _true_act(spec: ModelSpec, cuts: tuple[int, ...], u_shape: bool) -> list[flo
             sent = _sent(saved, out, trains_before(spec, b), both=not u_shape)
             relays += [t] if u_shape else []
         elif u_shape and a < E == b:  # to the device's tail, whose gradient always comes back
-            sent = _sent(saved, out, True, both=True)
+            sent = _sent(saved, out, grad_reach(spec)[E], both=True)
         act.append(float(sum(saved.values())) + sent)
     for t in relays:
         act[t] += out.numel() * out.element_size()  # type: ignore[union-attr]

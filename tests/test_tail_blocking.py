@@ -187,3 +187,41 @@ def test_a_blocked_tail_trains_as_the_whole_model_over_grpc(optim: OptimConfig) 
         finally:
             close_chain(chain)
     _assert_bitwise(start, split, whole, 4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_what_is_priced_around_a_blocking_block_is_what_training_does(kind: str) -> None:
+    """Blocks before one that lets no gradient through never run a backward and never train: the profile says so
+    (no backward FLOPs or seconds, no trainable bytes, weights alone in memory), no tier sends a gradient over a
+    cut before it (the cloud at cut 4, just after it, sent one the edge could not use), and a U-shape tail that
+    holds it sends none up. For every cut vector, with and without U-shape, the bytes priced are the bytes each
+    link of a real 3-tier in-process chain counts, and the round equals whole training."""
+    from splitfed.cost import Scenario, client_cost, cut_options
+    from splitfed.profile import Client, LinkProfile, TierProfile
+    from splitfed.profile.profiler import fixed_memory, profile_model
+
+    spec, B = _spec(kind, 3), 4
+    prof = profile_model(spec, batch=B, reps=1, use_cache=False)
+    assert prof.grad_reach == (False,) * 4 + (True,) * 5
+    assert prof.train_bytes[:4] == (0.0,) * 4 and prof.bwd_flops[:4] == (0.0,) * 4 and prof.bwd_s[:3] == (0.0,) * 3
+    assert prof.train_bytes[5] > 0 and prof.bwd_flops[5] > 0  # the Linear after the Tanh after it
+    assert prof.fixed_bytes[0] == fixed_memory(prof.param_bytes[0], 0, prof.optimizer_slots) == prof.param_bytes[0]
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in (B, 2)]
+    dev = Client("c", "c", TierProfile(1e9, 1e12), LinkProfile(1e6, 1e6, 0.01), samples=B + 2)
+    servers = (TierProfile(1e10, 1e12), TierProfile(1e11, 1e12))
+    start = initial_state(spec, 0)
+    for u in (False, True):
+        for cuts in (tuple(map(int, c)) for c in cut_options(L, 3, u_shape=u)):
+            chain = inprocess_chain(2)
+            cfg = RoundConfig("r", 1, spec, "sflv1", u_shape=u)
+            split, res = run_round(cfg, chain, start, {"c": cuts}, {"c": batches})
+            edge_link = chain.tiers[0].next
+            c = client_cost(Scenario(prof, (dev,), servers, (LinkProfile(1e7, 1e7, 0.005),), batch=B, u_shape=u),
+                            dev, cuts)
+            assert c.up_bytes == (res[0].bytes_up, edge_link.bytes_up), (u, cuts)
+            assert c.down_bytes == (res[0].bytes_down, edge_link.bytes_down), (u, cuts)
+            if cuts[:2] == (1, 4) and not u:
+                assert edge_link.bytes_down == 0  # the cloud, past the argmax, sends the edge nothing
+            whole = reference_round(cfg, start, {"c": cuts}, {"c": batches}, 3)
+            _assert_bitwise(start, split, whole, 3)

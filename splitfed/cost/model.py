@@ -28,11 +28,13 @@ Per client, per round (prefix sums make each term O(1) per option):
 - link j carries the boundary k_j up iff a server at or beyond tier j holds a
   block (k_j < E), with the labels (int64, 8 bytes a sample, never compressed;
   not with U-shape: labels stay on the device); the gradient comes back down iff
-  a block before it has trainable parameters (g[0, k_j) > 0: nothing upstream can
-  use it otherwise, a frozen part on the device included) and the boundary is
+  a block before it has parameters that train (g[0, k_j) > 0: ``train_bytes``, 0 for a
+  frozen block and for one before a block that detaches, which training's gradient
+  never reaches; nothing upstream can use it otherwise) and the boundary is
   floating (none flows through token ids). U-shape: the tail's input a_E comes back
-  down over every link the chain went up, and its gradient always goes up again (that
-  backward call also releases the replicas the servers hold since the forward,
+  down over every link the chain went up, and its gradient goes up again unless a block
+  of the tail stops it (``ModelProfile.grad_reach``; the backward call goes all the same:
+  it also releases the replicas the servers hold since the forward,
   even when nothing before E trains; a tail never starts at an integer
   tensor from the servers: ``Scenario.options`` leaves such cuts out).
 - bytes on the wire (``codec``, per link; what :mod:`splitfed.transport.compress`
@@ -425,6 +427,7 @@ class Scenario:
                 "out_kept": _out_kept(p.out_kept, p.n_blocks), "out_views": _views(p.out_views, p.n_blocks),
                 "bound": np.array([p.input_bytes, *p.out_bytes], dtype=float),
                 "itemsize": np.array(p.float_itemsize, dtype=float),  # 0: an integer tensor (token ids)
+                "reach": np.asarray(p.grad_reach, dtype=float),  # 1: training's gradient reaches the boundary
                 "move": np.asarray(p.state_bytes, dtype=float),  # optimizer state is not kept across rounds
                 "block_fixed": np.asarray(p.fixed_bytes, dtype=float)}
 
@@ -507,11 +510,13 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     down_bw = np.array([lk.down for lk in links])
     half_rtt = np.array([lk.rtt / 2 for lk in links])
     cross = (k < E[:, None]).astype(float)                  # (m, T-1)
-    # a gradient only for a trainable block before the cut (:func:`splitfed.engine.template.trains_before`),
+    # a gradient only for a block before the cut that trains (one a gradient reaches: ``train_bytes``, as
+    # :func:`splitfed.engine.template.trains_before`),
     # and none through token ids
     grad = ((P["train"][k] > 0) & (P["itemsize"][k] > 0)).astype(float)
     a_k, s_k = P["bound"][k], P["itemsize"][k]
     a_e, s_e = P["bound"][E], P["itemsize"][E]
+    reach_e = P["reach"][E]
 
     rows = None if options is None else sc._rows(C)
 
@@ -533,7 +538,8 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
         act_r, act_b = per_round(j, False), message(j, False, B)
         if sc.u_shape:
             tail_r, tail_b = per_round(j, True), message(j, True, B)
-            up_r[:, j], up_b[:, j] = act_r + tail_r, act_b + tail_b  # a_E's gradient: always
+            # a_E's gradient, unless a block of the tail stops it (the backward call goes all the same)
+            up_r[:, j], up_b[:, j] = act_r + reach_e * tail_r, act_b + reach_e * tail_b
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r + tail_r, grad[:, j] * act_b + tail_b
         else:
             up_r[:, j], up_b[:, j] = act_r + S * LABEL_BYTES, act_b + B * LABEL_BYTES
@@ -620,7 +626,7 @@ def _in_flight(sc: Scenario, edges: np.ndarray, cross: np.ndarray, grad: np.ndar
                 out[:, t] += on * (held + back)
         if sc.u_shape and t > 0:  # the last server the chain enters: its output goes to the tail and comes back
             last = (lo < E) & (hi == E)
-            out[:, t] += last * (held + a)
+            out[:, t] += last * (held + P["reach"][E] * a)
     return out
 
 

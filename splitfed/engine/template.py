@@ -218,16 +218,69 @@ def held_bytes(spec: ModelSpec, index: int) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=256)
-def _first_params(key: str) -> int:
-    """The first block with a parameter that trains (``requires_grad``; L: none)."""
-    blocks = template(ModelSpec.from_dict(json.loads(key)))
-    return next((i for i, m in enumerate(blocks.modules) if any(p.requires_grad for p in m.parameters())),
-                len(blocks))
+def _passes(key: str) -> tuple[bool, ...]:
+    """Per block, whether a gradient of its output reaches its input: not through a block that detaches,
+    computes without autograd (argmax, a comparison, ``torch.no_grad``) or takes integers (token ids). Found
+    by one backward per block on the example input (eval mode, the template's own statistics untouched;
+    ``autograd.grad`` leaves its parameters' gradients alone)."""
+    spec = ModelSpec.from_dict(json.loads(key))
+    blocks = template(spec)
+    x: object = spec.example_input(2)
+    out: list[bool] = []
+    with _lock, rng.seeded(), torch.enable_grad():
+        modes = [m.training for m in blocks.modules]
+        try:
+            for m in blocks.modules:
+                m.eval()
+                if not isinstance(x, torch.Tensor):  # a structure between blocks: taken as passing, as before
+                    out.append(True)
+                    x = m(x)
+                    continue
+                leaf = x.detach().requires_grad_(x.is_floating_point())
+                y = m(leaf.clone() if leaf.requires_grad else leaf)  # a clone: an in-place first op may write it
+                ys = [t for t in (y if isinstance(y, tuple | list) else [y])
+                      if isinstance(t, torch.Tensor) and t.requires_grad]
+                got = (torch.autograd.grad(ys, [leaf], [torch.ones_like(t) for t in ys], allow_unused=True)[0]
+                       if leaf.requires_grad and ys else None)
+                out.append(got is not None)
+                x = y.detach() if isinstance(y, torch.Tensor) else y
+        finally:
+            for m, mode in zip(blocks.modules, modes, strict=True):
+                m.train(mode)
+    return tuple(out)
+
+
+def grad_reach(spec: ModelSpec) -> tuple[bool, ...]:
+    """Per boundary k (``0..L``), whether training's gradient reaches the tensor there: every block from k on
+    lets it through (:func:`_passes`); ``L``, the logits, always."""
+    passes = _passes(_key(spec))
+    reach = [True]
+    for p in reversed(passes):
+        reach.append(reach[-1] and p)
+    return tuple(reversed(reach))
+
+
+@lru_cache(maxsize=256)
+def _gets_gradient(key: str) -> tuple[bool, ...]:
+    """Per block, whether its parameters train in training: some ``requires_grad``, and the gradient reaches its
+    output (:func:`grad_reach`)."""
+    spec = ModelSpec.from_dict(json.loads(key))
+    blocks = template(spec)
+    reach = grad_reach(spec)
+    with _lock:
+        return tuple(any(p.requires_grad for p in m.parameters()) and reach[i + 1]
+                     for i, m in enumerate(blocks.modules))
+
+
+def gets_gradient(spec: ModelSpec, index: int) -> bool:
+    """Whether block ``index``'s parameters get a gradient in training (``_gets_gradient``)."""
+    return _gets_gradient(_key(spec))[index]
 
 
 def trains_before(spec: ModelSpec, index: int) -> bool:
-    """Whether a block before ``index`` has trainable parameters (``requires_grad``): only then does the
-    gradient of the tensor entering block ``index`` have a use, so only then does a tier compute it and send
-    it back (a frozen part on the device has none: its device would discard it). The cost model prices it on
-    the same rule (``ModelProfile.train_bytes``)."""
-    return _first_params(_key(spec)) < index
+    """Whether a block before ``index`` has parameters that a gradient reaches (:func:`gets_gradient`): only
+    then does the gradient of the tensor entering block ``index`` have a use, so only then does a tier compute
+    it and send it back (a frozen part on the device has none: its device would discard it; nor has a part
+    before a block that detaches). The cost model prices it on the same rule (``ModelProfile.train_bytes``,
+    measured on it)."""
+    return any(_gets_gradient(_key(spec))[:index])

@@ -58,7 +58,7 @@ from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 7  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+PROFILE_VERSION = 8  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
 # key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
 # exchange sends); 5: fixed bytes hold the buffers (an older profile left a block's causal mask or running
@@ -66,7 +66,8 @@ PROFILE_VERSION = 7  # 2: blocks that share a weight or pass a tuple are one blo
 # in the key of a user's model; 6: the saved bytes two neighbouring blocks share recorded (an older profile
 # counted a boundary tensor once for each of the two blocks that keep it); 7: what a tier's blocks keep of the
 # tensor it receives recorded (an older profile left a server tier's received input out of its memory), and what
-# they keep of the tensor it sends on
+# they keep of the tensor it sends on; 8: where training's gradient reaches recorded (an older profile priced a
+# backward, gradients and optimizer state for blocks before one that detaches)
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,12 @@ class ModelProfile:
     # triple (k, lo, bytes) says the boundary-k tensor is bytes of the boundary-lo tensor as a tier starting at
     # lo takes it (without a gradient: with one, its segment works on a clone). () (a synthetic profile): none.
     out_views: tuple[tuple[int, int, float], ...] = ()
+    # Per boundary (``n_blocks + 1``), whether training's gradient reaches the tensor there: no block from it on
+    # detaches or computes without autograd (``engine.template.grad_reach``). A block whose output it does not
+    # reach never runs a backward (its ``bwd_flops``, ``bwd_s`` and ``grad_bwd_flops`` are 0) and its
+    # parameters never train (``train_bytes`` 0: no gradient, no optimizer state). () (a synthetic profile):
+    # it reaches every boundary.
+    grad_reach: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -167,6 +174,11 @@ class ModelProfile:
         object.__setattr__(self, "input_kept", _kept(self.model, self.input_kept, self.act_bytes))
         object.__setattr__(self, "out_kept", _out_kept(self.model, "out_kept", self.out_kept, self.out_bytes, -1))
         object.__setattr__(self, "out_views", _out_kept(self.model, "out_views", self.out_views, self.out_bytes, 0))
+        reach = tuple(self.grad_reach) or (True,) * (n + 1)
+        if len(reach) != n + 1 or not all(isinstance(r, bool) for r in reach):
+            raise ConfigError(f"profile of {self.model}: grad_reach needs {n + 1} booleans (one per boundary), got "
+                              f"{list(self.grad_reach)!r}")
+        object.__setattr__(self, "grad_reach", reach)
         object.__setattr__(self, "names", tuple(self.names))
         object.__setattr__(self, "fwd_s", tuple(float(x) for x in self.fwd_s))
         object.__setattr__(self, "bwd_s", tuple(float(x) for x in self.bwd_s))
@@ -588,7 +600,7 @@ def _read_cache(path: Path) -> ModelProfile | None:
         if not isinstance(d, dict):
             raise TypeError(f"a JSON {type(d).__name__}, not an object")
         if any(f not in d for f in ("train_bytes", "state_bytes", "grad_bwd_flops", "grad_act_bytes",
-                                    "shared_act", "input_kept", "out_kept", "out_views")):
+                                    "shared_act", "input_kept", "out_kept", "out_views", "grad_reach")):
             # measured before frozen parameters were told apart: it may price a frozen part as trainable (its
             # gradients, optimizer state and backward) and a weight tied by .data twice; or before state bytes
             # were: its weight exchange would price the parameters only (no buffer, a tie once); or before a
@@ -774,14 +786,18 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
     grad_keepers = _Keepers(len(_tensors(x)), batch=False)  # with an input gradient (a tail: never block 0's)
     received = _Received(len(_tensors(x)))
     sent: list[tuple[int, int, float]] = []  # out_kept
-    trained = False  # a block so far has trainable parameters: the next block's input needs a gradient
+    from splitfed.engine import template  # the engine's own rule for what gets a gradient
+
+    reach = template.grad_reach(spec)  # blocks whose output no gradient reaches never run a backward
     with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
             block.to(where)
-            xin = _detach(x, grad=trained)  # as a tier takes it (engine.template.trains_before)
+            trained = template.trains_before(spec, i)  # its input needs a gradient, as a tier takes it
+            xin = _detach(x, grad=trained)
             params = list(block.parameters())
             p_bytes = param_sizes(params)[1]
-            t_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+            # what trains: a gradient reaches it (none through a block after it that detaches)
+            t_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad) if reach[i + 1] else 0
             own = {p.untyped_storage().data_ptr() for p in [*params, *block.buffers()]}
             run = _count(block, xin, own)
             out = run.out
@@ -801,14 +817,14 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             block.zero_grad(set_to_none=True)
             names.append(blocks.names[i])
             fwd.append(run.fwd_flops / batch)
-            bwd.append(run.bwd_flops / batch)
+            bwd.append(run.bwd_flops / batch if reach[i + 1] else 0.0)
             pbytes.append(p_bytes)
             tbytes.append(t_bytes)
             sbytes.append(state_dict_bytes(block))
             obytes.append(_nbytes(out) / batch)
             dtypes.append(_dtype(out))
             abytes.append(run.act_bytes / batch)
-            gbwd.append(grad_run.bwd_flops / batch)
+            gbwd.append(grad_run.bwd_flops / batch if reach[i + 1] else 0.0)
             gact.append(grad_run.act_bytes / batch)
             keepers.cross(i, run, batch)
             sent += [(i + 1, j, min(t.untyped_storage().nbytes(), _nbytes(t)) / batch)
@@ -816,10 +832,10 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             grad_keepers.cross(i, grad_run, batch)
             fixed.append(fixed_memory(param_sizes([*params, *block.buffers()])[1], t_bytes, slots))
             fwd_s.append(statistics.median(tf))
-            bwd_s.append(statistics.median(tb))
+            bwd_s.append(statistics.median(tb) if reach[i + 1] else 0.0)
             x = _detach(out, grad=False)
-            trained = trained or t_bytes > 0
-            received.cross(i, run, batch, [trained and t.is_floating_point() for t in _tensors(out)])
+            after = template.trains_before(spec, i + 1)
+            received.cross(i, run, batch, [after and t.is_floating_point() for t in _tensors(out)])
     return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
                         optimizer_slots=slots, spec=spec.to_dict(), reps=reps,
@@ -827,7 +843,8 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
                         input_dtype=input_dtype, out_dtype=tuple(dtypes), train_bytes=tuple(tbytes),
                         state_bytes=tuple(sbytes), grad_bwd_flops=tuple(gbwd), grad_act_bytes=tuple(gact),
                         shared_act=tuple(keepers.shared), grad_shared_act=tuple(grad_keepers.shared),
-                        input_kept=tuple(received.kept), out_kept=tuple(sent), out_views=tuple(received.views))
+                        input_kept=tuple(received.kept), out_kept=tuple(sent), out_views=tuple(received.views),
+                        grad_reach=tuple(reach))
 
 
 def clear_cache() -> None:
