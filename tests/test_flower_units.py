@@ -94,12 +94,18 @@ def test_policy_refuses_bad_specs(spec, words):
 
 
 @pytest.mark.parametrize("cuts", ["adaptive", "greedy"])
-def test_min_device_blocks_keeps_raw_inputs_on_every_device(cuts):
-    """The main job's fleet ships some devices' raw inputs to the edge (cut 0) unless told otherwise."""
+def test_min_device_blocks_keeps_raw_inputs_on_every_device(cuts, tmp_path):
+    """A slow microcontroller on a fast link ships its raw inputs to the edge (cut 0) unless told otherwise.
+    (The iot fleet's mcu-ble, 256 KiB, cannot hold block 0 beside the output it sends and its gradient.)"""
     from splitfed.sim.clock import fleet_for, make_clock
     from splitfed.sim.inprocess import sim_clients
 
-    base = RunSettings(clients=10, cuts=cuts, fleet="iot", partition="dirichlet:0.5")
+    fleet = tmp_path / "mcu.toml"
+    fleet.write_text('[edge]\nprofile = "edge-server"\n[cloud]\nprofile = "cloud-gpu"\n'
+                     '[[device]]\nname = "phone"\nprofile = "phone-mid"\n'
+                     '[[device]]\nname = "mcu-eth"\nflops = 2e7\nmemory_mb = 1\nup_mbps = 10\ndown_mbps = 10\n'
+                     'rtt_ms = 10\n')
+    base = RunSettings(clients=4, cuts=cuts, fleet=str(fleet), partition="dirichlet:0.5")
     clients = sim_clients(base, fleet_for(base))
     free = make_policy(base).assign(1, clients)
     assert min(c[0] for c in free.values()) == 0  # the constraint below changes something
