@@ -168,7 +168,7 @@ def test_simulate_on_tiers_this_machine_cannot_compute_on_is_refused_before_anyt
                         "--tier-torch-device", "cuda", "--out", str(tmp_path / "run")], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-        "splitfed simulate: error: tier-torch-device cuda: this machine has no CUDA GPU that torch can use "
+        "splitfed simulate: error: command line: tier-torch-device cuda: this machine has no CUDA GPU that torch can use "
         f"(torch {torch.__version__}, a CPU-only build); use cpu"], p.stderr
     assert not (tmp_path / "run").exists() and "Ray" not in p.stdout
 

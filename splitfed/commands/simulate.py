@@ -111,7 +111,7 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
         layers.append(({"out": args.resume, "resume": True}, None))
     elif not any(values.get("out") for values, _ in layers):
         layers.append(({"out": _fresh_folder(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))}, None))
-    return RunSettings.layered(layers), held  # checked as a whole: a flag may make right what the file alone is not
+    return RunSettings.layered(layers, here=True), held  # checked as a whole: a flag may make right what the file alone is not
 
 
 def _fresh_folder(stem: Path) -> str:

@@ -19,16 +19,13 @@ from splitfed.commands._args import bounded_int, non_negative_float, positive_in
 from splitfed.engine.limits import (
     DEFAULT_LIMITS,
     IDLE_RELEASE_S,
+    MOST_MB,
     STREAM_IDLE_S,
     STREAM_MIN_BYTES_S,
     BuildLimits,
     set_limits,
 )
 from splitfed.errors import ConfigError
-
-MOST_MB = 1 << 40
-"""The largest size in MiB a tier takes for its limits: in bytes, it still fits the int64 of ``Describe``
-(a larger one broke every Describe of the tier with gRPC's "Exception calling application")."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -486,6 +486,18 @@ def spec_for(model: str, dataset: str, vocab: int = 0) -> ModelSpec:
     return resolve_spec(model, num_classes=classes)
 
 
+def dataset_form(dataset: object) -> tuple[str, str]:
+    """``dataset``'s kind (lower case) and path, its form checked, no file read: what :func:`for_model` takes
+    (a run's settings check it where they are read, naming where the value came from)."""
+    if not isinstance(dataset, str):
+        raise ConfigError(f"dataset must be a string ({_FORMS}), got {type(dataset).__name__}")
+    name, sep, path = dataset.strip().partition(":")
+    name = name.lower()
+    if (name in ("synthetic", "digits") and not sep) or name in ("mnist", "cifar10", "npz"):
+        return name, path
+    raise ConfigError(f"unknown dataset {dataset!r}: use {_FORMS}")
+
+
 def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048) -> Split:
     """The (train, test) pair of ``dataset`` in the layout ``spec`` takes.
 
@@ -493,14 +505,11 @@ def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048)
     fits any spec (``n_synthetic`` train samples, a quarter as many test samples);
     ``mnist:PATH`` and ``cifar10:PATH`` read local files, ``npz:FILE`` your own arrays (:func:`read_npz`).
     """
-    if not isinstance(dataset, str):
-        raise ConfigError(f"dataset must be a string ({_FORMS}), got {type(dataset).__name__}")
-    name, sep, path = dataset.strip().partition(":")
-    name = name.lower()
-    if name == "synthetic" and not sep:
+    name, path = dataset_form(dataset)
+    if name == "synthetic":
         return (synthetic(spec, n_synthetic, seed, part=0),
                 synthetic(spec, max(1, n_synthetic // 4), seed, part=1))
-    if name == "digits" and not sep:
+    if name == "digits":
         _check_classes(spec, dataset, 10)
         want = tuple(spec.input_shape)
         if spec.vocab:
@@ -524,4 +533,4 @@ def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048)
             raise ConfigError(f"dataset 'npz' needs a file: 'npz:FILE' with arrays {', '.join(NPZ_KEYS)}")
         train, test = read_npz(path.strip(), spec)
         return train, test
-    raise ConfigError(f"unknown dataset {dataset!r}: use {_FORMS}")
+    raise AssertionError(f"dataset_form passed {dataset!r}")  # pragma: no cover - every form it passes is read

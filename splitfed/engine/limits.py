@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from splitfed.errors import ConfigError
 
 MAX_BATCH = 1 << 20  # samples per batch: beyond this, one batch of any model outgrows a host's memory
+MOST_MB = 1 << 40
+"""The largest size in MiB a tier takes for its limits (``splitfed tier --max-*-mb``, :class:`BuildLimits`): in
+bytes, it still fits the int64 of ``Describe`` (a larger one broke every Describe of the tier with gRPC's
+"Exception calling application")."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class BuildLimits:
         if self.held_bytes < 0:
             raise ConfigError(f"held_bytes must be >= 0 (0: three quarters of the device's memory), "
                               f"got {self.held_bytes}")
+        for name in ("model_bytes", "sample_bytes", "held_bytes"):
+            if getattr(self, name) > MOST_MB << 20:
+                raise ConfigError(f"{name} must be at most {MOST_MB << 20:,} ({MOST_MB:,} MiB), "
+                                  f"got {getattr(self, name):,}")
 
 
 DEFAULT_LIMITS = BuildLimits()

@@ -283,12 +283,9 @@ def simulated_devices(settings: RunSettings, clients: Sequence[ClientInfo]) -> d
     ``sim-clock`` trained its first round and then stopped the run: the fleet has no client of that name."""
     if not settings.sim_clock:
         return None
-    from splitfed.sim.clock import fleet_for
+    from splitfed.sim.clock import drawn_devices, fleet_for
 
-    drawn = {c.name for c in fleet_for(settings).clients}
-    if any(c.profile not in drawn for c in clients):
-        return None
-    return {c.client_id: c.profile for c in clients}
+    return drawn_devices(fleet_for(settings), clients)
 
 
 def _measured(sc: Any, m: Measurement) -> Any:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
@@ -205,11 +205,14 @@ class RunSettings:
 
     @classmethod
     def layered(cls, layers: Sequence[tuple[Mapping[str, Any], str | None]],
-                base: RunSettings | None = None) -> RunSettings:
+                base: RunSettings | None = None, *, here: bool = False) -> RunSettings:
         """Settings from ``layers`` (later ones win) over ``base``, checked once as a whole.
 
         Checking each layer alone would refuse a file whose ``min-clients = 9`` only a flag's ``--clients 10``
         makes right. A refusal of the whole names the layers (sources) that gave values; ``None`` names none.
+        ``here``: the tiers the run starts compute on this machine, so ``tier-torch-device`` must name a device
+        it has (``splitfed simulate``); else only its form is checked, as a checkpoint's settings are read
+        anywhere.
         """
         types = {f.name: f.type for f in fields(cls)}
         changes: dict[str, Any] = {}
@@ -231,9 +234,15 @@ class RunSettings:
             if values and source and source not in named:
                 named.append(source)
         try:
-            return dataclasses.replace(base or cls(), **changes)
+            settings = dataclasses.replace(base or cls(), **changes)
+            _named_forms(settings)  # an unknown cut policy, dataset, model or partition: its key and source named
+            if here and not settings.addresses:
+                from splitfed.engine.compute import torch_device
+
+                torch_device(settings.tier_torch_device, "tier-torch-device")
         except ConfigError as e:
             raise ConfigError(f"{' + '.join(named)}: {e}" if named else str(e)) from None
+        return settings
 
     @classmethod
     def from_toml(cls, path: str | Path, base: RunSettings | None = None) -> RunSettings:
@@ -281,6 +290,30 @@ def toml_table(path: str | Path) -> dict[str, Any]:
 def flag(values: Mapping[str, Any], key: str, source: str) -> bool:
     """One layer's boolean setting, read as :class:`RunSettings` reads it (absent: false)."""
     return key in values and bool(_coerce(values[key], "bool", key, source))
+
+
+def _named_forms(s: RunSettings) -> None:
+    """Refuse a setting whose form no run takes, with its key, where :meth:`RunSettings.layered` names the file
+    or flags it came from; before, ``--cuts bogus`` was refused only once the run was set up, as "unknown cut
+    policy 'bogus'", naming neither. Only forms are checked (no file is read, no module imported): a
+    checkpoint's settings are read anywhere. Settings made in code (``with_``) are checked by the run's
+    validation, which callers prefix with their own label (a simulation's case)."""
+    from splitfed.data.datasets import dataset_form
+    from splitfed.data.partition import parse_partition
+    from splitfed.flower.policy import _FACTORIES, make_policy, policy_name
+    from splitfed.models.zoo import resolve_spec
+
+    checks: dict[str, Callable[[], object]] = {
+        "cuts": lambda: policy_name(s.cuts)[0] in _FACTORIES or make_policy(s),  # static, or unknown: no I/O
+        "dataset": lambda: dataset_form(s.dataset),  # its files are read when the run starts
+        "model": lambda: ":" in s.model or resolve_spec(s.model),  # a zoo name; module:factory is imported later
+        "partition": lambda: parse_partition(s.partition),
+    }
+    for key, check in checks.items():
+        try:
+            check()
+        except ConfigError as e:
+            raise ConfigError(f"{key}: {e}") from None
 
 
 def _key(name: str) -> str:

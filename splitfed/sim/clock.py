@@ -23,6 +23,17 @@ def fleet_for(settings: RunSettings) -> Fleet:
     return load_fleet(settings.fleet).sample(settings.clients, seed=settings.seed)
 
 
+def drawn_devices(fleet: Fleet, clients: Sequence[ClientInfo]) -> dict[str, str] | None:
+    """Each client's device by client id when every client is one of the devices the run drew (``fleet``), the
+    one case the simulated clock times a round; else None (a node of another device: measured times). The
+    clock and the adaptive policy (:func:`splitfed.flower.adaptive.simulated_devices`) both ask it, so they
+    never disagree on which rounds are simulated."""
+    drawn = {c.name for c in fleet.clients}
+    if any(c.profile not in drawn for c in clients):
+        return None
+    return {c.client_id: c.profile for c in clients}
+
+
 def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
     """``clock(round, assignment, clients, previous)``; ``None`` for clients that name no fleet device."""
     from splitfed.cost import Scenario, evaluate, move_cost
@@ -32,11 +43,10 @@ def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
     base = Scenario.from_fleet(profile, fleet, tiers=settings.tiers, batch=settings.batch_size,
                                u_shape=settings.u_shape, epochs=settings.local_epochs, mode=settings.mode,
                                codec=settings.compress, min_device_blocks=settings.min_device_blocks)
-    names = {c.name for c in fleet.clients}
 
     def clock(round: int, assignment: Mapping[str, Cuts], clients: Sequence[ClientInfo],
               previous: Mapping[str, Cuts]) -> float | None:
-        if not clients or any(c.profile not in names for c in clients):
+        if not clients or drawn_devices(fleet, clients) is None:
             return None  # deployment: devices are real, times are measured instead
         now = fleet.at_round(round)
         picked = [replace(now.client(c.profile), name=c.client_id, samples=c.samples or now.client(c.profile).samples)
