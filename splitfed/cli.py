@@ -104,6 +104,12 @@ def script(prog: str, body: Callable[[], int | None]) -> int:
         return 130
 
 
+def output_gone(e: BaseException) -> bool:
+    """Whether ``e`` is a write refused because stdout's reader has gone (``| head``): the user ended the command,
+    as a Unix tool's reader ends it (exit 141), so what it was doing was stopped, not failed."""
+    return isinstance(e, BrokenPipeError) and _stdout_gone()
+
+
 def _stdout_gone() -> bool:
     """Whether stdout is a pipe (or socket) whose reader has gone: a BrokenPipeError is also what a socket or a
     child's pipe raises, and only this one is the user's ``| head``."""

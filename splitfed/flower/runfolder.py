@@ -50,6 +50,7 @@ TIME = "%Y-%m-%d %H:%M:%S"
 _failures: dict[Path, str] = {}  # folder -> why its run fails, said from outside it (:func:`failed_elsewhere`)
 _signalled: dict[Path, int] = {}  # folder -> the signal that stopped its run (:func:`recording_stops`)
 _active: dict[Path, tuple[int, dict[str, Any]]] = {}  # folder -> (held lock file, start record) of runs held now
+_reserved: dict[Path, tuple[int, bool]] = {}  # folder -> (held lock file, made by the reservation) (:func:`reserve`)
 
 
 def held_run(folder: str | Path) -> str:
@@ -78,7 +79,7 @@ def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
     if resume and (folder / METRICS).is_file():
         run_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
     lock = folder / LOCK
-    if lock.is_file():
+    if lock.is_file() and folder.resolve() not in _reserved:  # (reserved: this process holds it, for this run)
         fd = os.open(lock, os.O_RDONLY)
         try:
             _lock(fd, folder)
@@ -94,15 +95,8 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
     (see the module docstring); a refused claim leaves the record of the run that is there."""
     folder = Path(folder)
     _usable(folder)
-    new = not folder.exists()
-    made = _missing(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for d in made:  # its name in its parent is as durable as what the run keeps in it
-            sync_folder(d.parent)
-    except OSError as e:
-        raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
-    fd = _take(folder)
+    reserved = _reserved.pop(folder.resolve(), None)  # taken over from this run's reserve()
+    fd, new = reserved if reserved is not None else _open(folder)
     entered = False
     end: dict[str, Any] = {}
     key = folder.resolve()
@@ -147,6 +141,42 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
                         os.utime(folder / LOCK, ns=(written, written))
         finally:
             os.close(fd)  # the lock goes with the descriptor
+
+
+@contextmanager
+def reserve(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[None]:
+    """Hold ``folder``'s lock from before a run's slow start (``splitfed simulate``'s Ray and tiers) until the
+    run's :func:`claim`, in this process, takes it over: a second run into the folder is refused at once, not
+    once it has started its own. Refuses what :func:`check` refuses; the run's files are left to the claim
+    (``overwrite`` removes nothing here: a start that fails leaves the old run whole), and a run that never
+    claims leaves what a claim refused leaves."""
+    folder = Path(folder)
+    check(folder, resume, overwrite)
+    fd, new = _open(folder)
+    key = folder.resolve()
+    _reserved[key] = (fd, new)
+    try:
+        yield
+    finally:
+        if _reserved.pop(key, None) is not None:  # not taken over by a claim
+            try:
+                if not held_run(folder):
+                    _tidy(folder, new)
+            finally:
+                os.close(fd)
+
+
+def _open(folder: Path) -> tuple[int, bool]:
+    """Make ``folder`` (durably) and take its lock: the held descriptor, and whether the folder is new."""
+    new = not folder.exists()
+    made = _missing(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for d in made:  # its name in its parent is as durable as what the run keeps in it
+            sync_folder(d.parent)
+    except OSError as e:
+        raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
+    return _take(folder), new
 
 
 def outputs(folder: str | Path) -> list[Path]:
@@ -277,10 +307,14 @@ def stop_requested(signum: int | None) -> None:
 
 
 def _ended_by(e: BaseException, why: str | None = None, signum: int | None = None) -> dict[str, Any]:
+    from splitfed.cli import output_gone
+
     if signum is not None:
         return {"state": "stopped", "signal": _signal_name(signum)}
     if why is not None and isinstance(e, Exception):  # failed_elsewhere: the cause, not the stop it made
         return {"state": "failed", "error": why, "error_type": "failed elsewhere"}
+    if output_gone(e):  # a progress line its reader went away from (``| head``): stopped as the command is
+        return {"state": "stopped", "signal": "SIGPIPE"}
     if isinstance(e, KeyboardInterrupt):
         return {"state": "stopped", "signal": "SIGTERM" if isinstance(e, Terminated) else "SIGINT"}
     if not isinstance(e, Exception):  # SystemExit, GeneratorExit: ended on purpose, not by an error
@@ -399,6 +433,8 @@ def _lock(fd: int, folder: Path) -> None:
 def _holder(fd: int) -> str:
     try:
         info = _record(os.pread(fd, 65536, 0))
+        if info.get("state") in ENDS:  # the run there before, which ended: the holder (reserve()) has not said yet
+            raise KeyError("state")
         return f"pid {info['pid']} on {info['host']}, since {info['since']}"
     except (OSError, KeyError, TypeError):
         return "a process that has not said which"

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from splitfed.cli import output_gone
 from splitfed.errors import ConfigError, CutError, SplitfedError, Terminated
 from splitfed.flower import runfolder
 from splitfed.flower.config import RunSettings
@@ -56,7 +57,17 @@ class SimulationError(SplitfedError):
 def simulate(settings: RunSettings, progress: Callable[[str], None] = print, verbose: bool = False,
              cpus: int | None = None, resumed: Checkpoint | None = None) -> dict[str, Any]:
     """Run the simulation; returns the run's summary (also in ``out/summary.json``). ``resumed``: the
-    checkpoint a resume read already, handed to the ServerApp (read again only if the file changed since)."""
+    checkpoint a resume read already, handed to the ServerApp (read again only if the file changed since).
+    The run folder is held from now (:func:`runfolder.reserve`): a second run into it is refused before this
+    one's Ray starts, not once its own has."""
+    if not settings.out:
+        return _simulate(settings, progress, verbose, cpus, resumed)
+    with runfolder.reserve(settings.out, settings.resume, settings.overwrite):
+        return _simulate(settings, progress, verbose, cpus, resumed)
+
+
+def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: bool, cpus: int | None,
+              resumed: Checkpoint | None) -> dict[str, Any]:
     import ray
     from flwr.simulation import run_simulation
 
@@ -133,7 +144,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         failed = False
         raise
     except Exception as e:
-        if _output_gone(e):  # its reader went (``| head``): the run ends as a Unix tool does, not as a failure
+        if output_gone(e):  # its reader went (``| head``): the run ends as a Unix tool does, not as a failure
             failed = False
             raise
         if session is not None and not isinstance(e, SimulationError):  # a SimulationError names them itself
@@ -153,13 +164,6 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
         if watch is not None:
             watch.release()
     return summary
-
-
-def _output_gone(e: BaseException) -> bool:
-    """Whether ``e`` is a progress line refused because stdout's reader has gone (the command's quiet 141)."""
-    from splitfed.cli import _stdout_gone
-
-    return isinstance(e, BrokenPipeError) and _stdout_gone()
 
 
 def _logs_at(session: Path | None) -> str:
