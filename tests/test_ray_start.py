@@ -46,11 +46,13 @@ def test_a_start_that_times_out_is_retried_and_its_processes_killed(monkeypatch)
     try:
         start_ray({"num_cpus": 1, "num_gpus": 0, "include_dashboard": False, "logging_level": "ERROR"},
                   log=lines.append)
-        assert ray.is_initialized() and calls["n"] == 2
+        # the real start may time out too on a loaded host (what the retries are for): it took a third once
+        assert ray.is_initialized() and calls["n"] >= 2
         assert ray.cluster_resources().get("CPU") == 1
     finally:
         ray.shutdown()
-    assert lines == [f"Ray did not start (attempt 1/3): Exception: {TIMEOUT}"]
+    assert lines[0] == f"Ray did not start (attempt 1/3): Exception: {TIMEOUT}" and len(lines) == calls["n"] - 1
+    assert all(line.startswith(f"Ray did not start (attempt {n}/3): ") for n, line in enumerate(lines, 1))
     assert spawned[0].poll() is not None  # the failed attempt's leftover was killed
 
 
