@@ -221,17 +221,19 @@ def held_bytes(spec: ModelSpec, index: int) -> tuple[int, int]:
 def _passes(key: str) -> tuple[bool, ...]:
     """Per block, whether a gradient of its output reaches its input: not through a block that detaches,
     computes without autograd (argmax, a comparison, ``torch.no_grad``) or takes integers (token ids). Found
-    by one backward per block on the example input (eval mode, the template's own statistics untouched;
-    ``autograd.grad`` leaves its parameters' gradients alone)."""
+    by one backward per block on the example input in training mode, as a tier runs it (a block whose forward
+    differs in eval mode may stop the gradient in one mode only); the template's buffers (running statistics)
+    and modes are put back, and ``autograd.grad`` leaves its parameters' gradients alone."""
     spec = ModelSpec.from_dict(json.loads(key))
     blocks = template(spec)
     x: object = spec.example_input(2)
     out: list[bool] = []
     with _lock, rng.seeded(), torch.enable_grad():
-        modes = [m.training for m in blocks.modules]
+        modes = [(sub, sub.training) for m in blocks.modules for sub in m.modules()]
+        saved = [(b, b.detach().clone()) for m in blocks.modules for b in m.buffers()]
         try:
             for m in blocks.modules:
-                m.eval()
+                m.train()
                 if not isinstance(x, torch.Tensor):  # a structure between blocks: taken as passing, as before
                     out.append(True)
                     x = m(x)
@@ -245,8 +247,11 @@ def _passes(key: str) -> tuple[bool, ...]:
                 out.append(got is not None)
                 x = y.detach() if isinstance(y, torch.Tensor) else y
         finally:
-            for m, mode in zip(blocks.modules, modes, strict=True):
-                m.train(mode)
+            with torch.no_grad():
+                for b, value in saved:
+                    b.copy_(value)
+            for sub, mode in modes:
+                sub.training = mode
     return tuple(out)
 
 

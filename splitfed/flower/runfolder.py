@@ -433,8 +433,8 @@ def _lock(fd: int, folder: Path) -> None:
 def _holder(fd: int) -> str:
     try:
         info = _record(os.pread(fd, 65536, 0))
-        if info.get("state") in ENDS:  # the run there before, which ended: the holder (reserve()) has not said yet
-            raise KeyError("state")
+        if info.get("state") in ENDS or _alive(info) is False:  # the run there before, ended or killed (its
+            raise KeyError("state")  # start record, no end): the holder (reserve()) has not said yet
         return f"pid {info['pid']} on {info['host']}, since {info['since']}"
     except (OSError, KeyError, TypeError):
         return "a process that has not said which"

@@ -58,7 +58,7 @@ from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 8  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+PROFILE_VERSION = 9  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
 # key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
 # exchange sends); 5: fixed bytes hold the buffers (an older profile left a block's causal mask or running
@@ -67,7 +67,8 @@ PROFILE_VERSION = 8  # 2: blocks that share a weight or pass a tuple are one blo
 # counted a boundary tensor once for each of the two blocks that keep it); 7: what a tier's blocks keep of the
 # tensor it receives recorded (an older profile left a server tier's received input out of its memory), and what
 # they keep of the tensor it sends on; 8: where training's gradient reaches recorded (an older profile priced a
-# backward, gradients and optimizer state for blocks before one that detaches)
+# backward, gradients and optimizer state for blocks before one that detaches); 9: that reach found in training
+# mode (an older profile took it in eval mode: a block that stops the gradient in one mode only was priced wrong)
 
 log = logging.getLogger(__name__)
 
@@ -789,10 +790,13 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
     from splitfed.engine import template  # the engine's own rule for what gets a gradient
 
     reach = template.grad_reach(spec)  # blocks whose output no gradient reaches never run a backward
+    # which inputs need a gradient, as a tier takes them: asked now, as the template's lock is taken before
+    # torch's generator (template's own order), never while the generator is held (two threads would deadlock)
+    trains = [template.trains_before(spec, i) for i in range(len(blocks.modules) + 1)]
     with rng.seeded(seed):  # dropout draws from torch's generator; a tier or run may share the process
         for i, block in enumerate(blocks.modules):
             block.to(where)
-            trained = template.trains_before(spec, i)  # its input needs a gradient, as a tier takes it
+            trained = trains[i]  # its input needs a gradient, as a tier takes it
             xin = _detach(x, grad=trained)
             params = list(block.parameters())
             p_bytes = param_sizes(params)[1]
@@ -834,8 +838,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             fwd_s.append(statistics.median(tf))
             bwd_s.append(statistics.median(tb) if reach[i + 1] else 0.0)
             x = _detach(out, grad=False)
-            after = template.trains_before(spec, i + 1)
-            received.cross(i, run, batch, [after and t.is_floating_point() for t in _tensors(out)])
+            received.cross(i, run, batch, [trains[i + 1] and t.is_floating_point() for t in _tensors(out)])
     return ModelProfile(spec.name, batch, tuple(names), input_bytes, tuple(fwd), tuple(bwd), tuple(pbytes),
                         tuple(obytes), tuple(abytes), tuple(fixed), tuple(fwd_s), tuple(bwd_s),
                         optimizer_slots=slots, spec=spec.to_dict(), reps=reps,
