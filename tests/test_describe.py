@@ -8,7 +8,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from concurrent import futures
 
 import grpc
 import pytest
@@ -23,10 +22,9 @@ from splitfed.sim.tiers import tier_chain
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.describe import PROTOCOL, TierInfo, check_chain
 from splitfed.transport.errors import RpcFailed
-from splitfed.transport.pb import SERVICE
 from splitfed.transport.process import TierProcess
 from splitfed.transport.server import serve_tier
-from tests.transport_fixtures import certs, load_client  # noqa: F401 - fixture
+from tests.transport_fixtures import certs, fake_tier, load_client  # noqa: F401 - fixture
 
 # ---------------------------------------------------------------- check_chain on descriptions
 
@@ -167,18 +165,11 @@ def test_a_malformed_describe_request_is_invalid_argument() -> None:
 
 def test_a_tier_without_describe_is_named_as_an_older_splitfed() -> None:
     """A tier of an older splitfed answers UNIMPLEMENTED; the coordinator says what that means."""
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-        "Release": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"")}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with GrpcTierClient(f"127.0.0.1:{port}") as c, \
-                pytest.raises(RpcFailed, match=f"does not answer Describe: it runs a splitfed older than protocol "
-                                               f"{PROTOCOL}"):
-            c.describe()
-    finally:
-        server.stop(0)
+    with fake_tier({"Release": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"")}) as address, \
+            GrpcTierClient(address) as c, \
+            pytest.raises(RpcFailed, match=f"does not answer Describe: it runs a splitfed older than protocol "
+                                           f"{PROTOCOL}"):
+        c.describe()
 
 
 def _settings(addresses: list[str], **kw) -> RunSettings:  # type: ignore[no-untyped-def]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import replace
 
 import grpc
@@ -37,7 +36,7 @@ from splitfed.transport.describe import PROTOCOL
 from splitfed.transport.errors import PermissionDenied, Unauthenticated
 from splitfed.transport.pb import SERVICE, pb
 from splitfed.transport.server import CONTROL, MAX_ID, TierServer, serve_tier
-from tests.transport_fixtures import CUT, SPEC, same
+from tests.transport_fixtures import CUT, SPEC, fake_tier, same
 
 RUN = "run-reduce"
 BASE, BASE_CID, BASE_SECRET = "@base.1", "@base.1.0", "base-secret-7f3a"
@@ -351,16 +350,9 @@ F64 = torch.zeros(3, dtype=torch.float64)
      "distinct, non-empty names"),
 ])
 def test_the_client_refuses_a_malformed_reduce_reply(reply: list[bytes], error: type[Exception], match: str) -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-        "Reduce": grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter(reply))}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with GrpcTierClient(f"127.0.0.1:{port}", retries=0, deadline_s=10.0) as c, pytest.raises(error, match=match):
-            c.reduce(RUN, [ReduceItem("c0", "s", 1.0), ReduceItem("c1", "s", 1.0)])
-    finally:
-        server.stop(0)
+    with fake_tier({"Reduce": grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter(reply))}) as address, \
+            GrpcTierClient(address, retries=0, deadline_s=10.0) as c, pytest.raises(error, match=match):
+        c.reduce(RUN, [ReduceItem("c0", "s", 1.0), ReduceItem("c1", "s", 1.0)])
 
 
 

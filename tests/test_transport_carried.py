@@ -20,7 +20,6 @@ import math
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -39,10 +38,10 @@ from splitfed.transport import wire
 from splitfed.transport.chain import close_chain, grpc_chain
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.errors import sent_by_tier
-from splitfed.transport.pb import SERVICE, method
+from splitfed.transport.pb import method
 from splitfed.transport.process import TierProcess
 from splitfed.transport.server import serve_tier
-from tests.transport_fixtures import CUT, SPEC, activation, labels
+from tests.transport_fixtures import CUT, SPEC, activation, fake_tier, labels
 
 # ---------------------------------------------------------------- 1. --max-tensor-mb has an upper bound
 
@@ -152,19 +151,13 @@ REPLY = [b""]  # what the tier below answers every data and control call with
 @pytest.fixture(scope="module")
 def garbling() -> Iterator[str]:
     """A gRPC service on 127.0.0.1 that answers Step, StepStream, Fetch and Reduce with ``REPLY[0]``."""
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+    with fake_tier({
         "Step": grpc.unary_unary_rpc_method_handler(lambda req, ctx: REPLY[0]),
         "StepStream": grpc.stream_stream_rpc_method_handler(lambda reqs, ctx: iter([REPLY[0]])),
         "Fetch": grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter([REPLY[0]])),
         "Reduce": grpc.unary_stream_rpc_method_handler(lambda req, ctx: iter([REPLY[0]])),
-    }),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
+    }, workers=4) as address:
+        yield address
 
 
 KEY = StepKey("run", "a", 0, 0)

@@ -20,7 +20,6 @@ import dataclasses
 import math
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -36,10 +35,10 @@ from splitfed.transport import codec as tc
 from splitfed.transport import wire
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.describe import PROTOCOL, TierInfo
-from splitfed.transport.pb import SERVICE, method, pb
+from splitfed.transport.pb import method, pb
 from splitfed.transport.protogen import stale_reason
 from splitfed.transport.server import TierServer, serve_tier
-from tests.transport_fixtures import CUT, SPEC, activation, labels, load_client, same
+from tests.transport_fixtures import CUT, SPEC, activation, fake_tier, labels, load_client, same
 
 HERE = __name__  # "tests.test_transport_leftovers": the tiers below build the factories of this module
 
@@ -204,15 +203,9 @@ def test_limits_no_call_could_meet_are_refused_naming_the_field(field: str, valu
 @contextlib.contextmanager
 def _describing(info: pb.TierInfo) -> Iterator[str]:
     """A tier that answers Describe with ``info``; its address."""
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-        "Describe": grpc.unary_unary_rpc_method_handler(lambda req, ctx: info.SerializeToString())}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
+    with fake_tier({"Describe": grpc.unary_unary_rpc_method_handler(lambda req, ctx: info.SerializeToString())}) \
+            as address:
+        yield address
 
 
 @pytest.mark.parametrize("field, value, words", [

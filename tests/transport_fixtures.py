@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 from cryptography import x509
@@ -19,6 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
 from splitfed.engine.types import State
 from splitfed.models.zoo import resolve_spec
+from splitfed.transport.pb import SERVICE
 from splitfed.transport.security import TlsConfig
 
 SPEC = resolve_spec("cnn")  # 1x8x8 digits CNN: 7 blocks, boundary after block 2 is 16x4x4
@@ -148,3 +152,17 @@ def at_once(call: Callable[[str], object], clients: Iterable[str], timeout_s: fl
     for t in threads:
         t.join(timeout_s)
     return raised
+
+
+@contextlib.contextmanager
+def fake_tier(handlers: Mapping[str, grpc.RpcMethodHandler], workers: int = 2) -> Iterator[str]:
+    """A gRPC service on 127.0.0.1 answering the named methods of splitfed's Tier service as ``handlers`` say
+    (any other: UNIMPLEMENTED), as a misbehaving or older tier would; its address."""
+    server = grpc.server(futures.ThreadPoolExecutor(workers))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, dict(handlers)),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
