@@ -588,13 +588,19 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
                        down_bytes, up_s, down_s, memory, shared, memory[:, 0] <= client.device.memory, act)
 
 
+def _grid(triples: Sequence[tuple[int, int, float]], rows: int, cols: int, shift: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """The bytes of ``triples`` (a, b, bytes) summed into a (rows, cols) table at [a + shift[0], b + shift[1]]:
+    what the prefix tables below are made of."""
+    m = np.zeros((rows, cols))
+    for a, b, n in triples:
+        m[a + shift[0], b + shift[1]] += n
+    return m
+
+
 def _pairs(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
     """2-D prefix sums of ``ModelProfile.shared_act``: ``P[r, c]`` sums the bytes of the pairs whose keeper
     row (j + 1: row 0 is the input batch) is below r and whose block is below c."""
-    m = np.zeros((n + 2, n + 1))
-    for j, i, b in triples:
-        m[j + 2, i + 1] += b
-    return m.cumsum(axis=0).cumsum(axis=1)
+    return _grid(triples, n + 2, n + 1, (2, 1)).cumsum(axis=0).cumsum(axis=1)
 
 
 def _in_flight(sc: Scenario, edges: np.ndarray, cross: np.ndarray, grad: np.ndarray, E: np.ndarray) -> np.ndarray:
@@ -633,28 +639,19 @@ def _in_flight(sc: Scenario, edges: np.ndarray, cross: np.ndarray, grad: np.ndar
 def _out_kept(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
     """Prefix sums of ``ModelProfile.out_kept``: ``C[k, c]`` sums the bytes of the boundary-k tensor that blocks
     j < c - 1 keep (column 0 before the input batch, j = -1)."""
-    m = np.zeros((n + 1, n + 2))
-    for k, j, b in triples:
-        m[k, j + 2] += b
-    return m.cumsum(axis=1)
+    return _grid(triples, n + 1, n + 2, (0, 2)).cumsum(axis=1)
 
 
 def _views(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
     """``ModelProfile.out_views`` as a table: ``V[k, lo]`` bytes of the boundary-k tensor that are the boundary-lo
     tensor a tier starting at lo receives."""
-    m = np.zeros((n + 1, n + 1))
-    for k, lo, b in triples:
-        m[k, lo] += b
-    return m
+    return _grid(triples, n + 1, n + 1)
 
 
 def _kept(triples: Sequence[tuple[int, int, float]], n: int) -> np.ndarray:
     """Prefix sums of ``ModelProfile.input_kept``: ``K[k, c]`` sums the bytes blocks below c keep of the
     boundary-k tensor a tier starting at k receives."""
-    m = np.zeros((n + 1, n + 1))
-    for k, i, b in triples:
-        m[k, i + 1] += b
-    return m.cumsum(axis=1)
+    return _grid(triples, n + 1, n + 1, (0, 1)).cumsum(axis=1)
 
 
 def _within(P: np.ndarray, lo: np.ndarray, hi: np.ndarray, batch: bool = False) -> np.ndarray:

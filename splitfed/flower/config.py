@@ -300,11 +300,11 @@ def _named_forms(s: RunSettings) -> None:
     validation, which callers prefix with their own label (a simulation's case)."""
     from splitfed.data.datasets import dataset_form
     from splitfed.data.partition import parse_partition
-    from splitfed.flower.policy import _FACTORIES, make_policy, policy_name
+    from splitfed.flower.policy import check_policy
     from splitfed.models.zoo import resolve_spec
 
     checks: dict[str, Callable[[], object]] = {
-        "cuts": lambda: policy_name(s.cuts)[0] in _FACTORIES or make_policy(s),  # static, or unknown: no I/O
+        "cuts": lambda: check_policy(s),
         "dataset": lambda: dataset_form(s.dataset),  # its files are read when the run starts
         "model": lambda: ":" in s.model or resolve_spec(s.model),  # a zoo name; module:factory is imported later
         "partition": lambda: parse_partition(s.partition),

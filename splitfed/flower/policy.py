@@ -154,6 +154,13 @@ def policy_name(cuts: str) -> tuple[str, str]:
     return name, arg
 
 
+def check_policy(settings: RunSettings) -> None:
+    """``--cuts``'s form checked without building a registered policy (which profiles the model): static cut
+    vectors are parsed, any other name must be registered."""
+    if policy_name(settings.cuts)[0] not in _FACTORIES:
+        make_policy(settings)  # static (parsed, no I/O), or refused as unknown
+
+
 def make_policy(settings: RunSettings) -> AssignmentPolicy:
     """``static:K1,K2[/K1,K2...]`` or a registered name (``adaptive``, ``greedy``)."""
     spec = settings.cuts

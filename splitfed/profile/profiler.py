@@ -43,7 +43,7 @@ import statistics
 import sys
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -252,63 +252,53 @@ class ModelProfile:
                    optimizer_slots=optimizer_slots, train_bytes=train, state_bytes=state)
 
 
-def _shared(model: str, field: str, triples: Sequence[Sequence[float]],
-            act: Sequence[float]) -> tuple[tuple[int, int, float], ...]:
-    """``triples`` checked as ``ModelProfile.shared_act`` (see there) against each block's ``act`` bytes."""
+def _triples(model: str, field: str, triples: Sequence[Sequence[float]],
+             legal: Callable[[int, int, float], bool], form: str) -> tuple[tuple[int, int, float], ...]:
+    """``triples`` of the ``ModelProfile`` field ``field``: each two integers and bytes that are ``legal``, else
+    refused, naming ``form``."""
     out: list[tuple[int, int, float]] = []
-    per_block = [0.0] * len(act)
     for t in triples:
         try:
-            j, i, b = t
-            ok = float(j) == int(j) and float(i) == int(i) and -1 <= int(j) < int(i) < len(act) and float(b) >= 0
+            a, b, n = t
+            ok = float(a) == int(a) and float(b) == int(b) and legal(int(a), int(b), float(n))
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise ConfigError(f"profile of {model}: {field} entry {t!r} is not (j, i, bytes) with -1 <= j < i < "
-                              f"{len(act)} and bytes >= 0")
-        out.append((int(j), int(i), float(b)))
-        per_block[int(i)] += float(b)
+            raise ConfigError(f"profile of {model}: {field} entry {t!r} is not {form}")
+        out.append((int(a), int(b), float(n)))
+    return tuple(out)
+
+
+def _shared(model: str, field: str, triples: Sequence[Sequence[float]],
+            act: Sequence[float]) -> tuple[tuple[int, int, float], ...]:
+    """``triples`` checked as ``ModelProfile.shared_act`` (see there) against each block's ``act`` bytes."""
+    out = _triples(model, field, triples, lambda j, i, b: -1 <= j < i < len(act) and b >= 0,
+                   f"(j, i, bytes) with -1 <= j < i < {len(act)} and bytes >= 0")
+    per_block = [0.0] * len(act)
+    for _, i, b in out:
+        per_block[i] += b
     if any(s > a * (1 + 1e-9) for s, a in zip(per_block, act, strict=True)):
         raise ConfigError(f"profile of {model}: {field} exceeds a block's activation bytes (a block shares more "
                           "than it keeps)")
-    return tuple(out)
+    return out
 
 
 def _kept(model: str, triples: Sequence[Sequence[float]],
           act: Sequence[float]) -> tuple[tuple[int, int, float], ...]:
     """``triples`` checked as ``ModelProfile.input_kept`` (see there) against each block's ``act`` bytes."""
-    out: list[tuple[int, int, float]] = []
-    for t in triples:
-        try:
-            k, i, b = t
-            ok = (float(k) == int(k) and float(i) == int(i) and 0 <= int(k) <= int(i) < len(act)
-                  and 0 <= float(b) <= act[int(i)] * (1 + 1e-9))
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ConfigError(f"profile of {model}: input_kept entry {t!r} is not (k, i, bytes) with 0 <= k <= i < "
-                              f"{len(act)} and 0 <= bytes <= block i's activation bytes")
-        out.append((int(k), int(i), float(b)))
-    return tuple(out)
+    return _triples(model, "input_kept", triples,
+                    lambda k, i, b: 0 <= k <= i < len(act) and 0 <= b <= act[i] * (1 + 1e-9),
+                    f"(k, i, bytes) with 0 <= k <= i < {len(act)} and 0 <= bytes <= block i's activation bytes")
 
 
 def _out_kept(model: str, field: str, triples: Sequence[Sequence[float]], out: Sequence[float],
               least: int) -> tuple[tuple[int, int, float], ...]:
     """``triples`` checked as ``ModelProfile.out_kept`` or ``out_views`` (see there; ``least``: the smallest j)
     against each boundary's bytes."""
-    got: list[tuple[int, int, float]] = []
-    for t in triples:
-        try:
-            k, j, b = t
-            ok = (float(k) == int(k) and float(j) == int(j) and 1 <= int(k) <= len(out) and least <= int(j) < int(k)
-                  and 0 <= float(b) <= out[int(k) - 1] * (1 + 1e-9))
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ConfigError(f"profile of {model}: {field} entry {t!r} is not (k, j, bytes) with 1 <= k <= "
-                              f"{len(out)}, {least} <= j < k and 0 <= bytes <= the boundary's bytes")
-        got.append((int(k), int(j), float(b)))
-    return tuple(got)
+    return _triples(model, field, triples,
+                    lambda k, j, b: 1 <= k <= len(out) and least <= j < k and 0 <= b <= out[k - 1] * (1 + 1e-9),
+                    f"(k, j, bytes) with 1 <= k <= {len(out)}, {least} <= j < k and 0 <= bytes <= the boundary's "
+                    "bytes")
 
 
 def fixed_memory(weight_bytes: float, train_bytes: float, optimizer_slots: int) -> float:
