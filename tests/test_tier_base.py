@@ -25,7 +25,7 @@ from splitfed.engine.rounds import (
     tier_loads,
 )
 from splitfed.engine.tier import MAX_BASES, Tier
-from splitfed.engine.types import ReduceItem, SegmentLoad
+from splitfed.engine.types import ReduceItem, SegmentLoad, block_of
 from splitfed.errors import (
     ConfigError,
     InvalidArgument,
@@ -311,17 +311,22 @@ def test_a_tiers_integer_buffer_mean_must_come_as_float64() -> None:
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 
-def test_the_clients_server_loads_carry_no_weights_in_sflv1() -> None:
-    """What the coordinator sends per client is the binding, not the blocks (they are copied from the base)."""
+def test_the_clients_server_loads_carry_only_the_blocks_no_other_client_holds_there_in_sflv1() -> None:
+    """What the coordinator sends per client is the binding and the blocks it alone holds on that tier; the
+    blocks two or more hold are sent once, as the tier's base, and copied there. Edge: c0 [1,3), c1 [2,5), c2
+    [3,6), so blocks 2..4 are shared (of the cnn's blocks only 0, 2, 5 and 6 have weights: c2's block 5 is its
+    own); cloud: c0 [3,7), c1 [5,7), c2 [6,7), so blocks 5, 6 are."""
     sent: list[SegmentLoad] = []
 
     chain = inprocess_chain(2)
     rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [_Seen(t, sent) for t in chain.tiers], initial_state(SPEC, 0), ASSIGN)
     drive(rnd, local_trainer(chain, {c: _batches() for c in ASSIGN}))
     clients = [s for s in sent if not s.client_id.startswith("@")]
-    assert len(clients) == 6 and all(s.state is None and s.base == "@base.1" for s in clients)
     bases = [s for s in sent if s.client_id.startswith("@")]
-    assert [(s.start, s.stop) for s in bases] == [(1, 6), (3, 7)]  # the edge's blocks, then the cloud's
+    assert [(s.start, s.stop) for s in bases] == [(2, 5), (5, 7)]  # the edge's shared blocks, then the cloud's
+    own = {(s.client_id, s.start): sorted({block_of(k) for k in s.state or {}}) for s in clients}
+    assert own == {("c0", 1): [], ("c1", 2): [], ("c2", 3): [5], ("c0", 3): [], ("c1", 5): [], ("c2", 6): []}
+    assert all(s.base == "@base.1" for s in clients)
     # every client's loads still say what tier_loads says, bar the weights
     for s in clients:
         (want,) = [w for w in tier_loads(rnd.cfg, s.client_id, ASSIGN[s.client_id], None) if w.start == s.start]
@@ -532,9 +537,10 @@ def test_copying_a_base_keeps_it_from_the_idle_release() -> None:
     assert sorted(tier.sweep()) == [(RUN, "a"), (RUN, "b")]
 
 
-def test_bases_are_staged_per_run_of_blocks() -> None:
-    """Three clients on the edge's block 2 and one on its block 6: two bases, not one over blocks 2..6 (a
-    first version sent block 5's weights besides)."""
+def test_bases_are_staged_per_run_of_shared_blocks() -> None:
+    """Three clients on the edge's block 2 and one on its block 6: a base of block 2 alone, not one over blocks
+    2..6 (a first version sent block 5's weights besides); block 6 goes with c3's load (staged, it would sit on
+    the edge twice for nothing)."""
     sent: list[SegmentLoad] = []
 
     chain = inprocess_chain(2)
@@ -542,7 +548,7 @@ def test_bases_are_staged_per_run_of_blocks() -> None:
     rnd = SplitRound(RoundConfig(RUN, 1, SPEC), [_Seen(chain.tiers[0], sent), chain.tiers[1]], initial_state(SPEC, 0),
                      assignment)
     drive(rnd, local_trainer(chain, {c: _batches() for c in assignment}))
-    assert [(s.start, s.stop) for s in sent if s.client_id.startswith("@")] == [(2, 3), (6, 7)]
+    assert [(s.start, s.stop) for s in sent if s.client_id.startswith("@")] == [(2, 3)]
     assert [t.clients() for t in chain.tiers] == [0, 0]
 
 

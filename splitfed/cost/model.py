@@ -79,7 +79,17 @@ batches interleave, which is the regime of a fleet):
                     sum_i S_i * flops_i(tier t) / F_t            for each server t,
                     sum_i bytes_i(link j, up) / up_j, same down  for each shared link j )
 
-Server memory: the sum over its clients (one replica, and its activations, per client).
+Server memory: the sum over its clients (one replica, and its activations, per client), and the
+round's *staged base*: before the clients load, the coordinator sends each tier, once, the global
+model's blocks that two or more of its clients hold there (their state w_i, nothing that trains), and
+each client's load copies them from it (``splitfed.engine.rounds.SplitRound._stage``); it is released
+once they are loaded, before any step. So while they load the tier holds every client's fixed part
+and the base, and while they train every client's fixed part and activations:
+
+    memory_t = sum_i fixed_i,t + max( sum_{b : n_t,b >= 2} w_b,  sum_i B act_i,t )
+
+with n_t,b the number of clients whose cuts put block b on tier t. (A base of more than
+``STAGED_RUNS`` runs of blocks stages only the largest: then the tier holds less than priced.)
 
 ``sl`` (vanilla split learning) and ``sflv2`` (SplitFed v2: one server-side
 model) train the clients strictly in turn, as the engine runs them
@@ -711,6 +721,15 @@ def held_memory(sc: Scenario, cuts: np.ndarray) -> np.ndarray:
     return state[edges[:, 1:]] - state[edges[:, :-1]]
 
 
+def staged_memory(sc: Scenario, cuts: np.ndarray) -> np.ndarray:
+    """(S,): sflv1's staged base on each server tier for the fleet's cut vectors ``cuts`` (one row per
+    client): the state bytes of the blocks two or more clients hold there (see the module docstring)."""
+    C = np.asarray(cuts, dtype=np.int64).reshape(-1, sc.tiers - 1 + sc.u_shape)
+    on = tier_of_blocks(sc, C)
+    w = np.asarray(sc.profile.state_bytes, dtype=float)
+    return np.array([math.fsum(w[(on == t).sum(axis=0) >= 2]) for t in range(1, sc.tiers)])
+
+
 def turn_memory(memory: np.ndarray, act: np.ndarray, held: np.ndarray) -> np.ndarray:
     """A client's peak on each server tier during its turn, beside the holder before it: its segment with
     one step's activations, or (its turn over) its segment's fixed part and its own new holder."""
@@ -720,8 +739,9 @@ def turn_memory(memory: np.ndarray, act: np.ndarray, held: np.ndarray) -> np.nda
 def server_memory(sc: Scenario, cuts: np.ndarray, memory: np.ndarray, act: np.ndarray) -> np.ndarray:
     """Bytes used on each server tier by clients with cut vectors ``cuts`` (n, .), their per-tier
     ``memory`` (n, S) and its activation part ``act`` (n, S), S = server tiers, by ``sc.mode``:
-    sflv1 the sum (a replica each); sl and sflv2 the largest :func:`turn_memory` plus the largest
-    holder (:func:`held_memory`): one client at a time, beside the model as the client before left it."""
+    sflv1 the sum (a replica each) with the staged base (:func:`staged_memory`) beside their fixed parts while
+    they load; sl and sflv2 the largest :func:`turn_memory` plus the largest holder (:func:`held_memory`): one
+    client at a time, beside the model as the client before left it."""
     n_s = sc.tiers - 1
     memory = np.asarray(memory, dtype=float).reshape(-1, n_s)
     act = np.asarray(act, dtype=float).reshape(-1, n_s)
@@ -731,7 +751,8 @@ def server_memory(sc: Scenario, cuts: np.ndarray, memory: np.ndarray, act: np.nd
         held = held_memory(sc, cuts)
         before = held.max(axis=0) if len(held) > 1 else 0.0  # the first client has no holder before it
         return turn_memory(memory, act, held).max(axis=0) + before
-    return np.array([math.fsum(memory[:, s]) for s in range(n_s)])
+    staged = staged_memory(sc, cuts)
+    return np.array([math.fsum(memory[:, s]) + max(0.0, staged[s] - math.fsum(act[:, s])) for s in range(n_s)])
 
 
 # ---------------------------------------------------------------- one client, one assignment

@@ -39,6 +39,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -223,7 +224,7 @@ def train_client(cfg: RoundConfig, chain: Chain, cid: str, cuts: tuple[int, ...]
 Cuts = tuple[int, ...]
 GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # a tier's answers to a release that say it is not there
 BASE = f"{BASE_PREFIX}base"  # the round's global server blocks on a tier (sflv1): a base segment's id and replica
-STAGED_RUNS = 4  # base segments per tier at most (runs of blocks); beyond, one over them all
+STAGED_RUNS = 4  # base segments per tier at most (runs of blocks); beyond, the largest (the rest travel with loads)
 REDUCE_BATCH = 256  # clients per Reduce call: a tier averages ~256 vgg11 edge segments in seconds
 
 
@@ -293,7 +294,7 @@ class SplitRound:
         # received (each trained state that came back)]: over the devices' own links, as the cost model prices it
         self.device_bytes: list[int] = [0, 0]
         self._staged: list[tuple[int, str]] = []  # (tier, base segment's id) loaded now (sflv1: see _stage)
-        self._based: set[int] = set()  # the tiers whose base the clients' loads copy now
+        self._based: dict[int, set[int]] = {}  # tier -> the blocks of its base the clients' loads copy now
         # sl, sflv2: block -> (tier, holder) whose segment keeps the block's latest weights (see _keep); a block
         # not here is up to date in self.current
         self._held: dict[int, tuple[int, str]] = {}
@@ -348,19 +349,20 @@ class SplitRound:
                 self._release_on(t, self.tiers[t], cid, self._secret_in(r, cid), r)
 
     def _stage(self, group: Sequence[str]) -> None:
-        """Load the global model's server blocks the group trains once per tier (a base segment per run of
-        contiguous blocks; beyond :data:`STAGED_RUNS` runs, one from the first block to the last), for the
-        clients' loads to copy there: the coordinator sends each tier one copy of its part of the model, not one
-        per client. Only where that sends fewer bytes (not for one client alone); a tier that refuses a base
-        (full, say) gets the clients' weights with their loads, as before."""
+        """Load, once per tier, the global model's server blocks that two or more of the group's clients hold
+        there (a base segment per run of such blocks; beyond :data:`STAGED_RUNS` runs, the largest), for the
+        clients' loads to copy there: the coordinator sends each tier one copy of them, not one per client, and
+        a block only one client holds goes with its load (sent once either way; staged, it would sit on the tier
+        twice while the clients load). The cost model prices exactly these bytes
+        (:func:`splitfed.cost.model.staged_memory`). A tier that refuses a base (full, say) gets the clients'
+        weights with their loads, as before."""
         for t, tier in enumerate(self.tiers):
-            spans = [span for c in group
-                     if (span := server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t])[0] < span[1]]
-            runs = _runs(sorted({i for a, z in spans for i in range(a, z)}))
-            if len(runs) > STAGED_RUNS:
-                runs = [(runs[0][0], runs[-1][1])]
-            if sum(state_bytes(select(self.global_state, *r)) for r in runs) >= \
-                    sum(state_bytes(select(self.global_state, *span)) for span in spans):
+            holders = Counter(i for c in group
+                              for i in range(*server_bounds(self.assignment[c], self.n_blocks, self.cfg.u_shape)[t]))
+            weight = {r: state_bytes(select(self.global_state, *r)) for r in _runs(sorted(
+                i for i, n in holders.items() if n >= 2))}
+            runs = sorted(sorted((r for r in weight if weight[r]), key=lambda r: -weight[r])[:STAGED_RUNS])
+            if not runs:
                 continue
             try:
                 for j, (a, z) in enumerate(runs):
@@ -375,7 +377,7 @@ class SplitRound:
                 if e.code in GONE:
                     raise
                 continue
-            self._based.add(t)
+            self._based[t] = {i for a, z in runs for i in range(a, z)}
 
     def _unstage(self) -> None:
         """Release the base segments: once the clients' loads have copied them, the tiers need them no more."""
@@ -404,8 +406,10 @@ class SplitRound:
         self._loaded.append(cid)
         loads = tier_loads(self.cfg, cid, self.assignment[cid], server)
         for t, (tier, load) in enumerate(zip(self.tiers, loads, strict=True)):
-            if t in self._based and load.start < load.stop:  # its blocks are on the tier already: copied there
-                load = replace(load, state=None, base=self._base, base_secret=self._secret(self._base))
+            staged = self._based.get(t, set()) & set(range(load.start, load.stop))
+            if staged:  # those blocks are on the tier already: copied there, the others sent with the load
+                rest = {k: v for k, v in (load.state or {}).items() if block_of(k) not in staged}
+                load = replace(load, state=rest or None, base=self._base, base_secret=self._secret(self._base))
             elif self._held and load.start < load.stop:
                 load = self._handed_on(t, load)
             self._load_on(t, tier, cid, load)

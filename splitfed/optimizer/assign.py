@@ -82,6 +82,8 @@ from splitfed.cost.model import (
     move_cost,
     move_costs,
     option_table,
+    server_memory,
+    tier_of_blocks,
     turn_memory,
 )
 from splitfed.errors import ConfigError, SplitfedError
@@ -131,6 +133,8 @@ class _Class:
     all_options: int = 0
     move: np.ndarray | None = None  # (m,) seconds to move here from the preferred cuts
     held: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # (m, S) the holder its turn leaves
+    act: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # (m, S) sflv1: the activation part of mem
+    cover: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), bool))  # (m, S, L) sflv1: staged blocks
     _dom: np.ndarray | None = None
 
     def shared_front(self, tau: float) -> np.ndarray:
@@ -142,7 +146,7 @@ class _Class:
 
     def single(self, i: int) -> _Class:
         return _Class([i], self.options, self.T, self.load, self.mem, self.dom, self.all_options, self.move,
-                      held=self.held)
+                      held=self.held, act=self.act, cover=self.cover)
 
 
 def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np.ndarray) -> ConfigError:
@@ -228,13 +232,17 @@ def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
                 raise _shared_infeasible(sc)
         fits[k] = ok
     finite = np.isfinite(sc.memory_caps)
+    staged = _staged_tiers(sc, [(len(m), tables[k], fits[k]) for (k, _), m in groups.items()])
     out = []
     for (key, pc), members in groups.items():
         t, ok = tables[key], fits[key]
         opts = t.options[ok]
         T, load = t.round_s[ok], t.shared_load[ok] / sc.capacities
         mem, held = (a[ok] for a in _server_columns(sc, t))
-        dom = np.concatenate([mem[:, finite], held[:, finite]], axis=1) if sc.in_turn else mem
+        act = t.act_memory[ok, 1:]
+        cover = _cover(sc, opts, staged)
+        dom = np.concatenate([mem[:, finite], held[:, finite]], axis=1) if sc.in_turn else \
+            np.concatenate([mem, (mem - act)[:, staged], cover.reshape(len(opts), -1)], axis=1)
         move = None
         if pc is not None:
             move = move_costs(sc, sc.clients[members[0]], pc, opts)
@@ -242,8 +250,32 @@ def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
         keep = np.nonzero(_pareto(np.concatenate([T[:, None], load, dom], axis=1)))[0]
         keep = keep[np.argsort(T[keep], kind="stable")]  # by time: "T <= tau" is a prefix
         out.append(_Class(members, opts[keep], T[keep], load[keep], mem[keep], dom[keep], len(ok),
-                          None if move is None else move[keep], held=held[keep]))
+                          None if move is None else move[keep], held=held[keep], act=act[keep], cover=cover[keep]))
     return out
+
+
+def _staged_tiers(sc: Scenario, groups: list[tuple[int, OptionTable, np.ndarray]]) -> np.ndarray:
+    """(S,) sflv1: the server tiers whose staged base may take them over their memory (every client's
+    largest fixed part and the whole model's state beside it would): only there must the optimizer tell
+    which blocks two clients share (see :func:`~splitfed.cost.model.staged_memory`)."""
+    n_s = sc.tiers - 1
+    if sc.in_turn or sum(n for n, _, _ in groups) < 2:
+        return np.zeros(n_s, bool)
+    fixed = sum(n * (t.memory[ok, 1:] - t.act_memory[ok, 1:]).max(axis=0) for n, t, ok in groups)
+    return cast(np.ndarray, fixed + math.fsum(sc.profile.state_bytes) > sc.memory_caps)
+
+
+def _cover(sc: Scenario, options: np.ndarray, staged: np.ndarray) -> np.ndarray:
+    """(m, S, L): whether each option puts block b, one with state, on server tier s, for the ``staged``
+    tiers (False elsewhere): a block two clients' options cover is in that tier's staged base (sflv1).
+    As dominance columns (0/1), an option dominates another only with a subset of its staged blocks:
+    swapping to it then never grows a base."""
+    on = tier_of_blocks(sc, options)
+    has = np.asarray(sc.profile.state_bytes) > 0
+    cover = np.zeros((len(options), sc.tiers - 1, sc.profile.n_blocks), bool)
+    for s in np.nonzero(staged)[0]:
+        cover[:, s] = (on == s + 1) & has
+    return cover
 
 
 @dataclass
@@ -295,11 +327,26 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         v = np.concatenate([c.load[a, r] for c, a in zip(classes, allowed, strict=True)]) * scale
         if v.any():
             add(np.append(every, iM), np.append(v, -ones), -np.inf, 0.0)
-    if not sc.in_turn:  # sflv1: a replica per client
+    iy_base: list[int] = []  # sflv1: y_sb, block b is in tier s's staged base (two or more clients hold it)
+    if not sc.in_turn:  # sflv1: a replica per client, and while they load their fixed parts beside the base
+        total = sum(len(c.members) for c in classes)
+        w = np.asarray(sc.profile.state_bytes, dtype=float)
         for s, cap in enumerate(caps):
             v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / cap
             if v.any() and math.isfinite(cap):
                 add(every, v, -np.inf, float(mem_rhs[s]))
+            cover = np.concatenate([c.cover[a, s] for c, a in zip(classes, allowed, strict=True)])
+            blocks = np.nonzero(cover.any(axis=0))[0] if len(cover) else np.zeros(0, np.int64)
+            if not len(blocks) or not math.isfinite(cap):
+                continue
+            ys = np.arange(nvar, nvar + len(blocks))
+            nvar += len(blocks)
+            iy_base.extend(ys.tolist())
+            fixed = np.concatenate([c.mem[a, s] - c.act[a, s] for c, a in zip(classes, allowed, strict=True)])
+            add(np.concatenate([every, ys]), np.concatenate([fixed, w[blocks]]) / cap, -np.inf, float(mem_rhs[s]))
+            for y, b in zip(ys, blocks, strict=True):  # n_b - 1 <= N y_b: y_b is 1 when two clients hold b
+                on = np.nonzero(cover[:, b])[0]
+                add(np.append(on, y), np.append(np.ones(len(on)), -total), -np.inf, 1.0)
     if binding:  # sl, sflv2: every option used fits beside the largest holder, which holds every one used
         size = np.concatenate([np.full(len(a), len(c.members)) for c, a in zip(classes, allowed, strict=True)])
         for j in range(nc):  # n_j <= |class| y_j
@@ -324,6 +371,7 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
     if binding:
         ub[iy:iH] = 1.0
         integrality[iH:] = 0
+    ub[iy_base] = 1.0
     for k, c in enumerate(classes):
         ub[starts[k]:starts[k + 1]] = len(c.members)
     obj = np.zeros(nvar)
@@ -355,14 +403,15 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
 def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], counts: list[np.ndarray]
                  ) -> np.ndarray:
     """Bytes on each server tier for these counts, exactly as :func:`~splitfed.cost.model.server_memory`."""
-    n_s = len(sc.memory_caps)
     used = [(c, a[n > 0], n[n > 0]) for c, a, n in zip(classes, allowed, counts, strict=True)]
     if sc.in_turn:
         held = np.concatenate([c.held[a] for c, a, _ in used])
         return np.max(np.concatenate([c.mem[a] for c, a, _ in used]), axis=0) + (held.max(axis=0) if sc.holders
                                                                                  else 0.0)
-    return np.array([math.fsum(np.concatenate([np.repeat(c.mem[a, t], n) for c, a, n in used]))
-                     for t in range(n_s)])
+    def rows(part: str) -> np.ndarray:
+        return np.concatenate([np.repeat(getattr(c, part)[a], n, axis=0) for c, a, n in used])
+
+    return server_memory(sc, rows("options"), rows("mem"), rows("act"))
 
 
 def _shared_infeasible(sc: Scenario) -> ConfigError:
@@ -738,7 +787,8 @@ def _kinds(sc: Scenario) -> Iterator[tuple[Client, tuple, OptionTable | None]]:
 
 
 def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]:
-    """Each client's device-feasible options (options, T, load, mem, held), refusing as soon as the
+    """Each client's device-feasible options (options, T, load, mem, held, act, tier of each block), refusing
+    as soon as the
     product of their counts passes ``limit``: identical clients share one table (200 of a kind cost one),
     and the product only grows, so distinct clients are priced only until it is too large."""
     memo: dict[tuple, tuple[np.ndarray, ...]] = {}
@@ -752,7 +802,8 @@ def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]
                 ok = ok & _fits_alone(sc, mem, held)
                 if not ok.any():
                     raise _shared_infeasible(sc)
-            memo[k] = (t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, mem[ok], held[ok])
+            memo[k] = (t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, mem[ok], held[ok],
+                       t.act_memory[ok, 1:], tier_of_blocks(sc, t.options[ok]))
         tables.append(memo[k])
         total *= len(memo[k][1])
         if total > limit:
@@ -773,7 +824,7 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
     caps = sc.memory_caps
     best = math.inf
     cands: list[tuple[float, int]] = []  # (value, flat index)
-    chunk = 250_000
+    chunk = 250_000 if sc.in_turn else 100_000  # sflv1 counts the clients holding each block on each tier
     for start in range(0, total, chunk):
         idx = np.arange(start, min(total, start + chunk))
         rem = idx.copy()
@@ -781,7 +832,9 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
         load = np.zeros((len(idx), tables[0][2].shape[1]))
         mem = np.zeros((len(idx), len(caps)))
         most = np.zeros((len(idx), len(caps)))  # in turn: the largest holder
-        for (_, T, ld, mm, hh), m in zip(tables, sizes, strict=True):
+        act = np.zeros((len(idx), len(caps)))  # sflv1: the activations, and how many clients hold each block
+        holding = np.zeros((len(idx), len(caps), sc.profile.n_blocks), np.int32)
+        for (_, T, ld, mm, hh, aa, on), m in zip(tables, sizes, strict=True):
             d = rem % m
             rem //= m
             tmax = np.maximum(tmax, T[d])
@@ -791,8 +844,13 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
                 most = np.maximum(most, hh[d])
             else:
                 mem += mm[d]
+                act += aa[d]
+                for t in range(len(caps)):
+                    holding[:, t] += on[d] == t + 1
         if sc.holders:
             mem += most
+        if not sc.in_turn:  # the staged base beside the fixed parts (:func:`~splitfed.cost.model.server_memory`)
+            mem += np.maximum((holding >= 2) @ np.asarray(sc.profile.state_bytes, dtype=float) - act, 0.0)
         val = np.maximum(tmax, load.max(axis=1) if load.shape[1] else 0.0)
         ok = cast(np.ndarray, (mem <= caps).all(axis=1))  # 2-D in: an array (the stub allows a scalar)
         if not ok.any():
