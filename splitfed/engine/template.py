@@ -7,11 +7,14 @@ process reuses the template and copies only the blocks it needs.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import threading
 from collections import OrderedDict
-from functools import lru_cache
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 from torch import nn
@@ -23,6 +26,8 @@ from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ZOO, ModelSpec, build, first_line, input_error, model_blocks
 from splitfed.units import mib_text
 
+# Lock order: a cached function's key (:class:`_Once`), then the template's ``_lock``, then torch's generator
+# (``rng.LOCK``); never one of them while holding a later one.
 _lock = threading.Lock()
 
 SMALL_INPUT_BYTES = 1 << 20  # above this, a forward pass on meta sizes the activations (~2 s once a process)
@@ -36,7 +41,51 @@ def _key(spec: ModelSpec) -> str:
     return json.dumps(spec.to_dict(), sort_keys=True)
 
 
-@lru_cache(maxsize=256)
+R = TypeVar("R")
+
+
+@dataclass
+class _Asked:
+    """The threads asking a :class:`_Once` for one key now, and the lock the first of them computes it under."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    askers: int = 0
+
+
+class _Once(Generic[R]):
+    """``functools.lru_cache`` whose concurrent first calls for one key compute it once: the others wait for that
+    call and take its answer from the cache. Threads asking about a new model at once each built it (9 builds of
+    a user's model instead of 2), or probed it again. Other keys go on meanwhile."""
+
+    def __init__(self, fn: Callable[..., R], maxsize: int) -> None:
+        self._cached = functools.lru_cache(maxsize=maxsize)(fn)
+        self._asked: dict[tuple[Hashable, ...], _Asked] = {}
+        self._guard = threading.Lock()  # held only to update ``_asked``: nothing is taken under it
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Hashable) -> R:
+        with self._guard:
+            asked = self._asked.setdefault(args, _Asked())
+            asked.askers += 1
+        try:
+            with asked.lock:  # a thread computing it: wait for it, then take its answer from the cache
+                return self._cached(*args)
+        finally:
+            with self._guard:
+                asked.askers -= 1
+                if not asked.askers:
+                    del self._asked[args]
+
+    def cache_clear(self) -> None:
+        self._cached.cache_clear()
+
+
+def _once(maxsize: int) -> Callable[[Callable[..., R]], _Once[R]]:
+    """Cache a function as :class:`_Once` does."""
+    return lambda fn: _Once(fn, maxsize)
+
+
+@_once(256)
 def _size(key: str, model_bytes: int) -> tuple[int, int]:
     spec = ModelSpec.from_dict(json.loads(key))
     peak = [0]
@@ -146,7 +195,7 @@ def num_blocks(spec: ModelSpec) -> int:
     return len(template(spec))
 
 
-@lru_cache(maxsize=256)
+@_once(256)
 def _boundaries(key: str) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
     spec = ModelSpec.from_dict(json.loads(key))
     blocks = template(spec)
@@ -171,7 +220,7 @@ def boundary(spec: ModelSpec, index: int) -> tuple[tuple[int, ...], torch.dtype]
     return _boundaries(_key(spec))[index]
 
 
-@lru_cache(maxsize=64)
+@_once(64)
 def _one_sample_error(key: str) -> str:
     spec = ModelSpec.from_dict(json.loads(key))
     whole = copy.deepcopy(template(spec).whole()).train()  # a copy: its statistics may move
@@ -191,7 +240,7 @@ def one_sample_error(spec: ModelSpec) -> str:
     return _one_sample_error(_key(spec))
 
 
-@lru_cache(maxsize=256)
+@_once(256)
 def _stateful(key: str) -> tuple[bool, ...]:
     blocks = template(ModelSpec.from_dict(json.loads(key)))
     with _lock:
@@ -203,21 +252,27 @@ def has_state(spec: ModelSpec, index: int) -> bool:
     return _stateful(_key(spec))[index]
 
 
-@lru_cache(maxsize=256)
+@_once(256)
 def _held(key: str) -> tuple[tuple[int, int], ...]:
     blocks = template(ModelSpec.from_dict(json.loads(key)))
+    gets = _gets_gradient(key)  # before the lock: it takes it itself
     with _lock:
         return tuple((param_sizes([*m.parameters(), *m.buffers()])[1],
-                      param_sizes([p for p in m.parameters() if p.requires_grad])[1]) for m in blocks.modules)
+                      sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) if got else 0)
+                     for m, got in zip(blocks.modules, gets, strict=True))
 
 
 def held_bytes(spec: ModelSpec, index: int) -> tuple[int, int]:
-    """Block ``index``'s bytes of weights and buffers, and of the parameters that train (each storage once):
-    what a tier holds for it, besides a gradient and the optimizer's slots per byte that trains."""
+    """Block ``index``'s bytes of weights and buffers (each storage once), and of the parameters that train
+    (each Parameter once: two tied by ``.data`` share a weight but each gets its own gradient and optimizer
+    state): what a tier holds for it, besides a gradient and the optimizer's slots per byte that trains. A block
+    whose parameters no gradient reaches (:func:`gets_gradient`: one before a block that detaches) trains none:
+    they never get a ``.grad``, so the optimizer, which makes its state lazily, keeps none for them. The cost
+    model prices both alike (``ModelProfile.train_bytes``)."""
     return _held(_key(spec))[index]
 
 
-@lru_cache(maxsize=256)
+@_once(256)
 def _passes(key: str) -> tuple[bool, ...]:
     """Per block, whether a gradient of its output reaches its input: not through a block that detaches,
     computes without autograd (argmax, a comparison, ``torch.no_grad``) or takes integers (token ids). Found
@@ -265,7 +320,7 @@ def grad_reach(spec: ModelSpec) -> tuple[bool, ...]:
     return tuple(reversed(reach))
 
 
-@lru_cache(maxsize=256)
+@_once(256)
 def _gets_gradient(key: str) -> tuple[bool, ...]:
     """Per block, whether its parameters train in training: some ``requires_grad``, and the gradient reaches its
     output (:func:`grad_reach`)."""
