@@ -7,7 +7,9 @@ every tier's wire.
 
 from __future__ import annotations
 
+import json
 import time
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,56 @@ from splitfed.engine.link import Link
 from splitfed.engine.types import OptimConfig, State, StepKey
 from splitfed.errors import ConfigError, CutError
 from splitfed.models.blocks import Segment, segment_bounds, step_rng, validate_cuts
+from splitfed.models.rng import seeded
 from splitfed.models.zoo import ModelSpec
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _integer(dtype: torch.dtype) -> bool:
+    """Token ids' kind of dtype: integers, not bool (a mask, not an id)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+@lru_cache(maxsize=256)
+def _first_block_takes(key: str, dtype: torch.dtype) -> bool:
+    """Whether block 0 of the model runs on its example input given as ``dtype`` (a user's model may cast
+    its own input, e.g. uint8 images): such a model keeps taking it on the device, as it did."""
+    spec = ModelSpec.from_dict(json.loads(key))
+    block = template.copy_blocks(spec, 0, 1)[0].eval()  # a copy: the template is shared, and never run here
+    try:
+        with seeded(0), torch.no_grad():
+            block(spec.example_input(2).to(dtype))
+    except Exception:  # noqa: BLE001 - whatever the block raises for that dtype: it does not take it
+        return False
+    return True
+
+
+def entry_input(model: ModelSpec, x: torch.Tensor, *, first_block_here: bool) -> torch.Tensor:
+    """The chain's input as the model's template declares it, whichever tier holds block 0.
+
+    Integer ids of another integer dtype (int32, uint8) are cast to the template's (int64 for a token model),
+    here and once, so a run computes alike with block 0 on the device or on a tier (whose boundary check takes
+    the template's dtype only). Another kind (floats to a token model, integers to a float model) is refused
+    here, naming the model and both dtypes, unless the device runs block 0 and that block takes it (a model
+    that casts its own input).
+    """
+    want = template.boundary(model, 0)[1]
+    if x.dtype == want:
+        return x
+    if _integer(x.dtype) and _integer(want):
+        given, to = torch.iinfo(x.dtype), torch.iinfo(want)
+        if given.min < to.min or given.max > to.max:  # a cast could wrap an id into another (uint64 to int64)
+            raise ConfigError(f"model {model.name!r} takes {_name(want)} inputs, got {_name(x.dtype)}: give it "
+                              f"token ids of an integer dtype that {_name(want)} holds every value of")
+        return x.to(want)
+    if first_block_here and _first_block_takes(template._key(model), x.dtype):
+        return x
+    how = (f"token ids of an integer dtype (they are cast to {_name(want)})" if _integer(want)
+           else f"{_name(want)} values (convert them first, e.g. x.float())")
+    raise ConfigError(f"model {model.name!r} takes {_name(want)} inputs, got {_name(x.dtype)}: give it {how}")
 
 
 class Device:
@@ -53,6 +104,8 @@ class Device:
         self.tail.train()
         # no server block between head and tail: the step never leaves the device
         self.local = self.head_bounds[1] == (self.tail_bounds[0] if u_shape else n)
+        self.model = model
+        self.first_block_here = self.local or self.head_bounds[1] > 0  # else the first server tier holds it
         self.link, self.u_shape, self.seed = link, u_shape, seed
         self.run_id, self.client_id, self.round = run_id, client_id, round
         self.secret = secret  # the client's binding secret (SegmentLoad.secret): every step carries it
@@ -67,6 +120,7 @@ class Device:
         key = StepKey(self.run_id, self.client_id, self.round, self.seq, self.secret)
         rng = step_rng(self.seed, self.client_id, self.round, self.seq)
         t0 = self._now()
+        x = entry_input(self.model, x, first_block_here=self.first_block_here)
         labels, x, y = y, x.to(self.torch_device), y.to(self.torch_device)  # labels: the wire's (CPU) copy
         out = self.head(x, rng=rng)
         t1 = self._now()
