@@ -51,7 +51,7 @@ from splitfed.flower.workload import (
 from splitfed.models import rng
 from splitfed.profile.fleet import fleet_digest
 from splitfed.sim.clock import fleet_for, make_clock
-from splitfed.sim.tiers import TierChain, tier_chain
+from splitfed.sim.tiers import TierChain, check_restarted, tier_chain
 from splitfed.transport.client import GrpcTierClient
 
 Progress = Callable[[str], None]
@@ -66,14 +66,16 @@ def build_app(settings: RunSettings | None = None, progress: Progress | None = N
               stop: threading.Event | None = None,
               on_summary: Callable[[dict[str, Any]], None] | None = None,
               recorded_as: RunSettings | None = None,
-              resumed: checkpoint.Checkpoint | None = None) -> ServerApp:
+              resumed: checkpoint.Checkpoint | None = None,
+              reservation: runfolder.Reservation | None = None) -> ServerApp:
     """A ServerApp for ``settings``; without them it reads ``context.run_config`` (``flwr run``).
 
     ``stop`` ends the run between polls (Ctrl-C in ``splitfed simulate``);
     ``on_summary`` receives the run's summary (``run_simulation`` returns nothing); ``recorded_as``: the
     settings the summary and checkpoint record, when ``settings`` carry what only this process knows (the
     addresses and temporary token of tiers ``splitfed simulate`` started for the run); ``resumed``: the
-    checkpoint the caller read for a resume, used unless the file has changed since (:func:`run`).
+    checkpoint the caller read for a resume, used unless the file has changed since (:func:`run`);
+    ``reservation``: the caller's hold of the run folder (:func:`runfolder.reserve`), which the run takes over.
     """
     server_app = ServerApp()
 
@@ -81,7 +83,7 @@ def build_app(settings: RunSettings | None = None, progress: Progress | None = N
     def main(grid: Grid, context: Context) -> None:
         s = settings or RunSettings.from_mapping(dict(context.run_config), source="run config")
         try:
-            summary = run(grid, s, progress, stop, recorded_as=recorded_as, resumed=resumed)
+            summary = run(grid, s, progress, stop, recorded_as=recorded_as, resumed=resumed, reservation=reservation)
         except RunStopped:
             if stop is not None and stop.is_set():
                 return  # stopped by its caller, who knows why: ending normally spares Flower's 3 s wait for it
@@ -97,7 +99,8 @@ app = build_app()
 
 def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
         stop: threading.Event | None = None, recorded_as: RunSettings | None = None,
-        resumed: checkpoint.Checkpoint | None = None) -> dict[str, Any]:
+        resumed: checkpoint.Checkpoint | None = None, reservation: runfolder.Reservation | None = None
+        ) -> dict[str, Any]:
     """The whole run (see the module docstring); returns the summary (see :func:`build_app`).
 
     A resume reads and checks its checkpoint (the sha256 of all it holds) once, here or by the caller
@@ -106,13 +109,15 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every other process of a run: the same kernels, so the same numbers
     try:
-        return _run(grid, settings, progress or (lambda line: log(INFO, "%s", line)), stop, recorded_as, resumed)
+        return _run(grid, settings, progress or (lambda line: log(INFO, "%s", line)), stop, recorded_as, resumed,
+                    reservation)
     finally:
         torch.set_num_threads(threads)  # the caller's process (a notebook, a test) gets its setting back
 
 
 def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None,
-         recorded_as: RunSettings | None, resumed: checkpoint.Checkpoint | None = None) -> dict[str, Any]:
+         recorded_as: RunSettings | None, resumed: checkpoint.Checkpoint | None = None,
+         reservation: runfolder.Reservation | None = None) -> dict[str, Any]:
     if not settings.out:
         return _run_in(grid, settings, say, stop, recorded_as)
     held = _held(settings, resumed)
@@ -120,24 +125,23 @@ def _run(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event
         # a resume that asks for nothing (``flwr run`` with resume=true, the Python API): answered as simulate
         # and server.deploy answer it, before the folder is claimed, whose end would record the run finished
         check_resume(settings, held)  # other math or data is refused, as with a round to train
-        done = runfolder.nothing_to_do(settings.out, settings.rounds, settings.out, held)
+        done = runfolder.nothing_to_do(settings.out, settings.rounds, settings.out, held, reservation)
         if done is not None:
             return done
-    with runfolder.claim(settings.out, settings.resume, settings.overwrite), \
+    with runfolder.claim(settings.out, settings.resume, settings.overwrite, reservation), \
             runfolder.recording_stops():  # one run per folder, held to the end; a signal's stop is recorded at once
         return _run_in(grid, settings, say, stop, recorded_as, held)
 
 
-EDGE_DESCRIBE_S = 10.0  # the most the edge may take to say its instance at a round's start (no model to build)
-
-
-def _edge_now(chain: TierChain) -> Callable[[], str] | None:
-    """The edge's instance as it is now (a shallow Describe), asked by the strategy at each round's start: the
-    nodes are told that one, not the chain check's, which an edge restarted since no longer is."""
-    edge = chain.controls[0] if chain.controls else None
-    if not isinstance(edge, GrpcTierClient):
-        return None
-    return lambda: edge.describe(deadline_s=EDGE_DESCRIBE_S, shallow=True).instance
+def _edge_now(chain: TierChain, settings: RunSettings) -> Callable[[], str] | None:
+    """The edge's instance as it is now, asked by the strategy at each round's start: the nodes are told that
+    one, not the chain check's, which an edge restarted since no longer is. A tier restarted since (the edge,
+    or one behind it: maybe with another ``--compress``, idle release or splitfed) is checked again as before
+    round 1, and refused with a ConfigError naming it (:func:`~splitfed.sim.tiers.check_restarted`)."""
+    clients = [c for c in chain.controls if isinstance(c, GrpcTierClient)]
+    if not clients or len(clients) != len(chain.controls) or len(chain.infos) != len(clients):
+        return None  # tiers in this process (no restart), or a chain not checked at the start
+    return lambda: check_restarted(settings, chain, clients)
 
 
 def _held(settings: RunSettings, resumed: checkpoint.Checkpoint | None = None) -> checkpoint.Checkpoint | None:
@@ -179,7 +183,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         clock = make_clock(settings, fleet) if settings.sim_clock else None
         strategy = SplitFedAvg(settings, chain.controls, policy, clock=clock, edge_address=chain.addresses[0],
                                edge_instance=chain.infos[0].instance if chain.infos else "",
-                               edge_now=_edge_now(chain), stop=stop,
+                               edge_now=_edge_now(chain, settings), stop=stop,
                                binding_key=binding_key,
                                predict=None if settings.sim_clock else make_predictor(settings, policy))
         strategy.register(grid, profile_of=lambda info: fleet.clients[info.partition_id % len(fleet.clients)].name)

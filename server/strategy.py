@@ -120,6 +120,16 @@ def moves(previous: Mapping[str, Cuts], assignment: Mapping[str, Cuts]) -> dict[
             if cid in previous and tuple(previous[cid]) != tuple(c)}
 
 
+def settle(previous: dict[str, Cuts], record: RoundRecord) -> None:
+    """Record in ``previous`` the cuts each client finished the round with, and keep in ``record.moved`` only
+    their moves. A failed client keeps the cuts it last trained at: the round it next trains in pays its move
+    (the clock's move cost) and lists it (taking its new cuts, no round ever did; listed in both, summing the
+    rows' moves counted it twice). Both backends ask it, and the checkpoint keeps ``previous``."""
+    gone = set(record.failed)
+    previous.update({cid: tuple(c) for cid, c in record.assignment.items() if cid not in gone})
+    record.moved = {cid: m for cid, m in record.moved.items() if cid not in gone}
+
+
 RoundHook = Callable[[int, ArrayRecord, RoundRecord], None]
 
 
@@ -351,7 +361,7 @@ class SplitFedAvg(FedAvg):
         total = sum(r.samples for r in rnd.results)
         record.train_loss = sum(r.loss * r.samples for r in rnd.results) / total if total else None
         record.decision = self.policy.observe(server_round, record.measurements)
-        self.previous.update(record.assignment)
+        settle(self.previous, record)
         self.last = record
         metrics = MetricRecord({"num-examples": total, "clients": len(rnd.results), "failed": len(rnd.failed),
                                 "train-loss": record.train_loss or 0.0, "bytes-up": record.bytes_up,
@@ -450,6 +460,8 @@ class SplitFedAvg(FedAvg):
             return
         try:
             now = self.edge_now()
+        except ConfigError:
+            raise  # a restarted tier the chain check refuses (server.app._edge_now): the run stops, naming it
         except SplitfedError as e:
             log(WARNING, "the edge at %s did not describe itself (%s): nodes check against instance %s",
                 self.edge_address, first_line(e), self.edge_instance)

@@ -28,7 +28,8 @@ from splitfed.errors import SplitfedError, Terminated
 # gRPC's C core logs each refused TLS handshake (one line per retry) at INFO: a refusal is splitfed's one line
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-STDOUT_CLOSED = 141  # 128 + SIGPIPE
+STDOUT_CLOSED = 141  # 128 + SIGPIPE: the code a shell shows for it, though Python ignores SIGPIPE (the write raises)
+OUTPUT_CLOSED = "output closed"  # a run's record of such an end (``reason``, with no signal: none came)
 
 
 class Parser(argparse.ArgumentParser):

@@ -50,7 +50,18 @@ TIME = "%Y-%m-%d %H:%M:%S"
 _failures: dict[Path, str] = {}  # folder -> why its run fails, said from outside it (:func:`failed_elsewhere`)
 _signalled: dict[Path, int] = {}  # folder -> the signal that stopped its run (:func:`recording_stops`)
 _active: dict[Path, tuple[int, dict[str, Any]]] = {}  # folder -> (held lock file, start record) of runs held now
-_reserved: dict[Path, tuple[int, bool]] = {}  # folder -> (held lock file, made by the reservation) (:func:`reserve`)
+_reserved: dict[Path, Reservation] = {}  # folder -> this process's reservation of it (:func:`reserve`)
+_reserving = threading.Lock()  # a reservation is taken over (or let go) once, by one thread
+
+
+@dataclass(frozen=True, eq=False)
+class Reservation:
+    """What :func:`reserve` hands its run (the object itself is the token): the held lock file, whether the
+    reservation made the folder, and the reserving thread (which may take it over without the token)."""
+
+    fd: int
+    new: bool
+    thread: threading.Thread
 
 
 def held_run(folder: str | Path) -> str:
@@ -66,7 +77,7 @@ def held_run(folder: str | Path) -> str:
     return ", ".join(name for name in (SUMMARY, checkpoint.FILENAME) if (folder / name).is_file())
 
 
-def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
+def check(folder: str | Path, resume: bool, overwrite: bool, reservation: Reservation | None = None) -> None:
     """Refuse now, before anything starts, what :func:`claim` would refuse; leaves nothing behind."""
     folder = Path(folder)
     _usable(folder)
@@ -79,7 +90,7 @@ def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
     if resume and (folder / METRICS).is_file():
         run_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
     lock = folder / LOCK
-    if lock.is_file() and folder.resolve() not in _reserved:  # (reserved: this process holds it, for this run)
+    if lock.is_file() and not _may_take(_reserved.get(folder.resolve()), reservation):  # this run's: held
         fd = os.open(lock, os.O_RDONLY)
         try:
             _lock(fd, folder)
@@ -88,15 +99,18 @@ def check(folder: str | Path, resume: bool, overwrite: bool) -> None:
 
 
 @contextmanager
-def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
-    """Hold ``folder`` for one run: refused if another process holds it, or if it holds a run that
+def claim(folder: str | Path, resume: bool, overwrite: bool,
+          reservation: Reservation | None = None) -> Iterator[Path]:
+    """Hold ``folder`` for one run: refused if another run (of any process) holds it, or if it holds a run that
     this one neither resumes nor replaces (``overwrite`` removes that run's files, and the figures and
     report made of it: :func:`outputs`, once the lock is held). The lock file records the run's start once it is accepted, and how it ended when it ends
-    (see the module docstring); a refused claim leaves the record of the run that is there."""
+    (see the module docstring); a refused claim leaves the record of the run that is there. A folder this
+    process reserved (:func:`reserve`) is taken over by that run's claim only (``reservation``, or see
+    :func:`_may_take`)."""
     folder = Path(folder)
     _usable(folder)
-    reserved = _reserved.pop(folder.resolve(), None)  # taken over from this run's reserve()
-    fd, new = reserved if reserved is not None else _open(folder)
+    reserved = _take_over(folder, reservation)
+    fd, new = (reserved.fd, reserved.new) if reserved is not None else _open(folder)
     entered = False
     end: dict[str, Any] = {}
     key = folder.resolve()
@@ -144,26 +158,58 @@ def claim(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Path]:
 
 
 @contextmanager
-def reserve(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[None]:
+def reserve(folder: str | Path, resume: bool, overwrite: bool) -> Iterator[Reservation]:
     """Hold ``folder``'s lock from before a run's slow start (``splitfed simulate``'s Ray and tiers) until the
-    run's :func:`claim`, in this process, takes it over: a second run into the folder is refused at once, not
-    once it has started its own. Refuses what :func:`check` refuses; the run's files are left to the claim
-    (``overwrite`` removes nothing here: a start that fails leaves the old run whole), and a run that never
-    claims leaves what a claim refused leaves."""
+    run's :func:`claim`, in this process, takes it over: a second run into the folder, of this process or
+    another, is refused at once, not once it has started its own. Refuses what :func:`check` refuses; the
+    run's files are left to the claim (``overwrite`` removes nothing here: a start that fails leaves the old
+    run whole), and a run that never claims leaves what a claim refused leaves. Yields the token the run's
+    claim takes it over with (``claim(..., reservation=...)``)."""
     folder = Path(folder)
     check(folder, resume, overwrite)
     fd, new = _open(folder)
     key = folder.resolve()
-    _reserved[key] = (fd, new)
+    mine = Reservation(fd, new, threading.current_thread())
+    with _reserving:
+        _reserved[key] = mine
     try:
-        yield
+        yield mine
     finally:
-        if _reserved.pop(key, None) is not None:  # not taken over by a claim
+        with _reserving:  # not taken over by a claim (then another run of this process may hold it by now)
+            kept = _reserved.get(key) is mine
+            if kept:
+                del _reserved[key]
+        if kept:
             try:
                 if not held_run(folder):
                     _tidy(folder, new)
             finally:
                 os.close(fd)
+
+
+def _may_take(held: Reservation | None, token: Reservation | None = None) -> bool:
+    """Whether a claim (or check) here is the reserving run's own: it names the reservation (``token``:
+    ``splitfed simulate`` hands it to its ServerApp, which runs in a thread of Flower's), or, named none, runs
+    in the reserving thread. Any other thread's run (a notebook's, a thread pool's) is another run."""
+    if held is None:
+        return False
+    if token is not None:
+        return token is held
+    return threading.current_thread() is held.thread
+
+
+def _take_over(folder: Path, token: Reservation | None) -> Reservation | None:
+    """The reservation of ``folder`` that this claim takes over (None: the folder is not reserved here, or no
+    more); refused when it is another run's."""
+    with _reserving:
+        held = _reserved.get(folder.resolve())
+        if held is None:
+            return None
+        if not _may_take(held, token):
+            raise ConfigError(f"run folder {folder} is in use by another run of this process (held for it from "
+                              "before its start); wait for it to end or choose another out")
+        del _reserved[folder.resolve()]
+        return held
 
 
 def _open(folder: Path) -> tuple[int, bool]:
@@ -307,14 +353,14 @@ def stop_requested(signum: int | None) -> None:
 
 
 def _ended_by(e: BaseException, why: str | None = None, signum: int | None = None) -> dict[str, Any]:
-    from splitfed.cli import output_gone
+    from splitfed.cli import OUTPUT_CLOSED, output_gone
 
     if signum is not None:
         return {"state": "stopped", "signal": _signal_name(signum)}
     if why is not None and isinstance(e, Exception):  # failed_elsewhere: the cause, not the stop it made
         return {"state": "failed", "error": why, "error_type": "failed elsewhere"}
-    if output_gone(e):  # a progress line its reader went away from (``| head``): stopped as the command is
-        return {"state": "stopped", "signal": "SIGPIPE"}
+    if output_gone(e):  # a progress line its reader went away from (``| head``): stopped as the command is, by
+        return {"state": "stopped", "reason": OUTPUT_CLOSED}  # no signal (Python ignores SIGPIPE: the write raised)
     if isinstance(e, KeyboardInterrupt):
         return {"state": "stopped", "signal": "SIGTERM" if isinstance(e, Terminated) else "SIGINT"}
     if not isinstance(e, Exception):  # SystemExit, GeneratorExit: ended on purpose, not by an error
@@ -457,7 +503,8 @@ def _record(data: bytes) -> dict[str, Any]:
 class RunStatus:
     """What became of the run in a folder.
 
-    ``state``: ``finished``, ``stopped`` (by a signal: ``record["signal"]``), ``failed`` (``record["error"]``),
+    ``state``: ``finished``, ``stopped`` (by a signal: ``record["signal"]``; or ``record["reason"]``: its output's
+    reader went away), ``failed`` (``record["error"]``),
     ``running`` (its process is alive), ``crashed`` (it recorded its start and its process is gone without
     recording an end: SIGKILL, out of memory, the machine went down), ``unknown`` (no end recorded, and its
     process is on another host, ``record["host"]``), ``unfinished`` (no summary, written by a splitfed that
@@ -567,12 +614,13 @@ def _identity(pid: int) -> str:
 
 
 def nothing_to_do(out: str, rounds: int, again: str, held: checkpoint.Checkpoint | None = None,
-                  ) -> dict[str, Any] | None:
+                  reservation: Reservation | None = None) -> dict[str, Any] | None:
     """A resume of the run in ``out`` up to round ``rounds`` that finds nothing to train: it says so (with how
     to train on: ``again``, the folder as the user named it) and returns the run's summary; None when there
     is a round to train. A run that ended part way stays unfinished (no ``summary.json`` is written: it marks
     a finished run), and the summary is of the run as it was recorded, not of the flags that asked. ``held``:
-    the checkpoint the resume read (:func:`checkpoint.current`), not read again."""
+    the checkpoint the resume read (:func:`checkpoint.current`), not read again; ``reservation``: the folder's,
+    when this process holds it for the run (:func:`reserve`)."""
     import sys
 
     from splitfed.flower.metrics import summarise, summary_again
@@ -582,7 +630,7 @@ def nothing_to_do(out: str, rounds: int, again: str, held: checkpoint.Checkpoint
     if done < rounds:
         return None
     own = int(ckpt.settings.get("rounds", done))  # the rounds the run that is there was started for
-    check(out, resume=True, overwrite=False)  # no run writes there now
+    check(out, resume=True, overwrite=False, reservation=reservation)  # no other run writes there now
     checkpoint.restore_row(out, ckpt)  # a crash between the checkpoint and its row: the summary counts it
     if done < own:
         print(f"nothing to do: {out} holds round {done} of its {own}, --rounds {rounds} asks for no more (to "

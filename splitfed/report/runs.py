@@ -300,7 +300,9 @@ def _ended_note(run: Run, where: str | Path) -> str:
         return f"{where} is still running ({process}): {rounds} so far"
     if run.status == "stopped":
         signal = str(rec.get("signal") or "")
-        by = " by Ctrl-C (SIGINT)" if signal == "SIGINT" else f" by {signal}" if signal else ""
+        reason = str(rec.get("reason") or "")  # a stop no signal caused (its output closed)
+        by = " by Ctrl-C (SIGINT)" if signal == "SIGINT" else f" by {signal}" if signal else \
+            f" ({reason})" if reason else ""
         return f"{where} was stopped{by} at {rec.get('until')}, before its end ({rounds} kept)"
     if run.status == "failed":
         error = " ".join(str(rec.get("error")).split())  # one line, as every note

@@ -20,6 +20,12 @@ def check_inprocess(settings: Any) -> None:
         raise ConfigError("the in-process backend does not resume: run it again (with overwrite)")
     if settings.fraction != 1.0:
         raise ConfigError("the in-process backend trains every client each round: fraction must be 1")
+    if not settings.sim_clock:  # a Flower run reports measured times and the cost model's prediction instead
+        raise ConfigError("the in-process backend times rounds on the simulated clock only: sim-clock must be "
+                          "true (for measured times, run with Flower)")
+    if settings.addresses:  # it would train on tiers of its own, never asking these
+        raise ConfigError(f"the in-process backend runs its tiers in this process: remove tier-addresses "
+                          f"({settings.tier_addresses}), or run with Flower to use them")
 
 
 def train_inprocess(settings: Any, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -50,7 +56,7 @@ def train_inprocess(settings: Any, progress: Callable[[str], None] | None = None
 
 def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, Any]:
     from server.app import metrics_row, progress_line
-    from server.strategy import RoundRecord, moves
+    from server.strategy import RoundRecord, moves, settle
     from splitfed.engine.rounds import (
         RoundConfig,
         SplitRound,
@@ -105,7 +111,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
                                            r.bytes_up, r.bytes_down) for r in split.results]
         total = sum(r.samples for r in split.results)
         record.train_loss = sum(r.loss * r.samples for r in split.results) / total if total else None
-        previous.update(assignment)
+        settle(previous, record)
         record.decision = policy.observe(rnd, record.measurements)
         acc, loss = evaluate(spec, state, test_x, test_y)
         row = metrics_row(record, acc, loss, time.perf_counter() - t0, profiles, in_turn=s.in_turn)

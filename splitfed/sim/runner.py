@@ -62,12 +62,12 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
     one's Ray starts, not once its own has."""
     if not settings.out:
         return _simulate(settings, progress, verbose, cpus, resumed)
-    with runfolder.reserve(settings.out, settings.resume, settings.overwrite):
-        return _simulate(settings, progress, verbose, cpus, resumed)
+    with runfolder.reserve(settings.out, settings.resume, settings.overwrite) as held:
+        return _simulate(settings, progress, verbose, cpus, resumed, held)
 
 
 def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: bool, cpus: int | None,
-              resumed: Checkpoint | None) -> dict[str, Any]:
+              resumed: Checkpoint | None, held: runfolder.Reservation | None = None) -> dict[str, Any]:
     import ray
     from flwr.simulation import run_simulation
 
@@ -112,7 +112,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
                                           coordinator_token_file=chain.coordinator_token_file)
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
             server_app = build_app(run_settings, signals.progress(progress), stop=stop, on_summary=summary.update,
-                                   recorded_as=settings, resumed=resumed)
+                                   recorded_as=settings, resumed=resumed, reservation=held)
             backend: dict[str, dict[str, ConfigRecordValues]] = {  # Ray is already up
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
             try:

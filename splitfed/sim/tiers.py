@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from splitfed.engine.limits import IDLE_RELEASE_S
 from splitfed.engine.link import TierControl
+from splitfed.errors import ConfigError, TierError
 from splitfed.flower.config import RunSettings
 from splitfed.flower.transport import connect
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 
 DESCRIBE_S = 30.0  # the most a tier may take to describe itself (it may build the run's model to size it)
+INSTANCE_DESCRIBE_S = 10.0  # the most a tier may take to say its instance at a round's start (no model to build)
 
 
 def tier_names(server_tiers: int) -> list[str]:
@@ -114,6 +116,37 @@ def tier_chain(settings: RunSettings) -> Iterator[TierChain]:
                                        coordinator_token=bool(chain.coordinator_token_file)))
         chain.controls.extend(clients)
         yield chain
+
+
+def check_restarted(settings: RunSettings, chain: TierChain, clients: list[GrpcTierClient]) -> str:
+    """The edge's instance now (a shallow Describe of each tier, asked at each round's start).
+
+    A tier whose instance is not the one last checked was restarted, perhaps with other flags (``--compress``,
+    ``--idle-release-s``, ``--next``, another splitfed): the chain is checked again as before round 1
+    (:func:`check_tiers`, ``chain.infos`` then its answers), and ConfigError names the restarted tier when it
+    cannot run. Only the edge's silence raises (as before); another tier's is left to the round's loads."""
+    now = [_instance_now(c, info.instance, edge=i == 0)
+           for i, (c, info) in enumerate(zip(clients, chain.infos, strict=True))]
+    new = [f"tier {info.name} at {addr} restarted (instance {info.instance}, now {inst})"
+           for addr, info, inst in zip(chain.addresses, chain.infos, now, strict=True) if inst != info.instance]
+    if not new:
+        return now[0]
+    try:
+        infos = check_tiers(settings, chain.addresses, clients, coordinator_token=bool(chain.coordinator_token_file))
+    except ConfigError as e:
+        raise ConfigError(f"{', '.join(new)} since the chain was checked, and {e}") from None
+    chain.infos[:] = infos
+    return infos[0].instance
+
+
+def _instance_now(client: GrpcTierClient, last: str, *, edge: bool) -> str:
+    """A tier's instance (shallow Describe); a tier behind the edge that does not answer: ``last``."""
+    try:
+        return client.describe(deadline_s=INSTANCE_DESCRIBE_S, shallow=True).instance
+    except TierError:
+        if edge:
+            raise
+        return last
 
 
 def check_tiers(settings: RunSettings, addresses: list[str], clients: list[GrpcTierClient], *,
