@@ -26,6 +26,9 @@ def check_inprocess(settings: Any) -> None:
     if settings.addresses:  # it would train on tiers of its own, never asking these
         raise ConfigError(f"the in-process backend runs its tiers in this process: remove tier-addresses "
                           f"({settings.tier_addresses}), or run with Flower to use them")
+    from splitfed.engine.compute import torch_device
+
+    torch_device(settings.tier_torch_device, "tier-torch-device")  # its tiers compute here: a GPU it has
 
 
 def train_inprocess(settings: Any, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -87,7 +90,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
     test_x, test_y = test_data(spec, s.dataset, s.seed)
     writer = MetricsWriter(s.out)
     writer.truncate_after(0)
-    chain = inprocess_chain(s.tiers - 1, links=[codec(c) for c in s.codecs])
+    chain = inprocess_chain(s.tiers - 1, links=[codec(c) for c in s.codecs], torch_device=s.tier_torch_device)
     state = initial_state(spec, s.seed)
     profiles = {c.client_id: c.profile for c in clients}
     previous: dict[str, tuple[int, ...]] = {}  # each client's cuts when it last trained (the clock prices moves)
