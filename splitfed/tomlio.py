@@ -25,9 +25,11 @@ def read_text(path: Path, what: str) -> str:
 
 def parse(text: str, source: str) -> dict[str, Any]:
     """A TOML document, or a ConfigError naming ``source``: a syntax error, or an integer of more than 4300
-    digits (a plain ValueError from Python's int())."""
+    digits (a plain ValueError from Python's int()). A leading byte order mark (Notepad, PowerShell 5's
+    ``Out-File -Encoding utf8``) is dropped: tomllib refused it as "Invalid statement (at line 1, column 1)",
+    a character the user cannot see."""
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text.removeprefix("\ufeff"))
     except ValueError as e:  # TOMLDecodeError is one
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
 

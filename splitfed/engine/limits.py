@@ -53,7 +53,7 @@ MAX_DIMS = 16  # dimensions of a tensor that crosses a link (the wire's limit: e
 IDLE_RELEASE_S = 3600.0  # a tier releases a segment unused this long: far above a round (see Tier.sweep)
 STREAM_IDLE_S = 30.0  # a stream that moves nothing for this long is cancelled: it holds a worker thread
 # and one that moves less than this on average (bytes/s; 128 kbit/s: a fifth of the slowest link of the shipped
-# device profiles, 0.7 Mbit/s): see splitfed.transport.server._IdleStreams
+# fleets, iot.toml's BLE microcontrollers at 0.7 Mbit/s): see splitfed.transport.server._IdleStreams
 STREAM_MIN_BYTES_S = 16_000
 _limits = DEFAULT_LIMITS
 

@@ -25,12 +25,14 @@ A fleet file is TOML::
 
 Unknown keys and impossible values are refused with the file, entry and key named; so is a fleet of
 more than :data:`MAX_CLIENTS` clients (counts added up), which would exhaust memory before anything ran,
-and a number outside its field's physical range (:data:`RANGES`; drift included, as it compounds).
+and a number outside its field's physical range (:data:`RANGES`; drift included, as it compounds). A name says
+one device: an entry may not be named as another entry's client (``phone-3`` beside ``phone``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -140,6 +142,10 @@ class Fleet:
         if not self.clients:
             raise ConfigError(f"{self.source or self.name}: the fleet has no [[device]]")
 
+    def said(self) -> str:
+        """The fleet for a message: its name and its file (a fleet file's ``name`` may be any, a shipped one's too)."""
+        return f"fleet {self.name!r}" + (f" ({self.source})" if self.source else "")
+
     def servers(self, tiers: int) -> tuple[tuple[TierProfile, ...], tuple[LinkProfile, ...]]:
         """The shared tiers of a chain of ``tiers`` (device first) and the links between them.
 
@@ -150,7 +156,7 @@ class Fleet:
             return (self.edge,), ()
         if tiers == 3:
             if self.cloud is None or self.edge_link is None:
-                raise ConfigError(f"fleet {self.name!r} has no [cloud] (and edge link): use 2 tiers")
+                raise ConfigError(f"{self.said()} has no [cloud] (and edge link): use 2 tiers")
             return (self.edge, self.cloud), (self.edge_link,)
         raise ConfigError(f"tiers must be 2 or 3, got {tiers}")
 
@@ -162,7 +168,7 @@ class Fleet:
         for c in self.clients:
             if c.name == name:
                 return c
-        raise ConfigError(f"fleet {self.name!r} has no client {name!r}")
+        raise ConfigError(f"{self.said()} has no client {name!r}")
 
     def sample(self, n: int, seed: int = 0) -> Fleet:
         """``n`` clients drawn (with replacement, weighted by count) from the fleet's device classes."""
@@ -271,6 +277,8 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
         raise ConfigError(f"{source}: 'device' must be an array of tables ([[device]])")
     clients: list[Client] = []
     kinds: dict[str, int] = {}
+    entries: dict[str, str] = {}  # entry name -> where it is
+    numbered: dict[str, str] = {}  # "pi" -> "pi-3": an earlier entry named as a client of a later "pi"
     total = 0
     for i, d in enumerate(devices, 1):
         where = f"[[device]] #{i}"
@@ -278,11 +286,16 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
         if "name" not in d:
             raise ConfigError(f"{source}: {where}: missing 'name'")
         dname = d["name"]
-        if not isinstance(dname, str) or not dname or any(ch.isspace() for ch in dname):
-            raise ConfigError(f"{source}: {where}: 'name' must be a non-empty string without spaces")
+        if not isinstance(dname, str) or not dname or not dname.isprintable() or " " in dname:
+            # printed as it is in progress lines and reports: an escape (ESC [2J) or a zero-width space is not a name
+            raise ConfigError(f"{source}: {where}: 'name' must be a non-empty string without spaces or control "
+                              f"characters, got {_shown(dname)}")
         where = f"[[device]] #{i} ({dname!r})"
-        if dname in kinds:
-            raise ConfigError(f"{source}: {where}: 'name' {dname!r} is used by an earlier device")
+        if (clash := _name_clash(dname, entries, numbered)) is not None:
+            raise ConfigError(f"{source}: {where}: 'name' {dname!r} {clash}: rename one (a name says one device)")
+        entries[dname] = where
+        if (m := _NUMBERED.fullmatch(dname)) is not None:
+            numbered.setdefault(m[1], dname)
         _keys(d, _DEVICE_KEYS, source, where)
         v = _resolved(d, source, where, need_link=True)
         count = _int(d, "count", source, where, default=1)
@@ -298,10 +311,26 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
             clients.append(base)
         else:
             clients.extend(replace(base, name=f"{dname}-{j}") for j in range(count))
-    try:
-        return Fleet(name, edge, tuple(clients), cloud, edge_link, source, description, kinds)
-    except ConfigError as e:
-        raise ConfigError(f"{e} (device names with a count get -0, -1, ...)") from None
+    return Fleet(name, edge, tuple(clients), cloud, edge_link, source, description, kinds)  # names: _name_clash
+
+
+_NUMBERED = re.compile(r"(.+)-(?:0|[1-9][0-9]*)")  # an entry's clients: its name, "-" and a number (str(int))
+
+
+def _name_clash(name: str, entries: Mapping[str, str], numbered: Mapping[str, str]) -> str | None:
+    """Why an entry may not be called ``name`` beside the earlier ``entries`` (name -> where), or None.
+
+    An entry ``pi`` names its clients ``pi-0``, ``pi-1``, ... (by its count, and whatever its count when a run
+    draws clients from the fleet), so an entry ``pi-1`` beside it is ambiguous: a node's ``device-profile``
+    ``pi-1`` was priced as a client of ``pi``, silently. ``numbered`` maps ``pi`` to an earlier ``pi-N``."""
+    if name in entries:
+        return f"is used by an earlier device, {entries[name]}"
+    if (m := _NUMBERED.fullmatch(name)) is not None and m[1] in entries:
+        return (f"is also the name of a client of {entries[m[1]]} (its clients are {m[1]}-0, {m[1]}-1, ...: "
+                f"two clients are named {name!r})")
+    if name in numbered:
+        return f"would name its clients {name}-0, {name}-1, ..., and {entries[numbered[name]]} is one of them"
+    return None
 
 
 def _link(v: Mapping[str, float]) -> LinkProfile:

@@ -85,8 +85,9 @@ class _IdleStreams:
     so, after about ``idle_s``, is one that moves frames with next to nothing in them (an empty frame a second).
     Time the tier spends on a stream itself (decoding, computing the reply) is not charged to its caller.
 
-    The floor, 16 kB/s (128 kbit/s) by default: a fifth of the slowest link of the shipped device profiles
-    (0.7 Mbit/s), so a real device meets it with room for protocol overhead and a shared link; a frame of
+    The floor, 16 kB/s (128 kbit/s) by default: a fifth of the slowest link of the shipped fleets
+    (iot.toml's BLE microcontrollers, 0.7 Mbit/s), so a real device meets it with room for protocol overhead
+    and a shared link; a frame of
     ``chunk_bytes`` (1 MiB) then buys the whole ``idle_s``, and a client sends a call's frames as fast as its
     link takes them. A caller that holds a worker must keep spending that bandwidth on it: a drip holds no
     worker for free. A floor of 0 counts frames alone (any frame restores the whole ``idle_s``). One watcher
