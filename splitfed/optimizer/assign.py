@@ -13,7 +13,9 @@ vector o):
                       memory of every server tier s <= memory_s
                       x_io in {0, 1}, only options o that fit device i's memory
 
-Server memory by variant: sflv1 sum_io mem_ios x_io (a replica per client); sl
+Server memory by variant: sflv1 sum_io mem_ios x_io (a replica per client) and, while the clients load,
+sum_io fixed_ios x_io + sum_b w_b y_sb with y_sb in {0, 1} >= [two or more clients' options put block b on
+tier s] (sum of those x_io - 1 <= N y_sb: the staged base, :func:`splitfed.cost.model.staged_memory`); sl
 and sflv2 one client at a time beside the largest holder (the model as a client
 before left it; :func:`splitfed.cost.model.server_memory`): turn_ios + H_s <=
 memory_s for the option each client uses, H_s >= held_ios for every option used
@@ -27,8 +29,10 @@ solved by ``scipy.optimize.milp`` (HiGHS). Three exact reductions keep it small:
   same makespan, so the optimum is unchanged and the MILP's size depends on the
   number of classes, not of clients (10,000 clients of 7 kinds: 7 classes).
 - *dominance*: an option no better than another in every column (time, each
-  shared load; sflv1: each server memory) is dropped: swapping it for the
-  dominating one never raises the makespan or breaks a limit.
+  shared load; sflv1: each server memory, and where the staged base can bind,
+  each fixed part and which blocks it puts on that tier: a dominating option
+  stages a subset) is dropped: swapping it for the dominating one never raises
+  the makespan or breaks a limit.
 - *bisection on tau*, the largest client time (``_bisect``): with counts the
   per-client rows M >= R_io need a weak big-M, so instead ask, for a candidate
   tau (a distinct option time), "is there an assignment using only options with
