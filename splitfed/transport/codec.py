@@ -31,6 +31,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from splitfed.engine import limits
@@ -144,10 +145,18 @@ def _bytes_view(t: torch.Tensor) -> memoryview:
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
+    try:
+        a = _numpy(t)
+    except RuntimeError:  # a lazily negated view (the imaginary part of a conjugate) that is contiguous: its
+        a = _numpy(t.resolve_neg())  # values, resolved here and not on every tensor's path
+    return a.data.cast("B") if a.size else memoryview(b"")  # a.data: memoryview(a), the same view
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A dense CPU tensor's elements as numpy sees them (no copy)."""
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16; a view as int16 (same size) works at any stride,
         t = t.view(torch.int16)  # unlike one as uint8 (a one-element tensor may have any stride, 0 included)
-    a = t.numpy()  # as few torch calls as possible: each costs more than the rest on a step's path
-    return a.data.cast("B") if a.size else memoryview(b"")  # a.data: memoryview(a), the same view
+    return t.numpy()  # as few torch calls as possible: each costs more than the rest on a step's path
 
 
 def topk_count(numel: int, fraction: float) -> int:
@@ -159,6 +168,9 @@ def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
     if t.dtype not in DTYPE_CODES:
         raise InvalidArgument(f"dtype {t.dtype} cannot travel (supported: "
                               f"{', '.join(str(d).removeprefix('torch.') for d in DTYPE_CODES)})")
+    if t.layout != torch.strided:  # the wire carries dense values; torch's own error here was an INTERNAL status
+        raise InvalidArgument(f"a {str(t.layout).removeprefix('torch.')} tensor cannot travel (dense tensors only: "
+                              "send its .to_dense())")
     shape = tuple(t.shape)
     if len(shape) > MAX_DIMS:  # the receiver's limit, said by the sender (in-process lossy links included)
         raise InvalidArgument(f"a tensor of {len(shape)} dimensions cannot travel (at most {MAX_DIMS})")
@@ -337,4 +349,9 @@ def roundtrip(t: torch.Tensor, codec: Codec | str) -> tuple[torch.Tensor, int]:
     e = encode(t, codec)
     if not e.codec.lossy:
         return t.detach().clone(), e.nbytes
-    return decode(e.dtype, e.shape, e.codec, e.payload, writable=True), e.nbytes
+    out = decode(e.dtype, e.shape, e.codec, e.payload, writable=True)
+    # fp16 of a float16 tensor converts nothing: decoded in place, ``out`` would be ``t``'s own memory, which
+    # no receiver shares (a write to either changed the other), unlike every other codec here
+    if out.numel() and out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+        out = out.clone()
+    return out, e.nbytes

@@ -316,6 +316,7 @@ def parse_frame(raw: bytes | memoryview) -> tuple[dict[int, list[memoryview]], m
 
 
 _M = TypeVar("_M", bound=Message)
+_NO_MEMORY = "can't allocate memory"  # torch's CPU allocator's words (a plain RuntimeError, no type of its own)
 
 
 def _message(cls: type[_M], segs: list[memoryview], what: str) -> _M:
@@ -419,7 +420,7 @@ class Reader:
                     self._complete(cur, data[off:off + take])  # the whole payload in this frame: in place
                 else:
                     if cur.buffer is None:
-                        cur.buffer = torch.empty(cur.nbytes, dtype=torch.uint8)
+                        cur.buffer = self._buffer(cur)
                     cur.buffer.numpy()[cur.filled:cur.filled + take] = np.frombuffer(data[off:off + take], np.uint8)
                     cur.filled += take
                     if cur.filled == cur.nbytes:
@@ -434,11 +435,31 @@ class Reader:
                     while self._queue and self._queue[0].nbytes == 0:  # empty tensors need no bytes
                         self._complete(self._queue.pop(0), b"")
 
+    def _buffer(self, cur: _Pending) -> torch.Tensor:
+        """Memory for a payload that comes in pieces (RESOURCE_EXHAUSTED if this process has none: see
+        :meth:`_no_memory`)."""
+        try:
+            return torch.empty(cur.nbytes, dtype=torch.uint8)
+        except RuntimeError:  # of a valid size, torch.empty fails in its allocator only
+            raise self._no_memory(cur, cur.nbytes) from None
+
+    def _no_memory(self, cur: _Pending, nbytes: int) -> ResourceExhausted:
+        """A declared tensor this process cannot allocate is RESOURCE_EXHAUSTED, as one beyond the limits:
+        torch's RuntimeError was an INTERNAL error, logged as a bug, whenever a limit lay above the host's
+        memory (``splitfed tier --max-tensor-mb``, up to 64 GiB) and a peer declared such a tensor (a payload
+        that comes in pieces) or sent a few megabytes of top-k values for one."""
+        return ResourceExhausted(f"{self.what}: tensor {cur.name or cur.index}: this process cannot allocate "
+                                 f"the {nbytes} bytes it declares")
+
     def _complete(self, cur: _Pending, payload: memoryview | bytes | torch.Tensor) -> None:
         try:
             t = tc.decode(cur.dtype, cur.shape, cur.codec, payload, writable=self.writable)
         except InvalidArgument as e:  # the payload's own checks (bool bytes, top-k indices): name the tensor
             raise InvalidArgument(f"{self.what}: tensor {cur.name or cur.index}: {e}") from None
+        except RuntimeError as e:
+            if _NO_MEMORY not in str(e):
+                raise
+            raise self._no_memory(cur, tc.payload_size(cur.dtype, cur.shape, tc.NONE)) from None
         self._done[cur.index] = Received(cur.name, t, cur.nbytes)
         cur.buffer = None
 
