@@ -72,21 +72,24 @@ def _batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 OPTIONS = [tuple(int(x) for x in o) for o in _scenario(1).options]
+U_OPTIONS = [tuple(int(x) for x in o) for o in _scenario(1, u_shape=True).options]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.sampled_from(OPTIONS), min_size=1, max_size=4))
-def test_a_tier_holds_each_clients_fixed_part_and_the_staged_base_while_they_load(cuts: list[tuple[int, ...]]
-                                                                                  ) -> None:
+@given(st.booleans().flatmap(lambda u: st.tuples(st.just(u), st.lists(st.sampled_from(U_OPTIONS if u else OPTIONS),
+                                                                      min_size=1, max_size=4))))
+def test_a_tier_holds_each_clients_fixed_part_and_the_staged_base_while_they_load(
+        drawn: tuple[bool, list[tuple[int, ...]]]) -> None:
+    u_shape, cuts = drawn
     chain = inprocess_chain(2)
     tiers = [_Peak(t) for t in chain.tiers]
     assignment = {f"c{i}": c for i, c in enumerate(cuts)}
     # momentum: one optimizer slot per trained parameter, as the profile prices it (``optimizer_slots``)
-    rnd = SplitRound(RoundConfig("staged", 1, SPEC, optim=OptimConfig("sgd", momentum=0.9)), tiers,
+    rnd = SplitRound(RoundConfig("staged", 1, SPEC, u_shape=u_shape, optim=OptimConfig("sgd", momentum=0.9)), tiers,
                      initial_state(SPEC, 0), assignment)
     drive(rnd, local_trainer(chain, {c: _batches(i) for i, c in enumerate(assignment)}))
     assert not rnd.failed
-    sc = _scenario(len(cuts))
+    sc = _scenario(len(cuts), u_shape=u_shape)
     cost = evaluate(sc, assignment)
     fixed = np.sum([np.subtract(c.memory, c.act_memory)[1:] for c in cost.clients], axis=0)
     staged = staged_memory(sc, np.asarray(cuts))
