@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitfed.cli import main as cli
 from splitfed.errors import ConfigError
@@ -236,3 +239,157 @@ def test_sigterm_while_drawing_leaves_no_drafts(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines()[-1] == "splitfed report: terminated"
     out = tmp_path / "run" / "report"
     assert not out.exists() or list(out.iterdir()) == []
+
+
+# ---------------------------------------------------------------- a user comparing runs (figures, table)
+
+
+def _figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every figure drawn from here on, as drawn (``_save`` is where each goes to its file)."""
+    figs: list[Any] = []
+    real = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figs.append(fig), real(fig, path))[1])
+    return figs
+
+
+def _drawn(fig: Any) -> list[tuple[str, bool]]:
+    """Each legend entry of ``fig``'s axes and whether its line has a point drawn (both coordinates finite)."""
+    ax = fig.axes[0]
+    lines = {str(line.get_label()): line for line in ax.get_lines()}
+    out = []
+    for t in ax.get_legend().get_texts():
+        line = lines[t.get_text()]
+        xs, ys = (np.asarray(v, dtype=float) for v in line.get_data())
+        out.append((t.get_text(), bool(np.any(np.isfinite(xs) & np.isfinite(ys))) or line.get_linestyle() == ":"))
+    return out
+
+
+def _footnotes(fig: Any) -> str:
+    return " ".join(t.get_text() for t in fig.texts)
+
+
+def test_a_run_whose_every_round_diverged_is_named_not_drawn_as_an_empty_legend_entry(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two runs compared, one whose every accuracy is null (diverged). Before: its legend entry stood in the
+    accuracy figures with nothing drawn, and nothing said why (an empty series was named in the footnote;
+    one of NaNs was not). Now each figure draws every run it lists, and names the one it cannot draw."""
+    write_run(tmp_path / "good", _rows(4))
+    write_run(tmp_path / "diverged", [{**r, "accuracy": None} for r in _rows(4)])
+    figs = _figures(monkeypatch)
+    assert cli(["report", str(tmp_path / "good"), str(tmp_path / "diverged"), "--out", str(tmp_path / "out"),
+                "--target", "0.6"]) == 0
+    by_title = {f.axes[0].get_title(): f for f in figs if f.axes[0].get_legend() is not None}
+    for title, fig in by_title.items():
+        assert all(has_points for _, has_points in _drawn(fig)), title
+    for title in ("Test accuracy per round", "Test accuracy vs simulated time"):
+        fig = by_title[title]
+        assert [name for name, _ in _drawn(fig)][0] == "good"
+        assert "diverged" not in [name for name, _ in _drawn(fig)]
+        assert "no points: diverged" in _footnotes(fig)
+    assert "no points" not in _footnotes(by_title["Simulated round time (makespan)"])  # its times are drawn
+
+
+@settings(max_examples=10, deadline=None)
+@given(ys=st.lists(st.one_of(st.floats(0, 1), st.just(math.nan)), min_size=0, max_size=6))
+def test_every_legend_entry_of_a_line_plot_has_a_point_drawn(tmp_path_factory: pytest.TempPathFactory,
+                                                           ys: list[float]) -> None:
+    figs: list[Any] = []
+    with pytest.MonkeyPatch.context() as mp:
+        real = plots._save
+        mp.setattr(plots, "_save", lambda fig, path: (figs.append(fig), real(fig, path))[1])
+        plots.line_plot([plots.Series("s", list(range(len(ys))), ys), plots.Series("ref", [0, 1], [0.5, 0.5])],
+                        tmp_path_factory.mktemp("p") / "a.png", title="t", xlabel="x", ylabel="y")
+    drawable = any(math.isfinite(y) for y in ys)
+    assert [name for name, _ in _drawn(figs[0])] == (["s", "ref"] if drawable else ["ref"])
+    assert ("no points: s" in _footnotes(figs[0])) is not drawable
+
+
+def test_a_long_run_name_is_wrapped_inside_the_axes_not_over_them(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """Runs named by their settings (``adaptive-pi-home-60-clients-...``, 150 characters). Before: the legend
+    drew the name on one line, wider than the axes: it covered the curves and the y axis's label, and the
+    PNG grew to hold it. Now a long name is wrapped (every character kept) and the legend sits in the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    label = "adaptive-cuts " + " ".join(f"pi-home-{i}x60-clients-seed-{i}" for i in range(5))
+    label = (label + "-" + "x" * 150)[:150]
+    runs = [rows_to_run(_rows(3), label), rows_to_run(_rows(3), "baseline")]
+    figs = _figures(monkeypatch)
+    plots.accuracy_per_round_plot(runs, tmp_path / "a.png")
+    plots.bytes_plot(runs, tmp_path / "b.png")
+    for fig in figs:
+        FigureCanvasAgg(fig).draw()
+        ax, legend = fig.axes[0], fig.axes[0].get_legend()
+        inside, box = ax.get_window_extent(), legend.get_window_extent()
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1, (box, inside)
+        names = [t.get_text() for t in legend.get_texts()]
+        assert all(len(line) <= plots.LABEL_WIDTH + len(" down") for n in names for line in n.split("\n"))
+    assert [t.get_text().replace("\n", "") for t in figs[0].axes[0].get_legend().get_texts()] == [label, "baseline"]
+
+
+def test_long_simulated_times_read_apart_in_the_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two long runs (60 rounds of about 2,000 simulated s) reach the target at 123,456 s and 123,900 s.
+    Before: the terminal table and summary.md printed both as ``1.23e+05`` (3 significant digits from 1e5 s
+    up, where 99,999 s still had two decimals): the comparison the report is for was lost."""
+    for name, s in (("fast", 123456.0), ("slow", 123900.0)):
+        write_run(tmp_path / name, [{"round": r, "accuracy": 0.1 + 0.01 * r, "sim_round_s": s / 60}
+                                    for r in range(1, 61)])
+    assert cli(["report", str(tmp_path / "fast"), str(tmp_path / "slow"), "--target", "0.7",
+                "--out", str(tmp_path / "out")]) == 0
+    table = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    headers, rows = summary_rows([load_run(tmp_path / n) for n in ("fast", "slow")], 0.7)
+    col = headers.index("sim s to 0.7")
+    assert [row[col] for row in rows] == pytest.approx([123456.0, 123900.0])
+    for line, want in zip(table[2:], ("123456", "123900"), strict=True):
+        assert line.split()[col] == want
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| 123456 |" in md and "| 123900 |" in md
+
+
+def test_a_run_looks_the_same_in_every_figure_when_another_cannot_be_drawn(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    """A run left out of a figure (no point to draw there) takes no other run's colour: ``good`` is drawn
+    alike in the accuracy figures (where ``diverged`` has no point) and the makespan figure (where it has)."""
+    runs = [rows_to_run([{**r, "accuracy": None} for r in _rows(3)], "diverged"), rows_to_run(_rows(3), "good")]
+    figs = _figures(monkeypatch)
+    plots.accuracy_per_round_plot(runs, tmp_path / "a.png")
+    plots.makespan_plot(runs, tmp_path / "m.png")
+    looks = [{str(line.get_label()): (line.get_color(), line.get_marker(), line.get_linestyle())
+              for line in f.axes[0].get_lines()} for f in figs]
+    assert looks[0]["good"] == looks[1]["good"]
+
+
+def test_a_report_into_a_users_folder_removes_only_its_own_earlier_heatmaps(tmp_path: Path) -> None:
+    """``--out`` naming a folder of the user's own figures. Before: every ``cuts_*.png`` there was removed as
+    an earlier report's heatmap (``cuts_overview.png``, ``cuts_sketch.png``). Now only names a report gives
+    (``cuts_N_LABEL.png``) of runs no longer in it."""
+    write_run(tmp_path / "a", _rows(3))
+    write_run(tmp_path / "b", _rows(3))
+    out = tmp_path / "paper"
+    out.mkdir()
+    mine = {name: name.encode() for name in ("cuts_overview.png", "cuts_sketch.png", "cuts_1.png", "cuts_.png",
+                                             "cuts_0_a.png", "cuts_2_a b.png")}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    assert cli(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    assert {p.name for p in out.glob("cuts_*")} == {*mine, "cuts_1_a.png", "cuts_2_b.png"}
+    assert cli(["report", str(tmp_path / "a"), "--out", str(out)]) == 0  # b's heatmap is an earlier report's
+    assert {p.name for p in out.glob("cuts_*")} == {*mine, "cuts_1_a.png"}
+    assert all((out / name).read_bytes() == data for name, data in mine.items())
+
+
+def test_time_to_target_of_a_run_that_stopped_early_is_not_called_never(tmp_path: Path) -> None:
+    """A run stopped after 3 rounds at 0.55 beside one that reached 0.6. Before: summary.md's legend read
+    ``-: never`` for it, which a run that stopped early does not say. Round 1 reaching the target counts
+    round 1's time."""
+    write_run(tmp_path / "done", [{"round": r, "accuracy": a, "sim_round_s": 2.0}
+                                  for r, a in ((1, 0.7), (2, 0.5), (3, 0.65))], {"rounds": 3})
+    write_run(tmp_path / "stopped", [{"round": r, "accuracy": a, "sim_round_s": 2.0}  # no summary.json: it
+                                     for r, a in ((1, 0.4), (2, 0.5), (3, 0.55))])  # did not finish
+    assert cli(["report", str(tmp_path / "done"), str(tmp_path / "stopped"), "--target", "0.6",
+                "--out", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "summary.csv") as f:
+        got = {r["run"]: (r["sim s to 0.6"], r["rounds to 0.6"]) for r in csv.DictReader(f)}
+    assert got == {"done": ("2.0", "1"), "stopped": ("", "")}
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "`-`: never" not in md and "not in the rounds the run has" in md

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from textwrap import TextWrapper
 from typing import Any
 
 import numpy as np
@@ -53,17 +55,23 @@ def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel:
               size: tuple[float, float] = (7.0, 4.5)) -> Path:
     """Draw ``series`` as lines on one labelled axes; optional reference lines and a footnote.
 
-    Series without points are left out of the plot and its legend, and named in the footnote.
+    Series without a point to draw (none, or none with both coordinates finite: a run whose every round
+    diverged) are left out of the plot and its legend, and named in the footnote: never a legend entry
+    without a line.
     """
     fig = Figure(figsize=size, dpi=DPI)
     ax = fig.add_subplot()
-    empty = [s.label for s in series if len(s.x) == 0]
+    empty = [s.label for s in series if not _drawable(s)]
     if empty:
         note = "; ".join(x for x in (note, f"no points: {', '.join(empty)}") if x)
-    for i, s in enumerate(s for s in series if len(s.x)):
-        # distinct markers and dashes, so that equal curves (e.g. two policies that agree) stay visible
-        style = {"marker": _MARKERS[i % len(_MARKERS)], "linestyle": _DASHES[(i // 2) % len(_DASHES)],
-                 "markersize": 3.5, "linewidth": 1.5, "markerfacecolor": "none" if i % 2 else None, **s.style}
+    for i, s in enumerate(series):
+        if not _drawable(s):
+            continue
+        # distinct markers and dashes, so that equal curves (e.g. two policies that agree) stay visible; each
+        # series styled by its place in ``series``, one left out or not: a run looks the same in every figure
+        style = {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)],
+                 "linestyle": _DASHES[(i // 2) % len(_DASHES)], "markersize": 3.5, "linewidth": 1.5,
+                 "markerfacecolor": "none" if i % 2 else None, **s.style}
         ax.plot(list(s.x), list(s.y), label=s.label, **style)
     if hline is not None:
         ax.axhline(hline, color="grey", linestyle=":", linewidth=1, label=hline_label or f"{hline:g}")
@@ -85,6 +93,12 @@ def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel:
         fig.text(0.01, 0.005, note, fontsize="x-small", color="dimgrey", ha="left", va="bottom", wrap=True)
         fig.subplots_adjust(bottom=0.18)
     return _save(fig, path)
+
+
+def _drawable(s: Series) -> bool:
+    """Whether ``s`` has a point matplotlib draws: both coordinates finite (a NaN, a diverged round's
+    accuracy, draws nothing)."""
+    return any(math.isfinite(x) and math.isfinite(y) for x, y in zip(s.x, s.y, strict=False))
 
 
 # ---------------------------------------------------------------- standard views of runs
@@ -253,9 +267,17 @@ def draw_standard_plots(runs: Sequence[Run], out: str | Path,
 
 def run_plot_files(out: str | Path) -> list[Path]:
     """The views in ``out`` that depend on which runs a report held (a cut heatmap per run, named by its place
-    in the list; the measured-vs-predicted view): an earlier report's may be there beside this one's."""
+    in the list; the measured-vs-predicted view): an earlier report's may be there beside this one's. Only names a
+    report gives (:func:`_is_heatmap_name`): ``--out`` may name a folder of the user's own figures."""
     d = Path(out)
-    return [*sorted(d.glob("cuts_*.png")), d / "predicted_vs_measured.png"]
+    return [*sorted(p for p in d.glob("cuts_*.png") if _is_heatmap_name(p.name)), d / "predicted_vs_measured.png"]
+
+
+def _is_heatmap_name(name: str) -> bool:
+    """Whether ``name`` is one a report gives a run's cut heatmap: ``cuts_N_SLUG.png`` (:func:`_views`), not
+    ``cuts_overview.png``, a file of the user's that the report must leave alone."""
+    m = re.fullmatch(r"cuts_([1-9][0-9]*)_(.+)\.png", name)
+    return m is not None and slug(m[2]) == m[2]
 
 
 def remove_stale_plots(out: str | Path, made: Sequence[Path]) -> None:
@@ -331,10 +353,23 @@ def _cut_names(run: Run, width: int) -> list[str]:
 
 
 def _plain(label: str) -> str:
-    """A run's or a client's name as matplotlib draws it as it is: on one line as the tables show it
-    (:func:`~splitfed.report.table.shown`: no control character drawn as a missing glyph), its ``$`` escaped
-    (two would start math, which a name such as ``a$\\frac$`` cannot be drawn as)."""
-    return shown(label).replace("$", r"\$")
+    """A run's or a client's name as matplotlib draws it as it is: as the tables show it
+    (:func:`~splitfed.report.table.shown`: no control character drawn as a missing glyph), a long one in lines
+    (:func:`_wrapped`), its ``$`` escaped (two would start math, which a name such as ``a$\\frac$`` cannot be
+    drawn as)."""
+    return "\n".join(line.replace("$", r"\$") for line in _wrapped(shown(label)))
+
+
+LABEL_WIDTH = 40  # characters per line of a name in a figure: a longer one is wrapped, never cut
+
+
+def _wrapped(text: str, width: int = LABEL_WIDTH) -> list[str]:
+    """``text`` in lines of at most ``width`` characters (broken after a space or a hyphen where it can be,
+    else inside a word), which joined give ``text`` back: a long run name on one line widened the legend past
+    the axes and over the curves and the y axis's label (``bbox_inches="tight"`` grows the figure to fit)."""
+    if len(text) <= width:
+        return [text]
+    return TextWrapper(width, expand_tabs=False, replace_whitespace=False, drop_whitespace=False).wrap(text)
 
 
 def _viridis(v: float) -> tuple[float, float, float, float]:

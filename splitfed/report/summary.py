@@ -108,7 +108,8 @@ def summary_markdown(runs: Sequence[Run], target: float | None = None,
         seconds = {"sim": "simulated seconds (cost-model clock)", "measured": "measured seconds (round times)"}.get(
             clock_of(runs), "simulated seconds (cost-model clock), or measured ones for a deployment")
         parts += [f"Time to target: {seconds} until the global model's test "
-                  f"accuracy first reaches {target:g}; `-`: never.", ""]
+                  f"accuracy first reaches {target:g}; `-`: not in the rounds the run has (a run that did not "
+                  "finish may reach it later).", ""]
     sources = [f"- **{markdown_text(r.label)}**: {markdown_code(str(r.path))}" for r in runs if r.path is not None]
     if sources:
         parts += ["## Runs", "", *sources, ""]

@@ -104,6 +104,9 @@ def _is_num(v: Any) -> bool:
 
 
 def format_value(v: Any) -> str:
+    """A cell: ``-`` for none (None, NaN); a float with 4 decimals below 1, 2 below 1e5, whole from there (a
+    long run's simulated seconds, 123,456 and 123,900, must read apart: 3 significant digits made both
+    ``1.23e+05``), 3 significant digits below 1e-3 and from 1e15."""
     if v is None:
         return "-"
     if isinstance(v, bool) or isinstance(v, int):
@@ -116,7 +119,9 @@ def format_value(v: Any) -> str:
         a = abs(v)
         if a == 0:
             return "0"
-        if a >= 1e5 or a < 1e-3:
+        if a >= 1e15 or a < 1e-3:
             return f"{v:.3g}"
+        if a >= 1e5:
+            return f"{v:.0f}"
         return f"{v:.4f}" if a < 1 else f"{v:.2f}"
     return shown(str(v))
