@@ -42,6 +42,12 @@ _FORMS = "'digits', 'synthetic', 'mnist:PATH', 'cifar10:PATH' or 'npz:FILE'"
 # what reading a damaged file raises: zlib.error (a corrupt deflate stream in a .gz or a compressed .npz)
 # is no OSError, and would otherwise escape as a traceback instead of a refusal naming the file
 _UNREADABLE = (OSError, EOFError, zlib.error)
+# what np.load and zipfile raise on a damaged or unusual .npz, besides those: a member compressed by a method
+# zipfile lacks (Deflate64, as Windows' and 7-Zip's zip write) raises NotImplementedError, an encrypted one
+# RuntimeError, an array header claiming more than memory holds (a damaged or cut-short member) MemoryError;
+# each escaped as a traceback
+_BAD_NPZ = (*_UNREADABLE, ValueError, zipfile.BadZipFile, NotImplementedError, RuntimeError, MemoryError)
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 # ---------------------------------------------------------------- digits
@@ -143,12 +149,17 @@ MAX_IDX_DIMS = 8
 
 
 def read_idx(path: str | Path) -> np.ndarray:
-    """An IDX array of unsigned bytes (the MNIST format), gzipped or not."""
+    """An IDX array of unsigned bytes (the MNIST format), gzipped or not.
+
+    A ``.gz`` whose bytes are not gzip is read as it is: browsers save a download's ``.gz`` already
+    decompressed, name unchanged; its own magic number then says whether it is IDX.
+    """
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:
+        with open(path, "rb") as f:
             raw = f.read()
+        if path.suffix == ".gz" and raw[:2] == _GZIP_MAGIC:
+            raw = gzip.decompress(raw)
     except _UNREADABLE as e:  # also gzip.BadGzipFile
         raise ConfigError(f"cannot read IDX file {path}: {e}") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
@@ -286,7 +297,7 @@ def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS
             arrays = {k: f[k] for k in keys}
     except ConfigError:
         raise
-    except (*_UNREADABLE, ValueError, zipfile.BadZipFile) as e:  # a truncated or corrupt npz, or object arrays
+    except _BAD_NPZ as e:  # a truncated or corrupt npz, object arrays, a zip numpy cannot read
         raise ConfigError(f"{where}: cannot read it as a NumPy .npz without pickle: {type(e).__name__}: {e}") \
             from None
     out = []
@@ -403,7 +414,7 @@ def sample_shape(dataset: str) -> tuple[int, ...] | None:
                 version = np.lib.format.read_magic(fh)
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
                 shape = read(fh)[0]
-        except (*_UNREADABLE, KeyError, ValueError, zipfile.BadZipFile):
+        except (*_BAD_NPZ, KeyError):
             return None
         return tuple(int(d) for d in shape[1:]) or None
     return None
@@ -418,7 +429,7 @@ def _npz_integers(dataset: str, keys: tuple[str, str]) -> list[np.ndarray] | Non
     try:
         with np.load(path.strip(), allow_pickle=False) as f:
             arrays = [f[k] for k in keys]
-    except (*_UNREADABLE, KeyError, ValueError, zipfile.BadZipFile):
+    except (*_BAD_NPZ, KeyError):
         return None
     if any(a.dtype.kind not in "iu" or a.size == 0 for a in arrays):
         return None

@@ -26,7 +26,10 @@ class Partition:
     alpha: float | None = None
 
     def __str__(self) -> str:
-        return "iid" if self.kind == "iid" else f"dirichlet:{self.alpha:g}"
+        if self.kind == "iid" or self.alpha is None:
+            return "iid"
+        short = f"{self.alpha:g}"  # '0.5', '3', '1e-06'; repr where ':g' would round (0.123456789)
+        return f"dirichlet:{short if float(short) == self.alpha else repr(self.alpha)}"
 
 
 def parse_partition(text: str | Partition) -> Partition:
@@ -63,6 +66,8 @@ def partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: str |
     if y.ndim != 1:
         raise ConfigError(f"labels must be one-dimensional, got shape {tuple(y.shape)}")
     n = len(y)
+    if y.dtype.kind in "fc" and np.isnan(y).any():  # no class: the Dirichlet split dropped those samples
+        raise ConfigError(f"labels must be class ids: {int(np.isnan(y).sum())} of {n} are NaN")
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise ConfigError(f"num_clients must be a positive integer, got {num_clients!r}")
     if isinstance(min_size, bool) or not isinstance(min_size, numbers.Integral) or min_size < 0:
