@@ -393,3 +393,15 @@ def test_time_to_target_of_a_run_that_stopped_early_is_not_called_never(tmp_path
     assert got == {"done": ("2.0", "1"), "stopped": ("", "")}
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "`-`: never" not in md and "not in the rounds the run has" in md
+
+
+def test_a_row_without_any_time_is_refused_naming_it(tmp_path):
+    """A null ``sim_round_s`` and no ``measured_round_s``: read as NaN, every later time was NaN too, and a
+    target the run reached read as never reached."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"round": 1, "accuracy": 0.2, "sim_round_s": 1.0}, {"round": 2, "accuracy": 0.5, "sim_round_s": None},
+            {"round": 3, "accuracy": 0.9, "sim_round_s": 1.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl: run: round object #2: 'sim_round_s' is null and there is no 'measured_round_s'"):
+        load_run(run)

@@ -154,6 +154,9 @@ def parse_row(obj: Mapping[str, Any], where: str = "row") -> RoundRow:
 
     if obj.get("sim_round_s") is None and obj.get("measured_round_s") is not None:
         obj = {**obj, "sim_round_s": obj["measured_round_s"], MEASURED: True}  # run_notes says so
+    if obj.get("sim_round_s") is None:  # a round without a time: every time after it (the axis, the time to a
+        raise ConfigError(f"{where}: 'sim_round_s' is null and there is no 'measured_round_s': the round has no "
+                          "time")  # target) would read NaN, a target reached shown as never
     rnd = num("round")
     if not rnd.is_integer() or rnd < 0:
         raise ConfigError(f"{where}: 'round' must be a non-negative integer, got {obj['round']!r}")
