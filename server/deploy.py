@@ -6,8 +6,9 @@
         --token-file token --profile rpi4 --profile laptop --profile phone-mid
 
 What it starts (every process in its own session, all stopped on exit, error,
-Ctrl-C or SIGTERM, children included; a guard process takes them all down if
-deploy itself dies, even by SIGKILL):
+Ctrl-C or SIGTERM, children included, with SIGINT after a Ctrl-C, so the run
+folder records the stop as the user's, else SIGTERM; a guard process takes them
+all down if deploy itself dies, even by SIGKILL):
 
 1. the cloud and edge tier servers (``splitfed tier``), edge -> cloud (the edge with the run's
    codec for that link as its ``--compress``: one codec for every link, or one per link);
@@ -18,7 +19,8 @@ deploy itself dies, even by SIGKILL):
 4. ``flwr run APP CONNECTION --run-config ... --stream`` where APP is a copy of
    ``server/`` and ``clients/`` with a generated ``pyproject.toml`` (every
    setting of :class:`~splitfed.flower.config.RunSettings` is listed under
-   ``[tool.flwr.app.config]`` so any of them can be overridden) and CONNECTION
+   ``[tool.flwr.app.config]`` so any of them can be overridden with ``--set``,
+   but those deploy sets itself: clients, tiers, TLS, tokens...) and CONNECTION
    is written to a private ``FLWR_HOME/config.toml``. (Flower 1.42 keeps
    SuperLink connections there; run against the repository itself, ``flwr run``
    would move ``[tool.flwr.federations]`` out of its pyproject.toml.) Its output
@@ -82,7 +84,7 @@ import psutil
 from splitfed import tomlio
 from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower import checkpoint, runfolder
-from splitfed.flower.config import RunSettings, app_config
+from splitfed.flower.config import ALIASES, RunSettings, app_config
 
 BIN = Path(sys.executable).parent
 CONNECTION = "splitfed-local"
@@ -96,8 +98,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # Flower's colours: kept for a
 # the guard also adopts the group of every process found under those groups' members (twice a second),
 # since Flower starts some in sessions of their own: a SuperLink's SuperExec and the flwr-serverapp it
 # runs, which outlive a dead SuperLink. ``kill PGID`` SIGKILLs a group and all found under it, then
-# answers ``killed PGID``. At EOF (deploy stopping or dead) it SIGTERMs every group with a live process,
-# SIGKILLs what is left after GRACE seconds, and exits. A group is forgotten once it has no live process,
+# answers ``killed PGID``. ``signal N``: the signal its last stop sends (SIGTERM unless told: deploy's Ctrl-C
+# is passed on as SIGINT). At EOF (deploy stopping or dead) it sends that signal to every group with a live
+# process, SIGKILLs what is left after GRACE seconds, and exits. A group is forgotten once it has no live process,
 # so a process group number is never signalled after the kernel could have given it to another process.
 GUARD = r"""
 import os, select, signal, sys, time
@@ -108,6 +111,7 @@ for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
 GRACE = float(sys.argv[1])
 SPARED = {os.getpgid(0), *(int(a) for a in sys.argv[2:])}
 root_of = {}  # process group -> the group deploy started that it was found under
+final = signal.SIGTERM  # what the stop at EOF sends first
 
 def scan():
     table = {}
@@ -164,6 +168,8 @@ while True:
             word, _, arg = line.decode().partition(" ")
             if word == "add":
                 root_of[int(arg)] = int(arg)
+            elif word == "signal":
+                final = int(arg)
             elif word == "kill":
                 stop(int(arg), signal.SIGKILL, 0.0)
                 try:
@@ -173,7 +179,7 @@ while True:
     if time.monotonic() - scanned >= 0.5:
         scan()
         scanned = time.monotonic()
-stop()
+stop(sig=final)
 """
 
 
@@ -227,6 +233,13 @@ _SIGNALS = _Signals()
 
 class NodesGone(SplitfedError):
     """Every SuperNode of the deployment exited while its run went on: no node can register or train."""
+
+
+class StartFailed(SplitfedError):
+    """A process of the deployment exited, or did not listen, as it started (a tier refusing its files): said
+    as deploy's error with that process's log, not as a traceback."""
+
+    exit_code = 1
 
 
 def free_port() -> int:
@@ -405,11 +418,11 @@ class Deployment:
         while time.monotonic() < end:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode}:\n{self.tail(name)}")
+                raise StartFailed(f"{name} exited with code {proc.returncode}:\n{self.tail(name)}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1.0):
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"{name} did not listen on port {port} within {timeout:.0f}s:\n{self.tail(name)}")
+        raise StartFailed(f"{name} did not listen on port {port} within {timeout:.0f}s:\n{self.tail(name)}")
 
     def tail(self, name: str, lines: int = 30) -> str:
         path = self.workdir / f"{name}.log"
@@ -423,18 +436,19 @@ class Deployment:
             self._guard.stdout.readline()  # "killed PGID": the groups found under it are gone too
         proc.wait(10)
 
-    def stop(self) -> None:
-        """SIGTERM every process the deployment started: each one's process group (each leads its own
-        session), every process of their trees, and through the guard the groups those made (a SuperLink's
-        SuperExec and flwr-serverapp, which outlive a dead SuperLink and hold the run folder); SIGKILL
-        what is left after ``grace`` seconds."""
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """``sig`` (SIGTERM; SIGINT passes a Ctrl-C on, so the run folder records it) to every process the
+        deployment started: each one's process group (each leads its own session), every process of their
+        trees, and through the guard the groups those made (a SuperLink's SuperExec and flwr-serverapp, which
+        outlive a dead SuperLink and hold the run folder); SIGKILL what is left after ``grace`` seconds."""
         with _SIGNALS.held():  # a signal now is acted on once this stop is done
-            self._stop()
+            self._stop(sig)
 
-    def _stop(self) -> None:
+    def _stop(self, sig: int) -> None:
         procs = [*self.procs.values(), *([self._flwr] if self._flwr is not None else [])]
         tree = [q for p in procs if p.returncode is None for q in _tree(p.pid)]
-        _signal(procs, tree, signal.SIGTERM)
+        _signal(procs, tree, sig)
+        self._tell(f"signal {int(sig)}")  # the groups only the guard knows get the same
         guard, self._guard = self._guard, None
         if guard is not None and guard.stdin is not None:
             with contextlib.suppress(OSError):
@@ -455,8 +469,9 @@ class Deployment:
     def __enter__(self) -> Deployment:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        ctrl_c = isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Terminated)
+        self.stop(signal.SIGINT if ctrl_c else signal.SIGTERM)
 
     # ------------------------------------------------------------ the run
 
@@ -492,7 +507,7 @@ class Deployment:
             cfg["token-file"] = self.token_file
         cfg["coordinator-token-file"] = self.coordinator_token_file  # the ServerApp's: load, fetch, release, sum
         cfg.update(overrides)
-        RunSettings.from_mapping(cfg, source="run config")  # refuse bad values before anything runs
+        as_run(cfg, "run config")  # refuse bad values before anything runs
         return cfg
 
     def run(self, overrides: Mapping[str, Any], timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -603,6 +618,47 @@ _DEPLOYMENT_OWN = {"clients", "tiers", "rounds", "out", "resume", "overwrite", "
                    "tls_ca", "tls_cert", "tls_key", "token_file", "coordinator_token_file", "sim_clock"}
 
 
+def as_run(values: Mapping[str, Any], source: str) -> RunSettings:
+    """The settings of the run that ``values`` as its run config start: over the app's defaults, which
+    :meth:`Deployment.write_app` lists (adaptive cuts), not RunSettings' (static ones)."""
+    return RunSettings.layered([(app_config(), None), (values, source)])
+
+
+def refuse_own_sets(sets: Mapping[str, Any]) -> None:
+    """A ``--set`` of what deploy sets itself reached the run config over the deployment's own: ``clients=3``
+    for 2 SuperNodes started, ``tiers=2`` for 3 tiers, the addresses of tiers it did not start."""
+    for raw in sets:
+        name = raw.replace("-", "_")
+        name = ALIASES.get(name, name)
+        if name in _DEPLOYMENT_OWN:
+            use = {"tier_addresses": "its own tiers' addresses", "sim_clock": "off: a deployment measures times"}
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"--set {raw}: deploy sets it itself ({use.get(name, f'use {flag}')})")
+
+
+def check_tokens(args: argparse.Namespace) -> None:
+    """Token files every tier reads as it starts: one it cannot read was a tier's traceback once all had started."""
+    from splitfed.transport.security import read_token
+
+    for flag in ("token_file", "coordinator_token_file"):
+        if path := getattr(args, flag):
+            try:
+                read_token(path)
+            except ConfigError as e:
+                raise ConfigError(f"--{flag.replace('_', '-')}: {e}") from None
+
+
+def made_workdir(given: str | None) -> Path:
+    """``--workdir`` made a folder (or a fresh temporary one): a file there was a traceback."""
+    if not given:
+        return Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
+    try:
+        Path(given).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--workdir {given}: cannot make it a folder ({e.strerror})") from None
+    return Path(given)
+
+
 def _again(args: argparse.Namespace, out: str, rounds: str) -> str:
     """The command that continues this run: the checkpoint keeps the run's settings, not the deployment's own
     (TLS, token, node profiles, where the tiers compute, where the logs go), so those are repeated."""
@@ -654,7 +710,9 @@ def main(argv: list[str] | None = None) -> int:
         for f in (args.tls_ca, args.tls_cert, args.tls_key, args.token_file, args.coordinator_token_file))
     wanted: RunSettings | None = None
     try:
+        refuse_own_sets(sets)
         check_tls(args.tls_ca, args.tls_cert, args.tls_key)  # the files as given, named as given
+        check_tokens(args)
         saved: dict[str, Any] = {}
         if args.resume:  # as splitfed simulate --resume: the run's own settings, then what is given here
             saved = checkpoint.resumed(args.resume, args.out).settings
@@ -669,8 +727,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.overwrite:
             overrides["overwrite"] = True
         overrides.update(sets)
-        wanted = RunSettings.from_mapping({"clients": clients, "tiers": tiers, "sim-clock": False, **overrides},
-                                          source="command line")  # deploy's own prefix is printed once
+        wanted = as_run({"clients": clients, "tiers": tiers, "sim-clock": False, **overrides},
+                        "command line")  # deploy's own prefix is printed once
         runfolder.check(wanted.out, wanted.resume, wanted.overwrite)  # before anything starts
         if args.profile:  # a typo would leave every node out at registration
             from splitfed.flower.adaptive import profile_refusal
@@ -688,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             check_resume(wanted)  # a checkpoint of other math or other data: refused before anything starts
             if runfolder.nothing_to_do(wanted.out, wanted.rounds, args.resume or wanted.out) is not None:
                 return 0
-        workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitfed-deploy-"))
+        workdir = made_workdir(args.workdir)
         with _SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,
                                               profiles=args.profile, tiers=tiers,
                                               coordinator_token_file=coordinator_token_file,
@@ -710,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"deploy: error: {e}", file=sys.stderr)
         return 2
+    except StartFailed as e:  # every process it started is stopped by now
+        print(f"deploy: error: {e}", file=sys.stderr)
+        return 1
     except NodesGone as e:  # the run is stopped by now, as every process deploy started
         print(f"deploy: error: {e}; the run is stopped", file=sys.stderr)
         _kept(args, wanted)
