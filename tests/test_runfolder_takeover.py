@@ -9,6 +9,7 @@ continue, and the simulation's own claim was then refused, naming its own pid.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -184,3 +185,23 @@ def test_a_run_whose_output_reader_closed_records_that_and_no_signal(tmp_path, c
     assert f"note: {folder} was stopped" in note and "SIGPIPE" not in note, note
     with runfolder.claim(folder, resume=True, overwrite=False):  # kept, and continued as any stopped run
         assert runfolder.status(folder).state == "running"
+
+
+def test_a_stops_first_signal_is_the_one_recorded(tmp_path):
+    """A Ctrl-C, then a SIGTERM while the run winds down (Flower's SuperExec stopping its ServerApp): the record
+    says SIGINT, the user's, not the last signal that came."""
+    folder = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import os, signal, time
+        from splitfed.flower import runfolder
+        signal.signal(signal.SIGINT, lambda *a: None)  # a handler of the caller's: the run goes on
+        signal.signal(signal.SIGTERM, lambda *a: None)
+        with runfolder.claim({str(folder)!r}, resume=False, overwrite=False), runfolder.recording_stops():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            print(open(os.path.join({str(folder)!r}, runfolder.LOCK)).read())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["signal"] == "SIGINT", out.stdout  # what a process the SIGTERM ends leaves

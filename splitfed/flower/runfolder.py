@@ -316,6 +316,8 @@ def recording_stops() -> Iterator[None]:
         if was == signal.SIG_IGN:  # ignored before: the run goes on, and nothing is said of it
             return
         for key, (fd, start) in list(_active.items()):
+            if key in _signalled:  # the stop's first signal is its cause (a Ctrl-C, then Flower's SIGTERM)
+                continue
             _signalled[key] = signum
             data = dumps({**start, "state": "stopped", "signal": _signal_name(signum),
                           "until": time.strftime(TIME)}).encode()
