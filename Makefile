@@ -13,8 +13,9 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# the pinned CPU wheel first: an unpinned torch would pull a multi-GB CUDA build
-	$(PY) -m pip install -q torch==2.13.0
+	# the pinned CPU wheel first: an unpinned torch would pull a multi-GB CUDA build (from PyPI the pinned one
+	# does too: TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU build from PyTorch's index)
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -m splitfed.transport.protogen
 	touch $@
