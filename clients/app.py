@@ -36,6 +36,7 @@ from flwr.common import log
 from flwr.common.constant import ErrorCode
 
 import splitfed
+from splitfed.engine.checks import all_finite
 from splitfed.engine.rounds import Chain, RoundConfig, train_client
 from splitfed.errors import ConfigError, SplitfedError, TierError
 from splitfed.flower.node import NodeConfig
@@ -57,6 +58,7 @@ from splitfed.transport.describe import PROTOCOL
 from splitfed.transport.errors import TlsRefused
 
 if TYPE_CHECKING:
+    from splitfed.engine.types import State
     from splitfed.profile.speed import SpeedMeasure
     from splitfed.transport.client import GrpcTierClient
     from splitfed.transport.probe import LinkMeasure
@@ -72,15 +74,17 @@ def _refusals_as_replies(handler: Callable[[Message, Context], Message]) -> Call
     """A failure splitfed names (a tier's refusal, a diverged step, a bad node config) goes back as the
     reply's error, in one line: the coordinator logs it as the client's ``why_failed`` and drops the
     client from the round. Raised instead, it would come back wrapped in the engine's traceback. Any
-    other exception is a bug, and still raises with its traceback."""
+    other exception is a bug, and still raises with its traceback. One line whatever the message holds: a
+    value the coordinator sent with a line break in it (a client-id, a dataset path) is quoted back in it, and
+    its second line read as a line of the coordinator's log."""
     @functools.wraps(handler)
     def wrapped(msg: Message, context: Context) -> Message:
         try:
             return handler(msg, context)
         except SplitfedError as e:
-            log(WARNING, "%s: %s", handler.__name__, e)
-            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(e).__name__}: {e}"),
-                           reply_to=msg)
+            reason = " ".join(f"{type(e).__name__}: {e}".splitlines())
+            log(WARNING, "%s: %s", handler.__name__, reason)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
     return wrapped
 
 
@@ -96,7 +100,8 @@ def query(msg: Message, context: Context) -> Message:
         try:
             spec = ModelSpec.from_dict(json.loads(str(ask["model"])))
             seed, dataset, partition = ask["seed"], str(ask["dataset"]), str(ask["partition"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:  # a coordinator of another make, or hostile
+        # a coordinator of another make, or hostile (RecursionError: JSON nested deeper than json.loads goes)
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
             raise ConfigError(f"query: malformed ({type(e).__name__}: {e})") from None
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"query: seed must be one integer, got {seed!r}")
@@ -140,12 +145,11 @@ def train(msg: Message, context: Context) -> Message:
     """One round of split training of this node's device segment."""
     from splitfed.transport.probe import round_trip_ms
 
-    ins = TrainInstruction.from_record(msg.content.config_records[CONFIG])
+    ins, weights = _received(msg.content)
     node = NodeConfig.parse(context.node_config)
     pid = node.partition_id
     if ins.client_id != f"client{pid}":
-        raise ConfigError(f"instruction for {ins.client_id} reached the node holding partition {pid}")
-    weights = record_to_state(msg.content.array_records[ARRAYS])
+        raise ConfigError(f"instruction for {ins.client_id!r} reached the node holding partition {pid}")
     x, y = _data(node, ins.model, ins.dataset, ins.partition, ins.seed)
     # its device holds no block: its round will not show its speed, so it times its training as at registration
     speed = _measure_speed(node, ins.model, x, ins.batch_size)[0] if ins.measure_speed else None
@@ -175,15 +179,48 @@ def train(msg: Message, context: Context) -> Message:
     return Message(reply, reply_to=msg)
 
 
+def _received(content: RecordDict) -> tuple[TrainInstruction, State]:
+    """A train message's instruction and weights, each checked. A message without either record raised
+    KeyError from the ClientApp (Flower's reply: "<class 'KeyError'>:<''config''>"); a weight that is NaN or
+    infinite was trained on: the edge refused the device's activations, or (a BatchNorm's running statistics,
+    which a forward in training mode does not read) the node trained the round and was dropped for the
+    non-finite weights it returned, blamed for the coordinator's."""
+    for name, records, kind in ((CONFIG, content.config_records, "ConfigRecord"),
+                                (ARRAYS, content.array_records, "ArrayRecord")):
+        if name not in records:
+            raise ConfigError(f"train message: no {kind} {name!r} (it holds {sorted(content) or 'nothing'}): a "
+                              "coordinator of another splitfed version?")
+    ins = TrainInstruction.from_record(content.config_records[CONFIG])
+    try:
+        weights = record_to_state(content.array_records[ARRAYS])
+    except ConfigError as e:
+        raise ConfigError(f"train message: its weights: {e}") from None
+    bad = next((k for k, v in weights.items() if not all_finite(v)), None)
+    if bad is not None:
+        raise ConfigError(f"train message: the weights sent for {bad!r} hold NaN or infinite values: nothing "
+                          "trained (the coordinator's model is not finite)")
+    return ins, weights
+
+
 def _measure_link(node: NodeConfig, ask: ConfigRecord) -> tuple[LinkMeasure | None, str]:
     """This node's real link to its edge, for the optimizer's first plan; else None and why (logged here
     and told to the coordinator, whose log is the one a user reads)."""
     from splitfed.transport.probe import measure_link
 
+    edge = node.edge_address or _asked(ask, "edge-address")
+    ca, cert, key = node.tls_files(_asked(ask, "tls-ca"), _asked(ask, "tls-cert"), _asked(ask, "tls-key"))
     try:
-        ca, cert, key = node.tls_files(_asked(ask, "tls-ca"), _asked(ask, "tls-cert"), _asked(ask, "tls-key"))
-        with connect(node.edge_address or _asked(ask, "edge-address"), tls_ca=ca, tls_cert=cert, tls_key=key,
-                     token_file=node.token_file or _asked(ask, "token-file"), deadline_s=30.0) as link:
+        link = connect(edge, tls_ca=ca, tls_cert=cert, tls_key=key,
+                       token_file=node.token_file or _asked(ask, "token-file"), deadline_s=30.0)
+    except ConfigError as e:
+        if not edge:  # none named: nothing to measure, and nothing of this node's to fix
+            return _unmeasured(node, e)
+        # a file that will not do (a token with a space in it, a CA that is no PEM): no network blip, and each
+        # round connects with the same files, so it would fail every round: left out now, as for a refused token
+        raise ConfigError(f"{e}: this node could train no round so (node config tls-ca, tls-cert, tls-key and "
+                          "token-file, or the run's, give the files)") from None
+    try:
+        with link:
             return measure_link(link, count=3, bandwidth=True), ""
     except TlsRefused as e:  # no network blip either: every step through the edge would be refused
         raise ConfigError(f"the edge refuses this node's TLS ({e}); node config tls-ca, tls-cert and tls-key "

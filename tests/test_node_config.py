@@ -135,7 +135,7 @@ def test_every_kind_of_config_names_an_unknown_key_with_the_nearest_known_one(pa
         parse()
 
 
-def test_a_refusal_goes_back_as_a_one_line_error_reply_and_a_bug_still_raises() -> None:
+def test_a_refusal_goes_back_as_a_one_line_error_reply_and_a_bug_still_raises(monkeypatch) -> None:  # noqa: ANN001
     """Raised, a refusal came back wrapped in the simulation engine's traceback (Ray's, three times over);
     as the reply's error it is the one line the coordinator logs and keeps in ``why_failed``."""
     from flwr.app import Message, RecordDict
@@ -150,8 +150,11 @@ def test_a_refusal_goes_back_as_a_one_line_error_reply_and_a_bug_still_raises() 
     assert "\n" not in reply.error.reason and "Traceback" not in reply.error.reason
 
     del context.node_config["edge_address"]
-    train = Message(RecordDict(), dst_node_id=node, message_type="train", group_id="1")  # no instruction: a bug
-    with pytest.raises(KeyError, match="config"):
+    train = Message(RecordDict(), dst_node_id=node, message_type="train", group_id="1")  # no instruction: refused
+    refused = clients.app.app(train, context)
+    assert refused.has_error() and refused.error.reason.startswith("ConfigError: train message: no ConfigRecord")
+    monkeypatch.setattr(clients.app, "_received", lambda content: 1 / 0)  # a bug still raises, with its traceback
+    with pytest.raises(ZeroDivisionError):
         clients.app.app(train, context)
 
 

@@ -36,14 +36,43 @@ METRICS = "metrics"
 NODE = "node"
 
 
+# torch dtypes numpy has not: they travel as their bits, a numpy array of the integer type of their size, under
+# their own dtype name (``.numpy()`` of a bfloat16 tensor raised TypeError: a user's bfloat16 model, which the
+# engine and its tiers train, stopped a Flower run at its start, the global model not made into a record)
+_AS_BITS = {"bfloat16": (torch.bfloat16, torch.int16)}
+
+
 def state_to_record(state: State) -> ArrayRecord:
     """A (partial) model state as an ArrayRecord; ordered by key so messages are reproducible."""
-    # np.array(order="C"), not np.ascontiguousarray: the latter turns 0-d buffers into shape (1,)
-    return ArrayRecord({k: Array(np.array(state[k].detach().cpu().numpy(), order="C")) for k in sorted(state)})
+    return ArrayRecord({k: _array(state[k].detach().cpu()) for k in sorted(state)})
+
+
+def _array(t: torch.Tensor) -> Array:
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in _AS_BITS:
+        # np.array(order="C"), not np.ascontiguousarray: the latter turns 0-d buffers into shape (1,)
+        return Array(np.array(t.numpy(), order="C"))
+    bits = Array(np.array(t.view(_AS_BITS[name][1]).numpy(), order="C"))
+    return Array(dtype=name, shape=bits.shape, stype=bits.stype, data=bits.data)
 
 
 def record_to_state(record: ArrayRecord) -> State:
-    return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
+    """The state an ArrayRecord holds. An array that does not decode (bytes that are no ``.npy``, a dtype
+    torch has not, a serialization other than numpy's) is a ConfigError naming it, numpy's or torch's words
+    first: raised as it was (EOFError, BadZipFile, TypeError), it ended a ClientApp with a traceback."""
+    state: State = {}
+    for k, a in record.items():
+        try:
+            t = torch.from_numpy(np.array(a.numpy(), copy=True))
+            if a.dtype in _AS_BITS:
+                dtype, bits = _AS_BITS[a.dtype]
+                if t.dtype != bits:
+                    raise TypeError(f"{a.dtype} travels as {str(bits).removeprefix('torch.')}, not as {t.dtype}")
+                t = t.view(dtype)
+        except Exception as e:  # noqa: BLE001 - np.load and torch raise whatever the bytes make them
+            raise ConfigError(f"{e} (array {k!r} does not decode)") from None
+        state[k] = t
+    return state
 
 
 def _get(record: Mapping[str, Any], key: str, what: str) -> Any:
@@ -126,11 +155,13 @@ class TrainInstruction:
                     if not isinstance(v, list | tuple) or not all(_whole(k) for k in v):
                         raise ConfigError(f"{what}: cuts must be a list of integers, got {v!r}")
                     v = tuple(v)
-                elif not _of_type(v, str(f.type)):
-                    raise ConfigError(f"{what}: {key} must be {_TYPE_WORDS[str(f.type)]}, got {v!r}")
+                elif not _of_type(v, str(f.type)):  # a secret's value is never shown, only its type
+                    got = repr(v) if f.repr else f"a value of type {type(v).__name__}"
+                    raise ConfigError(f"{what}: {key} must be {_TYPE_WORDS[str(f.type)]}, got {got}")
                 vals[f.name] = v
             ins = cls(**vals)
-        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a model or optim that is no spec
+        # a model or optim that is no spec; RecursionError: JSON nested deeper than json.loads goes
+        except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as e:
             raise ConfigError(f"{what}: malformed ({type(e).__name__}: {e})") from None
         for name in ("round", "batch_size", "local_epochs"):  # what a node would train nothing, or forever, on
             if getattr(ins, name) < 1:
