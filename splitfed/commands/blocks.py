@@ -9,11 +9,15 @@ from splitfed.engine import template
 from splitfed.jsonio import dumps
 from splitfed.profile.profiler import param_sizes
 
+BLOCK_KEYS = ("index", "name", "output_shape", "params", "trainable", "cut_after")
+"""The keys of each of ``--json``'s blocks (:func:`describe`'s rows), named in ``--help``."""
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("blocks", help="list a model's blocks (the places it can be cut)", description=__doc__)
     add_model_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help=f"print one JSON object: model, input_shape, and blocks, one per block: {', '.join(BLOCK_KEYS)}")
     p.set_defaults(func=run)
 
 
@@ -25,10 +29,9 @@ def describe(spec) -> list[dict]:  # type: ignore[no-untyped-def]
     for i, (m, name) in enumerate(zip(blocks.modules, blocks.names, strict=True)):
         shape, dtype = template.boundary(spec, i + 1)
         params = list(m.parameters())
-        rows.append({"index": i, "name": name, "output_shape": list(shape),
-                     "params": param_sizes(params)[0],
-                     "trainable": param_sizes([p for p in params if p.requires_grad])[0],
-                     "cut_after": i + 1})
+        row = (i, name, list(shape), param_sizes(params)[0], param_sizes([p for p in params if p.requires_grad])[0],
+               i + 1)
+        rows.append(dict(zip(BLOCK_KEYS, row, strict=True)))
     return rows
 
 

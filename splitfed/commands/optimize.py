@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
+from collections.abc import Iterator
 
 from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
 from splitfed.commands.profile import cache_dir
@@ -25,6 +27,12 @@ from splitfed.optimizer.assign import (
 from splitfed.profile.fleet import load_fleet, shipped_fleets
 from splitfed.profile.profiler import profile_model
 from splitfed.units import mib_text
+
+JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_shape", "method", "optimal", "gap",
+             "solve_s", "note", "makespan_s", "mode", "bottleneck", "feasible", "violations", "shared_s",
+             "shared_memory_bytes", "clients")
+"""``--json``'s keys, named in ``--help``: a script's contract (``Solution.to_dict`` and the run's own)."""
+CLIENT_KEYS = ("name", "cuts", "time_s", "device_memory_bytes")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,7 +66,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, default=60.0,
                    help="seconds for the whole exact solve, all its MILPs together (> 0); when they run out, the "
                         "best assignment found so far is printed, marked not proven optimal")
-    p.add_argument("--json", action="store_true", help="print a JSON object (makespan_s, clients, ...)")
+    p.add_argument("--json", action="store_true",
+                   help=f"print one JSON object: {', '.join(JSON_KEYS)}; clients is a list, one per client: "
+                        f"{', '.join(CLIENT_KEYS)}; on an error, nothing on stdout (a priced policy that does not "
+                        "fit still prints, with feasible false, and exits 1)")
     p.set_defaults(func=run)
 
 
@@ -67,6 +78,16 @@ def fleet_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a fleet file or a shipped fleet's name, got nothing")
     return text
+
+
+@contextlib.contextmanager
+def _flag(flag: str) -> Iterator[None]:
+    """A policy flag's refusal (its cuts, or its size limit: a :class:`CutError` or :class:`ConfigError`) names
+    the flag."""
+    try:
+        yield
+    except (CutError, ConfigError) as e:
+        raise type(e)(f"{flag}: {e}") from None
 
 
 def render(sc: Scenario, sol: Solution, header: str) -> str:
@@ -100,18 +121,18 @@ def run(args: argparse.Namespace) -> int:
                              mode=args.mode, codec=args.codec,
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)
     if args.exhaustive:
-        sol = exhaustive(sc)
+        with _flag("--exhaustive"):  # above its size limit
+            sol = exhaustive(sc)
     elif args.static is not None:
-        try:
+        with _flag("--static"):  # a vector the model, the chain or a device cannot take
             sol = static(sc, args.static)
-        except CutError as e:  # a vector the model or the chain cannot take: the flag that gave it
-            raise CutError(f"--static: {e}") from None
     elif args.best_static:
         sol = best_static(sc)
     elif args.greedy:
         sol = greedy(sc)
     elif args.all_on_server:
-        sol = all_on_server(sc)
+        with _flag("--all-on-server"):  # cuts 0,0 a device cannot hold (its raw input alone)
+            sol = all_on_server(sc)
     else:
         sol = solve(sc, gap=args.gap, time_limit=args.time_limit)
     if args.json:

@@ -11,6 +11,10 @@ from splitfed.engine.compute import describe, torch_device
 from splitfed.jsonio import dumps
 from splitfed.profile.profiler import ModelProfile, profile_model
 
+JSON_KEYS = ("model", "batch", "names", "input_bytes", "fwd_flops", "bwd_flops", "param_bytes", "out_bytes",
+             "act_bytes", "fixed_bytes", "fwd_s", "bwd_s", "reps", "optimizer_slots", "host", "version")
+"""The keys of ``--json`` named in ``--help`` (``ModelProfile.to_dict``; the rest are the cost model's)."""
+
 
 def cache_dir() -> Path:
     """Where commands keep measured profiles (``SPLITFED_PROFILE_CACHE``, else the XDG cache). No cache
@@ -34,7 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torch-device", default="cpu", metavar="DEV",
                    help="time the blocks on cpu | cuda | cuda:N (a GPU tier's rate; default cpu)")
     p.add_argument("--no-cache", action="store_true", help="measure again; read and keep no cached profile")
-    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.add_argument("--json", action="store_true",
+                   help=f"print the profile as one JSON object: {', '.join(JSON_KEYS)} (per-block lists: FLOPs and "
+                        "out/act bytes per sample, fwd_s/bwd_s seconds per batch), and further keys of the cost "
+                        "model's own (the profile cache's format, versioned by version)")
     p.set_defaults(func=run)
 
 

@@ -20,6 +20,10 @@ from splitfed.jsonio import dumps
 from splitfed.models.blocks import validate_cuts
 from splitfed.models.zoo import ZOO
 
+JSON_KEYS = ("model", "cuts", "mode", "tiers", "u_shape", "rounds", "clients", "steps", "max_abs_diff", "tolerance",
+             "transport", "ok")
+"""``--json``'s keys (``VerifyResult.to_dict``), named in ``--help``: a script's contract."""
+
 
 def _cut_vectors(text: str) -> list[tuple[int, ...]]:
     """``"2,5/3,7"`` -> ``[(2, 5), (3, 7)]``; each vector read as :func:`int_list` reads one (an empty entry,
@@ -52,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--transport", choices=("inproc", "grpc"), default="inproc",
                    help="grpc: run the server tiers as real tier processes on 127.0.0.1")
     p.add_argument("--seed", type=seed, default=0, help="0..2**32-1")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help=f"print one JSON object: {', '.join(JSON_KEYS)}; exit 1 "
+                   "when ok is false (max_abs_diff above tolerance); on an error, nothing on stdout")
     p.set_defaults(func=run)
 
 
@@ -64,8 +69,10 @@ def run(args: argparse.Namespace) -> int:
     n = template.num_blocks(spec)
     width = len(args.cuts[0])
     tiers = args.tiers or width + 1 - (1 if args.u_shape else 0)
-    if tiers < 2:
-        raise ConfigError(f"a chain needs at least 2 tiers, got {tiers}")
+    if tiers < 2:  # the flag that made it: --tiers, or --cuts one vector too short for --u-shape
+        raise ConfigError(f"--tiers {tiers}: a chain needs at least 2 tiers" if args.tiers else
+                          f"--cuts {','.join(map(str, args.cuts[0]))} with --u-shape: a chain needs at least 2 "
+                          f"tiers, so a U-shape cut vector needs at least 2 cuts (e.g. 2,4)")
     for c in args.cuts:
         try:
             validate_cuts(c, n, tiers, args.u_shape, model=spec.name)
