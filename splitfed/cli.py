@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import importlib
 import logging
 import os
@@ -28,6 +29,7 @@ from splitfed.errors import SplitfedError, Terminated
 # gRPC's C core logs each refused TLS handshake (one line per retry) at INFO: a refusal is splitfed's one line
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write refused for want of room
 STDOUT_CLOSED = 141  # 128 + SIGPIPE: the code a shell shows for it, though Python ignores SIGPIPE (the write raises)
 OUTPUT_CLOSED = "output closed"  # a run's record of such an end (``reason``, with no signal: none came)
 
@@ -77,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _stdout_to_devnull()
         return STDOUT_CLOSED
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+        # a full disk (``> /dev/full``, a run folder's file): one line, not a traceback; the output is lost
+        print(f"splitfed {args.command}: error: {e}", file=sys.stderr)
+        _stdout_to_devnull()
+        return 1
     except KeyboardInterrupt as e:
         terminated = isinstance(e, Terminated)
         print(f"splitfed {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
@@ -154,6 +163,8 @@ def entry() -> None:
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed (``>&-``): Python gives None, and print writes nothing
+            continue
         try:
             stream.flush()
         except BrokenPipeError:  # a reader gone (``| head``) before the output, all of it buffered, reached it

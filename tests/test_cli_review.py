@@ -131,3 +131,25 @@ def test_exhaustive_above_its_limit_is_refused_naming_the_flag(capsys: pytest.Ca
     limit, and prints no JSON."""
     err = _refused(capsys, ["optimize", "--model", "mlp", "--fleet", "small", "--exhaustive", "--json"])
     assert err.startswith("splitfed optimize: error: --exhaustive: ") and "limit 2,000,000" in err, err
+
+
+def _script(shell: str) -> tuple[int, str]:
+    """The installed ``splitfed`` run by a shell line (its redirections); exit code and stderr."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("splitfed")
+    p = subprocess.run(["bash", "-c", shell.format(splitfed=exe)], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_output_to_a_full_disk_is_one_line_and_exit_1():
+    code, err = _script("{splitfed} blocks --model mlp > /dev/full")
+    assert code == 1 and "Traceback" not in err, err
+    assert err.strip() == "splitfed blocks: error: [Errno 28] No space left on device", err
+
+
+def test_a_command_started_with_stdout_closed_ends_without_a_traceback():
+    code, err = _script("{splitfed} blocks --model mlp >&-")
+    assert code == 0 and err == "", err

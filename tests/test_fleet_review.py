@@ -279,3 +279,13 @@ def test_a_fleet_without_a_cloud_asked_for_three_tiers_names_its_file(tmp_path: 
         fleet.servers(3)
     with pytest.raises(ConfigError, match=rf"^fleet 'small\[2\]' \({re.escape(str(path))}\) has no client 'pc'$"):
         fleet.sample(2).client("pc")
+
+
+def test_a_fleet_path_that_is_no_regular_file_says_so(tmp_path):
+    import os
+
+    fifo = tmp_path / "fleet.fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/null", str(fifo)):
+        with pytest.raises(ConfigError, match=r"is not a regular file \(a device or a pipe\)"):
+            load_fleet(path)

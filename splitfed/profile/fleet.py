@@ -218,6 +218,8 @@ def load_fleet(path: str | Path) -> Fleet:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"fleet {str(path)!r} is a folder, not a fleet file")
+    if p.exists() and not p.is_file():  # /dev/null, a pipe: not "no such file" (a pipe's read would wait)
+        raise ConfigError(f"fleet {str(path)!r} is not a regular file (a device or a pipe), not a fleet file")
     if not p.is_file():
         shipped = resources.files("splitfed") / "fleets" / f"{path}.toml"
         if not shipped.is_file():
