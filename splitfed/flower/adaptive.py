@@ -294,11 +294,16 @@ def _measured(sc: Any, m: Measurement) -> Any:
     So the latency and the servers' part (as now believed) come off first, and the rest is shared between
     the directions as the believed wire times share it. Nothing left (the servers ran slower than believed,
     say) teaches nothing about the link. A round trip the device measured this round prices the latency
-    (else the believed one does: a longer round trip would be learned as a slower link), and is learned too."""
+    (else the believed one does: a longer round trip would be learned as a slower link), and is learned too.
+    The round is priced at the samples the client reports training (every epoch counted in them), not those it
+    registered: a device as believed that trained half of them was learned 1.5x faster (alpha 0.5)."""
     from splitfed.cost import client_cost
     from splitfed.optimizer import Measurement as Seen
 
+    if m.samples <= 0:  # it trained nothing: its times teach nothing (a device at cut 0 still timed its speed)
+        return Seen(*_device_work(sc, 0.0, m), rtt_s=m.rtt_s)
     me = sc.clients[sc.index(m.client_id)]
+    me = replace(me, samples=max(1, round(m.samples / sc.epochs)))
     if m.rtt_s is not None:  # priced as this client alone: no new scenario of every client per measurement
         me = replace(me, link=replace(me.link, rtt=m.rtt_s))
     cc = client_cost(sc, me, m.cuts)
@@ -326,8 +331,15 @@ def _device_work(sc: Any, flops: float, m: Measurement) -> tuple[float, float]:
 
 
 def _with_belief(client: Any, belief: Sequence[float]) -> Any:
+    """``client`` as a checkpoint's beliefs say. A saved value that is no usable number (NaN, or a rate of 0:
+    a checkpoint from before the guards on measurements) is the profile's again: it stayed, priced the client's
+    cuts NaN, and ended the run (or hid the client from the makespan) while the client failed to report."""
     from splitfed.profile import LinkProfile, TierProfile
 
+    def rate(saved: float, profile: float) -> float:
+        return saved if 0 < saved < math.inf else profile
+
     flops, up, down, *rtt = belief  # a checkpoint from before round trips were learned has three
-    return replace(client, device=TierProfile(flops, client.device.memory),
-                   link=LinkProfile(up, down, rtt[0] if rtt else client.link.rtt))
+    trip = rtt[0] if rtt and 0 <= rtt[0] < math.inf else client.link.rtt
+    return replace(client, device=TierProfile(rate(flops, client.device.flops), client.device.memory),
+                   link=LinkProfile(rate(up, client.link.up), rate(down, client.link.down), trip))

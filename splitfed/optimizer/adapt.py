@@ -18,7 +18,9 @@ where M1 is the makespan of the next round with each moving client's
 :func:`~splitfed.cost.model.move_cost` added to its time. A move that does not
 lower J is undone client by client (most expensive first), so only clients
 whose move pays for itself move. The new cuts are adopted only if
-J(keep) - J(move) > hysteresis * J(keep): small predicted gains (noise) move nothing.
+J(keep) - J(move) > hysteresis * J(keep): small predicted gains (noise) move nothing
+(cuts believed to take forever, J(keep) = inf, go for any finite J(move)). Cuts in force
+that do not fit (memory: given ones, a resumed run's) have J(keep) = inf: they go at once.
 
 Ties: the re-solve prefers the current cuts (``solve(..., prefer=current)``): when
 several assignments have the optimal predicted makespan (within a relative 1e-9),
@@ -98,7 +100,10 @@ class Decision:
 def _smooth(belief: float, work: float, seconds: float, alpha: float, jump: float) -> float:
     if not (0 < work < math.inf and 0 < seconds < math.inf):  # nothing done, NaN or inf: teaches nothing
         return belief  # (a NaN would stay in the belief for good; an infinite time would make it 0)
-    return _toward(belief, work / seconds, alpha, jump)
+    rate = work / seconds
+    if rate == 0:  # underflowed (5e-324 FLOPs in 2 s): a zero rate would price its cuts 0/0, NaN
+        return belief
+    return _toward(belief, rate, alpha, jump)
 
 
 def _toward(belief: float, seen: float, alpha: float, jump: float) -> float:
@@ -173,21 +178,29 @@ class Adapter:
         current = evaluate(sc, self.assignment)
         if left <= 0:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "last round")
-        target = solve(sc, gap=self.gap, time_limit=self.time_limit, prefer=self.assignment).assignment
+        try:
+            target = solve(sc, gap=self.gap, time_limit=self.time_limit, prefer=self.assignment).assignment
+        except ConfigError as e:  # beliefs that price every plan at inf (an absurd report): the cuts in force
+            # still fit, and a sane measurement is believed at once (a jump); before, the run ended here
+            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, f"no plan: {e}")
         moves = {n: c for n, c in target.items() if c != self.assignment[n]}
         if not moves:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "already optimal")
         new, J_new, M_new, M1_new = self._pay_off(moves, left)
-        J_keep = left * current.makespan_s
+        # cuts that overflow a tier's memory cannot stay, whatever moving costs (given ones: a resumed run's,
+        # whose nodes or pricing changed); before, the feasible optimum was rarely faster and they stayed for good
+        J_keep = left * current.makespan_s if current.feasible else math.inf
         if not new:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0,
                                 "no move pays for moving its weights")
-        if J_keep - J_new <= self.hysteresis * J_keep:
+        if not (J_new < J_keep and (J_keep == math.inf or J_keep - J_new > self.hysteresis * J_keep)):
+            # (cuts believed to take forever go: inf - J_new <= h * inf read as within the hysteresis)
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0,
                                 f"gain {J_keep - J_new:.3g} s over {left} round(s) is within the hysteresis")
         self.assignment.update(new)
-        return self._record(round, tuple(sorted(new)), current.makespan_s, M_new, M1_new - M_new,
-                            f"gain {J_keep - J_new:.3g} s over {left} round(s)")
+        why = (f"gain {J_keep - J_new:.3g} s over {left} round(s)" if current.feasible else
+               f"the cuts in force do not fit: {'; '.join(current.violations)}")
+        return self._record(round, tuple(sorted(new)), current.makespan_s, M_new, M1_new - M_new, why)
 
     def _pay_off(self, moves: dict[str, Cuts], left: int) -> tuple[dict[str, Cuts], float, float, float]:
         """Undo moves that do not lower J = M1 + (left - 1) M; returns the moves kept and J, M, M1."""
@@ -202,7 +215,8 @@ class Adapter:
         mem = np.zeros((n, S))
         act = np.zeros((n, S))
         cuts = np.zeros((n, S + sc.u_shape), dtype=np.int64)
-        Row = tuple[float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+        on_device = np.ones(n, dtype=bool)  # its device holds its share (current cuts may not: given ones)
+        Row = tuple[float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
         rows: dict[tuple[str, Cuts], Row] = {}
 
         def row(name: str, c: Cuts) -> Row:
@@ -211,11 +225,11 @@ class Adapter:
                 t = option_table(sc, cl, np.asarray([c]))
                 m = move_cost(sc, cl, self.assignment[name], c)
                 rows[(name, c)] = (float(t.round_s[0]), m, t.shared_load[0] / sc.capacities, t.memory[0, 1:],
-                                   t.act_memory[0, 1:], np.asarray(c))
+                                   t.act_memory[0, 1:], np.asarray(c), bool(t.fits_device[0]))
             return rows[(name, c)]
 
         def put(i: int, r: Row) -> None:
-            T[i], mv[i], load[i], mem[i], act[i], cuts[i] = r
+            T[i], mv[i], load[i], mem[i], act[i], cuts[i], on_device[i] = r
 
         plan = {c.name: moves.get(c.name, self.assignment[c.name]) for c in sc.clients}
         for name, c in plan.items():
@@ -228,13 +242,13 @@ class Adapter:
             if sc.in_turn and serial is not None:  # clients in turn (sl, sflv2): a move delays all after it
                 shared[serial] += mv.sum()
             M1 = max(float((T + mv).max()), float(shared.max()) if R else 0.0)
-            fits = bool((server_memory(sc, cuts, mem, act) <= sc.memory_caps).all())
+            fits = bool(on_device.all() and (server_memory(sc, cuts, mem, act) <= sc.memory_caps).all())
             return (M1 + (left - 1) * M if fits else np.inf), M, M1
 
         best = J()
         for name in sorted(moves, key=lambda k: -row(k, moves[k])[1]):
             i = idx[name]
-            saved = (T[i], mv[i], load[i].copy(), mem[i].copy(), act[i].copy(), cuts[i].copy())
+            saved = (T[i], mv[i], load[i].copy(), mem[i].copy(), act[i].copy(), cuts[i].copy(), on_device[i])
             put(i, row(name, self.assignment[name]))
             trial = J()
             if trial[0] <= best[0]:
