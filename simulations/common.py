@@ -69,7 +69,7 @@ def config_from_mapping(data: Mapping[str, Any], cls: type[C], source: str = "co
             raise unknown_key(raw, names, source)
         values[key] = _coerce(v, hints[key], f"{source}: {raw}")
     try:
-        return cls(**values)  # type: ignore[return-value]
+        return cls(**values)
     except (TypeError, ValueError, ConfigError) as e:
         raise ConfigError(f"{source}: {e}") from None
 
@@ -421,11 +421,18 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
         return e.exit_code
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated): the runs that ended are kept
         terminated = isinstance(e, Terminated)
-        print(f"{prog}: {'terminated' if terminated else 'interrupted'}; the runs that ended are in "
-              f"{out / RUNS}, without {RESULTS}; to continue: the same command with --resume", file=sys.stderr)
+        print(f"{prog}: {'terminated' if terminated else 'interrupted'}; {_kept(out)}", file=sys.stderr)
         return 143 if terminated else 130
     print(f"{name}: results in {out.resolve()}")
     return 0
+
+
+def _kept(out: Path) -> str:
+    """What a stopped experiment left in ``out``: runs that ``--resume`` continues, or (the cost-model sweep, or
+    one stopped before its first run) none, where pointing at ``--resume`` would only be refused."""
+    if (out / RUNS).is_dir():
+        return f"the runs that ended are in {out / RUNS}, without {RESULTS}; to continue: the same command with --resume"
+    return f"it keeps no runs to continue from ({RESULTS} comes at the end); to start again: the same command"
 
 
 def _experiment_of(results: Path) -> str:

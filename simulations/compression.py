@@ -52,16 +52,18 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     from splitfed.errors import ConfigError
 
     base = cfg.settings()
+    codecs = []
     for c in cfg.codecs:  # a bad codec name fails before any training
         link_codecs(c, base.tiers - 1, what="codecs entry")
         if "," in c:
             raise ConfigError(f"codecs entry {c!r}: one codec per case, for every link: this experiment counts the "
                               "devices' bytes, which a codec per link would show only the first of")
-    runs = run_cases([(c, base.with_(compress=c)) for c in cfg.codecs], out, cfg.backend)
+        codecs.append(base.with_(compress=c).compress)  # as the run spells it: "None" is "none", "INT8" is "int8"
+    runs = run_cases([(c, base.with_(compress=c)) for c in codecs], out, cfg.backend)
     figures = report_runs(runs, out, cfg.target_accuracy, title="Link compression: accuracy vs bytes")
     records = []
     ref = None
-    for c, r in zip(cfg.codecs, runs, strict=True):
+    for c, r in zip(codecs, runs, strict=True):
         total = sum(x.bytes_total for x in r.rounds)
         rec = {**run_record(r, cfg.target_accuracy), "codec": c, "bytes_total": total,
                "bytes_to_target": bytes_to_target(r, cfg.target_accuracy)}

@@ -31,7 +31,7 @@ from splitfed.sim.inprocess import sim_clients
 @dataclass(frozen=True)
 class Config(TrainingConfig):
     policies: tuple[str, ...] = ("static:best", "adaptive")
-    tail_rounds: int = 3  # "after recovery": the mean makespan of the last this many rounds
+    tail_rounds: int = 3  # "after recovery": the mean makespan of the last this many rounds, all after the drift round
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -77,6 +77,9 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     first = min(r for rs in drifting.values() for r in rs)
     if first > base.rounds:
         raise ConfigError(f"the drift starts at round {first}, after the run's {base.rounds} rounds")
+    if cfg.tail_rounds > base.rounds - first:  # the tail would hold the drift round (or rounds before it)
+        raise ConfigError(f"tail_rounds = {cfg.tail_rounds}: the run has {base.rounds - first} round(s) after the "
+                          f"drift round {first} to average as 'after recovery'; lower tail_rounds or raise rounds")
     cases = [(label, base.with_(cuts=cuts)) for label, cuts in (resolve_policy(p, base) for p in cfg.policies)]
     runs = run_cases(cases, out, cfg.backend)
     figures = report_runs(runs, out, title="Drift: a device slows down mid-training")
@@ -87,7 +90,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     for (label, s), r in zip(cases, runs, strict=True):
         ms = {x.round: x.sim_round_s for x in r.rounds}
         before = [v for k, v in ms.items() if k < first]
-        after = [v for k, v in ms.items() if k >= first]
+        after = [v for k, v in ms.items() if k > first]
         rec = {**run_record(r), "policy": label, "cuts": s.cuts,
                "makespan_before_s": fmean(before) if before else None,
                "makespan_drift_round_s": ms.get(first),

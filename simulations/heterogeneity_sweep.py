@@ -14,10 +14,10 @@ Every policy is priced by the one cost model: the exact optimizer
 greedy, and all-on-server.
 
 The config is checked when it is read (one line naming the key): every spread a
-finite number >= 0, fleet sizes >= 1, known policies, at least one of each, none
-listed twice (it would be priced and drawn twice), and a solver time limit > 0
-(``inf``: none). A spread so large that the fleet's numbers overflow or vanish is
-refused before anything is priced.
+finite number >= 0, fleet sizes in 1..MAX_CLIENTS, a seed in 0..2**32-1, known
+policies, at least one of each, none listed twice (it would be priced and drawn
+twice), and a solver time limit > 0 (``inf``: none). A spread so large that the
+fleet's numbers overflow or vanish is refused before anything is priced.
 """
 
 from __future__ import annotations
@@ -58,9 +58,17 @@ class Config:
             raise ConfigError(f"policies: unknown {bad!r} (known: {known})")
         if not self.clients:
             raise ConfigError("clients must list at least one fleet size")
+        from splitfed.flower.config import MAX_SEED
+        from splitfed.profile.fleet import MAX_CLIENTS
+
         small = next((n for n in self.clients if n < 1), None)
         if small is not None:
             raise ConfigError(f"clients: {small} is not a fleet size >= 1")
+        large = next((n for n in self.clients if n > MAX_CLIENTS), None)
+        if large is not None:  # the fleet's draw refused it mid-sweep, naming no key
+            raise ConfigError(f"clients: {large:,} is more than a fleet draws (MAX_CLIENTS, {MAX_CLIENTS:,})")
+        if not 0 <= self.seed <= MAX_SEED:  # numpy's draw of the fleet took -1 as a traceback
+            raise ConfigError(f"seed must be an integer in 0..{MAX_SEED:,} (2**32-1), got {self.seed}")
         if not self.spreads:
             raise ConfigError("spreads must list at least one spread factor")
         wrong = next((s for s in self.spreads if not (math.isfinite(s) and s >= 0)), None)
