@@ -32,7 +32,7 @@ import torch
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
 from splitfed.flower.metrics import METRICS, rows_kept
-from splitfed.jsonio import dumps, sync_folder
+from splitfed.jsonio import draft_of, dumps, sync_folder
 
 FILENAME = "checkpoint.pt"
 FORMAT = 2  # 2: the sha256 is always there (a format-1 file may lack it: written before it was kept)
@@ -62,13 +62,22 @@ class Checkpoint:
 
 def restore_row(folder: str | Path, ckpt: Checkpoint) -> bool:
     """Put back the metrics row of the checkpoint's round when a crash came between the checkpoint and the
-    row: the file then holds rounds 1..r-1 whole (and perhaps the row cut short). Whether it did."""
+    row: the file then holds rounds 1..r-1 whole (and perhaps the row cut short). Whether it did. A file
+    whose row of that round is not the checkpoint's copy of it is refused: the checkpoint is another run's
+    (put there from another folder), and continuing would train that run's model under this one's rows."""
     from splitfed.flower.metrics import MetricsWriter, run_rows
 
     if ckpt.row is None or ckpt.round < 1:
         return False
     path = Path(folder) / METRICS
-    held = [r["round"] for r in run_rows(path)] if path.is_file() else []
+    rows = run_rows(path) if path.is_file() else []
+    theirs = next((r for r in rows if r["round"] == ckpt.round), None)
+    if theirs is not None and theirs != ckpt.row:
+        raise ConfigError(f"cannot resume: {Path(folder) / FILENAME} is not the checkpoint of the run in {path}: "
+                          f"its copy of round {ckpt.round}'s row differs from the file's (a checkpoint of another "
+                          "run put in this folder?); put this run's checkpoint back, or start the run over with "
+                          "--overwrite")
+    held = [r["round"] for r in rows]
     if held != list(range(1, ckpt.round)):
         return False
     writer = MetricsWriter(folder)
@@ -154,7 +163,7 @@ def _save(folder: Path, ckpt: Checkpoint) -> Path:
                "rng": ckpt.rng.clone(), "state": {k: v.detach().cpu().clone() for k, v in ckpt.state.items()}}
     payload["sha256"] = digest(payload)
     final = folder / FILENAME
-    tmp = folder / f".{FILENAME}.{os.getpid()}.tmp"
+    tmp = draft_of(final)  # where runfolder looks for what a writer killed mid-write left
     try:
         with open(tmp, "wb") as f:
             out = _Writer(f)
@@ -233,8 +242,7 @@ def load(folder: str | Path) -> Checkpoint:
         with open(path, "rb") as f:
             stamp = _stamp(path, os.fstat(f.fileno()))  # of the very file read: one replaced meanwhile is not it
             payload = torch.load(f, weights_only=True)
-        if payload.get("format") not in (1, FORMAT):
-            raise ConfigError(f"{path}: checkpoint format {payload.get('format')!r}, expected {FORMAT}")
+        _known_format(path, payload.get("format"))
         saved = payload.get("sha256")  # None: a format-1 checkpoint from before the digest was kept
         if saved is None and payload["format"] == FORMAT:
             raise ConfigError(f"cannot resume: {path} is damaged: its sha256 is missing (every checkpoint of "
@@ -254,4 +262,18 @@ def load(folder: str | Path) -> Checkpoint:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem
         raise ConfigError(f"cannot read checkpoint {path}: it is corrupt or truncated ({type(e).__name__}: {e}); "
-                          "a checkpoint is replaced whole, so this file was damaged after it was written") from None
+                          "a checkpoint is replaced whole, so this file was damaged after it was written; restore it "
+                          "from a copy or start the run over with --overwrite") from None
+
+
+def _known_format(path: Path, fmt: object) -> None:
+    """Refuse a format this version cannot read, saying what to do: a newer one is read by the splitfed
+    that wrote it; anything else is no checkpoint of a run to continue."""
+    if type(fmt) is int and fmt in (1, FORMAT):  # not True: it equals 1
+        return
+    if type(fmt) is int and fmt > FORMAT:
+        raise ConfigError(f"cannot resume: {path} is of checkpoint format {fmt}, written by a newer splitfed "
+                          f"(this one reads formats 1 and {FORMAT}): resume it with that version")
+    raise ConfigError(f"cannot resume: {path} is of checkpoint format {fmt!r}, which no splitfed writes (this "
+                      f"one reads formats 1 and {FORMAT}): restore it from a copy or start the run over with "
+                      "--overwrite")
