@@ -129,7 +129,7 @@ def own_sessions(since: float) -> list[Path]:
 LATEST = "session_latest"  # Ray's link to the session it started last, in the same folder
 
 
-def remove_session(session: Path, wait_s: float = 15.0) -> bool:
+def remove_session(session: Path, wait_s: float = 30.0) -> bool:
     """Remove ``session``, the folder of a Ray that has shut down, and Ray's ``session_latest`` link beside
     it if it points at it (Ray points it at each new session; one that points at a missing folder is
     never replaced). Nothing else: another run's session and the link to it are left alone. Waits up to
