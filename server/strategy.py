@@ -81,6 +81,7 @@ from splitfed.transport.describe import PROTOCOL, this_version
 
 _SAMPLE_STREAM = 211  # derive_seed purpose of client sampling
 POLL_S = 0.2
+NO_REPLY = "no reply before the round timeout"  # why a client that never answered failed (rows, RoundFailed)
 
 
 class RunStopped(SplitfedError):
@@ -169,6 +170,7 @@ class SplitFedAvg(FedAvg):
         self._node_of: dict[str, int] = {}
         self._expected: dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}  # cid -> key -> shape, dtype
         self._why: dict[str, str] = {}  # this round's node errors and malformed replies
+        self._unanswered: dict[int, str] = {}  # node -> why the last exchange got no reply from it
         self._speeds: dict[str, SpeedMeasure | None] = {}  # this round's speeds of devices that hold no block
         self._sampled: list[ClientInfo] = []  # this round's clients, for predicting the round they finished
 
@@ -187,8 +189,7 @@ class SplitFedAvg(FedAvg):
         s = self.settings
         deadline = time.monotonic() + s.node_wait_s
         while len(nodes := sorted(grid.get_node_ids())) < s.clients and time.monotonic() < deadline:
-            if self.stop is not None and self.stop.is_set():
-                raise RunStopped("the run was stopped")
+            self._check_stop()
             log(INFO, "Waiting for nodes: %d of %d registered", len(nodes), s.clients)
             time.sleep(1.0)
         need = s.min_clients
@@ -269,17 +270,18 @@ class SplitFedAvg(FedAvg):
             links[node] += _speed_text(s, info) if speed_asked else ""
         return clients, links
 
-    def _rejoin(self, grid: Grid) -> None:
+    def _rejoin(self, grid: Grid) -> set[int]:
         """A node that took the place of a registered one that is gone (a SuperNode restarted: a new node id,
         the same partition) trains for that client from now on. Before, the run kept sending to the dead node
         id, and the partition's data was never trained again. A new node whose partition's node is still
-        listed (the SuperLink keeps a dead node's id until its heartbeat times out) waits for it to go."""
+        listed (the SuperLink keeps a dead node's id until its heartbeat times out) waits for it to go.
+        Returns the nodes the grid lists now."""
         live = set(grid.get_node_ids())
         self._waiting = {n: info for n, info in self._waiting.items() if n in live}
         registered = {c.partition_id: n for n, c in self.clients.items()}
         gone = {p: n for p, n in registered.items() if n not in live}
         if not gone:
-            return
+            return live
         new = sorted(live - set(self.clients) - self._strangers - set(self._waiting))
         if new:
             found, _ = self._query(grid, new)
@@ -298,16 +300,23 @@ class SplitFedAvg(FedAvg):
             del self._waiting[node]
             self.clients = {(node if n == old else n): (info if n == old else c) for n, c in self.clients.items()}
             log(INFO, "%s is back on node %d (node %d is gone)", info.client_id, node, old)
+        return live
 
-    def sample(self, server_round: int) -> list[ClientInfo]:
-        """This round's clients: the same for a (seed, round) in every run, so resume is exact.
+    def sample(self, server_round: int, live: set[int] | None = None) -> list[ClientInfo]:
+        """This round's clients: the same for a (seed, round) and the same nodes listed, so resume is exact.
 
         As many as ``ceil(fraction * registered)``, at least ``min_train_nodes``, at most all. The product
         is rounded to 9 decimals before the ceiling, so that float error never adds a client (0.07 * 100 is
-        7.000000000000001 in floats: 7 clients, not 8).
+        7.000000000000001 in floats: 7 clients, not 8). Drawn among the clients whose node the grid lists
+        (``live``), as Flower samples connected nodes, when they are enough: a node gone for good was drawn,
+        failed, and a round that took ``min_train_nodes`` failed the run with idle nodes listed; too few
+        listed, all are drawn from (the gone ones fail, saying why).
         """
-        pool = list(self.clients.values())
-        k = min(len(pool), max(math.ceil(round(self.fraction_train * len(pool), 9)), self.min_train_nodes))
+        registered = list(self.clients.values())
+        k = min(len(registered), max(math.ceil(round(self.fraction_train * len(registered), 9)),
+                                     self.min_train_nodes))
+        listed = registered if live is None else [c for c in registered if c.node_id in live]
+        pool = listed if len(listed) >= k else registered
         rng = np.random.default_rng(derive_seed(self.settings.seed, _SAMPLE_STREAM, server_round))
         picked = sorted(rng.choice(len(pool), size=k, replace=False).tolist())
         return [pool[i] for i in picked]
@@ -318,8 +327,7 @@ class SplitFedAvg(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         """The messages of the round's next group (all sampled nodes in SplitFed v1)."""
         if self._round is None:
-            self._rejoin(grid)
-            self._open(server_round, arrays)
+            self._open(server_round, arrays, self._rejoin(grid))
         assert self._round is not None
         group = self._groups.pop(0)
         weights = self._round.begin(group)  # a client whose segments a tier refused is dropped already
@@ -337,6 +345,10 @@ class SplitFedAvg(FedAvg):
         """Take a group's replies; after the round's last group, the new global model."""
         assert self._round is not None and self._record is not None
         outcomes = self._outcomes(replies)
+        by_node = {n: c for c, n in self._node_of.items()}
+        for node, why in self._unanswered.items():  # named in the round's row, and in its RoundFailed
+            if (cid := by_node.get(node)) is not None and cid not in outcomes:
+                self._why.setdefault(cid, why)
         self._round.end(outcomes, self._why)
         if self._groups:
             return None, None
@@ -354,7 +366,7 @@ class SplitFedAvg(FedAvg):
         record.tier_weight_bytes = [list(b) for b in rnd.weight_bytes]
         record.device_weight_bytes = list(rnd.device_bytes)
         reasons = {**self._why, **rnd.why}
-        record.why_failed = {c: reasons.get(c, "no reply before the round timeout") for c in rnd.failed}
+        record.why_failed = {c: reasons.get(c, NO_REPLY) for c in rnd.failed}
         record.measurements = [_measurement(r, self._speeds.get(r.client_id)) for r in rnd.results]
         if record.failed and record.predicted_round_s is not None:
             self._predict_finished(record)
@@ -388,6 +400,7 @@ class SplitFedAvg(FedAvg):
             try:
                 new = None
                 while new is None:
+                    self._check_stop()  # before the round's (or group's) messages go: nodes would train for nothing
                     msgs = list(self.configure_train(rnd, arrays, train_config, grid))
                     replies = self.exchange(grid, msgs, timeout)
                     new, metrics = self.aggregate_train(rnd, replies)
@@ -409,32 +422,44 @@ class SplitFedAvg(FedAvg):
         Flower's HTTP grid sleeps 3 s between pulls; a SplitFed round of quick
         clients (and every client turn of sl/sflv2) would mostly wait on that.
         """
+        self._unanswered = {}
         if not msgs:  # every client of the group was dropped before training
             return []
-        ids = set(grid.push_messages(msgs)) - {None}  # a grid gives None for a message it could not push
+        pushed = list(grid.push_messages(msgs))  # a grid gives None for a message it could not push (or none)
+        ids = set(pushed) - {None}
         # a reply is the node's that was asked: the SuperLink answers for a node that is gone, from its own id
         self._asked = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
+        for i, m in enumerate(msgs):
+            if (pushed[i] if i < len(pushed) else None) is None:
+                self._unanswered[m.metadata.dst_node_id] = ("its message could not be pushed to the SuperLink "
+                                                            "(too large, or malformed: see the log)")
         end = time.monotonic() + timeout
         out: list[Message] = []
         while ids and time.monotonic() < end:
-            if self.stop is not None and self.stop.is_set():
-                raise RunStopped("the run was stopped")
+            self._check_stop()
             got = list(grid.pull_messages(ids))
             out += got
             ids -= {m.metadata.reply_to_message_id for m in got}
             if ids:
                 time.sleep(POLL_S)
         if ids:
-            log(WARNING, "%d node(s) did not answer within %.0fs", len(ids), timeout)
+            log(WARNING, "%d node(s) did not answer within %gs", len(ids), timeout)
+            for node in {self._asked[m] for m in ids if m in self._asked}:
+                self._unanswered[node] = NO_REPLY
         return out
+
+    def _check_stop(self) -> None:
+        """Raise RunStopped once ``stop`` is set (Ctrl-C, the runner): asked while waiting and between rounds."""
+        if self.stop is not None and self.stop.is_set():
+            raise RunStopped("the run was stopped")
 
     # ------------------------------------------------------------ internals
 
-    def _open(self, server_round: int, arrays: ArrayRecord) -> None:
+    def _open(self, server_round: int, arrays: ArrayRecord, live: set[int] | None = None) -> None:
         self._why, self._speeds = {}, {}
         self._describe_edge()
         s = self.settings
-        sampled = self.sample(server_round)
+        sampled = self.sample(server_round, live)
         assignment = self.policy.assign(server_round, sampled)
         order = [c.client_id for c in sampled]
         assignment = {cid: tuple(int(k) for k in assignment[cid]) for cid in order}
