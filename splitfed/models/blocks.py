@@ -42,9 +42,12 @@ twice under two seeds: :func:`stochastic_flags`) is re-seeded per step by
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import os
 import re
+import traceback
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -524,14 +527,19 @@ def _block_inputs(blocks: Blocks, example: torch.Tensor) -> list[object]:
 
 
 def _draws(block: nn.Module, x: object) -> bool:
-    """Whether ``block`` (copies of it, in training mode) gives other outputs for ``x`` under two seeds; a
-    block that cannot be copied or run so counts as drawing (re-seeding a block that draws nothing is harmless)."""
+    """Whether ``block`` (copies of it, in training mode) draws from torch's generator for ``x`` (its state
+    moves), or gives other outputs under two seeds; a block that cannot be copied or run so counts as drawing
+    (re-seeding a block that draws nothing is harmless). Outputs alone miss a draw both seeds act on alike (a
+    layer skipped with probability 0.5 may be skipped under both), and it then drew apart on every tier."""
     outs = []
     try:
         for seed in _CHECK_SEEDS:
             twin = copy.deepcopy(block).train()  # a copy: its statistics may move
             with _rng.seeded(seed), torch.no_grad():
+                before = torch.default_generator.get_state()
                 outs.append(twin(_clone(x)))
+                if not torch.equal(before, torch.default_generator.get_state()):
+                    return True
     except Exception:  # noqa: BLE001 - whatever a user's block raises
         return True
     return not _same(outs[0], outs[1])
@@ -648,7 +656,7 @@ def _trace_blocks(model: nn.Module) -> Blocks:
         gm = _traced_in(model, training=True)
     except Exception as e:  # noqa: BLE001 - tracing failures come in many types
         raise CutError(f"model {name} cannot be traced by torch.fx, so no cut point can be found: "
-                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{_where(e)}") from None
     try:
         evaluating: fx.GraphModule | None = _traced_in(model, training=False)
     except Exception:  # noqa: BLE001 - traceable in training only: it reads self.training as well
@@ -662,6 +670,11 @@ def _trace_blocks(model: nn.Module) -> Blocks:
                        "model an nn.Sequential whose children do it (a Sequential's children run untraced)")
     nodes = list(gm.graph.nodes)
     inputs = [n for n in nodes if n.op == "placeholder"]
+    starred = [str(n.target) for n in inputs if str(n.target).startswith("*")]
+    if starred:  # a block is called with one tensor: *xs would be that tensor, not a tuple of it
+        raise CutError(f"model {name}'s forward takes {starred[0]}; splitfed calls a model with one tensor and "
+                       "cuts it as forward(self, x): name its input (wrap the model in a module whose forward "
+                       "takes one)")
     if len(inputs) != 1:
         raise CutError(f"model {name} takes {len(inputs)} inputs ({', '.join(str(n.target) for n in inputs)}); "
                        "splitfed cuts single-input models: give the others defaults, or wrap the model in a module "
@@ -727,6 +740,23 @@ def _trace_blocks(model: nn.Module) -> Blocks:
         if isinstance(out, fx.Node):  # always, but after the last block: the model's output may be a tuple
             value_in = out
     return Blocks(modules, names, traced=True)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_FILES = {os.path.abspath(f) for f in (__file__, _rng.__file__, contextlib.__file__)}
+
+
+def _where(e: BaseException) -> str:
+    """`` (at file:line: code)``, the last line of the model's own code a tracing failure passed through (the
+    ``if x.sum() > 0:`` fx cannot follow), or "" when none did: fx's own message names no line."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_TORCH_DIR) and os.path.abspath(f.filename) not in _OWN_FILES
+              and not f.filename.startswith("<")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    code = f": {f.line.strip()}" if f.line else ""
+    return f" (at {f.filename}:{f.lineno}{code})"
 
 
 def _traced_in(model: nn.Module, training: bool) -> fx.GraphModule:

@@ -70,13 +70,28 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelSpec:
-        return cls(
-            name=str(d["name"]),
-            input_shape=tuple(int(x) for x in d["input_shape"]),
-            num_classes=int(d["num_classes"]),
-            vocab=int(d.get("vocab", 0)),
-            kwargs=dict(d.get("kwargs", {})),
-        )
+        """The spec :meth:`to_dict` wrote; a ValueError for anything else (``int()`` would make ``64.9`` 64,
+        ``true`` 1 and the string ``"64"`` the shape ``(6, 4)``: another model than the sender's)."""
+        name, shape, kwargs = d["name"], d["input_shape"], d.get("kwargs", {})
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"model name must be a non-empty string, got {name!r}")
+        if not isinstance(shape, (list, tuple)):
+            raise ValueError(f"model {name}: input_shape must be a list of integers, got {shape!r}")
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise ValueError(f"model {name}: kwargs must be an object with string keys, got {kwargs!r}")
+        vocab = _whole(d.get("vocab", 0), f"model {name}: vocab", 0)
+        if vocab == 1:  # no token model: one token carries nothing (the upper bounds are the receiver's limits)
+            raise ValueError(f"model {name}: vocab must be 0 (float inputs) or at least 2, got 1")
+        return cls(name=name, input_shape=tuple(_whole(x, f"model {name}: input_shape", 1) for x in shape),
+                   num_classes=_whole(d["num_classes"], f"model {name}: num_classes", 1), vocab=vocab,
+                   kwargs=dict(kwargs))
+
+
+def _whole(v: object, what: str, least: int) -> int:
+    """``v`` if it is an integer of at least ``least`` (a bool is none), else a ValueError naming ``what``."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < least:
+        raise ValueError(f"{what} must be an integer >= {least}, got {v!r}")
+    return v
 
 
 # ---------------------------------------------------------------- zoo models
