@@ -197,16 +197,12 @@ def test_a_metrics_file_whose_only_line_was_cut_short_says_so(tmp_path: Path) ->
 def _report(args: list[str], *, prelude: str = "", limit: int | None = None) -> subprocess.CompletedProcess[str]:
     """``splitfed report ARGS`` in a process of its own (optionally under a file size limit: a disk that
     fills), ``prelude`` run before it."""
-    code = f"import sys\n{prelude}\nfrom splitfed.cli import main\nsys.exit(main({args!r}))\n"
-
-    def limited() -> None:
-        import resource
-
-        if limit is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
+    # the limit is set by the child itself: a preexec_fn forks the test's process, whose gRPC (other tests') runs
+    # its fork handlers in the child before the exec, which aborted it (SIGABRT, "epoll_wait error") under load
+    limited = "" if limit is None else f"import resource\nresource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+    code = f"import sys\n{limited}{prelude}\nfrom splitfed.cli import main\nsys.exit(main({args!r}))\n"
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          preexec_fn=limited, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_a_write_that_fails_keeps_the_report_before_and_says_which_file(tmp_path: Path) -> None:
