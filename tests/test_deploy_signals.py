@@ -32,6 +32,7 @@ import pytest
 from server.deploy import _SIGNALS, Deployment
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint, runfolder
+from tests.sigint_ignored import ignoring_sigint
 
 pytestmark = pytest.mark.xdist_group("flower-real")
 
@@ -177,8 +178,8 @@ def test_a_deploy_started_ignoring_sigint_leaves_it_ignored():
               "    print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN,\n"
               "          signal.getsignal(signal.SIGTERM) == _SIGNALS.handle)\n"
               "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n")
-    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    p = subprocess.run(ignoring_sigint([sys.executable, "-c", script]), cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
     assert p.stdout.split() == ["True", "True", "True"], p.stderr
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sigint_ignored import ignoring_sigint
+
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,10 +111,10 @@ def test_a_run_started_ignoring_sigint_trains_on_through_it(tmp_path):
     """A background job of a script starts with SIGINT ignored (the user's Ctrl-C is for the job in the
     foreground); the run put its own handler in anyway, and stopped."""
     out = tmp_path / "run"
-    run = subprocess.Popen(
+    run = subprocess.Popen(ignoring_sigint(
         [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds", "2",
-         "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+         "--out", str(out)]), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
     code, text = _stop_at(run, "round 1/2", lambda p: p.send_signal(signal.SIGINT))
     assert code == 0, text
     assert "interrupted" not in text and "Traceback" not in text, text

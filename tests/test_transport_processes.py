@@ -26,6 +26,7 @@ from splitfed.transport.chain import close_chain, grpc_chain
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.pb import method, pb
 from splitfed.transport.process import TierProcess
+from tests.sigint_ignored import ignoring_sigint
 from tests.transport_fixtures import SPEC, Certs, activation, certs, labels, load_client, same  # noqa: F401
 
 pytestmark = pytest.mark.xdist_group("transport-processes")
@@ -466,9 +467,9 @@ def test_a_tier_started_ignoring_sigint_keeps_serving_through_it_and_stops_on_si
 
     from splitfed.transport.process import READY
 
-    tier = subprocess.Popen([sys.executable, "-m", "splitfed.cli", "tier", "--role", "cloud", "--listen",
-                             "127.0.0.1:0", "--insecure"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    tier = subprocess.Popen(ignoring_sigint([sys.executable, "-m", "splitfed.cli", "tier", "--role", "cloud",
+                                             "--listen", "127.0.0.1:0", "--insecure"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert tier.stdout is not None
         address = next(line for line in tier.stdout if line.startswith(READY))[len(READY):].split()[0]
