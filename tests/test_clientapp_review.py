@@ -40,6 +40,7 @@ from splitfed.flower.records import (
 from tests.flower_fixtures import FakeGrid, inprocess_tiers
 from tests.test_boundary_dtype import _To
 from tests.test_node_replies import BASE, _run
+from tests.test_node_replies import _instruction as _kept_instruction
 
 Change = Callable[[RecordDict], None]
 
@@ -63,19 +64,6 @@ def _why_client1(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, change: Change
     why = row["why_failed"]["client1"]
     assert "\n" not in why
     return str(why)
-
-
-def _kept_instruction(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Message, Any]:
-    """A real train message for partition 0 (and its node's context), kept from a one-round run."""
-    kept: list[tuple[Message, Any]] = []
-
-    def app(msg: Message, ctx: Any) -> Message:
-        if msg.metadata.message_type == "train" and ctx.node_config["partition-id"] == 0 and not kept:
-            kept.append((msg, ctx))
-        return clients.app.app(msg, ctx)
-
-    _run(monkeypatch, tmp_path, app, "kept")
-    return kept[0]
 
 
 def _answer(monkeypatch: pytest.MonkeyPatch, msg: Message, ctx: Any, content: RecordDict) -> Message:
