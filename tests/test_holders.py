@@ -154,8 +154,8 @@ def test_a_tier_sized_as_the_cost_model_prices_holders_keeps_them(mode: str, ass
     def sized(tier: Tier, t: int) -> Tier:
         spans = [server_bounds(cuts, N_BLOCKS, False)[t] for cuts in assignment.values()]
         weights = [sum(template.held_bytes(SPEC, i)[0] for i in range(a, z)) for a, z in spans]
-        fixed = [sum(w + (1 + adam.slots) * g for i in range(a, z) for w, g in [template.held_bytes(SPEC, i)])
-                 for a, z in spans]
+        fixed = [sum(w + g + adam.state_bytes(g, template.train_tensors(SPEC, i))
+                     for i in range(a, z) for w, g in [template.held_bytes(SPEC, i)]) for a, z in spans]
         tier.max_held_bytes = max(1, max(f + h for f, h in zip(fixed, weights, strict=True)) + max(weights))
         return tier
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from splitfed.cli import main
 from splitfed.engine import template
+from splitfed.engine.types import optimizer_state_bytes, step_count_bytes
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec, resolve_spec
 from splitfed.profile import profiler as profiler_mod
@@ -177,17 +178,20 @@ def _spec(model: str) -> ModelSpec:
 @pytest.mark.parametrize("model", list(SPECS))
 def test_fixed_bytes_hold_the_buffers_as_a_tier_counts_them(model: str, slots: int) -> None:
     """m_i is what a tier holds for the block: its parameters and buffers (``held_bytes``' first part, each
-    storage once), and a gradient and the optimizer's slots for each byte that trains (its second)."""
+    storage once), and a gradient and the optimizer's slots for each byte that trains (its second), and Adam's
+    step count for each Parameter that trains (``train_tensors``)."""
     spec = _spec(model)
     prof = profile_model(spec, batch=4, reps=1, optimizer_slots=slots, use_cache=False)
     for i in range(prof.n_blocks):
         weights, trains = template.held_bytes(spec, i)
-        assert prof.fixed_bytes[i] == weights + trains * (1 + slots), (model, i)
+        optim = optimizer_state_bytes(slots, trains, template.train_tensors(spec, i))
+        assert prof.fixed_bytes[i] == weights + trains + optim, (model, i)
     if model == "causal":
         assert prof.fixed_bytes[1] >= MASK_BYTES  # before: 3264 B for the mask's block at 1 slot
         assert prof.param_bytes[1] < MASK_BYTES  # a buffer is no parameter
     else:
-        assert prof.fixed_bytes[1] == prof.param_bytes[1] * (2 + slots) + 16 * 4 * 2 + 8  # + mean, var, counter
+        assert prof.fixed_bytes[1] == (prof.param_bytes[1] * (2 + slots) + 16 * 4 * 2 + 8  # + mean, var, counter
+                                       + 2 * step_count_bytes(slots))  # + Adam's step count for weight and bias
 
 
 def test_a_batch_of_one_for_a_model_with_batchnorm_is_refused_in_one_line(capsys: pytest.CaptureFixture[str],

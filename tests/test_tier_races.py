@@ -175,20 +175,23 @@ def test_names_with_line_breaks_are_refused(field: str) -> None:
 
 def _held_now(tier: Tier) -> int:
     """What the tier holds, counted afresh from its replicas and bindings (each block's weights and buffers
-    and, where a client trains it, a gradient per byte that trains; each client binding's optimizer slots). A
+    and, where a client trains it, a gradient per byte that trains; each client binding's optimizer state: its
+    slots and Adam's step counts, ``OptimConfig.state_bytes``). A
     coordinator's base segment (``@...``) never steps: its weights alone."""
     def trains(users: set[str]) -> bool:
         return not all(is_base(u) for u in users)
 
     blocks = sum(template.held_bytes(r.model, i)[0] + template.held_bytes(r.model, i)[1] * trains(r.users)
                  for r in tier._replicas.values() for i in r.blocks if r.model is not None)
-    slots = sum(b.spec.optim.slots * template.held_bytes(b.spec.model, i)[1] * trains({c})
+    optim = sum(b.spec.optim.state_bytes(template.held_bytes(b.spec.model, i)[1],
+                                         template.train_tensors(b.spec.model, i)) * trains({c})
                 for (_, c), b in tier._bindings.items() for i in range(b.spec.start, b.spec.stop))
-    return blocks + slots
+    return blocks + optim
 
 
 def _segment(start: int, stop: int, optim: OptimConfig) -> int:
-    return sum(sum(template.held_bytes(SPEC, i)) + optim.slots * template.held_bytes(SPEC, i)[1]
+    return sum(sum(template.held_bytes(SPEC, i))
+               + optim.state_bytes(template.held_bytes(SPEC, i)[1], template.train_tensors(SPEC, i))
                for i in range(start, stop))
 
 

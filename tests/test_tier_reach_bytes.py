@@ -50,8 +50,8 @@ def _blocked(kind: str, at: int, frozen: bool = False) -> ModelSpec:
 
 def _held_in_training(spec: ModelSpec, cuts: tuple[int, int], optim: OptimConfig) -> list[tuple[Tier, int]]:
     """Each server tier of a real 2-tier chain, and the bytes its segment really holds after two steps: weights
-    and buffers, the gradients present when the optimizer steps, and the optimizer's slots (tensors shaped as
-    their parameter; Adam's scalar step count is not a slot)."""
+    and buffers, the gradients present when the optimizer steps, and every tensor of the optimizer's state (its
+    slots, and Adam's step count per Parameter)."""
     chain = inprocess_chain(2)
     tiers = [t for t in chain.tiers if isinstance(t, Tier)]
     cfg = RoundConfig("r", 0, spec, "sflv1", False, optim)
@@ -72,8 +72,8 @@ def _held_in_training(spec: ModelSpec, cuts: tuple[int, int], optim: OptimConfig
     for tier in tiers:
         b = tier._bindings[("r", "c")]
         weights = param_sizes([*b.segment.parameters(), *b.segment.buffers()])[1]
-        slots = 0 if b.optim is None else sum(v.numel() * v.element_size() for p, s in b.optim.state.items()
-                                              for v in s.values() if isinstance(v, torch.Tensor) and v.shape == p.shape)
+        slots = 0 if b.optim is None else sum(v.numel() * v.element_size() for s in b.optim.state.values()
+                                              for v in s.values() if isinstance(v, torch.Tensor))
         out.append((tier, weights + grads.get(tier.name, 0) + slots))
     return out
 

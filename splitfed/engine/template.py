@@ -252,24 +252,37 @@ def has_state(spec: ModelSpec, index: int) -> bool:
     return _stateful(_key(spec))[index]
 
 
+def trained_sizes(module: nn.Module) -> tuple[int, int]:
+    """Bytes and number of ``module``'s Parameters that train (``requires_grad``), each Parameter once (two tied
+    by ``.data`` share a weight but each gets its own gradient and optimizer state): what gets a gradient and
+    optimizer state where a gradient reaches the module, as the profile and a tier both count it."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return sum(p.numel() * p.element_size() for p in params), len(params)
+
+
 @_once(256)
-def _held(key: str) -> tuple[tuple[int, int], ...]:
+def _held(key: str) -> tuple[tuple[int, int, int], ...]:
     blocks = template(ModelSpec.from_dict(json.loads(key)))
     gets = _gets_gradient(key)  # before the lock: it takes it itself
     with _lock:
-        return tuple((param_sizes([*m.parameters(), *m.buffers()])[1],
-                      sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) if got else 0)
+        return tuple((param_sizes([*m.parameters(), *m.buffers()])[1], *(trained_sizes(m) if got else (0, 0)))
                      for m, got in zip(blocks.modules, gets, strict=True))
 
 
 def held_bytes(spec: ModelSpec, index: int) -> tuple[int, int]:
     """Block ``index``'s bytes of weights and buffers (each storage once), and of the parameters that train
-    (each Parameter once: two tied by ``.data`` share a weight but each gets its own gradient and optimizer
-    state): what a tier holds for it, besides a gradient and the optimizer's slots per byte that trains. A block
-    whose parameters no gradient reaches (:func:`gets_gradient`: one before a block that detaches) trains none:
-    they never get a ``.grad``, so the optimizer, which makes its state lazily, keeps none for them. The cost
-    model prices both alike (``ModelProfile.train_bytes``)."""
-    return _held(_key(spec))[index]
+    (:func:`trained_sizes`): what a tier holds for it, besides a gradient per byte that trains and the optimizer's
+    state (:func:`train_tensors`). A block whose parameters no gradient reaches (:func:`gets_gradient`: one
+    before a block that detaches) trains none: they never get a ``.grad``, so the optimizer, which makes its state
+    lazily, keeps none for them. The cost model prices both alike (``ModelProfile.train_bytes``)."""
+    weights, trains, _ = _held(_key(spec))[index]
+    return weights, trains
+
+
+def train_tensors(spec: ModelSpec, index: int) -> int:
+    """How many Parameters of block ``index`` train (:func:`trained_sizes`; 0 where no gradient reaches it): the
+    optimizer keeps a step count for each besides its slots (``engine.types.optimizer_state_bytes``)."""
+    return _held(_key(spec))[index][2]
 
 
 @_once(256)

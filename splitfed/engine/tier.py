@@ -108,7 +108,7 @@ class _Binding:
     holds_lock: bool = False
     last_used: float = 0.0
     backward: threading.Lock = field(default_factory=threading.Lock)  # one backward at a time: a retry waits
-    held: int = 0  # bytes of its optimizer's slots: Tier.held
+    held: int = 0  # bytes of its optimizer's state (slots, step counts: _optimizer_bytes): Tier.held
 
 
 def _same_secret(held: str, given: str) -> bool:
@@ -162,6 +162,15 @@ def _trained_bytes(spec: SegmentLoad, index: int) -> tuple[int, int]:
     and nothing that trains (no gradient, no optimizer slots), as the cost model prices a holder."""
     weights, trains = template.held_bytes(spec.model, index)
     return weights, 0 if is_base(spec.client_id) else trains
+
+
+def _optimizer_bytes(spec: SegmentLoad, index: int) -> int:
+    """Bytes the optimizer of a load of ``spec`` keeps for block ``index`` once it steps: its slots and Adam's
+    step counts (``OptimConfig.state_bytes``), as the profile's fixed bytes count them; none for a coordinator's
+    own segment, which never steps."""
+    if is_base(spec.client_id):
+        return 0
+    return spec.optim.state_bytes(_trained_bytes(spec, index)[1], template.train_tensors(spec.model, index))
 
 
 def weight_refusal(weight: float) -> str | None:
@@ -312,7 +321,7 @@ class Tier:
             need = 0
             for i in range(spec.start, spec.stop):
                 weights, trains = _trained_bytes(spec, i)
-                need += (weights + trains) * (i not in have) + trains * spec.optim.slots
+                need += (weights + trains) * (i not in have) + _optimizer_bytes(spec, i)
             old = self._bindings.get(bkey)
             return need, old.held if old is not None else 0
 
@@ -369,7 +378,7 @@ class Tier:
             out_shape, _ = template.boundary(spec.model, spec.stop)
             # the binding keeps the load's settings, not its tensors (written into the segment above): a tier
             # holding each client's weights twice would halve the clients it can serve
-            slots = spec.optim.slots * sum(_trained_bytes(spec, i)[1] for i in range(spec.start, spec.stop))
+            slots = sum(_optimizer_bytes(spec, i) for i in range(spec.start, spec.stop))
             optim = None if is_base(spec.client_id) else spec.optim.build(list(segment.parameters()))
             return _Binding(replace(spec, state=None), replica, segment, optim,
                             in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start),

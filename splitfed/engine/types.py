@@ -42,6 +42,24 @@ class StepKey:
     secret: str = field(default="", repr=False)
 
 
+def step_count_bytes(slots: int) -> int:
+    """Bytes an optimizer with ``slots`` keeps per Parameter that trains besides its slots: Adam (the one with
+    2: :attr:`OptimConfig.slots`, ``--optimizer-slots 2``) keeps a step count for each, a 0-d tensor torch hosts
+    on the CPU unless fused or capturable (``OptimConfig.build`` asks for neither), float32, or float64 where
+    that is torch's default dtype (``torch.optim.optimizer._get_scalar_dtype``). SGD keeps none."""
+    if slots != 2:
+        return 0
+    return 8 if torch.get_default_dtype() == torch.float64 else 4
+
+
+def optimizer_state_bytes(slots: int, train_bytes: float, train_tensors: int) -> float:
+    """Bytes of optimizer state for Parameters that train (``train_bytes`` in all, ``train_tensors`` of them,
+    each Parameter once): ``slots`` tensors shaped as each, and each one's step count
+    (:func:`step_count_bytes`). The one rule the profile's fixed bytes and a tier's reservation both count;
+    torch makes the state at a parameter's first gradient, so one that never gets one has none."""
+    return train_bytes * slots + train_tensors * step_count_bytes(slots)
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """Each tier builds its own optimizer from this; per-parameter rules keep splits exact."""
@@ -68,6 +86,10 @@ class OptimConfig:
         """Tensors this optimizer keeps per parameter (Adam: two moments; SGD: a momentum buffer, if any):
         what the memory model counts for it."""
         return 2 if self.name == "adam" else int(self.momentum > 0)
+
+    def state_bytes(self, train_bytes: int, train_tensors: int) -> int:
+        """Bytes this optimizer keeps for Parameters that train: :func:`optimizer_state_bytes`."""
+        return int(optimizer_state_bytes(self.slots, train_bytes, train_tensors))
 
     def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
         if not params:

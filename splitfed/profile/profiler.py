@@ -52,13 +52,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from splitfed.engine import compute
+from splitfed.engine.types import optimizer_state_bytes
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_atomic
 from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 9  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+PROFILE_VERSION = 10  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
 # key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
 # exchange sends); 5: fixed bytes hold the buffers (an older profile left a block's causal mask or running
@@ -68,7 +69,8 @@ PROFILE_VERSION = 9  # 2: blocks that share a weight or pass a tuple are one blo
 # tensor it receives recorded (an older profile left a server tier's received input out of its memory), and what
 # they keep of the tensor it sends on; 8: where training's gradient reaches recorded (an older profile priced a
 # backward, gradients and optimizer state for blocks before one that detaches); 9: that reach found in training
-# mode (an older profile took it in eval mode: a block that stops the gradient in one mode only was priced wrong)
+# mode (an older profile took it in eval mode: a block that stops the gradient in one mode only was priced wrong);
+# 10: fixed bytes hold Adam's step count per Parameter that trains (an older profile left them out)
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +240,7 @@ class ModelProfile:
                   state_bytes: Sequence[float] | None = None) -> ModelProfile:
         """A made-up profile (tests, what-if studies): backward = 2x forward, act = output, every parameter
         trains (``train_bytes`` = ``param_bytes``) and the state is the parameters (``state_bytes`` =
-        ``param_bytes``: no buffer, no tie) by default."""
+        ``param_bytes``: no buffer, no tie) by default; it knows no Parameters, so no Adam step counts."""
         n = len(fwd_flops)
         train = tuple(train_bytes if train_bytes is not None else param_bytes)
         if len(train) != len(param_bytes):
@@ -301,12 +303,14 @@ def _out_kept(model: str, field: str, triples: Sequence[Sequence[float]], out: S
                     "bytes")
 
 
-def fixed_memory(weight_bytes: float, train_bytes: float, optimizer_slots: int) -> float:
+def fixed_memory(weight_bytes: float, train_bytes: float, optimizer_slots: int, train_tensors: int = 0) -> float:
     """A block's fixed memory: its weights (``weight_bytes``: its parameters and buffers, each storage once, as
-    a tier holds them: ``splitfed.engine.template.held_bytes``), and a gradient and ``optimizer_slots``
-    optimizer tensors for each parameter that trains (``train_bytes``; the optimizer keeps no state for a
-    parameter that never has a gradient)."""
-    return weight_bytes + train_bytes * (1 + optimizer_slots)
+    a tier holds them: ``splitfed.engine.template.held_bytes``), and for the parameters that train
+    (``train_bytes``, ``train_tensors`` Parameters: ``template.trained_sizes``) a gradient and the optimizer's
+    state, ``optimizer_slots`` tensors shaped as each and Adam's step counts (``engine.types.
+    optimizer_state_bytes``, which a tier reserves too; the optimizer keeps no state for a parameter that never
+    has a gradient)."""
+    return weight_bytes + train_bytes + optimizer_state_bytes(optimizer_slots, train_bytes, train_tensors)
 
 
 def state_dict_bytes(module: torch.nn.Module) -> int:
@@ -791,7 +795,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             params = list(block.parameters())
             p_bytes = param_sizes(params)[1]
             # what trains: a gradient reaches it (none through a block after it that detaches)
-            t_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad) if reach[i + 1] else 0
+            t_bytes, t_tensors = template.trained_sizes(block) if reach[i + 1] else (0, 0)
             own = {p.untyped_storage().data_ptr() for p in [*params, *block.buffers()]}
             run = _count(block, xin, own)
             out = run.out
@@ -824,7 +828,7 @@ def _measure_blocks(spec: ModelSpec, blocks: Blocks, batch: int, slots: int, rep
             sent += [(i + 1, j, min(t.untyped_storage().nbytes(), _nbytes(t)) / batch)
                      for t, j in zip(_tensors(out), keepers.last, strict=True) if j is not None]
             grad_keepers.cross(i, grad_run, batch)
-            fixed.append(fixed_memory(param_sizes([*params, *block.buffers()])[1], t_bytes, slots))
+            fixed.append(fixed_memory(param_sizes([*params, *block.buffers()])[1], t_bytes, slots, t_tensors))
             fwd_s.append(statistics.median(tf))
             bwd_s.append(statistics.median(tb) if reach[i + 1] else 0.0)
             x = _detach(out, grad=False)
