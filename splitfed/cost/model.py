@@ -219,7 +219,9 @@ def wire_bytes(codec: WireCodec | str, per_sample: np.ndarray | float, samples: 
             raise ConfigError(f"codec {kind}: no floating dtype the wire carries has values of {itemsize:g} bytes")
         values = one / width
         if kind == "topk":  # codec.topk_count
-            values = min(values, max(1.0, math.ceil(f * values))) if values > 0 else 0.0
+            from splitfed.transport.codec import topk_counts  # lazy, as in parse_codec
+
+            values = float(topk_counts(values, f))
         return np.asarray(float(head_of[width]) + values * float(value_of[width]))
     raw = np.asarray(per_sample, dtype=float) * samples
     size = np.asarray(itemsize, dtype=float)
@@ -234,7 +236,9 @@ def wire_bytes(codec: WireCodec | str, per_sample: np.ndarray | float, samples: 
     idx = np.where(fl & ok, whole, 0)
     n = raw / np.where(fl, size, 1.0)
     if kind == "topk":  # codec.topk_count, on arrays
-        n = np.where(n > 0, np.minimum(n, np.maximum(1.0, np.ceil(f * n))), 0.0)
+        from splitfed.transport.codec import topk_counts
+
+        n = topk_counts(n, f)
     return np.where(fl, head_of[idx] + n * value_of[idx], raw)
 
 

@@ -29,6 +29,7 @@ from splitfed.models.zoo import ModelSpec
 from splitfed.profile.devices import LinkProfile, mbps
 from splitfed.profile.fleet import MAX_SAMPLES, in_range
 from splitfed.profile.speed import SpeedMeasure
+from splitfed.transport.codec import AS_BITS, as_numpy
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -36,10 +37,11 @@ METRICS = "metrics"
 NODE = "node"
 
 
-# torch dtypes numpy has not: they travel as their bits, a numpy array of the integer type of their size, under
-# their own dtype name (``.numpy()`` of a bfloat16 tensor raised TypeError: a user's bfloat16 model, which the
-# engine and its tiers train, stopped a Flower run at its start, the global model not made into a record)
-_AS_BITS = {"bfloat16": (torch.bfloat16, torch.int16)}
+# torch dtypes numpy has not (the codec's AS_BITS) travel as their bits, a numpy array of the integer type of
+# their size, under their own dtype name (``.numpy()`` of a bfloat16 tensor raised TypeError: a user's bfloat16
+# model, which the engine and its tiers train, stopped a Flower run at its start, the global model not made
+# into a record). By that name: (the dtype, its bits' dtype).
+_AS_BITS = {str(d).removeprefix("torch."): (d, bits) for d, bits in AS_BITS.items()}
 
 
 def state_to_record(state: State) -> ArrayRecord:
@@ -48,12 +50,11 @@ def state_to_record(state: State) -> ArrayRecord:
 
 
 def _array(t: torch.Tensor) -> Array:
-    name = str(t.dtype).removeprefix("torch.")
-    if name not in _AS_BITS:
-        # np.array(order="C"), not np.ascontiguousarray: the latter turns 0-d buffers into shape (1,)
-        return Array(np.array(t.numpy(), order="C"))
-    bits = Array(np.array(t.view(_AS_BITS[name][1]).numpy(), order="C"))
-    return Array(dtype=name, shape=bits.shape, stype=bits.stype, data=bits.data)
+    # np.array(order="C"), not np.ascontiguousarray: the latter turns 0-d buffers into shape (1,)
+    a = Array(np.array(as_numpy(t), order="C"))
+    if t.dtype not in AS_BITS:
+        return a
+    return Array(dtype=str(t.dtype).removeprefix("torch."), shape=a.shape, stype=a.stype, data=a.data)
 
 
 def record_to_state(record: ArrayRecord) -> State:

@@ -13,7 +13,8 @@ labels or token ids always travel exactly):
   finite values beyond +-INT8_MAX (a quarter of float32's range) saturate there,
   so that the span and the decoder's steps stay finite, while a NaN or +-inf
   makes the whole tensor arrive non-finite (and the receiver refuses it);
-- ``topk:F``: the ceil(F * n) largest magnitudes: int32 indices (strictly
+- ``topk:F``: the ceil(F * n) largest magnitudes, F taken as the decimal it was
+  written as (0.07 of 100 values keeps 7: :func:`topk_count`): int32 indices (strictly
   increasing), then their values in the tensor's dtype. F is at least
   MIN_TOPK_FRACTION (0.001), wherever a codec is made (a setting, a frame's
   codec): a receiver builds the whole dense tensor from the k values it is
@@ -30,6 +31,8 @@ import math
 import sys
 import warnings
 from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -146,21 +149,57 @@ def _bytes_view(t: torch.Tensor) -> memoryview:
     if not t.is_contiguous():
         t = t.contiguous()
     try:
-        a = _numpy(t)
+        a = as_numpy(t)
     except RuntimeError:  # a lazily negated view (the imaginary part of a conjugate) that is contiguous: its
-        a = _numpy(t.resolve_neg())  # values, resolved here and not on every tensor's path
+        a = as_numpy(t.resolve_neg())  # values, resolved here and not on every tensor's path
     return a.data.cast("B") if a.size else memoryview(b"")  # a.data: memoryview(a), the same view
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A dense CPU tensor's elements as numpy sees them (no copy)."""
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16; a view as int16 (same size) works at any stride,
-        t = t.view(torch.int16)  # unlike one as uint8 (a one-element tensor may have any stride, 0 included)
+# torch dtypes numpy has not, and the integer dtype of their size whose bits stand for them wherever numpy
+# holds their values (a codec's payload, a Flower record's array): numpy has no bfloat16. A view as int16
+# (same size) works at any stride, unlike one as uint8 (a one-element tensor may have any stride, 0 included).
+AS_BITS: dict[torch.dtype, torch.dtype] = {torch.bfloat16: torch.int16}
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A dense CPU tensor's elements as numpy sees them (no copy): a dtype numpy has not as its bits (AS_BITS)."""
+    bits = AS_BITS.get(t.dtype)
+    if bits is not None:
+        t = t.view(bits)
     return t.numpy()  # as few torch calls as possible: each costs more than the rest on a step's path
 
 
+@lru_cache(maxsize=64)
+def topk_share(fraction: float) -> Fraction:
+    """A top-k fraction as the decimal it was written as: the shortest one that reads back as this float
+    (``repr``; every decimal of up to 15 significant digits is its own). Only the float travels (a frame's
+    codec), so sender and receiver both get the same decimal from it."""
+    return Fraction(repr(float(fraction)))
+
+
 def topk_count(numel: int, fraction: float) -> int:
-    return 0 if numel == 0 else min(numel, max(1, math.ceil(fraction * numel)))
+    """How many values top-k keeps of ``numel``: ceil(F * numel) for the decimal F (:func:`topk_share`), at
+    least 1, at most all. In floats 0.07 * 100 is 7.000000000000001: topk:0.07 of 100 values kept 8."""
+    if numel == 0:
+        return 0
+    share = topk_share(fraction)
+    return min(numel, max(1, -(-numel * share.numerator // share.denominator)))
+
+
+def topk_counts(numel: np.ndarray | float, fraction: float) -> np.ndarray:
+    """:func:`topk_count` over counts held as floats, whole or not (the cost model prices every option at
+    once): the float product is off by at most 2 ulps, so only one that close to a whole number (F * n is
+    whole often: 0.1 of 1000 values) is decided exactly."""
+    n = np.asarray(numel, dtype=float)
+    x = n * float(fraction)
+    k = np.array(np.ceil(x))  # an array even when n is one count (0-d)
+    with np.errstate(invalid="ignore"):  # an infinite count: inf - inf, no whole number near it
+        near = np.abs(x - np.rint(x)) <= 4 * np.spacing(np.maximum(np.abs(x), 1.0))
+    if near.any():
+        share = topk_share(fraction)
+        exact = {v: math.ceil(share * Fraction(v)) for v in np.unique(n[near]).tolist()}
+        k[near] = [exact[v] for v in n[near].tolist()]
+    return np.where(n > 0, np.minimum(n, np.maximum(1.0, k)), 0.0)
 
 
 def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:

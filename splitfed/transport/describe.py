@@ -21,7 +21,7 @@ import splitfed
 from splitfed.errors import ConfigError
 from splitfed.transport.pb import pb
 
-PROTOCOL = 4
+PROTOCOL = 5
 """The wire protocol's version: raise it whenever tier.proto changes what an older peer would misread.
 
 2: a binding secret on every Load, Step, Fetch and Release (an older peer would drop it and be refused).
@@ -30,7 +30,10 @@ weights unchanged), Reduce sums the clients' trained segments on the tier (an ol
 Fetch may name a range of the segment's blocks (an older tier would send the whole segment).
 4: a Reduce reply holds the clients' sample-weighted mean per key (float32 for weights of 32 bits or fewer,
 float64 for the rest), not its float64 sum: the coordinator multiplies it by the weight it knows is behind each
-key (a protocol 3 coordinator would take a mean for a sum, and refuse its float32)."""
+key (a protocol 3 coordinator would take a mean for a sum, and refuse its float32).
+5: top-k keeps ceil(F x n) values for the decimal F its fraction reads as (``codec.topk_count``), not for the
+float product: an older peer sends or expects one value more where they differ (topk:0.07 of 100 values: 8, not
+7) and refuses the other's payload."""
 
 
 @dataclass(frozen=True)
