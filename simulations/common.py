@@ -151,9 +151,12 @@ def write_results(out: Path, records: Sequence[Mapping[str, Any]], series: Seque
 
 
 def _csv_value(v: Any) -> Any:
+    """A cell of results.csv: text that would start a spreadsheet formula led by ``'`` (``csv_text``)."""
+    from splitfed.report.summary import csv_text
+
     if isinstance(v, list | tuple):
-        return ",".join(map(str, v))
-    return "" if v is None else v
+        return csv_text(",".join(map(str, v)))
+    return "" if v is None else csv_text(v) if isinstance(v, str) else v
 
 
 def _jsonable(v: Any) -> Any:

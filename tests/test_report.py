@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from splitfed.cli import main as cli
+from splitfed.commands.report import MANIFEST
 from splitfed.errors import ConfigError
 from splitfed.flower.metrics import MetricsWriter, read_rows
 from splitfed.report import plots
@@ -160,7 +161,7 @@ def test_report_refuses_before_writing_anything_when_an_output_is_a_folder(
     assert not any((out / blocked).iterdir())
     (out / blocked).rmdir()
     assert cli(["report", str(tmp_path / "run"), "--out", str(out)]) == 0
-    made = {p.name for p in out.iterdir()} - {"keep.txt"}
+    made = {p.name for p in out.iterdir()} - {"keep.txt", MANIFEST}
     runs = load_runs([tmp_path / "run"])
     assert made == {"summary.md", "summary.csv", "rounds.csv", *(p.name for p in plots.standard_plot_files(runs, out))}
     assert blocked in made

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import json
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +26,8 @@ class ReportWriteError(SplitfedError):
 
 if TYPE_CHECKING:
     from splitfed.report.runs import Run
+
+MANIFEST = ".splitfed-report.json"  # in an --out folder: the files a report wrote there, by sha256 (_written)
 
 
 def _accuracy(text: str) -> float:
@@ -43,7 +47,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run folders (each with metrics.jsonl), or their metrics.jsonl files; the output folder "
                         "itself, given among them (runs/* once runs/report is there), is left out")
     p.add_argument("--out", default=None,
-                   help="output folder (default: RUN_DIR/report for one run, else COMMON_PARENT/report)")
+                   help="output folder (default: RUN_DIR/report for one run, else COMMON_PARENT/report); "
+                        "files there of the names a report writes are replaced only if a report wrote them")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files in --out of the names a report writes (summary.md, summary.csv, "
+                        "rounds.csv, the figures) that no report wrote, or that were changed since")
     p.add_argument("--target", type=_accuracy, default=None,
                    help="target accuracy: adds simulated time and rounds to reach it")
     p.set_defaults(func=run)
@@ -112,13 +120,22 @@ def _run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder")
     # every file checked before any is written: a refusal half way left new figures beside an old summary
-    for f in [*standard_plot_files(runs, out), out / "summary.md", *csv_files(out)]:
+    files = [*standard_plot_files(runs, out), out / "summary.md", *csv_files(out)]
+    for f in [*files, out / MANIFEST]:
         if f.exists() and not f.is_file():
             raise ConfigError(f"cannot write the report to {out}: {f.name} there is "
                               f"{'a folder' if f.is_dir() else 'not a file'} (move it away, or give another --out)")
         if f.exists() and not os.access(f, os.W_OK):
             raise ConfigError(f"cannot write the report to {out}: {f.name} there is read-only "
                               "(make it writable, or give another --out)")
+    owned = owned_folder(out, paths)
+    ours = _ours(out, owned)
+    theirs = [f.name for f in files if os.path.lexists(f) and not ours(f)]
+    if theirs and not args.overwrite:  # before: a summary.md of the user's in --out was replaced, unasked
+        one = len(theirs) == 1
+        raise ConfigError(f"cannot write the report to {out}: {', '.join(theirs)} there {'was' if one else 'were'} "
+                          f"not written by splitfed report (give --overwrite to replace {'it' if one else 'them'}, "
+                          "or another --out)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".report.{os.getpid()}.tmp"  # a folder that exists may still refuse writes
@@ -126,7 +143,7 @@ def _run(args: argparse.Namespace) -> int:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"cannot write the report to {out}: {e.strerror or e}") from None
-    images = write_report(runs, out, args.target)
+    images = write_report(runs, out, args.target, owned)
     headers, rows = summary_rows(runs, args.target)
     print(format_table(headers, rows))
     for r in runs:
@@ -139,17 +156,21 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_report(runs: Sequence[Run], out: Path, target: float | None) -> dict[str, Path]:
+def write_report(runs: Sequence[Run], out: Path, target: float | None, owned: bool = True) -> dict[str, Path]:
     """The figures, ``summary.md``, ``summary.csv`` and ``rounds.csv`` of ``runs`` in ``out``; name -> figure.
+    ``owned``: ``out`` is the report's own folder (:func:`owned_folder`). Elsewhere the manifest (:data:`MANIFEST`) says
+    which files there a report wrote, and only an earlier report's figure of runs not in this one is removed.
 
     Every file is written beside its place first (and synced), and all are put in place once all are written:
     an interrupt (Ctrl-C, SIGTERM) or a failed write (a full disk) leaves the report there before as it was,
     never half a file, nor new figures beside an old summary. A failed write is one line naming the file."""
     from splitfed.jsonio import draft_of, write_draft
-    from splitfed.report.plots import draw_standard_plots, remove_stale_plots
+    from splitfed.report.plots import draw_standard_plots, remove_stale_plots, run_plot_files
     from splitfed.report.summary import csv_files, csv_texts, summary_markdown
 
+    ours = _ours(out, owned)
     staged: list[tuple[Path, Path]] = []  # (draft, its place)
+    manifest = draft_of(out / MANIFEST)
     writing = "the figures"
     replaced = 0
     try:
@@ -161,12 +182,17 @@ def write_report(runs: Sequence[Run], out: Path, target: float | None) -> dict[s
             writing = place.name
             staged.append((draft_of(place), place))
             write_draft(place, text)
+        stale = [p for p in run_plot_files(out) if p not in {place for _, place in staged} and os.path.lexists(p)]
+        if not owned or os.path.lexists(out / MANIFEST):  # in place first: it names each file there as it is
+            writing = MANIFEST                                # before and after, however far the rest goes
+            write_draft(out / MANIFEST, _manifest(staged, [p for p in stale if ours(p) and p.is_file()], ours))
+            os.replace(manifest, out / MANIFEST)
         for draft, place in staged:
             writing = place.name
             os.replace(draft, place)
             replaced += 1
         writing = "an earlier report's figures"
-        remove_stale_plots(out, [place for _, place in staged])
+        remove_stale_plots(out, [place for _, place in staged] + [p for p in stale if not ours(p)])
     except OSError as e:
         kept = ("the report there before, if any, is kept" if not replaced
                 else f"{replaced} of its {len(staged)} files are new")
@@ -175,7 +201,56 @@ def write_report(runs: Sequence[Run], out: Path, target: float | None) -> dict[s
     finally:
         for draft, _ in staged[replaced:]:
             draft.unlink(missing_ok=True)
+        manifest.unlink(missing_ok=True)
     return {name: place for name, (_, place) in drawn.items()}
+
+
+def owned_folder(out: Path, paths: list[Path]) -> bool:
+    """Whether ``out`` is the report's own folder, where a file of a name a report gives is the report's
+    whoever wrote it: the default one for ``paths``, or any run folder's ``report`` (which ``simulate
+    --overwrite`` removes with the run). Any other is maybe a folder of the user's (:func:`_ours`)."""
+    from splitfed.flower.metrics import METRICS  # not runfolder.REPORT: runfolder imports torch
+
+    folder = Path(os.path.abspath(out))
+    return (folder.resolve() == default_out(paths).resolve()
+            or (folder.name == "report" and not folder.is_symlink() and (folder.parent / METRICS).is_file()))
+
+
+def _ours(out: Path, owned: bool) -> Callable[[Path], bool]:
+    """Whether a file in ``out`` is a report's, to replace or remove: any in the report's own folder
+    (``owned``: :func:`owned_folder`); elsewhere (``--out``: maybe a folder of the user's) only one a report wrote there as
+    it is now (its sha256 in the manifest, :data:`MANIFEST`), never a link (a report writes none)."""
+    if owned:
+        return lambda path: True
+    written = _written(out)
+    return lambda path: (path.is_file() and not path.is_symlink()
+                         and _sha256(path) in written.get(path.name, ()))
+
+
+def _written(out: Path) -> dict[str, list[str]]:
+    """name -> the sha256 of each version of it that reports wrote in ``out``, as its manifest says (none
+    there, or one that cannot be read: nothing is taken for a report's)."""
+    try:
+        files = json.loads((out / MANIFEST).read_text(encoding="utf-8"))["files"]
+        return {name: [str(d) for d in digests] for name, digests in files.items() if isinstance(digests, list)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _manifest(staged: Sequence[tuple[Path, Path]], stale: Sequence[Path], ours: Callable[[Path], bool]) -> str:
+    """The manifest of a report about to put ``staged`` (draft, place) in place and remove ``stale``: each
+    file's new sha256, and its sha256 now where it is a report's (a write that stops part way leaves some
+    files old, some new: both stay the report's)."""
+    files: dict[str, list[str]] = {}
+    for draft, place in staged:
+        files[place.name] = [_sha256(draft), *([_sha256(place)] if place.is_file() and ours(place) else [])]
+    for place in stale:
+        files[place.name] = [_sha256(place)]
+    return json.dumps({"written by": "splitfed report", "files": files}, indent=2, sort_keys=True) + "\n"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _named(e: OSError, writing: str) -> str:

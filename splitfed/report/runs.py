@@ -415,7 +415,9 @@ def _strip_index(name: str) -> str:
 
 
 def _natural(name: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+    """Sort key: runs of ASCII digits as numbers (``pi-2`` before ``pi-10``); ``str.isdigit`` also takes
+    ``¹``, which ``int`` refuses (a label of it stopped the report)."""
+    return tuple(int(p) if p.isascii() and p.isdigit() else p for p in re.split(r"([0-9]+)", name))
 
 
 def _classes(parsed: Sequence[RoundRow], raw: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> dict[str, str]:

@@ -144,31 +144,46 @@ def _clients(row: RoundRow) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else len(row.cuts)
 
 
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what starts a formula in a spreadsheet's cell (OWASP: CSV injection)
+
+
+def csv_text(text: str) -> str:
+    """``text`` as a CSV cell that a spreadsheet (Excel, LibreOffice) shows as it is and never runs: one that
+    would start a formula (a run named ``=HYPERLINK(...)``) led by ``'``, which they read as "text"."""
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
+def csv_cell(v: Any) -> Any:
+    """A value as its CSV cell: a missing or non-finite number empty, text as :func:`csv_text` writes it, a
+    number as it is (``-0.5`` stays a number)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    return csv_text(v) if isinstance(v, str) else v
+
+
 def csv_texts(runs: Sequence[Run], target: float | None = None) -> tuple[str, str]:
     """The text of ``summary.csv`` and of ``rounds.csv`` (see :func:`write_csv`)."""
-    def cell(v: Any) -> Any:
-        return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
-
     headers, rows = summary_rows(runs, target)
     summary, rounds = io.StringIO(newline=""), io.StringIO(newline="")
     w = csv.writer(summary)
-    w.writerow(headers)
-    w.writerows([[cell(v) for v in row] for row in rows])
+    w.writerow([csv_cell(h) for h in headers])
+    w.writerows([[csv_cell(v) for v in row] for row in rows])
     w = csv.writer(rounds)
-    w.writerow(ROUND_COLUMNS)
+    w.writerow([csv_cell(h) for h in ROUND_COLUMNS])
     for r in runs:
         for row, t in zip(r.rounds, r.sim_time, strict=True):
-            w.writerow([cell(v) for v in (r.label, row.round, row.accuracy, row.loss, row.sim_round_s, t,
-                                          row.wall_s, row.bytes_up, row.bytes_down, row.bytes_total,
-                                          _clients(row), "measured" if row.extra.get(MEASURED) else "sim",
-                                          _number(row.extra.get("predicted_round_s")), row.weight_bytes)])
+            w.writerow([csv_cell(v) for v in (r.label, row.round, row.accuracy, row.loss, row.sim_round_s, t,
+                                              row.wall_s, row.bytes_up, row.bytes_down, row.bytes_total,
+                                              _clients(row), "measured" if row.extra.get(MEASURED) else "sim",
+                                              _number(row.extra.get("predicted_round_s")), row.weight_bytes)])
     return summary.getvalue(), rounds.getvalue()
 
 
 def write_csv(runs: Sequence[Run], out: Path, target: float | None = None) -> tuple[Path, Path]:
     """``summary.csv`` (the runs table, numbers unrounded) and ``rounds.csv`` (every round of every run),
-    for spreadsheets and dataframes; a missing or non-finite number is an empty cell. Each file is replaced
-    in one step: an interrupted or failed write leaves the one there before, never half of one."""
+    for spreadsheets and dataframes; a missing or non-finite number is an empty cell, and text that would
+    start a formula is led by ``'`` (:func:`csv_text`). Each file is replaced in one step: an interrupted or
+    failed write leaves the one there before, never half of one."""
     out.mkdir(parents=True, exist_ok=True)
     paths = csv_files(out)
     for path, text in zip(paths, csv_texts(runs, target), strict=True):
