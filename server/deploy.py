@@ -26,9 +26,12 @@ all down if deploy itself dies, even by SIGKILL):
    would move ``[tool.flwr.federations]`` out of its pyproject.toml.) Its output
    (the ServerApp's log) is shown as it comes and kept in ``WORKDIR/flwr-run.log``.
 
-Exit code: 0 once the run folder's checkpoint holds every requested round; 1 if
-the run stopped before (the line printed says where it stopped and how to
-continue it with ``--resume``); 2 for settings refused before anything started;
+Exit code: 0 once the run folder records the run finished (its own record of
+the run's end, :func:`splitfed.flower.runfolder.status`) with every requested
+round kept, whatever ``flwr run`` exits with (0 after a failed ServerApp, and
+not always 0 after a finished one); 1 if not (the line printed says where it
+stopped, why, and how to continue it with ``--resume``); 2 for settings refused
+before anything started;
 130 after Ctrl-C, 143 after SIGTERM (everything stopped; the finished rounds
 stay in the run folder for ``--resume``).
 
@@ -637,15 +640,22 @@ def refuse_own_sets(sets: Mapping[str, Any]) -> None:
 
 
 def check_tokens(args: argparse.Namespace) -> None:
-    """Token files every tier reads as it starts: one it cannot read was a tier's traceback once all had started."""
+    """Token files every tier reads as it starts, refused as a tier would refuse them (before: a tier's
+    traceback, then its exit, once some had started): one that cannot be read, and the devices' token given as
+    the coordinator's (every device holds it: it would let any device load, fetch, release and sum)."""
     from splitfed.transport.security import read_token
 
+    tokens: dict[str, str] = {}
     for flag in ("token_file", "coordinator_token_file"):
         if path := getattr(args, flag):
             try:
-                read_token(path)
+                tokens[flag] = read_token(path)
             except ConfigError as e:
                 raise ConfigError(f"--{flag.replace('_', '-')}: {e}") from None
+    if len(tokens) == 2 and tokens["token_file"] == tokens["coordinator_token_file"]:
+        raise ConfigError(f"--coordinator-token-file {args.coordinator_token_file} holds the same token as "
+                          f"--token-file {args.token_file}: every device holds that one; give the coordinator "
+                          "a token of its own (or leave --coordinator-token-file out: deploy makes one)")
 
 
 def made_workdir(given: str | None) -> Path:
@@ -756,15 +766,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{clients} supernode(s); logs in {dep.workdir}", flush=True)
             result = dep.run(overrides)
             print(f"run folder: {wanted.out}", flush=True)
-            done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds)
-            if done < wanted.rounds:  # flwr run's own exit code says nothing of a ServerApp that died
-                logs = f"see {dep.workdir / 'flwr-run.log'} and {dep.workdir / 'superlink.log'}"
-                said = (f"after round {done} of {wanted.rounds} ({logs}); continue it with: "
-                        f"{_again(args, wanted.out, rounds)}" if done else
-                        f"before round 1 of {wanted.rounds} ended ({logs}); nothing to resume")
-                print(f"deploy: error: the run stopped {said}", file=sys.stderr, flush=True)
-                return 1
-            return result.returncode
+            return _outcome(args, wanted, dep.workdir, result.returncode)
     except ConfigError as e:
         print(f"deploy: error: {e}", file=sys.stderr)
         return 2
@@ -781,6 +783,43 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         _kept(args, wanted)
         return 143 if terminated else 130
+
+
+def _outcome(args: argparse.Namespace, wanted: RunSettings, workdir: Path, flwr_code: int) -> int:
+    """Deploy's exit code once ``flwr run`` has returned: 0 iff the run folder records the run finished with
+    every round kept, else 1 with one line saying why. ``flwr run``'s own code says neither: it exits 0 when
+    the ServerApp failed, and may exit non-zero after a run that finished."""
+    st = runfolder.status(wanted.out)
+    done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds)
+    if st.state == "finished" and done >= wanted.rounds:
+        if flwr_code:
+            print(f"deploy: flwr run exited with code {flwr_code} after the run finished", file=sys.stderr)
+        return 0
+    logs = f"see {workdir / 'flwr-run.log'} and {workdir / 'superlink.log'}"
+    if done >= wanted.rounds:  # every round kept, and no summary: a resume with nothing to train writes it
+        said = (f"the run kept every round but did not finish: {_ended(st)} ({logs}); write its summary with: "
+                f"{_again(args, wanted.out, rounds)}")
+    elif done:
+        said = (f"the run stopped after round {done} of {wanted.rounds} ({logs}); continue it with: "
+                f"{_again(args, wanted.out, rounds)}")
+    else:
+        said = f"the run stopped before round 1 of {wanted.rounds} ended ({logs}); nothing to resume"
+    print(f"deploy: error: {said}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _ended(st: runfolder.RunStatus) -> str:
+    """How the run folder says its run ended (:func:`runfolder.status`), in a few words of one line."""
+    rec = st.record
+    if st.state == "failed":
+        return "it failed: " + " ".join(str(rec.get("error") or rec.get("error_type") or "").split())
+    if st.state == "stopped":
+        return f"it was stopped by {rec.get('signal') or rec.get('reason') or 'a signal'}"
+    if st.state == "crashed":
+        return "it crashed (its ServerApp ended without recording how)"
+    if st.state == "running":
+        return "it was still running when flwr run returned"
+    return f"it recorded no end (the folder reads {st.state})"
 
 
 def _kept(args: argparse.Namespace, wanted: RunSettings | None) -> None:

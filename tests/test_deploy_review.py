@@ -8,8 +8,8 @@
 - ``--set`` of a setting deploy itself sets (clients, tiers, tier-addresses, TLS, tokens) reached the run config
   over the deployment's own: ``--set clients=3`` started 2 SuperNodes for a run that waits for 3;
 - a token file that cannot be read was found by the first tier once everything was starting (a traceback, exit 1),
-  a ``--workdir`` that is a file was a traceback, and so was a tier that exited as it started (same token for
-  devices and coordinator), where deploy says one error line.
+  a ``--workdir`` that is a file was a traceback, and so was a tier that exited as it started, where deploy says
+  one error line.
 """
 
 from __future__ import annotations
@@ -121,17 +121,35 @@ def test_a_workdir_that_is_a_file_is_refused_with_its_flag(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_a_tier_that_refuses_to_start_is_one_error_and_nothing_is_left(tmp_path, reaped) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    """The devices' token as the coordinator's: the tier refuses it as it starts (real tier processes)."""
-    token = tmp_path / "token"
-    token.write_text("same-token\n")
-    p, _, _ = _deploy(tmp_path, "--token-file", str(token), "--coordinator-token-file", str(token))
+    """The edge tier exits with a refusal as it starts (real tier processes: deploy's ``splitfed`` runs the real
+    one, but refuses the edge's start as a tier refuses what it cannot serve): one error line, and the cloud
+    tier, already started, is stopped."""
+    from server import deploy
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for cmd in deploy.BIN.iterdir():
+        if cmd.name != "splitfed" and not cmd.name.startswith(("python", "activate", "Activate")):
+            (folder / cmd.name).symlink_to(cmd)
+    (folder / "splitfed").write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" --role edge "*) echo "splitfed tier: error: the edge refuses to start" >&2; exit 2;; '
+        "esac\n"
+        f'exec {deploy.BIN / "splitfed"} "$@"\n')
+    (folder / "splitfed").chmod(0o755)
+    script = ("import sys\nfrom pathlib import Path\nfrom server import deploy\n"
+              f"deploy.BIN = Path({str(folder)!r})\nsys.exit(deploy.main(sys.argv[1:]))\n")
+    with open(tmp_path / "deploy.out", "w") as log:
+        p = subprocess.Popen([sys.executable, "-c", script, "--clients", "2", "--out", str(tmp_path / "run"),
+                              "--workdir", str(tmp_path / "work")], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
     try:
         code = p.wait(180)
         text = (tmp_path / "deploy.out").read_text()
         assert code == 1, text[-3000:]
         assert "Traceback" not in text and text.startswith("deploy: error: edge exited with code 2:"), text[-3000:]
-        assert "holds the same token as --token-file" in text, text[-3000:]
-        mine = [q for q in psutil.process_iter(["cmdline"])  # the tiers name the token file, the nodes the workdir
+        assert "the edge refuses to start" in text, text[-3000:]
+        mine = [q for q in psutil.process_iter(["cmdline"])  # the tiers and the nodes name the workdir
                 if any(str(tmp_path) in a for a in q.info["cmdline"] or ())]
         reaped.extend(mine)
         assert not _left(mine), mine
