@@ -93,6 +93,9 @@ def _node_data(spec_json: str, path: str, _mtime_ns: int, _size: int) -> tuple[t
 def round_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, partition_id: int,
                   round: int, epochs: int) -> Batches:
     """The batches a client trains on in ``round`` (1-based): ``epochs`` shuffled passes."""
+    for key, value in (("round (1-based)", round), ("epochs", epochs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} must be an integer >= 1, got {value!r}")
     stream = derive_seed(seed, _BATCH_STREAM, partition_id)
     out: list[tuple[torch.Tensor, torch.Tensor]] = []
     for e in range(epochs):

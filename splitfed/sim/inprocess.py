@@ -80,7 +80,8 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
     from splitfed.sim.clock import finished_time, fleet_for, make_clock
     from splitfed.transport.compress import get as codec
 
-    s = settings
+    s = settings.with_(run_name=settings.run_id)  # its tiers are its own: no tag (cf. server.app.named)
+    say = progress if progress is not None else (lambda line: None)
     spec = s.spec
     policy = make_policy(s)
     fleet = fleet_for(s)
@@ -94,6 +95,8 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
     state = initial_state(spec, s.seed)
     profiles = {c.client_id: c.profile for c in clients}
     previous: dict[str, tuple[int, ...]] = {}  # each client's cuts when it last trained (the clock prices moves)
+    say(f"run {s.run_id}: {s.mode}, {s.tiers} tiers, cuts {s.cuts}, {len(clients)} client(s), rounds 1..{s.rounds} "
+        f"(in-process)")
     for rnd in range(1, s.rounds + 1):
         t0 = time.perf_counter()
         assignment = {cid: tuple(int(k) for k in cuts) for cid, cuts in policy.assign(rnd, clients).items()}
@@ -119,11 +122,10 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
         acc, loss = evaluate(spec, state, test_x, test_y)
         row = metrics_row(record, acc, loss, time.perf_counter() - t0, profiles, in_turn=s.in_turn)
         writer.append(row)
-        if progress is not None:
-            progress(progress_line(row, s.rounds, profiles))
+        say(progress_line(row, s.rounds, profiles))
         check_converging(rnd, loss, s.lr)
     summary = summarise(writer.rows(), s.to_dict())
-    writer.write_summary(summary)
+    say(f"wrote {writer.path} and {writer.write_summary(summary)}")
     return summary
 
 
