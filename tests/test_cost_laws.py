@@ -468,13 +468,17 @@ def test_the_makespan_is_the_max_of_its_documented_parts(case: tuple[Scenario, d
         assert c.round_s == pytest.approx(sum(c.compute_s) + sum(c.up_s) + sum(c.down_s) + c.exchange_s, rel=REL)
         assert c.batch_s == pytest.approx(sum(c.batch_parts), rel=REL)
     L = sc.profile.n_blocks
+    edges = [(0, *c.cuts[:sc.tiers - 1], c.cuts[-1] if sc.u_shape else L) for c in r.clients]
     for t in range(1, sc.tiers):  # sflv1: a replica per client; in turn: one client at a time, beside a holder
         col = [c.memory[t] for c in r.clients]
-        if not sc.in_turn:
-            assert r.shared_memory[names[t]] == math.fsum(col)
+        if not sc.in_turn:  # every replica's fixed part, and the staged base (blocks >= 2 clients hold there) or
+            act = [c.act_memory[t] for c in r.clients]  # the activations, whichever is larger
+            base = math.fsum(sc.profile.state_bytes[b] for b in range(L)
+                             if sum(e[t] <= b < e[t + 1] for e in edges) >= 2)
+            want = math.fsum(col) - math.fsum(act) + max(base, math.fsum(act))
+            assert r.shared_memory[names[t]] == pytest.approx(want, rel=REL, abs=1e-6)
             continue
-        edges = [(*c.cuts[:sc.tiers - 1], c.cuts[-1] if sc.u_shape else L) for c in r.clients]
-        held = [math.fsum(sc.profile.state_bytes[e[t - 1]:e[t]]) for e in edges]  # what its turn leaves there
+        held = [math.fsum(sc.profile.state_bytes[e[t]:e[t + 1]]) for e in edges]  # what its turn leaves there
         turn = [m + max(0.0, h - c.act_memory[t]) for m, h, c in zip(col, held, r.clients, strict=True)]
         want = max(turn) + (max(held) if len(held) > 1 else 0.0)
         assert r.shared_memory[names[t]] == pytest.approx(want, rel=REL, abs=1e-6)
