@@ -7,9 +7,7 @@ every tier's wire.
 
 from __future__ import annotations
 
-import json
 import time
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +18,6 @@ from splitfed.engine.link import Link
 from splitfed.engine.types import OptimConfig, State, StepKey
 from splitfed.errors import ConfigError, CutError
 from splitfed.models.blocks import Segment, segment_bounds, step_rng, validate_cuts
-from splitfed.models.rng import seeded
 from splitfed.models.zoo import ModelSpec
 
 
@@ -31,20 +28,6 @@ def _name(dtype: torch.dtype) -> str:
 def _integer(dtype: torch.dtype) -> bool:
     """Token ids' kind of dtype: integers, not bool (a mask, not an id)."""
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
-
-
-@lru_cache(maxsize=256)
-def _first_block_takes(key: str, dtype: torch.dtype) -> bool:
-    """Whether block 0 of the model runs on its example input given as ``dtype`` (a user's model may cast
-    its own input, e.g. uint8 images): such a model keeps taking it on the device, as it did."""
-    spec = ModelSpec.from_dict(json.loads(key))
-    block = template.copy_blocks(spec, 0, 1)[0].eval()  # a copy: the template is shared, and never run here
-    try:
-        with seeded(0), torch.no_grad():
-            block(spec.example_input(2).to(dtype))
-    except Exception:  # noqa: BLE001 - whatever the block raises for that dtype: it does not take it
-        return False
-    return True
 
 
 def entry_input(model: ModelSpec, x: torch.Tensor, *, first_block_here: bool) -> torch.Tensor:
@@ -65,7 +48,7 @@ def entry_input(model: ModelSpec, x: torch.Tensor, *, first_block_here: bool) ->
             raise ConfigError(f"model {model.name!r} takes {_name(want)} inputs, got {_name(x.dtype)}: give it "
                               f"token ids of an integer dtype that {_name(want)} holds every value of")
         return x.to(want)
-    if first_block_here and _first_block_takes(template._key(model), x.dtype):
+    if first_block_here and template.first_block_takes(model, x.dtype):
         return x
     how = (f"token ids of an integer dtype (they are cast to {_name(want)})" if _integer(want)
            else f"{_name(want)} values (convert them first, e.g. x.float())")

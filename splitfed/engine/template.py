@@ -241,6 +241,24 @@ def one_sample_error(spec: ModelSpec) -> str:
 
 
 @_once(256)
+def _first_block_takes(key: str, dtype: torch.dtype) -> bool:
+    spec = ModelSpec.from_dict(json.loads(key))
+    block = copy_blocks(spec, 0, 1)[0].eval()  # a copy: the template is shared, and never run here
+    try:
+        with rng.seeded(0), torch.no_grad():
+            block(spec.example_input(2).to(dtype))
+    except Exception:  # noqa: BLE001 - whatever the block raises for that dtype: it does not take it
+        return False
+    return True
+
+
+def first_block_takes(spec: ModelSpec, dtype: torch.dtype) -> bool:
+    """Whether block 0 of the model runs on its example input given as ``dtype`` (a user's model may cast
+    its own input, e.g. uint8 images): such a model keeps taking it on the device, as it did."""
+    return _first_block_takes(_key(spec), dtype)
+
+
+@_once(256)
 def _stateful(key: str) -> tuple[bool, ...]:
     blocks = template(ModelSpec.from_dict(json.loads(key)))
     with _lock:
