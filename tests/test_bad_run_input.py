@@ -387,8 +387,9 @@ def test_a_drift_at_round_1_is_in_the_first_plan(tmp_path) -> None:
 
 
 def test_the_memory_a_device_needs_counts_the_run_s_optimizer_state(tmp_path, capsys) -> None:
-    """Adam keeps two tensors per parameter, SGD with momentum one, plain SGD none. Before, simulate's
-    memory model counted one whatever the run's optimizer: an Adam run was let onto a device it overflows."""
+    """Adam keeps two tensors per parameter (and a step count per trained Parameter), SGD with momentum one,
+    plain SGD none. Before, simulate's memory model counted one whatever the run's optimizer: an Adam run was
+    let onto a device it overflows."""
     from splitfed.sim.runner import validate
 
     fleet = tmp_path / "mcu.toml"
@@ -396,7 +397,7 @@ def test_the_memory_a_device_needs_counts_the_run_s_optimizer_state(tmp_path, ca
     settings = RunSettings(fleet=str(fleet), clients=3, rounds=1, cuts="static:7,7")
     validate(settings)  # SGD, momentum 0.9: 0.58 MiB
     validate(settings.with_(momentum=0.0))  # plain SGD: 0.527 MiB
-    with pytest.raises(ConfigError, match=r"do not fit fleet device 'mcu' .*need 0\.632 MiB of its 0\.6 MiB"):
+    with pytest.raises(ConfigError, match=r"do not fit fleet device 'mcu' .*need 0\.633 MiB of its 0\.6 MiB"):
         validate(settings.with_(optimizer="adam"))
     base = ["optimize", "--model", "cnn", "--fleet", str(fleet), "--static", "7,7"]
     assert main([*base, "--optimizer-slots", "1"]) == 0

@@ -272,9 +272,10 @@ def test_the_inprocess_backend_holds_no_more_tensors_or_modules_after_more_round
     seen: dict[int, tuple[int, int]] = {}
 
     def progress(line: str) -> None:
-        rnd = int(line.split()[1].split("/")[0])
-        if rnd in (2, 8):
-            seen[rnd] = _torch_objects()
+        if line.startswith("round "):  # the run's own lines ("run ...", "wrote ...") come through here too
+            rnd = int(line.split()[1].split("/")[0])
+            if rnd in (2, 8):
+                seen[rnd] = _torch_objects()
 
     train_inprocess(RunSettings(rounds=8, clients=2, tiers=3, cuts="static:2,5/1,4", dataset="synthetic",
                                 out=str(tmp_path / "run")),
