@@ -54,7 +54,10 @@ both are checked against brute force in the tests. HiGHS proves
 the optimum to ``gap`` (relative; 0 = exact, the default 1e-5 avoids proofs that
 take minutes when shared tiers set the makespan: balancing loads is NP-hard).
 Every answer is re-priced by :func:`splitfed.cost.model.evaluate`, which is what
-every policy reports.
+every policy reports. Options priced infinite (beliefs of a rate near 0) are left out of the
+MILPs (they end no round; an infinite coefficient is NaN in a row); when every assignment that
+fits memory takes infinitely long as priced, ``solve`` refuses so, naming any client none of whose
+cuts ends, rather than blaming memory.
 
 Ties: ``solve(..., prefer=current)`` returns, among the assignments whose makespan
 is within a relative ``tie_rel`` of the optimum, one of least total
@@ -97,6 +100,12 @@ from splitfed.units import mib_text
 EXHAUSTIVE_LIMIT = 2_000_000
 _SCALE = 1e4  # the optimum's size in scaled units (see module docstring)
 DEFAULT_GAP = 1e-5
+# a memory row the MILP's answer overflowed is tightened by this much more (in units of the tier's memory):
+# past HiGHS's feasibility tolerance (1e-6), else it returns the same answer (an overflow of an ulp, where the
+# cost model's sum lands a hair over a memory its parts fill exactly in exact arithmetic) again and again
+_ROW_TOL = 2e-6
+_EDGE_REL = 1e-9  # brute force: memory this close to a tier's is checked as evaluate() prices it
+_STAGED_REL = 1e-9  # sflv1: the rounding a bound on a tier's staged base is allowed (_staged_tiers)
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,22 @@ class _Class:
     def single(self, i: int) -> _Class:
         return _Class([i], self.options, self.T, self.load, self.mem, self.dom, self.all_options, self.move,
                       held=self.held, act=self.act, cover=self.cover)
+
+    def finite(self) -> _Class:
+        """Only the options priced finite (own time and every shared load): an option priced infinite ends no
+        round, and an infinite coefficient (or inf * a scale of 0) is NaN in a MILP row."""
+        keep = np.isfinite(self.T) & np.isfinite(self.load).all(axis=1)
+        if keep.all():
+            return self
+        return _Class(self.members, self.options[keep], self.T[keep], self.load[keep], self.mem[keep],
+                      self.dom[keep], self.all_options, None if self.move is None else self.move[keep],
+                      held=self.held[keep], act=self.act[keep], cover=self.cover[keep])
+
+    def memory_only(self) -> _Class:
+        """Every option, priced at no time: a MILP over these asks only whether some assignment fits memory."""
+        m = len(self.T)
+        return _Class(self.members, self.options, np.zeros(m), np.zeros((m, 0)), self.mem, self.dom,
+                      self.all_options, held=self.held, act=self.act, cover=self.cover)
 
 
 def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np.ndarray) -> ConfigError:
@@ -266,7 +291,9 @@ def _staged_tiers(sc: Scenario, groups: list[tuple[int, OptionTable, np.ndarray]
     if sc.in_turn or sum(n for n, _, _ in groups) < 2:
         return np.zeros(n_s, bool)
     fixed = sum(n * (t.memory[ok, 1:] - t.act_memory[ok, 1:]).max(axis=0) for n, t, ok in groups)
-    return cast(np.ndarray, fixed + math.fsum(sc.profile.state_bytes) > sc.memory_caps)
+    # a bound that lands on a tier's memory may be a hair under it where the cost model's sum (fsum, another
+    # order) is a hair over: such a tier is counted too (its base rows cost nothing where they cannot bind)
+    return cast(np.ndarray, fixed + math.fsum(sc.profile.state_bytes) > sc.memory_caps * (1 - _STAGED_REL))
 
 
 def _cover(sc: Scenario, options: np.ndarray, staged: np.ndarray) -> np.ndarray:
@@ -304,7 +331,7 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
     nvar = nc + 1
     caps = sc.memory_caps
     binding = [s for s, cap in enumerate(caps) if math.isfinite(cap)] if sc.holders else []
-    iy, iH = nvar, nvar + nc  # sl, sflv2: y (option used at all), then H_s / memory_s (the largest holder)
+    iy, iH = nvar, nvar + nc  # sl, sflv2: y (option used at all), then H_s / memory_s (bytes if 0; the largest holder)
     if binding:
         nvar += nc + len(caps)
     rows: list[np.ndarray] = []
@@ -336,9 +363,10 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         total = sum(len(c.members) for c in classes)
         w = np.asarray(sc.profile.state_bytes, dtype=float)
         for s, cap in enumerate(caps):
-            v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / cap
+            unit, rhs = _row_unit(cap, mem_rhs[s])
+            v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / unit
             if v.any() and math.isfinite(cap):
-                add(every, v, -np.inf, float(mem_rhs[s]))
+                add(every, v, -np.inf, rhs)
             cover = np.concatenate([c.cover[a, s] for c, a in zip(classes, allowed, strict=True)])
             blocks = np.nonzero(cover.any(axis=0))[0] if len(cover) else np.zeros(0, np.int64)
             if not len(blocks) or not math.isfinite(cap):
@@ -347,7 +375,7 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
             nvar += len(blocks)
             iy_base.extend(ys.tolist())
             fixed = np.concatenate([c.mem[a, s] - c.act[a, s] for c, a in zip(classes, allowed, strict=True)])
-            add(np.concatenate([every, ys]), np.concatenate([fixed, w[blocks]]) / cap, -np.inf, float(mem_rhs[s]))
+            add(np.concatenate([every, ys]), np.concatenate([fixed, w[blocks]]) / unit, -np.inf, rhs)
             for y, b in zip(ys, blocks, strict=True):  # n_b - 1 <= N y_b: y_b is 1 when two clients hold b
                 on = np.nonzero(cover[:, b])[0]
                 add(np.append(on, y), np.append(np.ones(len(on)), -total), -np.inf, 1.0)
@@ -356,12 +384,12 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         for j in range(nc):  # n_j <= |class| y_j
             add(np.array([j, iy + j]), np.array([1.0, -size[j]]), -np.inf, 0.0)
         for s in binding:
-            turn = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / caps[s]
-            held = np.concatenate([c.held[a, s] for c, a in zip(classes, allowed, strict=True)
-                                   ]) / caps[s]
+            unit, rhs = _row_unit(caps[s], mem_rhs[s])
+            turn = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / unit
+            held = np.concatenate([c.held[a, s] for c, a in zip(classes, allowed, strict=True)]) / unit
             for j in range(nc):
                 add(np.array([iy + j, iH + s]), np.array([held[j], -1.0]), -np.inf, 0.0)
-                add(np.array([iy + j, iH + s]), np.array([turn[j], 1.0]), -np.inf, float(mem_rhs[s]))
+                add(np.array([iy + j, iH + s]), np.array([turn[j], 1.0]), -np.inf, rhs)
     if lo:
         A = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(len(lo), nvar)).tocsr()
@@ -404,6 +432,13 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
     return _Result(counts, value, bound, res.status == 0)
 
 
+def _row_unit(cap: float, rhs: float) -> tuple[float, float]:
+    """A server's memory rows in units of its memory (right-hand side ``rhs``, 1 less any tightening), or,
+    for a tier of memory 0, in bytes with right-hand side 0 (bytes / 0 is NaN, even for an option that
+    puts nothing there)."""
+    return (float(cap), float(rhs)) if cap > 0 else (1.0, 0.0)
+
+
 def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], counts: list[np.ndarray]
                  ) -> np.ndarray:
     """Bytes on each server tier for these counts, exactly as :func:`~splitfed.cost.model.server_memory`."""
@@ -418,10 +453,25 @@ def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray],
     return server_memory(sc, rows("options"), rows("mem"), rows("act"))
 
 
+def _caps_text(sc: Scenario) -> str:
+    return ", ".join(f"{n} {mib_text(m)}" for n, m in zip(sc.tier_names[1:], sc.memory_caps, strict=True))
+
+
 def _shared_infeasible(sc: Scenario) -> ConfigError:
-    caps = ", ".join(f"{n} {mib_text(m)}" for n, m in zip(sc.tier_names[1:], sc.memory_caps, strict=True))
-    return ConfigError(f"no assignment fits: the server tiers ({caps}) cannot hold the segments of all "
+    return ConfigError(f"no assignment fits: the server tiers ({_caps_text(sc)}) cannot hold the segments of all "
                        f"{len(sc.clients)} clients of {sc.profile.model} at batch {sc.batch}, whatever the cuts")
+
+
+def _endless(sc: Scenario, stuck: list[int]) -> ConfigError:
+    """Some assignment fits memory, but every one that does takes infinitely long as priced (beliefs of a
+    rate near 0); ``stuck``: the clients every cut of which is priced infinite."""
+    names = ", ".join(repr(sc.clients[i].name) for i in stuck[:3]) + \
+        (f" and {len(stuck) - 3} more" if len(stuck) > 3 else "")
+    why = f"every cut of client(s) {names} is priced infinite" if stuck else \
+        "the cuts priced finite overflow those tiers"
+    return ConfigError(f"no assignment ends: every assignment of the {len(sc.clients)} clients of "
+                       f"{sc.profile.model} at batch {sc.batch} that fits the server tiers ({_caps_text(sc)}) "
+                       f"takes infinitely long as priced ({why})")
 
 
 def _assign(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], counts: list[np.ndarray]
@@ -440,30 +490,52 @@ class _Solver:
     """Runs MILPs and prices their answers with the cost model (one place for tolerances)."""
 
     def __init__(self, sc: Scenario, classes: list[_Class], gap: float, deadline: float | None) -> None:
-        self.sc, self.classes, self.gap, self.deadline = sc, classes, gap, deadline
-        base = max(float(c.T.min()) for c in classes)  # a lower bound on the makespan
-        if classes[0].load.shape[1]:
-            base = max(base, float(sum(len(c.members) * c.load.min(axis=0) for c in classes).max()))
+        self.sc, self.gap, self.deadline = sc, gap, deadline
+        self.priced = classes  # every option, those priced infinite too: what a refusal is diagnosed on
+        self.classes = [c.finite() for c in classes]
+        live = [c for c in self.classes if len(c.T)]
+        base = max((float(c.T.min()) for c in live), default=0.0)  # a lower bound on the makespan
+        if live and live[0].load.shape[1]:
+            base = max(base, float(sum(len(c.members) * c.load.min(axis=0) for c in live).max()))
         if base <= 0:
-            base = max(float(c.T.max()) for c in classes) or 1.0
+            base = max((float(c.T.max()) for c in live), default=0.0) or 1.0
         self.scale = _SCALE / base
         self.calls = 0
         self.proven = True  # every MILP so far finished (no time limit hit)
 
+    @property
+    def stuck(self) -> list[int]:
+        """The clients every cut of which is priced infinite (no round of theirs ends, as priced)."""
+        return [i for c in self.classes if not len(c.T) for i in c.members]
+
     def no_answer(self) -> ConfigError:
-        """The refusal when no MILP found an assignment: none fits, or (some MILP stopped at the time
-        limit) none was found in time; "the servers cannot hold it" would then be a wrong diagnosis."""
-        if self.proven:
-            return _shared_infeasible(self.sc)
-        return ConfigError(f"the time limit ran out before the MILP found any assignment for the "
-                           f"{len(self.sc.clients)} clients of {self.sc.profile.model}: raise it (--time-limit)")
+        """The refusal when no MILP found an assignment: none fits, none ends (every one that fits takes
+        infinitely long as priced), or (some MILP stopped at the time limit) none was found in time; "the
+        servers cannot hold it" would be a wrong diagnosis of the last two."""
+        if self.proven and all(len(c.T) == len(p.T) for c, p in zip(self.classes, self.priced, strict=True)):
+            return _shared_infeasible(self.sc)  # no option was left out for its infinite price
+        fits = self._fits_memory() if self.proven else None
+        if fits is None:
+            return ConfigError(f"the time limit ran out before the MILP found any assignment for the "
+                               f"{len(self.sc.clients)} clients of {self.sc.profile.model}: raise it (--time-limit)")
+        return _endless(self.sc, self.stuck) if fits else _shared_infeasible(self.sc)
+
+    def _fits_memory(self) -> bool | None:
+        """Whether some assignment, of any options priced finite or not, fits memory (None: the time limit
+        ran out before the MILP knew)."""
+        probe = _Solver(self.sc, [c.memory_only() for c in self.priced], self.gap, self.deadline)
+        _, ok = probe.run([np.arange(len(c.T)) for c in probe.classes], time_rows=False, minimize=False)
+        self.calls += probe.calls
+        self.proven &= probe.proven
+        return True if ok is not None else (False if probe.proven else None)
 
     def run(self, allowed: list[np.ndarray], time_rows: bool, m_max: float = math.inf,
             minimize: bool = True, objective: list[np.ndarray] | None = None
             ) -> tuple[_Result, list[np.ndarray] | None]:
         """One MILP; returns its result and ``allowed`` (None when infeasible). Server memory is
         re-added exactly (fsum, as :func:`evaluate` does); a row the solver's tolerance let overflow
-        is tightened and the MILP solved again."""
+        is tightened past that tolerance (``_ROW_TOL``: an answer that fills the tier to within 2e-6 of
+        its memory may then be passed over) and the MILP solved again."""
         rhs = np.ones(len(self.sc.memory_caps))
         for _ in range(4):
             left = None if self.deadline is None else self.deadline - time.perf_counter()
@@ -477,11 +549,13 @@ class _Solver:
             if not math.isfinite(r.value):
                 return r, None
             used = _used_memory(self.sc, self.classes, allowed, r.counts)
-            over = [(t, used[t] / cap) for t, cap in enumerate(self.sc.memory_caps) if used[t] > cap]
+            caps = self.sc.memory_caps
+            over = [t for t, cap in enumerate(caps) if used[t] > cap]
             if not over:
                 return r, allowed
-            for t, u in over:  # the solver's tolerance let a row overflow: tighten it and re-solve
-                rhs[t] -= (u - 1.0) + 1e-12
+            for t in over:  # the solver's tolerance let a row overflow: tighten it past that and re-solve
+                if caps[t] > 0:  # (a tier of memory 0: its rows are in bytes, right-hand side 0, see _row_unit)
+                    rhs[t] -= (used[t] / caps[t] - 1.0) + _ROW_TOL
         raise SplitfedError("the MILP solver's answers keep overflowing a server's memory (numerical trouble)")
 
     def price(self, allowed: list[np.ndarray], r: _Result) -> RoundCost:
@@ -573,7 +647,7 @@ def _sequential(s: _Solver) -> tuple[RoundCost | None, float]:
     fastest = [0] * len(classes)
     H = np.max([c.held[0] for c in classes], axis=0) if sc.holders else 0.0
     if not all((c.mem[0] + H <= caps).all() for c in classes):
-        chosen = _holder_search(sc, classes)
+        chosen = _holder_search(s)
         if chosen is None:
             return None, 0.0
         fastest = chosen
@@ -585,10 +659,12 @@ def _sequential(s: _Solver) -> tuple[RoundCost | None, float]:
     return cost, cost.makespan_s
 
 
-def _holder_search(sc: Scenario, classes: list[_Class]) -> list[int] | None:
+def _holder_search(s: _Solver) -> list[int] | None:
     """sl, sflv2: each class's option (index) for the best holder size H, tried over every candidate (each
     server's H one of the held values, at least every class's least); the cost model prices the few
-    within 1e-9 of the best sum. None: too many candidates for this search."""
+    within 1e-9 of the best sum. None: too many candidates for this search; refused (:meth:`_Solver.no_answer`)
+    when no option priced finite fits beside any holder."""
+    sc, classes = s.sc, s.classes
     caps = sc.memory_caps
     held = [c.held for c in classes]
     least = np.max([h.min(axis=0) for h in held], axis=0)
@@ -597,7 +673,7 @@ def _holder_search(sc: Scenario, classes: list[_Class]) -> list[int] | None:
     values = [v[(v >= least[t]) & (v <= caps[t])] for t, v in enumerate(values)]
     n_h = math.prod(len(v) for v in values)
     if n_h == 0:
-        raise _shared_infeasible(sc)
+        raise s.no_answer()
     if n_h * sum(len(c.T) for c in classes) > HOLDER_CANDIDATES:
         return None
     grid = np.stack([g.ravel() for g in np.meshgrid(*values, indexing="ij")], axis=1)  # (n_h, S)
@@ -610,7 +686,7 @@ def _holder_search(sc: Scenario, classes: list[_Class]) -> list[int] | None:
         total += np.where(ok.any(axis=1), len(c.members) * c.T[first], np.inf)
     best = float(total.min())
     if not math.isfinite(best):
-        raise _shared_infeasible(sc)
+        raise s.no_answer()
     near = np.unique(pick[total <= best * (1 + 1e-9)], axis=0)[:64]
     priced = [(evaluate(sc, _assign(sc, classes, [np.array([o]) for o in row],
                                     [np.array([len(c.members)]) for c in classes])).makespan_s, i)
@@ -679,8 +755,8 @@ def _closest(sc: Scenario, best: RoundCost, prefer: Assignment, tie_rel: float, 
         cur = evaluate(sc, current)
         if cur.feasible and cur.makespan_s <= thr:
             return cur
-    classes = _classes(sc, prefer=current)
-    s = _Solver(sc, classes, gap, deadline)
+    s = _Solver(sc, _classes(sc, prefer=current), gap, deadline)
+    classes = s.classes  # the options priced finite: the MILPs' indices are into these
     found = None
     for cap in (thr, M):  # the MILP's tolerance may overshoot thr by a hair: then ask for M itself
         allowed = [c.shared_front(cap) for c in classes]
@@ -724,7 +800,8 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     one of least total move cost from them (them, when they are optimal).
     ``time_limit``: seconds for the whole solve from this call on, every MILP together (each gets what is
     left; none starts once it is spent; None: no limit). When it runs out the best assignment found so far
-    is returned, ``optimal`` False; when none was found, a ConfigError says so.
+    is returned, ``optimal`` False; when none was found, a ConfigError says so. Refused (ConfigError) too
+    when no assignment fits memory, or every one that does takes infinitely long as priced.
     """
     t0 = time.perf_counter()
     if method == "auto":  # direct's one big MILP is slower to prove than bisect's yes/no MILPs
@@ -738,6 +815,8 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
         classes = [c.single(i) for c in classes for i in c.members]
     deadline = None if time_limit is None else t0 + time_limit
     s = _Solver(sc, classes, gap, deadline)
+    if s.stuck:
+        raise s.no_answer()
     cost: RoundCost | None = None
     if method == "sequential":
         cost, bound = _sequential(s)
@@ -819,6 +898,30 @@ def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]
     return tables
 
 
+def _decode(sc: Scenario, tables: list[tuple[np.ndarray, ...]], sizes: list[int], flat: int) -> dict[str, Cuts]:
+    """The assignment of a flat index (one mixed-radix digit per client) over ``tables``."""
+    assignment: dict[str, Cuts] = {}
+    for c, (opts, *_), m in zip(sc.clients, tables, sizes, strict=True):
+        assignment[c.name] = tuple(int(x) for x in opts[flat % m])
+        flat //= m
+    return assignment
+
+
+def _fits_as_priced(sc: Scenario, tables: list[tuple[np.ndarray, ...]], sizes: list[int], flat: np.ndarray,
+                    val: np.ndarray, best: float) -> np.ndarray:
+    """Whether each of these assignments, whose memory brute force's sums put within rounding of a tier's,
+    fits as :func:`evaluate` prices it (its sum, in another order, may land on the other side). Cheapest
+    first, and only while one may still be the best: those past the first that fits are left False."""
+    fits = np.zeros(len(flat), bool)
+    for j in np.argsort(val, kind="stable"):
+        if val[j] > best * (1 + 1e-9):
+            break
+        if evaluate(sc, _decode(sc, tables, sizes, int(flat[j]))).feasible:
+            fits[j] = True
+            best = min(best, float(val[j]))
+    return fits
+
+
 def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
     """Brute force over every combination of device-feasible cuts (small fleets only), for ``sc.mode``."""
     t0 = time.perf_counter()
@@ -856,7 +959,9 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
         if not sc.in_turn:  # the staged base beside the fixed parts (:func:`~splitfed.cost.model.server_memory`)
             mem += np.maximum((holding >= 2) @ np.asarray(sc.profile.state_bytes, dtype=float) - act, 0.0)
         val = np.maximum(tmax, load.max(axis=1) if load.shape[1] else 0.0)
-        ok = cast(np.ndarray, (mem <= caps).all(axis=1))  # 2-D in: an array (the stub allows a scalar)
+        ok = cast(np.ndarray, (mem <= caps * (1 - _EDGE_REL)).all(axis=1))  # 2-D in: an array (the stub allows a scalar)
+        edge = np.nonzero((mem <= caps * (1 + _EDGE_REL)).all(axis=1) & ~ok)[0]
+        ok[edge] = _fits_as_priced(sc, tables, sizes, idx[edge], val[edge], min(best, val[ok].min(initial=math.inf)))
         if not ok.any():
             continue
         vmin = float(val[ok].min())
@@ -872,12 +977,7 @@ def exhaustive(sc: Scenario, limit: int = EXHAUSTIVE_LIMIT) -> Solution:
         if v in seen:  # equal sums in float: re-price one combination per value
             continue
         seen.add(v)
-        digits = flat  # the flat index, one mixed-radix digit per client
-        assignment: dict[str, tuple[int, ...]] = {}
-        for c, (opts, *_), m in zip(sc.clients, tables, sizes, strict=True):
-            assignment[c.name] = tuple(int(x) for x in opts[digits % m])
-            digits //= m
-        cost = evaluate(sc, assignment)
+        cost = evaluate(sc, _decode(sc, tables, sizes, flat))
         if cost.feasible:
             results.append(cost)
     if not results:
