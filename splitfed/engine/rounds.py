@@ -376,8 +376,16 @@ class SplitRound:
             except TierError as e:
                 if e.code in GONE:
                     raise
+                self._unstage_on(t)  # its runs loaded so far would sit there unused while the clients load
                 continue
             self._based[t] = {i for a, z in runs for i in range(a, z)}
+
+    def _unstage_on(self, t: int) -> None:
+        """Release the base segments on tier ``t`` (one that refused a base: its clients' loads carry their
+        weights, as the docstring of :meth:`_stage` says, beside no base)."""
+        for u, cid in [s for s in self._staged if s[0] == t]:
+            self._staged.remove((u, cid))
+            self._release_on(u, self.tiers[u], cid, self._secret(cid))
 
     def _unstage(self) -> None:
         """Release the base segments: once the clients' loads have copied them, the tiers need them no more."""
