@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -20,3 +21,22 @@ settings.register_profile(
     derandomize=True,
 )
 settings.load_profile("splitfed")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``make test`` runs ``--dist loadgroup``: group "flower-real" keeps the real Ray and Flower runs on one
+    worker, one after another. pytest 9.2 keeps a test's id where pytest-xdist 3.8 cannot add the group to it,
+    so xdist grouped nothing: those runs went side by side and each worker set up the module fixtures again.
+    Refused by name rather than run so."""
+    if getattr(config.option, "dist", None) != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    import xdist
+
+    if _version(pytest.__version__) >= (9, 2) and _version(xdist.__version__) <= (3, 8):
+        raise pytest.UsageError(f"--dist loadgroup groups nothing with pytest {pytest.__version__} and "
+                                f"pytest-xdist {xdist.__version__}: install the versions pyproject.toml allows "
+                                f"(pip install -e '.[dev]')")
