@@ -5,7 +5,9 @@ Engineers append fixtures for their area below (or import them from a tests/*_fi
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -40,3 +42,16 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--dist loadgroup groups nothing with pytest {pytest.__version__} and "
                                 f"pytest-xdist {xdist.__version__}: install the versions pyproject.toml allows "
                                 f"(pip install -e '.[dev]')")
+
+
+@pytest.fixture(autouse=True)
+def _flwr_logger_as_it_was() -> Iterator[None]:
+    """A stopped run silences the ``flwr`` logger for the rest of its process (Flower's engine threads may
+    log on after a second Ctrl-C); a test that stops one in this process must not leave it so for the tests
+    after it on the worker: five read Flower's log through caplog and saw nothing once the order changed."""
+    flwr = logging.getLogger("flwr")
+    level, propagate, filters = flwr.level, flwr.propagate, list(flwr.filters)
+    yield
+    flwr.setLevel(level)
+    flwr.propagate = propagate
+    flwr.filters[:] = filters
