@@ -28,7 +28,7 @@ from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.metrics import summary_again
 from tests.test_flower_deploy import _held_run
 
-pytestmark = pytest.mark.xdist_group("flower-real")
+pytestmark = pytest.mark.xdist_group("flower-deploy")  # real deployments, one at a time (no Ray: beside flower-real)
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = deploy.BIN  # the environment's own Flower and splitfed commands

@@ -34,7 +34,7 @@ from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from tests.sigint_ignored import ignoring_sigint
 
-pytestmark = pytest.mark.xdist_group("flower-real")
+pytestmark = pytest.mark.xdist_group("flower-deploy")  # real deployments, one at a time (no Ray: beside flower-real)
 
 ROOT = Path(__file__).resolve().parent.parent
 GONE_S = 15.0  # the guard's grace (5 s) and its SIGKILL, with room to spare; only a leak gets here

@@ -34,7 +34,7 @@ from splitfed.engine.rounds import initial_state
 from splitfed.flower import checkpoint
 from splitfed.flower.config import RunSettings
 
-pytestmark = pytest.mark.xdist_group("flower-real")  # the real deployment's tests are also marked slow
+pytestmark = pytest.mark.xdist_group("flower-deploy")  # real deployments (no Ray: beside flower-real); also slow
 
 
 def _rows(out: Path) -> list[dict]:
