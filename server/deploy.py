@@ -643,20 +643,10 @@ def check_tokens(args: argparse.Namespace) -> None:
     """Token files every tier reads as it starts, refused as a tier would refuse them (before: a tier's
     traceback, then its exit, once some had started): one that cannot be read, and the devices' token given as
     the coordinator's (every device holds it: it would let any device load, fetch, release and sum)."""
-    from splitfed.transport.security import read_token
+    from splitfed.transport.security import read_tokens
 
-    tokens: dict[str, str] = {}
-    for flag in ("token_file", "coordinator_token_file"):
-        if path := getattr(args, flag):
-            try:
-                tokens[flag] = read_token(path)
-            except ConfigError as e:
-                raise ConfigError(f"--{flag.replace('_', '-')}: {e}") from None
-    if len(tokens) == 2 and tokens["token_file"] == tokens["coordinator_token_file"]:
-        raise ConfigError(f"--coordinator-token-file {args.coordinator_token_file} holds the same token as "
-                          f"--token-file {args.token_file}: every device holds that one; give the coordinator "
-                          "a token of its own (or leave --coordinator-token-file out: deploy makes one)")
-
+    read_tokens(args.token_file, args.coordinator_token_file,
+                hint=" (or leave --coordinator-token-file out: deploy makes one)")
 
 def made_workdir(given: str | None) -> Path:
     """``--workdir`` made a folder (or a fresh temporary one): a file there was a traceback."""

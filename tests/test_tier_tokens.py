@@ -211,7 +211,7 @@ def test_the_tier_command_refuses_the_devices_token_as_the_coordinators(tmp_path
     assert DEVICE not in err
     assert main(["tier", "--insecure", "--listen", "127.0.0.1:0", "--coordinator-token-file",
                  str(tmp_path / "missing")]) == 2
-    assert "cannot read token file" in capsys.readouterr().err
+    assert "--coordinator-token-file: cannot read token file" in capsys.readouterr().err  # named by its flag
 
 
 def test_the_tiers_a_run_starts_take_control_calls_from_its_coordinator_only(tmp_path: Path) -> None:

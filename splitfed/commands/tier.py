@@ -89,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from splitfed.transport.address import parse_address
     from splitfed.transport.codec import Codec
-    from splitfed.transport.security import TlsConfig, read_token
+    from splitfed.transport.security import TlsConfig, read_tokens
     from splitfed.transport.server import parse_listen
 
     role = args.role or ("edge" if args.next_address else "cloud")
@@ -119,12 +119,7 @@ def run(args: argparse.Namespace) -> int:
     elif not args.insecure:
         raise ConfigError("refusing to serve without TLS: give --tls-cert and --tls-key (and --tls-ca for mutual "
                           "TLS), or --insecure to serve in plaintext on purpose")
-    token = read_token(args.token_file) if args.token_file else None
-    coordinator_token = read_token(args.coordinator_token_file) if args.coordinator_token_file else None
-    if coordinator_token is not None and coordinator_token == token:
-        raise ConfigError(f"--coordinator-token-file {args.coordinator_token_file} holds the same token as "
-                          f"--token-file {args.token_file}: every device holds that one; give the coordinator "
-                          "a token of its own")
+    token, coordinator_token = read_tokens(args.token_file, args.coordinator_token_file)
     import torch
 
     from splitfed.engine import compute

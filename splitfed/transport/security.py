@@ -375,6 +375,24 @@ def read_token(path: str | Path) -> str:
     return token
 
 
+def read_tokens(token_file: str | Path | None, coordinator_token_file: str | Path | None,
+                hint: str = "") -> tuple[str | None, str | None]:
+    """The devices' and the coordinator's tokens, each named by its flag when refused; the devices' token given
+    as the coordinator's is refused too: every device holds it, so it would let any device load, fetch,
+    release and sum. ``hint`` ends that refusal (what the caller can do instead)."""
+    tokens: list[str | None] = []
+    for flag, path in (("--token-file", token_file), ("--coordinator-token-file", coordinator_token_file)):
+        try:
+            tokens.append(read_token(path) if path else None)
+        except ConfigError as e:
+            raise ConfigError(f"{flag}: {e}") from None
+    token, coordinator = tokens
+    if coordinator is not None and coordinator == token:
+        raise ConfigError(f"--coordinator-token-file {coordinator_token_file} holds the same token as --token-file "
+                          f"{token_file}: every device holds that one; give the coordinator a token of its own{hint}")
+    return token, coordinator
+
+
 def bearer(token: str) -> tuple[str, str]:
     return (AUTH_HEADER, f"Bearer {token}")
 
