@@ -754,9 +754,10 @@ def main(argv: list[str] | None = None) -> int:
             dep.start()
             print(f"tiers {', '.join(dep.tier_addresses)}; superlink {dep.superlink}; "
                   f"{clients} supernode(s); logs in {dep.workdir}", flush=True)
+            before = runfolder.record_mark(wanted.out)  # an earlier run's, if any: not this run's end
             result = dep.run(overrides)
             print(f"run folder: {wanted.out}", flush=True)
-            return _outcome(args, wanted, dep.workdir, result.returncode)
+            return _outcome(args, wanted, dep.workdir, result.returncode, before)
     except ConfigError as e:
         print(f"deploy: error: {e}", file=sys.stderr)
         return 2
@@ -775,17 +776,25 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if terminated else 130
 
 
-def _outcome(args: argparse.Namespace, wanted: RunSettings, workdir: Path, flwr_code: int) -> int:
+def _outcome(args: argparse.Namespace, wanted: RunSettings, workdir: Path, flwr_code: int,
+             before: tuple[Any, ...]) -> int:
     """Deploy's exit code once ``flwr run`` has returned: 0 iff the run folder records the run finished with
     every round kept, else 1 with one line saying why. ``flwr run``'s own code says neither: it exits 0 when
-    the ServerApp failed, and may exit non-zero after a run that finished."""
+    the ServerApp failed, and may exit non-zero after a run that finished. ``before``: the folder's record
+    and run files before the run (:func:`runfolder.record_mark`); still the same, the run left no trace, and
+    a "finished" there is the run it was to replace (``--overwrite``) or continue."""
+    logs = f"see {workdir / 'flwr-run.log'} and {workdir / 'superlink.log'}"
+    if runfolder.record_mark(wanted.out) == before:
+        print(f"deploy: error: the run left no trace: the run folder {wanted.out} is as it was before (its "
+              f"ServerApp did not start, or stopped before round 1 of {wanted.rounds} ended; {logs})",
+              file=sys.stderr, flush=True)
+        return 1
     st = runfolder.status(wanted.out)
     done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds)
     if st.state == "finished" and done >= wanted.rounds:
         if flwr_code:
             print(f"deploy: flwr run exited with code {flwr_code} after the run finished", file=sys.stderr)
         return 0
-    logs = f"see {workdir / 'flwr-run.log'} and {workdir / 'superlink.log'}"
     if done >= wanted.rounds:  # every round kept, and no summary: a resume with nothing to train writes it
         said = (f"the run kept every round but did not finish: {_ended(st)} ({logs}); write its summary with: "
                 f"{_again(args, wanted.out, rounds)}")

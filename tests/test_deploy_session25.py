@@ -124,6 +124,21 @@ def test_the_exit_code_is_the_run_folders_not_flwr_runs(tmp_path, monkeypatch, c
         assert err.strip() == "deploy: flwr run exited with code 3 after the run finished", err
 
 
+def test_a_serverapp_that_never_claims_the_folder_is_no_finished_run(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``--overwrite`` over a finished run, and the ServerApp dies before it claims the folder (``flwr run``
+    exits 0, as it does): before, the old run's "finished" was read as this run's, and deploy exited 0."""
+    out = tmp_path / "run"
+    _claimed(out, fail=False)
+    assert runfolder.status(out).state == "finished"
+    monkeypatch.setattr(Deployment, "start", lambda self: self)
+    monkeypatch.setattr(Deployment, "run", lambda self, overrides, timeout=None: subprocess.CompletedProcess([], 0))
+    work = tmp_path / "work"
+    assert main(["--out", str(out), "--rounds", "1", "--overwrite", "--workdir", str(work)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"deploy: error: the run left no trace: the run folder {out} is as it was before (its ServerApp did not "
+        f"start, or stopped before round 1 of 1 ended; see {work / 'flwr-run.log'} and {work / 'superlink.log'})"]
+
+
 # --------------------------------------------------------------- one token for devices and coordinator
 
 @pytest.mark.parametrize("files", ["one file", "two files"])

@@ -14,6 +14,7 @@ ClientApp process for every message, so each run costs a minute or more here:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import re
@@ -31,7 +32,7 @@ import pytest
 from server import deploy
 from server.deploy import Deployment, _tree, main
 from splitfed.engine.rounds import initial_state
-from splitfed.flower import checkpoint
+from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
 
 pytestmark = pytest.mark.xdist_group("flower-deploy")  # real deployments (no Ray: beside flower-real); also slow
@@ -106,6 +107,20 @@ def test_killed_client_does_not_stop_the_round(run):
     assert rows[1]["clients"] == 1 and rows[1]["failed"] == ["client1"]
 
 
+def _dies(out: Path):  # type: ignore[no-untyped-def]
+    """``Deployment.run`` of a ServerApp that claims ``out`` and dies before it keeps a round: its claim
+    records the failure (deploy tells a ServerApp that never claimed the folder from one that did by that
+    record), and ``flwr run`` exits 0, as it does."""
+
+    def run(self, overrides, timeout=None):  # type: ignore[no-untyped-def]
+        with contextlib.suppress(RuntimeError), runfolder.claim(out, resume=overrides.get("resume", False),
+                                                                overwrite=overrides.get("overwrite", False)):
+            raise RuntimeError("the ServerApp died")
+        return subprocess.CompletedProcess([], 0, "", "")
+
+    return run
+
+
 def _held_run(folder: Path, rounds: int = 1) -> None:
     """What a finished deployment of ``rounds`` rounds leaves in its run folder."""
     settings = RunSettings(clients=2, rounds=rounds, lr=0.2, sim_clock=False, out=str(folder),
@@ -125,7 +140,8 @@ def test_deploy_again_into_a_run_folder_takes_the_flags_its_refusal_names(tmp_pa
 
     def fake_run(self, overrides, timeout=None):  # type: ignore[no-untyped-def]
         runs.append(self.run_config(overrides))
-        _held_run(out, overrides["num-server-rounds"])  # the run finishes every round
+        with runfolder.claim(out, resume=overrides.get("resume", False), overwrite=overrides.get("overwrite", False)):
+            _held_run(out, overrides["num-server-rounds"])  # the run finishes every round
         return subprocess.CompletedProcess([], 0, "", "")
 
     monkeypatch.setattr(Deployment, "start", lambda self: self)  # nothing really starts here
@@ -155,19 +171,22 @@ def test_deploy_fails_when_the_run_stops_before_its_last_round(tmp_path, monkeyp
     out = tmp_path / "run"
     _held_run(out)
 
-    def stops_in_round_2(self, overrides, timeout=None):  # type: ignore[no-untyped-def]
-        return subprocess.CompletedProcess([], 0, "", "")  # what flwr run says when the ServerApp died
-
     monkeypatch.setattr(Deployment, "start", lambda self: self)
-    monkeypatch.setattr(Deployment, "run", stops_in_round_2)
+    monkeypatch.setattr(Deployment, "run", _dies(out))
     work = tmp_path / "work"
     assert main(["--resume", str(out), "--rounds", "4", "--workdir", str(work)]) == 1
     err = capsys.readouterr().err
     assert (f"deploy: error: the run stopped after round 1 of 4 (see {work.resolve() / 'flwr-run.log'} and "
             f"{work.resolve() / 'superlink.log'}); continue it with: python -m server.deploy --resume "
             f"{out.resolve()}") in err, err
-    assert main(["--out", str(tmp_path / "fresh"), "--rounds", "2", "--workdir", str(work)]) == 1
+    replaced = tmp_path / "replaced"
+    _held_run(replaced)
+    monkeypatch.setattr(Deployment, "run", _dies(replaced))  # it removes that run, then dies
+    assert main(["--out", str(replaced), "--overwrite", "--rounds", "2", "--workdir", str(work)]) == 1
     assert "the run stopped before round 1 of 2 ended" in capsys.readouterr().err
+    monkeypatch.setattr(Deployment, "run", _dies(tmp_path / "fresh"))
+    assert main(["--out", str(tmp_path / "fresh"), "--rounds", "2", "--workdir", str(work)]) == 1
+    assert "the run left no trace" in capsys.readouterr().err  # it tidies its folder away
 
 
 def test_the_command_that_continues_a_deployment_repeats_its_own_flags(tmp_path, monkeypatch, capsys):
@@ -177,7 +196,7 @@ def test_the_command_that_continues_a_deployment_repeats_its_own_flags(tmp_path,
     out = tmp_path / "my run"  # a space: the command is quoted as a shell reads it
     _held_run(out)
     monkeypatch.setattr(Deployment, "start", lambda self: self)
-    monkeypatch.setattr(Deployment, "run", lambda self, overrides, timeout=None: subprocess.CompletedProcess([], 0))
+    monkeypatch.setattr(Deployment, "run", _dies(out))
     from splitfed.engine import compute
 
     form_only = compute.torch_device  # no GPU here: only the name's form is checked

@@ -290,6 +290,18 @@ def _footprint(folder: Path) -> tuple[tuple[int, int] | None, ...]:
     return tuple(out)
 
 
+def record_mark(folder: str | Path) -> tuple[bytes | None, tuple[tuple[int, int] | None, ...]]:
+    """The folder's record and run files as they are now. A run that claims the folder rewrites its record (its
+    own pid and start), and one that keeps a round or replaces a run changes its files: the same mark after a
+    run was to start means it left no trace, and an end recorded there is an earlier run's."""
+    folder = Path(folder)
+    try:
+        record: bytes | None = (folder / LOCK).read_bytes()
+    except OSError:
+        record = None
+    return record, _footprint(folder)
+
+
 def failed_elsewhere(folder: str | Path, why: str) -> None:
     """Say why the run in ``folder`` (held by this process) fails, when that is known outside it: the
     simulation engine died, and the ServerApp is then stopped for it (what it raises, "the run was stopped",
