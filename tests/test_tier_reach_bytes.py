@@ -25,13 +25,13 @@ from torch import nn
 
 import splitfed
 from splitfed.engine import template
-from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
+from splitfed.engine.rounds import RoundConfig, initial_state, tier_loads
 from splitfed.engine.tier import Tier
-from splitfed.engine.types import OptimConfig, StepKey
+from splitfed.engine.types import OptimConfig
 from splitfed.errors import ResourceExhausted
-from splitfed.models.blocks import param_sizes
 from splitfed.models.zoo import ModelSpec, resolve_spec
 from splitfed.profile.profiler import profile_model
+from tests.test_optimizer_state_bytes import _trained
 from tests.test_tail_blocking import KINDS
 from tests.transport_fixtures import SPEC as CNN
 
@@ -52,30 +52,7 @@ def _held_in_training(spec: ModelSpec, cuts: tuple[int, int], optim: OptimConfig
     """Each server tier of a real 2-tier chain, and the bytes its segment really holds after two steps: weights
     and buffers, the gradients present when the optimizer steps, and every tensor of the optimizer's state (its
     slots, and Adam's step count per Parameter)."""
-    chain = inprocess_chain(2)
-    tiers = [t for t in chain.tiers if isinstance(t, Tier)]
-    cfg = RoundConfig("r", 0, spec, "sflv1", False, optim)
-    grads: dict[str, int] = {}
-    for tier, load in zip(tiers, tier_loads(cfg, "c", cuts, initial_state(spec, 0)), strict=True):
-        tier.load(load)
-        b = tier._bindings[("r", "c")]
-        if b.optim is not None:
-            b.optim.register_step_pre_hook(
-                lambda opt, _a, _k, name=tier.name: grads.__setitem__(name, max(grads.get(name, 0), param_sizes(
-                    [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None])[1])))
-    g = torch.Generator().manual_seed(0)
-    shape, dtype = template.boundary(spec, cuts[0])
-    for seq in range(2):
-        chain.link.step(StepKey("r", "c", 0, seq, cfg.secret_of("c")), torch.randn(B, *shape, generator=g).to(dtype),
-                        torch.randint(0, spec.num_classes, (B,), generator=g))
-    out = []
-    for tier in tiers:
-        b = tier._bindings[("r", "c")]
-        weights = param_sizes([*b.segment.parameters(), *b.segment.buffers()])[1]
-        slots = 0 if b.optim is None else sum(v.numel() * v.element_size() for s in b.optim.state.values()
-                                              for v in s.values() if isinstance(v, torch.Tensor))
-        out.append((tier, weights + grads.get(tier.name, 0) + slots))
-    return out
+    return [(tier, weights + grads + state) for tier, weights, grads, state in _trained(spec, cuts, optim)]
 
 
 def _assert_reserved_is_held(spec: ModelSpec, cuts: tuple[int, int], optim: OptimConfig) -> list[int]:
