@@ -48,6 +48,34 @@ if TYPE_CHECKING:
     from splitfed.flower.checkpoint import Checkpoint
 
 
+_SILENT = logging.CRITICAL + 1
+_level_before_silence: int | None = None  # the ``flwr`` logger's level before a stopped run silenced it
+
+
+def silence_flwr(caller_level: int | None = None) -> None:
+    """Silence the ``flwr`` logger: after a second Ctrl-C, Flower's engine threads may log on after the run
+    has returned. Until the next run of this process (:func:`_flwr_as_the_caller_left_it`), not for good: a
+    notebook that stopped one run saw no Flower log in any later one. ``caller_level``: the level to give back
+    (the one the run found), else the level now."""
+    global _level_before_silence
+    flwr = logging.getLogger("flwr")
+    if caller_level is not None:
+        _level_before_silence = caller_level
+    elif flwr.level != _SILENT:
+        _level_before_silence = flwr.level
+    flwr.setLevel(_SILENT)
+
+
+def _flwr_as_the_caller_left_it() -> int:
+    """The ``flwr`` logger's level as the caller set it, given back if a stopped run silenced it since."""
+    global _level_before_silence
+    flwr = logging.getLogger("flwr")
+    if _level_before_silence is not None and flwr.level == _SILENT:
+        flwr.setLevel(_level_before_silence)
+    _level_before_silence = None
+    return flwr.level
+
+
 class SimulationError(SplitfedError):
     """Flower's simulation engine (Ray) failed; the message names the root cause."""
 
@@ -76,7 +104,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
 
     cpus = cpus or max(1, min(len(os.sched_getaffinity(0)), settings.clients))
     quiet = ExpectedWarnings()
-    flwr_level = logging.getLogger("flwr").level
+    flwr_level = _flwr_as_the_caller_left_it()
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
         logging.getLogger("flwr").addFilter(quiet)
@@ -138,7 +166,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
         # a second Ctrl-C may leave Flower's engine threads behind, still logging after this returns
         interrupted = True
         failed = False  # stopped, as asked: Ray's logs hold nothing the user needs
-        logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+        silence_flwr(flwr_level)
         raise
     except ConfigError:  # a refusal (the folder in use, say): Ray's logs hold nothing about it
         failed = False
@@ -346,7 +374,7 @@ class _Signals:
             raise self._interrupt(self.received) from None
 
     def _handle(self, signum: int, frame: Any) -> None:
-        logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+        silence_flwr()
         first = self._note(signum)
         if self.deferring and first:
             return
