@@ -27,7 +27,7 @@ run: install
 	$(VENV)/bin/splitfed simulate --config simulations/configs/main.toml --out $(OUT) --overwrite
 
 test: install
-	$(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q
+	$(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q --durations=30  # the slowest tests, for whoever keeps CI short
 
 test-fast: install
 	$(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q -m "not slow"
