@@ -648,6 +648,7 @@ def check_tokens(args: argparse.Namespace) -> None:
     read_tokens(args.token_file, args.coordinator_token_file,
                 hint=" (or leave --coordinator-token-file out: deploy makes one)")
 
+
 def made_workdir(given: str | None) -> Path:
     """``--workdir`` made a folder (or a fresh temporary one): a file there was a traceback."""
     if not given:
