@@ -107,14 +107,18 @@ def test_killed_client_does_not_stop_the_round(run):
     assert rows[1]["clients"] == 1 and rows[1]["failed"] == ["client1"]
 
 
+def _claim(out: Path, overrides: dict):  # type: ignore[no-untyped-def]
+    """The claim of ``out`` a ServerApp makes for the run config deploy gives it."""
+    return runfolder.claim(out, resume=overrides.get("resume", False), overwrite=overrides.get("overwrite", False))
+
+
 def _dies(out: Path):  # type: ignore[no-untyped-def]
     """``Deployment.run`` of a ServerApp that claims ``out`` and dies before it keeps a round: its claim
     records the failure (deploy tells a ServerApp that never claimed the folder from one that did by that
     record), and ``flwr run`` exits 0, as it does."""
 
     def run(self, overrides, timeout=None):  # type: ignore[no-untyped-def]
-        with contextlib.suppress(RuntimeError), runfolder.claim(out, resume=overrides.get("resume", False),
-                                                                overwrite=overrides.get("overwrite", False)):
+        with contextlib.suppress(RuntimeError), _claim(out, overrides):
             raise RuntimeError("the ServerApp died")
         return subprocess.CompletedProcess([], 0, "", "")
 
@@ -140,7 +144,7 @@ def test_deploy_again_into_a_run_folder_takes_the_flags_its_refusal_names(tmp_pa
 
     def fake_run(self, overrides, timeout=None):  # type: ignore[no-untyped-def]
         runs.append(self.run_config(overrides))
-        with runfolder.claim(out, resume=overrides.get("resume", False), overwrite=overrides.get("overwrite", False)):
+        with _claim(out, overrides):
             _held_run(out, overrides["num-server-rounds"])  # the run finishes every round
         return subprocess.CompletedProcess([], 0, "", "")
 

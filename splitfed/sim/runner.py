@@ -52,7 +52,7 @@ _SILENT = logging.CRITICAL + 1
 _level_before_silence: int | None = None  # the ``flwr`` logger's level before a stopped run silenced it
 
 
-def silence_flwr(caller_level: int | None = None) -> None:
+def _silence_flwr(caller_level: int | None = None) -> None:
     """Silence the ``flwr`` logger: after a second Ctrl-C, Flower's engine threads may log on after the run
     has returned. Until the next run of this process (:func:`_flwr_as_the_caller_left_it`), not for good: a
     notebook that stopped one run saw no Flower log in any later one. ``caller_level``: the level to give back
@@ -166,7 +166,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
         # a second Ctrl-C may leave Flower's engine threads behind, still logging after this returns
         interrupted = True
         failed = False  # stopped, as asked: Ray's logs hold nothing the user needs
-        silence_flwr(flwr_level)
+        _silence_flwr(flwr_level)
         raise
     except ConfigError:  # a refusal (the folder in use, say): Ray's logs hold nothing about it
         failed = False
@@ -374,7 +374,7 @@ class _Signals:
             raise self._interrupt(self.received) from None
 
     def _handle(self, signum: int, frame: Any) -> None:
-        silence_flwr()
+        _silence_flwr()
         first = self._note(signum)
         if self.deferring and first:
             return
