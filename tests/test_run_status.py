@@ -3,7 +3,8 @@ folder no run of splitfed wrote (hand-made metrics).
 
 Before, every folder without ``summary.json`` read "it did not finish, or is still running", whether it was
 stopped by Ctrl-C, failed, killed by SIGKILL, still training, or made by hand. Runs here are real (the
-in-process backend, and one ``splitfed simulate`` stopped by SIGTERM); the crashed one is a real process
+in-process backend; a ``splitfed simulate`` stopped by Ctrl-C or SIGTERM reads stopped in
+tests/test_signals.py); the crashed one is a real process
 killed with SIGKILL mid-way; folders of older splitfed versions and hand-made ones are written as they were.
 """
 
@@ -198,52 +199,6 @@ def test_a_pid_taken_again_by_another_process_is_not_the_run(tmp_path):
     assert run.status == "unknown"
     assert run_notes(run) == [f"{folder} has no summary.json and no record of its end: it is still running on "
                               f"another-host (pid {os.getpid()}), or crashed there (1 round kept)"]
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("flower-real")
-def _simulate_until(out: Path, ray_tmp: Path, rounds: int, line: str, sig: int, delay: float = 0.0
-                    ) -> tuple[int, str]:
-    """``splitfed simulate`` as a user runs it (its own Ray under ``ray_tmp``), sent ``sig`` ``delay`` seconds
-    after the line that starts with ``line``: its exit code and output."""
-    p = subprocess.Popen(
-        [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
-         "--clients", "2", "--rounds", str(rounds), "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
-    assert p.stdout is not None
-    seen = []
-    for got in p.stdout:
-        seen.append(got)
-        if got.startswith(line):
-            time.sleep(delay)
-            p.send_signal(sig)
-            break
-    try:
-        rest, _ = p.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise
-    return p.returncode, "".join(seen) + rest
-
-
-def test_a_real_simulation_stopped_by_sigterm_reads_stopped(tmp_path, capsys):
-    """``splitfed simulate`` as a user runs it, stopped by SIGTERM after round 1 (as in test_signals.py): the
-    runner's handler stops the run, whose folder then records it stopped by SIGTERM (not failed)."""
-    out = tmp_path / "run"
-    ray_tmp = Path(tempfile.mkdtemp(prefix="sfst", dir="/tmp"))  # short: Ray's socket paths live under it
-    try:
-        code, text = _simulate_until(out, ray_tmp, 4, "round 1/4", signal.SIGTERM)
-        assert code == 143, text
-        run = load_run(out)
-        assert run.status == "stopped" and run.record["signal"] == "SIGTERM", run.record
-        assert run_notes(run)[0].startswith(f"{out} was stopped by SIGTERM at ")
-        # stopped as asked: Ray's session folder went with it (tests/test_ray_session.py)
-        assert not [p for p in (ray_tmp / "ray").glob("session_*") if p.name != "session_latest"], text
-    finally:
-        import shutil
-
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- folders of other makers and older versions
@@ -468,6 +423,31 @@ def test_own_sessions_are_this_processs_since_the_start(tmp_path, monkeypatch):
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     (root / "session_latest").symlink_to(mine)
     assert own_sessions(time.time() - 60) == [mine]
+
+
+def _simulate_until(out: Path, ray_tmp: Path, rounds: int, line: str, sig: int, delay: float = 0.0
+                    ) -> tuple[int, str]:
+    """``splitfed simulate`` as a user runs it (its own Ray under ``ray_tmp``), sent ``sig`` ``delay`` seconds
+    after the line that starts with ``line``: its exit code and output."""
+    p = subprocess.Popen(
+        [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
+         "--clients", "2", "--rounds", str(rounds), "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+    assert p.stdout is not None
+    seen = []
+    for got in p.stdout:
+        seen.append(got)
+        if got.startswith(line):
+            time.sleep(delay)
+            p.send_signal(sig)
+            break
+    try:
+        rest, _ = p.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    return p.returncode, "".join(seen) + rest
 
 
 @pytest.mark.slow

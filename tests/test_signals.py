@@ -18,14 +18,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
+from splitfed.sim import ray_start
 from tests.sigint_ignored import ignoring_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
@@ -35,11 +41,12 @@ SPLITFED = Path(sys.executable).parent / "splitfed"  # the console script, as a 
 HANG = 180  # seconds: far beyond a clean stop; only a hang gets here
 
 
-def _start(out: Path) -> subprocess.Popen:
+def _start(out: Path, ray_tmp: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds", "4",
          "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
 
 
 def _stop_after_round_1(p: subprocess.Popen, send) -> tuple[int, str]:  # type: ignore[no-untyped-def]
@@ -84,27 +91,79 @@ def _ends_stopped(text: str, out: Path, word: str, rounds: int) -> None:
     assert text.rstrip().splitlines()[-len(want):] == want, text
 
 
-def test_ctrl_c_stops_cleanly_and_leaves_a_resumable_run(tmp_path):
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    """Ray's folder for this test (``RAY_TMPDIR``): no other run's session is near it; short, for Ray's sockets.
+    Whatever a failing test left there is killed and removed."""
+    base = Path(tempfile.mkdtemp(prefix="sfs", dir="/tmp"))
+    try:
+        yield base
+    finally:
+        for session in (base / "ray").glob("session_2*"):
+            ray_start._kill(ray_start._session_processes(session))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _sessions(ray_tmp: Path) -> list[Path]:
+    return sorted((ray_tmp / "ray").glob("session_2*"))
+
+
+def _gone(procs: list[psutil.Process], timeout_s: float = 60.0) -> bool:
+    """Whether every one of ``procs`` has exited within ``timeout_s`` (a bound for a wait, not a measurement)."""
+    end = time.monotonic() + timeout_s
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize(("sig", "group", "code", "word", "by", "resume"), [
+    (signal.SIGINT, True, 130, "interrupted", "Ctrl-C (SIGINT)", True),
+    (signal.SIGTERM, False, 143, "terminated", "SIGTERM", False),
+], ids=["ctrl-c", "sigterm"])
+def test_a_signal_after_round_1_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no-untyped-def]
+        tmp_path, ray_tmp, sig, group, code, word, by, resume):
+    """Ctrl-C (to the whole process group, as a terminal sends it) and SIGTERM (to the run alone, as ``timeout``,
+    ``docker stop``, systemd and Slurm send it) after round 1: the run says it stopped and how to continue; its
+    folder records the stop (``splitfed report`` reads it stopped, not failed) and keeps every finished round;
+    nothing of Ray is left, neither its processes nor its session folder; and ``--resume`` continues the run.
+    One real run per signal checks all of it (each costs a Ray start)."""
+    from splitfed.flower import checkpoint
+    from splitfed.report.runs import load_run, run_notes
+
     out = tmp_path / "run"
-    # a terminal's Ctrl-C goes to the whole process group (Ray's workers and the tier processes too)
-    code, text = _stop_after_round_1(_start(out), lambda p: os.killpg(p.pid, signal.SIGINT))
-    assert code == 130, text
-    _ends_stopped(text, out, "interrupted", 4)
-    assert "Traceback" not in text and "ERROR" not in text, text
+    ray_procs: list[psutil.Process] = []
+
+    def send(p: subprocess.Popen) -> None:
+        [session] = _sessions(ray_tmp)
+        ray_procs.extend(q for q in ray_start._session_processes(session) if q.pid != p.pid)
+        if group:
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+
+    returncode, text = _stop_after_round_1(_start(out, ray_tmp), send)
+    assert returncode == code, text
+    _ends_stopped(text, out, word, 4)
+    assert "Traceback" not in text and "ERROR" not in text and "SIGTERM received" not in text, text
     done = _rounds(out)
     assert done and done == list(range(1, len(done) + 1))  # every finished round, none twice
-    from splitfed.flower import checkpoint
-
-    assert checkpoint.load(out).round >= done[-1] - 1  # what --resume continues from (tests/test_flower_sim.py)
-
-
-def test_sigterm_stops_like_ctrl_c(tmp_path):
-    out = tmp_path / "run"
-    code, text = _stop_after_round_1(_start(out), lambda p: p.send_signal(signal.SIGTERM))
-    assert code == 143, text
-    _ends_stopped(text, out, "terminated", 4)
-    assert "SIGTERM received" not in text and "Traceback" not in text, text
-    assert (out / "checkpoint.pt").is_file()
+    kept = checkpoint.load(out).round
+    assert 1 <= kept and kept >= done[-1] - 1  # what --resume continues from (tests/test_flower_sim.py)
+    run = load_run(out)
+    assert run.status == "stopped" and run.record["signal"] == signal.Signals(sig).name, run.record
+    assert run_notes(run)[0].startswith(f"{out} was stopped by {by} at "), run_notes(run)
+    assert ray_procs and _gone(ray_procs), ray_procs  # Ray's processes of this run: there while it ran
+    assert _sessions(ray_tmp) == []
+    if resume:
+        again = subprocess.run([str(SPLITFED), "simulate", "--resume", str(out), "--rounds", str(kept + 1)],
+                               cwd=ROOT, env={**os.environ, "RAY_TMPDIR": str(ray_tmp)}, capture_output=True,
+                               text=True, timeout=HANG)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert f"round {kept + 1}/{kept + 1}" in again.stdout and f"round {kept}/" not in again.stdout, again.stdout
+        assert _rounds(out) == list(range(1, kept + 2))
+        assert _sessions(ray_tmp) == []
 
 
 def test_a_run_started_ignoring_sigint_trains_on_through_it(tmp_path):
