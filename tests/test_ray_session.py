@@ -9,6 +9,7 @@ a run that failed keeps its session and names its logs. Ray runs here under its 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,27 +53,61 @@ def _sessions(ray_dir: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("flower-real")
-def test_a_simulation_removes_its_own_ray_session_and_nothing_else(ray_tmp, tmp_path):
-    from splitfed.sim.runner import simulate
+def test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its_resources_flat(
+        ray_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real ``splitfed simulate`` run in this process (Ray, ClientApps, tier processes), 8 rounds. Its Ray
+    session: there while it runs, gone with it, with the link to it, and nothing else. Its resources: the
+    ServerApp process's descriptors and threads, and the tier processes' descriptors, are at round 8 what they
+    were at round 2; once it ends, its tier processes are gone and its coordinator token file is removed. (One
+    run for both: each real run costs a Ray start.)"""
+    import gc
 
-    seen: list[tuple[Path, bool, str]] = []
+    import ray
+
+    import splitfed.sim.runner as runner
+    from tests.test_resources import _running, _usage
+
+    chains: list[Any] = []
+    start_tiers = runner.start_tiers
+
+    @contextlib.contextmanager
+    def keeping(settings: RunSettings) -> Iterator[Any]:
+        with start_tiers(settings) as chain:
+            chains.append(chain)
+            yield chain
+
+    monkeypatch.setattr(runner, "start_tiers", keeping)
+    sessions: list[tuple[Path, bool, str]] = []
+    seen: dict[int, tuple[tuple[int, int], list[int]]] = {}
 
     def progress(line: str) -> None:
-        if line.startswith("round 1/"):  # during the run: Ray's session and the link Ray points at it
-            import ray
-
+        if not line.startswith("round "):
+            return
+        rnd = int(line.split()[1].split("/")[0])
+        if rnd == 1:  # during the run: Ray's session and the link Ray points at it
             ctx = ray.get_runtime_context()
             session = Path(ctx.get_temp_dir()) / ctx.get_session_name()
-            seen.append((session, session.is_dir(), os.readlink(ray_tmp / "session_latest")))
+            sessions.append((session, session.is_dir(), os.readlink(ray_tmp / "session_latest")))
+        if rnd in (2, 8):
+            gc.collect()
+            seen[rnd] = (_usage(), [_usage(p)[0] for p in chains[0].pids])
 
-    summary = simulate(TINY.with_(out=str(tmp_path / "run")), progress=progress)
-    assert summary["rounds"] == 1
-    [(session, was_there, latest)] = seen
+    settings = RunSettings(rounds=8, clients=2, tiers=3, cuts="static:2,5", out=str(tmp_path / "run"))
+    summary = runner.simulate(settings, progress)
+    assert summary["rounds"] == 8
+    [(session, was_there, latest)] = sessions
     assert was_there and session.parent == ray_tmp and session.name.startswith("session_")
     assert Path(latest) == session
     assert not session.exists()  # gone with the run...
     assert _sessions(ray_tmp) == [OTHER]  # ...with the link to it, and nothing else
     assert (ray_tmp / OTHER / "logs" / "raylet.out").read_text() == "another run's log\n"
+    (me2, tiers2), (me8, tiers8) = seen[2], seen[8]
+    grown = f"round 2 -> 8: ServerApp (fds, threads) {me2} -> {me8}, tiers' fds {tiers2} -> {tiers8}"
+    assert me8[0] <= me2[0] + 3 and me8[1] <= me2[1] + 8, grown
+    assert all(b <= a + 3 for a, b in zip(tiers2, tiers8, strict=True)), grown
+    (chain,) = chains
+    assert chain.coordinator_token_file and not Path(chain.coordinator_token_file).exists()
+    assert not any(_running(pid) for pid in chain.pids)
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """Long runs hold their resources flat: nothing a tier, a coordinator or a device holds grows with rounds.
 
 A user runs hundreds of rounds with dozens of devices against long-lived tier services. These tests drive the
-real code paths (in-process tiers, ``splitfed tier`` processes on 127.0.0.1, the in-process backend, a real
-``splitfed simulate``) for a few rounds and then some more, and compare what is held at an early and at a late
+real code paths (in-process tiers, ``splitfed tier`` processes on 127.0.0.1, the in-process backend; a real
+``splitfed simulate`` in tests/test_ray_session.py) for a few rounds and then some more, and compare what is held at an early and at a late
 round: segments and replicas on the tiers, request streams a tier watches, open descriptors and threads of the
 tier processes and of their caller, tensors and modules of the coordinator. Counts, never timings; the slack
 absorbs a thread pool that grows to its load, not a leak of one thing per client per round.
@@ -10,7 +10,6 @@ absorbs a thread pool that grows to its load, not a leak of one thing per client
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import threading
@@ -282,45 +281,6 @@ def test_the_inprocess_backend_holds_no_more_tensors_or_modules_after_more_round
                     progress)
     (t2, m2), (t8, m8) = seen[2], seen[8]
     assert t8 <= t2 + 5 and m8 <= m2 + 2, f"tensors {t2} -> {t8}, modules {m2} -> {m8}"
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("flower-real")
-def test_a_flower_simulation_holds_flat_descriptors_and_threads_and_leaves_no_token(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real ``splitfed simulate`` (Ray, ClientApps, tier processes): the ServerApp process's descriptors
-    and threads, and the tier processes' descriptors, are at round 8 what they were at round 2; once it
-    ends, its tier processes are gone and its coordinator token file is removed."""
-    import splitfed.sim.runner as runner
-
-    chains: list[Any] = []
-    start_tiers = runner.start_tiers
-
-    @contextlib.contextmanager
-    def keeping(settings: RunSettings) -> Iterator[Any]:
-        with start_tiers(settings) as chain:
-            chains.append(chain)
-            yield chain
-
-    monkeypatch.setattr(runner, "start_tiers", keeping)
-    seen: dict[int, tuple[tuple[int, int], list[int]]] = {}
-
-    def progress(line: str) -> None:
-        if line.startswith("round "):
-            rnd = int(line.split()[1].split("/")[0])
-            if rnd in (2, 8):
-                gc.collect()
-                seen[rnd] = (_usage(), [_usage(p)[0] for p in chains[0].pids])
-
-    settings = RunSettings(rounds=8, clients=2, tiers=3, cuts="static:2,5", out=str(tmp_path / "run"))
-    runner.simulate(settings, progress)
-    (me2, tiers2), (me8, tiers8) = seen[2], seen[8]
-    grown = f"round 2 -> 8: ServerApp (fds, threads) {me2} -> {me8}, tiers' fds {tiers2} -> {tiers8}"
-    assert me8[0] <= me2[0] + 3 and me8[1] <= me2[1] + 8, grown
-    assert all(b <= a + 3 for a, b in zip(tiers2, tiers8, strict=True)), grown
-    (chain,) = chains
-    assert chain.coordinator_token_file and not Path(chain.coordinator_token_file).exists()
-    assert not any(_running(pid) for pid in chain.pids)
 
 
 def _running(pid: int) -> bool:

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -423,51 +422,6 @@ def test_own_sessions_are_this_processs_since_the_start(tmp_path, monkeypatch):
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     (root / "session_latest").symlink_to(mine)
     assert own_sessions(time.time() - 60) == [mine]
-
-
-def _simulate_until(out: Path, ray_tmp: Path, rounds: int, line: str, sig: int, delay: float = 0.0
-                    ) -> tuple[int, str]:
-    """``splitfed simulate`` as a user runs it (its own Ray under ``ray_tmp``), sent ``sig`` ``delay`` seconds
-    after the line that starts with ``line``: its exit code and output."""
-    p = subprocess.Popen(
-        [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
-         "--clients", "2", "--rounds", str(rounds), "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
-    assert p.stdout is not None
-    seen = []
-    for got in p.stdout:
-        seen.append(got)
-        if got.startswith(line):
-            time.sleep(delay)
-            p.send_signal(sig)
-            break
-    try:
-        rest, _ = p.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise
-    return p.returncode, "".join(seen) + rest
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("flower-real")
-def test_ctrl_c_while_ray_starts_leaves_no_session_and_no_ray(tmp_path):
-    """Ctrl-C in the seconds Ray takes to start (when users press it) left its session folder behind: the
-    runner knew it only once Ray was up. Whenever the signal lands, nothing of Ray is left."""
-    import psutil
-
-    ray_tmp = Path(tempfile.mkdtemp(prefix="sfci", dir="/tmp"))
-    try:  # 1 s after: Ray is starting (about 5 s here)
-        code, text = _simulate_until(tmp_path / "run", ray_tmp, 2, "starting the simulation engine", signal.SIGINT, 1.0)
-        assert code == 130, text
-        assert not [s for s in (ray_tmp / "ray").glob("session_*")], text
-        left = [q for q in psutil.process_iter(["cmdline"]) if str(ray_tmp) in " ".join(q.info["cmdline"] or [])]
-        assert not left, left
-    finally:
-        import shutil
-
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- second review

@@ -148,14 +148,15 @@ def test_a_signal_after_round_1_stops_the_run_cleanly_resumably_and_tidily(  # t
     _ends_stopped(text, out, word, 4)
     assert "Traceback" not in text and "ERROR" not in text and "SIGTERM received" not in text, text
     done = _rounds(out)
-    assert done and done == list(range(1, len(done) + 1))  # every finished round, none twice
+    assert done and done == list(range(1, len(done) + 1)), (done, text)  # every finished round, none twice
     kept = checkpoint.load(out).round
-    assert 1 <= kept and kept >= done[-1] - 1  # what --resume continues from (tests/test_flower_sim.py)
+    assert 1 <= kept and kept >= done[-1] - 1, (kept, done, text)  # what --resume continues from
     run = load_run(out)
-    assert run.status == "stopped" and run.record["signal"] == signal.Signals(sig).name, run.record
-    assert run_notes(run)[0].startswith(f"{out} was stopped by {by} at "), run_notes(run)
-    assert ray_procs and _gone(ray_procs), ray_procs  # Ray's processes of this run: there while it ran
-    assert _sessions(ray_tmp) == []
+    assert run.status == "stopped" and run.record["signal"] == signal.Signals(sig).name, (run.record, text)
+    assert run_notes(run)[0].startswith(f"{out} was stopped by {by} at "), (run_notes(run), text)
+    assert ray_procs, text  # Ray's processes of this run: there while it ran...
+    assert _gone(ray_procs), ([q.pid for q in ray_procs if q.is_running()], text)  # ...and gone
+    assert _sessions(ray_tmp) == [], (_sessions(ray_tmp), text)
     if resume:
         again = subprocess.run([str(SPLITFED), "simulate", "--resume", str(out), "--rounds", str(kept + 1)],
                                cwd=ROOT, env={**os.environ, "RAY_TMPDIR": str(ray_tmp)}, capture_output=True,
@@ -275,22 +276,23 @@ def _while_ray_starts(setup: str, inside: str) -> str:
     """).replace("{body}", body)
 
 
-def _run_stopped_while_ray_starts(tmp_path: Path, script: str, send, code: int, last: str,  # type: ignore[no-untyped-def]
-                                  env: dict[str, str] | None = None) -> str:
-    """Run ``script`` (a ``_while_ray_starts``), ``send`` its signal at the hook; it stops as asked, with its last
-    lines, having started no tier and left no Ray session folder. Its output."""
-    from ray._common.utils import get_default_ray_temp_dir
-
+def _run_stopped_while_ray_starts(tmp_path: Path, ray_tmp: Path, script: str, send, code: int,  # type: ignore[no-untyped-def]
+                                  last: str, env: dict[str, str] | None = None) -> str:
+    """Run ``script`` (a ``_while_ray_starts``, Ray under ``ray_tmp``), ``send`` its signal at the hook; it stops
+    as asked, with its last lines, having started no tier and left nothing of Ray: no session folder, no process.
+    Its output."""
     p = subprocess.Popen(
         [sys.executable, "-c", script, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2",
          "--rounds", "2", "--out", str(tmp_path / "run")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, **(env or {})})
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp), **(env or {})})
     returncode, text = _stop_at(p, "HOOK:", send)
     assert returncode == code, text
     _ends_stopped(text, tmp_path / "run", last, 2)
     assert "tiers:" not in text and "Traceback" not in text and "Exception ignored" not in text, text
-    assert not list(Path(get_default_ray_temp_dir()).glob(f"session_*_{p.pid}")), "Ray's session folder is left"
+    assert not list((ray_tmp / "ray").glob("session_2*")), "Ray's session folder is left"
+    left = [q for q in psutil.process_iter(["cmdline"]) if str(ray_tmp) in " ".join(q.info["cmdline"] or [])]
+    assert not left, left
     return text
 
 
@@ -300,11 +302,11 @@ STARTING = _while_ray_starts("import time\n", "time.sleep(3)")
 
 @pytest.mark.parametrize(("sig", "code", "last"), [(signal.SIGINT, 130, "interrupted"),
                                                    (signal.SIGTERM, 143, "terminated")], ids=["ctrl-c", "sigterm"])
-def test_a_signal_while_ray_starts_stops_the_run_and_leaves_nothing(tmp_path, sig, code, last):
+def test_a_signal_while_ray_starts_stops_the_run_and_leaves_nothing(tmp_path, ray_tmp, sig, code, last):
     """Before: SIGTERM while Ray started met Ray's own handler, and the run exited 15 with no word, keeping
     Ray's session folder; a Ctrl-C raised there could land in the after-fork hook of a process Ray spawned,
     where Python drops it with logging's lock held: the run went on, then hung."""
-    _run_stopped_while_ray_starts(tmp_path, STARTING, lambda p: p.send_signal(sig), code, last)
+    _run_stopped_while_ray_starts(tmp_path, ray_tmp, STARTING, lambda p: p.send_signal(sig), code, last)
 
 
 def test_a_start_of_ray_that_fails_is_not_tried_again_once_stopped_and_a_second_signal_does_not_wait(monkeypatch):
@@ -374,9 +376,9 @@ FORKING = _while_ray_starts("""
 
 @pytest.mark.parametrize(("sig", "code", "last"), [(signal.SIGINT, 130, "interrupted"),
                                                    (signal.SIGTERM, 143, "terminated")], ids=["ctrl-c", "sigterm"])
-def test_a_signal_in_the_fork_of_a_process_ray_starts_stops_the_run(tmp_path, sig, code, last):
+def test_a_signal_in_the_fork_of_a_process_ray_starts_stops_the_run(tmp_path, ray_tmp, sig, code, last):
     """Before: handled in the after-fork hook, the interrupt (Ctrl-C) or Ray's ``sys.exit`` (SIGTERM, under the
     handler Ray's start put in) was dropped by Python ("Exception ignored"): the run trained to its end and
     exited 0, or hung on logging's lock."""
-    _run_stopped_while_ray_starts(tmp_path, FORKING, lambda p: None, code, last,  # the hook sends it, at the fork
+    _run_stopped_while_ray_starts(tmp_path, ray_tmp, FORKING, lambda p: None, code, last,  # the hook sends it, at the fork
                                   env={"SPLITFED_TEST_SIGNAL": str(int(sig))})
