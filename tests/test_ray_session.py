@@ -5,6 +5,8 @@ simulations collected thousands. Now a run that ends removes its own session, on
 Ray's ``session_latest`` link if it points at it; another run's session and a link to it are left alone;
 a run that failed keeps its session and names its logs. Ray runs here under its own temporary folder
 (``RAY_TMPDIR``), so the sessions of other runs on this machine are never near the test.
+The finished real run also checks that a run holds its resources flat (tests/test_resources.py's
+law, for a real simulate): one Ray start for both.
 """
 
 from __future__ import annotations
