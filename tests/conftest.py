@@ -13,6 +13,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from tests.ray_fixtures import ray_tmp  # noqa: F401 (a fixture: a Ray of the test's own)
+
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

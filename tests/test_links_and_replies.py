@@ -200,9 +200,10 @@ def test_a_flower_simulation_with_compression_equals_the_inprocess_backend(tmp_p
     used to equal the in-process backend with int8 on the device link only, the edge's link uncompressed; now
     it equals it outright. A codec per link, each another: the node's link gets the first and the edge's the
     second, as in-process (swapped, or one left out, the numbers differ). One real run (a Ray start) for both."""
-    compress = "fp16,int8"
     from splitfed.sim.inprocess import train_inprocess
     from splitfed.sim.runner import simulate
+
+    compress = "fp16,int8"
 
     s = RunSettings(rounds=1, clients=2, tiers=3, mode="sflv1", cuts="static:2,5", compress=compress, batch_size=32,
                     lr=0.05, seed=1)

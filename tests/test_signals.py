@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from splitfed.sim import ray_start
+from tests.ray_fixtures import running, sessions, until
 from tests.sigint_ignored import ignoring_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
@@ -91,33 +89,6 @@ def _ends_stopped(text: str, out: Path, word: str, rounds: int) -> None:
     assert text.rstrip().splitlines()[-len(want):] == want, text
 
 
-@pytest.fixture
-def ray_tmp() -> Iterator[Path]:
-    """Ray's folder for this test (``RAY_TMPDIR``): no other run's session is near it; short, for Ray's sockets.
-    Whatever a failing test left there is killed and removed."""
-    base = Path(tempfile.mkdtemp(prefix="sfs", dir="/tmp"))
-    try:
-        yield base
-    finally:
-        for session in (base / "ray").glob("session_2*"):
-            ray_start._kill(ray_start._session_processes(session))
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _sessions(ray_tmp: Path) -> list[Path]:
-    return sorted((ray_tmp / "ray").glob("session_2*"))
-
-
-def _gone(procs: list[psutil.Process], timeout_s: float = 60.0) -> bool:
-    """Whether every one of ``procs`` has exited within ``timeout_s`` (a bound for a wait, not a measurement)."""
-    end = time.monotonic() + timeout_s
-    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 @pytest.mark.parametrize(("sig", "group", "code", "word", "by", "resume"), [
     (signal.SIGINT, True, 130, "interrupted", "Ctrl-C (SIGINT)", True),
     (signal.SIGTERM, False, 143, "terminated", "SIGTERM", False),
@@ -136,7 +107,7 @@ def test_a_signal_after_round_1_stops_the_run_cleanly_resumably_and_tidily(  # t
     ray_procs: list[psutil.Process] = []
 
     def send(p: subprocess.Popen) -> None:
-        [session] = _sessions(ray_tmp)
+        [session] = sessions(ray_tmp)
         ray_procs.extend(q for q in ray_start._session_processes(session) if q.pid != p.pid)
         if group:
             os.killpg(p.pid, sig)
@@ -155,8 +126,8 @@ def test_a_signal_after_round_1_stops_the_run_cleanly_resumably_and_tidily(  # t
     assert run.status == "stopped" and run.record["signal"] == signal.Signals(sig).name, (run.record, text)
     assert run_notes(run)[0].startswith(f"{out} was stopped by {by} at "), (run_notes(run), text)
     assert ray_procs, text  # Ray's processes of this run: there while it ran...
-    assert _gone(ray_procs), ([q.pid for q in ray_procs if q.is_running()], text)  # ...and gone
-    assert _sessions(ray_tmp) == [], (_sessions(ray_tmp), text)
+    assert until(lambda: not running(ray_procs)), ([q.pid for q in running(ray_procs)], text)  # ...and gone
+    assert sessions(ray_tmp) == [], (sessions(ray_tmp), text)
     if resume:
         again = subprocess.run([str(SPLITFED), "simulate", "--resume", str(out), "--rounds", str(kept + 1)],
                                cwd=ROOT, env={**os.environ, "RAY_TMPDIR": str(ray_tmp)}, capture_output=True,
@@ -164,7 +135,7 @@ def test_a_signal_after_round_1_stops_the_run_cleanly_resumably_and_tidily(  # t
         assert again.returncode == 0, again.stdout + again.stderr
         assert f"round {kept + 1}/{kept + 1}" in again.stdout and f"round {kept}/" not in again.stdout, again.stdout
         assert _rounds(out) == list(range(1, kept + 2))
-        assert _sessions(ray_tmp) == []
+        assert sessions(ray_tmp) == []
 
 
 def test_a_run_started_ignoring_sigint_trains_on_through_it(tmp_path):
@@ -314,7 +285,6 @@ def test_a_start_of_ray_that_fails_is_not_tried_again_once_stopped_and_a_second_
     while a signal is noted: before, all three attempts ran on (30 s each), and the failed start then ended
     the run as failed, not stopped. A second signal raises at once."""
     import threading
-    import time
 
     import ray
 

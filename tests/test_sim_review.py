@@ -12,44 +12,19 @@ Ray runs under a temporary folder of the test's own (``RAY_TMPDIR``): no other r
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from splitfed.sim import ray_start
+from tests.ray_fixtures import running, sessions, until
 
 REPO = Path(__file__).resolve().parents[1]
 SPLITFED = REPO / ".venv" / "bin" / "splitfed"
 TINY = ["--clients", "2", "--tiers", "2", "--cuts", "static:2", "--batch-size", "64", "--seed", "1"]
-
-
-@pytest.fixture
-def ray_tmp() -> Iterator[Path]:
-    """Ray's folder for this test (``RAY_TMPDIR``); short, for Ray's sockets."""
-    base = Path(tempfile.mkdtemp(prefix="sfw", dir="/tmp"))
-    try:
-        yield base
-    finally:
-        for session in (base / "ray").glob("session_2*"):  # whatever a failing test left: its processes too
-            ray_start._kill(ray_start._session_processes(session))
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _until(check, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    """Poll ``check`` until true or ``timeout_s`` passes (a bound for a wait, not a measurement)."""
-    end = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def _simulate(ray_tmp: Path, out: Path, *extra: str, stdout: int | None = None) -> subprocess.Popen[bytes]:
@@ -57,10 +32,6 @@ def _simulate(ray_tmp: Path, out: Path, *extra: str, stdout: int | None = None) 
     return subprocess.Popen([str(SPLITFED), "simulate", *TINY, "--out", str(out), *extra], cwd=REPO, env=env,
                             stdout=stdout if stdout is not None else subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
-
-
-def _sessions(ray_tmp: Path) -> list[Path]:
-    return sorted((ray_tmp / "ray").glob("session_2*"))
 
 
 # ---------------------------------------------------------------- the watcher, without Ray
@@ -87,7 +58,7 @@ def _holder(session: Path, how: str) -> tuple[subprocess.Popen[str], psutil.Proc
                               text=True, cwd=REPO)
     assert parent.stdout is not None
     child = psutil.Process(int(parent.stdout.readline()))
-    assert _until(lambda: any(f.path.endswith("agent.log") for f in child.open_files()), 30)
+    assert until(lambda: any(f.path.endswith("agent.log") for f in child.open_files()), 30)
     return parent, child
 
 
@@ -98,8 +69,8 @@ def test_a_killed_runner_s_session_processes_and_folder_are_tidied_by_its_watche
     try:
         parent.kill()  # SIGKILL: nothing of the runner's own runs
         parent.wait()
-        assert _until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE)
-        assert _until(lambda: not session.exists())
+        assert until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE)
+        assert until(lambda: not session.exists())
     finally:
         parent.kill()
         ray_start._kill([child])
@@ -111,7 +82,7 @@ def test_a_released_watcher_leaves_the_session_alone(tmp_path):
     (session / "logs").mkdir(parents=True)
     parent, child = _holder(session, "release")
     try:
-        assert _until(lambda: not [p for p in psutil.Process(parent.pid).children() if p.pid != child.pid])
+        assert until(lambda: not [p for p in psutil.Process(parent.pid).children() if p.pid != child.pid])
         parent.kill()
         parent.wait()
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
@@ -130,14 +101,14 @@ def test_a_sigkilled_simulate_leaves_no_ray_process_and_no_session(ray_tmp, tmp_
     out = tmp_path / "run"
     proc = _simulate(ray_tmp, out, "--rounds", "200")
     try:
-        assert _until(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size, 300)
-        [session] = _sessions(ray_tmp)
+        assert until(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size, 300)
+        [session] = sessions(ray_tmp)
         ray_procs = [p for p in ray_start._session_processes(session) if p.pid != proc.pid]
         assert ray_procs  # Ray's processes of this run, there while it runs
         proc.kill()
         proc.wait()
-        assert _until(lambda: not [p for p in ray_procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE])
-        assert _until(lambda: not session.exists())
+        assert until(lambda: not running(ray_procs))
+        assert until(lambda: not session.exists())
         assert (out / "checkpoint.pt").is_file()  # the run folder is kept, to resume
     finally:
         proc.kill()
@@ -151,11 +122,11 @@ def test_a_simulate_whose_reader_went_ends_quietly_and_removes_its_ray_session(r
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith(b"starting the simulation engine")
-        assert _until(lambda: bool(_sessions(ray_tmp)), 300)
+        assert until(lambda: bool(sessions(ray_tmp)), 300)
         proc.stdout.close()  # ``| head -1``
         assert proc.wait(timeout=300) == 141
         assert proc.stderr is not None and proc.stderr.read() == b""
-        assert _sessions(ray_tmp) == []
+        assert sessions(ray_tmp) == []
     finally:
         proc.kill()
         proc.wait()
