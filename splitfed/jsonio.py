@@ -54,18 +54,18 @@ def draft_of(path: str | Path) -> Path:
     return p.with_name(f".{p.name}.{os.getpid()}.tmp")
 
 
-def write_draft(path: str | Path, text: str) -> Path:
-    """``text`` written and fsynced to ``path``'s draft (:func:`draft_of`), not yet in its place."""
+def write_draft(path: str | Path, text: str | bytes) -> Path:
+    """``text`` (or bytes) written and fsynced to ``path``'s draft (:func:`draft_of`), not yet in its place."""
     tmp = draft_of(path)
-    with open(tmp, "w") as f:
+    with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     return tmp
 
 
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Replace ``path`` with ``text`` in one step (a crash leaves the old file or the new, never half), and
+def write_atomic(path: str | Path, text: str | bytes) -> Path:
+    """Replace ``path`` with ``text`` (or bytes) in one step (a crash leaves the old file or the new, never half), and
     durably (the file's bytes and its name in the folder are fsynced)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

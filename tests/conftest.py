@@ -1,4 +1,4 @@
-"""Shared test set-up: one torch thread (CI has 2 cores), hypothesis without deadlines.
+"""Shared test set-up: one torch thread (CI has 2 cores), hypothesis without deadlines, one cache for the run.
 
 Engineers append fixtures for their area below (or import them from a tests/*_fixtures.py module).
 """
@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -31,7 +33,27 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
 
 
+_CACHE = "SPLITFED_CACHE_DIR"
+
+
+def _one_cache_for_the_run(config: pytest.Config) -> None:
+    """Every test and every process it starts (workers inherit the controller's environment) shares one splitfed
+    cache (:mod:`splitfed.cache`) made for this run, not the user's: the digits split, each Dirichlet partition
+    and each profile are computed once per run, as on a user's machine, and nothing is left in their home.
+    Tests of the cache itself set their own."""
+    if hasattr(config, "workerinput") or os.environ.get(_CACHE):
+        return
+    folder = tempfile.mkdtemp(prefix="splitfed-test-cache-")
+    os.environ[_CACHE] = folder
+    config.add_cleanup(lambda: (os.environ.pop(_CACHE, None), shutil.rmtree(folder, ignore_errors=True)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _one_cache_for_the_run(config)
+    _refuse_ungrouped_loadgroup(config)
+
+
+def _refuse_ungrouped_loadgroup(config: pytest.Config) -> None:
     """``make test`` runs ``--dist loadgroup``: group "flower-real" keeps the real Ray and Flower runs on one
     worker, one after another. pytest 9.2 keeps a test's id where pytest-xdist 3.8 cannot add the group to it,
     so xdist grouped nothing: those runs went side by side and each worker set up the module fixtures again.

@@ -9,7 +9,6 @@ import sys
 from collections.abc import Iterator
 
 from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
-from splitfed.commands.profile import cache_dir
 from splitfed.cost.model import Scenario, link_codecs
 from splitfed.errors import ConfigError, CutError
 from splitfed.jsonio import dumps
@@ -25,7 +24,7 @@ from splitfed.optimizer.assign import (
     static,
 )
 from splitfed.profile.fleet import load_fleet, shipped_fleets
-from splitfed.profile.profiler import profile_model
+from splitfed.profile.profiler import default_cache_dir, profile_model
 from splitfed.units import mib_text
 
 JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_shape", "method", "optimal", "gap",
@@ -116,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     link_codecs(args.codec, args.tiers - 1, what="--codec")  # in the flag's name, before any profiling
     spec = model_spec(args)
     fleet = load_fleet(args.fleet).at_round(args.round)
-    prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=1, cache_dir=cache_dir())
+    prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=1, cache_dir=default_cache_dir())
     sc = Scenario.from_fleet(prof, fleet, tiers=args.tiers, batch=args.batch, u_shape=args.u_shape,
                              mode=args.mode, codec=args.codec,
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)

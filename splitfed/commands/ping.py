@@ -179,9 +179,8 @@ def training_rate(spec: ModelSpec, batch: int = 32, passes: int = SPEED_PASSES,
     Torch's thread count is given back as it was. ``where``: the torch device a node computes on (cpu)."""
     import torch
 
-    from splitfed.commands.profile import cache_dir
     from splitfed.errors import ConfigError
-    from splitfed.profile.profiler import profile_model
+    from splitfed.profile.profiler import default_cache_dir, profile_model
     from splitfed.profile.speed import measure_speed, measured_flops
 
     x = spec.example_input(batch)
@@ -191,7 +190,7 @@ def training_rate(spec: ModelSpec, batch: int = 32, passes: int = SPEED_PASSES,
         measures = [measure_speed(spec, x, where, reps=1) for _ in range(passes)]
     finally:
         torch.set_num_threads(threads)
-    profile = profile_model(spec, batch, reps=1, cache_dir=cache_dir())  # its FLOP counts only: no times used
+    profile = profile_model(spec, batch, reps=1, cache_dir=default_cache_dir())  # its FLOP counts only: no times used
     most = max(m.blocks for m in measures)
     rates = [r for r in (measured_flops(profile, m) for m in measures if m.blocks == most) if r is not None]
     if not rates:

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 from splitfed.commands._args import add_model_args, batch_size, model_spec, positive_int
 from splitfed.engine.compute import describe, torch_device
 from splitfed.jsonio import dumps
-from splitfed.profile.profiler import ModelProfile, profile_model
+from splitfed.profile.profiler import ModelProfile, default_cache_dir, profile_model
 
 JSON_KEYS = ("model", "batch", "names", "input_bytes", "fwd_flops", "bwd_flops", "param_bytes", "out_bytes",
              "act_bytes", "fixed_bytes", "fwd_s", "bwd_s", "reps", "optimizer_slots", "host", "version")
 """The keys of ``--json`` named in ``--help`` (``ModelProfile.to_dict``; the rest are the cost model's)."""
-
-
-def cache_dir() -> Path:
-    """Where commands keep measured profiles (``SPLITFED_PROFILE_CACHE``, else the XDG cache). No cache
-    at all is ``profile_model(..., use_cache=False)``: a ``None`` here would fall back to the variable."""
-    env = os.environ.get("SPLITFED_PROFILE_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "splitfed" / "profiles"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     spec = model_spec(args)
     dev = torch_device(args.torch_device)
     prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=args.reps,
-                         cache_dir=cache_dir(), torch_device=dev, use_cache=not args.no_cache)
+                         cache_dir=default_cache_dir(), torch_device=dev, use_cache=not args.no_cache)
     where = "this host" if dev.type == "cpu" else f"this host's {describe(dev)}"
     print(dumps(prof.to_dict(), indent=1) if args.json else render(prof, where))
     return 0

@@ -61,24 +61,52 @@ def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
     return d.data.astype(np.int64), d.target.astype(np.int64)
 
 
+DIGITS_SAMPLES = 1797
+
+
+def _digits_split(test_fraction: float, random_state: int) -> tuple[np.ndarray, ...]:
+    """(x_train, x_test, y_train, y_test) as int64, from the cache when kept there: a hit imports no scikit-learn
+    (seconds in every process that loads a client's data, :mod:`splitfed.cache`)."""
+    import sys
+
+    from splitfed import cache
+
+    key = cache.entry_key(kind="digits-split", test_fraction=float(test_fraction), random_state=random_state,
+                          code=cache.source_digest(sys.modules[__name__]),
+                          **cache.versions("scikit-learn", "numpy"))
+    kept = cache.load("digits", key, _whole_digits)
+    if kept is not None:
+        return kept["x_train"], kept["x_test"], kept["y_train"], kept["y_test"]
+    from sklearn.model_selection import train_test_split
+
+    x, y = _digits_raw()
+    try:
+        xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, stratify=y, random_state=random_state)
+    except ValueError as e:  # too few samples on one side for a stratified split
+        raise ConfigError(f"cannot split digits with test_fraction={test_fraction}: {e}") from None
+    cache.store("digits", key, {"x_train": xtr, "x_test": xte, "y_train": ytr, "y_test": yte})
+    return xtr, xte, ytr, yte
+
+
+def _whole_digits(a: dict[str, np.ndarray]) -> bool:
+    """A kept split is the digits: int64 pixels 0..16 in rows of 64, labels 0..9, every sample on one side."""
+    xs, ys = (a["x_train"], a["x_test"]), (a["y_train"], a["y_test"])
+    return (all(x.dtype == np.int64 and x.ndim == 2 and x.shape[1] == 64 and ((x >= 0) & (x <= 16)).all() for x in xs)
+            and all(y.dtype == np.int64 and y.ndim == 1 and ((y >= 0) & (y <= 9)).all() for y in ys)
+            and [len(y) for y in ys] == [len(x) for x in xs] and sum(len(y) for y in ys) == DIGITS_SAMPLES)
+
+
 def digits(test_fraction: float = 0.2, seed: int = 0, layout: Layout = "image") -> Split:
     """scikit-learn's 8x8 digits (1797 samples, 10 classes): the offline dataset for tests.
 
     image: float32 (N, 1, 8, 8) in [0, 1]; flat: float32 (N, 64) in [0, 1]; tokens: int64
     (N, 64) pixel intensities 0..16 (vocab 17). The train/test split is stratified and seeded.
     """
-    from sklearn.model_selection import train_test_split
-
     if layout not in ("image", "flat", "tokens"):
         raise ConfigError(f"unknown digits layout {layout!r}: use 'image', 'flat' or 'tokens'")
     if not 0 < test_fraction < 1:
         raise ConfigError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    x, y = _digits_raw()
-    try:
-        xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, stratify=y,
-                                              random_state=derive_seed(seed) % 2**32)
-    except ValueError as e:  # too few samples on one side for a stratified split
-        raise ConfigError(f"cannot split digits with test_fraction={test_fraction}: {e}") from None
+    xtr, xte, ytr, yte = _digits_split(test_fraction, derive_seed(seed) % 2**32)
 
     def tensor(a: np.ndarray) -> torch.Tensor:
         if layout == "tokens":

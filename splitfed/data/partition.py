@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 
+from splitfed import cache
+from splitfed.data import _seed
 from splitfed.data._seed import derive_seed
 from splitfed.errors import ConfigError
 
@@ -95,6 +99,38 @@ def partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: str |
     parts = [np.asarray(p, dtype=np.int64) for p in parts]
     _fill_to_min_size(parts, min_size, rng)
     return [np.sort(p) for p in parts]
+
+
+def kept_partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: str | Partition,
+                   seed: int, min_size: int = 1) -> list[np.ndarray]:
+    """:func:`partition`, kept in the cache (:mod:`splitfed.cache`) where it needs flwr-datasets (Dirichlet):
+    a hit imports none of it, which every process loading a client's data would otherwise (seconds each).
+
+    The key holds the labels' digest, every argument, this module's code and the versions of flwr-datasets,
+    datasets and numpy (whose draws the partitioner makes), so a hit is what :func:`partition` returns now."""
+    scheme = parse_partition(scheme)
+    if scheme.kind == "iid" or type(seed) is not int or type(min_size) is not int or type(num_clients) is not int:
+        return partition(labels, num_clients, scheme, seed, min_size)  # cheap, or refused there
+    y = np.ascontiguousarray(labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels)
+    digest = hashlib.sha256(f"{y.dtype.str}{y.shape}".encode() + y.tobytes()).hexdigest()
+    key = cache.entry_key(kind="partition", labels=digest, clients=num_clients, scheme=str(scheme), seed=seed,
+                          min_size=min_size, code=cache.source_digest(sys.modules[__name__], _seed),
+                          **cache.versions("flwr-datasets", "datasets", "numpy"))
+
+    def covers(a: cache.Arrays) -> bool:  # the partition's laws: disjoint, sorted, every sample, none short
+        if sorted(a) != sorted(f"p{i}" for i in range(num_clients)):
+            return False
+        parts = [a[f"p{i}"] for i in range(num_clients)]
+        if any(p.dtype != np.int64 or p.ndim != 1 or len(p) < min_size or (np.diff(p) <= 0).any() for p in parts):
+            return False
+        return bool(np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(y))))
+
+    kept = cache.load("partitions", key, covers)
+    if kept is not None:
+        return [kept[f"p{i}"] for i in range(num_clients)]
+    parts = partition(y, num_clients, scheme, seed, min_size)
+    cache.store("partitions", key, {f"p{i}": p for i, p in enumerate(parts)})
+    return parts
 
 
 def _dirichlet(y: np.ndarray, num_clients: int, alpha: float, seed: int,

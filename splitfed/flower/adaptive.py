@@ -71,7 +71,7 @@ def scenario(settings: RunSettings, clients: Sequence[ClientInfo]):  # type: ign
         if (flops := measured_device_flops(settings, info.speed)) is not None:  # and so does its speed
             base = replace(base, device=TierProfile(flops, base.device.memory))
         picked.append(replace(base, name=info.client_id, samples=info.samples or base.samples))
-    profile = _profile(settings)
+    profile = run_profile(settings)
     return Scenario.from_fleet(profile, replace(fleet, clients=tuple(picked), kinds={}), tiers=settings.tiers,
                                batch=settings.batch_size, u_shape=settings.u_shape,
                                epochs=settings.local_epochs, mode=settings.mode, codec=settings.compress,
@@ -141,10 +141,13 @@ def profile_refusal(settings: RunSettings, devices: Mapping[str, Any] | None = N
     return refusal
 
 
-def _profile(settings: RunSettings):  # type: ignore[no-untyped-def]
-    from splitfed.profile import profile_model
+def run_profile(settings: RunSettings):  # type: ignore[no-untyped-def]
+    """The run's model profile: its FLOPs and bytes, kept on disk as ``optimize`` keeps them (a run uses no
+    measured times, so one timed repetition: seconds of every run's start went to timing three)."""
+    from splitfed.profile.profiler import default_cache_dir, profile_model
 
-    return profile_model(settings.spec, batch=settings.batch_size, optimizer_slots=settings.optim.slots)
+    return profile_model(settings.spec, batch=settings.batch_size, optimizer_slots=settings.optim.slots, reps=1,
+                         cache_dir=default_cache_dir())
 
 
 def device_work(settings: RunSettings, cuts: Sequence[int]) -> float:
@@ -158,7 +161,7 @@ def _work_of(settings: RunSettings, cuts: tuple[int, ...]) -> float:
     from splitfed.cost import Scenario, client_cost
     from splitfed.profile import Client, LinkProfile, TierProfile
 
-    profile = _profile(settings)
+    profile = run_profile(settings)
     me = Client("device", "device", TierProfile(1.0, math.inf), LinkProfile(1.0, 1.0, 0.0), 1)
     sc = Scenario(profile, (me,), tuple(TierProfile(1.0, math.inf) for _ in range(settings.tiers - 1)),
                   tuple(LinkProfile(1.0, 1.0, 0.0) for _ in range(settings.tiers - 2)), batch=settings.batch_size,
@@ -170,7 +173,7 @@ def measured_device_flops(settings: RunSettings, speed: SpeedMeasure | None) -> 
     """A device's FLOP/s from its registration's speed measurement, in the cost model's FLOPs (None: none)."""
     from splitfed.profile.speed import measured_flops
 
-    return None if speed is None else measured_flops(_profile(settings), speed)
+    return None if speed is None else measured_flops(run_profile(settings), speed)
 
 
 def _check(settings: RunSettings, name: str) -> None:

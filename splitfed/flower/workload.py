@@ -20,9 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from splitfed.data import batches, for_model, partition
+from splitfed.data import batches, for_model
 from splitfed.data._seed import derive_seed
 from splitfed.data.datasets import read_npz
+from splitfed.data.partition import kept_partition
 from splitfed.engine import template
 from splitfed.engine.rounds import Batches, RoundFailed
 from splitfed.engine.types import State
@@ -45,7 +46,7 @@ def _split(spec_json: str, dataset: str,
 @lru_cache(maxsize=8)
 def _parts(spec_json: str, dataset: str, scheme: str, num_partitions: int, seed: int) -> tuple[np.ndarray, ...]:
     (_, y), _ = _split(spec_json, dataset, seed)
-    return tuple(partition(y, num_partitions, scheme, seed))
+    return tuple(kept_partition(y, num_partitions, scheme, seed))
 
 
 def _key(spec: ModelSpec) -> str:

@@ -528,8 +528,23 @@ def _key(spec: ModelSpec, batch: int, optimizer_slots: int, where: torch.device)
         key["code"] = code
     if where.type != "cpu":  # CPU profiles keep the keys they had before a device was a choice
         key["device"] = compute.describe(where)
+    if torch.get_default_dtype() != torch.float32:  # a process that set another builds other parameters and
+        key["default_dtype"] = str(torch.get_default_dtype())  # activations; float32 keeps the keys it had
     raw = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def default_cache_dir() -> Path | None:
+    """Where measured profiles are kept: ``SPLITFED_PROFILE_CACHE``, else ``profiles`` in splitfed's cache
+    (:func:`splitfed.cache.root`). None (no cache) passed on to :func:`profile_model` falls back to the variable,
+    which is unset then: no cache at all is ``use_cache=False``."""
+    from splitfed import cache
+
+    env = os.environ.get("SPLITFED_PROFILE_CACHE")
+    if env:
+        return Path(env)
+    base = cache.root()
+    return None if base is None else base / "profiles"
 
 
 def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1, reps: int = 3,

@@ -37,9 +37,9 @@ def drawn_devices(fleet: Fleet, clients: Sequence[ClientInfo]) -> dict[str, str]
 def make_clock(settings: RunSettings, fleet: Fleet) -> Clock:
     """``clock(round, assignment, clients, previous)``; ``None`` for clients that name no fleet device."""
     from splitfed.cost import Scenario, evaluate, move_cost
-    from splitfed.profile.profiler import profile_model
+    from splitfed.flower.adaptive import run_profile
 
-    profile = profile_model(settings.spec, batch=settings.batch_size, optimizer_slots=settings.optim.slots)
+    profile = run_profile(settings)
     base = Scenario.from_fleet(profile, fleet, tiers=settings.tiers, batch=settings.batch_size,
                                u_shape=settings.u_shape, epochs=settings.local_epochs, mode=settings.mode,
                                codec=settings.compress, min_device_blocks=settings.min_device_blocks)
