@@ -259,3 +259,23 @@ def test_a_profile_under_another_default_dtype_is_not_the_float32_one(tmp_path: 
     assert sum(f64.param_bytes) == 2 * sum(f32.param_bytes)  # measured anew, not the float32 one kept
     assert len(list(tmp_path.glob("*.json"))) == 2
     assert profiler.profile_model(spec, 8, reps=1, cache_dir=tmp_path).param_bytes == f32.param_bytes
+
+
+def test_a_template_under_another_default_dtype_is_built_in_it() -> None:
+    """The engine's template cache (in memory) is keyed by the default dtype too: a float32 template served a
+    process that had switched to float64, whose tiers then trained float32 weights."""
+    from splitfed.engine import template
+
+    spec = resolve_spec("mlp")
+    n = template.num_blocks(spec)
+    f32 = torch.nn.ModuleList(template.copy_blocks(spec, 0, n).values())
+    torch.set_default_dtype(torch.float64)
+    try:
+        f64 = torch.nn.ModuleList(template.copy_blocks(spec, 0, n).values())
+        boundary = template.boundary(spec, 1)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert {p.dtype for p in f32.parameters()} == {torch.float32}
+    assert {p.dtype for p in f64.parameters()} == {torch.float64}
+    assert boundary[1] == torch.float64
+    assert template.boundary(spec, 1)[1] == torch.float32

@@ -27,8 +27,9 @@ SPLITFED = REPO / ".venv" / "bin" / "splitfed"
 TINY = ["--clients", "2", "--tiers", "2", "--cuts", "static:2", "--batch-size", "64", "--seed", "1"]
 
 
-def _simulate(ray_tmp: Path, out: Path, *extra: str, stdout: int | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
+def _simulate(ray_tmp: Path, out: Path, *extra: str, stdout: int | None = None,
+              tmp: Path | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **({"TMPDIR": str(tmp)} if tmp else {})}
     return subprocess.Popen([str(SPLITFED), "simulate", *TINY, "--out", str(out), *extra], cwd=REPO, env=env,
                             stdout=stdout if stdout is not None else subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
@@ -46,6 +47,9 @@ watch = SessionWatch(session)
 # a process of that session that outlives this one (as Ray's agents do): holds a file in it, own session
 child = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'a'); time.sleep(600)",
                           str(session / "logs" / "agent.log")], start_new_session=True)
+secret = Path(sys.argv[3])
+secret.write_text("token")
+watch.also_remove(secret)  # the run's own coordinator token
 print(child.pid, flush=True)
 if sys.argv[2] == "release":
     watch.release()
@@ -54,7 +58,8 @@ time.sleep(600)
 
 
 def _holder(session: Path, how: str) -> tuple[subprocess.Popen[str], psutil.Process]:
-    parent = subprocess.Popen([sys.executable, "-c", _HOLDER, str(session), how], stdout=subprocess.PIPE,
+    parent = subprocess.Popen([sys.executable, "-c", _HOLDER, str(session), how, str(session.parent / "secret")],
+                              stdout=subprocess.PIPE,
                               text=True, cwd=REPO)
     assert parent.stdout is not None
     child = psutil.Process(int(parent.stdout.readline()))
@@ -63,6 +68,7 @@ def _holder(session: Path, how: str) -> tuple[subprocess.Popen[str], psutil.Proc
 
 
 def test_a_killed_runner_s_session_processes_and_folder_are_tidied_by_its_watcher(tmp_path):
+    """And the files the runner named (:meth:`SessionWatch.also_remove`): its coordinator token was left in /tmp."""
     session = tmp_path / "session_2026-01-01_00-00-00_000000_1"
     (session / "logs").mkdir(parents=True)
     parent, child = _holder(session, "keep")
@@ -71,6 +77,7 @@ def test_a_killed_runner_s_session_processes_and_folder_are_tidied_by_its_watche
         parent.wait()
         assert until(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE)
         assert until(lambda: not session.exists())
+        assert until(lambda: not (tmp_path / "secret").exists())  # the file the runner named goes too
     finally:
         parent.kill()
         ray_start._kill([child])
@@ -87,6 +94,7 @@ def test_a_released_watcher_leaves_the_session_alone(tmp_path):
         parent.wait()
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
         assert (session / "logs" / "agent.log").is_file()
+        assert (tmp_path / "secret").read_text() == "token"  # the runner removes its own files when it tidies up
     finally:
         parent.kill()
         ray_start._kill([child])
@@ -97,18 +105,22 @@ def test_a_released_watcher_leaves_the_session_alone(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("flower-real")
-def test_a_sigkilled_simulate_leaves_no_ray_process_and_no_session(ray_tmp, tmp_path):
+def test_a_sigkilled_simulate_leaves_no_ray_process_no_session_and_no_token_file(ray_tmp, tmp_path):
     out = tmp_path / "run"
-    proc = _simulate(ray_tmp, out, "--rounds", "200")
+    tmp = tmp_path / "tmp"  # where the run makes its coordinator token
+    tmp.mkdir()
+    proc = _simulate(ray_tmp, out, "--rounds", "200", tmp=tmp)
     try:
         assert until(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size, 300)
         [session] = sessions(ray_tmp)
+        [token] = tmp.glob("splitfed-coordinator-token-*")
         ray_procs = [p for p in ray_start._session_processes(session) if p.pid != proc.pid]
         assert ray_procs  # Ray's processes of this run, there while it runs
         proc.kill()
         proc.wait()
         assert until(lambda: not running(ray_procs))
         assert until(lambda: not session.exists())
+        assert until(lambda: not token.exists())  # a secret: was left in /tmp by every killed run
         assert (out / "checkpoint.pt").is_file()  # the run folder is kept, to resume
     finally:
         proc.kill()

@@ -37,8 +37,22 @@ TEMPLATE_CACHE_BYTES = 256 << 20  # built templates kept beyond the last one use
 TEMPLATE_CACHE_SIZE = 16
 
 
+_DTYPE = "__default_dtype__"  # in a key only when torch's default dtype is not float32
+
+
 def _key(spec: ModelSpec) -> str:
-    return json.dumps(spec.to_dict(), sort_keys=True)
+    """The caches' key: the spec, and torch's default dtype where a process set another (a model built then has
+    float64 weights and boundaries, say: a float32 template must not serve it)."""
+    d = spec.to_dict()
+    if torch.get_default_dtype() != torch.float32:
+        d[_DTYPE] = str(torch.get_default_dtype())
+    return json.dumps(d, sort_keys=True)
+
+
+def _spec(key: str) -> ModelSpec:
+    d = json.loads(key)
+    d.pop(_DTYPE, None)  # the build reads torch's default itself, as the key recorded it
+    return ModelSpec.from_dict(d)
 
 
 R = TypeVar("R")
@@ -87,7 +101,7 @@ def _once(maxsize: int) -> Callable[[Callable[..., R]], _Once[R]]:
 
 @_once(256)
 def _size(key: str, model_bytes: int) -> tuple[int, int]:
-    spec = ModelSpec.from_dict(json.loads(key))
+    spec = _spec(key)
     peak = [0]
 
     def hook(_m: nn.Module, _i: object, out: object) -> None:
@@ -169,7 +183,7 @@ def _template(key: str) -> Blocks:
     if hit is not None:
         _templates.move_to_end(key)
         return hit[0]
-    blocks = model_blocks(ModelSpec.from_dict(json.loads(key)), seed=0)[1]
+    blocks = model_blocks(_spec(key), seed=0)[1]
     nbytes = sum(t.numel() * t.element_size() for m in blocks.modules for t in [*m.parameters(), *m.buffers()])
     _templates[key] = (blocks, nbytes)
     while len(_templates) > 1 and (len(_templates) > TEMPLATE_CACHE_SIZE
@@ -197,7 +211,7 @@ def num_blocks(spec: ModelSpec) -> int:
 
 @_once(256)
 def _boundaries(key: str) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
-    spec = ModelSpec.from_dict(json.loads(key))
+    spec = _spec(key)
     blocks = template(spec)
     x = spec.example_input(2)
     out = [(tuple(x.shape[1:]), x.dtype)]
@@ -222,7 +236,7 @@ def boundary(spec: ModelSpec, index: int) -> tuple[tuple[int, ...], torch.dtype]
 
 @_once(64)
 def _one_sample_error(key: str) -> str:
-    spec = ModelSpec.from_dict(json.loads(key))
+    spec = _spec(key)
     whole = copy.deepcopy(template(spec).whole()).train()  # a copy: its statistics may move
     try:
         # dropout draws from torch's generator: under its lock, and given back as it was (splitfed.models.rng),
@@ -242,7 +256,7 @@ def one_sample_error(spec: ModelSpec) -> str:
 
 @_once(256)
 def _first_block_takes(key: str, dtype: torch.dtype) -> bool:
-    spec = ModelSpec.from_dict(json.loads(key))
+    spec = _spec(key)
     block = copy_blocks(spec, 0, 1)[0].eval()  # a copy: the template is shared, and never run here
     try:
         with rng.seeded(0), torch.no_grad():
@@ -260,7 +274,7 @@ def first_block_takes(spec: ModelSpec, dtype: torch.dtype) -> bool:
 
 @_once(256)
 def _stateful(key: str) -> tuple[bool, ...]:
-    blocks = template(ModelSpec.from_dict(json.loads(key)))
+    blocks = template(_spec(key))
     with _lock:
         return tuple(bool(m.state_dict()) for m in blocks.modules)
 
@@ -280,7 +294,7 @@ def trained_sizes(module: nn.Module) -> tuple[int, int]:
 
 @_once(256)
 def _held(key: str) -> tuple[tuple[int, int, int], ...]:
-    blocks = template(ModelSpec.from_dict(json.loads(key)))
+    blocks = template(_spec(key))
     gets = _gets_gradient(key)  # before the lock: it takes it itself
     with _lock:
         return tuple((param_sizes([*m.parameters(), *m.buffers()])[1], *(trained_sizes(m) if got else (0, 0)))
@@ -310,7 +324,7 @@ def _passes(key: str) -> tuple[bool, ...]:
     by one backward per block on the example input in training mode, as a tier runs it (a block whose forward
     differs in eval mode may stop the gradient in one mode only); the template's buffers (running statistics)
     and modes are put back, and ``autograd.grad`` leaves its parameters' gradients alone."""
-    spec = ModelSpec.from_dict(json.loads(key))
+    spec = _spec(key)
     blocks = template(spec)
     x: object = spec.example_input(2)
     out: list[bool] = []
@@ -355,7 +369,7 @@ def grad_reach(spec: ModelSpec) -> tuple[bool, ...]:
 def _gets_gradient(key: str) -> tuple[bool, ...]:
     """Per block, whether its parameters train in training: some ``requires_grad``, and the gradient reaches its
     output (:func:`grad_reach`)."""
-    spec = ModelSpec.from_dict(json.loads(key))
+    spec = _spec(key)
     blocks = template(spec)
     reach = grad_reach(spec)
     with _lock:

@@ -182,12 +182,14 @@ def _session_processes(session: Path) -> list[psutil.Process]:
 
 
 DONE = b"done"  # what the runner tells its watcher once it has shut Ray down and tidied up itself
+REMOVE = b"remove "  # a line the runner may send first: a file of the run's own to remove too if it is killed
 WATCHED = "SPLITFED_WATCHED_RAY_SESSION"  # the watcher's environment: the session folder it watches
 
 
 class SessionWatch:
     """A watcher process for one Ray session: if this process ends without :meth:`release` (SIGKILL, the OOM
-    killer), it kills the processes of that session still left and removes its folder.
+    killer), it kills the processes of that session still left and removes its folder, and the files this
+    process named (:meth:`also_remove`).
 
     Ray's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) outlive a driver killed so, reparented to
     PID 1, for good; a parent-death signal cannot reach them (raylet starts them, and it is not inherited).
@@ -212,6 +214,17 @@ class SessionWatch:
         finally:
             os.close(read)
 
+    def also_remove(self, path: Path) -> None:
+        """If this process is killed, the watcher removes ``path`` too: a file this run made for itself (its
+        coordinator token, a secret) that it would have removed on any other end."""
+        raw = os.fsencode(path)
+        if self._write < 0 or b"\n" in raw:  # released already; or a name the line protocol cannot carry
+            return
+        try:
+            os.write(self._write, REMOVE + raw + b"\n")
+        except OSError:  # the watcher is gone already
+            pass
+
     def release(self) -> None:
         """This process has tidied up (or means to keep the session): the watcher ends, doing nothing."""
         if self._write < 0:
@@ -231,11 +244,17 @@ def _watch(session: Path) -> None:
     import sys
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stop meant for the run: the run tells this one what to do
-    said = sys.stdin.buffer.read()
-    if said == DONE:
+    said = sys.stdin.buffer.read().split(b"\n")
+    if said[-1] == DONE:
         return
     _kill(_session_processes(session))
     remove_session(session)
+    for line in said:
+        if line.startswith(REMOVE):
+            try:
+                Path(os.fsdecode(line[len(REMOVE):])).unlink(missing_ok=True)
+            except OSError:  # not ours to remove (any more): the others still go
+                pass
 
 
 if __name__ == "__main__":

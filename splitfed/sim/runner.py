@@ -136,6 +136,8 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
         signals.install()  # again, should a Ray that ``starting`` cannot keep from it have put its own in
         signals.reraise()  # a signal while Ray started: the run stops now, before anything else starts
         with start_tiers(settings) as chain:
+            if watch is not None and chain.coordinator_token_file and not settings.coordinator_token_file:
+                watch.also_remove(Path(chain.coordinator_token_file))  # the run's own secret: never left behind
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses),
                                           coordinator_token_file=chain.coordinator_token_file)
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
