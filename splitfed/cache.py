@@ -113,6 +113,16 @@ def store(kind: str, key: str, arrays: Mapping[str, np.ndarray]) -> None:
         log.debug("cache %s cannot be written (%s: %s); not kept", path.parent, type(e).__name__, e)
 
 
+def kept(kind: str, key: str, check: Callable[[Arrays], bool], compute: Callable[[], Mapping[str, np.ndarray]]
+         ) -> Arrays:
+    """The arrays kept under ``key`` (:func:`load`), else ``compute()``'s, kept (:func:`store`) and returned."""
+    arrays = load(kind, key, check)
+    if arrays is None:
+        arrays = dict(compute())
+        store(kind, key, arrays)
+    return arrays
+
+
 def _path(kind: str, key: str) -> Path | None:
     base = root()
     return None if base is None else base / kind / f"{key}.npz"

@@ -74,18 +74,20 @@ def _digits_split(test_fraction: float, random_state: int) -> tuple[np.ndarray, 
     key = cache.entry_key(kind="digits-split", test_fraction=float(test_fraction), random_state=random_state,
                           code=cache.source_digest(sys.modules[__name__]),
                           **cache.versions("scikit-learn", "numpy"))
-    kept = cache.load("digits", key, _whole_digits)
-    if kept is not None:
-        return kept["x_train"], kept["x_test"], kept["y_train"], kept["y_test"]
-    from sklearn.model_selection import train_test_split
 
-    x, y = _digits_raw()
-    try:
-        xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, stratify=y, random_state=random_state)
-    except ValueError as e:  # too few samples on one side for a stratified split
-        raise ConfigError(f"cannot split digits with test_fraction={test_fraction}: {e}") from None
-    cache.store("digits", key, {"x_train": xtr, "x_test": xte, "y_train": ytr, "y_test": yte})
-    return xtr, xte, ytr, yte
+    def split() -> dict[str, np.ndarray]:
+        from sklearn.model_selection import train_test_split
+
+        x, y = _digits_raw()
+        try:
+            xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, stratify=y,
+                                                  random_state=random_state)
+        except ValueError as e:  # too few samples on one side for a stratified split
+            raise ConfigError(f"cannot split digits with test_fraction={test_fraction}: {e}") from None
+        return {"x_train": xtr, "x_test": xte, "y_train": ytr, "y_test": yte}
+
+    a = cache.kept("digits", key, _whole_digits, split)
+    return a["x_train"], a["x_test"], a["y_train"], a["y_test"]
 
 
 def _whole_digits(a: dict[str, np.ndarray]) -> bool:

@@ -125,12 +125,11 @@ def kept_partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: 
             return False
         return bool(np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(y))))
 
-    kept = cache.load("partitions", key, covers)
-    if kept is not None:
-        return [kept[f"p{i}"] for i in range(num_clients)]
-    parts = partition(y, num_clients, scheme, seed, min_size)
-    cache.store("partitions", key, {f"p{i}": p for i, p in enumerate(parts)})
-    return parts
+    def computed() -> dict[str, np.ndarray]:
+        return {f"p{i}": p for i, p in enumerate(partition(y, num_clients, scheme, seed, min_size))}
+
+    kept = cache.kept("partitions", key, covers, computed)
+    return [kept[f"p{i}"] for i in range(num_clients)]
 
 
 def _dirichlet(y: np.ndarray, num_clients: int, alpha: float, seed: int,
