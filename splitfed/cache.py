@@ -6,8 +6,8 @@ actor of a simulation, and in a deployment each ClientApp process, that is every
 results depend only on their inputs, the libraries' versions and splitfed's code that calls them, so a kept
 result is bit for bit what computing it again gives, without those imports.
 
-One folder: ``SPLITFED_CACHE_DIR``, else ``$XDG_CACHE_HOME/splitfed``, else ``~/.cache/splitfed``
-(``SPLITFED_CACHE_DIR=off``: none), a subfolder per kind. An entry is named by the digest of everything its
+One folder: ``SPLITFED_CACHE_DIR`` (``~`` and a relative one named from where a run starts: :func:`pin`), else
+``$XDG_CACHE_HOME/splitfed``, else ``~/.cache/splitfed`` (``SPLITFED_CACHE_DIR=off``: none), a subfolder per kind. An entry is named by the digest of everything its
 value depends on (:func:`entry_key`), replaced atomically, and checked when read: one missing, damaged or
 failing its kind's check is computed again and replaced. A folder that cannot be written is skipped (logged at
 debug level): a cache changes what a result costs, never the result.
@@ -42,14 +42,35 @@ def root() -> Path | None:
     """The cache folder (see the module doc); None: no cache (``off``, or no home folder to put it in)."""
     env = os.environ.get(ENV, "").strip()
     if env:
-        return None if env.lower() == OFF else Path(env)
+        return None if env.lower() == OFF else folder(env)
     base = os.environ.get("XDG_CACHE_HOME", "").strip()
-    if not base:
+    if not base or not Path(base).is_absolute():  # the XDG spec: a relative one is to be ignored
         try:
             base = str(Path.home() / ".cache")
         except RuntimeError:  # no HOME and no password entry (a bare container user)
             return None
     return Path(base) / "splitfed"
+
+
+PROFILE_ENV = "SPLITFED_PROFILE_CACHE"  # measured profiles' own folder, if set (:mod:`splitfed.profile.profiler`)
+
+
+def pin() -> None:
+    """Spell a relative or ``~`` cache folder (``SPLITFED_CACHE_DIR``, ``SPLITFED_PROFILE_CACHE``) as the folder
+    it names here, in this process's environment: the processes a run starts inherit it (Ray actors, tier
+    processes) and may work in another folder, where the same words would name another cache."""
+    for name in (ENV, PROFILE_ENV):
+        env = os.environ.get(name, "").strip()
+        if env and env.lower() != OFF:
+            os.environ[name] = str(folder(env))
+
+
+def folder(text: str) -> Path:
+    """``text`` as an absolute folder: ``~`` expanded, a relative one taken from the working folder."""
+    try:
+        return Path(text).expanduser().absolute()
+    except RuntimeError:  # ``~`` with no home to expand it to: taken as the name it is
+        return Path(text).absolute()
 
 
 def versions(*dists: str) -> dict[str, str]:

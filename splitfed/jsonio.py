@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,10 @@ def sync_folder(folder: str | Path) -> None:
 
 
 def draft_of(path: str | Path) -> Path:
-    """Where ``path``'s next version is written before it replaces it: beside it, hidden, this process's."""
+    """Where ``path``'s next version is written before it replaces it: beside it, hidden, this thread's (two
+    threads of one process writing one path at once each write their own, and the last replace wins whole)."""
     p = Path(path)
-    return p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    return p.with_name(f".{p.name}.{os.getpid()}-{threading.get_ident()}.tmp")
 
 
 def write_draft(path: str | Path, text: str | bytes) -> Path:

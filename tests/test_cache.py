@@ -68,6 +68,50 @@ def test_the_folder_is_the_variable_else_xdg_else_home_and_off_is_none(tmp_path:
         assert profiler.default_cache_dir() is None
 
 
+def test_a_relative_or_home_folder_is_the_one_it_names_where_the_run_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's Ray actors and tier processes inherit the variables, and may work in another folder: ``pin`` (which
+    ``simulate`` calls before they start) spells them absolute, so every process of a run keeps to one cache."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(cache.ENV, "~/c")
+    monkeypatch.setenv(cache.PROFILE_ENV, "p")
+    assert cache.root() == tmp_path / "home" / "c"
+    assert profiler.default_cache_dir() == tmp_path / "p"
+    cache.pin()
+    assert os.environ[cache.ENV] == str(tmp_path / "home" / "c")
+    assert os.environ[cache.PROFILE_ENV] == str(tmp_path / "p")
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path / "home")  # another working folder: the same folders
+    assert cache.root() == tmp_path / "home" / "c" and profiler.default_cache_dir() == tmp_path / "p"  # pinned
+    monkeypatch.setenv(cache.ENV, "OFF")
+    cache.pin()
+    assert os.environ[cache.ENV] == "OFF" and cache.root() is None  # off stays off
+    monkeypatch.delenv(cache.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # the XDG spec: ignored
+    assert cache.root() == tmp_path / "home" / ".cache" / "splitfed"
+
+
+def test_simulate_pins_the_cache_before_ray_and_the_tiers_start(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim import runner
+    from splitfed.sim.ray_start import RayStartError
+
+    seen: list[str] = []
+
+    def start_ray(*args: object, **kw: object) -> None:
+        seen.append(os.environ[cache.ENV])
+        raise RayStartError("not this time")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(cache.ENV, "rel")
+    monkeypatch.setattr(runner, "start_ray", start_ray)
+    with pytest.raises(runner.SimulationError, match="not this time"):
+        runner.simulate(RunSettings(rounds=1, clients=2), progress=lambda line: None)
+    assert seen == [str(tmp_path / "rel")]
+
+
 def test_off_computes_everything_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cache.ENV, "off")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

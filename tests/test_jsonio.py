@@ -106,3 +106,31 @@ def test_a_folder_that_cannot_be_synced_leaves_the_file_written(tmp_path, monkey
     code = errno.EIO
     with pytest.raises(OSError, match="Input/output error"):
         write_json(tmp_path / "b.json", {"b": 2})
+
+
+def test_threads_writing_one_file_at_once_each_replace_it_whole(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two threads of one process (a cache entry two of a run's threads compute at once) each write their own
+    draft: before, they shared the process's one, so a replace found it gone or another thread's half in it."""
+    import threading
+
+    path = tmp_path / "entry"
+    texts = [str(i) * 200_000 for i in range(6)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(texts))
+
+    def write(text: str) -> None:
+        start.wait()
+        try:
+            for _ in range(20):
+                write_atomic(path, text)
+        except BaseException as e:  # noqa: BLE001 (shown below, whatever it is)
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert path.read_text() in texts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]  # no draft left behind

@@ -540,9 +540,9 @@ def default_cache_dir() -> Path | None:
     which is unset then: no cache at all is ``use_cache=False``."""
     from splitfed import cache
 
-    env = os.environ.get("SPLITFED_PROFILE_CACHE")
+    env = os.environ.get(cache.PROFILE_ENV)
     if env:
-        return Path(env)
+        return cache.folder(env)
     base = cache.root()
     return None if base is None else base / "profiles"
 

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from splitfed import cache
 from splitfed.cli import output_gone
 from splitfed.errors import ConfigError, CutError, SplitfedError, Terminated
 from splitfed.flower import runfolder
@@ -120,6 +121,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
              else f"and {settings.tiers - 1} tier process(es)"
              + (f" on {settings.tier_torch_device}" if settings.tier_torch_device != "cpu" else ""))
     progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) {tiers}...")
+    cache.pin()  # before Ray and the tiers start: every process of the run then keeps to one cache
     began = time.time()
     try:
         before = signals.install()
