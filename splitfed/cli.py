@@ -5,6 +5,11 @@ Each command module defines ``add_parser(subparsers)`` (registering itself with
 (:class:`SplitfedError`) become one line on stderr and exit code 2 for refused
 input, 1 for a run that started and failed (a round, the simulation engine).
 
+A command module's top level, and the argparse types it uses, import nothing heavy
+(torch, numpy, scipy, Flower, gRPC: its ``run`` does), so that building the parser,
+any help and a command line argparse refuses take a fraction of a second
+(tests/test_cli_light.py).
+
 A stdout whose reader has gone (``splitfed report RUNS | head -2``) ends the command
 quietly, as it ends a Unix tool: nothing on stderr, exit code 141 (128 + SIGPIPE, what
 a shell reports for a tool that signal ended, as 130 and 143 are for SIGINT and SIGTERM).
@@ -55,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:  # the commands import torch: a second or more, in which a Ctrl-C is as much the user's as later
+    try:  # quick (a command imports torch and the rest in its run), but a Ctrl-C here is one line all the same
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
     except KeyboardInterrupt:

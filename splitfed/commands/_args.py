@@ -1,13 +1,19 @@
-"""Argument parsers shared by several commands (one place to validate shapes and cut lists)."""
+"""Argument parsers shared by several commands (one place to validate shapes and cut lists).
+
+Light, as every command module's top level is: building the parser, its help and the command lines argparse
+refuses import no torch, numpy or scipy (what a command needs of them, its ``run`` imports).
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from splitfed.engine.limits import MAX_BATCH
-from splitfed.flower.config import MAX_SEED
-from splitfed.models.zoo import MAX_CLASSES, MAX_VOCAB, ModelSpec, resolve_spec
+from splitfed.engine.limits import MAX_BATCH, MAX_CLASSES, MAX_SEED, MAX_VOCAB
+
+if TYPE_CHECKING:
+    from splitfed.models.zoo import ModelSpec
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -79,6 +85,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
     """The spec ``add_model_args``' flags name."""
+    from splitfed.models.zoo import resolve_spec
+
     return resolve_spec(args.model, args.input_shape, args.num_classes, vocab=getattr(args, "vocab", None))
 
 

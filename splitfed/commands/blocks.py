@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 
 from splitfed.commands._args import add_model_args, model_spec
-from splitfed.engine import template
-from splitfed.jsonio import dumps
-from splitfed.profile.profiler import param_sizes
 
 BLOCK_KEYS = ("index", "name", "output_shape", "params", "trainable", "cut_after")
 """The keys of each of ``--json``'s blocks (:func:`describe`'s rows), named in ``--help``."""
@@ -24,6 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def describe(spec) -> list[dict]:  # type: ignore[no-untyped-def]
     """One row per block: its parameters (``params``; each storage once: two Parameters tied by ``.data`` are
     one weight) and how many of them train (``trainable``: ``requires_grad``; fewer in a frozen block)."""
+    from splitfed.engine import template
+    from splitfed.profile.profiler import param_sizes
+
     blocks = template.template(spec)
     rows = []
     for i, (m, name) in enumerate(zip(blocks.modules, blocks.names, strict=True)):
@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     spec = model_spec(args)
     rows = describe(spec)
     if args.json:
+        from splitfed.jsonio import dumps
+
         print(dumps({"model": spec.name, "input_shape": list(spec.input_shape), "blocks": rows}))
         return 0
     print(f"{spec.name}: {len(rows)} blocks, input {list(spec.input_shape)}; cut k puts blocks < k on the earlier tier")

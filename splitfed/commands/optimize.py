@@ -7,25 +7,17 @@ import contextlib
 import math
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
-from splitfed.cost.model import Scenario, link_codecs
 from splitfed.errors import ConfigError, CutError
-from splitfed.jsonio import dumps
-from splitfed.optimizer.assign import (
-    DEFAULT_GAP,
-    EXHAUSTIVE_LIMIT,
-    Solution,
-    all_on_server,
-    best_static,
-    exhaustive,
-    greedy,
-    solve,
-    static,
-)
-from splitfed.profile.fleet import load_fleet, shipped_fleets
-from splitfed.profile.profiler import default_cache_dir, profile_model
+from splitfed.fleets import shipped_fleets
+from splitfed.optimizer.defaults import DEFAULT_GAP, EXHAUSTIVE_LIMIT
 from splitfed.units import mib_text
+
+if TYPE_CHECKING:
+    from splitfed.cost.model import Scenario
+    from splitfed.optimizer.assign import Solution
 
 JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_shape", "method", "optimal", "gap",
              "solve_s", "note", "makespan_s", "mode", "bottleneck", "feasible", "violations", "shared_s",
@@ -106,6 +98,19 @@ def render(sc: Scenario, sol: Solution, header: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from splitfed.cost.model import Scenario, link_codecs
+    from splitfed.jsonio import dumps
+    from splitfed.optimizer.assign import (
+        all_on_server,
+        best_static,
+        exhaustive,
+        greedy,
+        solve,
+        static,
+    )
+    from splitfed.profile.fleet import load_fleet
+    from splitfed.profile.profiler import default_cache_dir, profile_model
+
     if args.min_device_blocks < 0:
         raise ConfigError("--min-device-blocks must be >= 0")
     if not 0 <= args.gap < 1:

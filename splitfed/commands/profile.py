@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from splitfed.commands._args import add_model_args, batch_size, model_spec, positive_int
-from splitfed.engine.compute import describe, torch_device
-from splitfed.jsonio import dumps
-from splitfed.profile.profiler import ModelProfile, default_cache_dir, profile_model
+
+if TYPE_CHECKING:
+    from splitfed.profile.profiler import ModelProfile
 
 JSON_KEYS = ("model", "batch", "names", "input_bytes", "fwd_flops", "bwd_flops", "param_bytes", "out_bytes",
              "act_bytes", "fixed_bytes", "fwd_s", "bwd_s", "reps", "optimizer_slots", "host", "version")
@@ -53,6 +54,10 @@ def render(prof: ModelProfile, where: str = "this host") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from splitfed.engine.compute import describe, torch_device
+    from splitfed.jsonio import dumps
+    from splitfed.profile.profiler import default_cache_dir, profile_model
+
     spec = model_spec(args)
     dev = torch_device(args.torch_device)
     prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=args.reps,

@@ -209,7 +209,7 @@ def owned_folder(out: Path, paths: list[Path]) -> bool:
     """Whether ``out`` is the report's own folder, where a file of a name a report gives is the report's
     whoever wrote it: the default one for ``paths``, or any run folder's ``report`` (which ``simulate
     --overwrite`` removes with the run). Any other is maybe a folder of the user's (:func:`_ours`)."""
-    from splitfed.flower.metrics import METRICS  # not runfolder.REPORT: runfolder imports torch
+    from splitfed.flower.metrics import METRICS
 
     folder = Path(os.path.abspath(out))
     return (folder.resolve() == default_out(paths).resolve()

@@ -13,12 +13,8 @@ from splitfed.commands._args import (
     positive_int,
     seed,
 )
-from splitfed.engine import template
-from splitfed.engine.types import MODES
+from splitfed.engine.modes import MODES
 from splitfed.errors import ConfigError, CutError
-from splitfed.jsonio import dumps
-from splitfed.models.blocks import validate_cuts
-from splitfed.models.zoo import ZOO
 
 JSON_KEYS = ("model", "cuts", "mode", "tiers", "u_shape", "rounds", "clients", "steps", "max_abs_diff", "tolerance",
              "transport", "ok")
@@ -62,8 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from splitfed.engine import template
     from splitfed.engine.rounds import inprocess_chain
     from splitfed.engine.verify import verify
+    from splitfed.jsonio import dumps
+    from splitfed.models.blocks import validate_cuts
+    from splitfed.models.zoo import ZOO
 
     spec = model_spec(args)
     n = template.num_blocks(spec)

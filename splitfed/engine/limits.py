@@ -1,5 +1,5 @@
 """How large a model one process agrees to build, and how long a tier holds an unused segment
-(torch-free: the CLI reads the defaults)."""
+(torch-free: the CLI reads the defaults and bounds when it builds its parser)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from splitfed.errors import ConfigError
 
 MAX_BATCH = 1 << 20  # samples per batch: beyond this, one batch of any model outgrows a host's memory
+MAX_VOCAB = 1 << 24  # token ids: an embedding table beyond this is no model splitfed can build
+MAX_CLASSES = 1_000_000  # a classifier head beyond this is no longer a model splitfed can build
+# Seeds every command takes (the run config's, ``verify --seed``): only their low 32 bits reach a step's dropout
+# key (models.blocks.step_rng) and the Dirichlet partition (data.partition), so 2**32 would repeat seed 0.
+MAX_SEED = 2**32 - 1
 MOST_MB = 1 << 40
 """The largest size in MiB a tier takes for its limits (``splitfed tier --max-*-mb``, :class:`BuildLimits`): in
 bytes, it still fits the int64 of ``Describe`` (a larger one broke every Describe of the tier with gRPC's

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+# the variants: defined where the command line reads them without torch, and re-exported here
+from splitfed.engine.modes import IN_TURN as IN_TURN
+from splitfed.engine.modes import MODES as MODES
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec
 
@@ -18,8 +21,6 @@ def block_of(key: str) -> int:
     """The block a state key belongs to."""
     return int(key.split(".", 1)[0])
 
-MODES = ("sl", "sflv1", "sflv2")
-IN_TURN = ("sl", "sflv2")  # the variants whose clients train one after another (SplitRound: a group each)
 BASE_PREFIX = "@"  # a client id that names a coordinator's base segment (SegmentLoad.base), not a client
 
 

@@ -25,17 +25,26 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
-import torch
-
-from splitfed.engine.types import State
 from splitfed.errors import ConfigError, RunFolderError
 from splitfed.flower.metrics import METRICS, rows_kept
 from splitfed.jsonio import draft_of, dumps, sync_folder
 
+if TYPE_CHECKING:  # torch is imported where a checkpoint is made, written or read: a run folder's status needs none
+    import torch
+
+    from splitfed.engine.types import State
+
 FILENAME = "checkpoint.pt"
 FORMAT = 2  # 2: the sha256 is always there (a format-1 file may lack it: written before it was kept)
+
+
+def _rng_state() -> torch.Tensor:
+    """torch's RNG state now: a checkpoint's by default."""
+    import torch
+
+    return torch.get_rng_state()
 
 
 @dataclass
@@ -45,7 +54,7 @@ class Checkpoint:
     settings: dict[str, Any]
     assignment: dict[str, tuple[int, ...]] = field(default_factory=dict)
     policy: dict[str, Any] = field(default_factory=dict)
-    rng: torch.Tensor = field(default_factory=torch.get_rng_state)
+    rng: torch.Tensor = field(default_factory=_rng_state)
     data: str = ""  # sha256 of the dataset's files ("": none read, or a checkpoint from before it was kept)
     fleet: str = ""  # sha256 of the fleet as read (profile.fleet_digest; "": a checkpoint from before it was kept)
     where: str = ""  # "HOST:/absolute/folder" it was written in ("": a checkpoint from before it was kept)
@@ -102,6 +111,8 @@ def place(folder: str | Path) -> str:
 def digest(payload: dict[str, Any]) -> str:
     """The sha256 of a checkpoint's contents (everything but the digest itself), independent of the zip's
     layout: tensors by name, dtype, shape and bytes."""
+    import torch
+
     h = hashlib.sha256()
 
     def tensor(name: str, t: torch.Tensor) -> None:
@@ -154,6 +165,8 @@ class _Writer:
 
 
 def _save(folder: Path, ckpt: Checkpoint) -> Path:
+    import torch
+
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"settings": ckpt.settings, "policy": ckpt.policy, "data": ckpt.data, "fleet": ckpt.fleet,
             "where": place(folder),
@@ -223,6 +236,8 @@ def _stamp(path: Path, st: os.stat_result | None = None) -> tuple[int, ...]:
 
 def load(folder: str | Path) -> Checkpoint:
     """Read and check the checkpoint in ``folder`` (refused with a :class:`ConfigError` that says why)."""
+    import torch
+
     folder = Path(folder)
     path = folder / FILENAME
     if folder.exists() and not folder.is_dir():

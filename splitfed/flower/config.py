@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from splitfed import tomlio
-from splitfed.engine.limits import MAX_BATCH
+from splitfed.engine.limits import MAX_BATCH, MAX_SEED, MAX_VOCAB
 from splitfed.engine.types import IN_TURN, MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
 from splitfed.profile.fleet import MAX_CLIENTS
@@ -28,9 +28,6 @@ from splitfed.transport.address import parse_address
 if TYPE_CHECKING:
     from splitfed.models.zoo import ModelSpec
 
-# Seeds every command takes (the run config's, ``verify --seed``): only their low 32 bits reach a step's dropout
-# key (models.blocks.step_rng) and the Dirichlet partition (data.partition), so 2**32 would repeat seed 0.
-MAX_SEED = 2**32 - 1
 FLOAT32_MAX = 3.4028234663852886e38  # the tiers' optimizers work in float32: a larger lr overflows there
 
 # a run's name on the tiers is this, a dash and an 8-hex tag (server.app.named); tiers take ids up to 256 characters
@@ -101,8 +98,6 @@ class RunSettings:
             raise ConfigError(f"seed must be an integer in 0..{MAX_SEED:,} (2**32-1), got {self.seed}")
         if self.min_device_blocks < 0:
             raise ConfigError(f"min-device-blocks must be >= 0, got {self.min_device_blocks}")
-        from splitfed.models.zoo import MAX_VOCAB
-
         if not (self.vocab == 0 or 2 <= self.vocab <= MAX_VOCAB):
             raise ConfigError(f"vocab must be 0 (float inputs) or in 2..{MAX_VOCAB:,}, got {self.vocab}")
         if not 0 < self.fraction <= 1:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from splitfed.engine.limits import MAX_CLASSES, MAX_VOCAB
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.models import rng
 from splitfed.models.blocks import (
@@ -34,9 +35,6 @@ from splitfed.models.blocks import (
     stochastic_flags,
     to_blocks,
 )
-
-MAX_VOCAB = 1 << 24  # token ids: an embedding table beyond this is no model splitfed can build
-MAX_CLASSES = 1_000_000  # a classifier head beyond this is no longer a model splitfed can build
 
 
 @dataclass(frozen=True)

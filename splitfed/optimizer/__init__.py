@@ -1,17 +1,27 @@
-"""Cut assignment: the exact optimizer, baseline policies, and online adaptation between rounds."""
+"""Cut assignment: the exact optimizer, baseline policies, and online adaptation between rounds.
 
-from splitfed.optimizer.adapt import Adapter, Decision, Measurement
-from splitfed.optimizer.assign import (
-    DEFAULT_GAP,
-    EXHAUSTIVE_LIMIT,
-    Solution,
-    all_on_server,
-    best_static,
-    exhaustive,
-    greedy,
-    solve,
-    static,
-)
+The optimizer's modules import numpy and scipy: this package imports them when one of their names is first
+used, so that what needs only its defaults (``splitfed optimize --help``) does not wait for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from splitfed.optimizer.defaults import DEFAULT_GAP, EXHAUSTIVE_LIMIT
+
+if TYPE_CHECKING:
+    from splitfed.optimizer.adapt import Adapter, Decision, Measurement
+    from splitfed.optimizer.assign import (
+        Solution,
+        all_on_server,
+        best_static,
+        exhaustive,
+        greedy,
+        solve,
+        static,
+    )
 
 __all__ = [
     "DEFAULT_GAP",
@@ -27,3 +37,17 @@ __all__ = [
     "solve",
     "static",
 ]
+
+_MODULE = {
+    **dict.fromkeys(("Adapter", "Decision", "Measurement"), "adapt"),
+    **dict.fromkeys(("Solution", "all_on_server", "best_static", "exhaustive", "greedy", "solve", "static"), "assign"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``splitfed.optimizer.solve`` and the rest: imported from their module when first asked for."""
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)
+    globals()[name] = value  # asked once: the next lookup finds it without this function
+    return value

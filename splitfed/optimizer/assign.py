@@ -94,12 +94,11 @@ from splitfed.cost.model import (
     turn_memory,
 )
 from splitfed.errors import ConfigError, SplitfedError
+from splitfed.optimizer.defaults import DEFAULT_GAP, EXHAUSTIVE_LIMIT
 from splitfed.profile.fleet import Client
 from splitfed.units import mib_text
 
-EXHAUSTIVE_LIMIT = 2_000_000
 _SCALE = 1e4  # the optimum's size in scaled units (see module docstring)
-DEFAULT_GAP = 1e-5
 # a memory row the MILP's answer overflowed is tightened by this much more (in units of the tier's memory):
 # past HiGHS's feasibility tolerance (1e-6), else it returns the same answer (an overflow of an ulp, where the
 # cost model's sum lands a hair over a memory its parts fill exactly in exact arithmetic) again and again

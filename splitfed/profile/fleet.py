@@ -43,6 +43,7 @@ import numpy as np
 
 from splitfed import tomlio
 from splitfed.errors import ConfigError, unknown_key
+from splitfed.fleets import shipped_fleets
 from splitfed.profile.devices import PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
 from splitfed.units import MIB
 
@@ -239,11 +240,6 @@ def fleet_digest(path: str | Path) -> str:
 
     said = {k: v for k, v in asdict(load_fleet(path)).items() if k not in ("name", "source", "description")}
     return hashlib.sha256(json.dumps(said, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def shipped_fleets() -> list[str]:
-    d = resources.files("splitfed") / "fleets"
-    return sorted(f.name[:-5] for f in d.iterdir() if f.name.endswith(".toml"))
 
 
 def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:

@@ -258,7 +258,6 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if not run.rounds:
         torn = " (its only line was cut short: a crash, or a round still being written)" if cut_short else ""
         raise ConfigError(f"{metrics}: no rounds in it{torn}")
-    # imported here: it imports torch (for the checkpoint's file name)
     from splitfed.flower.runfolder import status
 
     st = status(folder)
