@@ -39,29 +39,30 @@ SPLITFED = Path(sys.executable).parent / "splitfed"  # the console script, as a 
 HANG = 180  # seconds: far beyond a clean stop; only a hang gets here
 
 
-def _start(out: Path, ray_tmp: Path) -> subprocess.Popen:
+def _start(out: Path, ray_tmp: Path, sigint_ignored: bool = False) -> subprocess.Popen:
+    cmd = [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds", "4",
+           "--out", str(out)]
     return subprocess.Popen(
-        [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds", "4",
-         "--out", str(out)],
+        ignoring_sigint(cmd) if sigint_ignored else cmd,
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
 
 
-def _stop_after_round_1(p: subprocess.Popen, send) -> tuple[int, str]:  # type: ignore[no-untyped-def]
-    return _stop_at(p, "round 1/4", send)
-
-
-def _stop_at(p: subprocess.Popen, marker: str, send) -> tuple[int, str]:  # type: ignore[no-untyped-def]
-    """``send`` the run its signal at the first line starting with ``marker``; its exit code and output."""
+def _signal_at(p: subprocess.Popen, marker: str, send) -> list[str]:  # type: ignore[no-untyped-def]
+    """``send`` the run a signal at the first line starting with ``marker``; the lines up to it."""
     assert p.stdout is not None
     seen = []
     for line in p.stdout:
         seen.append(line)
         if line.startswith(marker):
             send(p)
-            break
-    else:
-        pytest.fail(f"the run ended before {marker!r}:\n" + "".join(seen))
+            return seen
+    pytest.fail(f"the run ended before {marker!r}:\n" + "".join(seen))
+
+
+def _stop_at(p: subprocess.Popen, marker: str, send) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    """``send`` the run its signal at the first line starting with ``marker``; its exit code and output."""
+    seen = _signal_at(p, marker, send)
     try:
         rest, _ = p.communicate(timeout=HANG)
     except subprocess.TimeoutExpired:
@@ -93,13 +94,17 @@ def _ends_stopped(text: str, out: Path, word: str, rounds: int) -> None:
     (signal.SIGINT, True, 130, "interrupted", "Ctrl-C (SIGINT)", True),
     (signal.SIGTERM, False, 143, "terminated", "SIGTERM", False),
 ], ids=["ctrl-c", "sigterm"])
-def test_a_signal_after_round_1_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no-untyped-def]
+def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no-untyped-def]
         tmp_path, ray_tmp, sig, group, code, word, by, resume):
     """Ctrl-C (to the whole process group, as a terminal sends it) and SIGTERM (to the run alone, as ``timeout``,
-    ``docker stop``, systemd and Slurm send it) after round 1: the run says it stopped and how to continue; its
+    ``docker stop``, systemd and Slurm send it) part way: the run says it stopped and how to continue; its
     folder records the stop (``splitfed report`` reads it stopped, not failed) and keeps every finished round;
     nothing of Ray is left, neither its processes nor its session folder; and ``--resume`` continues the run.
-    One real run per signal checks all of it (each costs a Ray start)."""
+    One real run per signal checks all of it (each costs a Ray start).
+
+    The SIGTERM run is started with SIGINT ignored, as a script's background job is (the user's Ctrl-C is for
+    the job in the foreground): a SIGINT after round 1 leaves it training (before, the run put its own handler
+    in anyway, and stopped), and the SIGTERM comes after round 2."""
     from splitfed.flower import checkpoint
     from splitfed.report.runs import load_run, run_notes
 
@@ -114,8 +119,13 @@ def test_a_signal_after_round_1_stops_the_run_cleanly_resumably_and_tidily(  # t
         else:
             p.send_signal(sig)
 
-    returncode, text = _stop_after_round_1(_start(out, ray_tmp), send)
+    proc = _start(out, ray_tmp, sigint_ignored=sig == signal.SIGTERM)
+    ignored = [] if group else _signal_at(proc, "round 1/4", lambda p: p.send_signal(signal.SIGINT))
+    returncode, text = _stop_at(proc, "round 1/4" if group else "round 2/4", send)
+    text = "".join(ignored) + text
     assert returncode == code, text
+    if ignored:  # the SIGINT it ignores: it trained on through it, and said nothing of it
+        assert "interrupted" not in text and "Ctrl-C" not in text and _rounds(out)[:2] == [1, 2], text
     _ends_stopped(text, out, word, 4)
     assert "Traceback" not in text and "ERROR" not in text and "SIGTERM received" not in text, text
     done = _rounds(out)
@@ -136,20 +146,6 @@ def test_a_signal_after_round_1_stops_the_run_cleanly_resumably_and_tidily(  # t
         assert f"round {kept + 1}/{kept + 1}" in again.stdout and f"round {kept}/" not in again.stdout, again.stdout
         assert _rounds(out) == list(range(1, kept + 2))
         assert sessions(ray_tmp) == []
-
-
-def test_a_run_started_ignoring_sigint_trains_on_through_it(tmp_path):
-    """A background job of a script starts with SIGINT ignored (the user's Ctrl-C is for the job in the
-    foreground); the run put its own handler in anyway, and stopped."""
-    out = tmp_path / "run"
-    run = subprocess.Popen(ignoring_sigint(
-        [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds", "2",
-         "--out", str(out)]), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    code, text = _stop_at(run, "round 1/2", lambda p: p.send_signal(signal.SIGINT))
-    assert code == 0, text
-    assert "interrupted" not in text and "Traceback" not in text, text
-    assert _rounds(out) == [1, 2]
 
 
 # ``splitfed`` as the console script runs it, with hooks in Flower's engine: the first worker thread to fetch a
