@@ -23,13 +23,13 @@ import os
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping
-from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
 from splitfed.jsonio import write_atomic
+from splitfed.versions import versions as versions  # an entry's key names them
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,6 @@ def folder(text: str) -> Path:
         return Path(text).expanduser().absolute()
     except RuntimeError:  # ``~`` with no home to expand it to: taken as the name it is
         return Path(text).absolute()
-
-
-def versions(*dists: str) -> dict[str, str]:
-    """Installed versions of ``dists`` (read from their metadata, nothing imported); "" for one not installed."""
-    out = {}
-    for d in dists:
-        try:
-            out[d] = metadata.version(d)
-        except metadata.PackageNotFoundError:
-            out[d] = ""
-    return out
 
 
 def source_digest(*modules: ModuleType) -> str:

@@ -47,10 +47,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _Version(argparse.Action):
+    """``--version``: the versions are read when asked for, not each time the parser is built."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> NoReturn:
+        from splitfed.versions import version_text
+
+        print(version_text())  # on stdout, as argparse's own version action prints
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import splitfed.commands as commands
 
     parser = Parser(prog="splitfed", description="Split + federated learning across device, edge and cloud tiers.")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show splitfed's version and those of torch, Flower, Ray, gRPC it runs on, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):

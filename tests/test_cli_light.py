@@ -53,6 +53,7 @@ REFUSED = [
     ["--no-such-flag"],
 ]
 HELP = [["--help"], *([c, "--help"] for c in COMMANDS)]
+VERSION = ["--version"]
 
 # one interpreter for every case (each start with splitfed costs time): the heavy modules a case imported are
 # those in sys.modules after it and not before, so the first case that imports one is the one named
@@ -101,7 +102,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
     env = {**os.environ, "COLUMNS": "100"}  # help wrapped as on a terminal of 100 columns, whatever runs the test
     started = {name: subprocess.Popen([sys.executable, "-c", _SCRIPT, json.dumps(HEAVY), json.dumps(cases)],
                                       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-               for name, cases in (("cli", [*HELP, [], *REFUSED]), ("report", [["report", str(folder)]]))}
+               for name, cases in (("cli", [*HELP, VERSION, [], *REFUSED]), ("report", [["report", str(folder)]]))}
     results = {}
     for name, p in started.items():
         out, err = p.communicate(timeout=300)
@@ -198,3 +199,17 @@ def test_the_optimizer_package_gives_its_names_when_first_asked_for() -> None:
     assert (optimizer.DEFAULT_GAP, optimizer.EXHAUSTIVE_LIMIT) == (defaults.DEFAULT_GAP, defaults.EXHAUSTIVE_LIMIT)
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         optimizer.no_such_name  # noqa: B018
+
+
+def test_version_says_splitfeds_and_what_it_runs_on(runs: dict[str, list[dict[str, Any]]]) -> None:
+    """What a bug report needs, read from the installed packages (nothing imported: checked with the rest)."""
+    import platform
+    from importlib import metadata
+
+    r = _by_case(runs["cli"])["--version"]
+    assert r["rc"] == 0 and not r["stderr"], r
+    want = (f"splitfed {splitfed.__version__} (Python {platform.python_version()}; torch {metadata.version('torch')}, "
+            f"flwr {metadata.version('flwr')}, ray {metadata.version('ray')}, grpcio {metadata.version('grpcio')}, "
+            f"protobuf {metadata.version('protobuf')}, numpy {metadata.version('numpy')})\n")
+    assert r["stdout"] == want
+    assert splitfed.__version__ == metadata.version("splitfed")  # the package says what pyproject.toml does
