@@ -100,14 +100,7 @@ def render(sc: Scenario, sol: Solution, header: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from splitfed.cost.model import Scenario, link_codecs
     from splitfed.jsonio import dumps
-    from splitfed.optimizer.assign import (
-        all_on_server,
-        best_static,
-        exhaustive,
-        greedy,
-        solve,
-        static,
-    )
+    from splitfed.optimizer import assign
     from splitfed.profile.fleet import load_fleet
     from splitfed.profile.profiler import default_cache_dir, profile_model
 
@@ -126,19 +119,19 @@ def run(args: argparse.Namespace) -> int:
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)
     if args.exhaustive:
         with _flag("--exhaustive"):  # above its size limit
-            sol = exhaustive(sc)
+            sol = assign.exhaustive(sc)
     elif args.static is not None:
         with _flag("--static"):  # a vector the model, the chain or a device cannot take
-            sol = static(sc, args.static)
+            sol = assign.static(sc, args.static)
     elif args.best_static:
-        sol = best_static(sc)
+        sol = assign.best_static(sc)
     elif args.greedy:
-        sol = greedy(sc)
+        sol = assign.greedy(sc)
     elif args.all_on_server:
         with _flag("--all-on-server"):  # cuts 0,0 a device cannot hold (its raw input alone)
-            sol = all_on_server(sc)
+            sol = assign.all_on_server(sc)
     else:
-        sol = solve(sc, gap=args.gap, time_limit=args.time_limit)
+        sol = assign.solve(sc, gap=args.gap, time_limit=args.time_limit)
     if args.json:
         print(dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
                      "cloud_unused": args.tiers == 2 and fleet.cloud is not None,
