@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from splitfed.commands._args import add_model_args, model_spec
+from splitfed.jsonio import dumps
 
 BLOCK_KEYS = ("index", "name", "output_shape", "params", "trainable", "cut_after")
 """The keys of each of ``--json``'s blocks (:func:`describe`'s rows), named in ``--help``."""
@@ -39,8 +40,6 @@ def run(args: argparse.Namespace) -> int:
     spec = model_spec(args)
     rows = describe(spec)
     if args.json:
-        from splitfed.jsonio import dumps
-
         print(dumps({"model": spec.name, "input_shape": list(spec.input_shape), "blocks": rows}))
         return 0
     print(f"{spec.name}: {len(rows)} blocks, input {list(spec.input_shape)}; cut k puts blocks < k on the earlier tier")

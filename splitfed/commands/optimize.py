@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
 from splitfed.errors import ConfigError, CutError
 from splitfed.fleets import shipped_fleets
+from splitfed.jsonio import dumps
 from splitfed.optimizer.defaults import DEFAULT_GAP, EXHAUSTIVE_LIMIT
 from splitfed.units import mib_text
 
@@ -99,7 +100,6 @@ def render(sc: Scenario, sol: Solution, header: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from splitfed.cost.model import Scenario, link_codecs
-    from splitfed.jsonio import dumps
     from splitfed.optimizer import assign
     from splitfed.profile.fleet import load_fleet
     from splitfed.profile.profiler import default_cache_dir, profile_model

@@ -21,6 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from splitfed.commands._args import positive_int, shape
+from splitfed.jsonio import dumps
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +67,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from splitfed.errors import ConfigError, TierError
     from splitfed.flower.transport import connect
-    from splitfed.jsonio import dumps
     from splitfed.models.zoo import resolve_spec
     from splitfed.transport.address import parse_address, unresolvable
     from splitfed.transport.describe import TierInfo, check_chain

@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from splitfed.commands._args import add_model_args, batch_size, model_spec, positive_int
+from splitfed.jsonio import dumps
 
 if TYPE_CHECKING:
     from splitfed.profile.profiler import ModelProfile
@@ -55,7 +56,6 @@ def render(prof: ModelProfile, where: str = "this host") -> str:
 
 def run(args: argparse.Namespace) -> int:
     from splitfed.engine.compute import describe, torch_device
-    from splitfed.jsonio import dumps
     from splitfed.profile.profiler import default_cache_dir, profile_model
 
     spec = model_spec(args)

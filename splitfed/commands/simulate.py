@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from splitfed.commands._args import batch_size, positive_int
 from splitfed.engine.modes import MODES
 from splitfed.errors import SplitfedError
+from splitfed.jsonio import dumps
 
 if TYPE_CHECKING:
     from splitfed.flower.checkpoint import Checkpoint
@@ -133,8 +134,6 @@ def run(args: argparse.Namespace) -> int:
         e.hint = _continue_hint(settings, stopped=isinstance(e, KeyboardInterrupt))  # type: ignore[union-attr]
         raise
     if args.json:
-        from splitfed.jsonio import dumps
-
         print(dumps(summary, indent=2, sort_keys=True))
         return 0
     figures = _report(settings.out)

@@ -15,6 +15,7 @@ from splitfed.commands._args import (
 )
 from splitfed.engine.modes import MODES
 from splitfed.errors import ConfigError, CutError
+from splitfed.jsonio import dumps
 
 JSON_KEYS = ("model", "cuts", "mode", "tiers", "u_shape", "rounds", "clients", "steps", "max_abs_diff", "tolerance",
              "transport", "ok")
@@ -61,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.engine import template
     from splitfed.engine.rounds import inprocess_chain
     from splitfed.engine.verify import verify
-    from splitfed.jsonio import dumps
     from splitfed.models.blocks import validate_cuts
     from splitfed.models.zoo import ZOO
 

@@ -144,6 +144,7 @@ from operator import add
 
 import numpy as np
 
+from splitfed.engine.modes import IN_TURN, MODES
 from splitfed.errors import ConfigError, CutError
 from splitfed.models.blocks import validate_cuts
 from splitfed.profile.devices import LinkProfile, TierProfile
@@ -154,7 +155,6 @@ from splitfed.units import mib_text
 Cuts = tuple[int, ...]
 Assignment = Mapping[str, Sequence[int]]
 
-MODES = ("sl", "sflv1", "sflv2")  # the engine's variants (splitfed.engine.types.MODES)
 LABEL_BYTES = 8.0  # int64 label per sample (the tiers accept int64 labels only)
 WireCodec = tuple[str, float]  # (kind, top-k fraction)
 
@@ -344,7 +344,7 @@ class Scenario:
     @property
     def in_turn(self) -> bool:
         """The clients train strictly one after another (sl and sflv2; see the module docstring)."""
-        return self.mode in ("sl", "sflv2")
+        return self.mode in IN_TURN
 
     @property
     def holders(self) -> bool:
