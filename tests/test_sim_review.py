@@ -11,6 +11,7 @@ Ray runs under a temporary folder of the test's own (``RAY_TMPDIR``): no other r
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -142,3 +143,35 @@ def test_a_simulate_whose_reader_went_ends_quietly_and_removes_its_ray_session(r
     finally:
         proc.kill()
         proc.wait()
+
+
+_FIRST_LINE = """
+import json, sys
+from splitfed.flower.config import RunSettings
+from splitfed.sim import runner
+
+
+class Seen(Exception):
+    pass
+
+
+def first(line):
+    raise Seen(line, sorted(m for m in ("ray", "flwr.simulation", "clients.app", "server.app") if m in sys.modules))
+
+
+try:
+    runner.simulate(RunSettings(rounds=1, clients=2), progress=first)
+except Seen as e:
+    print(json.dumps(e.args))
+"""
+
+
+def test_a_run_says_it_is_starting_before_it_imports_the_engine() -> None:
+    """The first line comes before Ray, Flower's simulation and the apps are imported: seconds of silence on a
+    slow machine, before (they were imported first)."""
+    p = subprocess.run([sys.executable, "-c", _FIRST_LINE], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    line, imported = json.loads(p.stdout)
+    assert line.startswith("starting the simulation engine (Ray, ") and line.endswith(" and 2 tier process(es)...")
+    assert imported == [], imported

@@ -97,13 +97,17 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
 
 def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: bool, cpus: int | None,
               resumed: Checkpoint | None, held: runfolder.Reservation | None = None) -> dict[str, Any]:
+    cpus = cpus or max(1, min(len(os.sched_getaffinity(0)), settings.clients))
+    tiers = (f"using the tiers at {', '.join(settings.addresses)}" if settings.addresses
+             else f"and {settings.tiers - 1} tier process(es)"
+             + (f" on {settings.tier_torch_device}" if settings.tier_torch_device != "cpu" else ""))
+    progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) {tiers}...")  # before its imports: seconds
     import ray
     from flwr.simulation import run_simulation
 
     from clients.app import app as client_app
     from server.app import build_app
 
-    cpus = cpus or max(1, min(len(os.sched_getaffinity(0)), settings.clients))
     quiet = ExpectedWarnings()
     flwr_level = _flwr_as_the_caller_left_it()
     if not verbose:
@@ -117,10 +121,6 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
     session = None  # Ray's session folder, once Ray is up
     watch: SessionWatch | None = None  # tidies up after this process if it is killed outright
     failed = True
-    tiers = (f"using the tiers at {', '.join(settings.addresses)}" if settings.addresses
-             else f"and {settings.tiers - 1} tier process(es)"
-             + (f" on {settings.tier_torch_device}" if settings.tier_torch_device != "cpu" else ""))
-    progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) {tiers}...")
     cache.pin()  # before Ray and the tiers start: every process of the run then keeps to one cache
     began = time.time()
     try:
