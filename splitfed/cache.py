@@ -7,9 +7,10 @@ results depend only on their inputs, the libraries' versions and splitfed's code
 result is bit for bit what computing it again gives, without those imports.
 
 One folder: ``SPLITFED_CACHE_DIR`` (``~`` and a relative one named from where a run starts: :func:`pin`), else
-``$XDG_CACHE_HOME/splitfed``, else ``~/.cache/splitfed`` (``SPLITFED_CACHE_DIR=off``: none), a subfolder per kind. An entry is named by the digest of everything its
-value depends on (:func:`entry_key`), replaced atomically, and checked when read: one missing, damaged or
-failing its kind's check is computed again and replaced. A folder that cannot be written is skipped (logged at
+``$XDG_CACHE_HOME/splitfed``, else ``~/.cache/splitfed`` (``SPLITFED_CACHE_DIR=off``: none), a subfolder per
+kind. An entry is named by the digest of everything its value depends on (:func:`entry_key`), replaced
+atomically, and checked when read: one missing, damaged or failing its kind's check is computed again and
+replaced. A folder that cannot be written is skipped (logged at
 debug level): a cache changes what a result costs, never the result.
 """
 

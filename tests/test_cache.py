@@ -90,6 +90,10 @@ def test_a_relative_or_home_folder_is_the_one_it_names_where_the_run_starts(
     monkeypatch.delenv(cache.ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # the XDG spec: ignored
     assert cache.root() == tmp_path / "home" / ".cache" / "splitfed"
+    monkeypatch.setenv(cache.PROFILE_ENV, "~/profiles")  # read where a profile is kept, too: one reading of it
+    monkeypatch.setattr(profiler, "_MEMORY", {})  # measured now, whatever this process measured before
+    profiler.profile_model(resolve_spec("mlp"), batch=2, reps=1)
+    assert len(list((tmp_path / "home" / "profiles").glob("mlp-*.json"))) == 1
 
 
 def test_simulate_pins_the_cache_before_ray_and_the_tiers_start(tmp_path: Path,

@@ -540,11 +540,20 @@ def default_cache_dir() -> Path | None:
     which is unset then: no cache at all is ``use_cache=False``."""
     from splitfed import cache
 
-    env = os.environ.get(cache.PROFILE_ENV)
-    if env:
-        return cache.folder(env)
+    mine = _variable_dir()
+    if mine is not None:
+        return mine
     base = cache.root()
     return None if base is None else base / "profiles"
+
+
+def _variable_dir() -> Path | None:
+    """``SPLITFED_PROFILE_CACHE`` as a folder (``~`` and a relative one as :func:`splitfed.cache.folder` reads
+    them); None when unset."""
+    from splitfed import cache
+
+    env = os.environ.get(cache.PROFILE_ENV, "").strip()
+    return cache.folder(env) if env else None
 
 
 def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1, reps: int = 3,
@@ -577,7 +586,7 @@ def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1,
     key = _key(spec, batch, optimizer_slots, where)
     if key in _MEMORY and _MEMORY[key].reps >= reps:
         return _MEMORY[key]
-    cache_dir = cache_dir or os.environ.get("SPLITFED_PROFILE_CACHE")
+    cache_dir = cache_dir or _variable_dir()
     path = Path(cache_dir) / f"{spec.name.replace(':', '_').replace('/', '_')}-{key}.json" if cache_dir else None
     prof = _read_cache(path) if path is not None else None
     if prof is not None and prof.reps >= reps:
