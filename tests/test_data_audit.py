@@ -456,7 +456,8 @@ def test_the_digest_follows_the_file_the_loader_reads(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_cli_trains_on_torchvisions_mnist_folder(tmp_path: Path) -> None:
     """``splitfed simulate --dataset mnist:ROOT`` on the gzipped files torchvision leaves in
-    ``ROOT/MNIST/raw``: a real run (Ray, tier processes), one round, tested on every t10k image."""
+    ``ROOT/MNIST/raw``: a real run (Ray, tier processes), one round, tested on every t10k image. With
+    ``--json`` its stdout is the summary alone (a script pipes it to ``jq``); what the run says goes to stderr."""
     write_mnist(tmp_path / "data" / "MNIST" / "raw", n_train=24, n_test=5, gz=True)
     out = tmp_path / "run"
     cmd = [str(Path(sys.executable).with_name("splitfed")), "simulate", "--dataset", f"mnist:{tmp_path / 'data'}",
@@ -465,6 +466,8 @@ def test_the_cli_trains_on_torchvisions_mnist_folder(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
+    assert json.loads(done.stdout) == summary  # one JSON object, no progress line before it
+    assert "starting the simulation engine" in done.stderr and "round 1" in done.stderr, done.stderr[-2000:]
     assert summary["rounds"] == 1
     accuracy = summary["final_accuracy"]
     assert accuracy is not None and round(accuracy * 5) == pytest.approx(accuracy * 5)  # k of 5 test images

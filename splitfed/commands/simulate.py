@@ -10,6 +10,8 @@ and other settings that do not change the math).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +78,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     again.add_argument("--overwrite", action="store_true", default=None,
                        help="replace the run the --out folder holds (without it, such a folder is refused)")
     p.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
+    p.add_argument("--json", action="store_true",
+                   help="print only the summary, one JSON object, on stdout; the progress lines go to stderr")
     p.set_defaults(func=run)
 
 
@@ -128,11 +131,13 @@ def run(args: argparse.Namespace) -> int:
 
     settings, held = _settings_and_checkpoint(args)  # a resume reads and checks its checkpoint here, once
     validate(settings, held)
-    try:
-        summary = _finished(settings, held) or simulate(settings, verbose=args.verbose, resumed=held)
-    except (SplitfedError, KeyboardInterrupt) as e:  # the run had started: say what is kept and how to go on
-        e.hint = _continue_hint(settings, stopped=isinstance(e, KeyboardInterrupt))  # type: ignore[union-attr]
-        raise
+    # --json: stdout is the summary alone (``| jq``); the run's lines, and any a library prints, go to stderr
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        try:
+            summary = _finished(settings, held) or simulate(settings, verbose=args.verbose, resumed=held)
+        except (SplitfedError, KeyboardInterrupt) as e:  # the run had started: say what is kept and how to go on
+            e.hint = _continue_hint(settings, stopped=isinstance(e, KeyboardInterrupt))  # type: ignore[union-attr]
+            raise
     if args.json:
         print(dumps(summary, indent=2, sort_keys=True))
         return 0
