@@ -88,6 +88,7 @@ from splitfed import tomlio
 from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import ALIASES, RunSettings, app_config
+from splitfed.ports import free_ports
 
 BIN = Path(sys.executable).parent
 CONNECTION = "splitfed-local"
@@ -247,16 +248,6 @@ class StartFailed(SplitfedError):
 
 def free_port() -> int:
     return free_ports(1)[0]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` ports free now, all different: bound at once, then let go (one at a time, the system could hand
-    the same port out twice before a process binds it: a SuperNode once got the SuperLink's)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
 
 
 def check_tls(tls_ca: str, tls_cert: str, tls_key: str) -> None:

@@ -210,14 +210,14 @@ def test_a_runs_own_tiers_never_release_a_segment_within_a_round(timeout_s: floa
     from splitfed.transport.process import TierProcess
 
     started: list[list[str]] = []
-    real = TierProcess.start
+    real = TierProcess.spawn
 
     def spy(*a, **k):  # type: ignore[no-untyped-def]
         started.append(list(k.get("extra_args", ())))
         return real(*a, **k)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(TierProcess, "start", spy)
+        mp.setattr(TierProcess, "spawn", spy)
         with start_tiers(RunSettings(tiers=2, round_timeout_s=timeout_s)) as chain:
             assert len(chain.addresses) == 1
     assert started == [["--idle-release-s", idle, "--torch-device", "cpu"]]

@@ -86,18 +86,12 @@ def run(args: argparse.Namespace) -> int:
     cuts = [args.cuts[i % len(args.cuts)] for i in range(clients)]
     with contextlib.ExitStack() as stack:
         if args.transport == "grpc":
+            from splitfed.sim.tiers import tier_names
             from splitfed.transport.chain import close_chain, grpc_chain
-            from splitfed.transport.process import TierProcess
+            from splitfed.transport.process import local_chain
 
-            procs: list[TierProcess] = []
-            nxt = None
             allow = () if spec.name in ZOO else (spec.name,)  # the tiers serve the model checked here
-            for i in reversed(range(tiers - 1)):
-                name = "cloud" if i == tiers - 2 else ("edge" if i == 0 else f"tier{i + 1}")
-                proc = stack.enter_context(TierProcess.start(name, next_address=nxt, insecure=True,
-                                                             allow_models=allow))
-                procs.insert(0, proc)
-                nxt = proc.address
+            procs = stack.enter_context(local_chain(tier_names(tiers - 1), insecure=True, allow_models=allow))
             chain = grpc_chain([p.address for p in procs], insecure=True)
             stack.callback(close_chain, chain)
         else:

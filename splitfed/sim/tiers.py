@@ -1,7 +1,7 @@
 """The server tiers of a run: connect to given addresses, or start edge and cloud processes.
 
-Started tiers listen on 127.0.0.1 at ports the OS picks (``:0``), the cloud
-first so the edge can be pointed at it; they are stopped when the ``with``
+Started tiers listen on 127.0.0.1, all started at once (the ports of all but the edge
+chosen before they start, so the edge can be pointed at its next tier); they are stopped when the ``with``
 block ends, whichever way it ends (return, error, Ctrl-C). Each started tier
 that forwards gets the run's codec for the link to its next tier (its
 ``--compress``; ``compress`` names one codec for every link or one per link), so
@@ -66,7 +66,7 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
         return
     from splitfed.engine.compute import torch_device
     from splitfed.models.zoo import ZOO
-    from splitfed.transport.process import TierProcess
+    from splitfed.transport.process import local_chain
     from splitfed.transport.security import TlsConfig
 
     torch_device(settings.tier_torch_device, "tier-torch-device")  # this machine has it: one line, none started
@@ -83,20 +83,13 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
             stack.callback(Path(coordinator).unlink, missing_ok=True)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(32))
-        chain = TierChain([], coordinator_token_file=coordinator)
-        nxt = None
-        names = tier_names(settings.tiers - 1)
-        for i in reversed(range(len(names))):  # tier i sends to tier i + 1 over link i + 1 (link 0: the device's)
-            proc = TierProcess.start(names[i], listen="127.0.0.1:0", next_address=nxt, tls=tls, client_tls=tls,
-                                     token_file=settings.token_file or None, insecure=tls is None,
-                                     coordinator_token_file=coordinator,
-                                     compress=settings.codecs[i + 1] if nxt is not None else "none",
-                                     allow_models=allow, extra_args=["--idle-release-s", f"{idle:g}",
-                                                                     "--torch-device", settings.tier_torch_device])
-            stack.callback(proc.stop)
-            chain.addresses.insert(0, proc.address)
-            chain.pids.insert(0, proc.pid)
-            nxt = proc.address
+        names = tier_names(settings.tiers - 1)  # tier i sends to tier i + 1 over link i + 1 (link 0: the device's)
+        procs = stack.enter_context(local_chain(
+            names, settings.codecs[1:len(names)], tls=tls, client_tls=tls, token_file=settings.token_file or None,
+            insecure=tls is None, coordinator_token_file=coordinator, allow_models=allow,
+            extra_args=["--idle-release-s", f"{idle:g}", "--torch-device", settings.tier_torch_device]))
+        chain = TierChain([p.address for p in procs], pids=[p.pid for p in procs],
+                          coordinator_token_file=coordinator)
         yield chain
 
 

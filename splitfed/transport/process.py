@@ -17,13 +17,17 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 from splitfed.importpath import child_pythonpath
+from splitfed.ports import free_ports
 from splitfed.transport.security import TlsConfig
 
 READY = "listening on "
+PORT_TRIES = 3  # a chain whose chosen port another process took first is started again, on other ports
 
 
 def _reap(proc: subprocess.Popen, token_file: str | None) -> None:
@@ -43,8 +47,18 @@ def _reap(proc: subprocess.Popen, token_file: str | None) -> None:
         Path(token_file).unlink(missing_ok=True)
 
 
+class TierStartError(RuntimeError):
+    """A tier exited before it served; ``port_taken``: because the port chosen for it was taken meanwhile."""
+
+    def __init__(self, message: str, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
+
+
 class TierProcess:
     """A running ``splitfed tier`` child: ``.address``, ``.pid``, ``.stop()``, ``.kill()``."""
+
+    _ready: tuple[queue.Queue[str | None], str, TlsConfig | None, TlsConfig | None, float, float]
 
     def __init__(self, proc: subprocess.Popen, name: str, log: collections.deque[str],
                  token_file: str | None) -> None:
@@ -55,14 +69,24 @@ class TierProcess:
         self._finalizer = weakref.finalize(self, _reap, proc, token_file)
 
     @classmethod
-    def start(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None, *,
+    def start(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None,
+              **options: Any) -> TierProcess:
+        """Start the child and wait until it serves (its ``listening on`` line, then a health check); the
+        options are :meth:`spawn`'s."""
+        tp = cls.spawn(name, listen, next_address, **options)
+        tp.wait_ready()
+        return tp
+
+    @classmethod
+    def spawn(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None, *,
               role: str | None = None, tls: TlsConfig | None = None, token: str | None = None,
               token_file: str | Path | None = None, coordinator_token_file: str | Path | None = None,
               insecure: bool = False, threads: int | None = 1,
               compress: str = "none", allow_models: Sequence[str] = (), extra_args: Sequence[str] = (),
               env: dict[str, str] | None = None, client_tls: TlsConfig | None = None,
               startup_timeout: float = 120.0) -> TierProcess:
-        """Start the child and wait until it serves (its ``listening on`` line, then a health check).
+        """Start the child, without waiting for it to serve (:meth:`wait_ready`): the tiers of a chain start
+        at once.
 
         ``token`` is handed over in a private temporary file (never on the
         command line); ``coordinator_token_file``: the token that alone allows load, fetch, release and sum
@@ -115,6 +139,7 @@ class TierProcess:
         log: collections.deque[str] = collections.deque(maxlen=200)
         lines: queue.Queue[str | None] = queue.Queue()
         tp = cls(proc, name, log, tmp_token)
+        tp._ready = (lines, listen, tls, client_tls, time.monotonic() + startup_timeout, startup_timeout)
 
         def drain(stream, ready: bool) -> None:  # type: ignore[no-untyped-def]
             for line in stream:
@@ -127,21 +152,27 @@ class TierProcess:
         assert proc.stdout is not None and proc.stderr is not None
         threading.Thread(target=drain, args=(proc.stdout, True), daemon=True).start()
         threading.Thread(target=drain, args=(proc.stderr, False), daemon=True).start()
-        end = time.monotonic() + startup_timeout
-        while not tp.address:
+        return tp
+
+    def wait_ready(self) -> None:
+        """Wait until the child serves; :meth:`spawn`'s ``startup_timeout`` counts from the spawn. A child that
+        exits first raises :class:`TierStartError`, one that does not serve in time TimeoutError (killed)."""
+        lines, listen, tls, client_tls, end, timeout = self._ready
+        while not self.address:
             try:
                 line = lines.get(timeout=max(0.01, end - time.monotonic()))
             except queue.Empty:
-                tp.kill()
-                raise TimeoutError(f"tier {name} did not start within {startup_timeout:.0f}s:\n{tp.output()}") from None
+                self.kill()
+                raise TimeoutError(f"tier {self.name} did not start within {timeout:.0f}s:\n{self.output()}") from None
             if line is None:
-                proc.wait(10)
-                tp.kill()
-                raise RuntimeError(f"tier {name} exited with code {proc.returncode} before serving:\n{tp.output()}")
+                self.proc.wait(10)
+                self.kill()
+                taken = not listen.endswith(":0") and f"cannot listen on {listen}" in self.output()
+                raise TierStartError(f"tier {self.name} exited with code {self.proc.returncode} before serving:\n"
+                                     f"{self.output()}", port_taken=taken)
             if line.startswith(READY):
-                tp.address = line[len(READY):].split()[0]  # "listening on HOST:PORT (computing on DEV)"
-        tp._check_health(tls, client_tls, max(1.0, end - time.monotonic()))
-        return tp
+                self.address = line[len(READY):].split()[0]  # "listening on HOST:PORT (computing on DEV)"
+        self._check_health(tls, client_tls, max(1.0, end - time.monotonic()))
 
     def _check_health(self, tls: TlsConfig | None, client_tls: TlsConfig | None, timeout: float) -> None:
         if tls is not None and client_tls is None:
@@ -190,3 +221,35 @@ class TierProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def local_chain(names: Sequence[str], compress: Sequence[str] = (), *, tries: int = PORT_TRIES,
+                **options: Any) -> Iterator[list[TierProcess]]:
+    """A chain of tier processes on 127.0.0.1 (``names`` in chain order, the edge first), each forwarding to the
+    next, all started at once and stopped when the block ends, however it ends. The port of every tier but the
+    edge is chosen here (:func:`~splitfed.ports.free_ports`), so that each tier is told its next one's address
+    before that one listens: one start's time, not one per tier. ``compress``: the codec of each link between
+    two tiers, in chain order (default none); ``options``: :meth:`TierProcess.spawn`'s, the same for every tier."""
+    codecs = list(compress) or ["none"] * (len(names) - 1)
+    if not names or len(codecs) != len(names) - 1:
+        raise ValueError(f"a chain of {len(names)} tier(s) has {max(0, len(names) - 1)} link(s) between them, "
+                         f"not {len(codecs)} codec(s)")
+    for attempt in range(1, tries + 1):
+        with ExitStack() as stack:
+            listen = ["127.0.0.1:0", *(f"127.0.0.1:{p}" for p in free_ports(len(names) - 1))]
+            procs: list[TierProcess] = []
+            for i in reversed(range(len(names))):  # the cloud first: it gets the head start
+                nxt = listen[i + 1] if i + 1 < len(names) else None
+                proc = TierProcess.spawn(names[i], listen[i], nxt, compress=codecs[i] if nxt else "none", **options)
+                stack.callback(proc.stop)
+                procs.insert(0, proc)
+            try:
+                for proc in reversed(procs):
+                    proc.wait_ready()
+            except TierStartError as e:
+                if e.port_taken and attempt < tries:
+                    continue
+                raise
+            yield procs
+            return
