@@ -58,14 +58,17 @@ class TierStartError(RuntimeError):
 class TierProcess:
     """A running ``splitfed tier`` child: ``.address``, ``.pid``, ``.stop()``, ``.kill()``."""
 
-    _ready: tuple[queue.Queue[str | None], str, TlsConfig | None, TlsConfig | None, float, float]
-
     def __init__(self, proc: subprocess.Popen, name: str, log: collections.deque[str],
                  token_file: str | None) -> None:
         self.proc = proc
         self.name = name
         self.address = ""
         self._log = log
+        self._lines: queue.Queue[str | None] = queue.Queue()  # the child's stdout lines, then None at its end
+        self._listen = ""
+        self._tls: TlsConfig | None = None
+        self._client_tls: TlsConfig | None = None
+        self._timeout = self._deadline = 0.0
         self._finalizer = weakref.finalize(self, _reap, proc, token_file)
 
     @classmethod
@@ -137,9 +140,10 @@ class TierProcess:
                 Path(tmp_token).unlink(missing_ok=True)
             raise
         log: collections.deque[str] = collections.deque(maxlen=200)
-        lines: queue.Queue[str | None] = queue.Queue()
         tp = cls(proc, name, log, tmp_token)
-        tp._ready = (lines, listen, tls, client_tls, time.monotonic() + startup_timeout, startup_timeout)
+        lines = tp._lines
+        tp._listen, tp._tls, tp._client_tls = listen, tls, client_tls  # what wait_ready needs
+        tp._timeout, tp._deadline = startup_timeout, time.monotonic() + startup_timeout
 
         def drain(stream, ready: bool) -> None:  # type: ignore[no-untyped-def]
             for line in stream:
@@ -157,22 +161,22 @@ class TierProcess:
     def wait_ready(self) -> None:
         """Wait until the child serves; :meth:`spawn`'s ``startup_timeout`` counts from the spawn. A child that
         exits first raises :class:`TierStartError`, one that does not serve in time TimeoutError (killed)."""
-        lines, listen, tls, client_tls, end, timeout = self._ready
         while not self.address:
             try:
-                line = lines.get(timeout=max(0.01, end - time.monotonic()))
+                line = self._lines.get(timeout=max(0.01, self._deadline - time.monotonic()))
             except queue.Empty:
                 self.kill()
-                raise TimeoutError(f"tier {self.name} did not start within {timeout:.0f}s:\n{self.output()}") from None
+                raise TimeoutError(f"tier {self.name} did not start within {self._timeout:.0f}s:\n{self.output()}") \
+                    from None
             if line is None:
                 self.proc.wait(10)
                 self.kill()
-                taken = not listen.endswith(":0") and f"cannot listen on {listen}" in self.output()
+                taken = not self._listen.endswith(":0") and f"cannot listen on {self._listen}" in self.output()
                 raise TierStartError(f"tier {self.name} exited with code {self.proc.returncode} before serving:\n"
                                      f"{self.output()}", port_taken=taken)
             if line.startswith(READY):
                 self.address = line[len(READY):].split()[0]  # "listening on HOST:PORT (computing on DEV)"
-        self._check_health(tls, client_tls, max(1.0, end - time.monotonic()))
+        self._check_health(self._tls, self._client_tls, max(1.0, self._deadline - time.monotonic()))
 
     def _check_health(self, tls: TlsConfig | None, client_tls: TlsConfig | None, timeout: float) -> None:
         if tls is not None and client_tls is None:
