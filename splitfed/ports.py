@@ -11,6 +11,12 @@ import contextlib
 import socket
 
 
+def cannot_listen(listen: str, why: object = "") -> str:
+    """How a tier refuses an address it cannot serve on; the process that started it there reads it (a port
+    chosen for it and taken meanwhile: :func:`splitfed.transport.process.local_chain`)."""
+    return f"cannot listen on {listen}" + (f": {why}" if why else "")
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` ports of 127.0.0.1 free now, all different: bound at once, then let go (one at a time, the system
     could hand the same port out twice before a process binds it: a SuperNode once got the SuperLink's)."""

@@ -85,7 +85,7 @@ def start_tiers(settings: RunSettings) -> Iterator[TierChain]:
                 f.write(secrets.token_urlsafe(32))
         names = tier_names(settings.tiers - 1)  # tier i sends to tier i + 1 over link i + 1 (link 0: the device's)
         procs = stack.enter_context(local_chain(
-            names, settings.codecs[1:len(names)], tls=tls, client_tls=tls, token_file=settings.token_file or None,
+            names, settings.codecs[1:], tls=tls, client_tls=tls, token_file=settings.token_file or None,
             insecure=tls is None, coordinator_token_file=coordinator, allow_models=allow,
             extra_args=["--idle-release-s", f"{idle:g}", "--torch-device", settings.tier_torch_device]))
         chain = TierChain([p.address for p in procs], pids=[p.pid for p in procs],

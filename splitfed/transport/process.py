@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.importpath import child_pythonpath
-from splitfed.ports import free_ports
+from splitfed.ports import cannot_listen, free_ports
 from splitfed.transport.security import TlsConfig
 
 READY = "listening on "
@@ -171,7 +171,7 @@ class TierProcess:
             if line is None:
                 self.proc.wait(10)
                 self.kill()
-                taken = not self._listen.endswith(":0") and f"cannot listen on {self._listen}" in self.output()
+                taken = not self._listen.endswith(":0") and cannot_listen(self._listen) in self.output()
                 raise TierStartError(f"tier {self.name} exited with code {self.proc.returncode} before serving:\n"
                                      f"{self.output()}", port_taken=taken)
             if line.startswith(READY):

@@ -42,6 +42,7 @@ from splitfed.errors import (
     TierError,
 )
 from splitfed.models.zoo import ZOO, ModelSpec, model_blocks
+from splitfed.ports import cannot_listen
 from splitfed.transport import codec as tc
 from splitfed.transport import wire
 from splitfed.transport.address import parse_address
@@ -522,13 +523,13 @@ def check_bindable(listen: str) -> None:
         family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
                                                           flags=socket.AI_PASSIVE)[0]
     except OSError as e:
-        raise ConfigError(f"cannot listen on {listen}: {e.strerror or e}") from None
+        raise ConfigError(cannot_listen(listen, e.strerror or e)) from None
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a port in TIME_WAIT is free
         try:
             s.bind(addr)
         except OSError as e:
-            raise ConfigError(f"cannot listen on {listen}: {e.strerror or e}") from None
+            raise ConfigError(cannot_listen(listen, e.strerror or e)) from None
 
 
 @dataclass
@@ -652,9 +653,9 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
             port = (server.add_secure_port(listen, tls.server_credentials()) if tls
                     else server.add_insecure_port(listen))
         except RuntimeError as e:
-            raise ConfigError(f"cannot listen on {listen}: {e}") from None
+            raise ConfigError(cannot_listen(listen, e)) from None
         if not port:
-            raise ConfigError(f"cannot listen on {listen}")
+            raise ConfigError(cannot_listen(listen))
         server.start()
     except BaseException:
         if server is not None:
