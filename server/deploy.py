@@ -88,7 +88,7 @@ from splitfed import tomlio
 from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import ALIASES, RunSettings, app_config
-from splitfed.ports import free_ports
+from splitfed.ports import PORT_TRIES, READY, cannot_listen, free_ports
 
 BIN = Path(sys.executable).parent
 CONNECTION = "splitfed-local"
@@ -241,9 +241,14 @@ class NodesGone(SplitfedError):
 
 class StartFailed(SplitfedError):
     """A process of the deployment exited, or did not listen, as it started (a tier refusing its files): said
-    as deploy's error with that process's log, not as a traceback."""
+    as deploy's error with that process's log, not as a traceback. ``port_taken``: a tier could not listen on
+    the port chosen for it (another process took it first)."""
 
     exit_code = 1
+
+    def __init__(self, message: str, *, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 def free_port() -> int:
@@ -383,12 +388,12 @@ class Deployment:
             "--host", "127.0.0.1", "--port", str(port or free_port())])
 
     def _start_tiers(self) -> None:
-        """Cloud first (the edge needs its address); ports chosen here, readiness awaited."""
+        """Every tier at once, each told its next one's address (ports chosen here); each is awaited by its own
+        ``listening on`` line, not by a port that answers (another process may hold it): a port taken between
+        its choice and the tier's bind is chosen again, as :func:`~splitfed.transport.process.local_chain` does."""
         names = ["edge", "cloud"][: self.tiers - 1] if self.tiers <= 3 else None
         if names is None:
             raise ConfigError("the local deployment starts 2 or 3 tiers")
-        ports = free_ports(len(names))
-        self.tier_addresses = [f"127.0.0.1:{p}" for p in ports]
         security = (["--tls-cert", self.tls_cert, "--tls-key", self.tls_key, "--tls-ca", self.tls_ca]
                     if self.secure else ["--insecure"])
         if self.token_file:
@@ -397,15 +402,42 @@ class Deployment:
         from splitfed.cost.model import link_codecs
 
         codecs = link_codecs(self.compress, len(names))  # link idx + 1 joins tier idx to the next
-        for idx in reversed(range(len(names))):
-            role = "edge" if idx + 1 < len(names) else "cloud"
-            nxt = (["--next", self.tier_addresses[idx + 1], "--compress", codecs[idx + 1]]
-                   if idx + 1 < len(names) else [])
-            self._spawn(names[idx], [str(BIN / "splitfed"), "tier", "--role", role, "--name", names[idx],
-                                     "--listen", self.tier_addresses[idx], *nxt, *security,
-                                     "--torch-device", self.torch_device])
-        for name, port in zip(names, ports, strict=True):
-            self._wait_port(port, name)
+        for attempt in range(1, PORT_TRIES + 1):
+            self.tier_addresses = [f"127.0.0.1:{p}" for p in free_ports(len(names))]
+            for idx in reversed(range(len(names))):  # the cloud first: it gets the head start
+                role = "edge" if idx + 1 < len(names) else "cloud"
+                nxt = (["--next", self.tier_addresses[idx + 1], "--compress", codecs[idx + 1]]
+                       if idx + 1 < len(names) else [])
+                self._spawn(names[idx], [str(BIN / "splitfed"), "tier", "--role", role, "--name", names[idx],
+                                         "--listen", self.tier_addresses[idx], *nxt, *security,
+                                         "--torch-device", self.torch_device])
+            try:
+                for name, address in zip(names, self.tier_addresses, strict=True):
+                    self._wait_served(name, address)
+                return
+            except StartFailed as e:
+                if not e.port_taken or attempt == PORT_TRIES:
+                    raise
+                for name in names:
+                    self.kill(name)
+
+    def _wait_served(self, name: str, address: str, timeout: float = 180.0) -> None:
+        """Until tier ``name`` says it serves on ``address``; :class:`StartFailed` with its log if it exits first
+        (``port_taken``: it could not listen there) or says nothing in time."""
+        log, end = self.workdir / f"{name}.log", time.monotonic() + timeout
+        while True:
+            proc = self.procs[name]
+            ended = proc.poll() is not None  # before the log is read: a line written before the exit is seen
+            text = log.read_text(errors="replace") if log.is_file() else ""
+            if any(line.startswith(f"{READY}{address} ") for line in text.splitlines()):
+                return
+            if ended:
+                raise StartFailed(f"{name} exited with code {proc.returncode}:\n{self.tail(name)}",
+                                  port_taken=cannot_listen(address) in text)
+            if time.monotonic() >= end:
+                raise StartFailed(f"{name} did not say it serves on {address} within {timeout:.0f}s:\n"
+                                  f"{self.tail(name)}")
+            time.sleep(0.2)
 
     def _wait_port(self, port: int, name: str, timeout: float = 180.0) -> None:
         end = time.monotonic() + timeout

@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import socket
 
+READY = "listening on "  # how a tier says it serves: ``listening on HOST:PORT (computing on DEVICE)``
+PORT_TRIES = 3  # starts of a chain whose chosen port another process took meanwhile
+
 
 def cannot_listen(listen: str, why: object = "") -> str:
     """How a tier refuses an address it cannot serve on; the process that started it there reads it (a port

@@ -5,6 +5,7 @@ run waited two minutes for nodes, then blamed its own log)."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import time
@@ -87,3 +88,73 @@ def test_a_run_whose_supernodes_all_exit_stops_at_once_naming_their_logs(monkeyp
             dep.run({"num-server-rounds": 1, "out": str(tmp_path / "run"), "node-wait-s": 120.0}, timeout=300)
         assert time.monotonic() - started < 60  # not node-wait-s
     assert all(p.poll() is not None for p in dep.procs.values())  # stopped with the deployment
+
+
+def _holding_a_port(monkeypatch: pytest.MonkeyPatch, tries: int) -> tuple[socket.socket, list[list[int]]]:
+    """A port another process listens on, chosen for the edge in the first ``tries`` choices deploy makes."""
+    from server import deploy
+    from splitfed import ports
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    calls: list[list[int]] = []
+
+    def choose(n: int) -> list[int]:
+        calls.append([held.getsockname()[1], *ports.free_ports(n - 1)] if len(calls) < tries else ports.free_ports(n))
+        return calls[-1]
+
+    monkeypatch.setattr(deploy, "free_ports", choose)
+    return held, calls
+
+
+def test_a_tier_port_another_process_took_is_chosen_again_and_the_tier_answers(monkeypatch, tmp_path: Path) -> None:
+    """Another process listens on the port chosen for the edge before the edge binds it. Before, deploy took a
+    port that answers for its tier serving (and ran against a stranger); now it waits for the tier's own line,
+    sees that it could not listen, and starts the tiers again on other ports."""
+    from splitfed.transport.client import GrpcTierClient
+
+    held, calls = _holding_a_port(monkeypatch, tries=1)
+    taken = f"127.0.0.1:{held.getsockname()[1]}"
+    spawned: dict[str, list[subprocess.Popen]] = {}
+    spawn = Deployment._spawn
+    monkeypatch.setattr(Deployment, "_spawn",
+                        lambda self, name, cmd: spawned.setdefault(name, []).append(spawn(self, name, cmd))
+                        or spawned[name][-1])
+    with held, Deployment(1, tmp_path / "work", log=False) as dep:
+        dep._start_tiers()
+        infos = []
+        for address in dep.tier_addresses:
+            with GrpcTierClient(address) as c:
+                infos.append(c.describe())
+        first = [procs[0] for procs in spawned.values()]
+        assert all(p.poll() is not None for p in first)  # the first try's tiers are gone
+    assert len(calls) == 2 and [len(procs) for procs in spawned.values()] == [2, 2]
+    assert taken not in dep.tier_addresses
+    assert [i.name for i in infos] == ["edge", "cloud"]
+    assert infos[0].next_address == dep.tier_addresses[1] and infos[0].next_instance == infos[1].instance
+
+
+def test_a_tier_port_taken_at_every_try_is_said_and_nothing_is_left(monkeypatch, tmp_path: Path) -> None:
+    from server import deploy
+    from server.deploy import StartFailed
+
+    monkeypatch.setattr(deploy, "PORT_TRIES", 2)
+    held, calls = _holding_a_port(monkeypatch, tries=2)
+    port = held.getsockname()[1]
+    with held, Deployment(1, tmp_path / "work", log=False) as dep:
+        with pytest.raises(StartFailed, match=rf"edge exited with code 2:\n.*cannot listen on 127\.0\.0\.1:{port}") as e:
+            dep._start_tiers()
+        assert e.value.port_taken and len(calls) == 2
+    assert all(p.poll() is not None for p in dep.procs.values())
+
+
+def test_a_tier_that_exits_for_another_reason_is_not_started_again(monkeypatch, tmp_path: Path) -> None:
+    from server.deploy import StartFailed
+
+    held, calls = _holding_a_port(monkeypatch, tries=0)
+    held.close()
+    with Deployment(1, tmp_path / "work", log=False, token_file=str(tmp_path / "missing")) as dep:
+        with pytest.raises(StartFailed, match=r"edge exited with code 2:\n.*--token-file: cannot read token file .*missing") as e:
+            dep._start_tiers()
+        assert not e.value.port_taken and len(calls) == 1

@@ -309,7 +309,7 @@ def test_deploy_starts_its_tiers_where_it_is_told_and_refuses_a_gpu_the_machine_
 
     spawned: list[list[str]] = []
     monkeypatch.setattr(Deployment, "_spawn", lambda self, name, cmd: spawned.append(cmd))
-    monkeypatch.setattr(Deployment, "_wait_port", lambda self, port, name, timeout=180.0: None)
+    monkeypatch.setattr(Deployment, "_wait_served", lambda self, name, address, timeout=180.0: None)
     Deployment(2, tmp_path / "work", torch_device="cuda:1")._start_tiers()
     assert len(spawned) == 2 and all(cmd[cmd.index("--torch-device") + 1] == "cuda:1" for cmd in spawned)
     if not torch.cuda.is_available():

@@ -174,7 +174,7 @@ def test_deploy_starts_its_edge_with_the_runs_codec(tmp_path, monkeypatch) -> No
 
     spawned: dict[str, list[str]] = {}
     monkeypatch.setattr(Deployment, "_spawn", lambda self, name, cmd: spawned.__setitem__(name, cmd))
-    monkeypatch.setattr(Deployment, "_wait_port", lambda self, port, name, timeout=180.0: None)
+    monkeypatch.setattr(Deployment, "_wait_served", lambda self, name, address, timeout=180.0: None)
     Deployment(2, tmp_path / "work", compress="int8")._start_tiers()
     edge, cloud = spawned["edge"], spawned["cloud"]
     assert edge[edge.index("--compress") + 1] == "int8" and "--compress" not in cloud

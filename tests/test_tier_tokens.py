@@ -232,7 +232,7 @@ def test_the_tiers_a_run_starts_take_control_calls_from_its_coordinator_only(tmp
 def test_deploy_gives_the_coordinator_token_to_the_tiers_and_the_serverapp_only(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     spawned: dict[str, list[str]] = {}
     monkeypatch.setattr(Deployment, "_spawn", lambda self, name, cmd: spawned.__setitem__(name, cmd))
-    monkeypatch.setattr(Deployment, "_wait_port", lambda self, port, name, timeout=180.0: None)
+    monkeypatch.setattr(Deployment, "_wait_served", lambda self, name, address, timeout=180.0: None)
     dev, _ = _files(tmp_path)
     dep = Deployment(2, tmp_path / "work", token_file=str(dev))
     dep._start_tiers()

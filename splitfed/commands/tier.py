@@ -26,6 +26,7 @@ from splitfed.engine.limits import (
     set_limits,
 )
 from splitfed.errors import ConfigError
+from splitfed.ports import READY
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             stop.set()
 
         threading.Thread(target=stop_at_eof, daemon=True).start()
-    print(f"listening on {server.address} (computing on {compute.describe(server.tier.torch_device)})", flush=True)
+    print(f"{READY}{server.address} (computing on {compute.describe(server.tier.torch_device)})", flush=True)
     try:
         while not stop.wait(0.5):
             pass

@@ -23,11 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.importpath import child_pythonpath
-from splitfed.ports import cannot_listen, free_ports
+from splitfed.ports import PORT_TRIES, READY, cannot_listen, free_ports
 from splitfed.transport.security import TlsConfig
-
-READY = "listening on "
-PORT_TRIES = 3  # a chain whose chosen port another process took first is started again, on other ports
 
 
 def _reap(proc: subprocess.Popen, token_file: str | None) -> None:
