@@ -69,7 +69,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -440,14 +439,16 @@ class Deployment:
             time.sleep(0.2)
 
     def _wait_port(self, port: int, name: str, timeout: float = 180.0) -> None:
+        """Until ``name`` (or a process under it) listens on ``port``: not merely until the port answers, which
+        another process holding it would do while ``name`` fails to bind it."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None:
                 raise StartFailed(f"{name} exited with code {proc.returncode}:\n{self.tail(name)}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            if proc is not None and _listens(proc.pid, port):
                 return
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise StartFailed(f"{name} did not listen on port {port} within {timeout:.0f}s:\n{self.tail(name)}")
 
     def tail(self, name: str, lines: int = 30) -> str:
@@ -600,6 +601,16 @@ def _tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or one under it listens on TCP ``port``."""
+    for p in _tree(pid):
+        with contextlib.suppress(psutil.Error):
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in p.net_connections(kind="tcp")):
+                return True
+    return False
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None, check: Callable[[], None] | None = None) -> None:

@@ -158,3 +158,28 @@ def test_a_tier_that_exits_for_another_reason_is_not_started_again(monkeypatch, 
         with pytest.raises(StartFailed, match=r"edge exited with code 2:\n.*--token-file: cannot read token file .*missing") as e:
             dep._start_tiers()
         assert not e.value.port_taken and len(calls) == 1
+
+
+def test_a_superlink_port_another_process_holds_is_not_taken_for_the_superlink(monkeypatch, tmp_path: Path) -> None:
+    """The port chosen for the SuperLink answers, but another process listens there: before, deploy took the
+    SuperLink for started (and its run then met a stranger); now it waits for the SuperLink itself to listen,
+    and says why it could not."""
+    from server import deploy
+    from server.deploy import StartFailed
+    from splitfed import ports
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        calls: list[int] = []
+
+        def choose(n: int) -> list[int]:  # the tiers' ports, then the SuperLink's and the nodes'
+            calls.append(n)
+            return [port, *ports.free_ports(n - 1)] if len(calls) == 2 else ports.free_ports(n)
+
+        monkeypatch.setattr(deploy, "free_ports", choose)
+        with Deployment(1, tmp_path / "work", log=False) as dep, \
+                pytest.raises(StartFailed, match=r"superlink exited with code \d+:\n(?s:.*)address already in use"):
+            dep.start()
+        assert len(calls) == 2
