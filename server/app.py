@@ -185,7 +185,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
                                edge_instance=chain.infos[0].instance if chain.infos else "",
                                edge_now=_edge_now(chain, settings), stop=stop,
                                binding_key=binding_key,
-                               predict=None if settings.sim_clock else make_predictor(settings, policy))
+                               predict=None if settings.sim_clock else make_predictor(settings, policy), say=say)
         strategy.register(grid, profile_of=lambda info: fleet.clients[info.partition_id % len(fleet.clients)].name)
         if ckpt is not None:
             strategy.previous = dict(ckpt.assignment)

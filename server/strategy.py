@@ -81,6 +81,7 @@ from splitfed.transport.describe import PROTOCOL, this_version
 
 _SAMPLE_STREAM = 211  # derive_seed purpose of client sampling
 POLL_S = 0.2
+WAITING_S = 30.0  # a round still waiting for its clients says how far it got this often (RoundProgress)
 NO_REPLY = "no reply before the round timeout"  # why a client that never answered failed (rows, RoundFailed)
 
 
@@ -134,13 +135,34 @@ def settle(previous: dict[str, Cuts], record: RoundRecord) -> None:
 RoundHook = Callable[[int, ArrayRecord, RoundRecord], None]
 
 
+class RoundProgress:
+    """How far a round that is still waiting for its clients got, said every ``every_s`` seconds: a round of
+    a large fleet can take minutes, and a terminal silent that long looks hung. A round done sooner says
+    nothing here (its own line follows)."""
+
+    def __init__(self, say: Callable[[str], None], rnd: int, rounds: int, every_s: float) -> None:
+        self.say, self.rnd, self.rounds, self.every_s = say, rnd, rounds, every_s
+        self.began = self.said = time.monotonic()
+        self.clients = 0  # the round's sampled clients, once its first group is out
+        self.done = 0  # clients that answered in the round's earlier groups (sl, sflv2: one turn each)
+
+    def waiting(self, answered: int) -> None:
+        """While an exchange waits; ``answered``: its clients that answered so far."""
+        now = time.monotonic()
+        if now - self.said >= self.every_s:
+            self.said = now
+            self.say(f"round {self.rnd}/{self.rounds}  {self.done + answered}/{self.clients} clients done  "
+                     f"wall {now - self.began:.0f}s")
+
+
 class SplitFedAvg(FedAvg):
     """FedAvg over split models (see the module docstring)."""
 
     def __init__(self, settings: RunSettings, tiers: Sequence[TierControl], policy: AssignmentPolicy, *,
                  clock: Clock | None = None, edge_address: str = "", edge_instance: str = "",
                  edge_now: Callable[[], str] | None = None, stop: threading.Event | None = None,
-                 binding_key: str = "", predict: Predictor | None = None) -> None:
+                 binding_key: str = "", predict: Predictor | None = None,
+                 say: Callable[[str], None] | None = None, waiting_s: float | None = None) -> None:
         super().__init__(fraction_train=settings.fraction, fraction_evaluate=0.0,
                          min_train_nodes=settings.min_clients, min_evaluate_nodes=0,
                          min_available_nodes=1)
@@ -151,6 +173,8 @@ class SplitFedAvg(FedAvg):
         self.clock = clock
         self.predict = predict
         self.stop = stop
+        # where and how often a round still waiting for its clients says how far it got
+        self.say, self.waiting_s = say, WAITING_S if waiting_s is None else waiting_s
         # derives each client's binding secret per round (RoundConfig.secret_of); "": a random one per round
         self.binding_key = binding_key
         self.edge_address = edge_address or (settings.addresses[0] if settings.addresses else "")
@@ -399,10 +423,15 @@ class SplitFedAvg(FedAvg):
             log(INFO, "[ROUND %d/%d]", rnd, num_rounds)
             try:
                 new = None
+                watch = RoundProgress(self.say, rnd, num_rounds, self.waiting_s) if self.say is not None else None
                 while new is None:
                     self._check_stop()  # before the round's (or group's) messages go: nodes would train for nothing
                     msgs = list(self.configure_train(rnd, arrays, train_config, grid))
-                    replies = self.exchange(grid, msgs, timeout)
+                    if watch is not None:
+                        watch.clients = len(self._node_of)
+                    replies = self.exchange(grid, msgs, timeout, None if watch is None else watch.waiting)
+                    if watch is not None:
+                        watch.done += len(replies)
                     new, metrics = self.aggregate_train(rnd, replies)
             finally:
                 self._abort()
@@ -416,8 +445,10 @@ class SplitFedAvg(FedAvg):
                 on_round(rnd, arrays, self.last)
         return result
 
-    def exchange(self, grid: Grid, msgs: Sequence[Message], timeout: float) -> list[Message]:
-        """``grid.send_and_receive`` that polls every 0.2 s and gives up when ``stop`` is set.
+    def exchange(self, grid: Grid, msgs: Sequence[Message], timeout: float,
+                 waiting: Callable[[int], None] | None = None) -> list[Message]:
+        """``grid.send_and_receive`` that polls every 0.2 s and gives up when ``stop`` is set; ``waiting``: told
+        after each poll that leaves replies to wait for how many came so far.
 
         Flower's HTTP grid sleeps 3 s between pulls; a SplitFed round of quick
         clients (and every client turn of sl/sflv2) would mostly wait on that.
@@ -441,6 +472,8 @@ class SplitFedAvg(FedAvg):
             out += got
             ids -= {m.metadata.reply_to_message_id for m in got}
             if ids:
+                if waiting is not None:
+                    waiting(len(out))
                 time.sleep(POLL_S)
         if ids:
             log(WARNING, "%d node(s) did not answer within %gs", len(ids), timeout)
