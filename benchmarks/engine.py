@@ -23,28 +23,29 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from splitfed.cli import Parser, script
 from splitfed.commands._args import batch_size, int_list, json_out, positive_int, zoo_model
-from splitfed.engine import compute, template
-from splitfed.engine.device import Device
-from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
-from splitfed.engine.types import OptimConfig, State
-from splitfed.engine.verify import max_abs_diff
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_json
-from splitfed.models.blocks import validate_cuts
-from splitfed.models.zoo import resolve_spec
+
+# torch and the engine are imported once the flags are read (main's check of --tier-torch-device, measure): a
+# bad flag is refused at once
+if TYPE_CHECKING:
+    import torch
+
+    from splitfed.engine.types import State
 
 PROG = "benchmarks/engine.py"
+DEFAULT_MODEL = "vgg11"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=zoo_model, default="vgg11", help="a zoo model (default vgg11)")
+    # no default here: argparse would check it with zoo_model (which imports torch) before refusing a flag it
+    # does not know
+    ap.add_argument("--model", type=zoo_model, help=f"a zoo model (default {DEFAULT_MODEL})")
     ap.add_argument("--batch", type=batch_size, default=64)
     ap.add_argument("--cuts", type=int_list, default=(4, 10), help="device | edge | cloud cut points")
     ap.add_argument("--reps", type=positive_int, default=5, help="alternating rounds")
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=json_out("engine.json"),
                     default=str(Path(__file__).parent / "results" / "engine.json"))
     args = ap.parse_args(argv)
+    if args.model is None:
+        args.model = DEFAULT_MODEL
+    from splitfed.engine import compute
+
     try:
         tier_dev = compute.torch_device(args.tier_torch_device, "--tier-torch-device")
     except ConfigError as e:
@@ -62,6 +67,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from splitfed.engine import compute, template
+    from splitfed.engine.device import Device
+    from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
+    from splitfed.engine.types import OptimConfig
+    from splitfed.engine.verify import max_abs_diff
+    from splitfed.models.blocks import validate_cuts
+    from splitfed.models.zoo import resolve_spec
+
     torch.set_num_threads(1)
     spec = resolve_spec(args.model)
     cuts = args.cuts
@@ -74,8 +92,6 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
 
     n = template.num_blocks(spec)
     whole = template.template(spec).whole()
-    import copy
-
     whole = copy.deepcopy(whole)
     whole.load_state_dict(state)
     whole.train()

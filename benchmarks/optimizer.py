@@ -34,26 +34,29 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
-import scipy
-import torch
+from typing import TYPE_CHECKING
 
 from splitfed.cli import Parser, script
 from splitfed.commands._args import int_list, json_out
-from splitfed.cost.model import MODES, RoundCost, Scenario, option_table, parse_codec
+from splitfed.engine.limits import MAX_CLIENTS
+from splitfed.engine.modes import MODES
 from splitfed.errors import SplitfedError
 from splitfed.jsonio import write_json
-from splitfed.models.zoo import resolve_spec
-from splitfed.optimizer.assign import Solution, all_on_server, best_static, greedy, solve
-from splitfed.profile.fleet import MAX_CLIENTS, Fleet, load_fleet
-from splitfed.profile.profiler import profile_model
+
+# numpy, torch and the cost model are imported once the flags are read (in the functions that use them): a bad
+# flag is refused at once
+if TYPE_CHECKING:
+    from splitfed.cost.model import RoundCost, Scenario
+    from splitfed.optimizer.assign import Solution
+    from splitfed.profile.fleet import Fleet
 
 OUT = Path(__file__).parent / "results" / "optimizer.json"
 TARGET = 1.3
 
 
 def policies(sc: Scenario) -> dict[str, dict]:
+    from splitfed.optimizer.assign import all_on_server, best_static, greedy, solve
+
     out: dict[str, dict] = {}
     runs = {"optimizer": lambda: solve(sc), "best_static": lambda: best_static(sc), "greedy": lambda: greedy(sc),
             "all_on_server": lambda: all_on_server(sc)}
@@ -95,6 +98,10 @@ def _by_class(sc: Scenario, s: Solution) -> dict[str, dict[str, int]]:
 
 def best_alone(sc: Scenario, kind: str) -> tuple[float, tuple[int, ...]]:
     """The fastest round a client of ``kind`` can have at any cut that fits it (servers to itself)."""
+    import numpy as np
+
+    from splitfed.cost.model import option_table
+
     c = next(c for c in sc.clients if c.kind == kind)
     t = option_table(sc, c)
     r = np.where(t.fits_device, t.round_s, np.inf)
@@ -171,6 +178,9 @@ def without(fleet: Fleet, kind: str) -> Fleet:
 
 def sweep(prof, fleet: Fleet, sizes: list[int], kw: dict) -> list[dict]:  # type: ignore[no-untyped-def]
     """Optimizer vs best static cut (any cut) for fleets of ``sizes`` clients drawn from ``fleet``'s classes."""
+    from splitfed.cost.model import Scenario
+    from splitfed.optimizer.assign import best_static, solve
+
     out = []
     for n in sizes:
         sc = Scenario.from_fleet(prof, fleet.sample(n, seed=0), **kw)
@@ -196,6 +206,9 @@ def fleet_sizes(text: str) -> tuple[int, ...]:
 
 
 def codec(text: str) -> str:
+    """``--codec``: checked by the transport's own parser (which imports torch: a codec given is read slowly)."""
+    from splitfed.cost.model import parse_codec
+
     try:
         parse_codec(text)
     except SplitfedError as e:
@@ -209,16 +222,30 @@ PROG = "benchmarks/optimizer.py"
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--mode", default="sflv1", choices=MODES)
-    ap.add_argument("--codec", type=codec, default="none")
+    # no default here: argparse would check it with codec (which imports torch) before refusing a flag it does
+    # not know
+    ap.add_argument("--codec", type=codec)
     ap.add_argument("--no-scaling", action="store_true", help="skip the solve-time table")
     ap.add_argument("--sweep", type=fleet_sizes, default=(60, 125, 250, 500, 1000, 2000, 5000),
                     help="fleet sizes of the contention sweep (comma-separated; empty: none)")
     ap.add_argument("--out", type=json_out("optimizer.json"), default=str(OUT))
     args = ap.parse_args(argv)
+    if args.codec is None:
+        args.codec = "none"
     return script(PROG, lambda: measure(args))
 
 
 def measure(args: argparse.Namespace) -> int:
+    import numpy as np
+    import scipy
+    import torch
+
+    from splitfed.cost.model import Scenario
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.optimizer.assign import solve
+    from splitfed.profile.fleet import load_fleet
+    from splitfed.profile.profiler import profile_model
+
     torch.set_num_threads(1)
     fleet = load_fleet("reference")
     kw = {"tiers": 3, "batch": 32, "mode": args.mode, "codec": args.codec}

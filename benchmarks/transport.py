@@ -39,13 +39,16 @@ import sys
 import time
 from concurrent import futures
 from pathlib import Path
-
-import grpc
-import torch
+from typing import TYPE_CHECKING
 
 from splitfed.cli import Parser, script
 from splitfed.commands._args import batch_size, json_out, positive_int
 from splitfed.jsonio import write_json
+
+# torch and grpc are imported by the functions that measure, once the flags are read: a bad flag is refused at
+# once
+if TYPE_CHECKING:
+    import torch
 
 MB = 1 << 20
 SIZES_MB = (1, 8, 32)
@@ -72,6 +75,9 @@ class EchoTier:
 
 def serve() -> None:
     """Child process: echo tiers (one per chunk size) and a bare bytes echo; prints their addresses."""
+    import grpc
+    import torch
+
     from splitfed.transport import wire
     from splitfed.transport.memory import keep_freed_memory
     from splitfed.transport.server import serve_tier
@@ -141,6 +147,8 @@ def _reassembled(replies) -> bytes:  # type: ignore[no-untyped-def]
 
 
 def bench_a(args: argparse.Namespace) -> dict:
+    import torch
+
     from splitfed.engine.device import Device
     from splitfed.engine.rounds import (
         Chain,
@@ -193,6 +201,9 @@ def bench_a(args: argparse.Namespace) -> dict:
 
 
 def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dict]]:
+    import grpc
+    import torch
+
     from splitfed.engine.types import StepKey
     from splitfed.transport import codec as tc
     from splitfed.transport import wire
@@ -318,6 +329,9 @@ def main() -> int:
 
 
 def measure(args: argparse.Namespace) -> int:
+    import grpc
+    import torch
+
     torch.set_num_threads(1)
     if not args.no_malloc_tuning:
         from splitfed.transport.memory import keep_freed_memory

@@ -29,27 +29,32 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from splitfed.cli import Parser, script
 from splitfed.commands._args import json_out, positive_int, zoo_model
 from splitfed.jsonio import write_json
 
 PROG = "benchmarks/weights.py"
+DEFAULT_MODEL = "vgg11"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=zoo_model, default="vgg11", help="a zoo model (default vgg11)")
+    # no default here: argparse would check it with zoo_model (which imports torch) before refusing a flag it
+    # does not know
+    ap.add_argument("--model", type=zoo_model, help=f"a zoo model (default {DEFAULT_MODEL})")
     ap.add_argument("--clients", type=positive_int, default=20)
     ap.add_argument("--reps", type=positive_int, default=3, help="rounds per side, alternating")
     ap.add_argument("--out", type=json_out("weights.json"),
                     default=str(Path(__file__).parent / "results" / "weights.json"))
     args = ap.parse_args(argv)
+    if args.model is None:
+        args.model = DEFAULT_MODEL
     return script(PROG, lambda: measure(args))
 
 
 def measure(args: argparse.Namespace) -> int:
+    import torch
+
     from splitfed.aggregate import aggregate
     from splitfed.engine import template
     from splitfed.engine.rounds import (

@@ -58,8 +58,7 @@ class Config:
             raise ConfigError(f"policies: unknown {bad!r} (known: {known})")
         if not self.clients:
             raise ConfigError("clients must list at least one fleet size")
-        from splitfed.flower.config import MAX_SEED
-        from splitfed.profile.fleet import MAX_CLIENTS
+        from splitfed.engine.limits import MAX_CLIENTS, MAX_SEED
 
         small = next((n for n in self.clients if n < 1), None)
         if small is not None:

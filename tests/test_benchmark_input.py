@@ -60,3 +60,21 @@ def test_the_accuracy_check_writes_the_file_out_names(tmp_path: Path, monkeypatc
     assert simulation.main(["--accuracy", "--out", str(tmp_path / "mine.json")]) == 0
     assert simulation.main(["--accuracy"]) == 0
     assert written == [tmp_path / "mine.json", ROOT / "benchmarks" / "results" / "accuracy.json"]
+
+
+FAST = [("engine", ["--batch", "0"]), ("optimizer", ["--sweep", "0"]), ("simulation", ["--rounds", "0"]),
+        ("transport", ["--reps-b", "0", "--skip-a"]), ("weights", ["--clients", "0"])]
+
+
+@pytest.mark.parametrize(("name", "args"), FAST, ids=[f"{n} {' '.join(a)}" for n, a in FAST])
+def test_a_bad_flag_is_refused_before_torch_is_imported(tmp_path: Path, name: str, args: list[str]) -> None:
+    """Before, every benchmark but simulation.py imported torch (and numpy, scipy, grpc, the engine) at its top:
+    a mistyped flag was refused after about 2 s of imports, not at once."""
+    p = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "benchmarks" / f"{name}.py"), *args,
+                        "--out", str(tmp_path / "result.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = p.stderr.splitlines()
+    imported = [line.split("|")[-1].strip() for line in lines if line.startswith("import time:")]
+    assert "splitfed.cli" in imported  # -X importtime did report the imports
+    assert "torch" not in imported
+    assert lines[-1].startswith(f"benchmarks/{name}.py: error: argument {args[0]}: ")

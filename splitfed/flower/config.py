@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from splitfed import tomlio
-from splitfed.engine.limits import MAX_BATCH, MAX_SEED, MAX_VOCAB
+from splitfed.engine.limits import MAX_BATCH, MAX_CLIENTS, MAX_SEED, MAX_VOCAB
 from splitfed.engine.types import IN_TURN, MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
-from splitfed.profile.fleet import MAX_CLIENTS
 from splitfed.transport.address import parse_address
 
 if TYPE_CHECKING:

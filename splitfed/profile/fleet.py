@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from splitfed import tomlio
+from splitfed.engine.limits import MAX_CLIENTS
 from splitfed.errors import ConfigError, unknown_key
 from splitfed.fleets import shipped_fleets
 from splitfed.profile.devices import PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
@@ -56,7 +57,6 @@ _DRIFT_SET = ("flops", "up_mbps", "down_mbps", "rtt_ms")
 _DRIFT_SCALE = {"flops_scale": "flops", "up_scale": "up_mbps", "down_scale": "down_mbps", "rtt_scale": "rtt_ms"}
 _DRIFT_KEYS = {"round", *_DRIFT_SET, *_DRIFT_SCALE}
 DEFAULT_SAMPLES = 500
-MAX_CLIENTS = 100_000  # clients in one fleet (counts added up, or one sample): each is an object held in memory
 MAX_SAMPLES = 10**12  # one device's local dataset: beyond any device's; samples x epochs stays exact in a float
 
 # The range of each number a fleet file gives, in file units, and why. Outside it a value is a typo or a
