@@ -423,15 +423,13 @@ class SplitFedAvg(FedAvg):
             log(INFO, "[ROUND %d/%d]", rnd, num_rounds)
             try:
                 new = None
-                watch = RoundProgress(self.say, rnd, num_rounds, self.waiting_s) if self.say is not None else None
+                watch = RoundProgress(self.say or (lambda line: None), rnd, num_rounds, self.waiting_s)
                 while new is None:
                     self._check_stop()  # before the round's (or group's) messages go: nodes would train for nothing
                     msgs = list(self.configure_train(rnd, arrays, train_config, grid))
-                    if watch is not None:
-                        watch.clients = len(self._node_of)
-                    replies = self.exchange(grid, msgs, timeout, None if watch is None else watch.waiting)
-                    if watch is not None:
-                        watch.done += len(replies)
+                    watch.clients = len(self._node_of)
+                    replies = self.exchange(grid, msgs, timeout, watch.waiting)
+                    watch.done += len(replies)
                     new, metrics = self.aggregate_train(rnd, replies)
             finally:
                 self._abort()
