@@ -145,14 +145,26 @@ class RoundProgress:
         self.began = self.said = time.monotonic()
         self.clients = 0  # the round's sampled clients, once its first group is out
         self.done = 0  # clients that answered in the round's earlier groups (sl, sflv2: one turn each)
+        self.failed = 0  # of those, the ones whose reply is an error
 
-    def waiting(self, answered: int) -> None:
-        """While an exchange waits; ``answered``: its clients that answered so far."""
+    def answered(self, replies: Sequence[Message]) -> None:
+        """A group's replies are all in (or its wait is over)."""
+        self.done += len(replies)
+        self.failed += _errors(replies)
+
+    def waiting(self, replies: Sequence[Message]) -> None:
+        """While an exchange waits; ``replies``: its clients' replies so far. A failed client is said apart:
+        it is done with the round, but a watcher of a long round should not learn of it only at the end."""
         now = time.monotonic()
         if now - self.said >= self.every_s:
             self.said = now
-            self.say(f"round {self.rnd}/{self.rounds}  {self.done + answered}/{self.clients} clients done  "
-                     f"wall {now - self.began:.0f}s")
+            failed = self.failed + _errors(replies)
+            self.say(f"round {self.rnd}/{self.rounds}  {self.done + len(replies)}/{self.clients} clients done"
+                     + (f" ({failed} failed)" if failed else "") + f"  wall {now - self.began:.0f}s")
+
+
+def _errors(replies: Sequence[Message]) -> int:
+    return sum(m.has_error() for m in replies)
 
 
 class SplitFedAvg(FedAvg):
@@ -429,7 +441,7 @@ class SplitFedAvg(FedAvg):
                     msgs = list(self.configure_train(rnd, arrays, train_config, grid))
                     watch.clients = len(self._node_of)
                     replies = self.exchange(grid, msgs, timeout, watch.waiting)
-                    watch.done += len(replies)
+                    watch.answered(replies)
                     new, metrics = self.aggregate_train(rnd, replies)
             finally:
                 self._abort()
@@ -444,9 +456,9 @@ class SplitFedAvg(FedAvg):
         return result
 
     def exchange(self, grid: Grid, msgs: Sequence[Message], timeout: float,
-                 waiting: Callable[[int], None] | None = None) -> list[Message]:
+                 waiting: Callable[[Sequence[Message]], None] | None = None) -> list[Message]:
         """``grid.send_and_receive`` that polls every 0.2 s and gives up when ``stop`` is set; ``waiting``: told
-        after each poll that leaves replies to wait for how many came so far.
+        after each poll that leaves replies to wait for the replies that came so far.
 
         Flower's HTTP grid sleeps 3 s between pulls; a SplitFed round of quick
         clients (and every client turn of sl/sflv2) would mostly wait on that.
@@ -471,7 +483,7 @@ class SplitFedAvg(FedAvg):
             ids -= {m.metadata.reply_to_message_id for m in got}
             if ids:
                 if waiting is not None:
-                    waiting(len(out))
+                    waiting(out)
                 time.sleep(POLL_S)
         if ids:
             log(WARNING, "%d node(s) did not answer within %gs", len(ids), timeout)
