@@ -92,6 +92,7 @@ from splitfed.ports import PORT_TRIES, READY, cannot_listen, free_ports
 BIN = Path(sys.executable).parent
 CONNECTION = "splitfed-local"
 GRACE_S = 5.0  # from SIGTERM to SIGKILL when the deployment stops
+PORT_IN_USE = "address already in use"  # EADDRINUSE's words: how a SuperLink's log says its port was taken
 KEPT_LINES = 10_000  # of flwr run's output, in the result; flwr-run.log has all of it
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # Flower's colours: kept for a terminal only
 
@@ -359,18 +360,28 @@ class Deployment:
             return False
 
     def start(self) -> Deployment:
-        """Start tiers, SuperLink and SuperNodes (all at once: they find each other by address)."""
+        """Start tiers, SuperLink and SuperNodes (all at once: they find each other by address). A SuperLink port
+        another process took between its choice and the SuperLink's bind is chosen again, as a tier's is; the
+        SuperNodes, already pointed at it, start again with it."""
         self._start_tiers()
-        port, *node_ports = free_ports(1 + self.clients)
-        self.superlink = f"127.0.0.1:{port}"
         tls = (["--ssl-certfile", self.tls_cert, "--ssl-keyfile", self.tls_key, "--ssl-ca-certfile", self.tls_ca]
                if self.secure else ["--insecure"])
-        self._spawn("superlink", [str(BIN / "flower-superlink"), *tls, "--host", "127.0.0.1", "--port", str(port),
-                                  "--disable-runtime-dependency-installation"])
-        for i in range(self.clients):
-            self.start_supernode(i, node_ports[i])
-        self._wait_port(port, "superlink")
-        return self
+        for attempt in range(1, PORT_TRIES + 1):
+            port, *node_ports = free_ports(1 + self.clients)
+            self.superlink = f"127.0.0.1:{port}"
+            self._spawn("superlink", [str(BIN / "flower-superlink"), *tls, "--host", "127.0.0.1", "--port",
+                                      str(port), "--disable-runtime-dependency-installation"])
+            for i in range(self.clients):
+                self.start_supernode(i, node_ports[i])
+            try:
+                self._wait_port(port, "superlink")
+                return self
+            except StartFailed as e:
+                if not e.port_taken or attempt == PORT_TRIES:
+                    raise
+                for name in ["superlink", *(f"supernode{i}" for i in range(self.clients))]:
+                    self.kill(name)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def start_supernode(self, i: int, port: int = 0) -> subprocess.Popen:
         cfg: dict[str, Any] = {"partition-id": i, "num-partitions": self.clients,
@@ -445,7 +456,9 @@ class Deployment:
         while time.monotonic() < end:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None:
-                raise StartFailed(f"{name} exited with code {proc.returncode}:\n{self.tail(name)}")
+                log = self.tail(name, lines=10_000)
+                raise StartFailed(f"{name} exited with code {proc.returncode}:\n{self.tail(name)}",
+                                  port_taken=PORT_IN_USE in log.lower())
             if proc is not None and _listens(proc.pid, port):
                 return
             time.sleep(0.2)

@@ -160,26 +160,57 @@ def test_a_tier_that_exits_for_another_reason_is_not_started_again(monkeypatch, 
         assert not e.value.port_taken and len(calls) == 1
 
 
-def test_a_superlink_port_another_process_holds_is_not_taken_for_the_superlink(monkeypatch, tmp_path: Path) -> None:
-    """The port chosen for the SuperLink answers, but another process listens there: before, deploy took the
-    SuperLink for started (and its run then met a stranger); now it waits for the SuperLink itself to listen,
-    and says why it could not."""
+def _holding_the_superlinks_port(monkeypatch: pytest.MonkeyPatch, tries: int) -> tuple[socket.socket, list[list[int]]]:
+    """A port another process listens on, chosen for the SuperLink in the first ``tries`` choices deploy makes
+    for it (its first choice is the tiers')."""
     from server import deploy
-    from server.deploy import StartFailed
     from splitfed import ports
 
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
-        calls: list[int] = []
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    calls: list[list[int]] = []
 
-        def choose(n: int) -> list[int]:  # the tiers' ports, then the SuperLink's and the nodes'
-            calls.append(n)
-            return [port, *ports.free_ports(n - 1)] if len(calls) == 2 else ports.free_ports(n)
+    def choose(n: int) -> list[int]:  # the tiers' ports, then the SuperLink's and the nodes'
+        taken = 1 <= len(calls) <= tries
+        calls.append([held.getsockname()[1], *ports.free_ports(n - 1)] if taken else ports.free_ports(n))
+        return calls[-1]
 
-        monkeypatch.setattr(deploy, "free_ports", choose)
-        with Deployment(1, tmp_path / "work", log=False) as dep, \
-                pytest.raises(StartFailed, match=r"superlink exited with code \d+:\n(?s:.*)address already in use"):
+    monkeypatch.setattr(deploy, "free_ports", choose)
+    return held, calls
+
+
+def test_a_superlink_port_another_process_took_is_chosen_again(monkeypatch, tmp_path: Path) -> None:
+    """The port chosen for the SuperLink answers, but another process listens there. Before f91c337 deploy took
+    the SuperLink for started (and its run met a stranger); then it said why it could not start. Now it starts
+    the SuperLink again on another port, and the SuperNodes with it (they were pointed at the first)."""
+    from server.deploy import _listens
+
+    held, calls = _holding_the_superlinks_port(monkeypatch, tries=1)
+    spawned: dict[str, list[subprocess.Popen]] = {}
+    spawn = Deployment._spawn
+    monkeypatch.setattr(Deployment, "_spawn",
+                        lambda self, name, cmd: spawned.setdefault(name, []).append(spawn(self, name, cmd))
+                        or spawned[name][-1])
+    with held, Deployment(2, tmp_path / "work", log=False) as dep:
+        dep.start()
+        port = int(dep.superlink.rsplit(":", 1)[1])
+        assert port != held.getsockname()[1] and _listens(dep.procs["superlink"].pid, port)
+        assert [len(spawned[n]) for n in ("edge", "cloud", "superlink", "supernode0", "supernode1")] == [1, 1, 2, 2, 2]
+        assert all(spawned[n][0].poll() is not None for n in ("superlink", "supernode0", "supernode1"))
+        assert all(spawned[n][-1].poll() is None for n in spawned)  # the second try's, and the tiers, run
+        assert f"--superlink {dep.superlink} " in " ".join(spawned["supernode1"][-1].args)
+    assert len(calls) == 3
+
+
+def test_a_superlink_port_taken_at_every_try_is_said_and_nothing_is_left(monkeypatch, tmp_path: Path) -> None:
+    from server import deploy
+    from server.deploy import StartFailed
+
+    monkeypatch.setattr(deploy, "PORT_TRIES", 2)
+    held, calls = _holding_the_superlinks_port(monkeypatch, tries=2)
+    with held, Deployment(1, tmp_path / "work", log=False) as dep:
+        with pytest.raises(StartFailed, match=r"superlink exited with code \d+:\n(?s:.*)address already in use") as e:
             dep.start()
-        assert len(calls) == 2
+        assert e.value.port_taken and len(calls) == 3
+    assert all(p.poll() is not None for p in dep.procs.values())
