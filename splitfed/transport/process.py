@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 from splitfed.importpath import child_pythonpath
 from splitfed.ports import PORT_TRIES, READY, cannot_listen, free_ports
@@ -52,6 +52,26 @@ class TierStartError(RuntimeError):
         self.port_taken = port_taken
 
 
+class TierOptions(TypedDict, total=False):
+    """How :meth:`TierProcess.spawn` starts a tier, each a ``splitfed tier`` flag; one typed list, so that a
+    misspelt option is a type error wherever a tier is started (``start``, ``spawn``, ``local_chain``)."""
+
+    role: str | None  # edge or cloud (default: edge when it has a next tier)
+    tls: TlsConfig | None  # its server's certificate, key and client CA
+    token: str | None  # the tier token, handed over in a private temporary file (never on the command line)
+    token_file: str | Path | None
+    coordinator_token_file: str | Path | None  # the token that alone allows load, fetch, release and sum
+    insecure: bool  # plaintext, which the tier (as its command line) refuses unless asked (default False)
+    threads: int | None  # torch threads (default 1; None: torch's choice)
+    # module:factory models it serves besides the zoo (--allow-model); the child runs in this process's working
+    # directory and gets its sys.path, so it imports what this process can (a module made importable at run time)
+    allow_models: Sequence[str]
+    extra_args: Sequence[str]  # further flags, as given
+    env: dict[str, str] | None  # its environment (default: this process's)
+    client_tls: TlsConfig | None  # credentials for the health check of a mutual-TLS tier
+    startup_timeout: float  # seconds from the spawn until it serves (default 120)
+
+
 class TierProcess:
     """A running ``splitfed tier`` child: ``.address``, ``.pid``, ``.stop()``, ``.kill()``."""
 
@@ -70,32 +90,22 @@ class TierProcess:
 
     @classmethod
     def start(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None,
-              **options: Any) -> TierProcess:
-        """Start the child and wait until it serves (its ``listening on`` line, then a health check); the
-        options are :meth:`spawn`'s."""
-        tp = cls.spawn(name, listen, next_address, **options)
+              compress: str = "none", **options: Unpack[TierOptions]) -> TierProcess:
+        """Start the child and wait until it serves (its ``listening on`` line, then a health check)."""
+        tp = cls.spawn(name, listen, next_address, compress, **options)
         tp.wait_ready()
         return tp
 
     @classmethod
-    def spawn(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None, *,
-              role: str | None = None, tls: TlsConfig | None = None, token: str | None = None,
-              token_file: str | Path | None = None, coordinator_token_file: str | Path | None = None,
-              insecure: bool = False, threads: int | None = 1,
-              compress: str = "none", allow_models: Sequence[str] = (), extra_args: Sequence[str] = (),
-              env: dict[str, str] | None = None, client_tls: TlsConfig | None = None,
-              startup_timeout: float = 120.0) -> TierProcess:
+    def spawn(cls, name: str = "edge", listen: str = "127.0.0.1:0", next_address: str | None = None,
+              compress: str = "none", **options: Unpack[TierOptions]) -> TierProcess:
         """Start the child, without waiting for it to serve (:meth:`wait_ready`): the tiers of a chain start
-        at once.
-
-        ``token`` is handed over in a private temporary file (never on the
-        command line); ``coordinator_token_file``: the token that alone allows load, fetch, release and sum
-        (``--coordinator-token-file``). Plaintext needs ``insecure=True``, as on the command line.
-        ``client_tls``: credentials for the health check of a mutual-TLS tier.
-        ``allow_models``: ``module:factory`` models the tier serves besides the zoo (``--allow-model``);
-        the child runs in this process's working directory and gets its ``sys.path``, so it imports what this
-        process can (a module made importable at run time included).
+        at once. ``compress``: the codec it sends to ``next_address`` with; the options: :class:`TierOptions`.
         """
+        role, tls, token = options.get("role"), options.get("tls"), options.get("token")
+        token_file, coordinator_token_file = options.get("token_file"), options.get("coordinator_token_file")
+        threads, env, client_tls = options.get("threads", 1), options.get("env"), options.get("client_tls")
+        startup_timeout = options.get("startup_timeout", 120.0)
         role = role or ("edge" if next_address else "cloud")
         cmd = [sys.executable, "-m", "splitfed.cli", "tier", "--role", role, "--name", name, "--listen", listen,
                "--exit-with-stdin", "--compress", compress]
@@ -115,13 +125,13 @@ class TierProcess:
             cmd += ["--token-file", str(token_file)]
         if coordinator_token_file is not None:
             cmd += ["--coordinator-token-file", str(coordinator_token_file)]
-        if insecure:
+        if options.get("insecure", False):
             cmd.append("--insecure")
         if threads:
             cmd += ["--threads", str(threads)]
-        for m in allow_models:
+        for m in options.get("allow_models", ()):
             cmd += ["--allow-model", m]
-        cmd += list(extra_args)
+        cmd += list(options.get("extra_args", ()))
         child_env = dict(os.environ if env is None else env)
         child_env["PYTHONUNBUFFERED"] = "1"
         child_env["PYTHONPATH"] = child_pythonpath(child_env)  # a model's module this process imports, it can
@@ -226,12 +236,12 @@ class TierProcess:
 
 @contextmanager
 def local_chain(names: Sequence[str], compress: Sequence[str] = (), *, tries: int = PORT_TRIES,
-                **options: Any) -> Iterator[list[TierProcess]]:
+                **options: Unpack[TierOptions]) -> Iterator[list[TierProcess]]:
     """A chain of tier processes on 127.0.0.1 (``names`` in chain order, the edge first), each forwarding to the
     next, all started at once and stopped when the block ends, however it ends. The port of every tier but the
     edge is chosen here (:func:`~splitfed.ports.free_ports`), so that each tier is told its next one's address
     before that one listens: one start's time, not one per tier. ``compress``: the codec of each link between
-    two tiers, in chain order (default none); ``options``: :meth:`TierProcess.spawn`'s, the same for every tier."""
+    two tiers, in chain order (default none); ``options``: :class:`TierOptions`, the same for every tier."""
     codecs = list(compress) or ["none"] * (len(names) - 1)
     if not names or len(codecs) != len(names) - 1:
         raise ValueError(f"a chain of {len(names)} tier(s) has {max(0, len(names) - 1)} link(s) between them, "
@@ -242,7 +252,7 @@ def local_chain(names: Sequence[str], compress: Sequence[str] = (), *, tries: in
             procs: list[TierProcess] = []
             for i in reversed(range(len(names))):  # the cloud first: it gets the head start
                 nxt = listen[i + 1] if i + 1 < len(names) else None
-                proc = TierProcess.spawn(names[i], listen[i], nxt, compress=codecs[i] if nxt else "none", **options)
+                proc = TierProcess.spawn(names[i], listen[i], nxt, codecs[i] if nxt else "none", **options)
                 stack.callback(proc.stop)
                 procs.insert(0, proc)
             try:
