@@ -90,8 +90,10 @@ def test_a_run_whose_supernodes_all_exit_stops_at_once_naming_their_logs(monkeyp
     assert all(p.poll() is not None for p in dep.procs.values())  # stopped with the deployment
 
 
-def _holding_a_port(monkeypatch: pytest.MonkeyPatch, tries: int) -> tuple[socket.socket, list[list[int]]]:
-    """A port another process listens on, chosen for the edge in the first ``tries`` choices deploy makes."""
+def _holding_a_port(monkeypatch: pytest.MonkeyPatch, tries: int,
+                    first: int = 0) -> tuple[socket.socket, list[list[int]]]:
+    """A port another process listens on, chosen first in ``tries`` of the choices deploy makes, from its
+    ``first`` on: its first choice is the tiers' (the edge's port first), the next ones the SuperLink's."""
     from server import deploy
     from splitfed import ports
 
@@ -101,7 +103,8 @@ def _holding_a_port(monkeypatch: pytest.MonkeyPatch, tries: int) -> tuple[socket
     calls: list[list[int]] = []
 
     def choose(n: int) -> list[int]:
-        calls.append([held.getsockname()[1], *ports.free_ports(n - 1)] if len(calls) < tries else ports.free_ports(n))
+        taken = first <= len(calls) < first + tries
+        calls.append([held.getsockname()[1], *ports.free_ports(n - 1)] if taken else ports.free_ports(n))
         return calls[-1]
 
     monkeypatch.setattr(deploy, "free_ports", choose)
@@ -160,33 +163,13 @@ def test_a_tier_that_exits_for_another_reason_is_not_started_again(monkeypatch, 
         assert not e.value.port_taken and len(calls) == 1
 
 
-def _holding_the_superlinks_port(monkeypatch: pytest.MonkeyPatch, tries: int) -> tuple[socket.socket, list[list[int]]]:
-    """A port another process listens on, chosen for the SuperLink in the first ``tries`` choices deploy makes
-    for it (its first choice is the tiers')."""
-    from server import deploy
-    from splitfed import ports
-
-    held = socket.socket()
-    held.bind(("127.0.0.1", 0))
-    held.listen()
-    calls: list[list[int]] = []
-
-    def choose(n: int) -> list[int]:  # the tiers' ports, then the SuperLink's and the nodes'
-        taken = 1 <= len(calls) <= tries
-        calls.append([held.getsockname()[1], *ports.free_ports(n - 1)] if taken else ports.free_ports(n))
-        return calls[-1]
-
-    monkeypatch.setattr(deploy, "free_ports", choose)
-    return held, calls
-
-
 def test_a_superlink_port_another_process_took_is_chosen_again(monkeypatch, tmp_path: Path) -> None:
     """The port chosen for the SuperLink answers, but another process listens there. Before f91c337 deploy took
     the SuperLink for started (and its run met a stranger); then it said why it could not start. Now it starts
     the SuperLink again on another port, and the SuperNodes with it (they were pointed at the first)."""
     from server.deploy import _listens
 
-    held, calls = _holding_the_superlinks_port(monkeypatch, tries=1)
+    held, calls = _holding_a_port(monkeypatch, tries=1, first=1)
     spawned: dict[str, list[subprocess.Popen]] = {}
     spawn = Deployment._spawn
     monkeypatch.setattr(Deployment, "_spawn",
@@ -208,7 +191,7 @@ def test_a_superlink_port_taken_at_every_try_is_said_and_nothing_is_left(monkeyp
     from server.deploy import StartFailed
 
     monkeypatch.setattr(deploy, "PORT_TRIES", 2)
-    held, calls = _holding_the_superlinks_port(monkeypatch, tries=2)
+    held, calls = _holding_a_port(monkeypatch, tries=2, first=1)
     with held, Deployment(1, tmp_path / "work", log=False) as dep:
         with pytest.raises(StartFailed, match=r"superlink exited with code \d+:\n(?s:.*)address already in use") as e:
             dep.start()
