@@ -22,6 +22,7 @@ import argparse
 import contextvars
 import csv
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -130,18 +131,17 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 
 def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
-    """Rows of flat dicts as CSV; the header is the union of keys in first-seen order."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    """Rows of flat dicts as CSV; the header is the union of keys in first-seen order. Replaced in one step (as
+    results.json is): a write stopped part way (Ctrl-C, a full disk) left half a table, rows missing unseen."""
     header: dict[str, None] = {}
     for r in rows:
         header.update(dict.fromkeys(r))
-    with p.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(header))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _csv_value(v) for k, v in r.items()})
-    return p
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=list(header))
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _csv_value(v) for k, v in r.items()})
+    return jsonio.write_atomic(path, text.getvalue())
 
 
 def write_results(out: Path, records: Sequence[Mapping[str, Any]], series: Sequence[str] = ()) -> Path:
@@ -151,12 +151,14 @@ def write_results(out: Path, records: Sequence[Mapping[str, Any]], series: Seque
 
 
 def _csv_value(v: Any) -> Any:
-    """A cell of results.csv: text that would start a spreadsheet formula led by ``'`` (``csv_text``)."""
-    from splitfed.report.summary import csv_text
+    """A cell of results.csv as ``splitfed report``'s CSV files write one (``csv_cell``): text that would start a
+    spreadsheet formula led by ``'``, a missing or non-finite number (a diverged run's accuracy) empty, where it
+    was ``nan``, text to a spreadsheet, beside ``null`` in results.json."""
+    from splitfed.report.summary import csv_cell, csv_text
 
     if isinstance(v, list | tuple):
         return csv_text(",".join(map(str, v)))
-    return "" if v is None else csv_text(v) if isinstance(v, str) else v
+    return csv_cell(v)
 
 
 def _jsonable(v: Any) -> Any:
@@ -535,7 +537,10 @@ def _interrupts() -> Iterator[None]:
 
 
 def _threads() -> None:
-    """One torch thread unless OMP_NUM_THREADS says otherwise: experiments share small machines."""
+    """One torch thread unless OMP_NUM_THREADS says otherwise: experiments share small machines. Its first
+    level counts (OpenMP's ``4,2`` was a traceback before the config was read); a value that is no count is
+    taken as unset, as OpenMP does."""
     import torch
 
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    torch.set_num_threads(max(1, int(first)) if first.isascii() and first.isdigit() else 1)

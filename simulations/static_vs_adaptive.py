@@ -9,12 +9,14 @@ global model first reaches ``target_accuracy``, per policy, and the ratio
 (``static:best`` is the single cut vector the cost model rates best for these
 clients). That premise is checked, not assumed: the headline's ``accuracy_gap`` is
 the largest difference in test accuracy between two policies in any round (0:
-the same curve; a lossy ``compress`` acts at the cuts and makes it more), and
-the script says which.
+the same curve; a lossy ``compress`` acts at the cuts and makes it more; ``null``
+where one policy's run diverged in a round another's did not), and the script
+says which.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,9 +84,10 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         print(f"  best static / adaptive: none ({never} reached {cfg.target_accuracy:g} in {base.rounds} round(s))")
     if len(runs) > 1:
         why = "" if base.compress == "none" else f" (compress={base.compress} acts at the cuts)"
+        differs = ("one policy's run diverged (no accuracy) in a round another's did not" if math.isinf(gap)
+                   else f"by up to {gap:.4f} between policies")
         print("  accuracy per round: the same under every policy" if gap == 0 else
-              f"  accuracy per round differs by up to {gap:.4f} between policies{why}: the times to target "
-              "compare different curves")
+              f"  accuracy per round differs {differs}{why}: the times to target compare different curves")
     return {"headline": headline, "policies": records, "figures": figures}
 
 
@@ -95,7 +98,16 @@ def accuracy_gap(runs: Sequence[Any]) -> float:
     for run in runs:
         for r in run.rounds:
             by_round.setdefault(r.round, []).append(r.accuracy)
-    return max((max(a) - min(a) for a in by_round.values()), default=0.0)
+    return max((_spread(a) for a in by_round.values()), default=0.0)
+
+
+def _spread(accuracies: Sequence[float]) -> float:
+    """One round's spread: inf where a run diverged (no accuracy: NaN) and another did not, which ``max`` and
+    ``min`` skipped or returned by its place (the curves read as "the same", or the gap as nan)."""
+    known = [a for a in accuracies if not math.isnan(a)]
+    if len(known) < len(accuracies):
+        return math.inf if known else 0.0
+    return max(known) - min(known)
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FixedLocator, MaxNLocator
 
 from splitfed.jsonio import draft_of
 from splitfed.report.runs import MEASURED, Run, clock_of
@@ -78,7 +78,10 @@ def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel:
     if vline is not None:
         ax.axvline(vline, color="red", linestyle=":", linewidth=1, label=vline_label or f"{vline:g}")
     if integer_x:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        xs = {x for s in series for x in s.x if math.isfinite(x)}
+        # one round (a run of one, or stopped after it): MaxNLocator finds no two whole numbers in the view
+        # and falls back to ticks of 0.945, 0.96, ... on an axis of rounds
+        ax.xaxis.set_major_locator(FixedLocator(sorted(xs)) if len(xs) == 1 else MaxNLocator(integer=True))
     if logx:
         ax.set_xscale("log")
     if logy:
@@ -161,15 +164,17 @@ def predicted_plot(runs: Sequence[Run], path: str | Path,
 
 def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Activations and gradients per round") -> Path:
     """Uplink (solid) and downlink (dashed) megabytes per round on the devices' links, per run: activations
-    and gradients (the weights a device exchanges with the coordinator are not counted)."""
+    and gradients (the weights a device exchanges with the coordinator are not counted). Each run has its own
+    marker (hollow for its downlink), smaller than the one drawn before it: runs with the same cuts send the
+    same bytes (``sl``, ``sflv1``, ``sflv2``), and one marker for all drew the last run's curve over the others'."""
     series = []
     for i, r in enumerate(runs):
-        color = f"C{i % 10}"
+        style = {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)], "markersize": 8 - 1.5 * (i % 4)}
         rounds = [x.round for x in r.rounds]
         series.append(Series(f"{_plain(r.label)} up", rounds, [x.bytes_up / MB for x in r.rounds],
-                             {"color": color, "linestyle": "-", "marker": "o"}))
+                             {**style, "linestyle": "-", "markerfacecolor": None}))
         series.append(Series(f"{_plain(r.label)} down", rounds, [x.bytes_down / MB for x in r.rounds],
-                             {"color": color, "linestyle": "--", "marker": "s"}))
+                             {**style, "linestyle": "--", "markerfacecolor": "none"}))
     return line_plot(series, path, title=title, xlabel="round", ylabel="MB per round", integer_x=True)
 
 
@@ -184,7 +189,8 @@ def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_label
     """Client x round heatmap of each cut (one panel per cut); blank where a client sat out a round."""
     clients = run.clients
     rounds = [r.round for r in run.rounds]
-    width = max((len(c) for r in run.rounds for c in r.cuts.values()), default=1)
+    # one panel at least: cuts that are all empty (``[]``, shown as ``-`` in the tables) drew none and failed
+    width = max((len(c) for r in run.rounds for c in r.cuts.values()), default=1) or 1
     grid = np.full((width, max(1, len(clients)), max(1, len(rounds))), np.nan)
     index = {c: i for i, c in enumerate(clients)}
     for j, r in enumerate(run.rounds):

@@ -150,13 +150,20 @@ def parse_row(obj: Mapping[str, Any], where: str = "row") -> RoundRow:
             return default
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ConfigError(f"{where}: {key!r} must be a number, got {v!r}")
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an integer past a float's range: a traceback, not a row's error
+            raise ConfigError(f"{where}: {key!r} is out of range (over 1e308)") from None
 
+    time_key = "sim_round_s"
     if obj.get("sim_round_s") is None and obj.get("measured_round_s") is not None:
         obj = {**obj, "sim_round_s": obj["measured_round_s"], MEASURED: True}  # run_notes says so
+        time_key = "measured_round_s"
     if obj.get("sim_round_s") is None:  # a round without a time: every time after it (the axis, the time to a
         raise ConfigError(f"{where}: 'sim_round_s' is null and there is no 'measured_round_s': the round has no "
                           "time")  # target) would read NaN, a target reached shown as never
+    if not math.isfinite(num("sim_round_s")):  # NaN (Python's json reads it) as null is; inf: every later time inf
+        raise ConfigError(f"{where}: {time_key!r} must be a finite number of seconds, got {obj[time_key]!r}")
     rnd = num("round")
     if not rnd.is_integer() or rnd < 0:
         raise ConfigError(f"{where}: 'round' must be a non-negative integer, got {obj['round']!r}")
@@ -166,6 +173,9 @@ def parse_row(obj: Mapping[str, Any], where: str = "row") -> RoundRow:
     for key in ("sim_round_s", "wall_s", "bytes_up", "bytes_down"):
         if num(key, 0) < 0:
             raise ConfigError(f"{where}: {key!r} must be >= 0, got {obj[key]!r}")
+    for key in ("bytes_up", "bytes_down"):  # counted as integers: NaN or inf stopped the report with a traceback
+        if not math.isfinite(num(key, 0)):
+            raise ConfigError(f"{where}: {key!r} must be a finite number of bytes, got {obj[key]!r}")
     weights = obj.get("device_weight_bytes") or [0, 0]
     if not (isinstance(weights, list) and len(weights) == 2
             and all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in weights)):
@@ -238,16 +248,23 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         raise ConfigError(f"{p} {what}: no {METRICS} in it")
     if p.is_file() and p.name == SUMMARY:  # read as metrics, its first line "{" is "not valid JSON"
         raise ConfigError(f"{p} is a run's summary, not its metrics: give the run folder ({folder}) or its {METRICS}")
-    rows, cut_short = read_rows_cut(metrics)  # a run still writing its last row: the rows before it
+    try:
+        rows, cut_short = read_rows_cut(metrics)  # a run still writing its last row: the rows before it
+    except OSError as e:  # unreadable (its mode, an I/O error): one line, not a traceback
+        raise ConfigError(f"{metrics}: cannot read it: {e.strerror or e}") from None
     summary: dict[str, Any] = {}
     sp = folder / SUMMARY
     if sp.is_file():
         try:
             summary = json.loads(sp.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError(f"{sp}: cannot read it: {e.strerror or e}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{sp}: not valid JSON: not UTF-8 text") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{sp}: not valid JSON: {e.msg}") from None
+        except ValueError as e:  # json's own refusals past its grammar (an integer of over 4,300 digits)
+            raise ConfigError(f"{sp}: not valid JSON: {str(e).split(';')[0]}") from None
         if not isinstance(summary, dict):
             raise ConfigError(f"{sp}: expected a JSON object")
     name = label or str(summary.get("label") or summary.get("name") or folder.resolve().name)
