@@ -219,3 +219,19 @@ def test_an_openmp_thread_list_does_not_stop_an_experiment(monkeypatch: pytest.M
     monkeypatch.setattr(torch, "set_num_threads", told.append)
     common._threads()
     assert told == [threads]
+
+
+def test_an_experiments_folder_is_refused_naming_its_run_folders(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """An experiment's ``--out`` holds its runs in ``runs/``: "not a run folder" alone left the user to find them."""
+    exp = tmp_path / "exp"
+    (exp / "runs").mkdir(parents=True)
+    for name in ("adaptive", "static"):
+        _folder(exp / "runs", ROW + "}", name=name)
+    (exp / "results.json").write_text("{}")
+    code, err = _report(exp, capsys)
+    assert (code, err) == (2, f"splitfed report: error: {exp} is not a run folder: no metrics.jsonl in it; its run "
+                              f"folders are below it: splitfed report {exp / 'runs'}/*\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _report(empty, capsys)[1] == f"splitfed report: error: {empty} is not a run folder: no metrics.jsonl in it\n"

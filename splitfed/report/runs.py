@@ -238,6 +238,15 @@ def run_folder(path: str | Path) -> Path:
     return p.parent if p.is_file() else p
 
 
+def _runs_below(p: Path) -> str:
+    """A hint for a folder that holds run folders (an experiment's ``--out``: its runs are in ``runs/``), where
+    "not a run folder" alone left the user to find them."""
+    if not p.is_dir():
+        return ""
+    below = sorted({m.parent.parent for m in [*p.glob(f"*/{METRICS}"), *p.glob(f"*/*/{METRICS}")]})
+    return f"; its run folders are below it: splitfed report {' '.join(f'{d}/*' for d in below)}" if below else ""
+
+
 def load_run(path: str | Path, label: str | None = None) -> Run:
     """Read a run folder (or a ``metrics.jsonl`` file directly)."""
     p = Path(path)
@@ -245,7 +254,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     metrics = p if p.is_file() else p / METRICS
     if not metrics.is_file():
         what = "is not a run folder" if p.exists() else "does not exist"
-        raise ConfigError(f"{p} {what}: no {METRICS} in it")
+        raise ConfigError(f"{p} {what}: no {METRICS} in it{_runs_below(p)}")
     if p.is_file() and p.name == SUMMARY:  # read as metrics, its first line "{" is "not valid JSON"
         raise ConfigError(f"{p} is a run's summary, not its metrics: give the run folder ({folder}) or its {METRICS}")
     try:
