@@ -114,8 +114,9 @@ def centralised(rounds: int, seed: int = 0) -> float:
 
     from splitfed.data import batches
     from splitfed.engine.rounds import initial_state
+    from splitfed.engine.template import whole_model
     from splitfed.flower.config import RunSettings
-    from splitfed.flower.workload import evaluate, test_data, train_data, whole_model
+    from splitfed.flower.workload import evaluate, test_data, train_data
     from splitfed.models.blocks import step_rng
 
     torch.set_num_threads(1)

@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
+from splitfed.engine.types import State
 from splitfed.errors import ResourceExhausted, SplitfedError
 from splitfed.models import rng
-from splitfed.models.blocks import Blocks, param_sizes
+from splitfed.models.blocks import Blocks, Segment, param_sizes
 from splitfed.models.zoo import ZOO, ModelSpec, build, first_line, input_error, model_blocks
 from splitfed.units import mib_text
 
@@ -209,6 +210,16 @@ def num_blocks(spec: ModelSpec) -> int:
     return len(template(spec))
 
 
+def whole_model(spec: ModelSpec, state: State) -> Segment:
+    """The unsplit model (every block, copied) holding ``state``: what a run evaluates, and what split training
+    is checked against."""
+    n = num_blocks(spec)
+    seg = Segment({str(i): b for i, b in copy_blocks(spec, 0, n).items()}, 0, n)
+    with torch.no_grad():
+        seg.load_state_dict(state, strict=True)
+    return seg
+
+
 @_once(256)
 def _boundaries(key: str) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
     spec = _spec(key)
@@ -322,36 +333,29 @@ def _passes(key: str) -> tuple[bool, ...]:
     """Per block, whether a gradient of its output reaches its input: not through a block that detaches,
     computes without autograd (argmax, a comparison, ``torch.no_grad``) or takes integers (token ids). Found
     by one backward per block on the example input in training mode, as a tier runs it (a block whose forward
-    differs in eval mode may stop the gradient in one mode only); the template's buffers (running statistics)
-    and modes are put back, and ``autograd.grad`` leaves its parameters' gradients alone."""
+    differs in eval mode may stop the gradient in one mode only); each block runs as a copy, so the template is
+    never run with autograd on: a pruned or weight-normed layer (``torch.nn.utils.prune``, ``weight_norm``)
+    recomputes its weight in a forward pre-hook, and one left in the template as a non-leaf tensor makes every
+    later copy of it (a tier's, a device's) fail in ``copy.deepcopy``."""
     spec = _spec(key)
     blocks = template(spec)
     x: object = spec.example_input(2)
     out: list[bool] = []
     with _lock, rng.seeded(), torch.enable_grad():
-        modes = [(sub, sub.training) for m in blocks.modules for sub in m.modules()]
-        saved = [(b, b.detach().clone()) for m in blocks.modules for b in m.buffers()]
-        try:
-            for m in blocks.modules:
-                m.train()
-                if not isinstance(x, torch.Tensor):  # a structure between blocks: taken as passing, as before
-                    out.append(True)
-                    x = m(x)
-                    continue
-                leaf = x.detach().requires_grad_(x.is_floating_point())
-                y = m(leaf.clone() if leaf.requires_grad else leaf)  # a clone: an in-place first op may write it
-                ys = [t for t in (y if isinstance(y, tuple | list) else [y])
-                      if isinstance(t, torch.Tensor) and t.requires_grad]
-                got = (torch.autograd.grad(ys, [leaf], [torch.ones_like(t) for t in ys], allow_unused=True)[0]
-                       if leaf.requires_grad and ys else None)
-                out.append(got is not None)
-                x = y.detach() if isinstance(y, torch.Tensor) else y
-        finally:
-            with torch.no_grad():
-                for b, value in saved:
-                    b.copy_(value)
-            for sub, mode in modes:
-                sub.training = mode
+        for block in blocks.modules:
+            m = copy.deepcopy(block).train()
+            if not isinstance(x, torch.Tensor):  # a structure between blocks: taken as passing, as before
+                out.append(True)
+                x = m(x)
+                continue
+            leaf = x.detach().requires_grad_(x.is_floating_point())
+            y = m(leaf.clone() if leaf.requires_grad else leaf)  # a clone: an in-place first op may write it
+            ys = [t for t in (y if isinstance(y, tuple | list) else [y])
+                  if isinstance(t, torch.Tensor) and t.requires_grad]
+            got = (torch.autograd.grad(ys, [leaf], [torch.ones_like(t) for t in ys], allow_unused=True)[0]
+                   if leaf.requires_grad and ys else None)
+            out.append(got is not None)
+            x = y.detach() if isinstance(y, torch.Tensor) else y
     return tuple(out)
 
 

@@ -18,6 +18,7 @@ which shows up at 1e-3 or above after one step.
 
 from __future__ import annotations
 
+import operator
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -65,12 +66,7 @@ def _train_whole(cfg: RoundConfig, cid: str, whole: Segment, batches: Batches) -
 
 
 def _load(model: ModelSpec, state: State) -> dict[int, torch.nn.Module]:
-    n = template.num_blocks(model)
-    blocks = template.copy_blocks(model, 0, n)
-    seg = Segment({str(i): blocks[i] for i in range(n)}, 0, n)
-    with torch.no_grad():
-        seg.load_state_dict(state, strict=True)
-    return blocks
+    return {int(k): b for k, b in template.whole_model(model, state).named_children()}
 
 
 def reference_round(cfg: RoundConfig, global_state: State, assignment: dict[str, tuple[int, ...]],
@@ -148,6 +144,24 @@ def _copies(data: dict[str, Batches]) -> dict[str, Batches]:
     return {c: [(x.clone(), y.clone()) for x, y in b] for c, b in data.items()}
 
 
+def _cut_vectors(cuts: object) -> list[tuple[int, ...]]:
+    """``cuts`` as one tuple of integer cuts per client; a ConfigError for anything else (a flat ``[2, 5]``, one
+    client's vector, would fail with a TypeError; a ``2.5`` would be cut at 2)."""
+    example = "cuts=[(2, 5)] for one client on 3 tiers, cuts=[(2, 5), (1, 3)] for two"
+    if isinstance(cuts, (str, bytes)) or not isinstance(cuts, Sequence) or not cuts:
+        raise ConfigError(f"verify needs a cut vector per client, e.g. {example}: got {cuts!r}")
+    out = []
+    for c in cuts:
+        try:
+            if isinstance(c, (str, bytes)) or not isinstance(c, Sequence) or not c or any(isinstance(k, bool) for k in c):
+                raise TypeError
+            out.append(tuple(operator.index(k) for k in c))
+        except TypeError:
+            raise ConfigError(f"verify needs a cut vector (a tuple of integers) per client, e.g. {example}: got "
+                              f"{c!r} in {cuts!r}") from None
+    return out
+
+
 def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv1", u_shape: bool = False,
            steps: int = 2, batch: int = 4, rounds: int = 1, seed: int = 0, optim: OptimConfig | None = None,
            chain: Chain | None = None, transport: str = "inproc",
@@ -155,15 +169,17 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
     """Train split (one cut vector per client) and whole; compare the final global weights."""
     from splitfed.data import synthetic
 
-    if not cuts or not cuts[0]:
-        raise ConfigError("verify needs a cut vector per client, e.g. cuts=[(2, 5)]: got none")
+    cuts = _cut_vectors(cuts)
+    for what, v in (("steps", steps), ("batch", batch), ("rounds", rounds)):  # 0 would train nothing: a vacuous OK
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"verify: {what} must be an integer >= 1, got {v!r}")
     if batch == 1 and (why := template.one_sample_error(model)):
         raise ConfigError(f"batch 1: model {model.name} cannot train on one sample ({why}); give a batch of 2 "
                           "or more")
     n_tiers = len(cuts[0]) + 1 - (1 if u_shape else 0)
     chain = chain or inprocess_chain(n_tiers - 1)
     optim = optim or OptimConfig(lr=0.05, momentum=0.9)
-    assignment = {f"client{i}": tuple(int(k) for k in c) for i, c in enumerate(cuts)}
+    assignment = {f"client{i}": c for i, c in enumerate(cuts)}
     data: dict[str, Batches] = {}
     for i, cid in enumerate(assignment):
         if data_fn is not None:

@@ -28,7 +28,6 @@ from splitfed.engine import template
 from splitfed.engine.rounds import Batches, RoundFailed
 from splitfed.engine.types import State
 from splitfed.errors import ConfigError
-from splitfed.models.blocks import Segment
 from splitfed.models.zoo import ModelSpec
 
 _BATCH_STREAM = 101  # derive_seed purpose of the per-client batch order
@@ -115,21 +114,11 @@ def test_data(spec: ModelSpec, dataset: str, seed: int) -> tuple[torch.Tensor, t
     return x, y
 
 
-def whole_model(spec: ModelSpec, state: State) -> Segment:
-    """The unsplit model holding ``state`` (every block)."""
-    n = template.num_blocks(spec)
-    blocks = template.copy_blocks(spec, 0, n)
-    seg = Segment({str(i): blocks[i] for i in range(n)}, 0, n)
-    with torch.no_grad():
-        seg.load_state_dict(state, strict=True)
-    return seg
-
-
 @torch.no_grad()
 def evaluate(spec: ModelSpec, state: State, x: torch.Tensor, y: torch.Tensor,
              batch_size: int = 512) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of the global model on held-out data."""
-    model = whole_model(spec, state).eval()
+    model = template.whole_model(spec, state).eval()
     correct, loss = 0, 0.0
     for i in range(0, len(x), batch_size):
         out = model(x[i:i + batch_size])

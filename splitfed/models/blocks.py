@@ -200,9 +200,41 @@ def refuse_tensor_hooks(model: nn.Module, name: str | None = None) -> None:
                               "in forward, say), or with torch.nn.utils.prune")
 
 
+def refuse_lost_modes(model: nn.Module, blocks: Sequence[nn.Module], name: str | None = None) -> None:
+    """A ConfigError if ``model.train()`` or ``model.eval()`` leaves a module of it in another mode than setting
+    its ``blocks``' mode does (a ``train`` override that keeps a frozen BatchNorm in eval mode): a tier sets each
+    block's mode, and an override runs there only on a block itself (a Sequential's child), never on the model
+    or on a traced model's own modules, so the module would silently train otherwise (its running statistics
+    updated, the batch's used). Every module's mode is given back."""
+    if all(type(m).train is nn.Module.train and type(m).eval is nn.Module.eval for m in model.modules()):
+        return
+    subs = [(n, m) for n, m in model.named_modules() if n]
+    modes = [(m, m.training) for top in (model, *blocks) for m in top.modules()]
+    try:
+        for mode in (True, False):
+            model.train() if mode else model.eval()
+            own = [m.training for _, m in subs]
+            for b in blocks:
+                b.train(mode)
+            odd = next(((n, m, was) for (n, m), was in zip(subs, own, strict=True) if m.training != was), None)
+            if odd is not None:
+                n, m, was = odd
+                raise ConfigError(
+                    f"model {name or type(model).__name__}: its {'train' if mode else 'eval'}() puts {n} "
+                    f"({type(m).__name__}) in {'training' if was else 'eval'} mode, and the tiers would not: they "
+                    "set each block's mode, and a train() or eval() override runs there only on a child of an "
+                    "nn.Sequential model (not on the model, nor on a traced model's own modules). Make the model "
+                    "an nn.Sequential whose child overrides train(), or freeze the layer so that it keeps no "
+                    "statistics (requires_grad=False and torchvision.ops.FrozenBatchNorm2d)")
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def to_blocks(model: nn.Module) -> Blocks:
     """The model's blocks: children of a Sequential, else cut points found by tracing; blocks that share a
-    parameter or buffer (one tensor, or one storage) are one block. A model with a hook on itself is refused."""
+    parameter or buffer (one tensor, or one storage) are one block. A model with a hook on itself, or whose own
+    ``train`` sets a module's mode otherwise than its blocks' would (:func:`refuse_lost_modes`), is refused."""
     refuse_root_hooks(model)
     refuse_tensor_hooks(model)
     if isinstance(model, nn.Sequential) and type(model).forward is nn.Sequential.forward:  # else: its own forward
@@ -215,6 +247,7 @@ def to_blocks(model: nn.Module) -> Blocks:
     else:
         blocks = _trace_blocks(model)
     joined = _join(blocks, _shared(blocks), type(model).__name__)
+    refuse_lost_modes(model, joined.modules)
     # a block whose own tensors share storage keeps it shared in a tier's copy only as a _Joined
     return Blocks([m if isinstance(m, _Joined) or not _storage_groups(m) else _Joined(m) for m in joined.modules],
                   joined.names, joined.traced)

@@ -10,12 +10,13 @@ import importlib
 import json
 import logging
 import math
+import operator
 import os
 import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -330,10 +331,13 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
     """A spec for a zoo name or a ``module:factory`` path; user paths need an input shape. ``vocab``: the
     model takes integer tokens below it (an ``nn.Embedding`` first), not floats; it is not passed to a
     user's factory."""
-    if vocab is not None and not 2 <= vocab <= MAX_VOCAB:
-        raise ConfigError(f"vocab must be in 2..{MAX_VOCAB:,}, got {vocab}")
-    if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
-        raise ConfigError(f"num_classes must be in 1..{MAX_CLASSES:,}, got {num_classes}")
+    vocab = None if vocab is None else _integer(vocab, "vocab", 2, MAX_VOCAB)
+    num_classes = None if num_classes is None else _integer(num_classes, "num_classes", 1, MAX_CLASSES)
+    if input_shape is not None:
+        if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, Iterable):
+            raise ConfigError(f"model {name}: input_shape must be a tuple of integers (e.g. (3, 32, 32), or (64,) "
+                              f"for vectors), got {input_shape!r}")
+        input_shape = tuple(_integer(d, f"model {name}: each dimension of input_shape", 1) for d in input_shape)
     try:  # every process rebuilds the model from the spec as JSON: a tuple would come back a list
         same = json.loads(json.dumps(kwargs)) == kwargs  # a tuple is no list: unequal
     except (TypeError, ValueError):
@@ -355,6 +359,20 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
     if input_shape is None:
         raise ConfigError(f"model {name!r} is not in the zoo: give --input-shape (e.g. 3,32,32)")
     return ModelSpec(name, tuple(input_shape), num_classes or 10, vocab=vocab or 0, kwargs=dict(kwargs))
+
+
+def _integer(v: object, what: str, least: int, most: int | None = None) -> int:
+    """``v`` as an int (numpy's and torch's integers too) in ``least..most``, else a ConfigError naming ``what``:
+    a float or a bool would be taken here and break later (a batch of shape 16.0, a spec a tier refuses)."""
+    try:
+        n = operator.index(v)  # type: ignore[arg-type]  # TypeError for a float, a string, None
+    except TypeError:
+        n = None
+    if n is None or isinstance(v, bool):
+        raise ConfigError(f"{what} must be an integer, got {v!r}")
+    if n < least or (most is not None and n > most):
+        raise ConfigError(f"{what} must be {f'in {least}..{most:,}' if most is not None else f'>= {least}'}, got {v!r}")
+    return n
 
 
 def _import_factory(path: str) -> Callable[..., nn.Module]:

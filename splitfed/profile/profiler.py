@@ -59,7 +59,7 @@ from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 
-PROFILE_VERSION = 10  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+PROFILE_VERSION = 11  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
 # key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
 # exchange sends); 5: fixed bytes hold the buffers (an older profile left a block's causal mask or running
@@ -70,7 +70,8 @@ PROFILE_VERSION = 10  # 2: blocks that share a weight or pass a tuple are one bl
 # they keep of the tensor it sends on; 8: where training's gradient reaches recorded (an older profile priced a
 # backward, gradients and optimizer state for blocks before one that detaches); 9: that reach found in training
 # mode (an older profile took it in eval mode: a block that stops the gradient in one mode only was priced wrong);
-# 10: fixed bytes hold Adam's step count per Parameter that trains (an older profile left them out)
+# 10: fixed bytes hold Adam's step count per Parameter that trains (an older profile left them out); 11: a fused
+# RNN kernel's FLOPs counted (an older profile priced an LSTM on CPU, and any RNN on a GPU, at 0 FLOPs)
 
 log = logging.getLogger(__name__)
 
@@ -718,6 +719,34 @@ def _storages(x: object) -> list[int]:
     return [t.untyped_storage().data_ptr() for t in _tensors(x)]
 
 
+def _rnn_flops(input: Sequence[int], weights: Sequence[Sequence[int]]) -> int:
+    """The matmul FLOPs of a fused RNN kernel: each weight matrix (``w_ih``, ``w_hh``, ``w_hr``) multiplies one
+    vector per time step and sample (``input``'s leading dimensions, packed or not)."""
+    steps = 1
+    for d in input[:-1]:
+        steps *= d
+    return 2 * steps * sum(w[0] * w[1] for w in weights if len(w) == 2)
+
+
+def _rnn_layer(input: Sequence[int], w_ih: Sequence[int], w_hh: Sequence[int], *_: object, **__: object) -> int:
+    return _rnn_flops(input, [w_ih, w_hh])  # one layer, one direction (mkldnn's LSTM on CPU)
+
+
+def _rnn(input: Sequence[int], weights: Sequence[Sequence[int]], *_: object, **__: object) -> int:
+    return _rnn_flops(input, weights)  # every layer and direction at once (cuDNN, MIOpen)
+
+
+_aten = torch.ops.aten
+# kernels torch's FlopCounterMode has no formula for, so an LSTM on CPU (mkldnn) and any RNN on a GPU counted 0
+# FLOPs and was priced free; the backward computes the gradients of the input and of the weights: twice the forward
+_RNN_FLOPS: dict[object, Callable[..., int]] = {
+    _aten.mkldnn_rnn_layer: _rnn_layer, _aten._cudnn_rnn: _rnn, _aten.miopen_rnn: _rnn,
+    _aten.mkldnn_rnn_layer_backward: lambda *a, **k: 2 * _rnn_layer(*a, **k),
+    _aten._cudnn_rnn_backward: lambda *a, **k: 2 * _rnn(*a, **k),
+    _aten.miopen_rnn_backward: lambda *a, **k: 2 * _rnn(*a, **k),
+}
+
+
 def _count(block: torch.nn.Module, xin: object, own: set[int]) -> _Count:
     """One forward and backward of ``block`` on ``xin``: FLOPs both ways and the tensors autograd saves for
     backward (unique storages, the block's own parameters and buffers excluded)."""
@@ -729,10 +758,11 @@ def _count(block: torch.nn.Module, xin: object, own: set[int]) -> _Count:
             saved[s.data_ptr()] = s.nbytes()
         return t
 
-    with FlopCounterMode(display=False) as fc, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with FlopCounterMode(display=False, custom_mapping=_RNN_FLOPS) as fc, \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = block(xin)
     f_flops = fc.get_total_flops()
-    with FlopCounterMode(display=False) as fc:
+    with FlopCounterMode(display=False, custom_mapping=_RNN_FLOPS) as fc:
         _backward(out)
     # the saved storages are alive until the backward: none of them can have the address of ``out``'s or
     # ``xin``'s (both still alive here) without being it
