@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from splitfed.engine.limits import MAX_BATCH, MAX_CLASSES, MAX_SEED, MAX_VOCAB
+from splitfed.errors import ConfigError
 
 if TYPE_CHECKING:
     from splitfed.models.zoo import ModelSpec
@@ -81,13 +82,26 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-classes", type=num_classes, default=None)
     p.add_argument("--vocab", type=bounded_int(2, MAX_VOCAB), default=None,
                    help="the model takes integer tokens below this (an nn.Embedding first), not floats")
+    p.add_argument("--model-kwargs", type=model_kwargs, default=None, metavar="JSON",
+                   help='the model factory\'s keyword arguments, a JSON object (e.g. \'{"width": 32}\')')
+
+
+def model_kwargs(text: str) -> dict[str, Any]:
+    """``--model-kwargs``: a JSON object, refused as a flag (exit 2) if it is not one."""
+    from splitfed.options import kwargs_json, kwargs_of
+
+    try:
+        return kwargs_of(kwargs_json(text, ""))
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
     """The spec ``add_model_args``' flags name."""
     from splitfed.models.zoo import resolve_spec
 
-    return resolve_spec(args.model, args.input_shape, args.num_classes, vocab=getattr(args, "vocab", None))
+    return resolve_spec(args.model, args.input_shape, args.num_classes, vocab=getattr(args, "vocab", None),
+                        options=getattr(args, "model_kwargs", None))
 
 
 def json_out(name: str) -> Callable[[str], str]:

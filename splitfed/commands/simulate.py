@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 # flag -> RunSettings field (flags left out keep the config file's or default value)
 _FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
            "batch_size", "local_epochs", "optimizer", "lr", "momentum", "weight_decay", "u_shape", "compress",
-           "min_clients", "fraction", "min_device_blocks", "vocab", "round_timeout_s", "tier_torch_device", "out", "overwrite")
+           "min_clients", "fraction", "min_device_blocks", "vocab", "model_kwargs", "round_timeout_s",
+           "tier_torch_device", "out", "overwrite")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,6 +69,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", type=int, metavar="N",
                    help="a module:factory model takes integer tokens below N (an nn.Embedding first; default 0: "
                         "floats, integer inputs are read as numbers)")
+    p.add_argument("--model-kwargs", metavar="JSON",
+                   help='the model factory\'s keyword arguments, a JSON object (e.g. \'{"width": 32}\'; in a config '
+                        'file, a table: model-kwargs = { width = 32 })')
     p.add_argument("--round-timeout-s", type=float, metavar="S",
                    help="how long a round waits for its clients (default 600)")
     p.add_argument("--tier-torch-device", metavar="DEV", help="where the edge and cloud tiers it starts compute: "

@@ -12,6 +12,7 @@ import logging
 import math
 import zipfile
 import zlib
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -497,12 +498,13 @@ def _warn_unused_classes(dataset: str, ys: list[np.ndarray], classes: int) -> No
                 "relabel to 0..%d if those classes do not exist", dataset, classes - 1, classes, shown, len(seen) - 1)
 
 
-def spec_for(model: str, dataset: str, vocab: int = 0) -> ModelSpec:
+def spec_for(model: str, dataset: str, vocab: int = 0, kwargs: Mapping[str, object] | None = None) -> ModelSpec:
     """A run's model, shaped for its dataset's samples: a zoo image model takes the dataset's
     ``(C, H, W)`` (``cnn`` on MNIST is 1x28x28, on CIFAR-10 3x32x32), a zoo vector model takes them
     flat, a token model keeps its own; a user's ``module:factory`` takes the samples as stored. Its
     classes are the dataset's: an ``.npz``'s labels (:func:`sample_classes`), else 10. ``vocab`` > 0: the
-    model takes integer tokens below it (a zoo token model has its own; a float zoo model is refused)."""
+    model takes integer tokens below it (a zoo token model has its own; a float zoo model is refused);
+    ``kwargs``: the factory's keyword arguments."""
     native = sample_shape(dataset)
     classes = sample_classes(dataset)
     if model not in ZOO:
@@ -511,20 +513,20 @@ def spec_for(model: str, dataset: str, vocab: int = 0) -> ModelSpec:
                    if str(dataset).strip().lower() == "synthetic" else
                    f"none can be read from {str(dataset).strip()!r} (an .npz needs x_train)")
             raise ConfigError(f"model {model!r} takes its input shape from the dataset's samples, and {why}")
-        return resolve_spec(model, native, classes, vocab=vocab or None)
+        return resolve_spec(model, native, classes, vocab=vocab or None, options=kwargs)
     default = ZOO[model].input_shape
     if native is None or ZOO[model].vocab or vocab:
-        return resolve_spec(model, num_classes=classes, vocab=vocab or None)
+        return resolve_spec(model, num_classes=classes, vocab=vocab or None, options=kwargs)
     if len(default) == 3 and len(native) == 3:
         if native[-1] in (1, 3, 4) and native[0] not in (1, 3, 4) and native[0] > native[-1]:
             raise ConfigError(f"{str(dataset).strip()}: samples are {native}, which looks channel-last (H, W, C); "
                               f"model {model!r} takes (C, H, W) and would read {native[0]} channels of "
                               f"{native[1]}x{native[2]}: store x_train and x_test as x.transpose(0, 3, 1, 2) "
                               "(or train a module:factory model, which takes samples as stored)")
-        return resolve_spec(model, native, classes)
+        return resolve_spec(model, native, classes, options=kwargs)
     if len(default) == 1:
-        return resolve_spec(model, (math.prod(native),), classes)
-    return resolve_spec(model, num_classes=classes)
+        return resolve_spec(model, (math.prod(native),), classes, options=kwargs)
+    return resolve_spec(model, num_classes=classes, options=kwargs)
 
 
 def dataset_form(dataset: object) -> tuple[str, str]:

@@ -10,6 +10,7 @@ from splitfed.errors import ConfigError
 MAX_BATCH = 1 << 20  # samples per batch: beyond this, one batch of any model outgrows a host's memory
 MAX_VOCAB = 1 << 24  # token ids: an embedding table beyond this is no model splitfed can build
 MAX_CLASSES = 1_000_000  # a classifier head beyond this is no longer a model splitfed can build
+MAX_KWARGS_JSON = 64 << 10  # a model's options as JSON: a few numbers and names, never megabytes
 MAX_CLIENTS = 100_000  # clients in one fleet (counts added up, or one sample): each is an object held in memory
 # Seeds every command takes (the run config's, ``verify --seed``): only their low 32 bits reach a step's dropout
 # key (models.blocks.step_rng) and the Dirichlet partition (data.partition), so 2**32 would repeat seed 0.

@@ -22,6 +22,7 @@ from splitfed import tomlio
 from splitfed.engine.limits import MAX_BATCH, MAX_CLIENTS, MAX_SEED, MAX_VOCAB
 from splitfed.engine.types import IN_TURN, MODES, OptimConfig
 from splitfed.errors import ConfigError, unknown_key
+from splitfed.options import kwargs_json, kwargs_of
 from splitfed.transport.address import parse_address
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ class RunSettings:
     u_shape: bool = False
     min_device_blocks: int = 0  # blocks every device keeps; >= 1: raw inputs never leave a device
     vocab: int = 0  # > 0: a module:factory model takes integer tokens below it (an nn.Embedding first)
+    # the model factory's keyword arguments, a JSON object ('{"width": 32}'; a TOML table in a config file);
+    # kept as sorted JSON, so that a resume compares it with the checkpoint's as one value
+    model_kwargs: str = ""
     fraction: float = 1.0  # share of the registered clients sampled each round
     min_clients: int = 1  # fewest clients that must finish a round; fewer and the round fails
     round_timeout_s: float = 600.0
@@ -97,6 +101,7 @@ class RunSettings:
             raise ConfigError(f"seed must be an integer in 0..{MAX_SEED:,} (2**32-1), got {self.seed}")
         if self.min_device_blocks < 0:
             raise ConfigError(f"min-device-blocks must be >= 0, got {self.min_device_blocks}")
+        object.__setattr__(self, "model_kwargs", kwargs_json(self.model_kwargs))
         if not (self.vocab == 0 or 2 <= self.vocab <= MAX_VOCAB):
             raise ConfigError(f"vocab must be 0 (float inputs) or in 2..{MAX_VOCAB:,}, got {self.vocab}")
         if not 0 < self.fraction <= 1:
@@ -172,7 +177,12 @@ class RunSettings:
         out once per settings object, as it reads the dataset's files (an .npz's labels, whole)."""
         from splitfed.data.datasets import spec_for
 
-        return spec_for(self.model, self.dataset, self.vocab)
+        return spec_for(self.model, self.dataset, self.vocab, self.kwargs)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The model factory's keyword arguments (``model-kwargs``)."""
+        return kwargs_of(self.model_kwargs)
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -219,6 +229,8 @@ class RunSettings:
                 name = ALIASES.get(name, name)
                 if name not in types:
                     raise unknown_key(raw, map(_key, types), where)
+                if name == "model_kwargs" and isinstance(v, dict):  # a TOML table: the options as they are
+                    v = json.dumps(v, sort_keys=True, default=_not_json(raw, where))
                 value = _coerce(v, str(types[name]), raw, where)
                 if name in given and changes[name] != value:  # one would be dropped unseen, by the keys' order
                     raise ConfigError(f"{where}: {given[name]} = {changes[name]!r} and {raw} = {value!r} both set "
@@ -300,7 +312,8 @@ def _named_forms(s: RunSettings) -> None:
     checks: dict[str, Callable[[], object]] = {
         "cuts": lambda: check_policy(s),
         "dataset": lambda: dataset_form(s.dataset),  # its files are read when the run starts
-        "model": lambda: ":" in s.model or resolve_spec(s.model),  # a zoo name; module:factory is imported later
+        # a zoo name and its options; module:factory is imported later
+        "model": lambda: ":" in s.model or resolve_spec(s.model, options=s.kwargs),
         "partition": lambda: parse_partition(s.partition),
     }
     for key, check in checks.items():
@@ -308,6 +321,14 @@ def _named_forms(s: RunSettings) -> None:
             check()
         except ConfigError as e:
             raise ConfigError(f"{key}: {e}") from None
+
+
+def _not_json(key: str, source: str) -> Callable[[object], object]:
+    """``json.dumps``' ``default`` for a TOML table of options: a date or time, which no tier rebuilds a model
+    from, is refused naming the key."""
+    def refuse(v: object) -> object:
+        raise ConfigError(f"{source}: {key}: {v!r} is no JSON value (numbers, strings, true/false, lists, tables)")
+    return refuse
 
 
 def _key(name: str) -> str:

@@ -7,6 +7,7 @@ data can feed it; a user factory gets those from the command line.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -16,13 +17,13 @@ import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from splitfed.engine.limits import MAX_CLASSES, MAX_VOCAB
+from splitfed.engine.limits import MAX_CLASSES, MAX_KWARGS_JSON, MAX_VOCAB
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.models import rng
 from splitfed.models.blocks import (
@@ -327,10 +328,13 @@ ZOO: dict[str, _ZooEntry] = {
 
 
 def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_classes: int | None = None,
-                 *, vocab: int | None = None, **kwargs: object) -> ModelSpec:
+                 *, vocab: int | None = None, options: Mapping[str, object] | None = None,
+                 **kwargs: object) -> ModelSpec:
     """A spec for a zoo name or a ``module:factory`` path; user paths need an input shape. ``vocab``: the
     model takes integer tokens below it (an ``nn.Embedding`` first), not floats; it is not passed to a
-    user's factory."""
+    user's factory. The factory's keyword arguments: ``kwargs``, and ``options`` (a mapping, which may name
+    what this function's own parameters are called: a user's factory may take ``num_classes``)."""
+    kwargs = {**(options or {}), **kwargs}
     vocab = None if vocab is None else _integer(vocab, "vocab", 2, MAX_VOCAB)
     num_classes = None if num_classes is None else _integer(num_classes, "num_classes", 1, MAX_CLASSES)
     if input_shape is not None:
@@ -345,8 +349,12 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
     if not same:
         raise ConfigError(f"model {name}: its keyword arguments {kwargs!r} must be JSON values (numbers, strings, "
                           "true/false, lists, objects with string keys): every tier rebuilds the model from them")
+    if len(json.dumps(kwargs, sort_keys=True)) > MAX_KWARGS_JSON:  # what a tier takes in a spec
+        raise ConfigError(f"model {name}: its keyword arguments take over {MAX_KWARGS_JSON:,} characters as JSON: "
+                          "a model's options are a few numbers and names")
     if name in ZOO:
         e = ZOO[name]
+        _zoo_options(name, kwargs)
         if vocab is not None and not e.vocab:
             raise ConfigError(f"model {name} takes floats, not tokens: --vocab is for a token model")
         return ModelSpec(name, tuple(input_shape or e.input_shape), num_classes or e.num_classes,
@@ -359,6 +367,26 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
     if input_shape is None:
         raise ConfigError(f"model {name!r} is not in the zoo: give --input-shape (e.g. 3,32,32)")
     return ModelSpec(name, tuple(input_shape), num_classes or 10, vocab=vocab or 0, kwargs=dict(kwargs))
+
+
+_SET_APART = ("input_shape", "num_classes", "vocab")  # a zoo factory's parameters that are no option
+
+
+def options(name: str) -> tuple[str, ...]:
+    """The keyword arguments (``--model-kwargs``) zoo model ``name`` takes: its factory's, but the input shape,
+    classes and vocabulary, which a run sets itself."""
+    return tuple(p for p in inspect.signature(ZOO[name].factory).parameters if p not in _SET_APART)
+
+
+def _zoo_options(name: str, kwargs: dict[str, object]) -> None:
+    """A zoo model's keyword arguments, checked by name before it is built: a misspelt one was a TypeError the
+    build reported as the model not taking its input shape."""
+    known = options(name)
+    for k in kwargs:
+        if k not in known:
+            apart = " (the input shape, classes and vocabulary are set apart from them)" if k in _SET_APART else ""
+            raise ConfigError(f"model {name} takes no keyword argument {k!r}: its options are "
+                              f"{', '.join(known) or 'none'}{apart}")
 
 
 def _integer(v: object, what: str, least: int, most: int | None = None) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from google.protobuf.message import DecodeError, Message
 
+from splitfed.engine.limits import MAX_KWARGS_JSON
 from splitfed.errors import ConfigError, InvalidArgument, ResourceExhausted
 from splitfed.models.zoo import MAX_CLASSES, MAX_VOCAB, ModelSpec
 from splitfed.transport import codec as tc
@@ -134,7 +135,6 @@ def model_pb(spec: ModelSpec) -> pb.ModelSpec:
                         kwargs_json=json.dumps(spec.kwargs, sort_keys=True) if spec.kwargs else "")
 
 
-MAX_KWARGS_JSON = 64 << 10  # a model's options: a few numbers and names, never megabytes
 MAX_KWARGS_DEPTH = 16  # nesting of lists and objects in them
 
 
