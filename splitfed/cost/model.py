@@ -20,7 +20,7 @@ up even when no block before u trains: its blocks cost f'_i and h'_i, forward + 
 FLOPs and saved bytes measured with an input gradient (``ModelProfile.grad_bwd_flops``,
 ``grad_act_bytes``; f_i and h_i wherever a block before i trains).
 B is the batch size, S = samples x epochs, n = ceil(samples / B) x epochs
-messages per direction (the last batch of an epoch may be short: r = samples mod B).
+batches (the last batch of an epoch may be short: r = samples mod B).
 
 Per client, per round (prefix sums make each term O(1) per option):
 
@@ -46,7 +46,9 @@ Per client, per round (prefix sums make each term O(1) per option):
   Integer tensors (token-id inputs, labels) travel exactly. A round sends, per
   epoch, floor(samples / B) full batches and one short batch of r samples.
   Weights (the exchange below, and moves) always travel uncompressed.
-  Up time  U_j = up_bytes_j / up_j + n * up_msgs_j * rtt_j / 2, same down.
+  Up time  U_j = up_bytes_j / up_j + n * c_j * rtt_j / 2, same down: c_j calls a batch on a link the chain
+  crosses (1; U-shape 2: forward, then backward), each answered before the next goes, whether or not a
+  tensor comes back (a step's reply carries its loss), so a round trip each.
 - weight exchange of the device's segment(s), W = w[0, k_1) + w[u, L) (its state dict,
   down and back up, as :func:`splitfed.engine.rounds.device_state` selects it):
   X = W / down_1 + W / up_1 + rtt_1  (only if W > 0; server replicas stay put)
@@ -558,10 +560,10 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
         else:
             up_r[:, j], up_b[:, j] = act_r + S * LABEL_BYTES, act_b + B * LABEL_BYTES
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r, grad[:, j] * act_b
-    if sc.u_shape:
-        up_msgs, down_msgs = cross * 2, cross * (grad + 1)
-    else:
-        up_msgs, down_msgs = cross, cross * grad
+    # calls per batch on each link the chain crosses (U-shape: forward, then backward), each answered before the
+    # next goes, whether or not a tensor comes back (a step's reply carries its loss): a round trip each
+    up_msgs = cross * (2.0 if sc.u_shape else 1.0)
+    down_msgs = up_msgs
     up_bytes, down_bytes = cross * up_r, cross * down_r
     up_s = up_bytes / up_bw + n * up_msgs * half_rtt
     down_s = down_bytes / down_bw + n * down_msgs * half_rtt
