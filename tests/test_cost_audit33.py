@@ -43,3 +43,23 @@ def test_a_u_shape_batch_is_two_round_trips_whatever_comes_back() -> None:
     assert c.up_s[0] == pytest.approx(25000 / 1e6 + 2 * 2 * 0.05)
     assert c.down_s[0] == pytest.approx(20000 / 2e6 + 2 * 2 * 0.05)  # old: 2 x 1 x 0.05
 
+
+def test_a_client_with_fewer_samples_than_a_batch_is_priced_at_the_batch_it_runs() -> None:
+    """A client of 3 samples at batch 32 runs one batch of 3 (``splitfed.data.batches`` keeps the short
+    batch): its activations are 3 samples' worth. The old code priced 32, so a device that holds its
+    3-sample batch was refused as one that no cut fits."""
+    from dataclasses import replace
+
+    from splitfed.optimizer import solve
+
+    few = replace(DEV, samples=3)
+    at = {b: client_cost(Scenario(PROF, (few,), (EDGE, CLOUD), (EDGE_LINK,), batch=b), "a", (3, 3)) for b in (3, 32)}
+    assert at[32].memory == at[3].memory
+    many = client_cost(Scenario(PROF, (replace(DEV, samples=32),), (EDGE, CLOUD), (EDGE_LINK,), batch=32), "a", (3, 3))
+    assert many.memory[0] > at[32].memory[0]
+    # a device whose memory holds its 3-sample input batch (cut 0: nothing else) but not 32 samples' of any cut
+    cap = client_cost(Scenario(PROF, (few,), (EDGE, CLOUD), (EDGE_LINK,), batch=32), "a", (0, 0)).memory[0] + 1
+    assert cap == 3 * 500 + 1
+    tiny = replace(few, device=replace(few.device, memory=cap))
+    sol = solve(Scenario(PROF, (tiny,), (EDGE, CLOUD), (EDGE_LINK,), batch=32))
+    assert sol.assignment["a"][0] == 0 and sol.cost.clients[0].memory[0] <= cap

@@ -20,7 +20,8 @@ up even when no block before u trains: its blocks cost f'_i and h'_i, forward + 
 FLOPs and saved bytes measured with an input gradient (``ModelProfile.grad_bwd_flops``,
 ``grad_act_bytes``; f_i and h_i wherever a block before i trains).
 B is the batch size, S = samples x epochs, n = ceil(samples / B) x epochs
-batches (the last batch of an epoch may be short: r = samples mod B).
+batches (the last batch of an epoch may be short: r = samples mod B). Memory prices the
+largest batch the client runs: B there is min(B, samples).
 
 Per client, per round (prefix sums make each term O(1) per option):
 
@@ -581,6 +582,7 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
                                  axis=1)
 
     lo, hi = edges[:, :-1], edges[:, 1:]
+    B = min(B, client.samples)  # memory: the largest batch it runs (a client with fewer samples runs one short batch)
     act = B * (P["act"][hi] - P["act"][lo] - _within(P["shared"], lo, hi))
     # the device: the head, its input batch (that the head's blocks keep too, counted once), and the tail: fed
     # by the servers it keeps its own; fed by the head (k_1 = E) it goes on from it, one run of blocks [0, L)
