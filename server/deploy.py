@@ -362,7 +362,8 @@ class Deployment:
     def start(self) -> Deployment:
         """Start tiers, SuperLink and SuperNodes (all at once: they find each other by address). A SuperLink port
         another process took between its choice and the SuperLink's bind is chosen again, as a tier's is; the
-        SuperNodes, already pointed at it, start again with it."""
+        SuperNodes, already pointed at it, start again with it. A SuperNode's own port taken so is chosen again
+        for that node alone."""
         self._start_tiers()
         tls = (["--ssl-certfile", self.tls_cert, "--ssl-keyfile", self.tls_key, "--ssl-ca-certfile", self.tls_ca]
                if self.secure else ["--insecure"])
@@ -375,13 +376,46 @@ class Deployment:
                 self.start_supernode(i, node_ports[i])
             try:
                 self._wait_port(port, "superlink")
-                return self
             except StartFailed as e:
                 if not e.port_taken or attempt == PORT_TRIES:
                     raise
                 for name in ["superlink", *(f"supernode{i}" for i in range(self.clients))]:
                     self.kill(name)
+                continue
+            self._wait_nodes(node_ports)
+            return self
         raise AssertionError("unreachable: the last try returns or raises")
+
+    def _wait_nodes(self, ports: Sequence[int], timeout: float = 180.0) -> None:
+        """Until each SuperNode listens on its port (its Runtime HTTP API, bound before it dials the SuperLink).
+        One that exited because another process took that port starts again on another (``PORT_TRIES`` in all,
+        then :class:`StartFailed`); one that exited for another reason is left to the run, which names it
+        (:class:`NodesGone` once all have): a deployment survives a lost node."""
+        waiting, tries = dict(enumerate(ports)), dict.fromkeys(range(len(ports)), 1)
+        end = time.monotonic() + timeout
+        while waiting:
+            for i, port in list(waiting.items()):
+                name = f"supernode{i}"
+                proc = self.procs[name]
+                if proc.poll() is None:
+                    if _listens(proc.pid, port):
+                        del waiting[i]
+                    continue
+                if PORT_IN_USE not in self.tail(name, lines=10_000).lower():
+                    del waiting[i]
+                elif tries[i] == PORT_TRIES:
+                    raise StartFailed(f"{name} exited with code {proc.returncode}:\n{self.tail(name)}",
+                                      port_taken=True)
+                else:
+                    self.kill(name)
+                    tries[i] += 1
+                    waiting[i] = free_ports(1)[0]
+                    self.start_supernode(i, waiting[i])
+            if waiting and time.monotonic() >= end:
+                raise StartFailed(f"supernode{min(waiting)} did not listen on port {waiting[min(waiting)]} within "
+                                  f"{timeout:.0f}s:\n{self.tail(f'supernode{min(waiting)}')}")
+            if waiting:
+                time.sleep(0.2)
 
     def start_supernode(self, i: int, port: int = 0) -> subprocess.Popen:
         cfg: dict[str, Any] = {"partition-id": i, "num-partitions": self.clients,

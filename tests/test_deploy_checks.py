@@ -90,10 +90,11 @@ def test_a_run_whose_supernodes_all_exit_stops_at_once_naming_their_logs(monkeyp
     assert all(p.poll() is not None for p in dep.procs.values())  # stopped with the deployment
 
 
-def _holding_a_port(monkeypatch: pytest.MonkeyPatch, tries: int,
-                    first: int = 0) -> tuple[socket.socket, list[list[int]]]:
-    """A port another process listens on, chosen first in ``tries`` of the choices deploy makes, from its
-    ``first`` on: its first choice is the tiers' (the edge's port first), the next ones the SuperLink's."""
+def _holding_a_port(monkeypatch: pytest.MonkeyPatch, tries: int, first: int = 0,
+                    at: int = 0) -> tuple[socket.socket, list[list[int]]]:
+    """A port another process listens on, chosen in ``tries`` of the choices deploy makes, from its ``first``
+    on, at place ``at`` of the ports chosen at once (or the last): its first choice is the tiers' (the edge's
+    port first), the next ones the SuperLink's and then the SuperNodes' (one choice), then a SuperNode's alone."""
     from server import deploy
     from splitfed import ports
 
@@ -103,9 +104,11 @@ def _holding_a_port(monkeypatch: pytest.MonkeyPatch, tries: int,
     calls: list[list[int]] = []
 
     def choose(n: int) -> list[int]:
-        taken = first <= len(calls) < first + tries
-        calls.append([held.getsockname()[1], *ports.free_ports(n - 1)] if taken else ports.free_ports(n))
-        return calls[-1]
+        chosen = ports.free_ports(n - 1 if first <= len(calls) < first + tries else n)
+        if len(chosen) < n:
+            chosen.insert(min(at, n - 1), held.getsockname()[1])
+        calls.append(chosen)
+        return chosen
 
     monkeypatch.setattr(deploy, "free_ports", choose)
     return held, calls
@@ -196,4 +199,39 @@ def test_a_superlink_port_taken_at_every_try_is_said_and_nothing_is_left(monkeyp
         with pytest.raises(StartFailed, match=r"superlink exited with code \d+:\n(?s:.*)address already in use") as e:
             dep.start()
         assert e.value.port_taken and len(calls) == 3
+    assert all(p.poll() is not None for p in dep.procs.values())
+
+
+def test_a_supernode_port_another_process_took_is_chosen_again_for_that_node(monkeypatch, tmp_path: Path) -> None:
+    """Another process listens on the port chosen for a SuperNode's own server (its Runtime HTTP API). Before,
+    that node exited ('address already in use') and the run went on a node short, or waited out node-wait-s
+    for it; now that node alone starts again on another port."""
+    from server.deploy import _listens
+
+    held, calls = _holding_a_port(monkeypatch, tries=1, first=1, at=2)  # [superlink, node 0, node 1]
+    spawned: dict[str, list[subprocess.Popen]] = {}
+    spawn = Deployment._spawn
+    monkeypatch.setattr(Deployment, "_spawn",
+                        lambda self, name, cmd: spawned.setdefault(name, []).append(spawn(self, name, cmd))
+                        or spawned[name][-1])
+    with held, Deployment(2, tmp_path / "work", log=False) as dep:
+        dep.start()
+        assert calls[1][2] == held.getsockname()[1] and len(calls) == 3 and len(calls[2]) == 1
+        assert [len(spawned[n]) for n in ("superlink", "supernode0", "supernode1")] == [1, 1, 2]
+        assert spawned["supernode1"][0].poll() is not None and f"--port {calls[2][0]}" in " ".join(
+            spawned["supernode1"][1].args)
+        assert _listens(dep.procs["supernode1"].pid, calls[2][0]) and _listens(dep.procs["supernode0"].pid, calls[1][1])
+    assert all(p.poll() is not None for ps in spawned.values() for p in ps)
+
+
+def test_a_supernode_port_taken_at_every_try_is_said_and_nothing_is_left(monkeypatch, tmp_path: Path) -> None:
+    from server import deploy
+    from server.deploy import StartFailed
+
+    monkeypatch.setattr(deploy, "PORT_TRIES", 2)
+    held, calls = _holding_a_port(monkeypatch, tries=2, first=1, at=1)  # [superlink, node 0], then [node 0]
+    with held, Deployment(1, tmp_path / "work", log=False) as dep:
+        with pytest.raises(StartFailed, match=r"supernode0 exited with code \d+:\n(?s:.*)address already in use") as e:
+            dep.start()
+        assert e.value.port_taken and len(calls) == 3 and calls[2] == [held.getsockname()[1]]
     assert all(p.poll() is not None for p in dep.procs.values())
