@@ -235,3 +235,13 @@ def test_an_experiments_folder_is_refused_naming_its_run_folders(tmp_path: Path,
     empty = tmp_path / "empty"
     empty.mkdir()
     assert _report(empty, capsys)[1] == f"splitfed report: error: {empty} is not a run folder: no metrics.jsonl in it\n"
+
+
+@pytest.mark.parametrize("initial, drawn", [(0.1, True), (0, True), (math.nan, False), (10.0, False), (-0.5, False),
+                                            (True, False), ("0.1", False)])
+def test_an_initial_accuracy_is_drawn_only_when_it_is_one(initial: Any, drawn: bool) -> None:
+    """A summary's ``initial_accuracy`` leads the curves at x = 0; a NaN, a percentage or a negative number was
+    drawn too, off the axis the rounds share."""
+    run = rows_to_run([{"round": 1, "accuracy": 0.5, "sim_round_s": 2.0}], "r", summary={"initial_accuracy": initial})
+    xs, ys = plots._with_start(run, run.sim_time)
+    assert (xs, ys) == (([0.0, 2.0], [initial, 0.5]) if drawn else ([2.0], [0.5]))
