@@ -5,7 +5,9 @@ rural uplink. Each virtual client is given a device from the fleet (drawn once
 per run from the seed) and ``sim_round_s`` is the cost model's makespan of the
 round's assignment on those devices (:func:`splitfed.cost.round_time`, the same
 function the optimizer minimises), with each client's real sample count and the
-fleet's drift applied for the round.
+fleet's drift applied for the round. A client whose cuts moved since its previous
+round also pays for moving the weights between tiers first
+(:func:`splitfed.cost.move_cost`, what the adapter weighs a move against).
 """
 
 from __future__ import annotations
