@@ -114,6 +114,16 @@ def _holding_a_port(monkeypatch: pytest.MonkeyPatch, tries: int, first: int = 0,
     return held, calls
 
 
+def _spawns(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[subprocess.Popen]]:
+    """Every process deploy spawns, by name, in order (a name started again has several)."""
+    spawned: dict[str, list[subprocess.Popen]] = {}
+    spawn = Deployment._spawn
+    monkeypatch.setattr(Deployment, "_spawn",
+                        lambda self, name, cmd: spawned.setdefault(name, []).append(spawn(self, name, cmd))
+                        or spawned[name][-1])
+    return spawned
+
+
 def test_a_tier_port_another_process_took_is_chosen_again_and_the_tier_answers(monkeypatch, tmp_path: Path) -> None:
     """Another process listens on the port chosen for the edge before the edge binds it. Before, deploy took a
     port that answers for its tier serving (and ran against a stranger); now it waits for the tier's own line,
@@ -122,11 +132,7 @@ def test_a_tier_port_another_process_took_is_chosen_again_and_the_tier_answers(m
 
     held, calls = _holding_a_port(monkeypatch, tries=1)
     taken = f"127.0.0.1:{held.getsockname()[1]}"
-    spawned: dict[str, list[subprocess.Popen]] = {}
-    spawn = Deployment._spawn
-    monkeypatch.setattr(Deployment, "_spawn",
-                        lambda self, name, cmd: spawned.setdefault(name, []).append(spawn(self, name, cmd))
-                        or spawned[name][-1])
+    spawned = _spawns(monkeypatch)
     with held, Deployment(1, tmp_path / "work", log=False) as dep:
         dep._start_tiers()
         infos = []
@@ -173,11 +179,7 @@ def test_a_superlink_port_another_process_took_is_chosen_again(monkeypatch, tmp_
     from server.deploy import _listens
 
     held, calls = _holding_a_port(monkeypatch, tries=1, first=1)
-    spawned: dict[str, list[subprocess.Popen]] = {}
-    spawn = Deployment._spawn
-    monkeypatch.setattr(Deployment, "_spawn",
-                        lambda self, name, cmd: spawned.setdefault(name, []).append(spawn(self, name, cmd))
-                        or spawned[name][-1])
+    spawned = _spawns(monkeypatch)
     with held, Deployment(2, tmp_path / "work", log=False) as dep:
         dep.start()
         port = int(dep.superlink.rsplit(":", 1)[1])
@@ -209,11 +211,7 @@ def test_a_supernode_port_another_process_took_is_chosen_again_for_that_node(mon
     from server.deploy import _listens
 
     held, calls = _holding_a_port(monkeypatch, tries=1, first=1, at=2)  # [superlink, node 0, node 1]
-    spawned: dict[str, list[subprocess.Popen]] = {}
-    spawn = Deployment._spawn
-    monkeypatch.setattr(Deployment, "_spawn",
-                        lambda self, name, cmd: spawned.setdefault(name, []).append(spawn(self, name, cmd))
-                        or spawned[name][-1])
+    spawned = _spawns(monkeypatch)
     with held, Deployment(2, tmp_path / "work", log=False) as dep:
         dep.start()
         assert calls[1][2] == held.getsockname()[1] and len(calls) == 3 and len(calls[2]) == 1
