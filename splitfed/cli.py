@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = Parser(prog="splitfed", description="Split + federated learning across device, edge and cloud tiers.")
     parser.add_argument("--version", action=_Version, nargs=0,
-                        help="show splitfed's version and those of torch, Flower, Ray, gRPC it runs on, and exit")
+                        help="show splitfed's version and those of Python, torch, Flower, Ray, gRPC, protobuf and "
+                             "numpy it runs on, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):

@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token-file", metavar="F", help="bearer token every caller must present (and that this "
                    "tier presents to --next); with --coordinator-token-file, the devices' token: steps only")
     p.add_argument("--coordinator-token-file", metavar="F",
-                   help="bearer token that alone allows loading, fetching and releasing segments (the "
+                   help="bearer token that alone allows loading, fetching, reducing and releasing segments (the "
                         "coordinator's; another than --token-file). Without it, any caller with --token-file's "
                         "token may, so a device could claim a client's segment before the coordinator loads it")
     p.add_argument("--insecure", action="store_true", help="serve without TLS (explicit choice)")
