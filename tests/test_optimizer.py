@@ -255,7 +255,17 @@ def test_infeasible_device_is_named() -> None:
 
 def test_infeasible_class_is_named_with_its_count() -> None:
     sc = _scenario([_client(f"w-{i}", memory=1e5) for i in range(40)])
-    with pytest.raises(ConfigError, match="device 'w-0' \\(fleet entry 'w'\\) \\(and 39 more like it\\)"):
+    with pytest.raises(ConfigError, match="device 'w-0' \\(fleet entry 'w'\\) \\(and 39 more\\) cannot"):
+        solve(sc)
+
+
+def test_every_device_no_cut_fits_is_named_whatever_its_sample_count() -> None:
+    """Three of one device with other sample counts (a simulation's partition) are priced apart: only the
+    first was named, so the user met the next one after mending the first."""
+    sc = _scenario([_client("phone-1"), *(_client(f"w-{i}", memory=1e5, samples=400 + i) for i in range(3)),
+                    _client("phone-2")])
+    with pytest.raises(ConfigError, match="^device 'w-0' \\(fleet entry 'w'\\) \\(and 'w-1', 'w-2'\\) cannot "
+                                          "train any legal cut .* 0.0954 MiB"):
         solve(sc)
 
 

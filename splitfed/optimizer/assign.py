@@ -178,9 +178,12 @@ class _Class:
 
 
 def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np.ndarray) -> ConfigError:
+    """The first of ``members`` (devices no cut fits) named with its numbers, the others counted (named, if few)."""
     c = sc.clients[members[0]]
     best = int(np.argmin(t_mem))
-    more = f" (and {len(members) - 1} more like it)" if len(members) > 1 else ""
+    others = [sc.clients[i].name for i in members[1:]]
+    more = "" if not others else (f" (and {', '.join(map(repr, others))})" if len(others) <= 3
+                                  else f" (and {len(others)} more)")
     entry = f" (fleet entry {c.kind!r})" if c.kind and c.kind != c.name else ""  # simulate names clients by id
     return ConfigError(
         f"device {c.name!r}{entry}{more} cannot train any legal cut of {sc.profile.model} at batch {sc.batch}: "
@@ -246,11 +249,12 @@ def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
     for members in groups.values():
         c = sc.clients[members[0]]
         if client_key(c) not in tables:
-            t = option_table(sc, c)
-            if not t.fits_device.any():
-                raise _infeasible(sc, [i for i in range(len(sc.clients)) if client_key(sc.clients[i]) == client_key(c)],
-                                  t.memory[:, 0], t.options)
-            tables[client_key(c)] = t
+            tables[client_key(c)] = option_table(sc, c)
+    # every device no cut fits, whatever its kind (the same device with other sample counts is priced apart)
+    unfit = [i for i, c in enumerate(sc.clients) if not tables[client_key(c)].fits_device.any()]
+    if unfit:
+        t = tables[client_key(sc.clients[unfit[0]])]
+        raise _infeasible(sc, unfit, t.memory[:, 0], t.options)
     fits = {}
     for k, t in tables.items():
         ok = t.fits_device
