@@ -196,6 +196,8 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         else:
             say(f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers, cuts {settings.cuts}, "
                 f"{len(strategy.clients)} client(s), rounds {first}..{settings.rounds}")
+        # the model before any training, evaluated as each round's: round 1's row keeps it (a resume has it)
+        initial = evaluate(spec, state, test_x, test_y) if first == 1 else None
         started = time.perf_counter()
         profiles = {c.client_id: c.profile for c in strategy.clients.values()}
 
@@ -204,7 +206,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             state_now = record_to_state(arrays)
             acc, loss = evaluate(spec, state_now, test_x, test_y)
             row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles,
-                              in_turn=settings.in_turn)
+                              in_turn=settings.in_turn, initial=initial if rnd == 1 else None)
             try:
                 check_converging(rnd, loss, settings.lr)
             except RunDiverged:  # its row (loss null: the user sees where it went), and no checkpoint of it
@@ -327,7 +329,9 @@ def _untagged(name: str) -> str:
 
 
 def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profiles: dict[str, str],
-                in_turn: bool = False) -> dict[str, Any]:
+                in_turn: bool = False, initial: tuple[float, float] | None = None) -> dict[str, Any]:
+    """One round's metrics row; ``initial`` (round 1): the test accuracy and loss of the model before any
+    training, so curves can start where training did."""
     per_client = {m.client_id: {"profile": profiles.get(m.client_id, ""), "cuts": list(m.cuts),
                                 "samples": m.samples, "compute_s": m.compute_s, "link_s": m.link_s,
                                 "bytes_up": m.bytes_up, "bytes_down": m.bytes_down,
@@ -339,6 +343,7 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "round": rec.round,
         "accuracy": acc,
         "loss": loss,
+        **({} if initial is None else {"initial_accuracy": initial[0], "initial_loss": initial[1]}),
         "train_loss": rec.train_loss,
         "wall_s": wall_s,
         "sim_round_s": rec.sim_round_s,

@@ -178,6 +178,8 @@ def summarise(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) ->
     sim = [r["sim_round_s"] for r in rows if r.get("sim_round_s") is not None]
     return {
         "rounds": len(rows),
+        # the model's before any training (round 1's row: a resumed run keeps it)
+        "initial_accuracy": next((r.get("initial_accuracy") for r in rows if r.get("round") == 1), None),
         "final_accuracy": acc[-1] if acc else None,
         "best_accuracy": max(acc) if acc else None,
         "final_loss": rows[-1]["loss"] if rows else None,

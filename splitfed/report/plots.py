@@ -319,11 +319,14 @@ def _views(runs: Sequence[Run], d: Path, target: float | None) -> list[tuple[str
 def _with_start(run: Run, x: Sequence[float]) -> tuple[list[float], list[float]]:
     """Points after each round, led by (0, accuracy before training) when the run recorded it.
 
-    The summary's ``initial_accuracy`` is used if present and an accuracy (a number in [0, 1]: a NaN or a
-    percentage would be drawn off the axis the rounds share); nothing is made up otherwise.
+    The summary's ``initial_accuracy`` (else round 1's row's: a run that did not finish has no summary) is used
+    if present and an accuracy (a number in [0, 1]: a NaN or a percentage would be drawn off the axis the
+    rounds share); nothing is made up otherwise.
     """
     xs, ys = list(x), [r.accuracy for r in run.rounds]
     v = run.summary.get("initial_accuracy")
+    if v is None and run.rounds and run.rounds[0].round == 1:
+        v = run.rounds[0].extra.get("initial_accuracy")
     if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1:
         return [0.0, *xs], [float(v), *ys]
     return xs, ys

@@ -97,6 +97,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
     previous: dict[str, tuple[int, ...]] = {}  # each client's cuts when it last trained (the clock prices moves)
     say(f"run {s.run_id}: {s.mode}, {s.tiers} tiers, cuts {s.cuts}, {len(clients)} client(s), rounds 1..{s.rounds} "
         f"(in-process)")
+    initial = evaluate(spec, state, test_x, test_y)  # before any training: round 1's row keeps it
     for rnd in range(1, s.rounds + 1):
         t0 = time.perf_counter()
         assignment = {cid: tuple(int(k) for k in cuts) for cid, cuts in policy.assign(rnd, clients).items()}
@@ -120,7 +121,8 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
         settle(previous, record)
         record.decision = policy.observe(rnd, record.measurements)
         acc, loss = evaluate(spec, state, test_x, test_y)
-        row = metrics_row(record, acc, loss, time.perf_counter() - t0, profiles, in_turn=s.in_turn)
+        row = metrics_row(record, acc, loss, time.perf_counter() - t0, profiles, in_turn=s.in_turn,
+                          initial=initial if rnd == 1 else None)
         writer.append(row)
         say(progress_line(row, s.rounds, profiles))
         check_converging(rnd, loss, s.lr)
