@@ -425,7 +425,7 @@ def test_report_again_on_the_same_glob_leaves_its_own_output_folder_out(tmp_path
     capsys.readouterr()
     assert cli(["report", str(runs / "a"), str(runs / "b"), str(runs / "notes")]) == 2
     assert capsys.readouterr().err == (f"splitfed report: error: {runs / 'notes'} is not a run folder: "
-                                       "no metrics.jsonl in it\n")
+                                       "no metrics.jsonl in it (leave it out to report the other 2)\n")
 
 
 def test_report_of_a_metrics_file_writes_beside_its_run_folder(tmp_path: Path,

@@ -245,3 +245,16 @@ def test_an_initial_accuracy_is_drawn_only_when_it_is_one(initial: Any, drawn: b
     run = rows_to_run([{"round": 1, "accuracy": 0.5, "sim_round_s": 2.0}], "r", summary={"initial_accuracy": initial})
     xs, ys = plots._with_start(run, run.sim_time)
     assert (xs, ys) == (([0.0, 2.0], [initial, 0.5]) if drawn else ([2.0], [0.5]))
+
+
+def test_one_run_of_many_that_cannot_be_read_says_how_to_report_the_others(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A glob over an experiment's runs meets one that crashed before its first round: the refusal named it, and
+    left the user to find that leaving it out reports the rest."""
+    good = _folder(tmp_path, '{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}', name="good")
+    empty = _folder(tmp_path, name="empty")
+    assert cli(["report", str(good), str(empty), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith(f"{empty / 'metrics.jsonl'}: no rounds in it (leave it out to report the other 1)")
+    with pytest.raises(ConfigError, match=r"no rounds in it$"):  # one run alone: nothing else to report
+        runs.load_runs([empty])

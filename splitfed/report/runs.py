@@ -358,7 +358,14 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
         if key in seen:
             raise ConfigError(f"{p} is the same run as {seen[key]}: each run once")
         seen[key] = p
-    runs = [load_run(p) for p in paths]
+    runs = []
+    for p in paths:
+        try:
+            runs.append(load_run(p))
+        except ConfigError as e:  # one run of many (a glob over an experiment's runs): the way past it
+            if len(paths) == 1:
+                raise
+            raise ConfigError(f"{e} (leave it out to report the other {len(paths) - 1})") from None
     labels = unique_labels([r.label for r in runs], [r.path or Path(r.label) for r in runs])
     return [r if r.label == label else replace(r, label=text(label))  # told apart by folders that may not be UTF-8
             for r, label in zip(runs, labels, strict=True)]
