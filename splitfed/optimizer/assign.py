@@ -868,8 +868,18 @@ def _kinds(sc: Scenario) -> Iterator[tuple[Client, tuple, OptionTable | None]]:
             seen.add(k)
             t = option_table(sc, c)
             if not t.fits_device.any():
-                raise _infeasible(sc, [i], t.memory[:, 0], t.options)
+                raise _infeasible(sc, _unfit_from(sc, i), t.memory[:, 0], t.options)
         yield c, k, t
+
+
+def _unfit_from(sc: Scenario, first: int) -> list[int]:
+    """Client ``first`` (a device no cut fits) and every later one no cut fits, each kind priced once: the
+    refusal names them all (the clients before ``first`` fit)."""
+    unfit = {client_key(sc.clients[first]): True}
+    for c in sc.clients[first + 1:]:
+        if client_key(c) not in unfit:
+            unfit[client_key(c)] = not option_table(sc, c).fits_device.any()
+    return [j for j in range(first, len(sc.clients)) if unfit[client_key(sc.clients[j])]]
 
 
 def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]:
