@@ -72,8 +72,8 @@ def test_all_on_the_cloud_sends_raw_data_and_no_gradient() -> None:
     assert c.up_bytes == (8080, 8080) and c.down_bytes == (0, 0)  # the edge relays; nothing comes back
     assert c.up_s == pytest.approx((0.0808 + 3 * 0.01, 0.00808 + 3 * 0.005))
     assert c.down_s == pytest.approx((3 * 0.01, 3 * 0.005))  # no tensor back, but each step waits its reply
-    assert c.exchange_s == 0
-    assert c.round_s == pytest.approx(0.1108 + 0.02308 + 0.0009 + 0.045)
+    assert c.exchange_s == pytest.approx(0.02)  # no weights, but the round's train message and its reply
+    assert c.round_s == pytest.approx(0.1108 + 0.02308 + 0.0009 + 0.045 + 0.02)
 
 
 def test_all_on_device_uses_no_link_during_the_round() -> None:
@@ -110,12 +110,12 @@ def test_makespan_counts_shared_tiers() -> None:
     link = 50 * 8080 / 1e6
     assert r.shared_s["cloud compute"] == pytest.approx(cloud)
     assert r.shared_s["edge->cloud link up"] == pytest.approx(link)
-    assert r.makespan_s == pytest.approx(max(link, cloud, 0.17978))
+    assert r.makespan_s == pytest.approx(max(link, cloud, 0.19978))
     assert r.bottleneck == "edge->cloud link up"
     assert r.shared_memory["cloud"] == pytest.approx(50 * (4500 + 4 * 4100 + 4 * 800))  # + the input it receives
     assert r.shared_memory["edge"] == pytest.approx(50 * 4 * 800)  # relaying: it holds what it passes on
     assert round_time(sc, r.assignment()) == r.makespan_s
-    assert r.times()["c3"] == pytest.approx(0.17978)
+    assert r.times()["c3"] == pytest.approx(0.19978)
 
 
 def test_memory_violations_are_reported() -> None:
@@ -234,10 +234,10 @@ def test_sflv2_runs_the_clients_in_turn_as_sl() -> None:
     sc = replace(scenario(many), mode="sflv2")
     assert sc.in_turn and sc.resource_names[-1] == "clients in turn" and sc.capacities[-1] == 1.0
     r = evaluate(sc, {c.name: (0, 0) for c in many})
-    assert r.shared_s["clients in turn"] == pytest.approx(50 * 0.17978)
-    assert r.makespan_s == pytest.approx(50 * 0.17978) and r.bottleneck == "clients in turn"
+    assert r.shared_s["clients in turn"] == pytest.approx(50 * 0.19978)
+    assert r.makespan_s == pytest.approx(50 * 0.19978) and r.bottleneck == "clients in turn"
     v1 = evaluate(replace(sc, mode="sflv1"), {c.name: (0, 0) for c in many})
-    assert v1.makespan_s == pytest.approx(max(50 * 8080 / 1e6, 0.17978))  # in parallel: far shorter
+    assert v1.makespan_s == pytest.approx(max(50 * 8080 / 1e6, 0.19978))  # in parallel: far shorter
     # one client's segment at a time: both blocks' fixed bytes (4500) + one batch of activations (4 x 4100)
     # and of input (4 x 800), beside the holder the client before left (both blocks' weights, 1500)
     assert r.shared_memory["cloud"] == pytest.approx(4500 + 4 * 4100 + 4 * 800 + 1500)

@@ -27,7 +27,8 @@ def test_a_step_that_returns_no_gradient_still_waits_a_round_trip() -> None:
     assert c.down_bytes == (0.0, 0.0)  # no gradient for raw inputs
     assert c.up_s == pytest.approx((5080 / 1e6 + 2 * 0.05, 5080 / 1e7 + 2 * 0.005))
     assert c.down_s == pytest.approx((2 * 0.05, 2 * 0.005))  # the replies (old: 0, 0)
-    assert c.round_s == pytest.approx(10 * 9e6 / 1e11 + 5080 / 1e6 + 5080 / 1e7 + 2 * (0.1 + 0.01))
+    assert c.exchange_s == pytest.approx(0.1)  # no weights; the round's train message and reply (below)
+    assert c.round_s == pytest.approx(10 * 9e6 / 1e11 + 5080 / 1e6 + 5080 / 1e7 + 2 * (0.1 + 0.01) + 0.1)
     assert c.batch()["down_s"] == pytest.approx((0.05, 0.005))
     # with a gradient the step's reply carries it: one round trip as well, as before
     g = client_cost(_sc(), "a", (1, 3))
@@ -63,3 +64,14 @@ def test_a_client_with_fewer_samples_than_a_batch_is_priced_at_the_batch_it_runs
     tiny = replace(few, device=replace(few.device, memory=cap))
     sol = solve(Scenario(PROF, (tiny,), (EDGE, CLOUD), (EDGE_LINK,), batch=32))
     assert sol.assignment["a"][0] == 0 and sol.cost.clients[0].memory[0] <= cap
+
+
+def test_a_device_that_holds_no_block_still_pays_its_round_s_message() -> None:
+    """The round's train message reaches a device at cut 0 and its reply (metrics, no weights) comes back: a
+    round trip on its link. The old code priced the weight exchange at 0 when it sent no weight, so cut 0 was
+    rtt_1 cheaper than the engine runs it."""
+    for cuts in ((0, 0), (0, 3), (3, 3)):
+        c = client_cost(_sc(), "a", cuts)
+        w = c.exchange_bytes
+        assert c.exchange_s == pytest.approx(w / DEV.link.down + w / DEV.link.up + DEV.link.rtt)
+    assert client_cost(_sc(), "a", (0, 0)).exchange_bytes == 0

@@ -156,9 +156,10 @@ def test_the_holder_couples_the_clients_and_the_search_finds_the_optimum(mode: s
 
     prof = ModelProfile.synthetic([5e6, 1e6, 5e6], [100, 3e3, 10e3], [987e3, 987e3, 10e3], input_bytes=41e3,
                                    optimizer_slots=0)
-    devices = [(3e10, 1e7, 292), (3e10, 1e7, 51), (1e9, 1e5, 51)]
-    clients = tuple(Client(f"c{i}", f"c{i}", TierProfile(f, 1e12), LinkProfile(up, 1e7, 0.01), n)
-                    for i, (f, up, n) in enumerate(devices))
+    # c1's downlink (5 MB/s) makes the weights it would hold dear: raw inputs up (cut 0) beat them
+    devices = [(3e10, 1e7, 1e7, 292), (3e10, 1e7, 5e6, 51), (1e9, 1e5, 1e7, 51)]
+    clients = tuple(Client(f"c{i}", f"c{i}", TierProfile(f, 1e12), LinkProfile(up, down, 0.01), n)
+                    for i, (f, up, down, n) in enumerate(devices))
     sc = Scenario(prof, clients, (TierProfile(5e10, 4_287_600), TierProfile(1e12, 1e15)),
                   (LinkProfile(1e7, 1e7, 0.01),), batch=32, mode=mode)
     fastest = {}

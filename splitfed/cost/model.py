@@ -52,7 +52,8 @@ Per client, per round (prefix sums make each term O(1) per option):
   tensor comes back (a step's reply carries its loss), so a round trip each.
 - weight exchange of the device's segment(s), W = w[0, k_1) + w[u, L) (its state dict,
   down and back up, as :func:`splitfed.engine.rounds.device_state` selects it):
-  X = W / down_1 + W / up_1 + rtt_1  (only if W > 0; server replicas stay put)
+  X = W / down_1 + W / up_1 + rtt_1  (rtt_1 even if W = 0: the round's train message and its reply go
+  all the same; server replicas stay put)
 - round time (one client's batches run sequentially along the chain):
   R = sum_t C_t + sum_j (U_j + D_j) + X;  one batch: the same with S = B, n = 1.
 - memory on tier t, holding blocks [a, b): sum_{i in [a, b)} (m_i + B h_i) - B sum_{a <= j < i < b} s_ji,
@@ -571,7 +572,8 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
 
     dev_state = P["state"][k[:, 0]] + (P["state"][L] - P["state"][E])  # W: the device's state dict
     lk0 = client.link
-    exchange_s = np.where(dev_state > 0, dev_state / lk0.down + dev_state / lk0.up + lk0.rtt, 0.0)
+    # the round's train message and its reply cross the device's link even when it holds no block (W = 0)
+    exchange_s = dev_state / lk0.down + dev_state / lk0.up + lk0.rtt
     round_s = _sum(compute_s) + _sum(up_s) + _sum(down_s) + exchange_s
     fwd_ps = P["fwd"][edges[:, 1:]] - P["fwd"][edges[:, :-1]]
     fwd_ps[:, 0] += P["fwd"][L] - P["fwd"][E]
