@@ -77,7 +77,11 @@ def test_main_job_moves_the_slowed_phones_and_says_so(monkeypatch: pytest.Monkey
     assert [d["moved"] for d in decisions[:4]] == [[]] * 4 and decisions[0]["reason"] == "already optimal"
     assert set(decisions[4]["moved"]) == phones and decisions[4]["reason"].startswith("gain ")
     assert decisions[4]["predicted_s"] == pytest.approx(sim[4]) and decisions[4]["predicted_after_s"] < sim[4]
-    assert decisions[4]["move_s"] > 0 and decisions[-1]["reason"] == "last round"
+    # what the move adds to round 6, as the adapter predicted it, is what the clock charged (here nothing: the
+    # phones' moved round, weights included, ends within the slowest microcontroller's)
+    assert decisions[4]["predicted_after_s"] == pytest.approx(sim[6])
+    assert decisions[4]["move_s"] == pytest.approx(sim[5] - sim[6], abs=1e-12) and decisions[4]["move_s"] >= 0
+    assert decisions[-1]["reason"] == "last round"
     # the progress line of round 6 names the moves; the others name none
     line = next(x for x in lines if x.startswith("round 6/12"))
     assert f"moved {len(phones)}: " in line
