@@ -564,11 +564,10 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
             down_r[:, j], down_b[:, j] = grad[:, j] * act_r, grad[:, j] * act_b
     # calls per batch on each link the chain crosses (U-shape: forward, then backward), each answered before the
     # next goes, whether or not a tensor comes back (a step's reply carries its loss): a round trip each
-    up_msgs = cross * (2.0 if sc.u_shape else 1.0)
-    down_msgs = up_msgs
+    calls = cross * (2.0 if sc.u_shape else 1.0)
     up_bytes, down_bytes = cross * up_r, cross * down_r
-    up_s = up_bytes / up_bw + n * up_msgs * half_rtt
-    down_s = down_bytes / down_bw + n * down_msgs * half_rtt
+    up_s = up_bytes / up_bw + n * calls * half_rtt
+    down_s = down_bytes / down_bw + n * calls * half_rtt
 
     dev_state = P["state"][k[:, 0]] + (P["state"][L] - P["state"][E])  # W: the device's state dict
     lk0 = client.link
@@ -577,8 +576,8 @@ def option_table(sc: Scenario, client: Client, options: np.ndarray | None = None
     round_s = _sum(compute_s) + _sum(up_s) + _sum(down_s) + exchange_s
     fwd_ps = P["fwd"][edges[:, 1:]] - P["fwd"][edges[:, :-1]]
     fwd_ps[:, 0] += P["fwd"][L] - P["fwd"][E]
-    batch_up = cross * up_b / up_bw + up_msgs * half_rtt
-    batch_down = cross * down_b / down_bw + down_msgs * half_rtt
+    batch_up = cross * up_b / up_bw + calls * half_rtt
+    batch_down = cross * down_b / down_bw + calls * half_rtt
     batch_s = _sum(per_sample * B / speed) + _sum(batch_up) + _sum(batch_down)
     batch_parts = np.concatenate([fwd_ps * B / speed, (per_sample - fwd_ps) * B / speed, batch_up, batch_down],
                                  axis=1)
