@@ -1018,6 +1018,7 @@ def best_static(sc: Scenario) -> Solution:
     round_s = np.zeros(len(sc.options))
     load = np.zeros((len(sc.options), len(sc.capacities)))
     mem = np.zeros((len(sc.options), len(sc.memory_caps)))
+    act = np.zeros_like(mem)
     held = held_memory(sc, sc.options) if sc.holders else np.zeros_like(mem)
     groups: dict[tuple, list[Client]] = {}
     for c in sc.clients:
@@ -1030,8 +1031,11 @@ def best_static(sc: Scenario) -> Solution:
         load += n * t.shared_load
         if sc.mode == "sflv1":
             mem += n * t.memory[:, 1:]
+            act += n * t.act_memory[:, 1:]
         else:  # one client at a time (sl, sflv2), beside a holder of the same cuts
             mem = np.maximum(mem, _server_columns(sc, t)[0])
+    if sc.mode == "sflv1" and len(sc.clients) > 1:  # every client holds the same server blocks: all are staged
+        mem += np.maximum(held_memory(sc, sc.options) - act, 0.0)  # (server_memory's base, beside the fixed parts)
     ok &= (mem + held <= sc.memory_caps * (1 + 1e-9)).all(axis=1)
     val = np.maximum(round_s, (load / sc.capacities).max(axis=1) if load.shape[1] else 0.0)
     if not ok.any():
