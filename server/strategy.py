@@ -283,14 +283,14 @@ class SplitFedAvg(FedAvg):
                 log(WARNING, "Node %d (partition %d) left out: its node config's num-partitions is %d, the run "
                     "deals its data out to %d clients", node, info.partition_id, info.num_partitions, s.clients)
                 continue
+            if info.partition_id in twice:  # asked before seen: a third node is no second one
+                log(WARNING, "Node %d also holds partition %d: left out", node, info.partition_id)
+                continue
             if info.partition_id in seen:  # which one is right cannot be told: neither trains
                 log(WARNING, "Nodes %d and %d both hold partition %d: both left out; give each node its own "
                     "partition-id", seen[info.partition_id], node, info.partition_id)
                 clients.pop(seen[info.partition_id], None)
                 twice.add(info.partition_id)
-                continue
-            if info.partition_id in twice:
-                log(WARNING, "Node %d also holds partition %d: left out", node, info.partition_id)
                 continue
             seen[info.partition_id] = node
             if info.profile and (why := refusal(info.profile)) is not None:  # a typo in its node config
