@@ -62,7 +62,7 @@ from splitfed.engine.types import (
     block_of,
     is_base,
 )
-from splitfed.errors import ConfigError, SplitfedError, TierError
+from splitfed.errors import ConfigError, CutError, SplitfedError, TierError
 from splitfed.models.blocks import segment_bounds, validate_cuts
 from splitfed.models.zoo import ModelSpec
 
@@ -160,12 +160,13 @@ def tier_loads(cfg: RoundConfig, client_id: str, cuts: Sequence[int], state: Sta
 
 
 def check_assignment(model: ModelSpec, assignment: dict[str, tuple[int, ...]], n_tiers: int, u_shape: bool) -> None:
+    """Each client's cuts; a refusal names the client (of a fleet's, the one to fix), and keeps its kind."""
     n = template.num_blocks(model)
     for cid, cuts in assignment.items():
         try:
             validate_cuts(cuts, n, n_tiers, u_shape, model=model.name)
-        except ConfigError as e:
-            raise ConfigError(f"client {cid}: {e}") from None
+        except (CutError, ConfigError) as e:  # validate_cuts raises CutError, which is no ConfigError
+            raise type(e)(f"client {cid}: {e}") from None
 
 
 @dataclass

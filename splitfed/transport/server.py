@@ -585,7 +585,9 @@ class TierServer:
             self.next_link.close()
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self.server.wait_for_termination(timeout)
+        """Block until the server stops or ``timeout`` passes; whether it stopped, as ``threading.Event.wait``
+        says (gRPC's ``wait_for_termination`` says the opposite: whether the timeout passed)."""
+        return not self.server.wait_for_termination(timeout)
 
     def __enter__(self) -> TierServer:
         return self
