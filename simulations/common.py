@@ -166,9 +166,7 @@ def _jsonable(v: Any) -> Any:
         return dataclasses.asdict(v)
     if isinstance(v, Path):
         return str(v)
-    if hasattr(v, "item"):  # numpy scalars
-        return v.item()
-    if hasattr(v, "tolist"):
+    if hasattr(v, "tolist"):  # numpy arrays and scalars (not .item: an array has it, for one element only)
         return v.tolist()
     raise TypeError(f"not JSON serialisable: {type(v).__name__}")
 

@@ -507,8 +507,7 @@ def _same(a: object, b: object) -> bool:
             return False
         if a.is_meta:  # no values to tell apart (a model sized on the meta device)
             return True
-        if a.layout != torch.strided:  # a sparse gradient (nn.Embedding(sparse=True))
-            a, b = a.to_dense(), b.to_dense()
+        a, b = _dense(a), _dense(b)
         if torch.equal(a, b):
             return True
         if not (a.is_floating_point() or a.is_complex()):
@@ -522,6 +521,12 @@ def _same(a: object, b: object) -> bool:
     return bool(a == b)
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a strided tensor: a sparse one (``nn.Embedding(sparse=True)``'s gradient) has no ``equal``,
+    ``max`` or ``isnan``."""
+    return t.to_dense() if t.layout != torch.strided else t
+
+
 def _close(a: object, b: object, floor: float = 0.0) -> bool:
     """:func:`_same`, or floating tensors equal to rounding: within 1e-6 of the larger's magnitude (a few float32
     ulps; or ``floor``, if more) plus 1e-6 relative, NaN where the other has NaN; anything else exactly."""
@@ -530,7 +535,7 @@ def _close(a: object, b: object, floor: float = 0.0) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()
             and a.shape == b.shape and a.dtype == b.dtype and not a.is_meta):
         return False
-    x, y = a.detach().double(), b.detach().double()
+    x, y = _dense(a.detach()).double(), _dense(b.detach()).double()
     nan = x.isnan()
     if not torch.equal(nan, y.isnan()):
         return False
@@ -658,7 +663,7 @@ def check_trains_as_model(blocks: Blocks, model: nn.Module, reference: nn.Module
             raise refuse(f"its output differs in training step {step}")
         # a gradient that should cancel out (a bias before a BatchNorm) is rounding noise: it is judged against
         # the largest gradient of the model, not its own size
-        floor = 1e-6 * max((float(r.grad.detach().abs().max()) for r in ref_params.values()
+        floor = 1e-6 * max((float(_dense(r.grad.detach()).abs().max()) for r in ref_params.values()
                             if r.grad is not None and r.grad.numel() and r.grad.is_floating_point()), default=0.0)
         for n, r in ref_params.items():
             p = params[n]
