@@ -571,23 +571,34 @@ def check_input(spec: ModelSpec, model: nn.Module) -> None:
     The model runs in eval mode without gradients, so it draws nothing from torch's generator
     and updates no statistics; its mode, and every parameter and buffer (a forward of one's own may
     update one even in eval mode), is given back afterwards. The output must be
-    ``(batch, num_classes)`` logits, as the training loss expects.
+    ``(batch, num_classes)`` logits, as the training loss expects, in training mode too: a model that
+    returns more when training (an auxiliary head's logits beside its own) would pass in eval mode and
+    fail only in a tier's first step. That run draws from a forked generator, so nothing is moved.
     """
     try:
         with kept([model]), torch.no_grad():  # its modes and tensors given back (a buffer forward updates)
             model.eval()
             out = model(spec.example_input(2))
+            _check_logits(spec, out, "")
+            with torch.random.fork_rng(devices=[]):
+                model.train()
+                trained = model(spec.example_input(2))
     except SplitfedError:
         raise
     except Exception as e:  # noqa: BLE001 - shape errors come as RuntimeError, ValueError, IndexError...
         raise input_error(spec, e) from None
+    _check_logits(spec, trained, " in training mode")
+
+
+def _check_logits(spec: ModelSpec, out: object, mode: str) -> None:
     if not isinstance(out, torch.Tensor) or out.dim() != 2:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"model {spec.name} outputs {got} for two samples of shape {tuple(spec.input_shape)}; "
-                          f"expected logits of shape [2, {spec.num_classes}]")
+        raise ConfigError(f"model {spec.name} outputs {got}{mode} for two samples of shape "
+                          f"{tuple(spec.input_shape)}; expected logits of shape [2, {spec.num_classes}]"
+                          + (" (return them alone when training: an auxiliary head's output too)" if mode else ""))
     if out.shape[1] != spec.num_classes:
-        raise ConfigError(f"model {spec.name} outputs {out.shape[1]} classes, and {spec.num_classes} are expected "
-                          "(--num-classes, or as many as the run's dataset has)")
+        raise ConfigError(f"model {spec.name} outputs {out.shape[1]} classes{mode}, and {spec.num_classes} are "
+                          "expected (--num-classes, or as many as the run's dataset has)")
 
 
 def with_kwargs(spec: ModelSpec, **kwargs: object) -> ModelSpec:
