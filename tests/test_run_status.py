@@ -349,6 +349,37 @@ def test_a_signal_under_a_handler_that_never_unwinds_still_records_the_stop(tmp_
     assert (st.state, st.record.get("signal")) == ("stopped", "SIGTERM"), st
 
 
+def test_a_sigterm_left_at_its_default_records_the_stop_and_still_ends_the_process_by_it(tmp_path):
+    """A process that keeps SIGTERM's default (a script around the API; no Flower handler) is ended by the
+    signal itself after the stop is written: its exit status says SIGTERM, and the folder reads stopped."""
+    folder = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import signal, time
+        from pathlib import Path
+        from splitfed.flower import runfolder
+
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        folder = Path({str(folder)!r})
+        with runfolder.claim(folder, False, False), runfolder.recording_stops():
+            (folder / "metrics.jsonl").write_text('{{"round": 1}}\\n')
+            print("ready", flush=True)
+            time.sleep(600)
+        print("unwound", flush=True)  # never: the default ends the process at once
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert runfolder.status(folder).state == "running"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == -signal.SIGTERM
+        assert p.stdout.read() == ""
+    finally:
+        p.kill()
+        p.wait()
+    st = runfolder.status(folder)
+    assert (st.state, st.record.get("signal")) == ("stopped", "SIGTERM"), st
+
+
 def test_recording_stops_gives_the_handlers_back_and_sigint_still_interrupts(tmp_path):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     folder = tmp_path / "run"
