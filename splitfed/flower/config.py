@@ -257,9 +257,6 @@ class RunSettings:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
 
 # What a Flower App of splitfed runs when its run config does not say: RunSettings' defaults but these (the
 # optimizer's cuts on non-IID data, 2 clients as Flower's local SuperLink simulates 2 SuperNodes). The

@@ -143,10 +143,6 @@ class TlsConfig:
         if (self.cert is None) != (self.key is None):
             raise ConfigError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
 
-    @property
-    def mutual(self) -> bool:
-        return self.ca is not None
-
     def check(self, names: tuple[str, str, str] = ("TLS certificate", "TLS key", "CA certificate"),
               roles: tuple[str, ...] = ()) -> tuple[bytes | None, bytes | None, bytes | None]:
         """The PEM bytes of (cert, key, ca), refused with a ConfigError naming the file (as ``names``: e.g.
