@@ -209,7 +209,8 @@ def test_too_many_holder_candidates_fall_back_to_the_bisection(monkeypatch: pyte
 
 def test_a_time_limit_spent_before_the_tie_break_returns_the_optimum() -> None:
     """sl's sequential rule needs no MILP, so a solve whose time limit is already spent still finds the
-    optimum; the tie-break towards ``prefer`` (MILPs) then gets no time and the optimum is returned as is."""
+    optimum; the tie-break towards ``prefer`` (MILPs) then gets no time and the optimum is returned as is,
+    and its note says the tie that moves least was not looked for."""
     sc = _coupled("sl")
     opt = solve(sc)
     prefer = {c.name: (3, 3) for c in sc.clients}  # all on the device: slower than the optimum
@@ -217,8 +218,10 @@ def test_a_time_limit_spent_before_the_tie_break_returns_the_optimum() -> None:
     got = solve(sc, time_limit=0.0, prefer=prefer)
     assert got.assignment == opt.assignment and got.makespan_s == opt.makespan_s
     assert "least move cost" not in got.note
+    assert got.note.endswith("; no time left to look for the tie that moves least")  # said, not silent
     moved = solve(sc, prefer=prefer)  # with time, as fast, but it would move less had it a choice
     assert moved.makespan_s == pytest.approx(opt.makespan_s, rel=1e-9)
+    assert "no time left" not in moved.note
 
 
 # a block of almost no work: moving it between edge and cloud changes a time by ~1e-12 relative

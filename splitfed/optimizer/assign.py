@@ -748,16 +748,17 @@ def _total_move(sc: Scenario, assignment: Assignment, prefer: Assignment) -> flo
 
 
 def _closest(sc: Scenario, best: RoundCost, prefer: Assignment, tie_rel: float, gap: float,
-             deadline: float | None) -> RoundCost:
+             deadline: float | None) -> tuple[RoundCost, bool]:
     """Among assignments within ``tie_rel`` of ``best``'s makespan, one of least total move cost from
-    ``prefer`` (the preferred cuts themselves when they qualify); ``best`` if none is found."""
+    ``prefer`` (the preferred cuts themselves when they qualify); ``best`` if none is found. And whether
+    the search finished: one whose time ran out keeps ``best`` without having looked."""
     M = best.makespan_s
     thr = M * (1 + tie_rel)
     current = {c.name: sc.check_cuts(prefer[c.name]) for c in sc.clients if c.name in prefer}
     if len(current) == len(sc.clients):
         cur = evaluate(sc, current)
         if cur.feasible and cur.makespan_s <= thr:
-            return cur
+            return cur, True
     s = _Solver(sc, _classes(sc, prefer=current), gap, deadline)
     classes = s.classes  # the options priced finite: the MILPs' indices are into these
     found = None
@@ -775,7 +776,7 @@ def _closest(sc: Scenario, best: RoundCost, prefer: Assignment, tie_rel: float, 
             found = cand
             break
     if found is None:
-        return best
+        return best, s.proven
     plan = found.assignment()
     for name, cuts in list(plan.items()):  # a move that ships nothing is not made if staying is as good
         if name in current and cuts != current[name] and move_cost(sc, sc.clients[sc.index(name)],
@@ -785,8 +786,8 @@ def _closest(sc: Scenario, best: RoundCost, prefer: Assignment, tie_rel: float, 
                 plan[name] = current[name]
                 found = trial
     if _total_move(sc, found.assignment(), current) > _total_move(sc, best.assignment(), current):
-        return best
-    return found
+        return best, True
+    return found, True
 
 
 def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 60.0,
@@ -833,9 +834,11 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     note = (f"{sc.mode} {method}: {groups} class(es), {sum(len(c.T) for c in classes)} non-dominated option(s), "
             f"{s.calls} MILP(s), proven gap {proven:.1e}")
     if prefer is not None:
-        chosen = _closest(sc, cost, prefer, tie_rel, gap, deadline)
+        chosen, looked = _closest(sc, cost, prefer, tie_rel, gap, deadline)
         if chosen is not cost:
             note += f"; least move cost among ties: {_total_move(sc, chosen.assignment(), prefer):.3g} s"
+        elif not looked:  # the makespan is still proven; only which of its ties moves least is not
+            note += "; no time left to look for the tie that moves least"
         cost = chosen
     return Solution("milp", cost, time.perf_counter() - t0, s.proven, note, proven)
 
