@@ -72,7 +72,8 @@ from splitfed.transport.errors import SENT_BY_TIER, DeadlineExceeded, RpcFailed,
 from splitfed.transport.pb import SERVICE, method, pb
 from splitfed.transport.security import TlsConfig, TokenInterceptor
 from splitfed.transport.server import TierServer, serve_tier
-from tests.transport_fixtures import Certs, certs, fake_tier, make_ca, plain_server  # noqa: F401
+from tests.ray_fixtures import until
+from tests.transport_fixtures import Certs, certs, fake_tier, make_ca, plain_server, tcp_server  # noqa: F401
 
 HERE = __name__  # the user models below are built from this module
 SPEC = resolve_spec("cnn")  # 7 blocks; weights in blocks 0, 2, 5 and 6; boundary after block 2: 16x4x4
@@ -555,34 +556,18 @@ def test_a_tls_diagnosis_out_of_time_gives_no_verdict_rather_than_fail() -> None
 
 @contextlib.contextmanager
 def _tls_server(answer: Callable[[socket.socket], None]) -> Iterator[int]:
-    """A TCP server on 127.0.0.1 that runs ``answer`` on each connection (in a thread); its port."""
-    listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
-    listening.listen()
-    listening.settimeout(0.1)  # accept wakes up to see ``stop``
-    stop = threading.Event()
+    """A TCP server on 127.0.0.1 that runs ``answer`` on each connection (closed after, its errors kept in);
+    its port."""
+    def handle(conn: socket.socket) -> None:
+        conn.settimeout(10.0)
+        with conn, contextlib.suppress(OSError, ssl.SSLError):
+            answer(conn)
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listening.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(10.0)
-            with conn:
-                with contextlib.suppress(OSError, ssl.SSLError):
-                    answer(conn)
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    address, stop = tcp_server(handle)
     try:
-        yield listening.getsockname()[1]
+        yield int(address.rsplit(":", 1)[1])
     finally:
-        stop.set()
-        listening.close()
-        t.join(10)
+        stop()
 
 
 def test_a_tls_server_that_says_why_it_refuses_the_handshake_is_quoted(certs: Certs) -> None:  # noqa: F811
@@ -921,15 +906,6 @@ class _FlakySweep(Tier):
         return super().sweep()
 
 
-def _until(what: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while not what():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_the_housekeeper_releases_idle_segments_and_logs_each_new_status_once(caplog: pytest.LogCaptureFixture
                                                                              ) -> None:
     """Every idle_release_s / 4 the tier sweeps, every status_every_s it logs its status when it changed; a
@@ -938,7 +914,7 @@ def test_the_housekeeper_releases_idle_segments_and_logs_each_new_status_once(ca
     tier = _FlakySweep()
     with serve_tier("edge", insecure=True, tier=tier, status_every_s=0.05) as srv, GrpcTierClient(srv.address) as c:
         _load(c, "a")  # type: ignore[arg-type]
-        assert _until(lambda: tier.clients() == 0 and tier.sweeps >= 3), "the idle segment was never released"
+        assert until(lambda: tier.clients() == 0 and tier.sweeps >= 3, 30.0), "the idle segment was never released"
         time.sleep(0.2)  # a few more passes: an idle tier's status does not change
         lines = [r.getMessage() for r in caplog.records if r.name == server_mod.__name__]
     assert "tier edge: housekeeping failed" in lines

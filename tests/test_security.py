@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import grpc
 import pytest
 
@@ -14,7 +12,7 @@ from splitfed.transport.errors import DeadlineExceeded, TlsRefused, Unauthentica
 from splitfed.transport.pb import method
 from splitfed.transport.security import TlsConfig, read_token
 from splitfed.transport.server import serve_tier
-from tests.transport_fixtures import Certs, activation, certs, labels, load_client  # noqa: F401
+from tests.transport_fixtures import Certs, activation, certs, labels, load_client, tcp_server  # noqa: F401
 
 TOKEN = "s3cret-token"
 
@@ -191,34 +189,6 @@ def test_a_node_whose_certificate_the_edge_refuses_is_left_out_at_registration(c
         assert link is not None and link.rtt_ms > 0 and why == ""
 
 
-def _proxy(handle) -> tuple[str, Callable[[], None]]:  # type: ignore[no-untyped-def]
-    """A port on 127.0.0.1 whose every connection ``handle`` gets (in a thread); the stop function."""
-    import socket
-    import threading
-
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen(16)
-    ls.settimeout(0.2)
-    done = threading.Event()
-
-    def serve() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = ls.accept()
-            except OSError:
-                continue
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-
-    def stop() -> None:
-        done.set()
-        ls.close()
-
-    return f"127.0.0.1:{ls.getsockname()[1]}", stop
-
-
 @pytest.mark.parametrize("how", ["closes-at-once", "tls-proxy-closes"])
 def test_a_port_that_just_closes_is_no_tls_verdict_and_the_node_registers(certs: Certs, how: str) -> None:  # noqa: F811
     """A proxy in front of a tier that is down (docker's, kubectl port-forward, a load balancer) accepts and
@@ -245,7 +215,7 @@ def test_a_port_that_just_closes_is_no_tls_verdict_and_the_node_registers(certs:
                 except (ssl.SSLError, OSError):
                     pass
 
-    address, stop = _proxy(handle)
+    address, stop = tcp_server(handle)
     try:
         with GrpcTierClient(address, tls=certs.client, retries=1, deadline_s=10) as c:
             with pytest.raises(Unavailable) as e:
@@ -276,7 +246,7 @@ def test_the_tls_diagnosis_keeps_within_the_calls_deadline(certs: Certs, monkeyp
 
     monkeypatch.setattr(client_module, "tls_refusal", recorded)
     held = []
-    address, stop = _proxy(held.append)  # kept open, silent
+    address, stop = tcp_server(held.append)  # kept open, silent
     try:
         with GrpcTierClient(address, tls=certs.client, retries=5, deadline_s=1.5) as c:
             with pytest.raises((Unavailable, DeadlineExceeded)):

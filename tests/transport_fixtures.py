@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import ipaddress
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
@@ -166,3 +167,29 @@ def fake_tier(handlers: Mapping[str, grpc.RpcMethodHandler], workers: int = 2) -
         yield f"127.0.0.1:{port}"
     finally:
         server.stop(0)
+
+
+def tcp_server(handle: Callable[[socket.socket], object]) -> tuple[str, Callable[[], None]]:
+    """A port on 127.0.0.1 whose every connection ``handle`` gets (in a thread of its own): a proxy, a TLS
+    terminator, a peer that answers wrongly; its address and the function that stops it."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(16)
+    ls.settimeout(0.2)  # accept wakes up to see ``done``
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = ls.accept()
+            except OSError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def stop() -> None:
+        done.set()
+        ls.close()
+
+    return f"127.0.0.1:{ls.getsockname()[1]}", stop
