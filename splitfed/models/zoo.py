@@ -577,12 +577,12 @@ def check_input(spec: ModelSpec, model: nn.Module) -> None:
     """
     try:
         with kept([model]), torch.no_grad():  # its modes and tensors given back (a buffer forward updates)
+            x = spec.example_input(2)
             model.eval()
-            out = model(spec.example_input(2))
-            _check_logits(spec, out, "")
+            _check_logits(spec, model(x), "")
             with torch.random.fork_rng(devices=[]):
                 model.train()
-                trained = model(spec.example_input(2))
+                trained = model(x)
     except SplitfedError:
         raise
     except Exception as e:  # noqa: BLE001 - shape errors come as RuntimeError, ValueError, IndexError...
