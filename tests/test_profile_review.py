@@ -211,3 +211,11 @@ def test_a_batch_of_one_for_a_model_with_batchnorm_is_refused_in_one_line(capsys
     assert main([*argv, "--batch", "2"]) == 0
     assert "Linear" in capsys.readouterr().out
     assert profile_model(_spec("causal"), batch=1, reps=1, use_cache=False).batch == 1
+
+
+@pytest.mark.parametrize("slots", [-1, 3, True, 1.0, "1"])
+def test_profile_model_refuses_an_optimizer_slot_count_no_optimizer_has(slots: object) -> None:
+    """The CLI offers 0, 1, 2; a caller of the API that passes another count (or True, or 1.0) would have its fixed
+    memory priced for an optimizer that does not exist and cached under that key."""
+    with pytest.raises(ConfigError, match=r"optimizer_slots must be 0 \(plain SGD\), 1 .* or 2 \(Adam\), got "):
+        profile_model(resolve_spec("cnn"), 4, optimizer_slots=slots, use_cache=False)  # type: ignore[arg-type]
