@@ -20,6 +20,9 @@ labels or token ids always travel exactly):
   codec): a receiver builds the whole dense tensor from the k values it is
   sent, so this bounds what a few received bytes may make it allocate.
 
+Lossy codecs compute on the CPU: the same values encode to the same bytes on
+a GPU tier as on a CPU one.
+
 Receivers check everything against the declared dtype, shape and codec before
 using a byte, and a bool payload for bytes other than 0 and 1; a mismatch raises
 :class:`~splitfed.errors.InvalidArgument`.
@@ -215,7 +218,12 @@ def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
         raise InvalidArgument(f"a tensor of {len(shape)} dimensions cannot travel (at most {MAX_DIMS})")
     if codec.kind == "none":
         return Encoded(t.dtype, shape, codec, _bytes_view(t))
-    flat = t.detach().reshape(-1)
+    if codec.kind == "topk" and t.numel() >= 2**31:  # int32 indices; refused before a value is copied
+        raise InvalidArgument("top-k needs fewer than 2**31 values")
+    # a lossy codec computes on the CPU, where the bytes go anyway: a GPU divides by a reciprocal (int8's
+    # scale one ulp off, a value halfway between two steps rounded the other way) and breaks top-k's ties
+    # its own way, so the same values would encode to other bytes on a GPU tier than on a CPU one
+    flat = t.detach().reshape(-1).cpu()
     if codec.kind == "fp16":
         return Encoded(t.dtype, shape, codec, _bytes_view(_half(flat)))
     if codec.kind == "int8":
@@ -233,8 +241,6 @@ def encode(t: torch.Tensor, codec: Codec | str = NONE) -> Encoded:
         head = torch.stack([scale, lo]).view(torch.uint8)
         return Encoded(t.dtype, shape, codec, _bytes_view(torch.cat([head, q])))
     k = topk_count(flat.numel(), codec.fraction)
-    if flat.numel() >= 2**31:
-        raise InvalidArgument("top-k needs fewer than 2**31 values")
     idx = flat.abs().topk(k, sorted=False).indices.sort().values if k else flat.new_zeros(0, dtype=torch.int64)
     vals = flat[idx]
     payload = torch.cat([idx.to(torch.int32).view(torch.uint8), vals.contiguous().view(torch.uint8)])
