@@ -574,7 +574,7 @@ def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1,
     """
     if batch < 1:
         raise ConfigError(f"batch must be >= 1, got {batch}")
-    if type(optimizer_slots) is not int or optimizer_slots not in (0, 1, 2):  # noqa: E721 (True is no count)
+    if type(optimizer_slots) is not int or optimizer_slots not in (0, 1, 2):  # True and 1.0 are no count
         raise ConfigError(f"optimizer_slots must be 0 (plain SGD), 1 (SGD with momentum) or 2 (Adam), got "
                           f"{optimizer_slots!r}")
     if batch == 1:
