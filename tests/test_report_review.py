@@ -285,6 +285,23 @@ def test_a_run_whose_every_round_diverged_is_named_not_drawn_as_an_empty_legend_
     assert "no points" not in _footnotes(by_title["Simulated round time (makespan)"])  # its times are drawn
 
 
+def test_accuracy_vs_bytes_names_a_run_that_sent_nothing_over_a_link(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """A run with every block on its devices sends no activation: its curve is a vertical line at 0 MB, which
+    read as accuracy reached for free. The footnote now names it, and only it."""
+    write_run(tmp_path / "split", _rows(3))
+    write_run(tmp_path / "local", [{**r, "bytes_up": 0, "bytes_down": 0} for r in _rows(3)])
+    figs = _figures(monkeypatch)
+    assert cli(["report", str(tmp_path / "split"), str(tmp_path / "local"), "--out", str(tmp_path / "out")]) == 0
+    fig = next(f for f in figs if f.axes[0].get_title() == "Test accuracy vs activation bytes")
+    assert "no activation or gradient crossed a link: local" in _footnotes(fig)
+    assert "split" not in _footnotes(fig)
+    xs = {name: list(line.get_xdata()) for line in fig.axes[0].get_lines() if (name := str(line.get_label()))}
+    assert xs["local"] == [0.0, 0.0, 0.0] and xs["split"][-1] > 0
+    others = [f for f in figs if f is not fig and f.axes and f.axes[0].get_legend() is not None]
+    assert others and not any("crossed a link" in _footnotes(f) for f in others)
+
+
 @settings(max_examples=10, deadline=None)
 @given(ys=st.lists(st.one_of(st.floats(0, 1), st.just(math.nan)), min_size=0, max_size=6))
 def test_every_legend_entry_of_a_line_plot_has_a_point_drawn(tmp_path_factory: pytest.TempPathFactory,

@@ -180,9 +180,14 @@ def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Activations 
 
 def accuracy_vs_bytes_plot(runs: Sequence[Run], path: str | Path,
                            title: str = "Test accuracy vs activation bytes") -> Path:
+    """Accuracy against the cumulative activation and gradient bytes of the devices' links. A run that sent
+    none (every block on the device) draws a vertical line at 0 MB: the footnote names it, so that the line
+    does not read as a run that reached its accuracy for free on a link."""
     series = [Series(_plain(r.label), *_with_start(r, [b / MB for b in r.cum_bytes])) for r in runs]
+    silent = [_plain(r.label) for r in runs if r.rounds and not any(r.cum_bytes)]
     return line_plot(series, path, title=title, xlabel="cumulative MB of activations and gradients (up + down)",
-                     ylabel="test accuracy")
+                     ylabel="test accuracy",
+                     note=f"no activation or gradient crossed a link: {', '.join(silent)}" if silent else "")
 
 
 def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_labels: int = 40) -> Path:
