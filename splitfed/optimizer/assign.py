@@ -887,9 +887,8 @@ def _unfit_from(sc: Scenario, first: int) -> list[int]:
 
 def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]:
     """Each client's device-feasible options (options, T, load, mem, held, act, tier of each block), refusing
-    as soon as the
-    product of their counts passes ``limit``: identical clients share one table (200 of a kind cost one),
-    and the product only grows, so distinct clients are priced only until it is too large."""
+    as soon as the product of their counts passes ``limit``: identical clients share one table (200 of a kind
+    cost one), and the product only grows, so distinct clients are priced only until it is too large."""
     memo: dict[tuple, tuple[np.ndarray, ...]] = {}
     tables = []
     total = 1
@@ -898,9 +897,9 @@ def _exhaustive_tables(sc: Scenario, limit: int) -> list[tuple[np.ndarray, ...]]
             ok = t.fits_device
             mem, held = _server_columns(sc, t)
             if sc.in_turn:  # one client at a time on the servers: its option must fit them beside its holder
+                # (none: an empty table, a product of 0; the later kinds are still priced, so a device no cut
+                # fits is named first, as in solve, and exhaustive then refuses as memory)
                 ok = ok & _fits_alone(sc, mem, held)
-                if not ok.any():
-                    raise _shared_infeasible(sc)
             memo[k] = (t.options[ok], t.round_s[ok], t.shared_load[ok] / sc.capacities, mem[ok], held[ok],
                        t.act_memory[ok, 1:], tier_of_blocks(sc, t.options[ok]))
         tables.append(memo[k])
