@@ -2,7 +2,7 @@
 batch's bytes on the device's link, what a tier holds of the tensor it sends on (kept by its own blocks, not
 by another tier's), a tier that holds no block, when a gradient comes back (any trainable byte, any floating
 boundary, none through token ids), a move's half round trip, a holder's bytes under U-shape, the names of a
-long chain, the options of a 3-tier U-shape, and pricing a cut vector outside the option set. Each expected
+long chain, the options of a U-shape (2 and 3 tiers) against the cut check, and pricing a cut vector outside the option set. Each expected
 value is worked out here from the module docstring's formulas on a small hand-made profile, not read off the
 implementation."""
 
@@ -153,20 +153,27 @@ def test_a_chain_s_tiers_are_named_device_edge_tierN_cloud(tiers: int, names: tu
     assert sc.resource_names[: tiers - 1] == tuple(f"{n} compute" for n in names[1:])
 
 
-@pytest.mark.parametrize("dtype", ["int64", "float16"])
-def test_3_tier_u_shape_options_are_exactly_the_cuts_check_cuts_accepts(dtype: str) -> None:
-    """3 tiers, U-shape (k_1, k_2, u): a tail fed by the servers (k_1 < u) may not start at an integer
-    tensor, whatever k_2; a tail fed by the head alone (k_1 = u) may."""
-    sc, _ = _chain(_profile(out_dtype=("float32", dtype, "float32")), tiers=3, u_shape=True)
+@pytest.mark.parametrize("tiers", [2, 3])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float16", "int64"])
+def test_u_shape_options_are_exactly_the_cuts_check_cuts_accepts(dtype: str, tiers: int) -> None:
+    """The option table the optimizer searches and the cut check agree, whatever the dtype at boundary 2: a
+    tail may start at any floating tensor (1-byte floats too), not at an integer one fed by the servers. With
+    3 tiers (k_1, k_2, u): a tail fed by the servers (k_1 < u) may not start at an integer tensor, whatever
+    k_2; a tail fed by the head alone (k_1 = u) may."""
+    sc, _ = _chain(_profile(out_dtype=("float32", dtype, "float32")), tiers=tiers, u_shape=True)
     accepted = set()
-    for row in cut_options(3, 3, u_shape=True).tolist():
+    for row in cut_options(3, tiers, u_shape=True).tolist():
         try:
             accepted.add(sc.check_cuts(row))
         except CutError:
             pass
     assert {tuple(r) for r in sc.options.tolist()} == accepted
-    assert ((1, 1, 2) in accepted) is ((0, 1, 2) in accepted) is (dtype != "int64")
-    assert (2, 2, 2) in accepted
+    floating = dtype != "int64"
+    if tiers == 2:
+        assert ((1, 2) in accepted) is floating
+    else:
+        assert ((1, 1, 2) in accepted) is ((0, 1, 2) in accepted) is floating
+        assert (2, 2, 2) in accepted
 
 
 def test_a_cut_vector_outside_the_option_set_is_priced_as_any_other() -> None:
