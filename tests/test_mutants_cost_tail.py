@@ -1,10 +1,10 @@
-"""More prices of the cost model that a mutation run found unpinned (the second half of its run): a U-shape
-batch's bytes on the device's link, what a tier holds of the tensor it sends on (kept by its own blocks, not
-by another tier's), a tier that holds no block, when a gradient comes back (any trainable byte, any floating
-boundary, none through token ids), a move's half round trip, a holder's bytes under U-shape, the names of a
-long chain, the options of a U-shape (2 and 3 tiers) against the cut check, and pricing a cut vector outside the option set. Each expected
-value is worked out here from the module docstring's formulas on a small hand-made profile, not read off the
-implementation."""
+"""More prices of the cost model that a mutation run found unpinned (the second half of its run): a U-shape batch's
+bytes on the device's link, what a tier holds of the tensor it sends on (kept by its own blocks, not by another
+tier's), a tier that holds no block, when a gradient comes back (any trainable byte, any floating boundary, none
+through token ids), a move's half round trip, a holder's bytes under U-shape, the names of a long chain, the
+options of a U-shape (2 and 3 tiers) against the cut check, and pricing a cut vector outside the option set. Each
+expected value is worked out here from the module docstring's formulas on a small hand-made profile, not read off
+the implementation."""
 
 from __future__ import annotations
 
