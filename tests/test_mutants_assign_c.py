@@ -131,6 +131,21 @@ def test_exhaustive_and_solve_match_a_plain_enumeration(n: int, kinds: int, mode
     assert sol.cost.feasible and sol.makespan_s == pytest.approx(truth, rel=1e-9)
 
 
+@pytest.mark.parametrize("mode", ["sflv1", "sl", "sflv2"])
+@pytest.mark.parametrize("method", ["auto", "direct", "bisect"])
+@pytest.mark.parametrize("cloud", [1e-89, 1e-30, 1e-3])
+def test_servers_of_almost_no_memory_leave_the_cuts_that_put_nothing_there(mode: str, method: str,
+                                                                          cloud: float) -> None:
+    """An edge of 0 bytes and a cloud of a sliver of one: only every block on the device fits, and every method
+    finds it. Before: the MILP's memory rows in units of the cloud's memory held ratios of 1e95, and HiGHS
+    called the model infeasible ("no assignment fits") though brute force had the answer (found by the
+    hypothesis test above: frac 6.8e-97)."""
+    sc = _with_memory(_fleet(1, 1, mode=mode, L=2, state=1e6), [0.0, cloud])
+    assert exhaustive(sc).assignment == {"c0": (2, 2)}
+    sol = solve(sc, gap=0.0, time_limit=None, method=method)
+    assert sol.assignment == {"c0": (2, 2)} and sol.cost.feasible
+
+
 # ---------------------------------------------------------------- refusals: the device share, the names
 
 

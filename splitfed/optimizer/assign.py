@@ -367,7 +367,7 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
         w = np.asarray(sc.profile.state_bytes, dtype=float)
         for s, cap in enumerate(caps):
             unit, rhs = _row_unit(cap, mem_rhs[s])
-            v = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / unit
+            v = _in_units(np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]), unit, rhs)
             if v.any() and math.isfinite(cap):
                 add(every, v, -np.inf, rhs)
             cover = np.concatenate([c.cover[a, s] for c, a in zip(classes, allowed, strict=True)])
@@ -378,7 +378,7 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
             nvar += len(blocks)
             iy_base.extend(ys.tolist())
             fixed = np.concatenate([c.mem[a, s] - c.act[a, s] for c, a in zip(classes, allowed, strict=True)])
-            add(np.concatenate([every, ys]), np.concatenate([fixed, w[blocks]]) / unit, -np.inf, rhs)
+            add(np.concatenate([every, ys]), _in_units(np.concatenate([fixed, w[blocks]]), unit, rhs), -np.inf, rhs)
             for y, b in zip(ys, blocks, strict=True):  # n_b - 1 <= N y_b: y_b is 1 when two clients hold b
                 on = np.nonzero(cover[:, b])[0]
                 add(np.append(on, y), np.append(np.ones(len(on)), -total), -np.inf, 1.0)
@@ -388,8 +388,8 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
             add(np.array([j, iy + j]), np.array([1.0, -size[j]]), -np.inf, 0.0)
         for s in binding:
             unit, rhs = _row_unit(caps[s], mem_rhs[s])
-            turn = np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]) / unit
-            held = np.concatenate([c.held[a, s] for c, a in zip(classes, allowed, strict=True)]) / unit
+            turn = _in_units(np.concatenate([c.mem[a, s] for c, a in zip(classes, allowed, strict=True)]), unit, rhs)
+            held = _in_units(np.concatenate([c.held[a, s] for c, a in zip(classes, allowed, strict=True)]), unit, rhs)
             for j in range(nc):
                 add(np.array([iy + j, iH + s]), np.array([held[j], -1.0]), -np.inf, 0.0)
                 add(np.array([iy + j, iH + s]), np.array([turn[j], 1.0]), -np.inf, rhs)
@@ -440,6 +440,15 @@ def _row_unit(cap: float, rhs: float) -> tuple[float, float]:
     for a tier of memory 0, in bytes with right-hand side 0 (bytes / 0 is NaN, even for an option that
     puts nothing there)."""
     return (float(cap), float(rhs)) if cap > 0 else (1.0, 0.0)
+
+
+def _in_units(nbytes: np.ndarray, unit: float, rhs: float) -> np.ndarray:
+    """A memory row's coefficients (bytes >= 0, over integer counts or 0/1 flags >= 0) in ``unit`` bytes, capped
+    just past the right-hand side: one that passes it alone only says "not this option", and says it as well
+    at ``rhs + 1``. A server of far less memory than an option needs (1e-89 bytes) put ratios of 1e95 (or an
+    overflow to inf) into HiGHS's matrix otherwise, and it called a model with a feasible answer infeasible."""
+    with np.errstate(over="ignore"):
+        return np.minimum(nbytes / unit, max(rhs, 0.0) + 1.0)
 
 
 def _used_memory(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], counts: list[np.ndarray]
