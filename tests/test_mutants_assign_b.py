@@ -129,11 +129,13 @@ PROF = ModelProfile.synthetic([1e6, 2e6, 3e6], [1e3, 2e3, 1e3], [1e4, 2e4, 1e4],
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the cost model overflows on absurd beliefs
-@pytest.mark.parametrize("stuck, tail", [(3, "'c0', 'c1', 'c2' is priced"), (4, "'c0', 'c1', 'c2' and 1 more is priced")])
+@pytest.mark.parametrize("stuck, tail", [(3, "'c0', 'c1', 'c2' is priced"), (4, "'c0', 'c1', 'c2' and 1 more is priced"),
+                                         (5, "'c0', 'c1', 'c2' and 2 more is priced")])
 def test_clients_priced_infinite_are_named_up_to_three(stuck: int, tail: str) -> None:
-    """Three clients whose every cut is priced infinite: all three named, no "and 0 more"; four: one counted."""
+    """Three clients whose every cut is priced infinite: all three named, no "and 0 more"; four or five: the
+    rest counted."""
     clients = tuple(Client(f"c{i}", f"c{i}", TierProfile(1e9, BIG), LinkProfile(1e-308 if i < stuck else 1e6,
-                                                                                1e6, 0.01), 4) for i in range(5))
+                                                                                1e6, 0.01), 4) for i in range(6))
     sc = Scenario(PROF, clients, (TierProfile(1e10, 1e12), TierProfile(1e11, 1e12)), (LinkProfile(1e6, 1e6, 0.005),),
                   batch=2, mode="sflv1")
     with pytest.raises(ConfigError) as e:

@@ -180,18 +180,6 @@ def test_five_devices_no_cut_fits_name_the_first_and_count_four() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the cost model overflows on absurd beliefs
-def test_five_clients_priced_infinite_name_three_and_count_two() -> None:
-    prof = ModelProfile.synthetic([1e6, 2e6, 3e6], [1e3, 2e3, 1e3], [1e4, 2e4, 1e4], input_bytes=1e3)
-    clients = tuple(Client(f"c{i}", f"c{i}", TierProfile(1e9, BIG), LinkProfile(1e-308 if i < 5 else 1e6, 1e6, 0.01),
-                           4) for i in range(6))
-    sc = Scenario(prof, clients, (TierProfile(1e10, 1e12), TierProfile(1e11, 1e12)), (LinkProfile(1e6, 1e6, 0.005),),
-                  batch=2, mode="sflv1")
-    with pytest.raises(ConfigError) as e:
-        solve(sc, gap=0.0, time_limit=None)
-    assert str(e.value).endswith("(every cut of client(s) 'c0', 'c1', 'c2' and 2 more is priced infinite)")
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the cost model overflows on absurd beliefs
 def test_servers_of_unbounded_memory_with_a_client_priced_infinite_say_it_never_ends() -> None:
     """No memory row at all (every server unbounded): the probe for "does anything fit" is a MILP without
     rows, which fits; the refusal is that the round never ends, not that nothing fits."""
