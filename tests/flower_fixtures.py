@@ -18,6 +18,7 @@ import pytest
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 
+from splitfed.engine.link import InProcessLink
 from splitfed.engine.rounds import inprocess_chain
 from splitfed.sim.tiers import TierChain
 
@@ -106,7 +107,9 @@ def inprocess_tiers(monkeypatch, server_tiers: int = 2) -> Iterator[TierChain]: 
         yield tc
 
     monkeypatch.setattr(server.app, "tier_chain", fake_chain)
-    monkeypatch.setattr(clients.app, "connect", lambda *a, **k: _ClosableLink(chain.link))
+    first = chain.link  # each node's own link to the first tier, as its own channel: its bytes are its own
+    monkeypatch.setattr(clients.app, "connect", lambda *a, **k: _ClosableLink(
+        InProcessLink(first.tier, first.compress_up, first.compress_down)))
     yield tc
 
 

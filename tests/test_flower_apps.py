@@ -333,7 +333,9 @@ def test_two_runs_with_one_seed_share_tiers_without_touching_each_other(monkeypa
     same run-name, but other math load their round-1 segments into the same tiers before either trains
     (a barrier forces it): each still ends exactly where it ends alone. Under one name the second load
     would take over the first run's segments, and a step of one run would be answered from the other's
-    replay cache."""
+    replay cache. Both starting at once, each also checks its model while the other builds its own: a check
+    that drew from torch's generator without holding it moved the other's initial weights or a mask (about
+    once in 150 runs; tests/test_rng_held.py holds that law every time)."""
     import threading
 
     from splitfed.engine import rounds
@@ -374,6 +376,11 @@ def test_two_runs_with_one_seed_share_tiers_without_touching_each_other(monkeypa
     for name in ("a", "b"):
         alone, shared = checkpoint.load(tmp_path / f"{name}-alone"), checkpoint.load(tmp_path / f"{name}-shared")
         assert shared.round == 2 and all(torch.equal(alone.state[k], shared.state[k]) for k in alone.state), name
+        # and each round as it went: its losses, and the bytes its clients sent and got (each node's own link)
+        rows = [[{k: r[k] for k in ("round", "train_loss", "loss", "bytes_up", "bytes_down", "cuts")}
+                 for r in map(json.loads, (tmp_path / f"{name}-{how}" / "metrics.jsonl").read_text().splitlines())]
+                for how in ("alone", "shared")]
+        assert rows[0] == rows[1] and len(rows[0]) == 2, name
     names = {json.loads((tmp_path / f"{n}-shared" / "summary.json").read_text())["settings"]["run_name"]
              for n in ("a", "b")}
     assert len(names) == 2 and all(n.startswith(f"{run_name or 'splitfed-0'}-") for n in names)

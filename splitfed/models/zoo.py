@@ -568,21 +568,23 @@ def check_input(spec: ModelSpec, model: nn.Module) -> None:
     not fit. Two, not one: a BatchNorm that keeps no running statistics normalises by the batch's own even in
     eval mode, and one sample has no spread.
 
-    The model runs in eval mode without gradients, so it draws nothing from torch's generator
-    and updates no statistics; its mode, and every parameter and buffer (a forward of one's own may
-    update one even in eval mode), is given back afterwards. The output must be
+    The model runs without gradients; its mode, and every parameter and buffer (a forward of one's own
+    may update one even in eval mode), is given back afterwards. The output must be
     ``(batch, num_classes)`` logits, as the training loss expects, in training mode too: a model that
     returns more when training (an auxiliary head's logits beside its own) would pass in eval mode and
-    fail only in a tier's first step. That run draws from a forked generator, so nothing is moved.
+    fail only in a tier's first step. Both runs hold torch's generator (:func:`splitfed.models.rng.seeded`)
+    and give it back: a run starting in a process where another run trains (a tier's dropout seeded per
+    step) or builds its initial model moves nothing of theirs, nor they anything of its.
     """
     try:
-        with kept([model]), torch.no_grad():  # its modes and tensors given back (a buffer forward updates)
+        # its modes and tensors given back (a buffer forward updates), and the generator (a model may draw in
+        # eval mode too)
+        with kept([model]), torch.no_grad(), rng.seeded():
             x = spec.example_input(2)
             model.eval()
             _check_logits(spec, model(x), "")
-            with torch.random.fork_rng(devices=[]):
-                model.train()
-                trained = model(x)
+            model.train()
+            trained = model(x)
     except SplitfedError:
         raise
     except Exception as e:  # noqa: BLE001 - shape errors come as RuntimeError, ValueError, IndexError...

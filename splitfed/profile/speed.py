@@ -24,12 +24,14 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from splitfed.errors import ConfigError
+from splitfed.models import rng
 from splitfed.models.zoo import ModelSpec, first_line
 from splitfed.profile.profiler import ModelProfile
 
@@ -72,18 +74,17 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
         for i in range(len(blocks), stop):  # copied (and moved to ``where``) as they are added: a small GPU
             blocks[str(i)] = template.copy_blocks(spec, i, i + 1)[i].to(where).train()  # holds the first alone
         seg = Segment({k: blocks[k] for k in map(str, range(stop))}, 0, stop)
-        t0 = now()
-        out = seg(x)
-        outs = [t for t in (out if isinstance(out, tuple | list) else [out])
-                if isinstance(t, torch.Tensor) and t.requires_grad]
-        if outs:
-            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-        t = now() - t0
+        with _generators(where):  # held for the pass alone: the copies above take the template's lock first
+            t0 = now()
+            out = seg(x)
+            outs = [t for t in (out if isinstance(out, tuple | list) else [out])
+                    if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+            t = now() - t0
         seg.zero_grad(set_to_none=True)
         return t
 
-    state = torch.get_rng_state()
-    cuda_state = torch.cuda.get_rng_state(where) if where.type == "cuda" else None
     try:
         n = template.num_blocks(spec)
         x = x.to(where)
@@ -94,10 +95,6 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
     except Exception as e:  # noqa: BLE001 - a user's model may raise anything (BatchNorm on one sample: ValueError)
         raise ConfigError(f"could not time training model {spec.name} here: {type(e).__name__}: "
                           f"{first_line(e)}") from None
-    finally:
-        torch.set_rng_state(state)
-        if cuda_state is not None:
-            torch.cuda.set_rng_state(cuda_state, where)
     return SpeedMeasure(stop, len(x), max(seconds, 1e-9))
 
 
@@ -124,3 +121,17 @@ def measured_flops(profile: ModelProfile, m: SpeedMeasure) -> float | None:
     work = (math.fsum(profile.fwd_flops[:m.blocks]) + math.fsum(profile.bwd_flops[:m.blocks])) * m.samples
     flops = work / m.seconds if work > 0 else math.nan
     return flops if in_range(flops, "flops") else None
+
+
+@contextmanager
+def _generators(where: torch.device) -> Iterator[None]:
+    """torch's generators (the CPU's and ``where``'s) to oneself and given back (:mod:`splitfed.models.rng`): a
+    node may share its process with others that draw, an in-process tier's dropout seeded per step, whose masks
+    a timed pass must not move."""
+    with rng.seeded():
+        cuda_state = torch.cuda.get_rng_state(where) if where.type == "cuda" else None
+        try:
+            yield
+        finally:
+            if cuda_state is not None:
+                torch.cuda.set_rng_state(cuda_state, where)
