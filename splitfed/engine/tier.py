@@ -851,7 +851,12 @@ class Tier:
             check_returned(g, out, f"tier {self.name}: backward {key.seq} of {key.client_id}: "
                            "the next tier's gradient")
         if out.requires_grad and g is not None:
-            out.backward(g.to(self.torch_device))
+            try:
+                out.backward(g.to(self.torch_device))
+            except BaseException:
+                if b.optim is not None:  # as a failed step: a backward failed half-way leaves no gradient behind
+                    b.optim.zero_grad(set_to_none=True)
+                raise
         gx = self._grad_out(x)
         b.pending = None
         self._finish(b, key, "backward", (gx,), digest)
