@@ -17,6 +17,7 @@ from splitfed.engine.tier import Tier, _kept, _Replica, weight_refusal
 from splitfed.engine.types import ReduceItem, SegmentLoad, StepKey
 from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from splitfed.models.zoo import resolve_spec
+from tests.tier_fixtures import Clock
 
 SPEC = resolve_spec("cnn")
 LAST = template.num_blocks(SPEC) - 1  # a Linear(64, 10): 2600 bytes of weights
@@ -32,13 +33,6 @@ def _load(client: str, run: str = "run", replica: str | None = None, secret: str
 def _bad_state() -> dict[str, torch.Tensor]:
     return {k: torch.zeros(3, 3) for k in STATE}  # shapes the block does not have: refused inside the bind
 
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_a_tier_holds_64_base_segments_and_refuses_the_65th() -> None:
@@ -115,12 +109,12 @@ def test_a_default_tier_serves_at_most_10000_clients_in_a_reduce() -> None:
 
 
 def test_idle_release_takes_any_positive_seconds() -> None:
-    clock = _Clock()
+    clock = Clock()
     tier = Tier("edge", idle_release_s=0.5, clock=clock)
     tier.load(_load("a"))
-    clock.t += 0.4
+    clock.now += 0.4
     assert tier.sweep() == []
-    clock.t += 0.2
+    clock.now += 0.2
     assert tier.sweep() == [("run", "a")]
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="positive number of seconds or None"):
@@ -134,14 +128,14 @@ def test_a_tier_without_a_memory_bound_takes_three_quarters_of_its_devices_memor
 
 
 def test_a_load_on_a_tier_with_room_leaves_idle_segments_to_the_sweep() -> None:
-    clock = _Clock()
+    clock = Clock()
     tier = Tier("edge", idle_release_s=10.0, clock=clock)
     tier.load(_load("a"))
-    clock.t += 20.0  # a is idle past its release, but the tier has room: loading b lets it be
+    clock.now += 20.0  # a is idle past its release, but the tier has room: loading b lets it be
     tier.load(_load("b"))
     assert tier.clients() == 2
     assert set(tier.fetch("run", "a", "s-a")) == set(STATE)
-    clock.t += 20.0
+    clock.now += 20.0
     assert sorted(tier.sweep()) == [("run", "a"), ("run", "b")]
 
 

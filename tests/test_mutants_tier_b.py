@@ -25,19 +25,13 @@ from splitfed.errors import (
 )
 from splitfed.models.zoo import resolve_spec
 from splitfed.units import mib_text
+from tests.tier_fixtures import Clock, paused_bind
 
 SPEC = resolve_spec("cnn")  # 7 blocks: weights in 0, 2, 5 and 6
 GLOBAL = initial_state(SPEC, 0)
 IDLE = 100.0
 SGD, MOMENTUM, ADAM = OptimConfig("sgd"), OptimConfig("sgd", momentum=0.9), OptimConfig("adam")
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _held(start: int, stop: int, optim: OptimConfig) -> int:
@@ -142,28 +136,16 @@ def test_what_loads_under_way_set_aside_counts_against_the_bound(monkeypatch: py
     is refused (naming what the load under way may add), and the tier then holds a alone."""
     one = _held(2, 7, SGD)
     tier = _tier(Clock(), 2 * one - 1)
-    inside, go_on = threading.Event(), threading.Event()
-    real = Tier._check_state
-
-    def paused(segment, state, missing, replica):  # type: ignore[no-untyped-def]
-        if replica == "a":
-            inside.set()
-            assert go_on.wait(10)
-        return real(segment, state, missing, replica)
-
-    monkeypatch.setattr(Tier, "_check_state", staticmethod(paused))
-    loading = threading.Thread(target=tier.load, args=(_load("a"),))
-    loading.start()
-    try:
+    with paused_bind(monkeypatch, "a") as (inside, _):
+        loading = threading.Thread(target=tier.load, args=(_load("a"),))
+        loading.start()
         assert inside.wait(10)
         assert tier._reserved == one and tier.held == 0
         with pytest.raises(ResourceExhausted, match=re.escape(
-                f"load of client 'b' would add {mib_text(one)}: its segments hold {mib_text(0)} and loads under "
-                f"way may add {mib_text(one)}, and it holds at most")):
+                f"load of client 'b' would add {mib_text(one)}: its segments hold {mib_text(0)} and loads "
+                f"under way may add {mib_text(one)}, and it holds at most")):
             tier.load(_load("b"))
-    finally:
-        go_on.set()
-        loading.join(10)
+    loading.join(10)  # a's load goes on once the pause ends
     assert [c for _, c in tier._bindings] == ["a"] and tier.held == one and tier._reserved == 0
 
 

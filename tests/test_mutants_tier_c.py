@@ -21,6 +21,7 @@ from splitfed.errors import (
 )
 from splitfed.models.blocks import Segment, step_rng
 from splitfed.models.zoo import resolve_spec
+from tests.tier_fixtures import Clock
 
 SPEC = resolve_spec("cnn")  # 7 blocks; [2, 7) holds a BatchNorm, a Dropout and the classifier
 
@@ -190,16 +191,9 @@ def test_a_relaying_tier_refuses_the_gradient_its_next_tier_sends_back_and_appli
     assert all(p.grad is None for p in edge._bindings[("run", "a")].segment.parameters())
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def test_a_refused_call_does_not_keep_a_segment_from_its_idle_release() -> None:
-    clock = _Clock()
+    clock = Clock()
     t = Tier("cloud", idle_release_s=100.0, clock=clock)
     (load,) = tier_loads(RoundConfig("run", 0, SPEC), "a", (2,), initial_state(SPEC, 0))
     load.secret = "right"
@@ -212,7 +206,7 @@ def test_a_refused_call_does_not_keep_a_segment_from_its_idle_release() -> None:
 
 
 def test_a_tier_exactly_as_old_as_the_idle_time_still_names_a_missing_segment_as_lost_with_a_restart() -> None:
-    clock = _Clock()
+    clock = Clock()
     t = Tier("edge", idle_release_s=3600.0, clock=clock)
     clock.now += 3600
     with pytest.raises(NotFound, match=r"\(this tier started 3600 s ago: a segment loaded before then was lost"):

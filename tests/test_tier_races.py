@@ -27,6 +27,7 @@ from splitfed.errors import (
     ResourceExhausted,
 )
 from splitfed.models.zoo import resolve_spec
+from tests.tier_fixtures import paused_bind
 from tests.transport_fixtures import at_once
 
 SPEC = resolve_spec("cnn")  # 7 blocks
@@ -51,16 +52,6 @@ def test_a_load_refused_because_another_bound_its_client_meanwhile_wrote_nothing
     tier = Tier("edge", idle_release_s=None)
     b = SegmentLoad("run", "b", 0, SPEC, 2, 7, "R", _state(), secret="S2")
     tier.load(b)
-    inside, go_on = threading.Event(), threading.Event()
-    real = Tier._check_state
-
-    def paused(segment, state, missing, replica):  # type: ignore[no-untyped-def]
-        if replica == "R":
-            inside.set()
-            assert go_on.wait(10)
-        return real(segment, state, missing, replica)
-
-    monkeypatch.setattr(Tier, "_check_state", staticmethod(paused))
     outcome: dict[str, BaseException | None] = {}
 
     def into_r() -> None:
@@ -70,15 +61,15 @@ def test_a_load_refused_because_another_bound_its_client_meanwhile_wrote_nothing
         except BaseException as e:  # noqa: BLE001 - what the load met, asserted below
             outcome["into R"] = e
 
-    t = threading.Thread(target=into_r)
-    t.start()
-    assert inside.wait(10)
-    try:
-        tier.load(SegmentLoad("run", "x", 0, SPEC, 2, 7, "X1", _state(9.0), secret="S1"))
-        outcome["elsewhere"] = None
-    except PermissionDenied as e:
-        outcome["elsewhere"] = e
-    go_on.set()
+    with paused_bind(monkeypatch, "R") as (inside, _):
+        t = threading.Thread(target=into_r)
+        t.start()
+        assert inside.wait(10)
+        try:
+            tier.load(SegmentLoad("run", "x", 0, SPEC, 2, 7, "X1", _state(9.0), secret="S1"))
+            outcome["elsewhere"] = None
+        except PermissionDenied as e:
+            outcome["elsewhere"] = e
     t.join(10)
     refused = [k for k, e in outcome.items() if e is not None]
     assert refused == ["elsewhere"], outcome
