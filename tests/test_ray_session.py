@@ -83,7 +83,7 @@ def test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its
     seen: dict[int, tuple[tuple[int, int], list[int]]] = {}
 
     def progress(line: str) -> None:
-        if not line.startswith("round "):
+        if not line.startswith("round ") or "  acc " not in line:  # a round's own line, not one while it waits
             return
         rnd = int(line.split()[1].split("/")[0])
         if rnd == 1:  # during the run: Ray's session and the link Ray points at it
