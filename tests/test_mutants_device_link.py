@@ -170,20 +170,17 @@ def test_token_ids_of_another_integer_dtype_are_cast_to_the_first_blocks() -> No
 # ---------------------------------------------------------------- link.py
 
 
-@pytest.mark.parametrize("field", ["run_id", "client_id", "secret"])
-def test_ids_take_max_id_characters_and_refuse_one_more(field: str) -> None:
-    ids = {"run_id": "r", "client_id": "c", "secret": "s"}
-    check_ids(**{**ids, field: "x" * MAX_ID})
-    with pytest.raises(InvalidArgument, match=f"{field} must have .*{MAX_ID} characters, got {MAX_ID + 1}"):
-        check_ids(**{**ids, field: "x" * (MAX_ID + 1)})
+IDS = {"run_id": "r", "client_id": "c", "secret": "s"}
+REPLICA = {"replica": "r", "base": "", "base_secret": ""}
 
 
-@pytest.mark.parametrize("field", ["replica", "base", "base_secret"])
-def test_replica_fields_take_max_id_characters_and_refuse_one_more(field: str) -> None:
-    given = {"replica": "r", "base": "", "base_secret": ""}
-    check_replica(**{**given, field: "x" * MAX_ID})
-    with pytest.raises(InvalidArgument, match=f"{field} must have"):
-        check_replica(**{**given, field: "x" * (MAX_ID + 1)})
+@pytest.mark.parametrize("check, given, field, words", [
+    *((check_ids, IDS, f, f"{f} must have .*{MAX_ID} characters, got {MAX_ID + 1}") for f in IDS),
+    *((check_replica, REPLICA, f, f"{f} must have") for f in REPLICA)])
+def test_id_fields_take_max_id_characters_and_refuse_one_more(check, given, field, words):  # type: ignore[no-untyped-def]
+    check(**{**given, field: "x" * MAX_ID})
+    with pytest.raises(InvalidArgument, match=words):
+        check(**{**given, field: "x" * (MAX_ID + 1)})
 
 
 def test_reduce_run_id_edges() -> None:

@@ -208,6 +208,18 @@ def _undone_on_error(segment: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _no_gradient_left(b: _Binding) -> Iterator[None]:
+    """A step or U-shape backward that fails (half-way through its backward, say) leaves no gradient on the
+    segment: the next step on its replica (another client's, on a shared one) would apply it with its own."""
+    try:
+        yield
+    except BaseException:
+        if b.optim is not None:
+            b.optim.zero_grad(set_to_none=True)
+        raise
+
+
+@contextlib.contextmanager
 def _holding(replica: _Replica, tier: str, what: str) -> Iterator[None]:
     """The replica's lock, or UNAVAILABLE: a client that vanished mid U-shape step blocks nobody forever."""
     if not replica.lock.acquire(timeout=SHARED_WAIT_S):
@@ -736,13 +748,8 @@ class Tier:
             x = self._input(b, activation)
             self._labels(b, labels, x.shape[0])
             _drop_reply(b)
-            try:
-                with _undone_on_error(b.segment):
-                    reply = self._step(b, key, x, labels)
-            except BaseException:
-                if b.optim is not None:
-                    b.optim.zero_grad(set_to_none=True)  # a failed step leaves no gradient behind
-                raise
+            with _no_gradient_left(b), _undone_on_error(b.segment):
+                reply = self._step(b, key, x, labels)
             self._finish(b, key, "step", reply, digest)
             return reply
 
@@ -851,12 +858,8 @@ class Tier:
             check_returned(g, out, f"tier {self.name}: backward {key.seq} of {key.client_id}: "
                            "the next tier's gradient")
         if out.requires_grad and g is not None:
-            try:
+            with _no_gradient_left(b):
                 out.backward(g.to(self.torch_device))
-            except BaseException:
-                if b.optim is not None:  # as a failed step: a backward failed half-way leaves no gradient behind
-                    b.optim.zero_grad(set_to_none=True)
-                raise
         gx = self._grad_out(x)
         b.pending = None
         self._finish(b, key, "backward", (gx,), digest)
