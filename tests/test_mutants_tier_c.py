@@ -18,6 +18,7 @@ from splitfed.errors import (
     NotFound,
     PermissionDenied,
     TierError,
+    Unavailable,
 )
 from splitfed.models.blocks import Segment, step_rng
 from splitfed.models.zoo import resolve_spec
@@ -320,14 +321,20 @@ def u_backward_fails_on_marker() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 4), _Marked(), torch.nn.Linear(4, 4), torch.nn.Linear(4, 3))
 
 
-def _shared_u_tier() -> Tier:
-    """Clients a and b in turn on one shared U-shape replica (sflv2), blocks [1, 3) on this tier."""
-    spec = resolve_spec("tests.test_mutants_tier_c:u_backward_fails_on_marker", input_shape=(4,), num_classes=3)
-    assert template.num_blocks(spec) == 4
+def u_bn_backward_fails_on_marker() -> torch.nn.Module:
+    """As above, with BatchNorm after the failing block: its running statistics move in the forward."""
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), _Marked(), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 4),
+                               torch.nn.Linear(4, 3))
+
+
+def _shared_u_tier(model: str = "u_backward_fails_on_marker", blocks: tuple[int, int] = (1, 3)) -> Tier:
+    """Clients a and b in turn on one shared U-shape replica (sflv2), ``blocks`` on this tier."""
+    spec = resolve_spec(f"tests.test_mutants_tier_c:{model}", input_shape=(4,), num_classes=3)
+    assert template.num_blocks(spec) > blocks[1]
     cfg = RoundConfig("run", 0, spec, mode="sflv2", u_shape=True)
     t = Tier("edge", idle_release_s=None)
-    (la,) = tier_loads(cfg, "a", (1, 3), initial_state(spec, 0), replica="S")
-    (lb,) = tier_loads(cfg, "b", (1, 3), None, replica="S")
+    (la,) = tier_loads(cfg, "a", blocks, initial_state(spec, 0), replica="S")
+    (lb,) = tier_loads(cfg, "b", blocks, None, replica="S")
     t.load(la)
     t.load(lb)
     return t
@@ -351,3 +358,78 @@ def test_a_u_shape_backward_that_fails_half_way_leaves_no_gradient_on_a_shared_r
         t.backward(StepKey("run", "b", 0, 0), g)
     a, b = clean.fetch("run", "b"), failed.fetch("run", "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_u_shape_step_whose_backward_fails_here_is_undone_and_lets_go_of_the_shared_replica(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its backward used up the forward's graph, so no retry of it can run: the step is undone (the running
+    statistics its forward moved, its sequence) and the replica's lock let go of at once. b trains on without
+    waiting for a's release, and a's retry of the whole step runs as a clean one."""
+    import splitfed.engine.tier as tier_mod
+
+    monkeypatch.setattr(tier_mod, "SHARED_WAIT_S", 0.5)  # the old code held the lock: b got UNAVAILABLE
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(1))
+    g = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
+    shared = ("u_bn_backward_fails_on_marker", (1, 4))
+    clean, failed = _shared_u_tier(*shared), _shared_u_tier(*shared)
+    before = failed.fetch("run", "a")
+    bad = x.clone()
+    bad[0, 0] = MARKER
+    failed.forward(StepKey("run", "a", 0, 0), bad)
+    with pytest.raises(Exception, match="backward failed half-way"):
+        failed.backward(StepKey("run", "a", 0, 0), g)
+    after = failed.fetch("run", "a")  # refused while a step waits for its backward: none does now
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert any("running_mean" in k for k in before)
+    with pytest.raises(FailedPrecondition, match="without its forward"):
+        failed.backward(StepKey("run", "a", 0, 0), g)
+    replies = []
+    for t in (clean, failed):  # b first, on the replica a left; then a's retry of its step 0
+        got = []
+        for cid in ("b", "a"):
+            got.append(t.forward(StepKey("run", cid, 0, 0), x))
+            got.append(t.backward(StepKey("run", cid, 0, 0), g))
+        replies.append(got)
+    assert all(w is not None and v is not None and torch.equal(w, v) for w, v in zip(*replies, strict=True))
+    for cid in ("a", "b"):
+        want, have = clean.fetch("run", cid), failed.fetch("run", cid)
+        assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
+
+
+def test_a_u_shape_backward_the_next_tier_failed_keeps_its_step_and_its_retry_runs() -> None:
+    """Only a backward that failed in this tier's own blocks is undone: one the next tier failed never ran
+    here, its graph is whole, and the retry (the same step) gives the clean chain's gradient and weights."""
+    state = initial_state(SPEC, 0)
+    g_out = torch.randn(4, 128, generator=torch.Generator().manual_seed(5))
+    k = StepKey("run", "a", 0, 0)
+    results = []
+    for fails in (False, True):
+        edge_load, cloud_load = tier_loads(RoundConfig("run", 0, SPEC, u_shape=True), "a", (2, 3, 5), state)
+        cloud = Tier("cloud", idle_release_s=None)
+        cloud.load(cloud_load)
+        link = _FailsBackwardOnce(cloud, fails)
+        edge = Tier("edge", next=link, idle_release_s=None)  # type: ignore[arg-type]
+        edge.load(edge_load)
+        edge.forward(k, act(4))
+        if fails:
+            with pytest.raises(Unavailable, match="cloud restarting"):
+                edge.backward(k, g_out)
+        results.append((edge.backward(k, g_out), edge.fetch("run", "a"), cloud.fetch("run", "a")))
+    (g0, e0, c0), (g1, e1, c1) = results
+    assert g0 is not None and g1 is not None and torch.equal(g0, g1)
+    for want, have in ((e0, e1), (c0, c1)):
+        assert want.keys() == have.keys() and all(torch.equal(want[key], have[key]) for key in want)
+
+
+class _FailsBackwardOnce(_Corrupting):
+    """The link to the cloud, unreachable for the first backward when ``fails`` (a cloud restarting)."""
+
+    def __init__(self, tier: Tier, fails: bool) -> None:
+        super().__init__(tier, "none")
+        self.fails = fails
+
+    def backward(self, key, grad):  # type: ignore[no-untyped-def]
+        if self.fails:
+            self.fails = False
+            raise Unavailable("cloud restarting")
+        return self.tier.backward(key, grad)

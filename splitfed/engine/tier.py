@@ -89,6 +89,20 @@ class _Replica:
     base: bool = False  # the coordinator's own (a base or a holder, ``is_base``): never trains, so weights only
 
 
+Buffers = list[tuple[torch.Tensor, torch.Tensor]]  # a segment's buffers, each with its value before a forward
+
+
+@dataclass
+class _Pending:
+    """A U-shape forward waiting for its backward: its input and output (the graph), and what undoes it
+    should its backward fail in this tier's own blocks (the sequence before it, the buffers it updated)."""
+    x: torch.Tensor
+    out: torch.Tensor
+    seq: int
+    phase: str
+    buffers: Buffers
+
+
 @dataclass
 class _Binding:
     spec: SegmentLoad
@@ -104,7 +118,7 @@ class _Binding:
     last_phase: str = ""
     cached: object = None
     digest: bytes = b""  # of the request whose reply is ``cached`` (_digest): a retry must be that request
-    pending: tuple[torch.Tensor, torch.Tensor] | None = None
+    pending: _Pending | None = None  # a U-shape forward waiting for its backward
     holds_lock: bool = False
     last_used: float = 0.0
     backward: threading.Lock = field(default_factory=threading.Lock)  # one backward at a time: a retry waits
@@ -193,17 +207,22 @@ def _few(names: list[str], show: int = 3) -> str:
     return ", ".join(names[:show]) + (f" +{len(names) - show} more" if len(names) > show else "")
 
 
+def _put_back(saved: Buffers) -> None:
+    with torch.no_grad():
+        for t, old in saved:
+            t.copy_(old)
+
+
 @contextlib.contextmanager
-def _undone_on_error(segment: nn.Module) -> Iterator[None]:
+def _undone_on_error(segment: nn.Module) -> Iterator[Buffers]:
     """A forward updates BatchNorm's running statistics at once; a step that fails after it (the next tier
-    unreachable or refusing, a diverged loss) must not keep them, or its retry would count the batch twice."""
+    unreachable or refusing, a diverged loss) must not keep them, or its retry would count the batch twice.
+    Yields what it saved: a U-shape forward keeps it until its backward (:meth:`Tier._abandon`)."""
     saved = [(t, t.clone()) for t in segment.buffers()]
     try:
-        yield
+        yield saved
     except BaseException:
-        with torch.no_grad():
-            for t, old in saved:
-                t.copy_(old)
+        _put_back(saved)
         raise
 
 
@@ -802,8 +821,9 @@ class Tier:
             if cached is not None:  # pragma: no cover - a forward's reply is cached only while its lock is held
                 b.replica.lock.release()
                 return cached  # type: ignore[return-value]
+            before = (b.last_seq, b.last_phase)
             _drop_reply(b)
-            with _undone_on_error(b.segment):
+            with _undone_on_error(b.segment) as buffers:
                 out = b.segment(x, rng=self._rng(b, key))
                 onward = self._onward(b)
                 result = onward.forward(key, self._out(out)) if onward is not None else self._out(out)
@@ -818,7 +838,7 @@ class Tier:
             b.replica.lock.release()
             raise NotFound(f"tier {self.name}: the segment of client {key.client_id!r} was released during "
                            f"its forward {key.seq}")
-        b.pending = (x, out)
+        b.pending = _Pending(x, out, *before, buffers)
         b.last_seq, b.last_phase, b.cached, b.digest = key.seq, "forward", result, digest
         return result
 
@@ -846,7 +866,7 @@ class Tier:
         if not b.holds_lock or b.pending is None:
             raise FailedPrecondition(f"backward of step {key.seq} without its forward")
         self._admit(b, key, "backward", digest)
-        x, out = b.pending
+        x, out = b.pending.x, b.pending.out
         onward = self._onward(b)
         want = b.out_shape if onward is None else None
         if want is not None and grad is not None:
@@ -858,8 +878,12 @@ class Tier:
             check_returned(g, out, f"tier {self.name}: backward {key.seq} of {key.client_id}: "
                            "the next tier's gradient")
         if out.requires_grad and g is not None:
-            with _no_gradient_left(b):
-                out.backward(g.to(self.torch_device))
+            try:
+                with _no_gradient_left(b):
+                    out.backward(g.to(self.torch_device))
+            except BaseException:
+                self._abandon(b)
+                raise
         gx = self._grad_out(x)
         b.pending = None
         self._finish(b, key, "backward", (gx,), digest)
@@ -868,3 +892,20 @@ class Tier:
         if held:
             b.replica.lock.release()
         return gx
+
+    def _abandon(self, b: _Binding) -> None:
+        """Undo a U-shape step whose backward failed in this tier's own blocks (out of memory, say): that used
+        up the forward's graph, so no retry of the backward could run. The forward's statistics are put back,
+        the sequence is as before it (a retry of the whole step runs as a clean one), and the replica's lock is
+        let go of now: the other clients of a shared replica do not wait for this one's release. (A backward
+        that failed in a later tier keeps its step: its graph here is whole, and a retry may still run it.)"""
+        p = b.pending
+        assert p is not None
+        _put_back(p.buffers)
+        b.pending = None
+        b.last_seq, b.last_phase = p.seq, p.phase
+        _drop_reply(b)
+        with self._lock:  # unless a release let go of it meanwhile
+            held, b.holds_lock = b.holds_lock, False
+        if held:
+            b.replica.lock.release()
