@@ -325,12 +325,8 @@ class Tier:
             replica.held += added
             self.held += added
             self._unclaim(bkey)
-            try:
-                self._authorize_load(spec, rkey)  # again: a concurrent load may have bound the client meanwhile
-            except PermissionDenied:
-                if not replica.users and not replica.loading and self._replicas.get(rkey) is replica:
-                    self._drop_replica(rkey)
-                raise
+            # no second authorisation: the claim kept loads under another secret off the client, and a replica
+            # with a load under way is never dropped, so none under another secret replaced it meanwhile
             old = self._bindings.get(bkey)
             if old is not None:
                 self._unbind(bkey, old)  # bound again below: nothing to remember
