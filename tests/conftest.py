@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 
@@ -19,6 +20,12 @@ from tests.ray_fixtures import ray_tmp  # noqa: F401 (a fixture: a Ray of the te
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # started in the background by a shell without job control (`cmd &` in a script), which ignores Ctrl-C: the
+    # tests of how a Ctrl-C stops a command would see none arrive. A handler here is reset to the default in the
+    # processes they start; an ignored signal would stay ignored there.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 settings.register_profile(
     "splitfed",
