@@ -883,10 +883,7 @@ class Tier:
         gx = self._grad_out(x)
         b.pending = None
         self._finish(b, key, "backward", (gx,), digest)
-        with self._lock:  # unless a release let go of it meanwhile
-            held, b.holds_lock = b.holds_lock, False
-        if held:
-            b.replica.lock.release()
+        self._let_go(b)
         return gx
 
     def _abandon(self, b: _Binding) -> None:
@@ -901,7 +898,11 @@ class Tier:
         b.pending = None
         b.last_seq, b.last_phase = p.seq, p.phase
         _drop_reply(b)
-        with self._lock:  # unless a release let go of it meanwhile
+        self._let_go(b)
+
+    def _let_go(self, b: _Binding) -> None:
+        """The replica's lock a U-shape forward kept, given back, unless a release let go of it meanwhile."""
+        with self._lock:
             held, b.holds_lock = b.holds_lock, False
         if held:
             b.replica.lock.release()
