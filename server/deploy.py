@@ -84,6 +84,7 @@ from typing import Any, TextIO
 import psutil
 
 from splitfed import tomlio
+from splitfed.cli import line_buffered
 from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import ALIASES, RunSettings, app_config
@@ -748,6 +749,7 @@ def _again(args: argparse.Namespace, out: str, rounds: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    line_buffered()  # the run's lines reach a pipe or file (``| tee``) as they are printed, not at its end
     p = argparse.ArgumentParser(prog="python -m server.deploy", description=__doc__.splitlines()[0],
                                 epilog="Extra run settings: --set key=value (e.g. --set mode=sflv2).")
     p.add_argument("--clients", type=int, default=None, help="SuperNodes (default 2; resumed: the run's)")

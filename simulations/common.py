@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from splitfed import jsonio, tomlio
+from splitfed.cli import line_buffered
 from splitfed.errors import ConfigError, SplitfedError, Terminated, unknown_key
 
 C = TypeVar("C")
@@ -389,7 +390,9 @@ def run_record(run: Any, target: float | None = None) -> dict[str, Any]:
 
 def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping[str, Any]],
          argv: Sequence[str] | None = None, doc: str | None = None) -> int:
-    """``python -m simulations.NAME [--config FILE] [--out DIR]``: run, write, print the folder."""
+    """``python -m simulations.NAME [--config FILE] [--out DIR]``: run, write, print the folder (each line
+    as it is printed, to a pipe or file as well)."""
+    line_buffered()
     parser = argparse.ArgumentParser(prog=f"python -m simulations.{name}", description=doc)
     parser.add_argument("--config", default=str(CONFIGS / f"{name}.toml"),
                         help=f"TOML config (default: simulations/configs/{name}.toml)")

@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 def script(prog: str, body: Callable[[], int | None]) -> int:
     """A script's ``main`` (the benchmarks) under the command's rules: a :class:`SplitfedError` is one line
     and its exit code, Ctrl-C one line and 130, a reader of its output gone (``| head``) the quiet 141 of a
-    command, rather than a traceback."""
+    command, rather than a traceback; its lines reach a pipe as they are printed (:func:`line_buffered`)."""
+    line_buffered()
     try:
         code = int(body() or 0)
         sys.stdout.flush()  # here, not at the interpreter's exit, where a closed pipe is a message and rc 120
@@ -161,6 +162,19 @@ def _stdout_to_devnull() -> None:
         os.close(devnull)
 
 
+def line_buffered() -> None:
+    """Each line printed reaches stdout's pipe or file at once (``| tee run.log``, ``> run.log``, a scheduler's
+    log, a test reading the progress): Python writes such a stdout in 8 KiB blocks, so a run's progress came
+    all at its end. A terminal's stdout is line-buffered already; one without ``reconfigure`` (a test's capture,
+    a stream a caller put there) is left as it is."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if callable(reconfigure):
+        try:
+            reconfigure(line_buffering=True)
+        except (ValueError, OSError):  # closed (``>&-``), or a descriptor that refuses the flush it does
+            pass
+
+
 def _hint(command: str, e: BaseException) -> None:
     """What the user can do next (``e.hint``, set by a command that knows, e.g. how to continue a run)."""
     hint = getattr(e, "hint", "")
@@ -178,6 +192,7 @@ def entry() -> None:
     actors that are gone, which the interpreter would join forever. The exit handlers (``atexit``:
     temporary files, loggers) still run.
     """
+    line_buffered()
     code = main()
     atexit._run_exitfuncs()
     logging.shutdown()

@@ -39,13 +39,23 @@ SPLITFED = Path(sys.executable).parent / "splitfed"  # the console script, as a 
 HANG = 180  # seconds: far beyond a clean stop; only a hang gets here
 
 
+# Rounds of a run stopped part way: enough that the signal, sent at round 1's or 2's line, always finds the run
+# training. A round here takes 0.2-1.5 s, and the reader of its lines may lag under load: with 4, a SIGTERM sent
+# at round 2's line once came after the last round and the summary (CI on 2 cores), and the run read "finished".
+ROUNDS = 30
+
+
 def _start(out: Path, ray_tmp: Path, sigint_ignored: bool = False) -> subprocess.Popen:
-    cmd = [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds", "4",
-           "--out", str(out)]
+    """The run as a user's script starts it, its output a pipe without ``PYTHONUNBUFFERED``: each progress line
+    must reach the pipe as it is printed (before, it came in 8 KiB blocks, here all at the end: the signal
+    meant for round 1 came after the last round, or never)."""
+    cmd = [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds",
+           str(ROUNDS), "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     return subprocess.Popen(
         ignoring_sigint(cmd) if sigint_ignored else cmd,
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+        env={**env, "RAY_TMPDIR": str(ray_tmp)})
 
 
 def _signal_at(p: subprocess.Popen, marker: str, send) -> list[str]:  # type: ignore[no-untyped-def]
@@ -120,18 +130,19 @@ def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no
             p.send_signal(sig)
 
     proc = _start(out, ray_tmp, sigint_ignored=sig == signal.SIGTERM)
-    ignored = [] if group else _signal_at(proc, "round 1/4", lambda p: p.send_signal(signal.SIGINT))
-    returncode, text = _stop_at(proc, "round 1/4" if group else "round 2/4", send)
+    ignored = [] if group else _signal_at(proc, f"round 1/{ROUNDS}", lambda p: p.send_signal(signal.SIGINT))
+    returncode, text = _stop_at(proc, f"round 1/{ROUNDS}" if group else f"round 2/{ROUNDS}", send)
     text = "".join(ignored) + text
     assert returncode == code, text
     if ignored:  # the SIGINT it ignores: it trained on through it, and said nothing of it
         assert "interrupted" not in text and "Ctrl-C" not in text and _rounds(out)[:2] == [1, 2], text
-    _ends_stopped(text, out, word, 4)
+    _ends_stopped(text, out, word, ROUNDS)
     assert "Traceback" not in text and "ERROR" not in text and "SIGTERM received" not in text, text
     done = _rounds(out)
     assert done and done == list(range(1, len(done) + 1)), (done, text)  # every finished round, none twice
     kept = checkpoint.load(out).round
     assert 1 <= kept and kept >= done[-1] - 1, (kept, done, text)  # what --resume continues from
+    assert kept < ROUNDS, (kept, text)  # stopped part way: the signal found it training
     run = load_run(out)
     assert run.status == "stopped" and run.record["signal"] == signal.Signals(sig).name, (run.record, text)
     assert run_notes(run)[0].startswith(f"{out} was stopped by {by} at "), (run_notes(run), text)
