@@ -162,8 +162,13 @@ def _finished(settings: RunSettings, held: Checkpoint | None = None) -> dict[str
 
 def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:
     """How to continue a run that ended before its last round ("": nothing to say). A run ``stopped`` (Ctrl-C,
-    SIGTERM) before any round was kept is started again; one that failed then would only fail again."""
+    SIGTERM) before any round was kept is started again; one that failed then would only fail again. One that
+    kept its last round ended after it: stopped as it wound down (a signal that came late), it is whole; without
+    its summary, a resume writes it and trains nothing."""
+    from pathlib import Path
+
     from splitfed.flower import checkpoint
+    from splitfed.flower.metrics import SUMMARY
 
     try:
         done, rounds = checkpoint.resume_point(settings.out, settings.rounds) if settings.out else (0, "")
@@ -172,7 +177,11 @@ def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:
     if not done:
         return f"no round was kept in {settings.out}: run the same command again to start over" if stopped else ""
     if done >= settings.rounds:
-        return ""
+        if not (Path(settings.out) / SUMMARY).is_file():
+            return (f"all {done} round(s) are kept in {settings.out}, without its summary; write it with: "
+                    f"splitfed simulate --resume {settings.out}{rounds}")
+        return (f"the run had finished: its {done} round(s) are in {settings.out} (see: splitfed report "
+                f"{settings.out})") if stopped else ""
     return (f"round {done} of {settings.rounds} is kept in {settings.out}; continue with: "
             f"splitfed simulate --resume {settings.out}{rounds}")
 
