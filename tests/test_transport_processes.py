@@ -393,9 +393,12 @@ def test_a_terminals_ctrl_c_reaches_the_run_not_the_tiers_it_started_which_still
 
     import psutil
 
-    script = ("import signal, sys, time\n"
+    # the handler writes to the descriptor: a print there, met while the main thread was still inside the
+    # print of the line before (its buffer's lock held: the test reads the line as the write ends, and signals
+    # at once), raised "reentrant call inside <_io.BufferedWriter name='<stdout>'>"
+    script = ("import os, signal, sys, time\n"
               "from splitfed.transport.process import TierProcess\n"
-              "signal.signal(signal.SIGINT, lambda *a: print('run: stopping', flush=True))\n"
+              "signal.signal(signal.SIGINT, lambda *a: os.write(1, b'run: stopping\\n'))\n"
               "tier = TierProcess.start('edge', insecure=True)\n"
               "print(tier.pid, tier.address, flush=True)\n"
               # short sleeps: the kernel may hand the signal to a thread reading the tier's output, and the
