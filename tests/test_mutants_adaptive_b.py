@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from splitfed.cost import Scenario, client_cost
 from splitfed.flower.adaptive import AdaptivePolicy, _measured, _with_belief
 from splitfed.flower.config import RunSettings
-from splitfed.flower.policy import ClientInfo, Measurement
+from splitfed.flower.policy import Measurement
 from splitfed.optimizer import Measurement as Seen
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from splitfed.profile.speed import SpeedMeasure, measured_flops
+from tests.test_speed_probe import INFO, SLOW
 
 # four blocks; the edge is slow enough that its compute, and the edge-cloud link, are a real part of link_s
 PROF = ModelProfile.synthetic([1e6, 1e8, 5e8, 2e8], [4e4, 2e4, 3e4, 10], [1e3, 1.5e6, 2e6, 1e5], input_bytes=3e4)
@@ -168,23 +169,7 @@ def test_a_checkpoint_s_beliefs_are_taken_where_they_are_usable_numbers(saved: l
 
 
 # ---------------------------------------------------------------- the policy's state and a resumed run
-
-SLOW = """
-name = "slow"
-samples = 150
-[edge]
-profile = "edge-server"
-[cloud]
-profile = "cloud-gpu"
-[[device]]
-name = "dev"
-flops = 1e6
-memory_mb = 1024
-up_mbps = 900
-down_mbps = 900
-rtt_ms = 1
-"""
-INFO = [ClientInfo("client0", 1, 0, "dev-0", 150)]
+# SLOW: a slow device on a fast link (its raw inputs go to the edge), as tests/test_speed_probe.py plans it
 
 
 def _settings(tmp_path: Path, rounds: int) -> RunSettings:

@@ -214,8 +214,7 @@ def test_a_flight_cut_short_gives_the_certificates_read_whole_before_the_cut(pki
 
 
 @contextlib.contextmanager
-def _tls_tier(tls: TlsConfig, host: str = "127.0.0.1", family: socket.AddressFamily = socket.AF_INET,
-              client_ca: Path | None = None) -> Iterator[int]:
+def _tls_tier(tls: TlsConfig, host: str = "127.0.0.1", client_ca: Path | None = None) -> Iterator[int]:
     """A TLS server (Python's ssl, OpenSSL's handshake) on ``host`` serving ``tls``'s certificate; with
     ``client_ca``, requiring a client certificate signed by it; its port."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -223,33 +222,17 @@ def _tls_tier(tls: TlsConfig, host: str = "127.0.0.1", family: socket.AddressFam
     if client_ca is not None:
         ctx.load_verify_locations(cafile=str(client_ca))
         ctx.verify_mode = ssl.CERT_REQUIRED
-    ls = socket.socket(family)
-    ls.bind((host, 0))
-    ls.listen(8)
-    ls.settimeout(0.2)
-    done = threading.Event()
 
     def one(conn: socket.socket) -> None:
         conn.settimeout(5)
         with contextlib.suppress(OSError), ctx.wrap_socket(conn, server_side=True) as s:
             s.recv(1)
 
-    def serve() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = ls.accept()
-            except OSError:
-                continue
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    address, stop = tcp_server(one, host)
     try:
-        yield ls.getsockname()[1]
+        yield int(address.rsplit(":", 1)[1])
     finally:
-        done.set()
-        t.join(2)
-        ls.close()
+        stop()
 
 
 def test_a_tier_certificate_not_for_the_ip_address_connected_to_is_named_as_such(pki: Pki) -> None:
@@ -267,7 +250,7 @@ def test_a_bracketed_ipv6_host_is_checked_as_the_address_inside_the_brackets(pki
         probe.close()
     except OSError:
         pytest.skip("no IPv6 loopback here")
-    with _tls_tier(pki.good, "::1", socket.AF_INET6) as port:  # a certificate for localhost and 127.0.0.1
+    with _tls_tier(pki.good, "::1") as port:  # a certificate for localhost and 127.0.0.1
         said = tls_refusal("[::1]", port, TlsConfig(ca=pki.ca), timeout_s=5.0)
     assert said is not None and said.startswith("the tier's certificate is not for ::1 (IP address mismatch")
 

@@ -169,11 +169,13 @@ def fake_tier(handlers: Mapping[str, grpc.RpcMethodHandler], workers: int = 2) -
         server.stop(0)
 
 
-def tcp_server(handle: Callable[[socket.socket], object]) -> tuple[str, Callable[[], None]]:
-    """A port on 127.0.0.1 whose every connection ``handle`` gets (in a thread of its own): a proxy, a TLS
-    terminator, a peer that answers wrongly; its address and the function that stops it."""
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
+def tcp_server(handle: Callable[[socket.socket], object], host: str = "127.0.0.1") -> tuple[str, Callable[[], None]]:
+    """A port on ``host`` (127.0.0.1, or an IPv6 address such as ::1) whose every connection ``handle`` gets (in
+    a thread of its own): a proxy, a TLS terminator, a peer that answers wrongly; its address and the function
+    that stops it."""
+    ipv6 = ":" in host
+    ls = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET)
+    ls.bind((host, 0))
     ls.listen(16)
     ls.settimeout(0.2)  # accept wakes up to see ``done``
     done = threading.Event()
@@ -192,4 +194,4 @@ def tcp_server(handle: Callable[[socket.socket], object]) -> tuple[str, Callable
         done.set()
         ls.close()
 
-    return f"127.0.0.1:{ls.getsockname()[1]}", stop
+    return f"[{host}]:{ls.getsockname()[1]}" if ipv6 else f"{host}:{ls.getsockname()[1]}", stop
