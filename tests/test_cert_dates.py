@@ -26,7 +26,7 @@ from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.errors import TlsRefused
 from splitfed.transport.security import TlsConfig, tls_refusal
 from splitfed.transport.server import serve_tier
-from tests.transport_fixtures import _write, make_ca, make_leaf
+from tests.transport_fixtures import _write, make_ca, make_leaf, write_ca
 
 DAY = dt.timedelta(days=1)
 
@@ -79,9 +79,7 @@ class Pki:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     d = tmp_path_factory.mktemp("pki")
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    ca_key, ca = make_ca("dates test CA")
-    ca_path = d / "ca.pem"
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    ca_key, ca, ca_path = write_ca(d, "dates test CA")
     leaf = make_leaf("tier", ca_key, ca)
 
     def tls(name: str, key_cert: tuple[ec.EllipticCurvePrivateKey, x509.Certificate], ca_file: Path = ca_path

@@ -32,7 +32,7 @@ from splitfed.transport.security import (
     read_tokens,
     tls_refusal,
 )
-from tests.transport_fixtures import _write, make_ca, make_leaf, tcp_server
+from tests.transport_fixtures import _write, make_leaf, tcp_server, write_ca
 
 US = dt.timedelta(microseconds=1)
 DAY = dt.timedelta(days=1)
@@ -81,9 +81,7 @@ class Pki:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     d = tmp_path_factory.mktemp("pki")
-    ca_key, ca = make_ca("mutants test CA")
-    ca_path = d / "ca.pem"
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    ca_key, ca, ca_path = write_ca(d, "mutants test CA")
     good = _write(d / "good", *make_leaf("tier", ca_key, ca))
     other = _write(d / "other", *_signed("tier", ca_key, ca, names=[x509.DNSName("other.example")]))
     ders = tuple(make_leaf(f"tier {i}", ca_key, ca)[1].public_bytes(serialization.Encoding.DER) for i in range(3))

@@ -73,6 +73,14 @@ def make_leaf(cn: str, ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate
     return key, cert
 
 
+def write_ca(folder: Path, cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate, Path]:
+    """A CA made by :func:`make_ca`, its certificate written to ``folder/ca.pem``: its key, certificate and file."""
+    key, cert = make_ca(cn)
+    path = folder / "ca.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key, cert, path
+
+
 @dataclass(frozen=True)
 class Certs:
     ca: Path
@@ -86,9 +94,7 @@ class Certs:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     d = tmp_path_factory.mktemp("pki")
-    ca_key, ca = make_ca("splitfed test CA")
-    ca_path = d / "ca.pem"
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    ca_key, ca, ca_path = write_ca(d, "splitfed test CA")
     s_cert, s_key = _write(d / "server", *make_leaf("tier", ca_key, ca))
     c_cert, c_key = _write(d / "client", *make_leaf("device", ca_key, ca))
     r_ca_key, r_ca = make_ca("some other CA")
