@@ -58,7 +58,7 @@ Progress = Callable[[str], None]
 
 # settings that may change between a run and its resumption (they do not change the math)
 RESUMABLE = {"rounds", "out", "resume", "overwrite", "tier_addresses", "tier_torch_device", "round_timeout_s",
-             "node_wait_s", "run_name",
+             "call_timeout_s", "node_wait_s", "run_name",
              "tls_ca", "tls_cert", "tls_key", "token_file", "coordinator_token_file", "sim_clock"}
 
 

@@ -564,6 +564,7 @@ class SplitFedAvg(FedAvg):
             edge_address=self.edge_address, tls_ca=s.tls_ca, tls_cert=s.tls_cert, tls_key=s.tls_key,
             token_file=s.token_file, compress=s.codecs[0], edge_instance=self.edge_instance,
             measure_speed=probes_speed(s, rnd.assignment[cid]), secret=rnd.cfg.secret_of(cid),
+            deadline_s=s.call_deadline_s,
         ).to_record()
         for k, v in extra.items():
             rec.setdefault(k, v)

@@ -422,6 +422,7 @@ def test_metrics_are_strict_json_even_when_the_model_diverged(tmp_path):
     (["--weight-decay", "-1"], "weight decay must be a finite number >= 0"),
     (["--compress", "zip"], "unknown codec 'zip'"),
     (["--round-timeout-s", "0"], "round-timeout-s must be a positive number"),
+    (["--call-timeout-s", "-1"], "call-timeout-s must be a positive number"),
 ])
 def test_simulate_refuses_bad_input_before_starting_anything(argv, words, tmp_path, capsys, monkeypatch):
     import splitfed.sim.runner
@@ -447,9 +448,11 @@ def test_simulate_flags_override_the_config_file_and_absent_flags_keep_it(tmp_pa
     kept = settings()
     assert (kept.u_shape, kept.compress, kept.momentum, kept.lr, kept.optimizer) == (True, "int8", 0.5, 0.2, "sgd")
     s = settings("--no-u-shape", "--compress", "topk:0.1", "--optimizer", "adam", "--lr", "0.01", "--momentum", "0",
-                 "--weight-decay", "1e-4", "--round-timeout-s", "30", "--min-clients", "2")
+                 "--weight-decay", "1e-4", "--round-timeout-s", "30", "--min-clients", "2",
+                 "--call-timeout-s", "12.5")
     assert (s.u_shape, s.compress, s.optimizer, s.lr, s.momentum, s.weight_decay, s.round_timeout_s,
-            s.min_clients) == (False, "topk:0.1", "adam", 0.01, 0.0, 1e-4, 30.0, 2)
+            s.min_clients, s.call_timeout_s) == (False, "topk:0.1", "adam", 0.01, 0.0, 1e-4, 30.0, 2, 12.5)
+    assert kept.call_timeout_s == 60.0
     assert settings("--u-shape").u_shape is True
     assert RunSettings().min_clients == 1  # what --help says the default is
 

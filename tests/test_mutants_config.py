@@ -56,13 +56,13 @@ def test_a_vocab_outside_two_to_the_largest_is_refused(vocab: int) -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.floats(min_value=1e-9, max_value=1.0), st.sampled_from(["round_timeout_s", "node_wait_s"]))
+@given(st.floats(min_value=1e-9, max_value=1.0), st.sampled_from(["round_timeout_s", "call_timeout_s", "node_wait_s"]))
 def test_any_positive_number_of_seconds_is_a_wait_even_under_one(seconds: float, name: str) -> None:
     assert getattr(RunSettings(**{name: seconds}), name) == seconds
 
 
 @pytest.mark.parametrize("seconds", [0.0, -0.5, math.inf, math.nan])
-@pytest.mark.parametrize("name", ["round_timeout_s", "node_wait_s"])
+@pytest.mark.parametrize("name", ["round_timeout_s", "call_timeout_s", "node_wait_s"])
 def test_a_wait_of_no_positive_finite_seconds_is_refused(name: str, seconds: float) -> None:
     with pytest.raises(ConfigError, match=f"{name.replace('_', '-')} must be a positive number of seconds"):
         RunSettings(**{name: seconds})

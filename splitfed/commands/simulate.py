@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 _FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
            "batch_size", "local_epochs", "optimizer", "lr", "momentum", "weight_decay", "u_shape", "compress",
            "min_clients", "fraction", "min_device_blocks", "vocab", "model_kwargs", "round_timeout_s",
-           "tier_torch_device", "out", "overwrite")
+           "call_timeout_s", "tier_torch_device", "out", "overwrite")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,6 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         'file, a table: model-kwargs = { width = 32 })')
     p.add_argument("--round-timeout-s", type=float, metavar="S",
                    help="how long a round waits for its clients (default 600)")
+    p.add_argument("--call-timeout-s", type=float, metavar="S",
+                   help="how long one call of a device to its edge may take, retries included (default 60; "
+                        "at most the round timeout)")
     p.add_argument("--tier-torch-device", metavar="DEV", help="where the edge and cloud tiers it starts compute: "
                                                                "cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--out", metavar="DIR", help="run folder (default runs/sim-<time>)")

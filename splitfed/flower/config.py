@@ -64,6 +64,9 @@ class RunSettings:
     fraction: float = 1.0  # share of the registered clients sampled each round
     min_clients: int = 1  # fewest clients that must finish a round; fewer and the round fails
     round_timeout_s: float = 600.0
+    # how long one call of a device to its edge may take, its retries included (capped at round_timeout_s): a
+    # device on a slow link with a large boundary needs more; a shorter one fails a stalled device sooner
+    call_timeout_s: float = 60.0
     node_wait_s: float = 120.0  # how long the query round waits for nodes to register
     fleet: str = "reference"  # fleet file (or shipped fleet name) the device profiles come from
     sim_clock: bool = True  # report the cost model's simulated round time (off in deployment)
@@ -113,7 +116,7 @@ class RunSettings:
         if self.min_clients > self.clients:
             raise ConfigError(f"min-clients ({self.min_clients}) is more than clients ({self.clients}): "
                               "no round could finish")
-        for name in ("round_timeout_s", "node_wait_s"):
+        for name in ("round_timeout_s", "call_timeout_s", "node_wait_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ConfigError(f"{_key(name)} must be a positive number of seconds, got {v}")
@@ -183,6 +186,11 @@ class RunSettings:
     def kwargs(self) -> dict[str, Any]:
         """The model factory's keyword arguments (``model-kwargs``)."""
         return kwargs_of(self.model_kwargs)
+
+    @property
+    def call_deadline_s(self) -> float:
+        """Seconds a device's call to its edge may take: no call outlasts the round it is part of."""
+        return min(self.call_timeout_s, self.round_timeout_s)
 
     @property
     def addresses(self) -> tuple[str, ...]:
