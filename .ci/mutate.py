@@ -199,7 +199,16 @@ def covering_tests(coverage_file: Path, module: str) -> dict[int, set[str]]:
     if not found:
         raise SystemExit(f"{coverage_file} has no coverage of {module} (add it to the .covrc include)")
     by_line = data.contexts_by_lineno(found[0])
-    return {ln: {c.rsplit("|", 1)[0] for c in ctxs} for ln, ctxs in by_line.items()}
+    return {ln: {_test_id(c) for c in ctxs} for ln, ctxs in by_line.items()}
+
+
+def _test_id(context: str) -> str:
+    """A context's test id: without its phase (``|run``) and the xdist group pytest-xdist's loadgroup
+    appends (``@flower-real``), which pytest would not find."""
+    test = context.rsplit("|", 1)[0]
+    if not test.endswith("]") and "@" in test.rsplit("::", 1)[-1]:
+        test = test.rsplit("@", 1)[0]
+    return test
 
 
 def durations(junit: Path | None) -> dict[str, float]:
