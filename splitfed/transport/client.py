@@ -30,6 +30,7 @@ import torch
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from splitfed.aggregate import wire_dtype
 from splitfed.engine.link import check_blocks
 from splitfed.engine.types import Reduced, ReduceItem, SegmentLoad, State, StepKey, StepReply
 from splitfed.errors import ConfigError, InvalidArgument, NotFound, ResourceExhausted, TierError
@@ -156,6 +157,7 @@ class GrpcTierClient:
         self.bytes_down = 0
         self.retried = 0  # attempts repeated after UNAVAILABLE or an overloaded tier (for tests and logs)
         self._sent_most = (0, 0)  # the largest tensor and call (bytes) sent so far: see _read_limits
+        self._means_most = self._sent_most  # the same, of those tensors' means as a Reduce sends them back
 
     # ------------------------------------------------------------ calls
 
@@ -328,23 +330,30 @@ class GrpcTierClient:
     def _sending(self, tensors: Sequence[tuple[str, tc.Encoded]]) -> None:
         """Note the largest tensor and call sent (bytes as declared, decoded or as sent): see :meth:`_read_limits`."""
         sizes = [max(e.nbytes, tc.payload_size(e.dtype, e.shape, tc.NONE)) for _, e in tensors]
+        means = [tc.payload_size(wire_dtype(e.dtype), e.shape, tc.NONE) for _, e in tensors]
         with self._lock:
             tensor, call = self._sent_most
             self._sent_most = (max(tensor, max(sizes, default=0)), max(call, sum(sizes)))
+            tensor, call = self._means_most
+            self._means_most = (max(tensor, max(means, default=0)), max(call, sum(means)))
 
-    def _read_limits(self, factor: int = 1) -> wire.Limits:
+    def _read_limits(self, factor: int = 1, means: bool = False) -> wire.Limits:
         """The limits a reply is read with: this client's, times ``factor``, raised to take back the largest
         tensor and call it has sent. A tier hands back what it took (a fetch, a step's gradient), and whether it
         takes a tensor is its own limit's call: a tier started with ``--max-tensor-mb`` above 512 took tensors
         whose fetch the coordinator's default client then refused, at the round's end, after the training. A
-        tier still cannot make this side take more than it sent."""
+        tier still cannot make this side take more than it sent. ``means``: raised to take back the means of
+        what it sent too, as a Reduce sends them (:func:`~splitfed.aggregate.wire_dtype`: a uint8 buffer's
+        mean is float64, 8 times its bytes; its reduce was refused after the training)."""
         with self._lock:
             tensor, call = self._sent_most
+            mean_tensor, mean_call = self._means_most if means else (0, 0)
         own = self.limits
-        if factor == 1 and tensor <= own.max_tensor_bytes and call <= own.max_call_bytes:
+        most = (max(factor * max(own.max_tensor_bytes, tensor), mean_tensor),
+                max(factor * max(own.max_call_bytes, call), mean_call))
+        if most == (own.max_tensor_bytes, own.max_call_bytes):
             return own
-        return replace(own, max_tensor_bytes=factor * max(own.max_tensor_bytes, tensor),
-                       max_call_bytes=factor * max(own.max_call_bytes, call))
+        return replace(own, max_tensor_bytes=most[0], max_call_bytes=most[1])
 
     def _read(self, replies: Iterable[bytes], head: int | None, limits: wire.Limits, what: str, *,
               writable: bool = True) -> tuple[Message | None, list[wire.Received]]:
@@ -427,8 +436,8 @@ class GrpcTierClient:
         listed = {it.client_id for it in items}
 
         # float32 means of float16 weights, float64 means of int32 buffers: twice the bytes a fetch of them may
-        # hold (a float32 model's means: the bytes of a fetch)
-        limits = self._read_limits(factor=2)
+        # hold (a float32 model's means: the bytes of a fetch); float64 means of byte buffers: those of what it sent
+        limits = self._read_limits(factor=2, means=True)
 
         def attempt(timeout: float) -> Reduced:
             stream = self._reduce(raw, timeout=timeout, metadata=self._metadata)
