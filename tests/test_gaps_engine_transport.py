@@ -73,7 +73,15 @@ from splitfed.transport.pb import SERVICE, method, pb
 from splitfed.transport.security import TlsConfig, TokenInterceptor
 from splitfed.transport.server import TierServer, serve_tier
 from tests.ray_fixtures import until
-from tests.transport_fixtures import Certs, certs, fake_tier, make_ca, plain_server, tcp_server  # noqa: F401
+from tests.transport_fixtures import (  # noqa: F401
+    Certs,
+    certs,
+    closed_port,
+    fake_tier,
+    make_ca,
+    plain_server,
+    tcp_server,
+)
 
 HERE = __name__  # the user models below are built from this module
 SPEC = resolve_spec("cnn")  # 7 blocks; weights in blocks 0, 2, 5 and 6; boundary after block 2: 16x4x4
@@ -528,14 +536,9 @@ def test_token_checks_that_would_protect_nothing_are_refused(token, coordinator,
         TokenInterceptor(token, coordinator=coordinator)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_no_verdict_on_tls_when_the_files_cannot_be_used_or_nothing_listens(certs: Certs, tmp_path: Path) -> None:  # noqa: F811
-    port = _free_port()  # nothing listens there: the connection is refused
+    port = closed_port()  # nothing listens there: the connection is refused
     assert security.tls_refusal("127.0.0.1", port, certs.client, timeout_s=2.0) is None
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))

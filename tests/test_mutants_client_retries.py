@@ -17,7 +17,7 @@ import contextvars
 import socket
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,7 +32,7 @@ from splitfed.transport import wire
 from splitfed.transport.client import DEADLINE, HOP_MARGIN_S, GrpcTierClient, channel_options
 from splitfed.transport.errors import DeadlineExceeded, TlsRefused
 from splitfed.transport.server import serve_tier
-from tests.transport_fixtures import Certs, certs  # noqa: F401
+from tests.transport_fixtures import Certs, DrivenClock, certs, closed_port  # noqa: F401
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 # what gRPC says when a TLS handshake failed on this side's check of the tier's certificate
@@ -41,23 +41,6 @@ CERT_REFUSED = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:1
 # what gRPC says when the last address of a name it tried refused the connection
 REFUSED_AT_V6 = ("failed to connect to all addresses; last error: UNKNOWN: ipv6:%5B::1%5D:{port}: Failed to connect "
                  "to remote host: Connection refused")
-
-
-@dataclass
-class _Clock:
-    """The client module's ``time``: ``monotonic`` stands still but where a test moves it; ``sleep`` moves it on
-    by what was asked (or to ``wake_at``, a sleep that overslept) and keeps what was asked."""
-
-    now: float = 0.0
-    sleeps: list[float] = field(default_factory=list)
-    wake_at: float | None = None
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.now = self.wake_at if self.wake_at is not None else self.now + s
 
 
 class _Failed(grpc.RpcError):
@@ -94,7 +77,7 @@ class _Try:
 class _Scripted(grpc.UnaryUnaryClientInterceptor):
     """The tier as a script of tries (the last one repeats); the timeout each try was given."""
 
-    def __init__(self, clock: _Clock, tries: list[_Try]) -> None:
+    def __init__(self, clock: DrivenClock, tries: list[_Try]) -> None:
         self.clock, self.tries, self.timeouts = clock, tries, []  # type: list[float]
 
     def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
@@ -109,9 +92,9 @@ class _Scripted(grpc.UnaryUnaryClientInterceptor):
 
 @contextlib.contextmanager
 def _scripted(tries: list[_Try], *, r: float = 0.5, start: float = 0.0, address: str = "127.0.0.1:1",
-              **kw: Any) -> Iterator[tuple[GrpcTierClient, _Scripted, _Clock]]:
+              **kw: Any) -> Iterator[tuple[GrpcTierClient, _Scripted, DrivenClock]]:
     """A client of a scripted tier, its clock at ``start`` and its jitter's ``random.random()`` at ``r``."""
-    clock = _Clock(start)
+    clock = DrivenClock(start)
     script = _Scripted(clock, tries)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(client_mod, "time", clock)
@@ -124,12 +107,6 @@ def _scripted(tries: list[_Try], *, r: float = 0.5, start: float = 0.0, address:
         finally:
             c.close()
 
-
-def _closed_port() -> int:
-    """A port of 127.0.0.1 nothing listens on (as a rule)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pending(ls: socket.socket) -> int:
@@ -222,7 +199,7 @@ def test_a_tls_failure_is_diagnosed_only_with_more_than_50ms_of_the_deadline_lef
         certs: Certs, failed_at: float, diagnosed: bool) -> None:  # noqa: F811
     """A TLS symptom is looked into (one handshake) only when more than 50 ms of the call's 100 ms are left
     when it fails; else gRPC's error stands, as an unavailable tier."""
-    port = _closed_port()
+    port = closed_port()
     details = CERT_REFUSED.format(port=port)
     with _scripted([_Try(details=details, at=failed_at)], deadline_s=0.1, retries=0, tls=certs.no_cert,
                    address=f"127.0.0.1:{port}") as (c, _, _):
@@ -258,7 +235,7 @@ def test_the_other_addresses_of_a_name_are_tried_only_with_more_than_50ms_of_the
 def test_time_spent_on_the_names_other_addresses_is_taken_from_the_tls_diagnosis(certs: Certs) -> None:  # noqa: F811
     """A name whose resolving used up the call's last second leaves no time to look into a TLS symptom too:
     gRPC's error stands rather than a handshake past the deadline."""
-    port = _closed_port()
+    port = closed_port()
     details = REFUSED_AT_V6.format(port=port).replace("Connection refused", "Connection reset (CERTIFICATE_VERIFY_FAILED)")
     with _scripted([_Try(details=details)], deadline_s=1.0, retries=0, tls=certs.no_cert,
                    address=f"localhost:{port}") as (c, _, clock):

@@ -8,7 +8,6 @@ diagnosis of a host name's other addresses keeps within its time (a clock driven
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from splitfed.transport import codec as tc
 from splitfed.transport import wire
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.pb import pb
-from tests.transport_fixtures import fake_tier
+from tests.transport_fixtures import DrivenClock, closed_port, fake_tier
 
 KEY = StepKey("run", "a", 0, 0)
 REFUSED_AT_V6 = ("failed to connect to all addresses; last error: UNKNOWN: ipv6:%5B::1%5D:{port}: Failed to "
@@ -36,11 +35,6 @@ REFUSED_AT_V6 = ("failed to connect to all addresses; last error: UNKNOWN: ipv6:
 def _reply(head: object, tensors: dict[str, torch.Tensor] | None = None) -> list[bytes]:
     return wire.frames(head, [(k, tc.encode(v)) for k, v in (tensors or {}).items()], 1 << 20)  # type: ignore[arg-type]
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------- a step: its call kind, its bytes
@@ -152,7 +146,7 @@ def test_the_mean_of_a_byte_buffer_this_side_loaded_comes_back_from_a_reduce() -
 
 def test_a_probe_of_a_tier_that_is_down_says_it_was_tried_once() -> None:
     """A probe is a timing: never retried, and its error says one attempt."""
-    port = _free_port()
+    port = closed_port()
     with GrpcTierClient(f"127.0.0.1:{port}", retries=3, deadline_s=5.0) as c, pytest.raises(Unavailable) as e:
         c.probe(16, 16)
     assert str(e.value).startswith(f"tier 127.0.0.1:{port}: probe: unavailable after 1 attempt(s): "), e.value
@@ -174,21 +168,6 @@ def test_a_probe_times_its_one_call() -> None:
 # ---------------------------------------------------------------- the diagnosis of a host name's other addresses
 
 
-class Clock:
-    """A monotonic clock the test drives: it moves only when a fake resolver, connect or health check says."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    perf_counter = monotonic
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
 @dataclass
 class Diagnosis:
     error: str
@@ -207,7 +186,7 @@ def _diagnose(monkeypatch: pytest.MonkeyPatch, *, budget: float, details: str | 
     ``whole``: the call's error (which asks the other addresses only with more than 0.05 s left); else only the
     asking of the other addresses, for ``budget`` seconds (its ``answer``)."""
     port = 7777
-    clock = Clock()
+    clock = DrivenClock()
     monkeypatch.setattr(client_mod, "time", clock)
     d = Diagnosis("")
 

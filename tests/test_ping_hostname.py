@@ -18,7 +18,7 @@ from splitfed.errors import Unavailable
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.errors import TlsRefused
 from splitfed.transport.server import serve_tier
-from tests.transport_fixtures import Certs, certs  # noqa: F401
+from tests.transport_fixtures import Certs, certs, closed_port  # noqa: F401
 
 SOCKET_CLOSED = ("Socket closed (a tier that serves TLS closes a plaintext connection this way: connect with the CA "
                  "that signed its certificate, e.g. --tls-ca / tls-ca)")
@@ -41,12 +41,6 @@ def _localhost_is_loopback() -> None:
     if "127.0.0.1" not in found:
         pytest.skip(f"localhost resolves to {sorted(found)} here, not 127.0.0.1")
 
-
-def _free_port() -> int:
-    """A port nothing listens on at 127.0.0.1 (nor, as a rule, at ::1)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -138,7 +132,7 @@ def test_an_ip_address_and_a_name_that_nothing_answers_keep_grpcs_error(certs: C
             err = c._error(grpc.StatusCode.UNAVAILABLE, refused, "describe", 0, 10.0, left=10.0)
         assert not isinstance(err, TlsRefused) and str(err) == (
             f"tier 127.0.0.1:{port}: describe: unavailable after 1 attempt(s): {refused}"), err
-    port = _free_port()
+    port = closed_port()
     with GrpcTierClient(f"localhost:{port}", tls=certs.no_cert, retries=1, deadline_s=10) as c:
         with pytest.raises(Unavailable) as e:
             c.describe()

@@ -9,7 +9,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -201,3 +201,30 @@ def tcp_server(handle: Callable[[socket.socket], object], host: str = "127.0.0.1
         ls.close()
 
     return f"[{host}]:{ls.getsockname()[1]}" if ipv6 else f"{host}:{ls.getsockname()[1]}", stop
+
+
+def closed_port() -> int:
+    """A port of 127.0.0.1 nothing listens on (as a rule: it was free a moment ago)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class DrivenClock:
+    """A module's ``time`` that a test drives: ``monotonic`` (and ``perf_counter``) stand still but where a test
+    moves ``now``; ``sleep`` moves it on by what was asked (or to ``wake_at``, a sleep that overslept) and keeps
+    what was asked."""
+
+    now: float = 0.0
+    sleeps: list[float] = field(default_factory=list)
+    wake_at: float | None = None
+
+    def monotonic(self) -> float:
+        return self.now
+
+    perf_counter = monotonic
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now = self.wake_at if self.wake_at is not None else self.now + s
