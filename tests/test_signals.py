@@ -227,6 +227,64 @@ def test_a_signal_while_flower_is_inside_ray(tmp_path, sig, group, code, last):
     assert "core worker" not in text and "Traceback" not in text and "WARNING" not in text, text
 
 
+# ``splitfed`` as the console script runs it, the ServerApp's progress hooked: at round 1's line a thread of its
+# own (not the main one) sends itself the signal, as the kernel gives a process's signal to a Ray or gRPC thread
+# now and then, and says so. Before the relay (``splitfed.sim.signal_relay``) the main thread, waiting in Flower's
+# untimed join, saw it only after the last round.
+ANOTHER_THREAD = textwrap.dedent("""
+    import os
+    import signal
+    import sys
+    import threading
+
+    import server.app
+
+    SIG = int(os.environ["SPLITFED_TEST_SIGNAL"])
+    build_app = server.app.build_app
+    sent = []
+
+
+    def send():
+        print(f"HOOK: sent to thread {threading.get_ident()}, not the main one", flush=True)
+        signal.pthread_kill(threading.get_ident(), SIG)
+
+
+    def build_app_sending(settings, progress, *args, **kwargs):
+        def said(line):
+            progress(line)
+            if line.startswith("round 1/") and not sent:
+                sent.append(True)
+                threading.Thread(target=send).start()
+        return build_app(settings, said, *args, **kwargs)
+
+
+    server.app.build_app = build_app_sending
+    from splitfed.cli import entry
+
+    sys.argv = ["splitfed", *sys.argv[1:]]
+    entry()
+""")
+
+
+@pytest.mark.parametrize(("sig", "code", "last"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated")], ids=["ctrl-c", "sigterm"])
+def test_a_signal_a_thread_other_than_the_main_one_takes_stops_the_run_part_way(tmp_path, ray_tmp, sig, code, last):
+    """The run stops part way, as when the main thread takes the signal: its last lines, no round after the
+    one it was training (kept < ROUNDS), nothing of Ray left."""
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-c", ANOTHER_THREAD, "simulate", "--config", "simulations/configs/main.toml", "--clients",
+         "2", "--rounds", str(ROUNDS), "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp), "SPLITFED_TEST_SIGNAL": str(int(sig))})
+    returncode, text = _stop_at(p, "HOOK:", lambda p: None)  # the run sends it itself
+    assert returncode == code, text
+    _ends_stopped(text, out, last, ROUNDS)
+    assert "Traceback" not in text and "ERROR" not in text, text
+    assert _rounds(out)[-1] < 10 and "the run had finished" not in text, text  # not trained on to round 30
+    assert sessions(ray_tmp) == [], (sessions(ray_tmp), text)
+
+
 def _while_ray_starts(setup: str, inside: str) -> str:
     """``splitfed`` as the console script runs it, its Ray start patched: ``setup`` first, then at the start of
     Ray's node (after ``ray.init`` has put in its own SIGTERM handler, unless splitfed kept it from that)
@@ -316,15 +374,17 @@ def test_a_start_of_ray_that_fails_is_not_tried_again_once_stopped_and_a_second_
         assert len(attempts) == 1 and signals.received == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
             signals.reraise()
-        again = runner._Signals(threading.Event())
-        again.install()
+    finally:
+        signals.uninstall(before)
+    again = runner._Signals(threading.Event())
+    before = again.install()
+    try:
         with pytest.raises(KeyboardInterrupt), again.starting():
             os.kill(os.getpid(), signal.SIGINT)  # noted
             os.kill(os.getpid(), signal.SIGINT)  # raised
             time.sleep(5)
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        again.uninstall(before)
 
 
 # a signal that comes while Ray's start forks one of its processes, handled in the parent's after-fork hooks:

@@ -40,6 +40,7 @@ from splitfed.sim.ray_start import (
     session_dir,
     start_ray,
 )
+from splitfed.sim.signal_relay import SignalRelay
 from splitfed.sim.tiers import start_tiers
 from splitfed.units import mib_text
 
@@ -185,8 +186,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
     finally:
         if ray.is_initialized():  # Flower's engine shuts Ray down itself once its threads are done
             ray.shutdown()
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        signals.uninstall(before)
         logging.getLogger("flwr").removeFilter(quiet)
         if not interrupted:
             logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
@@ -273,6 +273,11 @@ class _Signals:
     the threads finish the message in hand: slower, as sound. A second signal does not wait (and may
     meet the race above).
 
+    Flower's main thread waits in an untimed ``join`` for the whole run; a signal the kernel gives to
+    another thread (a Ray or gRPC one) does not wake it, so its handler ran only once the run had trained
+    to its end. A :class:`~splitfed.sim.signal_relay.SignalRelay` sees such a signal, decides it
+    (:meth:`_decide`), and sends it to the main thread again, whose handler acts on it (:meth:`_act`).
+
     Flower's logger is silenced at the first signal: what its threads log as the run winds down (the
     actors killed, the ServerApp's stop) is this stop's echo, not news. The ServerApp's progress lines
     (:meth:`progress`) end when the interrupt is raised: a thread still winding down cannot print after
@@ -289,6 +294,9 @@ class _Signals:
         self.ended = False  # the interrupt is raised: no more progress lines
         self.lock = threading.RLock()  # reentrant: the handler may run while the main thread holds it
         self.ignored: set[int] | None = None  # the signals this process was started ignoring, at install
+        self.relay = SignalRelay(self._decide, _STOPPING)  # a signal a thread other than the main one took
+        self.todo: list[tuple[int, bool]] = []  # for the main thread: (signal, whether the first)
+        self.holding = False  # while the handlers are given back: what a signal asks waits until done
 
     def install(self) -> dict[int, Any]:
         """Handle SIGINT and SIGTERM, but not one this process was started ignoring (a background job's
@@ -298,7 +306,22 @@ class _Signals:
             return {}
         if self.ignored is None:  # as started, not as Ray's start may have left them
             self.ignored = {sig for sig in _STOPPING if signal.getsignal(sig) is signal.SIG_IGN}
-        return {sig: signal.signal(sig, self._handle) for sig in _STOPPING if sig not in self.ignored}
+        replaced: dict[int, Any] = {sig: signal.signal(sig, self._handle) for sig in _STOPPING if sig not in self.ignored}
+        if replaced:
+            self.relay.open()
+        return replaced
+
+    def uninstall(self, replaced: dict[int, Any]) -> None:
+        """Give back the handlers :meth:`install` replaced. A signal meanwhile is acted on once they are back:
+        raised halfway, it would leave this process's signals half given back."""
+        self.holding = True
+        try:
+            self.relay.close()
+            for sig, handler in replaced.items():
+                signal.signal(sig, handler)
+        finally:
+            self.holding = False
+        self._act()
 
     @contextmanager
     def starting(self) -> Iterator[None]:
@@ -378,18 +401,36 @@ class _Signals:
             raise self._interrupt(self.received) from None
 
     def _handle(self, signum: int, frame: Any) -> None:
+        """Python's handler (the main thread): what this signal asks, unless the relay decided it (it was given
+        to another thread; the relay then sent it here again), and what any signal decided before asks."""
+        if not self.relay.take():
+            self._decide(signum)
+        self._act()
+
+    def _decide(self, signum: int) -> bool:
+        """What a signal asks of the main thread, in any thread; whether it asks anything."""
         _silence_flwr()
         first = self._note(signum)
         if self.deferring and first:
+            return False
+        self.todo.append((signum, first))
+        return True
+
+    def _act(self) -> None:
+        """In the main thread: stop the engine, or raise the interrupt, as the signals decided ask."""
+        if self.holding:
             return
-        if not (first and self.waiting):
-            raise self._interrupt(signum)
-        self.stop.set()
-        if self.flower_stop is not None and not self.flower_stop.is_set():
-            # not set yet: Flower's main thread is not in run_api's ``finally`` (where it sets f_stop, then
-            # shuts Ray down), so Ray is up, and stays up while this handler runs (in that thread)
-            self.flower_stop.set()
-            self._kill_actors()
+        with self.relay.lock:  # the relay's thread decides under it
+            todo, self.todo = self.todo, []
+        for signum, first in todo:
+            if not (first and self.waiting):  # (waiting as now, not as when decided: the engine may have begun)
+                raise self._interrupt(signum)
+            self.stop.set()
+            if self.flower_stop is not None and not self.flower_stop.is_set():
+                # not set yet: Flower's main thread is not in run_api's ``finally`` (where it sets f_stop, then
+                # shuts Ray down), so Ray is up, and stays up while this handler runs (in that thread)
+                self.flower_stop.set()
+                self._kill_actors()
 
     def _note(self, signum: int) -> bool:
         """Note a signal; whether it is the first (the one the run stops for)."""
