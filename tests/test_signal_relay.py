@@ -57,9 +57,9 @@ SETUP = textwrap.dedent("""
 """)
 
 
-def _run(body: str) -> str:
+def _run(body: str, timeout: float = 120) -> str:
     script = SETUP + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
     return done.stdout.strip()
 
@@ -258,3 +258,43 @@ def test_the_relay_passes_over_other_signals_and_gives_the_wakeup_fd_back() -> N
     """)
     assert out.splitlines() == ["took_before_open=False", "opened_in_thread=False opened=True",
                                 "decided=True usr1_handled=True previous_back=True took_after_close=False"]
+
+
+def test_installed_twice_as_a_run_installs_them_the_relay_still_relays_and_gives_the_wakeup_fd_back() -> None:
+    """A run installs its handlers again once Ray is up: the relay keeps its pipe, still relays, and at the end
+    gives back the wakeup fd that was there before the first install, not its own."""
+    out = _run("""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w)
+        stop = threading.Event()
+        signals = runner._Signals(stop)
+        before = signals.install()
+        signals.install()
+        seen = []
+        try:
+            with signals.engine():
+                engine = threading.Thread(target=lambda: seen.append(stop.wait(30)))
+                engine.start()
+                send_from_another_thread(signal.SIGINT)
+                engine.join()
+            report(stopped_while_joined=seen[0])
+            signals.reraise()
+        except KeyboardInterrupt:
+            report(interrupt=True)
+        finally:
+            signals.uninstall(before)
+        report(previous_back=signal.set_wakeup_fd(-1) == w)
+    """)
+    assert out.splitlines() == ["stopped_while_joined=True", "interrupt=True", "previous_back=True"]
+
+
+def test_a_process_whose_relay_is_never_closed_still_exits() -> None:
+    """The relay's thread does not keep a process alive (a caller that never reaches ``uninstall``: ``os._exit``
+    aside, an embedding program that ends while a run's handlers are in)."""
+    out = _run("""
+        signals = runner._Signals(threading.Event())
+        signals.install()
+        report(installed=True)
+    """, timeout=60)
+    assert out == "installed=True"

@@ -184,17 +184,19 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
             progress(f"the run failed; Ray's logs are kept in {session / 'logs'}")
         raise
     finally:
-        if ray.is_initialized():  # Flower's engine shuts Ray down itself once its threads are done
-            ray.shutdown()
-        signals.uninstall(before)
-        logging.getLogger("flwr").removeFilter(quiet)
-        if not interrupted:
-            logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
-        if not failed:  # its own session only, once none of its processes is left
-            for s in [session] if session is not None else own_sessions(began):  # (Ctrl-C while Ray started)
-                remove_session(s)
-        if watch is not None:
-            watch.release()
+        try:
+            if ray.is_initialized():  # Flower's engine shuts Ray down itself once its threads are done
+                ray.shutdown()
+            logging.getLogger("flwr").removeFilter(quiet)
+            if not interrupted:
+                logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
+            if not failed:  # its own session only, once none of its processes is left
+                for s in [session] if session is not None else own_sessions(began):  # (Ctrl-C while Ray started)
+                    remove_session(s)
+            if watch is not None:
+                watch.release()
+        finally:  # last: a signal it holds back is raised once all else is done (a second one cut that short)
+            signals.uninstall(before)
     return summary
 
 
