@@ -246,13 +246,11 @@ def chosen(m: Mutant, by_line: dict[int, set[str]], secs: dict[str, float], budg
 def run_one(work: Path, module: str, source: str, m: Mutant, tests: list[str], timeout_s: float) -> str:
     """Run ``tests`` against mutant ``m`` in the worker copy ``work``; the module is put back afterwards."""
     target = work / module
-    args = work / ".mutant-tests"
-    args.write_text("\n".join(tests) + "\n")
     target.write_text(mutated_source(source, m))
     t0 = time.monotonic()
-    try:
+    try:  # the ids as arguments, not an @file: pytest splits its lines at spaces, and an id may hold one
         proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p",
-                               "no:randomly", "--no-header", "-o", "addopts=", f"@{args}"],
+                               "no:randomly", "--no-header", "-o", "addopts=", "--", *tests],
                               cwd=work, capture_output=True, timeout=timeout_s,
                               env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
         rc = proc.returncode
@@ -261,6 +259,8 @@ def run_one(work: Path, module: str, source: str, m: Mutant, tests: list[str], t
     finally:
         target.write_text(source)
         m.secs = round(time.monotonic() - t0, 2)
+    if rc in (2, 4) and b"ERROR collecting" in proc.stdout:  # the mutant broke an import the tests make: noticed
+        return "killed"
     return {0: "survived", 1: "killed", 5: "no-tests"}.get(rc, f"error-{rc}")
 
 

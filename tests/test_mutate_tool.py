@@ -53,3 +53,32 @@ def test_each_mutant_is_one_compiling_change_outside_docstrings_annotations_and_
         compile(text, "<mutant>", "exec")
         assert text != SOURCE and text.splitlines()[:m.line - 1] == SOURCE.splitlines()[:m.line - 1]
     assert [m.idx for m in found] == list(range(len(found)))
+
+
+def test_a_mutant_is_run_against_tests_whose_ids_hold_a_space(tmp_path: Path) -> None:
+    """A parametrised id may hold a space ("[triples0-is not]"); passed in an @file, pytest split it there and
+    refused the whole run (exit 4), so every mutant of a module with such a test read "error-4"."""
+    tool = _tool()
+    source = "def f():\n    return 1\n"
+    (tmp_path / "mod.py").write_text(source)
+    (tmp_path / "test_mod.py").write_text(
+        "import pytest\n\nfrom mod import f\n\n\n@pytest.mark.parametrize('x', ['a b'])\n"
+        "def test_f(x):\n    assert f() == 1\n")
+    [one] = [m for m in tool.mutants(source) if m.new == "0"]
+    assert tool.run_one(tmp_path, "mod.py", source, one, ["test_mod.py::test_f[a b]"], 120) == "killed"
+    assert (tmp_path / "mod.py").read_text() == source  # put back
+    unchanged = tool.Mutant(**{**vars(one), "new": one.old})
+    assert tool.run_one(tmp_path, "mod.py", source, unchanged, ["test_mod.py::test_f[a b]"], 120) == "survived"
+
+
+def test_a_mutant_that_breaks_an_import_of_the_tests_is_noticed(tmp_path: Path) -> None:
+    """A mutant that makes a test module fail to import (a module-level value it checks) fails its collection:
+    pytest exits 2 or 4, not 1. That is noticed, not an error of the tool (it was "error-4")."""
+    tool = _tool()
+    source = "LIMIT = 1\nif LIMIT != 1:\n    raise ValueError('LIMIT')\n"
+    (tmp_path / "mod.py").write_text(source)
+    (tmp_path / "test_mod.py").write_text("from mod import LIMIT\n\n\ndef test_limit():\n    assert LIMIT\n")
+    [one] = [m for m in tool.mutants(source) if m.line == 1 and m.new == "2"]
+    assert tool.run_one(tmp_path, "mod.py", source, one, ["test_mod.py::test_limit"], 120) == "killed"
+    assert tool.run_one(tmp_path, "mod.py", source, tool.Mutant(**{**vars(one), "new": one.old}),
+                        ["test_mod.py::test_limit"], 120) == "survived"
