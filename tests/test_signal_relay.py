@@ -298,3 +298,53 @@ def test_a_process_whose_relay_is_never_closed_still_exits() -> None:
         report(installed=True)
     """, timeout=60)
     assert out == "installed=True"
+
+
+def test_a_relay_opened_again_after_close_decides_the_next_signal() -> None:
+    """Closed and opened again (a notebook's next run, were a relay kept): no echo of before is waited for, so
+    the next signal is decided, not passed over."""
+    out = _run("""
+        from splitfed.sim.signal_relay import SignalRelay
+
+        decided = []
+        signal.signal(signal.SIGINT, lambda s, f: None)
+        relay = SignalRelay(lambda s: decided.append(s) or False, {signal.SIGINT})
+        relay.open()
+        relay.close()
+        relay.open()
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while not decided and time.monotonic() < deadline:
+            relay.take()
+            time.sleep(0.01)
+        relay.close()
+        report(decided=decided == [signal.SIGINT])
+    """)
+    assert out == "decided=True"
+
+
+def test_a_child_forked_during_a_run_does_not_send_its_signals_to_the_run() -> None:
+    """A child forked (not exec'd) while a run's relay is open takes its own Ctrl-C (the terminal sends it to the
+    whole process group): before, its wakeup fd wrote it into the run's pipe, and the run counted it as its own
+    (with its own, two: it would raise at once)."""
+    out = _run("""
+        signals = runner._Signals(threading.Event())
+        before = signals.install()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(30)  # the handler runs first, and raises (not in the engine)
+                    os._exit(3)
+                except KeyboardInterrupt:
+                    os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            signals.relay.take()  # whatever the pipe holds is decided now
+            report(child_stopped_by_its_own=os.waitstatus_to_exitcode(status) == 0, run_received=signals.received)
+        except KeyboardInterrupt:
+            report(run_raised=True)
+        finally:
+            signals.uninstall(before)
+    """)
+    assert out == "child_stopped_by_its_own=True run_received=None"

@@ -22,7 +22,10 @@ import os
 import select
 import signal
 import threading
+import weakref
 from collections.abc import Callable, Collection
+
+_open: weakref.WeakSet[SignalRelay] = weakref.WeakSet()  # the relays of this process with a pipe
 
 
 class SignalRelay:
@@ -49,6 +52,7 @@ class SignalRelay:
             for fd in self._pipe:
                 os.set_blocking(fd, False)
             self._previous = signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
+            _open.add(self)
             self._watcher = threading.Thread(target=self._watch, name="splitfed-signals", daemon=True)
             self._watcher.start()
         elif (previous := signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)) != self._pipe[1]:
@@ -82,6 +86,7 @@ class SignalRelay:
                     os.close(fd)
                 self._pipe = self._quit = self._watcher = None
                 self.echoes = 0
+                _open.discard(self)
 
     def _watch(self) -> None:
         assert self._pipe is not None and self._quit is not None
@@ -127,6 +132,23 @@ class SignalRelay:
         if previous != fd:
             signal.set_wakeup_fd(previous)
         return previous == fd
+
+
+def _forked() -> None:
+    """In a child forked (not exec'd) while a relay is open: its signals are its own. Its wakeup fd would write
+    them into the parent's pipe (a Ctrl-C to the process group reaches the child too: the parent would count
+    two, and raise at once), and its handler would drain that pipe; the child has no watcher either."""
+    for relay in list(_open):
+        if relay._pipe is not None and relay._is_wakeup_fd(relay._pipe[1]):
+            signal.set_wakeup_fd(relay._previous)
+        for fd in (*(relay._pipe or ()), *(relay._quit or ())):
+            os.close(fd)  # the child's copies: the parent's stay open
+        relay._pipe = relay._quit = relay._watcher = None
+        relay.echoes = 0
+    _open.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _settled() -> None:
