@@ -348,3 +348,43 @@ def test_a_child_forked_during_a_run_does_not_send_its_signals_to_the_run() -> N
             signals.uninstall(before)
     """)
     assert out == "child_stopped_by_its_own=True run_received=None"
+
+
+def test_a_child_forked_while_the_relays_lock_is_held_can_still_take_its_signals() -> None:
+    """Forked while another thread of the run holds the relay's lock (its watcher, deciding): the child has no
+    such thread, and a lock held for good would hang the child's first signal."""
+    out = _run("""
+        signals = runner._Signals(threading.Event())
+        before = signals.install()
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with signals.relay.lock:
+                held.set()
+                release.wait(30)
+
+        threading.Thread(target=hold).start()
+        held.wait()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(30)
+                    os._exit(3)
+                except KeyboardInterrupt:
+                    os._exit(0)
+            release.set()
+            deadline = time.monotonic() + 30
+            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if done[0] == 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                report(child="hung")
+            else:
+                report(child=os.waitstatus_to_exitcode(done[1]))
+        finally:
+            signals.uninstall(before)
+    """)
+    assert out == "child=0"

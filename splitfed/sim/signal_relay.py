@@ -145,6 +145,7 @@ def _forked() -> None:
             os.close(fd)  # the child's copies: the parent's stay open
         relay._pipe = relay._quit = relay._watcher = None
         relay.echoes = 0
+        relay.lock = threading.RLock()  # held at the fork by the parent's watcher, it would be held for good
     _open.clear()
 
 
