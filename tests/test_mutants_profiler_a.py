@@ -11,15 +11,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import resolve_spec
-from splitfed.profile import ModelProfile, profiler
+from splitfed.profile import ModelProfile
 from splitfed.profile.profiler import code_digest
 
 # two blocks: per-sample FLOPs, bytes; fixed bytes are not what these tests look at
@@ -180,16 +178,6 @@ def act(x):
 make = Maker(act)
 """
 
-
-@pytest.fixture
-def tag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    tag = uuid.uuid4().hex[:8]
-    monkeypatch.syspath_prepend(str(tmp_path))
-    profiler.clear_cache()
-    yield tag
-    for name in [n for n in sys.modules if tag in n]:
-        sys.modules.pop(name, None)
-    profiler.clear_cache()
 
 
 def test_the_key_follows_the_named_module_when_its_factory_object_comes_from_another(

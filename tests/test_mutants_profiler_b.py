@@ -14,8 +14,6 @@ import importlib
 import sys
 import sysconfig
 import types
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,16 +24,6 @@ from splitfed.profile.profiler import code_digest
 
 HELPER = "def body(x):\n    return x.{op}()\n"
 
-
-@pytest.fixture
-def tag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    tag = uuid.uuid4().hex[:8]
-    monkeypatch.syspath_prepend(str(tmp_path))
-    profiler.clear_cache()
-    yield tag
-    for name in [n for n in sys.modules if tag in n]:
-        sys.modules.pop(name, None)
-    profiler.clear_cache()
 
 
 def _helper(tmp_path: Path, name: str, op: str = "relu") -> types.ModuleType:

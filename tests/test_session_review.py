@@ -12,9 +12,6 @@
 from __future__ import annotations
 
 import re
-import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,16 +45,6 @@ def make():
     return Net()
 """
 
-
-@pytest.fixture
-def tag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    t = uuid.uuid4().hex[:8]
-    monkeypatch.syspath_prepend(str(tmp_path))
-    profiler.clear_cache()
-    yield t
-    for name in [n for n in sys.modules if t in n]:
-        sys.modules.pop(name, None)
-    profiler.clear_cache()
 
 
 def test_a_relative_import_beyond_the_top_level_package_is_not_read_as_an_absolute_one(tmp_path: Path,

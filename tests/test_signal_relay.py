@@ -54,6 +54,37 @@ SETUP = textwrap.dedent("""
 
     def report(**facts):
         print(" ".join(f"{k}={v}" for k, v in facts.items()), flush=True)
+
+
+    def fork_a_child_that_takes_its_own_ctrl_c():
+        # the child exits 0 once its handler raised its own SIGINT, 3 if that never came
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(30)
+                os._exit(3)
+            except KeyboardInterrupt:
+                os._exit(0)
+        return pid
+
+
+    def stop_inside_the_engine(signals, stop, before, sig=signal.SIGINT, **send):
+        # the main thread in an untimed join inside the engine, the signal sent as ``send`` says: reports whether
+        # the stop came while it waited, then the interrupt raised once the engine is left; gives the handlers back
+        seen = []
+        try:
+            with signals.engine():
+                engine = threading.Thread(target=lambda: seen.append(stop.wait(30)))
+                engine.start()
+                send_from_another_thread(sig, **send)
+                engine.join()
+            report(stopped_while_joined=seen[0], received=signals.received == sig)
+            signals.reraise()
+        except KeyboardInterrupt as e:
+            report(interrupt=type(e).__name__)
+        finally:
+            signals.uninstall(before)
 """)
 
 
@@ -73,24 +104,12 @@ def test_a_signal_another_thread_takes_stops_the_engine_while_the_main_thread_wa
         stop = threading.Event()
         signals = runner._Signals(stop)
         before = signals.install()
-        seen = []
-        try:
-            with signals.engine():
-                engine = threading.Thread(target=lambda: seen.append(stop.wait(30)))
-                engine.start()
-                send_from_another_thread(signal.{sig})
-                engine.join()
-            report(stopped_while_joined=seen[0], received=signals.received == signal.{sig}, raised_inside=False)
-            signals.reraise()
-        except KeyboardInterrupt as e:
-            report(interrupt=type(e).__name__)
-        finally:
-            signals.uninstall(before)
+        stop_inside_the_engine(signals, stop, before, signal.{sig})
         report(handler_back=signal.getsignal(signal.{sig}) is before[signal.{sig}],
                wakeup_back=signal.set_wakeup_fd(-1) == -1)
     """)
     assert out.splitlines() == [
-        "stopped_while_joined=True received=True raised_inside=False",
+        "stopped_while_joined=True received=True",
         f"interrupt={interrupt}",
         "handler_back=True wakeup_back=True",
     ]
@@ -177,22 +196,11 @@ def test_a_signal_is_still_seen_when_something_else_puts_in_its_own_wakeup_fd() 
         r, w = os.pipe()
         os.set_blocking(w, False)
         theirs = signal.set_wakeup_fd(w)
-        seen = []
-        try:
-            with signals.engine():
-                engine = threading.Thread(target=lambda: seen.append(stop.wait(30)))
-                engine.start()
-                send_from_another_thread(signal.SIGINT, to_process=True)
-                engine.join()
-            report(stopped_while_joined=seen[0])
-            signals.reraise()
-        except KeyboardInterrupt:
-            report(interrupt=True)
-        finally:
-            signals.uninstall(before)
+        stop_inside_the_engine(signals, stop, before, to_process=True)
         report(theirs_kept=signal.set_wakeup_fd(-1) == w)
     """)
-    assert out.splitlines() == ["stopped_while_joined=True", "interrupt=True", "theirs_kept=True"]
+    assert out.splitlines() == ["stopped_while_joined=True received=True", "interrupt=KeyboardInterrupt",
+                                "theirs_kept=True"]
 
 
 def test_a_signal_while_the_handlers_are_given_back_is_raised_once_they_are() -> None:
@@ -271,22 +279,11 @@ def test_installed_twice_as_a_run_installs_them_the_relay_still_relays_and_gives
         signals = runner._Signals(stop)
         before = signals.install()
         signals.install()
-        seen = []
-        try:
-            with signals.engine():
-                engine = threading.Thread(target=lambda: seen.append(stop.wait(30)))
-                engine.start()
-                send_from_another_thread(signal.SIGINT)
-                engine.join()
-            report(stopped_while_joined=seen[0])
-            signals.reraise()
-        except KeyboardInterrupt:
-            report(interrupt=True)
-        finally:
-            signals.uninstall(before)
+        stop_inside_the_engine(signals, stop, before)
         report(previous_back=signal.set_wakeup_fd(-1) == w)
     """)
-    assert out.splitlines() == ["stopped_while_joined=True", "interrupt=True", "previous_back=True"]
+    assert out.splitlines() == ["stopped_while_joined=True received=True", "interrupt=KeyboardInterrupt",
+                                "previous_back=True"]
 
 
 def test_a_process_whose_relay_is_never_closed_still_exits() -> None:
@@ -331,14 +328,7 @@ def test_a_child_forked_during_a_run_does_not_send_its_signals_to_the_run() -> N
         signals = runner._Signals(threading.Event())
         before = signals.install()
         try:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.kill(os.getpid(), signal.SIGINT)
-                    time.sleep(30)  # the handler runs first, and raises (not in the engine)
-                    os._exit(3)
-                except KeyboardInterrupt:
-                    os._exit(0)
+            pid = fork_a_child_that_takes_its_own_ctrl_c()  # its handler raises (not in the engine)
             _, status = os.waitpid(pid, 0)
             signals.relay.take()  # whatever the pipe holds is decided now
             report(child_stopped_by_its_own=os.waitstatus_to_exitcode(status) == 0, run_received=signals.received)
@@ -366,14 +356,7 @@ def test_a_child_forked_while_the_relays_lock_is_held_can_still_take_its_signals
         threading.Thread(target=hold).start()
         held.wait()
         try:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.kill(os.getpid(), signal.SIGINT)
-                    time.sleep(30)
-                    os._exit(3)
-                except KeyboardInterrupt:
-                    os._exit(0)
+            pid = fork_a_child_that_takes_its_own_ctrl_c()
             release.set()
             deadline = time.monotonic() + 30
             while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
