@@ -56,6 +56,14 @@ SETUP = textwrap.dedent("""
         print(" ".join(f"{k}={v}" for k, v in facts.items()), flush=True)
 
 
+    def take_until(relay, done):
+        # the relay's pipe read here too, until ``done()`` (30 s at most: a broken build does not hang)
+        deadline = time.monotonic() + 30
+        while not done() and time.monotonic() < deadline:
+            relay.take()
+            time.sleep(0.01)
+
+
     def fork_a_child_that_takes_its_own_ctrl_c():
         # the child exits 0 once its handler raised its own SIGINT, 3 if that never came
         pid = os.fork()
@@ -256,10 +264,7 @@ def test_the_relay_passes_over_other_signals_and_gives_the_wakeup_fd_back() -> N
         report(opened_in_thread=in_thread[0], opened=relay.open())
         os.kill(os.getpid(), signal.SIGUSR1)
         os.kill(os.getpid(), signal.SIGINT)
-        deadline = time.monotonic() + 30
-        while not decided and time.monotonic() < deadline:
-            relay.take()
-            time.sleep(0.01)
+        take_until(relay, lambda: decided)
         relay.close()
         report(decided=decided == [signal.SIGINT], usr1_handled=got_usr1 == [signal.SIGUSR1],
                previous_back=signal.set_wakeup_fd(-1) == w, took_after_close=relay.take())
@@ -310,10 +315,7 @@ def test_a_relay_opened_again_after_close_decides_the_next_signal() -> None:
         relay.close()
         relay.open()
         os.kill(os.getpid(), signal.SIGINT)
-        deadline = time.monotonic() + 30
-        while not decided and time.monotonic() < deadline:
-            relay.take()
-            time.sleep(0.01)
+        take_until(relay, lambda: decided)
         relay.close()
         report(decided=decided == [signal.SIGINT])
     """)
