@@ -205,3 +205,15 @@ def test_locate_finds_only_python_source_files(tag: str, tmp_path: Path) -> None
     assert profiler._locate(f"ext_{tag}") is None
     assert profiler._locate(f"ns_{tag}") is None
     assert f"src_{tag}" not in sys.modules  # found, not imported
+
+
+@pytest.mark.parametrize("reps", [0, -3])
+def test_a_profile_asked_for_no_timed_runs_still_times_one(reps: int) -> None:
+    """``profile_model(reps=0)`` (the API; the command refuses it) measures one run: a profile whose times are
+    there, as the cost model and ``render`` read them, not a median of nothing."""
+    from splitfed.models.zoo import resolve_spec
+    from splitfed.profile.profiler import profile_model
+
+    prof = profile_model(resolve_spec("mlp", input_shape=(8,), num_classes=3), 4, reps=reps, use_cache=False)
+    assert prof.reps == 1 and len(prof.fwd_s) == len(prof.bwd_s) == prof.n_blocks
+    assert sum(prof.fwd_s) + sum(prof.bwd_s) > 0  # measured (how long is not the point)
