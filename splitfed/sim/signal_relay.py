@@ -80,13 +80,18 @@ class SignalRelay:
         finally:
             with self.lock:
                 self._drain()
-                if self._is_wakeup_fd(self._pipe[1]):  # (not another's, put in since: that one stays)
-                    signal.set_wakeup_fd(self._previous)
-                for fd in (*self._pipe, *self._quit):
-                    os.close(fd)
-                self._pipe = self._quit = self._watcher = None
-                self.echoes = 0
-                _open.discard(self)
+                self._forget()
+
+    def _forget(self) -> None:
+        """Give the wakeup fd back (unless another was put in since: that one stays) and close this process's
+        ends of the pipes."""
+        if self._pipe is not None and self._is_wakeup_fd(self._pipe[1]):
+            signal.set_wakeup_fd(self._previous)
+        for fd in (*(self._pipe or ()), *(self._quit or ())):
+            os.close(fd)
+        self._pipe = self._quit = self._watcher = None
+        self.echoes = 0
+        _open.discard(self)
 
     def _watch(self) -> None:
         assert self._pipe is not None and self._quit is not None
@@ -139,14 +144,8 @@ def _forked() -> None:
     them into the parent's pipe (a Ctrl-C to the process group reaches the child too: the parent would count
     two, and raise at once), and its handler would drain that pipe; the child has no watcher either."""
     for relay in list(_open):
-        if relay._pipe is not None and relay._is_wakeup_fd(relay._pipe[1]):
-            signal.set_wakeup_fd(relay._previous)
-        for fd in (*(relay._pipe or ()), *(relay._quit or ())):
-            os.close(fd)  # the child's copies: the parent's stay open
-        relay._pipe = relay._quit = relay._watcher = None
-        relay.echoes = 0
         relay.lock = threading.RLock()  # held at the fork by the parent's watcher, it would be held for good
-    _open.clear()
+        relay._forget()  # closes the child's copies of the pipes: the parent's stay open
 
 
 os.register_at_fork(after_in_child=_forked)
