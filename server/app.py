@@ -160,7 +160,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             recorded_as: RunSettings | None = None, held: checkpoint.Checkpoint | None = None) -> dict[str, Any]:
     data = data_digest(settings)  # once: hashing a dataset's files each round would cost seconds
     fleet_sha = fleet_digest(settings.fleet)
-    ckpt = _resume(settings, data, fleet_sha, held)
+    ckpt = _resume(settings, data, fleet_sha, held, say)
     settings = named(settings, ckpt)
     recorded = (recorded_as or settings).with_(run_name=settings.run_name).to_dict()
     # the key of the clients' binding secrets: a run resumed under its own name keeps it (its loads then
@@ -241,11 +241,13 @@ def data_digest(settings: RunSettings) -> str:
 
 
 def _resume(settings: RunSettings, data: str = "", fleet: str = "",
-            held: checkpoint.Checkpoint | None = None) -> checkpoint.Checkpoint | None:
+            held: checkpoint.Checkpoint | None = None, say: Progress | None = None) -> checkpoint.Checkpoint | None:
     """The checkpoint to continue from, if it may be: the same math (settings) on the same data (``data``,
     :func:`data_digest` now) and the same fleet (``fleet``, its :func:`~splitfed.profile.fleet.fleet_digest`
     now: its devices drive the simulated clock and the cuts). ``held``: the one the resume read before, not
-    read again unless the file changed since (:func:`checkpoint.current`)."""
+    read again unless the file changed since (:func:`checkpoint.current`). Without ``say`` it only checks
+    (:func:`check_resume`: the folder is not the run's yet, so nothing is written); with it, a metrics row a
+    crash lost is put back, and ``say`` tells so."""
     if not settings.resume:
         return None
     ckpt = checkpoint.current(settings.out, held)
@@ -271,8 +273,11 @@ def _resume(settings: RunSettings, data: str = "", fleet: str = "",
                           "simulated and cut on the old ones; put the old fleet file back or start a new run")
     if (metrics := Path(settings.out) / METRICS).is_file():
         run_rows(metrics)  # a line that is no row is named, before the rows are counted by round below
-    checkpoint.restore_row(settings.out, ckpt)  # a crash between the checkpoint and its row
-    check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
+    if checkpoint.restore_row(settings.out, ckpt, write=say is not None):  # a crash between the two
+        if say is not None:
+            say(checkpoint.row_put_back(ckpt))
+    else:
+        check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
     _same_model(settings, ckpt)
     return ckpt
 

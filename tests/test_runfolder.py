@@ -322,9 +322,46 @@ def test_a_crash_between_a_checkpoint_and_its_row_is_mended_by_the_resume(tmp_pa
     (tmp_path / SUMMARY).unlink()
     (tmp_path / METRICS).write_text("".join(rows[:1] + ([rows[1][:-9]] if cut == "torn" else [])))
     assert main(["simulate", "--resume", str(tmp_path), "--rounds", "2"]) == 0
-    assert "nothing to do" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nothing to do" in err and err.count("round 2's metrics row, lost in a crash after its checkpoint was "
+                                                "written, is put back from the checkpoint") == 1, err
     assert (tmp_path / METRICS).read_text().splitlines(keepends=True) == rows  # the row as it was written
     assert json.loads((tmp_path / SUMMARY).read_text())["rounds"] == 2
+
+
+@pytest.mark.parametrize("cut", ["torn", "missing"])
+def test_a_resume_checks_a_crashed_folder_without_writing_then_puts_the_lost_row_back_and_says_so(
+        tmp_path, monkeypatch, cut: str) -> None:
+    """The check before the run (``check_resume``: the folder is not the run's yet) writes nothing; the run that
+    then holds the folder puts round 2's row back from its checkpoint, says so once, and trains round 3."""
+    import server.app
+
+    _two_rounds(tmp_path, monkeypatch)
+    rows = (tmp_path / METRICS).read_text().splitlines(keepends=True)
+    (tmp_path / METRICS).write_text("".join(rows[:1] + ([rows[1][:-9]] if cut == "torn" else [])))
+    crashed = _files(tmp_path)
+    settings = SMALL.with_(out=str(tmp_path), rounds=3, resume=True)
+    server.app.check_resume(settings)
+    assert _files(tmp_path) == crashed
+    said: list[str] = []
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        server.app.run(FakeGrid(clients.app.app, SMALL.clients), settings, progress=said.append)
+    put_back = [line for line in said if "metrics row, lost in a crash" in line]
+    assert put_back == ["round 2's metrics row, lost in a crash after its checkpoint was written, is put back from "
+                        "the checkpoint"], said
+    after = (tmp_path / METRICS).read_text().splitlines(keepends=True)
+    assert after[:2] == rows and [json.loads(line)["round"] for line in after] == [1, 2, 3]
+
+
+def test_a_resume_of_a_whole_folder_says_nothing_of_a_row_put_back(tmp_path, monkeypatch) -> None:
+    import server.app
+
+    _two_rounds(tmp_path, monkeypatch)
+    said: list[str] = []
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(out=str(tmp_path), rounds=3,
+                                                                              resume=True), progress=said.append)
+    assert not [line for line in said if "put back" in line] and any("rounds 3..3" in line for line in said), said
 
 
 @pytest.mark.parametrize("stopped", [True, False], ids=["terminated", "failed"])

@@ -69,11 +69,12 @@ class Checkpoint:
     stamp: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
 
-def restore_row(folder: str | Path, ckpt: Checkpoint) -> bool:
+def restore_row(folder: str | Path, ckpt: Checkpoint, *, write: bool = True) -> bool:
     """Put back the metrics row of the checkpoint's round when a crash came between the checkpoint and the
-    row: the file then holds rounds 1..r-1 whole (and perhaps the row cut short). Whether it did. A file
-    whose row of that round is not the checkpoint's copy of it is refused: the checkpoint is another run's
-    (put there from another folder), and continuing would train that run's model under this one's rows."""
+    row: the file then holds rounds 1..r-1 whole (and perhaps the row cut short). Whether it did (``write``
+    false: whether it would, writing nothing: a check before the folder is the run's). A file whose row of
+    that round is not the checkpoint's copy of it is refused: the checkpoint is another run's (put there from
+    another folder), and continuing would train that run's model under this one's rows."""
     from splitfed.flower.metrics import MetricsWriter, run_rows
 
     if ckpt.row is None or ckpt.round < 1:
@@ -89,10 +90,18 @@ def restore_row(folder: str | Path, ckpt: Checkpoint) -> bool:
     held = [r["round"] for r in rows]
     if held != list(range(1, ckpt.round)):
         return False
+    if not write:
+        return True
     writer = MetricsWriter(folder)
     writer.truncate_after(ckpt.round - 1)  # a cut-short line of it goes
     writer.append(ckpt.row)
     return True
+
+
+def row_put_back(ckpt: Checkpoint) -> str:
+    """What a resume that put its checkpoint's row back says (:func:`restore_row`)."""
+    return (f"round {ckpt.round}'s metrics row, lost in a crash after its checkpoint was written, is put back "
+            "from the checkpoint")
 
 
 def _row(text: object) -> dict[str, Any] | None:

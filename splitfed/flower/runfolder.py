@@ -645,7 +645,8 @@ def nothing_to_do(out: str, rounds: int, again: str, held: checkpoint.Checkpoint
         return None
     own = int(ckpt.settings.get("rounds", done))  # the rounds the run that is there was started for
     check(out, resume=True, overwrite=False, reservation=reservation)  # no other run writes there now
-    checkpoint.restore_row(out, ckpt)  # a crash between the checkpoint and its row: the summary counts it
+    if checkpoint.restore_row(out, ckpt):  # a crash between the checkpoint and its row: the summary counts it
+        print(checkpoint.row_put_back(ckpt), file=sys.stderr)
     if done < own:
         print(f"nothing to do: {out} holds round {done} of its {own}, --rounds {rounds} asks for no more (to "
               f"train on: --resume {again})", file=sys.stderr)
