@@ -265,9 +265,13 @@ def run_one(work: Path, module: str, source: str, m: Mutant, tests: list[str], t
 
 
 def _worker_copy(root: Path, i: int) -> Path:
+    """A scratch copy of the checkout; its ``.venv`` is linked, not copied (gigabytes of torch, never mutated)."""
     work = Path(tempfile.mkdtemp(prefix=f"mutant{i}-"))
     shutil.copytree(root, work, dirs_exist_ok=True, symlinks=True,
-                    ignore=shutil.ignore_patterns(".git", "__pycache__", ".coverage*", "runs", ".hypothesis"))
+                    ignore=shutil.ignore_patterns(".git", "__pycache__", ".coverage*", "runs", ".hypothesis",
+                                                  ".venv"))
+    if (root / ".venv").exists():
+        (work / ".venv").symlink_to((root / ".venv").resolve(), target_is_directory=True)
     return work
 
 

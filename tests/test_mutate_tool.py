@@ -4,6 +4,7 @@ means something: a docstring, an annotation or an f-string is never changed."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -82,3 +83,23 @@ def test_a_mutant_that_breaks_an_import_of_the_tests_is_noticed(tmp_path: Path) 
     assert tool.run_one(tmp_path, "mod.py", source, one, ["test_mod.py::test_limit"], 120) == "killed"
     assert tool.run_one(tmp_path, "mod.py", source, tool.Mutant(**{**vars(one), "new": one.old}),
                         ["test_mod.py::test_limit"], 120) == "survived"
+
+
+def test_a_scratch_copy_links_the_venv_and_leaves_git_and_caches_out(tmp_path: Path) -> None:
+    """A check copies the checkout once per call: the venv (gigabytes of torch) is linked, never copied."""
+    tool = _tool()
+    root = tmp_path / "checkout"
+    (root / ".venv" / "lib").mkdir(parents=True)
+    (root / ".venv" / "lib" / "big.so").write_bytes(b"x")
+    (root / ".git").mkdir()
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "pkg" / "mod.py").write_text("X = 1\n")
+    work = tool._worker_copy(root, 0)
+    try:
+        assert (work / "pkg" / "mod.py").read_text() == "X = 1\n"
+        assert (work / ".venv").is_symlink() and (work / ".venv").resolve() == (root / ".venv").resolve()
+        assert (work / ".venv" / "lib" / "big.so").read_bytes() == b"x"
+        assert not (work / ".git").exists() and not (work / "pkg" / "__pycache__").exists()
+    finally:
+        shutil.rmtree(work)
+    assert (root / ".venv" / "lib" / "big.so").exists()  # removing the copy leaves the linked venv whole
