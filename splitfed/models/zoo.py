@@ -230,8 +230,8 @@ class MobileNetV2(nn.Module):
     def __init__(self, in_ch: int = 3, num_classes: int = 10, width: float = 0.25) -> None:
         super().__init__()
 
-        def ch(c: int) -> int:
-            return max(8, int(round(c * width / 8)) * 8) if width < 1 else c
+        def ch(c: int) -> int:  # the nearest multiple of 8, at least 8: every base count at width 1, wider above
+            return max(8, int(round(c * width / 8)) * 8)
 
         cin = ch(32)
         self.stem = nn.Sequential(nn.Conv2d(in_ch, cin, 3, 1, 1, bias=False), nn.BatchNorm2d(cin), nn.ReLU6())
