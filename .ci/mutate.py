@@ -51,6 +51,10 @@ SWAP_BIN: dict[type, type] = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.
 SWAP_CMP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
                               ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In,
                               ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+# what a test costs at least, whatever its junit time (0.0 for thousands of tiny ones): collecting and setting it
+# up; it also bounds how many ids one budget picks (a module every test touches picked thousands, past the
+# command line's limit)
+MIN_TEST_S = 0.02
 
 
 @dataclass
@@ -236,10 +240,11 @@ def chosen(m: Mutant, by_line: dict[int, set[str]], secs: dict[str, float], budg
     ordered = sorted(ids, key=lambda t: (secs.get(t, 1.0), t))
     picked, spent = [], 0.0
     for t in ordered:
-        if picked and spent + secs.get(t, 1.0) > budget_s:
+        cost = max(secs.get(t, 1.0), MIN_TEST_S)
+        if picked and spent + cost > budget_s:
             break
         picked.append(t)
-        spent += secs.get(t, 1.0)
+        spent += cost
     return picked
 
 

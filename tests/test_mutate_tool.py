@@ -103,3 +103,17 @@ def test_a_scratch_copy_links_the_venv_and_leaves_git_and_caches_out(tmp_path: P
     finally:
         shutil.rmtree(work)
     assert (root / ".venv" / "lib" / "big.so").exists()  # removing the copy leaves the linked venv whole
+
+
+def test_a_budget_picks_the_fastest_tests_and_counts_each_at_least_its_floor() -> None:
+    """Tests junit timed at 0.0 s still cost their set-up: a 6 s budget over 10,000 of them picks 300 (a
+    module every test touches once picked all 10,000, past the command line's limit), fastest first."""
+    tool = _tool()
+    m = tool.mutants(SOURCE)[0]
+    zero = {f"tests/test_x.py::test_{i:05d}": 0.0 for i in range(10_000)}
+    by_line = {m.line: {*zero, "tests/test_x.py::test_slow"}}
+    picked = tool.chosen(m, by_line, {**zero, "tests/test_x.py::test_slow": 3.0}, 6.0)
+    assert len(picked) == round(6.0 / tool.MIN_TEST_S) == 300
+    assert picked == sorted(zero)[:300]
+    slow_first = tool.chosen(m, {m.line: {"tests/test_x.py::test_slow"}}, {"tests/test_x.py::test_slow": 9.0}, 6.0)
+    assert slow_first == ["tests/test_x.py::test_slow"]  # one test is always run, however slow
