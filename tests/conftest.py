@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from tests.data_fixtures import own_cache  # noqa: F401 (a fixture: a splitfed cache of the test's own)
 from tests.profile_fixtures import tag  # noqa: F401 (a fixture: a user model's module names, unique to the test)
 from tests.ray_fixtures import ray_tmp  # noqa: F401 (a fixture: a Ray of the test's own)
 

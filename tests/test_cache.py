@@ -25,13 +25,6 @@ from splitfed.profile import profiler
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A cache of the test's own (the run's shared one may already hold every entry)."""
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def _entries(folder: Path, kind: str) -> list[Path]:
     return sorted((folder / kind).glob("*.npz")) if (folder / kind).is_dir() else []
 
@@ -130,40 +123,40 @@ def test_off_computes_everything_and_writes_nothing(tmp_path: Path, monkeypatch:
 # ---------------------------------------------------------------- digits
 
 
-def test_a_kept_digits_split_is_the_computed_one_in_every_layout(folder: Path,
+def test_a_kept_digits_split_is_the_computed_one_in_every_layout(own_cache: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     fresh = {}
     monkeypatch.setenv(cache.ENV, "off")
     for layout in ("image", "flat", "tokens"):
         fresh[layout] = digits(seed=7, layout=layout)  # type: ignore[arg-type]
-    monkeypatch.setenv(cache.ENV, str(folder))
+    monkeypatch.setenv(cache.ENV, str(own_cache))
     for layout in ("image", "flat", "tokens"):  # the first a miss that keeps the split, the others hits
         assert _same_split(digits(seed=7, layout=layout), fresh[layout])  # type: ignore[arg-type]
-    assert len(_entries(folder, "digits")) == 1  # one split, whatever the layout
+    assert len(_entries(own_cache, "digits")) == 1  # one split, whatever the layout
     assert _same_split(digits(seed=7), fresh["image"])
     digits(seed=8)
     digits(seed=7, test_fraction=0.3)
-    assert len(_entries(folder, "digits")) == 3  # seed and fraction are in the key
+    assert len(_entries(own_cache, "digits")) == 3  # seed and fraction are in the key
 
 
-def test_a_new_scikit_learn_or_edited_loader_is_a_new_entry(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_scikit_learn_or_edited_loader_is_a_new_entry(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     digits(seed=1)
     real = cache.versions
     monkeypatch.setattr(cache, "versions", lambda *d: {k: v + ".post9" for k, v in real(*d).items()})
     digits(seed=1)
-    assert len(_entries(folder, "digits")) == 2
+    assert len(_entries(own_cache, "digits")) == 2
     monkeypatch.setattr(cache, "versions", real)
     monkeypatch.setattr(cache, "source_digest", lambda *m: "another loader")
     digits(seed=1)
-    assert len(_entries(folder, "digits")) == 3
+    assert len(_entries(own_cache, "digits")) == 3
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "a pixel of 17", "a sample short",
                                     "float pixels"])
-def test_a_damaged_or_wrong_digits_entry_is_computed_again_and_replaced(folder: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_damaged_or_wrong_digits_entry_is_computed_again_and_replaced(own_cache: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       damage: str) -> None:
     want = digits(seed=2)
-    (entry,) = _entries(folder, "digits")
+    (entry,) = _entries(own_cache, "digits")
     kept = dict(np.load(entry))
     if damage == "truncated":
         entry.write_bytes(entry.read_bytes()[:200])
@@ -219,7 +212,7 @@ def test_a_kept_partition_is_what_partition_gives_on_a_miss_and_on_a_hit(
     assert len(_entries(folder, "partitions")) == 1
 
 
-def test_every_input_of_a_partition_is_in_its_key(folder: Path) -> None:
+def test_every_input_of_a_partition_is_in_its_key(own_cache: Path) -> None:
     y = _labels()
     base = dict(labels=y, num_clients=4, scheme="dirichlet:0.5", seed=1, min_size=1)
     kept_partition(**base)  # type: ignore[arg-type]
@@ -228,18 +221,18 @@ def test_every_input_of_a_partition_is_in_its_key(folder: Path) -> None:
     for i, kw in enumerate(others, start=2):
         got = kept_partition(**kw)  # type: ignore[arg-type]
         assert [p.tolist() for p in got] == [p.tolist() for p in partition(**kw)]  # type: ignore[arg-type]
-        assert len(_entries(folder, "partitions")) == i
+        assert len(_entries(own_cache, "partitions")) == i
     kept_partition(y, 4, "iid", 1)  # cheap: never kept
-    assert len(_entries(folder, "partitions")) == len(others) + 1
+    assert len(_entries(own_cache, "partitions")) == len(others) + 1
 
 
 @pytest.mark.parametrize("damage", ["overlap", "a sample lost", "unsorted", "a client short", "a client more",
                                     "float indices", "truncated"])
-def test_a_damaged_or_wrong_partition_entry_is_computed_again(folder: Path, damage: str) -> None:
+def test_a_damaged_or_wrong_partition_entry_is_computed_again(own_cache: Path, damage: str) -> None:
     y = _labels(200)
     want = partition(y, 4, "dirichlet:1", 9)
     kept_partition(y, 4, "dirichlet:1", 9)
-    (entry,) = _entries(folder, "partitions")
+    (entry,) = _entries(own_cache, "partitions")
     parts = {k: v.copy() for k, v in np.load(entry).items()}
     if damage == "overlap":
         parts["p1"] = np.sort(np.concatenate([parts["p1"], parts["p0"][:1]]))
@@ -262,7 +255,7 @@ def test_a_damaged_or_wrong_partition_entry_is_computed_again(folder: Path, dama
     assert [p.tolist() for p in got] == [p.tolist() for p in want]
 
 
-def test_a_hit_in_a_new_process_imports_neither_scikit_learn_nor_flwr_datasets(folder: Path) -> None:
+def test_a_hit_in_a_new_process_imports_neither_scikit_learn_nor_flwr_datasets(own_cache: Path) -> None:
     """What the cache is for: a process loading a client's data (a Ray actor, a deployed ClientApp) after the
     first pays none of those imports, and loads the same samples."""
     probe = (
@@ -273,26 +266,26 @@ def test_a_hit_in_a_new_process_imports_neither_scikit_learn_nor_flwr_datasets(f
         "heavy = sorted(m for m in ('sklearn', 'flwr_datasets', 'datasets', 'pyarrow', 'pandas') if m in sys.modules)\n"
         "print(json.dumps({'heavy': heavy, 'x': x.sum().item(), 'y': y.tolist()}))\n"
     )
-    env = {**os.environ, cache.ENV: str(folder), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, cache.ENV: str(own_cache), "PYTHONPATH": str(ROOT)}
     runs = [json.loads(subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True,
                                       text=True, check=True, timeout=300).stdout) for _ in ("miss", "hit")]
     assert {"sklearn", "flwr_datasets"} <= set(runs[0]["heavy"])  # the miss computed them with those libraries
     assert runs[1]["heavy"] == []
     assert runs[1]["x"] == runs[0]["x"] and runs[1]["y"] == runs[0]["y"]
-    assert len(_entries(folder, "digits")) == 1 and len(_entries(folder, "partitions")) == 1
+    assert len(_entries(own_cache, "digits")) == 1 and len(_entries(own_cache, "partitions")) == 1
 
 
 # ---------------------------------------------------------------- profiles
 
 
-def test_a_runs_profile_is_kept_on_disk_and_timed_once(folder: Path) -> None:
+def test_a_runs_profile_is_kept_on_disk_and_timed_once(own_cache: Path) -> None:
     from splitfed.flower.adaptive import run_profile
     from splitfed.flower.config import RunSettings
 
     s = RunSettings(model="mlp", batch_size=16)
     prof = run_profile(s)
     assert prof.reps == 1  # a run uses no measured times
-    (kept,) = (folder / "profiles").glob("*.json")
+    (kept,) = (own_cache / "profiles").glob("*.json")
     assert json.loads(kept.read_text())["fwd_flops"] == list(prof.fwd_flops)
 
 

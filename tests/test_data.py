@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import gzip
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from splitfed.data import (
 )
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec, build, resolve_spec
+from tests.data_fixtures import idx_bytes
 
 torch.set_num_threads(1)
 
@@ -304,11 +304,6 @@ def test_synthetic_rejects_bad_size() -> None:
 # ---------------------------------------------------------------- MNIST IDX files
 
 
-def _idx(array: np.ndarray) -> bytes:
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    return header + array.astype(np.uint8).tobytes()
-
-
 def _write_mnist(root: Path, n_train: int = 5, n_test: int = 3, gz: bool = False) -> dict:
     rng = np.random.default_rng(0)
     arrays = {
@@ -319,7 +314,7 @@ def _write_mnist(root: Path, n_train: int = 5, n_test: int = 3, gz: bool = False
     }
     root.mkdir(parents=True, exist_ok=True)
     for name, a in arrays.items():
-        data = _idx(a)
+        data = idx_bytes(a)
         (root / (name + ".gz")).write_bytes(gzip.compress(data)) if gz else (root / name).write_bytes(data)
     return arrays
 
@@ -367,7 +362,7 @@ def test_mnist_rejects_malformed_idx(tmp_path: Path, corrupt, match: str) -> Non
 
 def test_mnist_rejects_label_count_mismatch(tmp_path: Path) -> None:
     _write_mnist(tmp_path)
-    (tmp_path / "train-labels-idx1-ubyte").write_bytes(_idx(np.zeros(4)))
+    (tmp_path / "train-labels-idx1-ubyte").write_bytes(idx_bytes(np.zeros(4)))
     with pytest.raises(ConfigError, match="do not match"):
         mnist(tmp_path)
 

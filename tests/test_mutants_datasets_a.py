@@ -16,21 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from splitfed import cache
 from splitfed.data import cifar10, mnist
 from splitfed.data._seed import derive_seed
 from splitfed.data.datasets import MAX_IDX_DIMS, digits, read_idx, synthetic
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec
+from tests.data_fixtures import idx_bytes
 
 # ---------------------------------------------------------------- digits
-
-
-@pytest.fixture
-def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A cache of the test's own (the run's shared one may already hold every entry)."""
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 def _same_split(a, b) -> bool:
@@ -39,11 +32,11 @@ def _same_split(a, b) -> bool:
 
 
 @pytest.mark.parametrize(("key", "label"), [("y_train", 10), ("y_test", 10), ("y_train", -1), ("y_test", 255)])
-def test_a_kept_split_with_a_label_outside_0_to_9_is_computed_again(folder: Path, key: str, label: int) -> None:
+def test_a_kept_split_with_a_label_outside_0_to_9_is_computed_again(own_cache: Path, key: str, label: int) -> None:
     """The digits have classes 0..9: an entry holding another label (int64 and 1-D, as a sound one) is not
     the split, and a run would train on a class no model has."""
     want = digits(seed=3)
-    (entry,) = sorted((folder / "digits").glob("*.npz"))
+    (entry,) = sorted((own_cache / "digits").glob("*.npz"))
     kept = dict(np.load(entry))
     kept[key] = kept[key].copy()
     kept[key][0] = label
@@ -163,13 +156,6 @@ def test_synthetic_of_zero_classes_is_refused(vocab: int) -> None:
 # ---------------------------------------------------------------- IDX files (MNIST)
 
 
-def _idx(array: np.ndarray) -> bytes:
-    """IDX: bytes 0, 0, type 0x08 (unsigned byte), the number of dimensions; each dimension a big-endian uint32;
-    the data row-major."""
-    return (bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", d) for d in array.shape)
-            + array.astype(np.uint8).tobytes())
-
-
 def test_an_idx_file_of_three_bytes_is_refused_as_no_idx_file(tmp_path: Path) -> None:
     path = tmp_path / "short"
     path.write_bytes(bytes([0, 0, 0x08]))
@@ -199,11 +185,11 @@ def test_an_idx_magic_with_a_nonzero_second_byte_is_refused(tmp_path: Path, seco
 def test_an_idx_array_of_exactly_max_dims_is_read(tmp_path: Path) -> None:
     a = np.arange(2 * 3, dtype=np.uint8).reshape((2, 1, 3) + (1,) * (MAX_IDX_DIMS - 3))
     assert a.ndim == MAX_IDX_DIMS
-    (tmp_path / "deep").write_bytes(_idx(a))
+    (tmp_path / "deep").write_bytes(idx_bytes(a))
     got = read_idx(tmp_path / "deep")
     assert got.shape == a.shape and np.array_equal(got, a)
     deeper = a[..., None]
-    (tmp_path / "deeper").write_bytes(_idx(deeper))
+    (tmp_path / "deeper").write_bytes(idx_bytes(deeper))
     with pytest.raises(ConfigError, match=rf"IDX header says {MAX_IDX_DIMS + 1} dimensions; at most {MAX_IDX_DIMS}"):
         read_idx(tmp_path / "deeper")
 
@@ -213,7 +199,7 @@ def _write_mnist(root: Path, train_labels: list[int]) -> None:
     files = {"train-images-idx3-ubyte": np.zeros((n, 28, 28)), "train-labels-idx1-ubyte": np.array(train_labels),
              "t10k-images-idx3-ubyte": np.zeros((2, 28, 28)), "t10k-labels-idx1-ubyte": np.array([0, 9])}
     for name, a in files.items():
-        (root / name).write_bytes(_idx(a))
+        (root / name).write_bytes(idx_bytes(a))
 
 
 def test_an_mnist_label_of_10_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from splitfed import cache
 from splitfed.data.partition import (
     Partition,
     _fill_to_min_size,
@@ -19,13 +18,6 @@ from splitfed.data.partition import (
     partition,
 )
 from splitfed.errors import ConfigError
-
-
-@pytest.fixture
-def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A cache of the test's own (the run's shared one may already hold every entry)."""
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 def _labels(n: int = 200, classes: int = 10, seed: int = 0) -> np.ndarray:
@@ -46,7 +38,7 @@ def _entry(folder: Path) -> Path:
     return entry
 
 
-def test_a_sound_entry_is_used_as_it_is(folder: Path) -> None:
+def test_a_sound_entry_is_used_as_it_is(own_cache: Path) -> None:
     """A hit is read, not computed again (what the cache is for): an entry that keeps every law of a partition
     (here the kept one with two clients' samples swapped) is returned as it is, though ``partition`` gives
     another. The kept one has a client of exactly ``min_size`` and runs of consecutive indices: both sound."""
@@ -58,7 +50,7 @@ def test_a_sound_entry_is_used_as_it_is(folder: Path) -> None:
     swapped = {f"p{i}": p for i, p in enumerate(want)}
     swapped["p0"], swapped["p1"] = want[1], want[0]
     assert len(want[0]) != len(want[1]) or _lists(want[:1]) != _lists(want[1:2])
-    np.savez(_entry(folder), **swapped)
+    np.savez(_entry(own_cache), **swapped)
     got = kept_partition(y, **_SKEWED)  # type: ignore[arg-type]
     assert _lists(got) == [want[1].tolist(), want[0].tolist(), *_lists(want[2:])]
 
@@ -92,18 +84,18 @@ def _damage(parts: dict[str, np.ndarray], how: str) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("how", ["a client missing", "foreign keys", "int32 indices", "float indices",
                                  "two-dimensional", "a client below min_size", "unsorted", "an index twice",
                                  "a sample nobody has", "an index past the end"])
-def test_a_foreign_or_corrupt_entry_is_computed_again(folder: Path, how: str) -> None:
+def test_a_foreign_or_corrupt_entry_is_computed_again(own_cache: Path, how: str) -> None:
     y = _labels()
     want = partition(y, **_SKEWED)  # type: ignore[arg-type]
     kept_partition(y, **_SKEWED)  # type: ignore[arg-type]
-    entry = _entry(folder)
+    entry = _entry(own_cache)
     np.savez(entry, **_damage({k: v.copy() for k, v in np.load(entry).items()}, how))
     got = kept_partition(y, **_SKEWED)  # type: ignore[arg-type]
     assert _lists(got) == _lists(want) and all(p.dtype == np.int64 and p.ndim == 1 for p in got)
     assert sorted(np.load(entry).files) == [f"p{i}" for i in range(6)]  # replaced by a sound one
 
 
-def test_numpy_integer_arguments_are_taken_as_plain_python_does(folder: Path) -> None:
+def test_numpy_integer_arguments_are_taken_as_plain_python_does(own_cache: Path) -> None:
     """A seed or min_size from a numpy array (np.int64) is accepted by partition; the kept form must not choke
     on it (it would not fit the cache key's JSON)."""
     y = _labels()
