@@ -71,6 +71,13 @@ def test_lowered_limits_apply_to_zoo_models_and_to_models_built_before(restore_l
 def test_limits_refuse_impossible_values() -> None:
     with pytest.raises(ConfigError, match="sample_bytes must be positive, got 0"):
         BuildLimits(sample_bytes=0)
+    with pytest.raises(ConfigError, match="model_bytes must be positive, got -1"):
+        BuildLimits(model_bytes=-1)
+    with pytest.raises(ConfigError, match=r"held_bytes must be >= 0 \(0: three quarters"):
+        BuildLimits(held_bytes=-1)
+    # the smallest of each is taken (a byte: a bound that refuses every model is the user's to set)
+    one = BuildLimits(model_bytes=1, sample_bytes=1, held_bytes=0)
+    assert (one.model_bytes, one.sample_bytes, one.held_bytes) == (1, 1, 0)
 
 
 def test_a_tier_process_takes_its_limits_from_the_command_line() -> None:
