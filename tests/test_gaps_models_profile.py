@@ -391,6 +391,7 @@ def test_a_tracing_failure_in_torch_alone_names_no_line() -> None:
         B.to_blocks(_NoForward())
     assert 'cannot be traced by torch.fx' in str(e.value) and 'missing the required "forward"' in str(e.value)
     assert " (at " not in str(e.value)
+    assert str(e.value).endswith('NotImplementedError: Module [_NoForward] is missing the required "forward" function')
 
 
 def test_a_forward_without_a_signature_is_refused_by_the_tracer() -> None:
