@@ -55,6 +55,9 @@ SWAP_CMP: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE,
 # up; it also bounds how many ids one budget picks (a module every test touches picked thousands, past the
 # command line's limit)
 MIN_TEST_S = 0.02
+# a test id longer than this is left out: one argument of a command line holds at most 128 KiB on Linux
+# (MAX_ARG_STRLEN), and a parametrized id that spells out its value may not fit
+MAX_ID_CHARS = 4096
 
 
 @dataclass
@@ -237,7 +240,7 @@ def chosen(m: Mutant, by_line: dict[int, set[str]], secs: dict[str, float], budg
     for ln in range(m.line, m.end_line + 1):
         ids |= by_line.get(ln, set())
     ids.discard("")
-    ordered = sorted(ids, key=lambda t: (secs.get(t, 1.0), t))
+    ordered = sorted((t for t in ids if len(t) <= MAX_ID_CHARS), key=lambda t: (secs.get(t, 1.0), t))
     picked, spent = [], 0.0
     for t in ordered:
         cost = max(secs.get(t, 1.0), MIN_TEST_S)

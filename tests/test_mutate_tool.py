@@ -117,3 +117,16 @@ def test_a_budget_picks_the_fastest_tests_and_counts_each_at_least_its_floor() -
     assert picked == sorted(zero)[:300]
     slow_first = tool.chosen(m, {m.line: {"tests/test_x.py::test_slow"}}, {"tests/test_x.py::test_slow": 9.0}, 6.0)
     assert slow_first == ["tests/test_x.py::test_slow"]  # one test is always run, however slow
+
+
+def test_a_test_whose_id_no_command_line_can_hold_is_left_out() -> None:
+    """A parametrized id that spells out a 400 KB value cannot be one argument (Linux: 128 KiB): the run of a
+    module it covered died on it. It is left out; the others are picked."""
+    tool = _tool()
+    m = tool.mutants(SOURCE)[0]
+    huge = "tests/test_x.py::test_big[" + "[" * 200_000 + "]"
+    edge = "tests/test_x.py::test_e[" + "x" * (tool.MAX_ID_CHARS - 25) + "]"
+    assert len(edge) == tool.MAX_ID_CHARS
+    by_line = {m.line: {huge, edge, "tests/test_x.py::test_small"}}
+    picked = tool.chosen(m, by_line, {huge: 0.0, edge: 0.1, "tests/test_x.py::test_small": 0.2}, 6.0)
+    assert picked == [edge, "tests/test_x.py::test_small"]
