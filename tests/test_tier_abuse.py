@@ -191,7 +191,7 @@ def _load_raw(address: str, **model: object) -> grpc.StatusCode:
     '{"a":' * 20_000 + "1" + "}" * 20_000,
     '{"a":' * 40 + "1" + "}" * 40,
     '{"x": "' + "x" * 100_000 + '"}',
-], ids=["deep-list", "deep-object", "nested-40", "long-string"])  # as ids, the values: up to 400 KB each
+], ids=["deep-list", "deep-object", "nested-40", "long-string"])  # short ids: a value is up to 400 KB
 def test_deep_or_long_kwargs_are_invalid_argument(plain_server, kwargs_json: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     model = dict(name="mlp", input_shape=[64], num_classes=10, kwargs_json=kwargs_json)
     assert _load_raw(plain_server.address, **model) == grpc.StatusCode.INVALID_ARGUMENT

@@ -62,7 +62,7 @@ def round_table(run: Run, max_rows: int = 30) -> str:
     headers = ["round", "accuracy", "loss", f"{clock} round s", f"{clock} total s", "MB up", "MB down"]
     rows: list[list[Any]] = [[r.round, r.accuracy, r.loss, r.sim_round_s, t, r.bytes_up / MB, r.bytes_down / MB]
                              for r, t in zip(run.rounds, run.sim_time, strict=True)]
-    if len(rows) > max_rows:  # max_rows rounds shown, the odd one first: the last rounds are what a run ended on
+    if len(rows) > max_rows:  # max_rows rounds: the first ceil(max_rows / 2), then the last floor(max_rows / 2)
         tail = max_rows // 2
         rows = rows[:max_rows - tail] + [["..."] + [""] * (len(headers) - 1)] + rows[len(rows) - tail:]
     return format_table(headers, rows, title=f"{run.label}: rounds")
