@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from splitfed.report import plots
 from splitfed.report.plots import Series
 from splitfed.report.runs import rows_to_run
+from tests.plot_fixtures import saved_figures
 
 NAN = math.nan
 
@@ -23,10 +24,7 @@ NAN = math.nan
 @pytest.fixture
 def figs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every figure drawn, as saved (``_save`` is where each goes to its file)."""
-    out: list[Any] = []
-    real = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (out.append(fig), real(fig, path))[1])
-    return out
+    return saved_figures(monkeypatch)
 
 
 def _lines(fig: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from splitfed.report import plots
 from splitfed.report.runs import rows_to_run
+from tests.plot_fixtures import saved_figures
 
 
 def _run(cuts_per_round: list[dict[str, list[int]]], label: str = "r", summary: dict[str, Any] | None = None) -> Any:
@@ -27,9 +28,7 @@ def _run(cuts_per_round: list[dict[str, list[int]]], label: str = "r", summary: 
 
 def _heatmap(monkeypatch: pytest.MonkeyPatch, run: Any, tmp_path: Path, **kw: Any) -> Any:
     """The heatmap's figure, as drawn and saved (``_save`` is where every figure goes to its file)."""
-    figs: list[Any] = []
-    real = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (figs.append(fig), real(fig, path))[1])
+    figs = saved_figures(monkeypatch)
     plots.cuts_heatmap(run, tmp_path / "cuts.png", **kw)
     return figs[-1]
 
@@ -242,9 +241,7 @@ def test_a_curve_starts_at_the_accuracy_before_training_when_it_is_one(initial: 
 
 def test_a_long_name_wrapped_in_the_legend_keeps_its_spaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Broken into lines after a space: the lines joined give the name back (no space dropped at a break)."""
-    figs: list[Any] = []
-    real = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (figs.append(fig), real(fig, path))[1])
+    figs = saved_figures(monkeypatch)
     name = "policy " * 10 + "end"
     plots.accuracy_per_round_plot([_run([{"a": [1]}], name)], tmp_path / "a.png")
     (text,) = [t.get_text() for t in figs[0].axes[0].get_legend().get_texts()]

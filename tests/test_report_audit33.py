@@ -16,6 +16,7 @@ from splitfed.cli import main as cli
 from splitfed.errors import ConfigError
 from splitfed.report import plots, runs
 from splitfed.report.runs import load_run, rows_to_run
+from tests.plot_fixtures import saved_figures
 
 
 def _folder(tmp_path: Path, *lines: str, name: str = "r") -> Path:
@@ -134,18 +135,11 @@ def test_the_sweeps_makespan_figure_shows_every_policy_that_ties_the_optimizer(
     assert alone.style == {}  # a curve that ties none: as it was
 
 
-def _figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    figs: list[Any] = []
-    real = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (figs.append(fig), real(fig, path))[1])
-    return figs
-
-
 def test_a_run_of_one_round_has_its_round_as_the_only_tick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``variants.tiny`` (one round), or a run stopped after its first: the round axes read 0.945, 0.96, ..."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    figs = _figures(monkeypatch)
+    figs = saved_figures(monkeypatch)
     one = [_run("a", [0.5]), _run("b", [0.6])]
     plots.accuracy_per_round_plot(one, tmp_path / "a.png")
     plots.makespan_plot(one, tmp_path / "m.png")
@@ -162,7 +156,7 @@ def test_runs_that_send_the_same_bytes_each_show_in_the_bytes_figure(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """``sl``, ``sflv1`` and ``sflv2`` with the same cuts send the same bytes: every run's uplink had marker "o"
     of one size, so the last run's curve hid the others' (the variants experiment showed one of three)."""
-    figs = _figures(monkeypatch)
+    figs = saved_figures(monkeypatch)
     same = [rows_to_run([{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0, "bytes_up": 10**6, "bytes_down": 10**6}],
                         name) for name in ("sl", "sflv1", "sflv2")]
     plots.bytes_plot(same, tmp_path / "b.png")

@@ -22,6 +22,7 @@ from splitfed.report import plots
 from splitfed.report.runs import load_run, rows_to_run, write_run
 from splitfed.report.summary import csv_text, csv_texts, summary_markdown, summary_rows
 from splitfed.report.table import class_table, format_table
+from tests.plot_fixtures import saved_figures
 
 # ---------------------------------------------------------------- labels in every table
 
@@ -146,13 +147,13 @@ def test_figures_draw_any_label(monkeypatch: pytest.MonkeyPatch, tmp_path_factor
     """Before: a label with two ``$`` was drawn as math, and one that is not math (``a$\\frac$b``) stopped the
     report with a traceback; one that starts with ``_`` was left out of the legend; a control character was
     drawn as a missing glyph. Now each is drawn as the tables show it (:func:`shown`)."""
-    figs: list[Any] = []
-    real = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (figs.append(fig), real(fig, path))[1])
+    figs = saved_figures(monkeypatch)
     runs = [rows_to_run(_rows(label), label), rows_to_run(_rows("b"), "other")]
     plots.accuracy_per_round_plot(runs, tmp_path_factory.mktemp("f") / "a.png")
     drawn = [t.replace("\\$", "$") for t in _legend(figs[-1])]  # what matplotlib draws of the text
-    assert drawn == [shown(text(label)), "other"]
+    # a name shown longer than LABEL_WIDTH is drawn in lines (escapes lengthen it: "\x1f" is 4 characters)
+    assert all(len(line) <= plots.LABEL_WIDTH for t in drawn for line in t.split("\n"))
+    assert [t.replace("\n", "") for t in drawn] == [shown(text(label)), "other"]
     plots.cuts_heatmap(runs[0], tmp_path_factory.mktemp("f") / "c.png")
 
 
@@ -170,9 +171,7 @@ def test_a_run_folder_whose_name_is_not_utf8_is_reported(tmp_path: Path, capsys:
 
 
 def _titles(monkeypatch: pytest.MonkeyPatch, run: Any, tmp_path: Path) -> tuple[list[str], str]:
-    figs: list[Any] = []
-    real = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (figs.append(fig), real(fig, path))[1])
+    figs = saved_figures(monkeypatch)
     plots.cuts_heatmap(run, tmp_path / "cuts.png")
     fig = figs[-1]
     return [ax.get_title() for ax in fig.axes if ax.get_title()], fig.get_suptitle()

@@ -23,6 +23,7 @@ from splitfed.errors import ConfigError
 from splitfed.report import plots
 from splitfed.report.runs import load_run, rows_to_run, write_run
 from splitfed.report.summary import summary_rows
+from tests.plot_fixtures import saved_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,14 +40,7 @@ def _digests(folder: Path) -> dict[str, str]:
 
 def _captured_heatmap(monkeypatch: pytest.MonkeyPatch, run: Any, tmp_path: Path) -> Any:
     """The heatmap's figure, as drawn (``_save`` is where every figure goes to its file)."""
-    figs: list[Any] = []
-    real = plots._save
-
-    def keep(fig: Any, path: Any) -> Path:
-        figs.append(fig)
-        return real(fig, path)
-
-    monkeypatch.setattr(plots, "_save", keep)
+    figs = saved_figures(monkeypatch)
     plots.cuts_heatmap(run, tmp_path / "cuts.png")
     return figs[-1]
 
@@ -240,14 +234,6 @@ def test_sigterm_while_drawing_leaves_no_drafts(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- a user comparing runs (figures, table)
 
 
-def _figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every figure drawn from here on, as drawn (``_save`` is where each goes to its file)."""
-    figs: list[Any] = []
-    real = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (figs.append(fig), real(fig, path))[1])
-    return figs
-
-
 def _drawn(fig: Any) -> list[tuple[str, bool]]:
     """Each legend entry of ``fig``'s axes and whether its line has a point drawn (both coordinates finite)."""
     ax = fig.axes[0]
@@ -271,7 +257,7 @@ def test_a_run_whose_every_round_diverged_is_named_not_drawn_as_an_empty_legend_
     one of NaNs was not). Now each figure draws every run it lists, and names the one it cannot draw."""
     write_run(tmp_path / "good", _rows(4))
     write_run(tmp_path / "diverged", [{**r, "accuracy": None} for r in _rows(4)])
-    figs = _figures(monkeypatch)
+    figs = saved_figures(monkeypatch)
     assert cli(["report", str(tmp_path / "good"), str(tmp_path / "diverged"), "--out", str(tmp_path / "out"),
                 "--target", "0.6"]) == 0
     by_title = {f.axes[0].get_title(): f for f in figs if f.axes[0].get_legend() is not None}
@@ -291,7 +277,7 @@ def test_accuracy_vs_bytes_names_a_run_that_sent_nothing_over_a_link(monkeypatch
     read as accuracy reached for free. The footnote now names it, and only it."""
     write_run(tmp_path / "split", _rows(3))
     write_run(tmp_path / "local", [{**r, "bytes_up": 0, "bytes_down": 0} for r in _rows(3)])
-    figs = _figures(monkeypatch)
+    figs = saved_figures(monkeypatch)
     assert cli(["report", str(tmp_path / "split"), str(tmp_path / "local"), "--out", str(tmp_path / "out")]) == 0
     fig = next(f for f in figs if f.axes[0].get_title() == "Test accuracy vs activation bytes")
     assert "no activation or gradient crossed a link: local" in _footnotes(fig)
@@ -327,7 +313,7 @@ def test_a_long_run_name_is_wrapped_inside_the_axes_not_over_them(monkeypatch: p
     label = "adaptive-cuts " + " ".join(f"pi-home-{i}x60-clients-seed-{i}" for i in range(5))
     label = (label + "-" + "x" * 150)[:150]
     runs = [rows_to_run(_rows(3), label), rows_to_run(_rows(3), "baseline")]
-    figs = _figures(monkeypatch)
+    figs = saved_figures(monkeypatch)
     plots.accuracy_per_round_plot(runs, tmp_path / "a.png")
     plots.bytes_plot(runs, tmp_path / "b.png")
     for fig in figs:
@@ -364,7 +350,7 @@ def test_a_run_looks_the_same_in_every_figure_when_another_cannot_be_drawn(monke
     """A run left out of a figure (no point to draw there) takes no other run's colour: ``good`` is drawn
     alike in the accuracy figures (where ``diverged`` has no point) and the makespan figure (where it has)."""
     runs = [rows_to_run([{**r, "accuracy": None} for r in _rows(3)], "diverged"), rows_to_run(_rows(3), "good")]
-    figs = _figures(monkeypatch)
+    figs = saved_figures(monkeypatch)
     plots.accuracy_per_round_plot(runs, tmp_path / "a.png")
     plots.makespan_plot(runs, tmp_path / "m.png")
     looks = [{str(line.get_label()): (line.get_color(), line.get_marker(), line.get_linestyle())
