@@ -127,6 +127,14 @@ def test_a_chain_is_given_one_codec_per_link() -> None:
             pass
 
 
+@pytest.mark.parametrize("tries", [0, -1])
+def test_a_chain_is_started_at_least_once(tries: int) -> None:
+    """No tries would start nothing and leave the ``with`` block without its tiers: refused up front."""
+    with pytest.raises(ValueError, match=rf"tries must be at least 1 \(one start of the chain\), not {tries}"):
+        with local_chain(["edge", "cloud"], insecure=True, tries=tries):
+            pass
+
+
 def test_a_spawned_tier_has_no_address_until_it_serves() -> None:
     tp = TierProcess.spawn("cloud", insecure=True)
     try:

@@ -246,6 +246,8 @@ def local_chain(names: Sequence[str], compress: Sequence[str] = (), *, tries: in
     if not names or len(codecs) != len(names) - 1:
         raise ValueError(f"a chain of {len(names)} tier(s) has {max(0, len(names) - 1)} link(s) between them, "
                          f"not {len(codecs)} codec(s)")
+    if tries < 1:
+        raise ValueError(f"tries must be at least 1 (one start of the chain), not {tries}")
     for attempt in range(1, tries + 1):
         with ExitStack() as stack:
             listen = ["127.0.0.1:0", *(f"127.0.0.1:{p}" for p in free_ports(len(names) - 1))]
