@@ -165,8 +165,9 @@ def predicted_plot(runs: Sequence[Run], path: str | Path,
 def bytes_plot(runs: Sequence[Run], path: str | Path, title: str = "Activations and gradients per round") -> Path:
     """Uplink (solid) and downlink (dashed) megabytes per round on the devices' links, per run: activations
     and gradients (the weights a device exchanges with the coordinator are not counted). Each run has its own
-    marker (hollow for its downlink), smaller than the one drawn before it: runs with the same cuts send the
-    same bytes (``sl``, ``sflv1``, ``sflv2``), and one marker for all drew the last run's curve over the others'."""
+    marker (hollow for its downlink), smaller than the one drawn before it (sizes repeat every four runs,
+    shapes every eight): runs with the same cuts send the same bytes (``sl``, ``sflv1``, ``sflv2``), and one
+    marker for all drew the last run's curve over the others'."""
     series = []
     for i, r in enumerate(runs):
         style = {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)], "markersize": 8 - 1.5 * (i % 4)}
