@@ -56,6 +56,16 @@ def draft_of(path: str | Path) -> Path:
     return p.with_name(f".{p.name}.{os.getpid()}-{threading.get_ident()}.tmp")
 
 
+def drafted_for(name: str) -> str:
+    """The file name a draft of this process (:func:`draft_of`) is for; any other name as it is. An error
+    raised while writing a draft names the draft: a user is told of the file they know."""
+    stem, dot, tail = name.rpartition(f".{os.getpid()}-")
+    thread = tail.removesuffix(".tmp")
+    if dot and stem.startswith(".") and len(stem) > 1 and tail.endswith(".tmp") and thread.isdigit():
+        return stem[1:]
+    return name
+
+
 def write_draft(path: str | Path, text: str | bytes) -> Path:
     """``text`` (or bytes) written and fsynced to ``path``'s draft (:func:`draft_of`), not yet in its place."""
     tmp = draft_of(path)

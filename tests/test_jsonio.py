@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from splitfed.jsonio import dumps, write_atomic, write_json
+from splitfed.jsonio import draft_of, drafted_for, dumps, write_atomic, write_json
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.text("abc xyz\"\\é", max_size=5),
                     st.floats(allow_nan=True, allow_infinity=True))
@@ -134,3 +134,22 @@ def test_threads_writing_one_file_at_once_each_replace_it_whole(tmp_path) -> Non
     assert errors == []
     assert path.read_text() in texts
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]  # no draft left behind
+
+
+names = st.text(st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1,
+                max_size=30).filter(lambda n: n not in (".", ".."))
+
+
+@given(names)
+def test_a_draft_is_named_as_the_file_it_is_for(name: str) -> None:
+    """Errors raised while a draft is written name it; the report says the file the user knows instead."""
+    assert drafted_for(draft_of(f"/some/folder/{name}").name) == name
+
+
+@given(names)
+def test_a_name_that_is_no_draft_of_this_process_is_kept(name: str) -> None:
+    assert drafted_for(name) == name or name.endswith(".tmp")
+    shown = name.lstrip(".") or "x"
+    for other in (f".{name}.{os.getpid() + 1}-7.tmp", f".{name}.{os.getpid()}.tmp", f".{name}.{os.getpid()}-x.tmp",
+                  f"{shown}.{os.getpid()}-7.tmp", f".{os.getpid()}-7.tmp"):
+        assert drafted_for(other) == other  # another process's, the old pid-only suffix, not hidden, no name

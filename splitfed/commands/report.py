@@ -258,6 +258,6 @@ def _named(e: OSError, writing: str) -> str:
     ``writing``."""
     if not e.filename:
         return writing
-    name = Path(os.fsdecode(e.filename)).name
-    draft = f".{os.getpid()}.tmp"
-    return name[1:-len(draft)] if name.startswith(".") and name.endswith(draft) else name
+    from splitfed.jsonio import drafted_for
+
+    return drafted_for(Path(os.fsdecode(e.filename)).name)
