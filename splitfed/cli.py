@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         if info.name.startswith("_"):
             continue
         importlib.import_module(f"splitfed.commands.{info.name}").add_parser(sub)
+    for command in sub.choices.values():  # a module's docstring is its help: shown as text, not reST literals
+        command.description = (command.description or "").replace("``", "")
     return parser
 
 

@@ -140,6 +140,7 @@ def test_help_exits_0_and_refusals_exit_2_with_one_line(runs: dict[str, list[dic
     for argv in HELP:
         r = by[" ".join(argv)]
         assert r["rc"] == 0 and r["stdout"].startswith("usage: splitfed") and not r["stderr"], (argv, r)
+        assert "``" not in r["stdout"], (argv, r["stdout"])  # the docstring's reST literals, shown as text
     r = by[""]
     assert r["rc"] == 2 and r["stdout"].startswith("usage: splitfed"), r  # no command: the help, exit 2
     for argv in REFUSED:

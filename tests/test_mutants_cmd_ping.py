@@ -45,7 +45,7 @@ def test_the_help_describes_the_command_with_the_modules_first_paragraph(capsys:
         cli.main(["ping", "--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "``splitfed ping ADDRESS...``: reach tier servers, print what each is, and check them as a chain." in out
+    assert "splitfed ping ADDRESS...: reach tier servers, print what each is, and check them as a chain." in out
     assert "For each address" not in out  # the second paragraph is the module's, not the help's
     assert "a batch of 32 on one thread, the fastest of 7 passes" in out  # what training_rate does (below)
 

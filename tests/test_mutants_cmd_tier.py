@@ -113,8 +113,8 @@ def test_the_help_describes_the_command_with_the_modules_first_line(capsys: pyte
         cli.main(["tier", "--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "``splitfed tier``: serve one tier (edge or cloud) of the chain over gRPC until stopped." in out
-    assert "Prints ``listening on" not in out  # the docstring's second paragraph is not the help's
+    assert "splitfed tier: serve one tier (edge or cloud) of the chain over gRPC until stopped." in out
+    assert "Prints listening on" not in out  # the docstring's second paragraph is not the help's
 
 
 def test_listen_is_required(capsys: pytest.CaptureFixture[str]) -> None:
