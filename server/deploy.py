@@ -426,9 +426,9 @@ class Deployment:
         """Every tier at once, each told its next one's address (ports chosen here); each is awaited by its own
         ``listening on`` line, not by a port that answers (another process may hold it): a port taken between
         its choice and the tier's bind is chosen again, as :func:`~splitfed.transport.process.local_chain` does."""
-        names = ["edge", "cloud"][: self.tiers - 1] if self.tiers <= 3 else None
-        if names is None:
+        if self.tiers not in (2, 3):
             raise ConfigError("the local deployment starts 2 or 3 tiers")
+        names = ["edge", "cloud"][: self.tiers - 1]
         security = (["--tls-cert", self.tls_cert, "--tls-key", self.tls_key, "--tls-ca", self.tls_ca]
                     if self.secure else ["--insecure"])
         if self.token_file:
