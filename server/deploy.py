@@ -495,8 +495,8 @@ class Deployment:
 
     def kill(self, name: str) -> None:
         """SIGKILL a process, its process group and everything it started (a machine that dies)."""
-        proc = self.procs[name]
-        _signal([proc], _tree(proc.pid), signal.SIGKILL)
+        proc = self.procs[name]  # reaped, its pid may be another process's by now: no tree is looked up under it
+        _signal([proc], _tree(proc.pid) if proc.returncode is None else [], signal.SIGKILL)
         if self._tell(f"kill {proc.pid}") and self._guard is not None and self._guard.stdout is not None:
             self._guard.stdout.readline()  # "killed PGID": the groups found under it are gone too
         proc.wait(10)

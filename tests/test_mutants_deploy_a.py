@@ -405,6 +405,21 @@ def test_kill_returns_once_the_groups_found_under_the_killed_process_are_gone(tm
     dep.kill("a")  # a deployment already stopped: nothing left to do, and no error
 
 
+def test_kill_of_a_process_already_reaped_looks_up_no_tree_under_its_pid(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Once waited for, its pid may be an unrelated process's: its tree is not looked up, so not killed (as
+    ``stop`` does); a process not yet reaped still has its tree killed."""
+    looked: list[int] = []
+    real = deploy._tree
+    monkeypatch.setattr(deploy, "_tree", lambda pid: looked.append(pid) or real(pid))
+    with Deployment(1, tmp_path, log=False) as dep:
+        a = dep._spawn("a", [sys.executable, "-c", "import time; time.sleep(60)"])
+        dep.kill("a")
+        assert looked == [a.pid] and a.returncode == -signal.SIGKILL
+        looked.clear()
+        dep.kill("a")
+        assert looked == []
+
+
 def test_stop_ends_the_tree_it_sees_when_the_guard_is_gone(tmp_path, reaped) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     """Without the guard (killed), stop() still ends each live process's descendants, a grandchild in a
     session of its own included, which no process group of its own leads to."""
