@@ -72,7 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(f"splitfed.commands.{info.name}").add_parser(sub)
     for command in sub.choices.values():  # a module's docstring is its help: shown as text, not reST literals
         command.description = (command.description or "").replace("``", "")
+        for action in command._actions:
+            _show_default(action)
     return parser
+
+
+def _show_default(action: argparse.Action) -> None:
+    """An option's help says what it is when not given (``--batch BATCH  (default: 32)``), unless its own words
+    say so already; a flag, an empty value or one worked out later (``None``) has none to show."""
+    default, text = action.default, action.help
+    unset = default is None or default is False or default is argparse.SUPPRESS or default in ("", [])
+    if unset or text == argparse.SUPPRESS or not action.option_strings:  # (0 == False: identity, not ``in``)
+        return
+    if text and "default" in text:
+        return
+    action.help = f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -214,3 +214,33 @@ def test_version_says_splitfeds_and_what_it_runs_on(runs: dict[str, list[dict[st
             f"protobuf {metadata.version('protobuf')}, numpy {metadata.version('numpy')})\n")
     assert r["stdout"] == want
     assert splitfed.__version__ == metadata.version("splitfed")  # the package says what pyproject.toml does
+
+
+def test_every_option_with_a_default_says_it_in_the_help() -> None:
+    """``--batch BATCH  (default: 32)``: a user reads what an option is when left out, in each command's help (its
+    own words, where they say it already: ``default 3600; 0: never``). Flags and values worked out later (None)
+    show none."""
+    import argparse
+    import re
+
+    from splitfed.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    shown = 0
+    for name, command in commands.items():
+        text = command.format_help()
+        blocks = {b.split()[0].rstrip(","): " ".join(b.split()) for b in re.split(r"\n  (?=-)", text)[1:]}
+        for a in command._actions:
+            if not a.option_strings or a.help == argparse.SUPPRESS or isinstance(a, argparse._HelpAction):
+                continue
+            block = blocks[a.option_strings[0]]
+            if a.default is None or a.default is False or a.default in ("", []):
+                assert not re.search(r"default: (None|False|\[\])?\)?$", block), (name, block)
+                continue
+            assert "default" in block, (name, block)
+            said = re.search(r"\(?default: ([^)]*)\)", block)
+            if said:
+                assert said.group(1) == str(a.default), (name, block)
+                shown += 1
+    assert shown >= 20  # verify's --batch, --rounds, --mode, --seed; optimize's --tiers, --batch; tier's ...
