@@ -105,8 +105,9 @@ def _address_problem(address: str, lo: int) -> str | None:
         except ValueError:
             return f"host {host!r} is no host name"
         return f"bracket an IPv6 host: [{host}]:{port}"
-    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
-    if len(host) > 253 or not all(_LABEL.fullmatch(label) and len(label) <= 63 for label in labels):
+    name = host[:-1] if host.endswith(".") else host  # a fully qualified name's last dot is no part of its length
+    labels = name.split(".")
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) and len(label) <= 63 for label in labels):
         return f"host {host!r} is no host name"
     if len(labels) == 4 and all(label.isdigit() for label in labels):  # dotted quad: 4 bytes
         try:
