@@ -1,0 +1,118 @@
+"""More behaviour of the signal relay that a mutation run found unpinned: its watcher wakes the main thread out of
+an untimed join at once (``test_mutants_signal_relay.py``'s rounds pass without it, 10 s late, once their waits
+end), ``close`` closes every fd ``open`` made (a notebook that runs again and again would leak four a run), and
+``take`` (which the handler calls at every
+signal the main thread gets) leaves the wakeup fd quiet when full, as ``open`` set it.
+
+As in ``test_signal_relay.py``, each case runs in a process of its own (a script below): it installs signal
+handlers and a wakeup fd, which must not touch pytest's. The bounds only keep a broken build from hanging the
+test; nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests.test_mutants_signal_relay import SETUP
+from tests.test_signal_relay import ROOT
+
+
+def _run(body: str, timeout: float = 120) -> tuple[str, str]:
+    script = SETUP + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    return done.stdout.strip(), done.stderr
+
+
+def test_the_main_thread_is_woken_out_of_its_join_while_the_thread_it_joins_still_waits() -> None:
+    """A signal another thread takes, the main thread waiting in an untimed join: the handler runs in the main
+    thread while the joined thread still waits (its wait ends because of it, not at its 20 s bound), the signal
+    decided once; then ``close`` returns and no echo is left to pass over."""
+    out, _ = _run("""
+        decided, acted = [], []
+        handled = threading.Event()
+        relay = SignalRelay(lambda s: decided.append(s) or True, {signal.SIGUSR1})
+
+        def on_usr1(signum, frame):
+            acted.append(threading.current_thread() is threading.main_thread())
+            relay.take()
+            handled.set()
+
+        signal.signal(signal.SIGUSR1, on_usr1)
+        relay.open()
+        seen = []
+        waiter = threading.Thread(target=lambda: seen.append(handled.wait(20)))
+
+        def send_from_this_thread():
+            deadline = time.monotonic() + 20
+            while not main_joins() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+        sender = threading.Thread(target=send_from_this_thread)
+        waiter.start()
+        sender.start()
+        waiter.join()
+        sender.join()
+        relay.close()
+        report(woken_while_joined=seen[0], decided=decided == [signal.SIGUSR1], acted=acted == [True],
+               echoes=relay.echoes)
+    """, timeout=60)
+    assert out == "woken_while_joined=True decided=True acted=True echoes=0"
+
+
+def test_close_closes_every_fd_that_open_made() -> None:
+    """Opened and closed three times: the process holds the same fds as before (the wakeup pipe's two ends and
+    the watcher's two are closed, each time)."""
+    out, _ = _run("""
+        signal.signal(signal.SIGINT, lambda s, f: None)
+        relay = SignalRelay(lambda s: False, {signal.SIGINT})
+        before = sorted(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            relay.open()
+            opened = len(os.listdir("/proc/self/fd")) - len(before)
+            relay.close()
+        report(opened=opened, same_fds=sorted(os.listdir("/proc/self/fd")) == before)
+    """)
+    assert out == "opened=4 same_fds=True"
+
+
+def test_a_wakeup_pipe_filled_after_take_still_reports_nothing() -> None:
+    """``take`` checks that the wakeup fd is still the relay's by putting it in again: it must keep it quiet when
+    full (as ``open`` did), or every signal lost in a later flood prints "Exception ignored when trying to write
+    to the signal wakeup fd"."""
+    out, err = _run("""
+        decided = []
+        signal.signal(signal.SIGUSR1, lambda s, f: None)
+        relay = SignalRelay(lambda s: decided.append(s) or False, {signal.SIGUSR1})
+        relay.open()
+        took = relay.take()  # as the handler does, at a signal the main thread gets
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with relay.lock:
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(30)
+        sent = 70_000  # past a Linux pipe's 64 KiB
+
+        def flood():  # to itself, not to the main thread (see test_mutants_signal_relay.py)
+            for _ in range(sent):
+                signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        flooder.join()
+        release.set()
+        holder.join()
+        relay.take()
+        relay.close()
+        report(took=took, pipe_filled=0 < len(decided) < sent)
+    """)
+    assert out == "took=True pipe_filled=True"
+    assert "wakeup fd" not in err, err[:2000]
