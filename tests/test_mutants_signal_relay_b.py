@@ -1,8 +1,6 @@
 """More behaviour of the signal relay that a mutation run found unpinned: its watcher wakes the main thread out of
 an untimed join at once (``test_mutants_signal_relay.py``'s rounds pass without it, 10 s late, once their waits
-end), ``close`` closes every fd ``open`` made (a notebook that runs again and again would leak four a run), and
-``take`` (which the handler calls at every
-signal the main thread gets) leaves the wakeup fd quiet when full, as ``open`` set it.
+end), and ``close`` closes every fd ``open`` made (a notebook that runs again and again would leak four a run).
 
 As in ``test_signal_relay.py``, each case runs in a process of its own (a script below): it installs signal
 handlers and a wakeup fd, which must not touch pytest's. The bounds only keep a broken build from hanging the
@@ -11,19 +9,7 @@ test; nothing here is timed.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
-from tests.test_mutants_signal_relay import SETUP
-from tests.test_signal_relay import ROOT
-
-
-def _run(body: str, timeout: float = 120) -> tuple[str, str]:
-    script = SETUP + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
-    return done.stdout.strip(), done.stderr
+from tests.test_mutants_signal_relay import _run
 
 
 def test_the_main_thread_is_woken_out_of_its_join_while_the_thread_it_joins_still_waits() -> None:
@@ -77,42 +63,3 @@ def test_close_closes_every_fd_that_open_made() -> None:
         report(opened=opened, same_fds=sorted(os.listdir("/proc/self/fd")) == before)
     """)
     assert out == "opened=4 same_fds=True"
-
-
-def test_a_wakeup_pipe_filled_after_take_still_reports_nothing() -> None:
-    """``take`` checks that the wakeup fd is still the relay's by putting it in again: it must keep it quiet when
-    full (as ``open`` did), or every signal lost in a later flood prints "Exception ignored when trying to write
-    to the signal wakeup fd"."""
-    out, err = _run("""
-        decided = []
-        signal.signal(signal.SIGUSR1, lambda s, f: None)
-        relay = SignalRelay(lambda s: decided.append(s) or False, {signal.SIGUSR1})
-        relay.open()
-        took = relay.take()  # as the handler does, at a signal the main thread gets
-        held, release = threading.Event(), threading.Event()
-
-        def hold():
-            with relay.lock:
-                held.set()
-                release.wait(30)
-
-        holder = threading.Thread(target=hold)
-        holder.start()
-        held.wait(30)
-        sent = 70_000  # past a Linux pipe's 64 KiB
-
-        def flood():  # to itself, not to the main thread (see test_mutants_signal_relay.py)
-            for _ in range(sent):
-                signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
-
-        flooder = threading.Thread(target=flood)
-        flooder.start()
-        flooder.join()
-        release.set()
-        holder.join()
-        relay.take()
-        relay.close()
-        report(took=took, pipe_filled=0 < len(decided) < sent)
-    """)
-    assert out == "took=True pipe_filled=True"
-    assert "wakeup fd" not in err, err[:2000]
