@@ -37,6 +37,14 @@ SETUP = textwrap.dedent("""
 
     def report(**facts):
         print(" ".join(f"{k}={v}" for k, v in facts.items()), flush=True)
+
+
+    def send_usr1_once_main_joins(bound=30):
+        # from the calling thread, not the main one: the relay must wake the main thread out of its join
+        deadline = time.monotonic() + bound
+        while not main_joins() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
 """)
 
 
@@ -71,16 +79,10 @@ def test_each_signal_another_thread_takes_is_decided_once_and_acted_on_once_roun
         signal.signal(signal.SIGUSR1, on_usr1)
         relay.open()
 
-        def send_from_this_thread():
-            deadline = time.monotonic() + 30
-            while not main_joins() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
-
         for round in (1, 2, 3):
             handled.clear()
             waiter = threading.Thread(target=lambda: handled.wait(10))
-            sender = threading.Thread(target=send_from_this_thread)
+            sender = threading.Thread(target=send_usr1_once_main_joins)
             waiter.start()
             sender.start()
             waiter.join()  # ended by the handler, run in this thread once the relay has woken it

@@ -31,13 +31,7 @@ def test_the_main_thread_is_woken_out_of_its_join_while_the_thread_it_joins_stil
         seen = []
         waiter = threading.Thread(target=lambda: seen.append(handled.wait(20)))
 
-        def send_from_this_thread():
-            deadline = time.monotonic() + 20
-            while not main_joins() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
-
-        sender = threading.Thread(target=send_from_this_thread)
+        sender = threading.Thread(target=send_usr1_once_main_joins, args=(20,))
         waiter.start()
         sender.start()
         waiter.join()
