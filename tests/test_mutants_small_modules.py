@@ -142,13 +142,17 @@ def test_a_node_with_its_own_data_file_has_exactly_the_partitions_its_id_needs(t
 
 
 @pytest.mark.parametrize("pid", [-1, -5])
-def test_a_negative_id_with_its_own_data_file_is_refused_against_one_partition(tmp_path: Path, pid: int) -> None:
-    """A negative id is given one partition (not a count below 1), so the refusal is that the id is outside 0..0."""
+@pytest.mark.parametrize("partitions", [None, 4])
+def test_a_negative_id_is_refused_as_negative(tmp_path: Path, pid: int, partitions: int | None) -> None:
+    """A negative id is refused for being negative, with a data file of its own (no partitions: it said "outside
+    0..0 (num-partitions 1)", a count the user never gave) or a partition to pick."""
     data = tmp_path / "d.npz"
     data.write_bytes(b"x")
+    cfg: dict[str, object] = {"partition-id": pid}
+    cfg.update({"data-file": str(data)} if partitions is None else {"num-partitions": partitions})
     with pytest.raises(ConfigError) as e:
-        NodeConfig.parse({"partition-id": pid, "data-file": str(data)})
-    assert str(e.value) == f"node config: partition-id {pid} is outside 0..0 (num-partitions 1)"
+        NodeConfig.parse(cfg)
+    assert str(e.value) == f"node config: partition-id must be >= 0, got {pid}"
 
 
 # ---------------------------------------------------------------- the cache: keys, checks, a home-less ~

@@ -46,7 +46,7 @@ def test_every_key_is_read_with_its_type(tmp_path) -> None:
     ({"num-partitions": True}, "num-partitions must be an integer, got True"),
     ({"edge-address": 7000}, r'edge-address must be a string \(quote it: edge-address="..."\), got 7000'),
     ({"partition-id": 4}, r"partition-id 4 is outside 0..3 \(num-partitions 4\)"),
-    ({"partition-id": -1}, r"partition-id -1 is outside 0..3"),
+    ({"partition-id": -1}, r"partition-id must be >= 0, got -1"),
     ({"data-file": "/nowhere/d.npz"}, "data-file /nowhere/d.npz: no such file on this node"),
     ({"tls-ca": "/nowhere/ca.pem"}, "tls-ca /nowhere/ca.pem: no such file on this node"),
 ])
@@ -64,7 +64,7 @@ def test_partition_keys_are_required_and_a_data_file_needs_only_the_id(tmp_path)
         NodeConfig.parse({"num-partitions": 2, "data-file": str(data)})
     node = NodeConfig.parse({"partition-id": 7, "data-file": str(data)})  # its own data: the id names the client
     assert node.partition_id == 7 and node.data_file == str(data)
-    with pytest.raises(ConfigError, match="partition-id -1 is outside"):
+    with pytest.raises(ConfigError, match="partition-id must be >= 0, got -1"):
         NodeConfig.parse({"partition-id": -1, "data-file": str(data)})
 
 

@@ -64,8 +64,10 @@ class NodeConfig:
         if "partition-id" not in cfg or ("num-partitions" not in cfg and not vals.get("data_file")):
             raise ConfigError(f"node config needs integer partition-id and num-partitions ({EXAMPLE}; with a "
                               "data-file of its own, partition-id alone)")
+        if vals["partition_id"] < 0:  # it names the client (client<id>) with or without a partition to pick
+            raise ConfigError(f"node config: partition-id must be >= 0, got {vals['partition_id']}")
         if "num-partitions" not in cfg:  # its own data: no partition to pick, the id only names the client
-            vals["num_partitions"] = vals["partition_id"] + 1 if vals["partition_id"] >= 0 else 1
+            vals["num_partitions"] = vals["partition_id"] + 1
         node = cls(**vals)
         if node.num_partitions < 1:
             raise ConfigError(f"node config: num-partitions must be >= 1, got {node.num_partitions}")
