@@ -507,14 +507,14 @@ def output_folder(out: Path, overwrite: bool, resume: bool = False, name: str = 
         aside = out / f"{_ASIDE}{os.getpid()}"
         if held:
             aside.mkdir()
-            for name in held:
-                os.replace(out / name, aside / name)
+            for entry in held:
+                os.replace(out / entry, aside / entry)
         try:
             yield out
         except BaseException:
             if held and not any(p.name not in (runfolder.LOCK, aside.name) for p in out.iterdir()):
-                for name in held:  # a killed experiment's aside folder too: the only copy of its results
-                    os.replace(aside / name, out / name)
+                for entry in held:  # a killed experiment's aside folder too: the only copy of its results
+                    os.replace(aside / entry, out / entry)
             raise
         finally:
             shutil.rmtree(aside, ignore_errors=True)
