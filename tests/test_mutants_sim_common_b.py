@@ -34,6 +34,7 @@ import torch
 from simulations import common
 from splitfed.errors import ConfigError, Terminated
 from splitfed.report.runs import RoundRow, Run
+from tests.test_mutants_sim_common import BlockBuffered  # a stdout passing on only what was flushed
 
 NAME = "toy"
 
@@ -41,22 +42,6 @@ NAME = "toy"
 @dataclasses.dataclass(frozen=True)
 class Toy:
     n: int = 1
-
-
-class BlockBuffered:
-    """A stdout that passes on only what was flushed (as a pipe's block buffer does), without ``reconfigure``."""
-
-    def __init__(self) -> None:
-        self.pending = ""
-        self.flushed = ""
-
-    def write(self, text: str) -> int:
-        self.pending += text
-        return len(text)
-
-    def flush(self) -> None:
-        self.flushed += self.pending
-        self.pending = ""
 
 
 @pytest.fixture(autouse=True)
