@@ -6,7 +6,7 @@ OUT ?= runs/main
 # CI has 2 cores: 2 pytest workers at most
 WORKERS ?= 2
 
-.PHONY: install run test test-fast lint typecheck bench clean proto
+.PHONY: install run test test-fast test-explore lint typecheck bench clean proto
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,10 @@ test: install
 
 test-fast: install
 	$(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q -m "not slow"
+
+# the property tests (hypothesis) on examples CI never draws: new ones each run; repeat it now and then
+test-explore: install
+	SPLITFED_HYPOTHESIS_PROFILE=explore $(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q -m "hypothesis and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

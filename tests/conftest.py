@@ -35,7 +35,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     derandomize=True,
 )
-settings.load_profile("splitfed")
+# CI draws the same examples every run (a red build is the change's, not the dice's); `make test-explore` draws
+# new ones each run, so that run after run the property tests look where CI never does (a failure prints the
+# @reproduce_failure blob to replay it)
+settings.register_profile("explore", parent=settings.get_profile("splitfed"), derandomize=False, print_blob=True)
+HYPOTHESIS_PROFILE = "SPLITFED_HYPOTHESIS_PROFILE"
+settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE, "splitfed"))
 
 
 def _version(text: str) -> tuple[int, ...]:
