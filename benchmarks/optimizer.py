@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from splitfed.cli import Parser, script
 from splitfed.commands._args import int_list, json_out
@@ -54,7 +54,7 @@ OUT = Path(__file__).parent / "results" / "optimizer.json"
 TARGET = 1.3
 
 
-def policies(sc: Scenario) -> dict[str, dict]:
+def policies(sc: Scenario) -> dict[str, Any]:
     from splitfed.optimizer.assign import all_on_server, best_static, greedy, solve
 
     out: dict[str, dict] = {}
@@ -74,13 +74,15 @@ def policies(sc: Scenario) -> dict[str, dict]:
     opt = out["optimizer"]["makespan_s"]
     for name in ("best_static", "greedy", "all_on_server"):
         m = out[name]["makespan_s"]
-        out[name]["ratio_vs_optimizer"] = None if m is None else m / opt
-    out["optimizer"]["explanation"] = explain(sc, sols["optimizer"].cost)
+        # no ratio to an optimizer that refused (no assignment fits): the others' times are still reported
+        out[name]["ratio_vs_optimizer"] = None if m is None or opt is None else m / opt
+    out["optimizer"]["explanation"] = (explain(sc, sols["optimizer"].cost) if "optimizer" in sols
+                                       else f"no assignment: {out['optimizer']['note']}")
     bs, gr = out["best_static"], out["greedy"]
     out["targets"] = {
-        "vs_best_static": None if bs["makespan_s"] is None else bool(bs["ratio_vs_optimizer"] >= TARGET),
+        "vs_best_static": None if bs["ratio_vs_optimizer"] is None else bool(bs["ratio_vs_optimizer"] >= TARGET),
         # greedy ignores that the servers are shared: where it breaks a memory limit it is no rival
-        "not_slower_than_greedy": (None if gr["makespan_s"] is None or not gr["feasible"]
+        "not_slower_than_greedy": (None if gr["ratio_vs_optimizer"] is None or not gr["feasible"]
                                    else bool(gr["ratio_vs_optimizer"] >= 1 - 1e-9)),
     }
     return out
@@ -158,7 +160,8 @@ def explain(sc: Scenario, cost: RoundCost) -> str:
 def _cell(r: dict) -> str:
     if r["makespan_s"] is None:
         return f"{'n/a':>18}"
-    return f"{r['makespan_s']:9.2f} ({r['ratio_vs_optimizer']:5.2f}x){' ' if r['feasible'] else '!'}"
+    ratio = f"({r['ratio_vs_optimizer']:5.2f}x)" if r.get("ratio_vs_optimizer") is not None else f"{'':8}"
+    return f"{r['makespan_s']:9.2f} {ratio}{' ' if r['feasible'] else '!'}"
 
 
 def _yes(v: bool | None) -> str:
@@ -277,7 +280,8 @@ def measure(args: argparse.Namespace) -> int:
     for model, fname, setting, res in rows:
         cells = [_cell(res[k]) for k in ("best_static", "greedy", "all_on_server")]
         t = res["targets"]
-        print(f"{model:<9} {fname:<24} {setting:<11} {res['optimizer']['makespan_s']:9.2f} {cells[0]:>18} "
+        opt = res["optimizer"]["makespan_s"]
+        print(f"{model:<9} {fname:<24} {setting:<11} {'n/a' if opt is None else f'{opt:.2f}':>9} {cells[0]:>18} "
               f"{cells[1]:>18} {cells[2]:>18}  {_yes(t['vs_best_static']):>13}  {_yes(t['not_slower_than_greedy']):>8}")
     print("\nwhat sets the optimizer's makespan")
     for model, fname, setting, res in rows:
