@@ -35,6 +35,7 @@ from splitfed.optimizer import (
     Measurement,
     all_on_server,
     best_static,
+    exhaustive,
     greedy,
     solve,
     static,
@@ -289,11 +290,20 @@ def test_removing_a_client_never_raises_the_optimum(sc: Scenario) -> None:
         assert less is not None and _le(less, full, MILP_REL), i
 
 
+# a lone sl client whose turn fits the edge (209,000 of 300,000 bytes) only with no holder beside it
+_LONE = Scenario(ModelProfile.synthetic([0.0] * 4, [1e3] * 4, [0.0, 0.0, 0.0, 51e3], input_bytes=1e3,
+                                        optimizer_slots=2),
+                 (Client("c0", "k0", TierProfile(1e9, 1e5), LinkProfile(1e5, 1e5, 0.0), samples=1),),
+                 (TierProfile(1e9, 3e5),), (), batch=1, mode="sl")
+
+
 @SOME
 @given(scenarios())
+@example(_LONE)
 def test_duplicating_the_fleet(sc: Scenario) -> None:
     """sflv1: never faster, and at most twice as slow when the doubled optimum still fits the servers;
-    sl, sflv2: the clients run in turn and each takes its own fastest option, so exactly twice as slow."""
+    sl, sflv2: the clients run in turn and each takes its own fastest option, so exactly twice as slow, except
+    that a lone client trains with no holder beside it: doubled, it may fit nowhere (brute force agrees)."""
     sc = sc.with_clients(sc.clients[:4])
     twice = sc.with_clients([*sc.clients, *(replace(c, name=c.name + "'") for c in sc.clients)])
     one, two = _opt(sc), _opt(twice)
@@ -301,7 +311,12 @@ def test_duplicating_the_fleet(sc: Scenario) -> None:
         assert two is None
         return
     if sc.in_turn:
-        assert two is not None and two == pytest.approx(2 * one, rel=MILP_REL)
+        if two is None:  # found by `make test-explore`: one client at 209,000 of 300,000 bytes, two 306,000
+            assert not sc.holders and twice.holders  # fleets of two or more already priced their holder
+            with pytest.raises(ConfigError, match="no assignment fits"):
+                exhaustive(twice)
+            return
+        assert two == pytest.approx(2 * one, rel=MILP_REL)
         return
     if two is None:
         return
