@@ -52,6 +52,21 @@ def test_bisect_balances_a_class_of_six_where_shared_resources_dominate_whatever
     assert got.note.startswith("sflv1 bisect: 1 class(es), 2 non-dominated option(s), 3 MILP(s)")
 
 
+@pytest.mark.parametrize(("n", "best"), [(2, 0.30421808), (6, 0.9)])
+def test_direct_splits_a_class_into_single_clients(n: int, best: float) -> None:
+    """direct's rows M >= each client's time are valid for single clients only: a class of identical clients
+    (two or six) is priced client by client, and reaches brute force's optimum (half on each server: two set
+    the makespan by the cloud client's round, six by the loads). Priced as one class, the summed rounds are
+    least with every client on the edge: 0.6 s and 1.8 s."""
+    six = _six_on_two_servers()
+    sc = six.with_clients(six.clients[:n])
+    want = exhaustive(sc)
+    got = solve(sc, method="direct")
+    assert got.cost.feasible and got.makespan_s == want.makespan_s == best
+    assert sorted(got.assignment.values()) == [(0, 0)] * (n // 2) + [(0, 1)] * (n // 2)
+    assert got.note.startswith(f"sflv1 direct: 1 class(es), {2 * n} non-dominated option(s), 1 MILP(s)")
+
+
 # ---------------------------------------------------------------- sflv1 bisect: the final optimising MILP
 
 
