@@ -29,8 +29,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     # processes they start; an ignored signal would stay ignored there.
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# the parent is Hypothesis' own default, not whatever it loaded: with CI set in the environment it loads its "ci"
+# profile (print_blob on), and a profile registered on top would differ between CI and a user's machine
 settings.register_profile(
     "splitfed",
+    parent=settings.get_profile("default"),
+    database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     derandomize=True,

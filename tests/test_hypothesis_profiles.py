@@ -19,10 +19,12 @@ SHOW = ("import tests.conftest; from hypothesis import settings; d = settings.de
         "print(d.derandomize, d.print_blob, d.deadline, sorted(h.name for h in d.suppress_health_check))")
 
 
-def _profile_seen(value: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "SPLITFED_HYPOTHESIS_PROFILE"}
+def _profile_seen(value: str | None, ci: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("SPLITFED_HYPOTHESIS_PROFILE", "CI")}
     if value is not None:
         env["SPLITFED_HYPOTHESIS_PROFILE"] = value
+    if ci is not None:
+        env["CI"] = ci  # Hypothesis loads its own "ci" profile when it sees this
     return subprocess.run([sys.executable, "-c", SHOW], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -35,10 +37,12 @@ def test_this_run_uses_the_profile_the_variable_names() -> None:
     assert default.print_blob == chosen.print_blob and default.deadline is None
 
 
+@pytest.mark.parametrize("ci", [None, "true"])
 @pytest.mark.parametrize(("value", "derandomize", "blob"), [(None, True, False), ("splitfed", True, False),
                                                             ("explore", False, True)])
-def test_the_variable_picks_the_profile(value: str | None, derandomize: bool, blob: bool) -> None:
-    p = _profile_seen(value)
+def test_the_variable_picks_the_profile(value: str | None, derandomize: bool, blob: bool, ci: str | None) -> None:
+    """The same on a user's machine and on CI (whose CI variable makes Hypothesis load a profile of its own)."""
+    p = _profile_seen(value, ci)
     assert p.returncode == 0, p.stderr[-2000:]
     # explore keeps the rest of CI's profile: no deadline (CI's 2 cores are slow), the same health checks off
     assert p.stdout.split("\n")[0] == f"{derandomize} {blob} None ['function_scoped_fixture', 'too_slow']"
