@@ -43,8 +43,7 @@ settings.register_profile(
 # new ones each run, so that run after run the property tests look where CI never does (a failure prints the
 # @reproduce_failure blob to replay it)
 settings.register_profile("explore", parent=settings.get_profile("splitfed"), derandomize=False, print_blob=True)
-HYPOTHESIS_PROFILE = "SPLITFED_HYPOTHESIS_PROFILE"
-settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE, "splitfed"))
+settings.load_profile(os.environ.get("SPLITFED_HYPOTHESIS_PROFILE", "splitfed"))
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -76,7 +76,7 @@ class NodeConfig:
         from splitfed.engine.compute import torch_device
 
         torch_device(node.torch_device, "node config: torch-device")  # read on the node: it must have that GPU
-        if not 0 <= node.partition_id < node.num_partitions:
+        if node.partition_id >= node.num_partitions:  # a negative one was refused above
             raise ConfigError(f"node config: partition-id {node.partition_id} is outside 0..{node.num_partitions - 1} "
                               f"(num-partitions {node.num_partitions})")
         if bool(node.tls_cert) != bool(node.tls_key):
