@@ -40,7 +40,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# the type hints of splitfed, server and clients ([tool.mypy] in pyproject.toml)
+# the type hints of splitfed, server, clients, simulations and benchmarks ([tool.mypy] in pyproject.toml)
 typecheck: install
 	$(VENV)/bin/mypy
 

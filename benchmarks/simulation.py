@@ -33,6 +33,7 @@ import threading
 import time
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -45,7 +46,8 @@ PROG = "benchmarks/simulation.py"
 
 def _tree_memory(root: psutil.Process) -> tuple[int, int, dict[str, int]]:
     """(RSS sum, PSS sum, PSS by part) of ``root`` and all its descendants."""
-    rss_sum, pss_sum, parts = 0, 0, {}
+    rss_sum, pss_sum = 0, 0
+    parts: dict[str, int] = {}
     for p in [root, *root.children(recursive=True)]:
         try:
             mem = p.memory_full_info()
@@ -73,7 +75,7 @@ def one(clients: int, rounds: int, out: Path) -> dict:
     from splitfed.sim.runner import simulate
 
     me = psutil.Process()
-    peak = {"rss": 0, "pss": 0, "parts": {}}
+    peak: dict[str, Any] = {"rss": 0, "pss": 0, "parts": {}}
     done = threading.Event()
 
     def sample() -> None:
@@ -124,6 +126,7 @@ def centralised(rounds: int, seed: int = 0) -> float:
     spec = s.spec
     model = whole_model(spec, initial_state(spec, seed)).train()
     opt = s.optim.build(list(model.parameters()))
+    assert opt is not None  # the whole model has parameters
     x, y = train_data(spec, s.dataset, seed)
     step = 0
     for epoch in range(rounds):
@@ -173,17 +176,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> int:
-    results = Path(__file__).parent / "results"
+    folder = Path(__file__).parent / "results"
     if args.accuracy:  # the file named, as every other mode writes it
-        accuracy(Path(args.out) if args.out else results / "accuracy.json")
+        accuracy(Path(args.out) if args.out else folder / "accuracy.json")
         return 0
-    args.out = args.out or str(results / "simulation.json")
+    args.out = args.out or str(folder / "simulation.json")
     if args.one is not None:
         print(dumps(one(args.one, args.rounds, Path(args.run_dir))))
         return 0
     for n in args.clients:  # every size checked before the first child starts (minutes each)
         settings(n, args.rounds, Path("unused"))
-    results, failed = [], 0
+    results: list[dict[str, Any]] = []
+    failed = 0
     for n in args.clients:
         with tempfile.TemporaryDirectory(prefix="splitfed-bench-") as tmp:
             cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--run-dir",

@@ -137,7 +137,7 @@ def timed(fn, reps: int) -> list[float]:  # type: ignore[no-untyped-def]
 
 
 def _chunks_of(t: torch.Tensor, chunk: int):  # type: ignore[no-untyped-def]
-    mv = memoryview(t.numpy()).cast("B")
+    mv = t.numpy().data.cast("B")
     for i in range(0, len(mv), chunk):
         yield mv[i:i + chunk].tobytes()
 

@@ -81,10 +81,10 @@ def measure(args: argparse.Namespace) -> int:
     state = initial_state(spec, 0)
     samples = {c: 32 + 8 * i for i, c in enumerate(assignment)}
 
-    def outcomes(weights: dict) -> dict:  # type: ignore[type-arg]
+    def outcomes(weights: dict) -> dict:
         return {c: Outcome(w, ClientResult(c, assignment[c], samples[c], 0.0, 0, 0.0, 0.0)) for c, w in weights.items()}
 
-    def base_reduce(tiers: list, r: int) -> tuple[float, float, list[list[int]], dict]:  # type: ignore[type-arg]
+    def base_reduce(tiers: list, r: int) -> tuple[float, float, list[list[int]], dict]:
         rnd = SplitRound(RoundConfig("bench-weights", r, spec), tiers, state, assignment)
         t0 = time.perf_counter()
         weights = rnd.begin(rnd.groups()[0])
@@ -95,7 +95,7 @@ def measure(args: argparse.Namespace) -> int:
         t3 = time.perf_counter()
         return t1 - t0, t3 - t2, rnd.weight_bytes, new
 
-    def per_client(tiers: list, r: int) -> tuple[float, float, list[list[int]], dict]:  # type: ignore[type-arg]
+    def per_client(tiers: list, r: int) -> tuple[float, float, list[list[int]], dict]:
         cfg = RoundConfig("bench-weights", r, spec, binding_key="k" * 32)
         moved = [[0, 0] for _ in tiers]
         t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def measure(args: argparse.Namespace) -> int:
     sides = {"per_client": per_client, "base_reduce": base_reduce}
     times: dict[str, dict[str, list[float]]] = {k: {"load_s": [], "collect_s": []} for k in sides}
     moved: dict[str, list[list[int]]] = {}
-    news: dict[str, dict] = {}  # type: ignore[type-arg]
+    news: dict[str, dict] = {}
     with TierProcess.start("cloud", insecure=True, threads=1) as cloud, \
             TierProcess.start("edge", next_address=cloud.address, insecure=True, threads=1) as edge:
         chain = grpc_chain([edge.address, cloud.address])
