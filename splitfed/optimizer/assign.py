@@ -393,12 +393,8 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
             for j in range(nc):
                 add(np.array([iy + j, iH + s]), np.array([held[j], -1.0]), -np.inf, 0.0)
                 add(np.array([iy + j, iH + s]), np.array([turn[j], 1.0]), -np.inf, rhs)
-    if lo:
-        A = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                      shape=(len(lo), nvar)).tocsr()
-    else:
-        A = coo_array((1, nvar)).tocsr()
-        lo, hi = [-np.inf], [np.inf]
+    # never empty: every class has its row (sum of its counts = its size), and there is at least one class
+    A = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(lo), nvar)).tocsr()
     ub = np.full(nvar, np.inf)
     ub[iM] = m_max * scale
     integrality = np.ones(nvar)
