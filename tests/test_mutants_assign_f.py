@@ -5,8 +5,6 @@ the threshold is not a tie."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,7 @@ from splitfed.cost import Scenario, evaluate, move_cost, option_table
 from splitfed.optimizer import best_static, exhaustive, solve, static
 from splitfed.optimizer.assign import _closest, _server_columns
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
+from tests.plan_fixtures import every_plan
 
 BIG = 1e15  # memory no option fills
 
@@ -33,13 +32,6 @@ def _one_holder_of_the_big_block(clients: int) -> Scenario:
     a = Client("a", "a", TierProfile(1e8, 3.5e6), LinkProfile(1e7, 1e7, 0.01), 4)
     b = Client("b", "b", TierProfile(1e9, BIG), LinkProfile(1e7, 1e7, 0.01), 4)
     return Scenario(prof, (a, b)[:clients], (TierProfile(1e10, 6.2e6),), (), batch=2)
-
-
-def _every_plan(sc: Scenario, options: list[tuple[int, ...]]) -> list[tuple[dict[str, tuple[int, ...]], float]]:
-    """Every assignment of ``options`` to the clients that fits as :func:`evaluate` prices it, with its makespan."""
-    names = [c.name for c in sc.clients]
-    plans = [dict(zip(names, p, strict=True)) for p in itertools.product(options, repeat=len(names))]
-    return [(p, r.makespan_s) for p in plans if (r := evaluate(sc, p)).feasible]
 
 
 def test_the_fixture_fits_block_0_on_the_edge_only_as_no_base() -> None:
@@ -68,7 +60,7 @@ def test_brute_force_stages_only_blocks_two_clients_hold(clients: int, want: dic
     state beside the fixed parts) overflows the edge there, and brute force kept a slower plan (a keeping block 0,
     14.1500832 s) as the optimum; the MILPs and every plan priced by :func:`evaluate` say otherwise."""
     sc = _one_holder_of_the_big_block(clients)
-    plans = _every_plan(sc, [(0,), (1,), (2,)])
+    plans = every_plan(sc)
     least = min(m for _, m in plans)
     assert least == best and [p for p, m in plans if m == least] == [want]
     got = exhaustive(sc)
@@ -140,7 +132,7 @@ def test_the_fixture_has_six_ties_and_one_that_moves_least() -> None:
     sc = _three_on_two_servers()
     assert option_table(sc, sc.clients[0]).round_s.tolist() == [0.30421808, 0.304008, 30.003]
     assert evaluate(sc, _CURRENT).makespan_s == 30.003
-    plans = _every_plan(sc, [(0, 0), (0, 1), (1, 1)])
+    plans = every_plan(sc)
     ties = [p for p, m in plans if m == 0.6]
     assert min(m for _, m in plans) == 0.6 and len(ties) == 6
 

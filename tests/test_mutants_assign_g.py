@@ -5,7 +5,6 @@ and on rounds handed to it), and the tie search under ``prefer`` keeping a clien
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -13,18 +12,10 @@ import pytest
 from splitfed.cost import RoundCost, Scenario, evaluate, move_cost, option_table
 from splitfed.optimizer import assign, exhaustive, solve
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
+from tests.plan_fixtures import Plan, every_plan
 
 BIG = 1e15  # memory no option fills
 INF = math.inf
-Plan = dict[str, tuple[int, ...]]
-
-
-def _every_plan(sc: Scenario) -> list[tuple[Plan, float]]:
-    """Every assignment of legal cuts that fits, as :func:`evaluate` prices it, with its makespan."""
-    names = [c.name for c in sc.clients]
-    cuts = [tuple(int(x) for x in o) for o in sc.options.tolist()]
-    plans = [dict(zip(names, p, strict=True)) for p in itertools.product(cuts, repeat=len(names))]
-    return [(p, r.makespan_s) for p in plans if (r := evaluate(sc, p)).feasible]
 
 
 def _polish(sc: Scenario, cost: RoundCost, budget: int = 200) -> RoundCost:
@@ -105,7 +96,7 @@ def test_sequential_hands_a_round_another_resource_sets_to_bisect(mode: str, rtt
     assert got.note.startswith(f"{mode} {note}")
     assert got.assignment == {"c0": (0, 1), "c1": (0, 1)} and got.makespan_s == best
     assert solve(sc).note == got.note  # auto is sequential in sl and sflv2
-    plans = _every_plan(sc)
+    plans = every_plan(sc)
     assert min(m for _, m in plans) == best == exhaustive(sc).makespan_s
     assert [p for p, m in plans if m == best] == [{"c0": (0, 1), "c1": (0, 1)}]
 
@@ -172,7 +163,7 @@ def test_bisect_and_polish_reach_the_optimum_a_hair_below_the_milp_s_tolerance()
     lighter: the makespan is brute force's, 0.6 s exactly, not 0.6000000000003001."""
     sc = _block_1_weighs_a_hair()
     assert evaluate(sc, {"c0": (0, 2), "c1": (0, 0), "c2": (0, 1)}).makespan_s == 0.6000000000003001
-    plans = _every_plan(sc)
+    plans = every_plan(sc)
     assert min(m for _, m in plans) == 0.6
     assert {tuple(sorted(p.values())) for p, m in plans if m == 0.6} == {((0, 0), (0, 1), (0, 1))}
     got = solve(sc, method="bisect")

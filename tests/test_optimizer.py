@@ -604,17 +604,11 @@ def test_sl_sequential_is_exact_on_a_large_fleet() -> None:
 
 def _brute_ties(sc: Scenario, prefer: dict) -> tuple[float, float]:
     """(optimal makespan, least total move cost among the assignments within 1e-9 of it), by enumeration."""
-    import itertools
-
     from splitfed.cost import move_cost
+    from tests.plan_fixtures import every_plan
 
-    opts = [tuple(int(x) for x in o) for o in sc.options]
-    results = []
-    for combo in itertools.product(opts, repeat=len(sc.clients)):
-        a = dict(zip((c.name for c in sc.clients), combo, strict=True))
-        r = evaluate(sc, a)
-        if r.feasible:
-            results.append((r.makespan_s, math.fsum(move_cost(sc, c, prefer[c.name], a[c.name]) for c in sc.clients)))
+    results = [(m, math.fsum(move_cost(sc, c, prefer[c.name], a[c.name]) for c in sc.clients))
+               for a, m in every_plan(sc)]
     best = min(m for m, _ in results)
     return best, min(mv for m, mv in results if m <= best * (1 + 1e-9))
 
