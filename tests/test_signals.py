@@ -285,6 +285,64 @@ def test_a_signal_a_thread_other_than_the_main_one_takes_stops_the_run_part_way(
     assert sessions(ray_tmp) == [], (sessions(ray_tmp), text)
 
 
+# ``splitfed`` as the console script runs it, Ray's node hooked: the first time the node's processes are to be
+# killed (``ray.shutdown()``, which Flower's engine calls once the first Ctrl-C has stopped its threads), the
+# terminal's second Ctrl-C comes, before any of them is killed. Ray has disconnected by then, so
+# ``ray.is_initialized()`` is False; before the fix the runner took that for a Ray shut down, and its node's
+# processes (log monitor, autoscaler monitor, dashboard) lived on until the run's process ended: the runner
+# waited its 30 s for them, then kept Ray's session folder.
+SECOND_CTRL_C_IN_SHUTDOWN = textwrap.dedent("""
+    import os
+    import signal
+    import sys
+
+    from ray._private.node import Node
+
+    kill_all_processes = Node.kill_all_processes
+    calls = []
+
+    def second_ctrl_c_first(self, *args, **kwargs):
+        calls.append(True)
+        if len(calls) == 1:
+            print("HOOK: a second Ctrl-C as Ray shuts down", flush=True)
+            os.killpg(os.getpgid(0), signal.SIGINT)
+        return kill_all_processes(self, *args, **kwargs)
+
+    Node.kill_all_processes = second_ctrl_c_first
+    from splitfed.cli import entry
+
+    sys.argv = ["splitfed", *sys.argv[1:]]
+    entry()
+""")
+
+
+def test_a_second_ctrl_c_while_ray_shuts_down_still_leaves_nothing_of_ray(tmp_path, ray_tmp):
+    """The second Ctrl-C cuts Ray's shutdown short; the run still shuts the rest of Ray down: it ends as
+    interrupted, resumable, and leaves neither Ray's processes nor its session folder."""
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-c", SECOND_CTRL_C_IN_SHUTDOWN, "simulate", "--config", "simulations/configs/main.toml",
+         "--clients", "2", "--rounds", str(ROUNDS), "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+    ray_procs: list[psutil.Process] = []
+
+    def first_ctrl_c(p: subprocess.Popen) -> None:
+        [session] = sessions(ray_tmp)
+        ray_procs.extend(q for q in ray_start._session_processes(session) if q.pid != p.pid)
+        os.killpg(p.pid, signal.SIGINT)
+
+    seen = _signal_at(p, f"round 1/{ROUNDS}", first_ctrl_c)
+    returncode, rest = _stop_at(p, "HOOK:", lambda p: None)  # the run sends the second one itself
+    text = "".join(seen) + rest
+    assert returncode == 130, text
+    _ends_stopped(text, out, "interrupted", ROUNDS)
+    assert "Traceback" not in text and "ERROR" not in text, text
+    assert ray_procs, text  # Ray's processes of this run: there while it ran, and gone
+    assert until(lambda: not running(ray_procs)), ([q.cmdline() for q in running(ray_procs)], text)
+    assert sessions(ray_tmp) == [], (sessions(ray_tmp), text)
+
+
 def _while_ray_starts(setup: str, inside: str) -> str:
     """``splitfed`` as the console script runs it, its Ray start patched: ``setup`` first, then at the start of
     Ray's node (after ``ray.init`` has put in its own SIGTERM handler, unless splitfed kept it from that)

@@ -95,6 +95,18 @@ def _kill(procs: list[psutil.Process]) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+def shutdown_ray() -> None:
+    """``ray.shutdown``, also of a Ray whose shutdown was cut short (a second Ctrl-C while Flower's engine shut
+    it down): Ray disconnects first, so ``ray.is_initialized()`` is False from there, and kills its node's
+    processes last; left, they hold the session folder (:func:`remove_session` waited its 30 s for them, then
+    kept it) and live until this process ends. Running it twice is allowed by Ray."""
+    import ray
+    from ray._private import worker
+
+    if ray.is_initialized() or getattr(worker, "_global_node", None) is not None:
+        ray.shutdown()
+
+
 def session_dir() -> Path | None:
     """The session folder of the Ray this process is connected to (its logs are in ``logs/``); None when
     Ray is not up. Ray's temporary folder (``/tmp/ray``, or ``RAY_TMPDIR``'s ``ray``) and session name, as

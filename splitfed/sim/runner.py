@@ -38,6 +38,7 @@ from splitfed.sim.ray_start import (
     own_sessions,
     remove_session,
     session_dir,
+    shutdown_ray,
     start_ray,
 )
 from splitfed.sim.signal_relay import SignalRelay
@@ -103,7 +104,6 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
              else f"and {settings.tiers - 1} tier process(es)"
              + (f" on {settings.tier_torch_device}" if settings.tier_torch_device != "cpu" else ""))
     progress(f"starting the simulation engine (Ray, {cpus} CPU(s)) {tiers}...")  # before its imports: seconds
-    import ray
     from flwr.simulation import run_simulation
 
     from clients.app import app as client_app
@@ -185,8 +185,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
         raise
     finally:
         try:
-            if ray.is_initialized():  # Flower's engine shuts Ray down itself once its threads are done
-                ray.shutdown()
+            shutdown_ray()  # Flower's engine shut Ray down itself, unless a second signal cut that short
             logging.getLogger("flwr").removeFilter(quiet)
             if not interrupted:
                 logging.getLogger("flwr").setLevel(flwr_level)  # a caller's own Flower logging is as it was
