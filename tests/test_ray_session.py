@@ -60,8 +60,9 @@ def test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its
     """A real ``splitfed simulate`` run in this process (Ray, ClientApps, tier processes), 8 rounds. Its Ray
     session: there while it runs, gone with it, with the link to it, and nothing else. Its resources: the
     ServerApp process's descriptors and threads, and the tier processes' descriptors, are at round 8 what they
-    were at round 2; once it ends, its tier processes are gone and its coordinator token file is removed. (One
-    run for both: each real run costs a Ray start.)"""
+    were at round 2; once it ends, its tier processes are gone and its coordinator token file is removed. It
+    runs with ``RAY_ADDRESS`` set, and starts its own Ray all the same. (One run for all: each real run costs a
+    Ray start.)"""
     import gc
 
     import ray
@@ -94,6 +95,9 @@ def test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its
             gc.collect()
             seen[rnd] = (_usage(), [_usage(p)[0] for p in chains[0].pids])
 
+    # as on a Ray cluster's node, whose environment names the cluster: the run still starts a Ray of its own
+    # (before: ray.init went to connect there, refused the run's num_cpus, and the run failed after 3 tries)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
     settings = RunSettings(rounds=8, clients=2, tiers=3, cuts="static:2,5", out=str(tmp_path / "run"))
     summary = runner.simulate(settings, progress)
     assert summary["rounds"] == 8

@@ -128,7 +128,9 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
         before = signals.install()
         try:
             with signals.starting():
-                start_ray({"num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
+                # a Ray of the run's own, even where RAY_ADDRESS names a running one (a Ray cluster's node sets
+                # it): the run's clients reach its tiers on 127.0.0.1, and its CPU count is the run's to choose
+                start_ray({"address": "local", "num_cpus": cpus, "num_gpus": 0, "include_dashboard": False,
                            "logging_level": "INFO" if verbose else "ERROR", "log_to_driver": verbose}, log=progress,
                           stopped=lambda: signals.received is not None)
         except RayStartError as e:
