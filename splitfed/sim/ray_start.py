@@ -17,8 +17,10 @@ fail; a failed run keeps it, for its logs).
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from splitfed.errors import ConfigError
 from splitfed.importpath import child_pythonpath
 
 ATTEMPTS = 3
@@ -34,6 +37,29 @@ ATTEMPTS = 3
 
 class RayStartError(RuntimeError):
     """Ray did not start in the tries allowed; the message holds the last cause."""
+
+
+SOCKET = "plasma_store"  # the longest name Ray gives a socket in its session folder (the other: "raylet")
+
+
+def check_socket_room() -> None:
+    """Refuse (:class:`ConfigError`), before Ray starts, a temporary folder too deep for Ray's Unix sockets: a
+    socket's path has at most 107 bytes (103 on macOS), and Ray makes its sockets in
+    ``<RAY_TMPDIR or TMPDIR>/ray/session_<date>_<pid>/sockets``. A batch job's TMPDIR is often that deep; Ray
+    then failed on each try with a path-length OSError, keeping a session folder each time."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    stamp = datetime.datetime(2000, 1, 1).strftime("%Y-%m-%d_%H-%M-%S_%f")  # as Ray names a session: fixed width
+    path = Path(get_default_ray_temp_dir()) / f"session_{stamp}_{os.getpid()}" / "sockets" / SOCKET
+    limit = (104 if sys.platform.startswith("darwin") else 108) - 1
+    length = len(str(path).encode())
+    if length > limit:
+        root = get_default_ray_temp_dir()
+        where = "RAY_TMPDIR" if "RAY_TMPDIR" in os.environ else "TMPDIR (or RAY_TMPDIR, which Ray reads first)"
+        raise ConfigError(f"Ray cannot start under {root}: the paths of its sockets there "
+                          f"({root}/session_<date>_<pid>/sockets/{SOCKET}) would be {length} bytes long, over the "
+                          f"{limit} a Unix socket's path may have; set {where} to a folder with a shorter path "
+                          "(e.g. RAY_TMPDIR=/tmp)")
 
 
 def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,

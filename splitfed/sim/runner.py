@@ -35,6 +35,7 @@ from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import (
     RayStartError,
     SessionWatch,
+    check_socket_room,
     own_sessions,
     remove_session,
     session_dir,
@@ -126,6 +127,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
     began = time.time()
     try:
         before = signals.install()
+        check_socket_room()
         try:
             with signals.starting():
                 # a Ray of the run's own, even where RAY_ADDRESS names a running one (a Ray cluster's node sets
