@@ -16,10 +16,18 @@ import pytest
 import splitfed.sim.runner
 from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import RayStartError, start_ray
+from tests.ray_fixtures import ray_tmp  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
 
 TIMEOUT = "The current node timed out during startup."
+
+
+@pytest.fixture(autouse=True)
+def _ray_folder_of_its_own(ray_tmp, monkeypatch):  # type: ignore[no-untyped-def]  # noqa: F811 - the fixture
+    """Ray under the test's own folder (removed after it): a Ray these tests start and shut down, or that fails,
+    keeps its session folder, which in /tmp/ray was left there by every run of the suite."""
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
 
 
 def failing_init(fail_times: int, spawned: list[subprocess.Popen], real):  # type: ignore[no-untyped-def]
