@@ -116,11 +116,12 @@ def test_the_summary_is_returned_with_and_without_a_run_folder(monkeypatch, tmp_
 
 def test_ray_is_started_with_the_cpus_asked_else_one_per_client_within_this_process_s_cores(  # type: ignore[no-untyped-def]
         monkeypatch, tmp_path) -> None:
-    """No GPU, no dashboard, Ray's logs only when verbose; not stopped when nothing was signalled."""
+    """A Ray of its own, no GPU, no dashboard, Ray's logs only when verbose; not stopped when nothing was
+    signalled."""
     run = _fake(monkeypatch, tmp_path)
     runner.simulate(SMALL, progress=run.lines.append, cpus=3)
-    assert run.ray_args[-1] == {"num_cpus": 3, "num_gpus": 0, "include_dashboard": False, "logging_level": "ERROR",
-                                "log_to_driver": False}
+    assert run.ray_args[-1] == {"address": "local", "num_cpus": 3, "num_gpus": 0, "include_dashboard": False,
+                                "logging_level": "ERROR", "log_to_driver": False}  # its own Ray, whatever RAY_ADDRESS
     assert run.stopped == [False]
     assert run.lines[0] == "starting the simulation engine (Ray, 3 CPU(s)) and 2 tier process(es)..."
     runner.simulate(SMALL, progress=run.lines.append)  # one client: one CPU
