@@ -23,12 +23,13 @@ MAX_ASSIGNMENTS = 20_000  # keeps brute force fast: every example enumerates the
 
 
 @st.composite
-def instances(draw: st.DrawFn, mode: str = "sflv1") -> Scenario:
-    """A random small fleet: <= 6 clients (some identical), 3 tiers, a synthetic model, any U-shape, any codec."""
+def instances(draw: st.DrawFn, mode: str = "sflv1", limit: int = MAX_ASSIGNMENTS) -> Scenario:
+    """A random small fleet: <= 6 clients (some identical), 3 tiers, a synthetic model, any U-shape, any codec;
+    at most ``limit`` assignments."""
     L = draw(st.integers(1, 4))
     u = draw(st.booleans()) if L <= 3 else False
     m = len(cut_options(L, 3, u))
-    most = max(k for k in range(1, 7) if m**k <= MAX_ASSIGNMENTS)
+    most = max([k for k in range(1, 7) if m**k <= limit] or [1])
     n = most + 1 - draw(st.integers(1, most))  # hypothesis favours small draws: favour many clients
     ints = st.integers
     prof = ModelProfile.synthetic(
