@@ -66,6 +66,11 @@ _NO_CONNECTION = ("failed to connect to remote host", "connection refused", "net
 # limit) and the tier's own (marked sent-by-tier) would come back the same if retried.
 _OVERLOADED = "concurrent rpc limit exceeded"
 
+# what gRPC says when the server at the address speaks HTTP but not gRPC: an HTTP/1 server (a web server, or
+# Flower 1.42's SuperLink port, whose Fleet and Control APIs are HTTP) or an HTTP/2 one that answers with an HTTP
+# status (a proxy). The address is wrong, not the tier busy: said so, and not retried.
+_NOT_GRPC = ("failed parsing http/2", "http1.x server", "received http2 header with status")
+
 DEADLINE: ContextVar[float | None] = ContextVar("splitfed_deadline", default=None)
 """Monotonic time by which the call being served must answer (set by the server for its next hop)."""
 
@@ -210,6 +215,10 @@ class GrpcTierClient:
                 return NotFound(f"{where}: {details} (the tier was unreachable before: it may have restarted and "
                                 "lost this client's segment; load it again)")
             return error_of(code, f"{where}: {details}")
+        if _not_grpc(details):
+            return error_of(code, f"{where}: no gRPC server at {self.address}: an HTTP server answered ({details}); "
+                                  "check the address and port: a splitfed tier's, not a web server's or Flower's "
+                                  "SuperLink's")
         host, port = parse_address(self.address, "tier address")
         at, connect_to = "", ""
         if code == grpc.StatusCode.UNAVAILABLE and left > 0.05 and _took_no_connection(details):
@@ -469,8 +478,8 @@ class GrpcTierClient:
                  shallow: bool = False) -> TierInfo:
         """What the tier is (``Describe``); with ``model``, also whether it would build it.
 
-        A tier that does not know the call (UNIMPLEMENTED) runs a splitfed older than protocol 1:
-        that is said in so many words, since it is the usual reason.
+        A tier that does not know the call (UNIMPLEMENTED) runs a splitfed older than protocol 1, or is not a
+        splitfed tier at all (gRPC's "Method not found!" does not tell which): that is said in so many words.
         """
         req = pb.DescribeRequest(shallow=shallow)
         if model is not None:
@@ -480,11 +489,12 @@ class GrpcTierClient:
             reply = self._call("describe", lambda t: self._describe(raw, timeout=t, metadata=self._metadata),
                                cap=deadline_s)
         except RpcFailed as e:
-            if e.code != "UNIMPLEMENTED":
+            if e.code != "UNIMPLEMENTED" or _not_grpc(str(e)):
                 raise
             raise RpcFailed(e.code, f"tier {self.address} does not answer Describe: it runs a splitfed older than "
-                            f"protocol {PROTOCOL} (this is {this_version()}); run one splitfed version on every "
-                            "machine") from None
+                            f"protocol {PROTOCOL} (this is {this_version()}), or it is another gRPC service, not a "
+                            "splitfed tier; run one splitfed version on every machine, and check the address") \
+                from None
         try:
             return TierInfo.from_pb(pb.TierInfo.FromString(reply))
         except Exception as e:  # noqa: BLE001 - DecodeError and friends
@@ -539,9 +549,16 @@ def _status(e: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
 
 
 def _retryable(code: grpc.StatusCode, details: str, by_tier: bool) -> bool:
-    """Whether a failed call may be tried again: UNAVAILABLE, or gRPC's own refusal of a busy server."""
-    return code == grpc.StatusCode.UNAVAILABLE or (
+    """Whether a failed call may be tried again: UNAVAILABLE (but not from a server that does not speak gRPC), or
+    gRPC's own refusal of a busy server."""
+    return (code == grpc.StatusCode.UNAVAILABLE and not _not_grpc(details)) or (
         code == grpc.StatusCode.RESOURCE_EXHAUSTED and not by_tier and _OVERLOADED in details.lower())
+
+
+def _not_grpc(details: str) -> bool:
+    """Whether gRPC's error says an HTTP server that is not a gRPC one answered (``_NOT_GRPC``)."""
+    lowered = details.lower()
+    return any(w in lowered for w in _NOT_GRPC)
 
 
 def _took_no_connection(details: str) -> bool:
