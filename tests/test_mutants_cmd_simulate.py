@@ -162,3 +162,47 @@ def test_a_run_with_no_folder_has_nothing_kept_to_continue() -> None:
     assert RunSettings().out == ""
     assert _continue_hint(RunSettings(), stopped=False) == ""
     assert _continue_hint(RunSettings(rounds=1), stopped=False) == ""
+
+
+def test_the_command_that_continues_a_run_names_a_folder_with_spaces_as_one_word(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The last line of a stopped run is a command to paste: a folder with a space (or a quote) in its name is
+    quoted, so the shell hands it to ``--resume`` whole (before: ``--resume /tmp/my runs/run 1``, three words)."""
+    import shlex
+
+    out = tmp_path / "my runs" / "run 1 'b'"
+
+    def one_round_then_ctrl_c(settings, **kw):  # type: ignore[no-untyped-def]
+        from splitfed.engine.rounds import initial_state
+
+        Path(settings.out).mkdir(parents=True)  # round 1's checkpoint, as the run writes it, then Ctrl-C
+        state = initial_state(settings.spec, settings.seed)
+        checkpoint.save(settings.out, checkpoint.Checkpoint(1, state, settings.to_dict()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(splitfed.sim.runner, "simulate", one_round_then_ctrl_c)
+    assert cli.main(["simulate", *TINY, "--rounds", "3", "--out", str(out)]) == 130
+    last = capsys.readouterr().err.splitlines()[-1]
+    head = f"splitfed simulate: round 1 of 3 is kept in {out}; continue with: "
+    assert last.startswith(head), last
+    argv = shlex.split(last[len(head):])
+    assert argv[:2] == ["splitfed", "simulate"] and len(argv) == 4
+    assert cli.build_parser().parse_args(argv[1:]).resume == str(out)
+
+
+def test_a_refusal_names_the_resume_of_a_folder_with_spaces_as_one_word(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new run into a folder that holds one is refused, naming ``--resume DIR``: quoted, as above."""
+    import shlex
+
+    from splitfed.engine.rounds import initial_state
+
+    out = tmp_path / "my runs" / "run 1"
+    settings = RunSettings(clients=2, rounds=3, tiers=2, cuts="static:2", model="mlp", out=str(out))
+    out.mkdir(parents=True)
+    checkpoint.save(out, checkpoint.Checkpoint(1, initial_state(settings.spec, settings.seed), settings.to_dict()))
+    (out / "metrics.jsonl").write_text(json.dumps({"round": 1, "loss": 0.5, "accuracy": 0.8}) + "\n")
+    assert cli.main(["simulate", *TINY, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    said = err.partition("continue it with --resume ")[2].partition(", replace it with --overwrite")[0]
+    assert said == shlex.quote(str(out)) == f"'{out}'", err

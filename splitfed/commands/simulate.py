@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -182,11 +183,11 @@ def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:
     if done >= settings.rounds:
         if not (Path(settings.out) / SUMMARY).is_file():
             return (f"all {done} round(s) are kept in {settings.out}, without its summary; write it with: "
-                    f"splitfed simulate --resume {settings.out}{rounds}")
+                    f"splitfed simulate --resume {shlex.quote(settings.out)}{rounds}")
         return (f"the run had finished: its {done} round(s) are in {settings.out} (see: splitfed report "
-                f"{settings.out})") if stopped else ""
+                f"{shlex.quote(settings.out)})") if stopped else ""
     return (f"round {done} of {settings.rounds} is kept in {settings.out}; continue with: "
-            f"splitfed simulate --resume {settings.out}{rounds}")
+            f"splitfed simulate --resume {shlex.quote(settings.out)}{rounds}")
 
 
 def _report(out: str) -> int:

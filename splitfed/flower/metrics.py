@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ def _writing(path: Path) -> Iterator[None]:
         yield
     except OSError as e:
         raise RunFolderError(f"cannot write {path}: {e.strerror or e} (the rounds before it are kept: free space "
-                             f"or fix the folder, then continue with --resume {path.parent})") from None
+                             f"or fix the folder, then continue with --resume {shlex.quote(str(path.parent))})") from None
 
 
 class MetricsWriter:
