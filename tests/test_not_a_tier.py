@@ -58,11 +58,17 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
 
 
+# a response's HEADERS block (HPACK, RFC 7541): entry 13 of the static table is ":status: 404"; 503 has no entry, so
+# it is a literal whose name is entry 8 (":status"), not indexed
+STATUS_404 = b"\x8d"
+STATUS_503 = b"\x08\x03503"
+
+
 @contextlib.contextmanager
-def _http2_404_server() -> Iterator[str]:
-    """An HTTP/2 server (cleartext) that answers every request with status 404, as a proxy or web server does: a
-    stand-in written with the frames themselves (RFC 9113), since no HTTP/2 server library is installed here.
-    HPACK's static table entry 13 is ``:status: 404``."""
+def _http2_server(status: bytes, requests: list[int] | None = None) -> Iterator[str]:
+    """An HTTP/2 server (cleartext) that answers every request with ``status``, as a web server or a proxy does
+    (a gRPC proxy says 503 while the tier behind it is away): a stand-in written with the frames themselves (RFC
+    9113), since no HTTP/2 server library is installed here. ``requests``: a stream id per request it answered."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -91,8 +97,10 @@ def _http2_404_server() -> Iterator[str]:
                     buf = buf[9 + size:]
                     if kind == 0x4 and not flags & 0x1:  # their SETTINGS: acknowledged
                         conn.sendall(_frame(0x4, 0x1, 0))
-                    elif kind == 0x1:  # a request's HEADERS: 404, END_STREAM | END_HEADERS
-                        conn.sendall(_frame(0x1, 0x5, stream, b"\x8d"))
+                    elif kind == 0x1:  # a request's HEADERS: the status, END_STREAM | END_HEADERS
+                        if requests is not None:
+                            requests.append(stream)
+                        conn.sendall(_frame(0x1, 0x5, stream, status))
 
     def accept() -> None:
         while not stop.is_set():
@@ -110,12 +118,27 @@ def _http2_404_server() -> Iterator[str]:
         listener.close()
 
 
-def test_an_http2_server_that_answers_404_is_named_as_such() -> None:
-    with _http2_404_server() as address, GrpcTierClient(address) as c, pytest.raises(RpcFailed) as e:
+def test_an_http2_server_that_answers_404_is_named_as_such_and_asked_once() -> None:
+    requests: list[int] = []
+    with _http2_server(STATUS_404, requests) as address, GrpcTierClient(address) as c, \
+            pytest.raises(RpcFailed) as e:
         c.describe()
     assert e.value.code == "UNIMPLEMENTED"
     assert str(e.value) == (f"tier {address}: describe: no gRPC server at {address}: an HTTP server answered "
                             f"(Received http2 header with status: 404); {HINT}")
+    assert len(requests) == 1
+
+
+def test_a_proxy_whose_tier_is_away_is_asked_again() -> None:
+    """503 (as 502 and 504) is a gRPC proxy's word for a tier behind it that is away, restarting: UNAVAILABLE,
+    retried as any other, and not named a wrong address."""
+    requests: list[int] = []
+    with _http2_server(STATUS_503, requests) as address, GrpcTierClient(address, retries=2) as c, \
+            pytest.raises(Unavailable) as e:
+        c.describe()
+    assert str(e.value).startswith(f"tier {address}: describe: unavailable after 3 attempt(s): ")
+    assert "Received http2 header with status: 503" in str(e.value) and "no gRPC server" not in str(e.value)
+    assert len(requests) == 3
 
 
 def test_another_grpc_service_is_named_as_one_or_an_older_splitfed() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import socket
 import threading
 import time
@@ -68,8 +69,11 @@ _OVERLOADED = "concurrent rpc limit exceeded"
 
 # what gRPC says when the server at the address speaks HTTP but not gRPC: an HTTP/1 server (a web server, or
 # Flower 1.42's SuperLink port, whose Fleet and Control APIs are HTTP) or an HTTP/2 one that answers with an HTTP
-# status (a proxy). The address is wrong, not the tier busy: said so, and not retried.
-_NOT_GRPC = ("failed parsing http/2", "http1.x server", "received http2 header with status")
+# status (a web server, a proxy with no route there). The address is wrong, not the tier busy: said so, and not
+# retried. But 502, 503 and 504 are a gRPC proxy's word for a tier behind it that is away (restarting): retried.
+_HTTP1 = ("failed parsing http/2", "http1.x server")
+_HTTP_STATUS = re.compile(r"received http2 header with status: (\d+)")
+_PROXY_UNAVAILABLE = (502, 503, 504)
 
 DEADLINE: ContextVar[float | None] = ContextVar("splitfed_deadline", default=None)
 """Monotonic time by which the call being served must answer (set by the server for its next hop)."""
@@ -556,9 +560,10 @@ def _retryable(code: grpc.StatusCode, details: str, by_tier: bool) -> bool:
 
 
 def _not_grpc(details: str) -> bool:
-    """Whether gRPC's error says an HTTP server that is not a gRPC one answered (``_NOT_GRPC``)."""
+    """Whether gRPC's error says an HTTP server that is not a gRPC one answered (see ``_HTTP1``)."""
     lowered = details.lower()
-    return any(w in lowered for w in _NOT_GRPC)
+    status = _HTTP_STATUS.search(lowered)
+    return any(w in lowered for w in _HTTP1) or (status is not None and int(status[1]) not in _PROXY_UNAVAILABLE)
 
 
 def _took_no_connection(details: str) -> bool:
