@@ -21,6 +21,7 @@ import pytest
 from splitfed.transport.client import GrpcTierClient
 from splitfed.transport.describe import PROTOCOL
 from splitfed.transport.errors import RpcFailed, Unavailable
+from tests.transport_fixtures import tcp_server
 
 HINT = "check the address and port: a splitfed tier's, not a web server's or Flower's SuperLink's"
 
@@ -69,14 +70,12 @@ def _http2_server(status: bytes, requests: list[int] | None = None) -> Iterator[
     """An HTTP/2 server (cleartext) that answers every request with ``status``, as a web server or a proxy does
     (a gRPC proxy says 503 while the tier behind it is away): a stand-in written with the frames themselves (RFC
     9113), since no HTTP/2 server library is installed here. ``requests``: a stream id per request it answered."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
 
     def serve(conn: socket.socket) -> None:
         with conn:
             buf = b""
             preface = False
-            while not stop.is_set():
+            while True:
                 try:
                     data = conn.recv(65536)
                 except OSError:
@@ -102,20 +101,11 @@ def _http2_server(status: bytes, requests: list[int] | None = None) -> Iterator[
                             requests.append(stream)
                         conn.sendall(_frame(0x1, 0x5, stream, status))
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
+    address, stop = tcp_server(serve)
     try:
-        yield f"127.0.0.1:{listener.getsockname()[1]}"
+        yield address
     finally:
-        stop.set()
-        listener.close()
+        stop()
 
 
 def test_an_http2_server_that_answers_404_is_named_as_such_and_asked_once() -> None:
