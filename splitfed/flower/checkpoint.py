@@ -148,9 +148,9 @@ def save(folder: str | Path, ckpt: Checkpoint) -> Path:
     except OSError as e:
         # without a previous checkpoint nothing of the run is kept (a round's row is written after its
         # checkpoint): there is nothing to resume, and the same command starts it again
-        then = (f"the previous one is kept: free space or fix the folder, then continue with --resume {shlex.quote(str(folder))}"
-                if kept else "no round is kept yet: free space or fix the folder, then run the same command "
-                "again")
+        then = (f"the previous one is kept: free space or fix the folder, then continue with --resume "
+                f"{shlex.quote(str(folder))}" if kept
+                else "no round is kept yet: free space or fix the folder, then run the same command again")
         raise RunFolderError(f"cannot write the checkpoint in {folder}: {e.strerror or e} ({then})") from None
 
 

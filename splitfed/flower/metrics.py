@@ -127,8 +127,9 @@ def _writing(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as e:
+        again = shlex.quote(str(path.parent))
         raise RunFolderError(f"cannot write {path}: {e.strerror or e} (the rounds before it are kept: free space "
-                             f"or fix the folder, then continue with --resume {shlex.quote(str(path.parent))})") from None
+                             f"or fix the folder, then continue with --resume {again})") from None
 
 
 class MetricsWriter:

@@ -478,7 +478,8 @@ def _refuse_held(folder: Path, resume: bool, overwrite: bool) -> None:
         return
     held = held_run(folder)
     if held:
-        resumable = f"continue it with --resume {shlex.quote(str(folder))}, " if (folder / checkpoint.FILENAME).is_file() else ""
+        resumable = (f"continue it with --resume {shlex.quote(str(folder))}, "
+                     if (folder / checkpoint.FILENAME).is_file() else "")
         raise ConfigError(f"run folder {folder} already holds a run ({held}); {resumable}replace it with "
                           "--overwrite (run config: overwrite = true), or choose another out")
 
@@ -648,11 +649,12 @@ def nothing_to_do(out: str, rounds: int, again: str, held: checkpoint.Checkpoint
     check(out, resume=True, overwrite=False, reservation=reservation)  # no other run writes there now
     if checkpoint.restore_row(out, ckpt):  # a crash between the checkpoint and its row: the summary counts it
         print(checkpoint.row_put_back(ckpt), file=sys.stderr)
+    resume = shlex.quote(str(again))
     if done < own:
         print(f"nothing to do: {out} holds round {done} of its {own}, --rounds {rounds} asks for no more (to "
-              f"train on: --resume {shlex.quote(str(again))})", file=sys.stderr)
+              f"train on: --resume {resume})", file=sys.stderr)
         rows = [r for r in run_rows(Path(out) / METRICS) if r["round"] <= done]
         return summarise(rows, ckpt.settings)
-    print(f"nothing to do: {out} already holds round {done} of {rounds} (to train on: --resume {shlex.quote(str(again))} "
+    print(f"nothing to do: {out} already holds round {done} of {rounds} (to train on: --resume {resume} "
           f"--rounds {done + 1} or more)", file=sys.stderr)
     return summary_again(out, done, ckpt.settings)

@@ -761,6 +761,18 @@ def _total_time(cost: RoundCost) -> float:
     return math.fsum(c.round_s for c in cost.clients)
 
 
+def _tie_answer(s: _Solver, cap: float, allowed: list[np.ndarray], weights: list[np.ndarray]) -> RoundCost | None:
+    """One MILP of a tie search: the least sum of ``weights`` (per class, per allowed option) times counts over
+    the ``allowed`` options with every shared load at most ``cap``, priced by the cost model; None when a class
+    has no option left or none fits. The weights are scaled by their largest (0: left as they are) for the MILP's
+    tolerances."""
+    if any(len(a) == 0 for a in allowed):
+        return None
+    top = max(float(w.max()) for w in weights) or 1.0
+    r, ok = s.run(allowed, time_rows=False, m_max=cap, objective=[w / top for w in weights])
+    return None if ok is None else s.price(allowed, r)
+
+
 def _least_time(s: _Solver, best: RoundCost, tie_rel: float, deadline: float | None) -> tuple[RoundCost, bool]:
     """Among assignments of ``best``'s makespan, one of least total client round time (one more MILP, over
     those within ``tie_rel`` of it, whose answer is polished and taken only at no more than ``best``'s
@@ -776,14 +788,10 @@ def _least_time(s: _Solver, best: RoundCost, tie_rel: float, deadline: float | N
     thr = M * (1 + tie_rel)
     for cap in (thr, M):  # the MILP's tolerance may overshoot thr by a hair: then ask for M itself
         allowed = [np.arange(int(np.searchsorted(c.T, cap, side="right"))) for c in t.classes]
-        if any(len(a) == 0 for a in allowed):
+        cand = _tie_answer(t, cap, allowed, [c.T[a] for c, a in zip(t.classes, allowed, strict=True)])
+        if cand is None:
             continue
-        top = max(float(c.T[a].max()) for c, a in zip(t.classes, allowed, strict=True)) or 1.0
-        r, ok = t.run(allowed, time_rows=False, m_max=cap,
-                      objective=[c.T[a] / top for c, a in zip(t.classes, allowed, strict=True)])
-        if ok is None:
-            continue
-        cand = _polish(t.sc, t.classes, t.price(allowed, r))
+        cand = _polish(t.sc, t.classes, cand)
         if cand.feasible and cand.makespan_s <= M:  # not a hair of makespan given up for it
             return (cand, t.proven) if _total_time(cand) < _total_time(best) else (best, t.proven)
     return best, t.proven
@@ -811,15 +819,9 @@ def _closest(sc: Scenario, best: RoundCost, prefer: Assignment, tie_rel: float, 
     found = None
     for cap in (thr, M):  # the MILP's tolerance may overshoot thr by a hair: then ask for M itself
         allowed = [c.shared_front(cap) for c in classes]
-        if any(len(a) == 0 for a in allowed):
-            continue
         move = [np.zeros(len(a)) if c.move is None else c.move[a] for c, a in zip(classes, allowed, strict=True)]
-        top = max(float(m.max()) for m in move) or 1.0
-        r, ok = s.run(allowed, time_rows=False, m_max=cap, objective=[m / top for m in move])
-        if ok is None:
-            continue
-        cand = s.price(allowed, r)
-        if cand.feasible and cand.makespan_s <= thr:
+        cand = _tie_answer(s, cap, allowed, move)
+        if cand is not None and cand.feasible and cand.makespan_s <= thr:
             found = cand
             break
     if found is None:
@@ -894,7 +896,8 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
         until = now + max(TIE_MIN_S, TIE_SHARE * (now - t0))
         chosen, looked = _least_time(s, cost, tie_rel, until if deadline is None else min(until, deadline))
         if chosen is not cost:
-            note += f"; least client time among ties: {_total_time(chosen):.4g} s in all (was {_total_time(cost):.4g} s)"
+            note += (f"; least client time among ties: {_total_time(chosen):.4g} s in all "
+                     f"(was {_total_time(cost):.4g} s)")
         if not looked:  # the makespan is still proven; only that no tie takes less client time is not
             note += "; the search for the tie of least client time ran out of time"
         cost = chosen

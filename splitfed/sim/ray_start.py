@@ -49,12 +49,12 @@ def check_socket_room() -> None:
     then failed on each try with a path-length OSError, keeping a session folder each time."""
     from ray._common.utils import get_default_ray_temp_dir
 
+    root = get_default_ray_temp_dir()
     stamp = datetime.datetime(2000, 1, 1).strftime("%Y-%m-%d_%H-%M-%S_%f")  # as Ray names a session: fixed width
-    path = Path(get_default_ray_temp_dir()) / f"session_{stamp}_{os.getpid()}" / "sockets" / SOCKET
+    path = Path(root) / f"session_{stamp}_{os.getpid()}" / "sockets" / SOCKET
     limit = (104 if sys.platform.startswith("darwin") else 108) - 1
     length = len(str(path).encode())
     if length > limit:
-        root = get_default_ray_temp_dir()
         where = "RAY_TMPDIR" if "RAY_TMPDIR" in os.environ else "TMPDIR (or RAY_TMPDIR, which Ray reads first)"
         raise ConfigError(f"Ray cannot start under {root}: the paths of its sockets there "
                           f"({root}/session_<date>_<pid>/sockets/{SOCKET}) would be {length} bytes long, over the "
