@@ -26,7 +26,9 @@ Ties: the re-solve prefers the current cuts (``solve(..., prefer=current)``): wh
 several assignments have the optimal predicted makespan (within a relative 1e-9),
 the target is one of least total move cost, so clients whose cuts are already
 optimal stay where they are and the current assignment is kept whenever it is
-optimal. Every price follows the scenario's variant (``Scenario.mode``).
+optimal; among those, one of least total client time (clients the cuts in force do
+not name, a resumed run's new ones, get their fastest cuts the makespan allows).
+Every price follows the scenario's variant (``Scenario.mode``).
 """
 
 from __future__ import annotations
