@@ -69,6 +69,14 @@ def default_out(paths: list[Path]) -> Path:
     return Path("report") if common == Path(common.anchor) else common / "report"
 
 
+def run_file(folder: Path) -> str:
+    """The file of a run's in ``folder`` (its metrics, summary, checkpoint or lock), "" if none: a run folder,
+    never a report's, whatever its name (``runs/report`` may be a run of ``runs/*``)."""
+    from splitfed.flower.runfolder import LOCK, RUN_FILES
+
+    return next((name for name in (*RUN_FILES, LOCK) if os.path.lexists(folder / name)), "")
+
+
 def without_out(paths: list[Path], out: Path) -> list[Path]:
     """``paths`` less the output folder itself where it is among them and holds no run: ``splitfed report
     runs/*`` writes ``runs/report``, which the same command's ``runs/*`` then names too. Any other folder
@@ -119,6 +127,11 @@ def _run(args: argparse.Namespace) -> int:
     runs = load_runs(without_out(paths, out))
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder")
+    held = run_file(out)
+    if held:  # its figures would replace the run's own, and an earlier report's be removed (a folder named report)
+        default = "" if args.out else " (the default)"
+        raise ConfigError(f"cannot write the report to {out}{default}: it is a run folder ({held} is there); "
+                          "give --out another folder")
     # every file checked before any is written: a refusal half way left new figures beside an old summary
     files = [*standard_plot_files(runs, out), out / "summary.md", *csv_files(out)]
     for f in [*files, out / MANIFEST]:

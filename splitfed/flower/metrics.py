@@ -94,7 +94,7 @@ def _numbered_rows(p: Path) -> tuple[list[tuple[int, Any]], bool]:
         except json.JSONDecodeError as e:
             if n == len(lines) and not text.endswith("\n"):
                 return rows, True
-            raise ConfigError(f"{p}:{n}: not valid JSON: {e.msg}") from None
+            raise ConfigError(f"{p}:{n}: not valid JSON: {e.msg}: column {e.colno}") from None
         except (ValueError, RecursionError) as e:  # past json's grammar: an integer of over 4,300 digits, nesting
             raise ConfigError(f"{p}:{n}: not valid JSON: {str(e).split(';')[0]}") from None
     return rows, False

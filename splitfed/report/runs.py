@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import shlex
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -244,7 +245,8 @@ def _runs_below(p: Path) -> str:
     if not p.is_dir():
         return ""
     below = sorted({m.parent.parent for m in [*p.glob(f"*/{METRICS}"), *p.glob(f"*/*/{METRICS}")]})
-    return f"; its run folders are below it: splitfed report {' '.join(f'{d}/*' for d in below)}" if below else ""
+    globs = " ".join(f"{shlex.quote(str(d))}/*" for d in below)  # pasteable: the glob outside the quotes
+    return f"; its run folders are below it: splitfed report {globs}" if below else ""
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
@@ -270,8 +272,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             raise ConfigError(f"{sp}: cannot read it: {e.strerror or e}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{sp}: not valid JSON: not UTF-8 text") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{sp}: not valid JSON: {e.msg}") from None
+        except json.JSONDecodeError as e:  # where, as for a metrics row ("Unterminated string" alone says not)
+            raise ConfigError(f"{sp}: not valid JSON: {e.msg}: line {e.lineno} column {e.colno}") from None
         except ValueError as e:  # json's own refusals past its grammar (an integer of over 4,300 digits)
             raise ConfigError(f"{sp}: not valid JSON: {str(e).split(';')[0]}") from None
         if not isinstance(summary, dict):
@@ -303,8 +305,9 @@ def clock_of(runs: Sequence[Run]) -> str:
 
 def run_notes(run: Run) -> list[str]:
     """What a reader of the run's numbers must be told: how it ended if not finished (stopped, failed,
-    crashed), that it is still running, or that it did not finish (without a record of how), and that the
-    last line of its metrics was cut short and left out. One line each; none for a whole, finished run."""
+    crashed), that it is still running, or that it did not finish (without a record of how), that the
+    last line of its metrics was cut short and left out, and that its metrics and its summary count other
+    rounds. One line each; none for a whole, finished run."""
     where = run.path if run.path is not None else run.label
     notes = []
     ended = _ended_note(run, where)
@@ -313,6 +316,9 @@ def run_notes(run: Run) -> list[str]:
     if run.cut_short:
         notes.append(f"{Path(where) / METRICS}: its last line was cut short (a crash, or a round still being "
                      "written) and is left out")
+    rounds = _rounds_note(run, where)
+    if rounds:
+        notes.append(rounds)
     if any(r.extra.get(MEASURED) for r in run.rounds):
         notes.append(f"{where} has no simulated clock (a deployment): its times (the time columns and axes) "
                      "are the measured round times")
@@ -345,16 +351,31 @@ def _ended_note(run: Run, where: str | Path) -> str:
     if run.status == "unfinished":
         return (f"{where} has no {SUMMARY}: it did not finish (stopped, failed or crashed: the splitfed that "
                 f"ran it did not record which) ({rounds} kept)")
-    if not run.finished:  # hand-made without a summary, or a finished run whose summary went
+    if not run.finished and run.status == "finished":  # its record says so: the summary went after the end
+        at = f" at {rec['until']}" if rec.get("until") else ""
+        return f"{where} has no {SUMMARY}, though its run recorded that it finished{at}: the summary was removed since"
+    if not run.finished:  # hand-made without a summary
         return f"{where} has no {SUMMARY}: it did not finish, or is still running ({rounds} kept)"
     return ""
+
+
+def _rounds_note(run: Run, where: str | Path) -> str:
+    """That the summary of a finished run counts other rounds than its metrics hold (rows lost, or cut short,
+    after the end): the report's numbers are the metrics', not those the run ended with."""
+    said, n = run.summary.get("rounds"), len(run.rounds)
+    if run.status != "finished" or isinstance(said, bool) or not isinstance(said, int) or said == n:
+        return ""
+    return (f"{where}: its {SUMMARY} counts {said} round{'' if said == 1 else 's'} but its {METRICS} holds {n}: "
+            "the file was changed after the run ended; the numbers here are of the rounds it holds")
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Several run folders, labels made unique (:func:`unique_labels`)."""
     seen: dict[Path, str | Path] = {}
     for p in paths:
-        key = run_folder(p).resolve()  # a folder and its metrics.jsonl are one run
+        # a folder and its metrics.jsonl are one run; any other file is itself (two stray files in a folder are
+        # not one run twice: the reader names the first as no run)
+        key = (run_folder(p) if Path(p).name == METRICS else Path(p)).resolve()
         if key in seen:
             raise ConfigError(f"{p} is the same run as {seen[key]}: each run once")
         seen[key] = p

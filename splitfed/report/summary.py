@@ -11,6 +11,7 @@ import io
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,9 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 def summary_markdown(runs: Sequence[Run], target: float | None = None,
                      images: Mapping[str, str | Path] | None = None, title: str = "splitfed report") -> str:
     """``summary.md``: the runs table, what a reader must know of a run (did not finish, a cut line),
-    where each run came from, and the figures (relative links)."""
+    where each run came from (its absolute path: the file is read from its own folder, not from where the
+    command ran), and the figures (relative links)."""
+    runs = [r if r.path is None else replace(r, path=r.path.resolve()) for r in runs]
     headers, rows = summary_rows(runs, target)
     parts = [f"# {title}", "", markdown_table(headers, rows), ""]
     notes = [markdown_item(note) for r in runs for note in run_notes(r)]
