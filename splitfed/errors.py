@@ -67,8 +67,15 @@ def unknown_key(key: str, known: Iterable[str], where: str) -> ConfigError:
     """The refusal of a key outside ``known`` (a config, fleet file or node config): the key, the nearest
     known one when one is close (``edge_address`` -> ``edge-address``), and every known key."""
     known = sorted(known)
-    near: list[str] = []
-    for form in dict.fromkeys((key, key.lower(), key.replace("_", "-").lower(), key.replace("-", "_").lower())):
-        near = near or difflib.get_close_matches(form, known, n=1, cutoff=0.6)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    near = nearest(key, known)
+    hint = f" (did you mean {near!r}?)" if near else ""
     return ConfigError(f"{where}: unknown key {key!r}{hint}; known: {', '.join(known)}")
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to a mistyped one (in any case, ``_`` or ``-``), None when none is close."""
+    known = list(known)
+    for form in dict.fromkeys((name, name.lower(), name.replace("_", "-").lower(), name.replace("-", "_").lower())):
+        if near := difflib.get_close_matches(form, known, n=1, cutoff=0.6):
+            return near[0]
+    return None

@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                      "cloud_unused": args.tiers == 2 and fleet.cloud is not None,
                      "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict()}, indent=1))
     else:
-        header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({len(sc.clients)} clients), "
+        n = len(sc.clients)
+        header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({n} client{'s' if n != 1 else ''}), "
                   f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}"
                   + (" (the fleet's [cloud] is not used)" if args.tiers == 2 and fleet.cloud is not None else ""))
         print(render(sc, sol, header))

@@ -483,8 +483,9 @@ def _caps_text(sc: Scenario) -> str:
 
 
 def _shared_infeasible(sc: Scenario) -> ConfigError:
-    return ConfigError(f"no assignment fits: the server tiers ({_caps_text(sc)}) cannot hold the segments of all "
-                       f"{len(sc.clients)} clients of {sc.profile.model} at batch {sc.batch}, whatever the cuts")
+    return ConfigError(f"no assignment fits: the server tiers ({_caps_text(sc)}) cannot hold the segments of "
+                       + ("the 1 client" if len(sc.clients) == 1 else f"all {len(sc.clients)} clients")
+                       + f" of {sc.profile.model} at batch {sc.batch}, whatever the cuts")
 
 
 def _endless(sc: Scenario, stuck: list[int]) -> ConfigError:
@@ -1191,7 +1192,7 @@ def greedy(sc: Scenario) -> Solution:
             if not fits.any():
                 caps = ", ".join(f"{n} {mib_text(m)}" for n, m in zip(sc.tier_names[1:], sc.memory_caps, strict=True))
                 raise ConfigError(f"greedy: no cuts of client {c.name!r} that its device holds fit the server "
-                                  f"tiers ({caps}) even with the servers its alone")
+                                  f"tiers ({caps}) even with the servers to itself")
             memo[k] = tuple(int(x) for x in t.options[int(np.argmin(np.where(fits, t.round_s, np.inf)))])
         assignment[c.name] = memo[k]
     cost = evaluate(sc, assignment)

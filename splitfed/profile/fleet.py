@@ -43,7 +43,7 @@ import numpy as np
 
 from splitfed import tomlio
 from splitfed.engine.limits import MAX_CLIENTS
-from splitfed.errors import ConfigError, unknown_key
+from splitfed.errors import ConfigError, nearest, unknown_key
 from splitfed.fleets import shipped_fleets
 from splitfed.profile.devices import PROFILES, DeviceProfile, LinkProfile, TierProfile, mbps
 from splitfed.units import MIB
@@ -246,19 +246,18 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
     doc = tomlio.parse(text, source)
     _keys(doc, _TOP_KEYS, source, "top level")
     default_samples = _int(doc, "samples", source, "top level", default=DEFAULT_SAMPLES, most=MAX_SAMPLES)
-    name = doc.get("name", Path(source).stem)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{source}: top level: 'name' must be a non-empty string")
+    name = _printed(doc.get("name", Path(source).stem), "name", source, "top level")
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"{source}: top level: 'description' must be a string")
+    _printed(description, "description", source, "top level", empty=True)
 
     if "edge" not in doc:
         raise ConfigError(f"{source}: missing [edge] table")
     edge_d = _table(doc["edge"], source, "[edge]")
     _keys(edge_d, _EDGE_KEYS, source, "[edge]")
     has_cloud = "cloud" in doc
-    edge_v = _resolved(edge_d, source, "[edge]", need_link=has_cloud)
+    edge_v = _resolved(edge_d, source, "[edge]", need_link=has_cloud, link_to="[cloud]")
     edge = TierProfile(edge_v["flops"], edge_v["memory_mb"] * MIB)
     cloud = edge_link = None
     if has_cloud:
@@ -283,11 +282,7 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
         d = _table(d, source, where)
         if "name" not in d:
             raise ConfigError(f"{source}: {where}: missing 'name'")
-        dname = d["name"]
-        if not isinstance(dname, str) or not dname or not dname.isprintable() or " " in dname:
-            # printed as it is in progress lines and reports: an escape (ESC [2J) or a zero-width space is not a name
-            raise ConfigError(f"{source}: {where}: 'name' must be a non-empty string without spaces or control "
-                              f"characters, got {_shown(dname)}")
+        dname = _printed(d["name"], "name", source, where, spaces=False)  # a client's name, one word
         where = f"[[device]] #{i} ({dname!r})"
         if (clash := _name_clash(dname, entries, numbered)) is not None:
             raise ConfigError(f"{source}: {where}: 'name' {dname!r} {clash}: rename one (a name says one device)")
@@ -329,6 +324,15 @@ def _name_clash(name: str, entries: Mapping[str, str], numbered: Mapping[str, st
     if name in numbered:
         return f"would name its clients {name}-0, {name}-1, ..., and {entries[numbered[name]]} is one of them"
     return None
+
+
+def _printed(v: Any, key: str, source: str, where: str, spaces: bool = True, empty: bool = False) -> str:
+    """``v``, a fleet string printed as it is (a device's name in progress lines and reports, the fleet's name in
+    optimize's header): an escape (ESC [2J) in it acts on the terminal, a zero-width space passes for another name."""
+    if not isinstance(v, str) or not (v or empty) or not v.isprintable() or (" " in v and not spaces):
+        raise ConfigError(f"{source}: {where}: {key!r} must be a {'' if empty else 'non-empty '}string without "
+                          f"{'' if spaces else 'spaces or '}control characters, got {_shown(v)}")
+    return v
 
 
 def _link(v: Mapping[str, float]) -> LinkProfile:
@@ -387,8 +391,9 @@ def _num(v: Any, key: str, source: str, where: str, bounds: tuple[float, float, 
     return f
 
 
-def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool) -> dict[str, float]:
-    """Profile fields overridden by explicit ones, every number checked."""
+def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool, link_to: str = "") -> dict[str, float]:
+    """Profile fields overridden by explicit ones, every number checked; ``link_to`` names the tier a missing link
+    key joins (the edge's link is needed because the fleet has a [cloud], whatever tiers a command then uses)."""
     vals: dict[str, float] = {}
     if "profile" in d:
         pname = d["profile"]
@@ -396,8 +401,9 @@ def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool) ->
             raise ConfigError(f"{source}: {where}: 'profile' must be a string naming a device profile "
                               f"(known: {', '.join(PROFILES)}), got {type(pname).__name__} {pname!r}")
         if pname not in PROFILES:
-            raise ConfigError(f"{source}: {where}: 'profile' {pname!r} is unknown "
-                              f"(known: {', '.join(PROFILES)})")
+            near = nearest(pname, PROFILES)
+            raise ConfigError(f"{source}: {where}: 'profile' {pname!r} is unknown ("
+                              + (f"did you mean {near!r}? " if near else "") + f"known: {', '.join(PROFILES)})")
         vals.update(PROFILES[pname].fields())
     for k in ("flops", "memory_mb", *_LINK):
         if k in d:
@@ -405,7 +411,9 @@ def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool) ->
     need = ["flops", "memory_mb", *(_LINK if need_link else ())]
     for k in need:
         if k not in vals:
-            raise ConfigError(f"{source}: {where}: missing {k!r} (give it, or a 'profile' that has it)")
+            link = f" (its link to {link_to}: give it, or a 'profile' that has it, or drop {link_to})" \
+                if link_to and k in _LINK else " (give it, or a 'profile' that has it)"
+            raise ConfigError(f"{source}: {where}: missing {k!r}{link}")
     return vals
 
 
