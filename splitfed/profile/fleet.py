@@ -249,8 +249,7 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
     name = _printed(doc.get("name", Path(source).stem), "name", source, "top level")
     description = doc.get("description", "")
     if not isinstance(description, str):
-        raise ConfigError(f"{source}: top level: 'description' must be a string")
-    _printed(description, "description", source, "top level", empty=True)
+        raise ConfigError(f"{source}: top level: 'description' must be a string")  # never printed: any text
 
     if "edge" not in doc:
         raise ConfigError(f"{source}: missing [edge] table")
@@ -326,11 +325,11 @@ def _name_clash(name: str, entries: Mapping[str, str], numbered: Mapping[str, st
     return None
 
 
-def _printed(v: Any, key: str, source: str, where: str, spaces: bool = True, empty: bool = False) -> str:
+def _printed(v: Any, key: str, source: str, where: str, spaces: bool = True) -> str:
     """``v``, a fleet string printed as it is (a device's name in progress lines and reports, the fleet's name in
     optimize's header): an escape (ESC [2J) in it acts on the terminal, a zero-width space passes for another name."""
-    if not isinstance(v, str) or not (v or empty) or not v.isprintable() or (" " in v and not spaces):
-        raise ConfigError(f"{source}: {where}: {key!r} must be a {'' if empty else 'non-empty '}string without "
+    if not isinstance(v, str) or not v or not v.isprintable() or (" " in v and not spaces):
+        raise ConfigError(f"{source}: {where}: {key!r} must be a non-empty string without "
                           f"{'' if spaces else 'spaces or '}control characters, got {_shown(v)}")
     return v
 
