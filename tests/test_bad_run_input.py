@@ -206,7 +206,7 @@ def test_too_few_samples_for_the_clients_is_refused_before_anything_starts(tmp_p
              x_test=np.zeros((1, 1, 8, 8), np.float32), y_test=np.zeros(1, np.int64))
     assert main(["simulate", "--dataset", f"npz:{one}", "--clients", "2", "--cuts", "static:1,3",
                  "--out", str(tmp_path / "run")]) == 2
-    assert "2 clients but only 1 samples" in capsys.readouterr().err
+    assert "2 clients but only 1 sample: each client needs at least one; use at most 1 client, or more samples" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

@@ -109,7 +109,7 @@ def test_a_node_whose_file_is_bad_is_left_out_with_its_reason(monkeypatch, tmp_p
     ({"x_train": np.zeros((0, 1, 8, 8))}, r"x_train: want one or more samples"),
     ({"x_train": np.full((2, 1, 8, 8), np.nan)}, "x_train: holds NaN or infinite values"),
     ({"x_train": np.full((2, 1, 8, 8), 1e300)}, "x_train: holds NaN or infinite values"),
-    ({"x_train": np.array([["a"] * 64] * 2).reshape(2, 1, 8, 8)}, "x_train: inputs must be numbers"),
+    ({"x_train": np.array([["a"] * 64] * 2).reshape(2, 1, 8, 8)}, "x_train: inputs must be real numbers"),
     ({"y_train": np.zeros(2)}, r"y_train: want 2 integer class labels, shape \(2,\), got float64"),
     ({"y_train": np.zeros(3, np.int64)}, r"y_train: want 2 integer class labels"),
     ({"y_test": np.array([-1])}, r"y_test: labels must lie in 0..9 \(model 'cnn' has 10 outputs\), found -1..-1"),

@@ -12,13 +12,15 @@ import logging
 import math
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
+from numpy.lib.npyio import NpzFile
 from torch.utils.data import TensorDataset
 
 from splitfed.data._seed import derive_seed
@@ -299,15 +301,11 @@ def cifar10(root: str | Path) -> Split:
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS) -> list[TensorDataset]:
-    """``(x, y)`` pairs from a NumPy ``.npz`` file (``x_train``, ``y_train``, ``x_test``, ``y_test``)
-    as ``spec`` takes them; loaded without pickle, every array checked, nothing normalised.
-
-    Inputs are floats (float32 for the model) shaped as the model's input, or flat when the model
-    takes them flat; for a token model (``vocab``), integers in ``0..vocab-1``. Labels are integers in
-    ``0..num_classes-1``, one per input. Every refusal names the file and the array.
-    """
-    path = Path(path)
+@contextmanager
+def _open_npz(path: Path, keys: tuple[str, ...]) -> Iterator[NpzFile]:
+    """The ``.npz`` at ``path``, opened without pickle, once it holds ``keys``: the one place every reader
+    of an .npz opens it, so each refuses the same files with the same words. A read in the block that
+    fails (a corrupt member, an object array) is refused too, naming the file."""
     where = f"dataset npz:{path}"
     if not path.is_file():
         raise ConfigError(f"{where}: no such file; {_NEVER}")
@@ -325,12 +323,26 @@ def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS
             if missing:
                 raise ConfigError(f"{where}: missing array(s) {', '.join(missing)} (it has "
                                   f"{', '.join(f.files) or 'none'}; want {', '.join(keys)})")
-            arrays = {k: f[k] for k in keys}
+            yield f
     except ConfigError:
         raise
-    except _BAD_NPZ as e:  # a truncated or corrupt npz, object arrays, a zip numpy cannot read
+    except (*_BAD_NPZ, KeyError) as e:  # a truncated or corrupt npz, object arrays, a zip numpy cannot read
         raise ConfigError(f"{where}: cannot read it as a NumPy .npz without pickle: {type(e).__name__}: {e}") \
             from None
+
+
+def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS) -> list[TensorDataset]:
+    """``(x, y)`` pairs from a NumPy ``.npz`` file (``x_train``, ``y_train``, ``x_test``, ``y_test``)
+    as ``spec`` takes them; loaded without pickle, every array checked, nothing normalised.
+
+    Inputs are floats (float32 for the model) shaped as the model's input, or flat when the model
+    takes them flat; for a token model (``vocab``), integers in ``0..vocab-1``. Labels are integers in
+    ``0..num_classes-1``, one per input. Every refusal names the file and the array.
+    """
+    path = Path(path)
+    where = f"dataset npz:{path}"
+    with _open_npz(path, keys) as f:
+        arrays = {k: f[k] for k in keys}
     out = []
     for xk, yk in zip(keys[::2], keys[1::2], strict=True):
         x, y = arrays[xk], arrays[yk]
@@ -338,9 +350,29 @@ def read_npz(path: str | Path, spec: ModelSpec, keys: tuple[str, ...] = NPZ_KEYS
     return out
 
 
+def _npz_sample_shape(path: Path) -> tuple[int, ...]:
+    """The shape of one ``x_train`` sample of the ``.npz`` at ``path``, read from that array's header only;
+    where there is none, :func:`read_npz`'s refusal (no such file, a missing or unreadable array, no samples)."""
+    with _open_npz(path, NPZ_KEYS) as f:
+        assert f.zip is not None  # open until the block ends
+        with f.zip.open("x_train.npy") as fh:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(fh)
+        if dtype.hasobject:  # loading it is refused, as the reader refuses it: an object array needs pickle
+            f["x_train"]
+    _samples(shape, f"dataset npz:{path}: x_train")
+    return tuple(int(d) for d in shape[1:])
+
+
+def _samples(shape: tuple[int, ...], where: str) -> None:
+    """Refuses an input array ``shape`` that holds no samples of their own shape."""
+    if len(shape) < 2 or shape[0] == 0:
+        raise ConfigError(f"{where}: want one or more samples, shape (N, ...), got {shape}")
+
+
 def _npz_inputs(x: np.ndarray, spec: ModelSpec, where: str) -> torch.Tensor:
-    if x.ndim < 2 or len(x) == 0:
-        raise ConfigError(f"{where}: want one or more samples, shape (N, ...), got {x.shape}")
+    _samples(x.shape, where)
     want, native = tuple(spec.input_shape), tuple(x.shape[1:])
     if spec.vocab:
         if x.dtype.kind not in "iu" or native != want:
@@ -350,7 +382,7 @@ def _npz_inputs(x: np.ndarray, spec: ModelSpec, where: str) -> torch.Tensor:
             raise ConfigError(f"{where}: tokens must lie in 0..{spec.vocab - 1}, found {x.min()}..{x.max()}")
         return torch.from_numpy(x.astype(np.int64))
     if x.dtype.kind not in "fiub":
-        raise ConfigError(f"{where}: inputs must be numbers, got dtype {x.dtype}")
+        raise ConfigError(f"{where}: inputs must be real numbers, got dtype {x.dtype}")
     if native != want and want != (math.prod(native),):
         raise ConfigError(f"{where}: model {spec.name!r} takes samples of shape {want}, got {native}")
     with np.errstate(over="ignore", invalid="ignore"):  # beyond float32 becomes inf: refused just below
@@ -441,13 +473,9 @@ def sample_shape(dataset: str) -> tuple[int, ...] | None:
         return CIFAR10_SHAPE
     if name == "npz" and sep:
         try:
-            with zipfile.ZipFile(path.strip()) as z, z.open("x_train.npy") as fh:
-                version = np.lib.format.read_magic(fh)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape = read(fh)[0]
-        except (*_BAD_NPZ, KeyError):
+            return _npz_sample_shape(Path(path.strip()))
+        except ConfigError:
             return None
-        return tuple(int(d) for d in shape[1:]) or None
     return None
 
 
@@ -458,9 +486,9 @@ def _npz_integers(dataset: str, keys: tuple[str, str]) -> list[np.ndarray] | Non
     if name.lower() != "npz" or not sep:
         return None
     try:
-        with np.load(path.strip(), allow_pickle=False) as f:
+        with _open_npz(Path(path.strip()), keys) as f:
             arrays = [f[k] for k in keys]
-    except (*_BAD_NPZ, KeyError):
+    except ConfigError:
         return None
     if any(a.dtype.kind not in "iu" or a.size == 0 for a in arrays):
         return None
@@ -508,6 +536,9 @@ def spec_for(model: str, dataset: str, vocab: int = 0, kwargs: Mapping[str, obje
     native = sample_shape(dataset)
     classes = sample_classes(dataset)
     if model not in ZOO:
+        name, _, path = str(dataset).strip().partition(":")
+        if native is None and name.lower() == "npz" and path.strip():
+            native = _npz_sample_shape(Path(path.strip()))  # none: refused as the reader refuses the file
         if native is None:
             why = ("'synthetic' has none of its own: use digits, mnist:PATH, cifar10:PATH or npz:FILE"
                    if str(dataset).strip().lower() == "synthetic" else

@@ -76,16 +76,17 @@ def partition(labels: np.ndarray | torch.Tensor, num_clients: int, scheme: str |
         raise ConfigError(f"num_clients must be a positive integer, got {num_clients!r}")
     if isinstance(min_size, bool) or not isinstance(min_size, numbers.Integral) or min_size < 0:
         raise ConfigError(f"min_size must be an integer >= 0, got {min_size!r}")
-    if num_clients > n and min_size > 0:
-        raise ConfigError(f"{num_clients} clients but only {n} samples: each client needs at least one "
-                          "(min_size 0 lets clients have none)")
+    samples, clients = (f"{n} sample", f"{n} client") if n == 1 else (f"{n} samples", f"{n} clients")
+    if num_clients > n and min_size > 0:  # min_size is no run setting: the way out is fewer clients or more data
+        raise ConfigError(f"{num_clients} clients but only {samples}: each client needs at least one; use at most "
+                          f"{clients}, or more samples")
     if num_clients * min_size > n:
         raise ConfigError(
             f"{num_clients} clients x min_size {min_size} = {num_clients * min_size} samples "
             f"needed, only {n} available"
         )
     if scheme.kind != "iid" and num_clients > n:  # flwr-datasets' partitioner refuses it
-        raise ConfigError(f"{num_clients} clients but only {n} samples: a Dirichlet partition needs at least as "
+        raise ConfigError(f"{num_clients} clients but only {samples}: a Dirichlet partition needs at least as "
                           "many samples as clients")
     rng = np.random.default_rng(derive_seed(seed, 0))
     if scheme.kind == "iid":

@@ -45,6 +45,7 @@ from splitfed.models.blocks import Segment, step_rng
 from splitfed.models.zoo import ModelSpec
 
 TOLERANCE = 1e-5
+TRANSPORTS = ("inproc", "grpc")  # what a chain can be, as a result names it
 
 
 def _whole(model: ModelSpec, blocks: dict[int, torch.nn.Module]) -> Segment:
@@ -166,9 +167,18 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
            steps: int = 2, batch: int = 4, rounds: int = 1, seed: int = 0, optim: OptimConfig | None = None,
            chain: Chain | None = None, transport: str = "inproc",
            data_fn: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> VerifyResult:
-    """Train split (one cut vector per client) and whole; compare the final global weights."""
+    """Train split (one cut vector per client) and whole; compare the final global weights. ``chain``: the
+    tiers the split side trains on (in process when None); ``transport``: what that chain is, as the result
+    reports it."""
     from splitfed.data import synthetic
 
+    if transport not in TRANSPORTS:  # it only labels the result: a value no chain is would be reported as checked
+        raise ConfigError(f"verify: transport must be one of {', '.join(map(repr, TRANSPORTS))} (the kind of chain "
+                          f"it trains on, as the result reports it), got {transport!r}")
+    if transport == "grpc" and chain is None:  # it would train in process, and report gRPC checked
+        raise ConfigError("verify: transport 'grpc' needs the gRPC chain itself: chain=grpc_chain(addresses) of "
+                          "running tiers (splitfed verify --transport grpc starts them); without one it trains in "
+                          "process")
     cuts = _cut_vectors(cuts)
     for what, v in (("steps", steps), ("batch", batch), ("rounds", rounds)):  # 0 would train nothing: a vacuous OK
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

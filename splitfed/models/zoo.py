@@ -600,7 +600,25 @@ def _check_logits(spec: ModelSpec, out: object, mode: str) -> None:
                           + (" (return them alone when training: an auxiliary head's output too)" if mode else ""))
     if out.shape[1] != spec.num_classes:
         raise ConfigError(f"model {spec.name} outputs {out.shape[1]} classes{mode}, and {spec.num_classes} are "
-                          "expected (--num-classes, or as many as the run's dataset has)")
+                          "expected (--num-classes in verify, blocks, profile, optimize and ping; in a run, as many "
+                          f"as its dataset has){_classes_fix(spec)}")
+
+
+def _classes_fix(spec: ModelSpec) -> str:
+    """How a user's model is given ``spec.num_classes`` outputs, in words true in every command: a run sets no
+    --num-classes, and a factory is given only its keyword arguments (--model-kwargs), never the class count."""
+    if spec.name in ZOO:  # built with the spec's classes
+        return ""
+    n, given = spec.num_classes, spec.kwargs.get("num_classes")
+    if given is not None:
+        return f": its factory is given num_classes {given!r} (--model-kwargs); give it {n}"
+    try:
+        takes = "num_classes" in inspect.signature(_import_factory(spec.name)).parameters
+    except (TypeError, ValueError):  # a callable inspect cannot read
+        takes = False
+    kw = f"--model-kwargs '{{\"num_classes\": {n}}}'"
+    return (f": give its factory num_classes, which no command passes it: {kw}" if takes else
+            f": make its factory build {n} outputs (or take num_classes, given with {kw})")
 
 
 def with_kwargs(spec: ModelSpec, **kwargs: object) -> ModelSpec:
