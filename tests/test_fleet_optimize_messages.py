@@ -123,3 +123,28 @@ def test_the_header_counts_one_client_in_the_singular(one: Path, capsys: pytest.
     one.write_text(one.read_text().replace("memory_mb = 0.01\n", "").replace("memory_mb = 0.15\n", ""))
     assert main(["optimize", "--model", "mlp", "--tiers", "2", "--fleet", str(one), "--static", "2"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == "mlp (5 blocks) on fleet one (1 client), 2 tiers, batch 32"
+
+
+# ---------------------------------------------------------------- two drifts of one field in one round
+
+
+@pytest.mark.parametrize(("first", "second"), [("up_mbps = 1", "up_mbps = 2"), ("up_scale = 0.5", "up_scale = 0.5"),
+                                               ("up_mbps = 1", "up_scale = 0.1"), ("flops = 1e9\nrtt_ms = 5",
+                                                                                    "rtt_scale = 2\nflops_scale = 3")])
+def test_two_drifts_of_one_field_in_one_round_are_refused(first: str, second: str) -> None:
+    """Before, the later set won and scales compounded, without a word: which the user meant is not ours to guess.
+    The field named is the first of them in name order."""
+    text = (EDGE + DEV + f"[[device.drift]]\nround = 5\n{first}\n[[device.drift]]\nround = 3\nup_scale = 2\n"
+            f"[[device.drift]]\nround = 5\n{second}\n")
+    field = "flops" if "flops" in first else "up_mbps"
+    assert _refused(text) == (f"f.toml: [[device]] #1 ('pi') drift #3: changes {field!r} in round 5, as drift #1 "
+                              "does: give one drift per field and round")
+
+
+def test_drifts_of_other_fields_or_rounds_load() -> None:
+    """One round may change several fields in several entries, and one field may change in several rounds."""
+    fleet = parse_fleet(EDGE + DEV + "[[device.drift]]\nround = 5\nup_mbps = 1\n[[device.drift]]\nround = 5\n"
+                        "down_scale = 0.5\n[[device.drift]]\nround = 6\nup_mbps = 2\n", "f.toml")
+    pi = fleet.clients[0]
+    assert pi.at_round(5).link.up == pytest.approx(1e6 / 8) and pi.at_round(6).link.up == pytest.approx(2e6 / 8)
+    assert pi.at_round(5).link.down == pytest.approx(pi.link.down * 0.5)

@@ -419,7 +419,7 @@ def _resolved(d: Mapping[str, Any], source: str, where: str, need_link: bool, li
 def _drifts(items: Any, source: str, where: str, base: Mapping[str, float]) -> tuple[Drift, ...]:
     if not isinstance(items, list):
         raise ConfigError(f"{source}: {where}: 'drift' must be an array of tables ([[device.drift]])")
-    out = []
+    out: list[Drift] = []
     for j, d in enumerate(items, 1):
         w = f"{where} drift #{j}"
         d = _table(d, source, w)
@@ -433,6 +433,11 @@ def _drifts(items: Any, source: str, where: str, base: Mapping[str, float]) -> t
         if not sets and not scales:
             raise ConfigError(f"{source}: {w}: changes nothing (give one of "
                               f"{', '.join(sorted(_DRIFT_KEYS - {'round'}))})")
+        seen = next(((k, i) for i, e in enumerate(out, 1) if e.round == r
+                     for k in sorted({f for f, _ in (*e.set, *e.scale)} & {f for f, _ in (*sets, *scales)})), None)
+        if seen is not None:  # which one the user meant is not ours to guess (a later one won, or they compounded)
+            raise ConfigError(f"{source}: {w}: changes {seen[0]!r} in round {r}, as drift #{seen[1]} does: give one "
+                              "drift per field and round")
         out.append(Drift(r, sets, scales))
     _check_drifted(out, base, source, where)
     return tuple(out)
