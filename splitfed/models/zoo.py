@@ -262,6 +262,8 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, d: int, heads: int, ff: int, dropout: float) -> None:
         super().__init__()
+        if d % heads:  # else the first batch failed to split its features into heads, far from the cause
+            raise ValueError(f"d must be a multiple of the {heads} attention heads, got {d}")
         self.heads = heads
         self.norm1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
@@ -379,14 +381,20 @@ def options(name: str) -> tuple[str, ...]:
 
 
 def _zoo_options(name: str, kwargs: dict[str, object]) -> None:
-    """A zoo model's keyword arguments, checked by name before it is built: a misspelt one was a TypeError the
-    build reported as the model not taking its input shape."""
+    """A zoo model's keyword arguments, checked by name and value before it is built: a misspelt one was a
+    TypeError, and a width of 0 a model of empty tensors (torch warning of each), both reported as the model not
+    taking its input shape. Every zoo option is a size, positive, of the type its factory declares."""
     known = options(name)
-    for k in kwargs:
+    declared = inspect.signature(ZOO[name].factory, eval_str=True).parameters
+    for k, v in kwargs.items():
         if k not in known:
             apart = " (the input shape, classes and vocabulary are set apart from them)" if k in _SET_APART else ""
             raise ConfigError(f"model {name} takes no keyword argument {k!r}: its options are "
                               f"{', '.join(known) or 'none'}{apart}")
+        if declared[k].annotation is int:
+            _integer(v, f"model {name}: option {k}", 1)
+        elif not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
+            raise ConfigError(f"model {name}: option {k} must be a number > 0, got {v!r}")
 
 
 def _integer(v: object, what: str, least: int, most: int | None = None) -> int:
@@ -410,6 +418,8 @@ def _import_factory(path: str) -> Callable[..., nn.Module]:
     try:
         mod = importlib.import_module(mod_name)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's path
+        if "/" in mod_name or os.sep in mod_name or mod_name.endswith(".py"):  # a file, which import cannot take
+            raise ConfigError(_file_given(path)) from None
         raise ConfigError(f"cannot import {mod_name!r} for model {path!r}: {type(e).__name__}: {e}") from None
     try:
         factory = getattr(mod, attr)
@@ -418,6 +428,18 @@ def _import_factory(path: str) -> Callable[..., nn.Module]:
     if not callable(factory):
         raise ConfigError(f"{path!r} is not callable")
     return factory
+
+
+def _file_given(path: str) -> str:
+    """The refusal of a file path (``./mymod.py:net``) as a model, naming the module and the folder it imports
+    from: import took it for a relative module name (a TypeError on its package) or a module named by the path."""
+    file, _, attr = path.partition(":")
+    module = os.path.splitext(os.path.basename(file.rstrip("/" + os.sep)))[0]
+    folder = os.path.dirname(os.path.abspath(file))
+    missing = "" if os.path.exists(file) else f" (and there is no {os.path.abspath(file)})"
+    return (f"model {path!r}: --model takes a module path (module:factory, importable from the current folder or "
+            f"PYTHONPATH), not a file: give '{module}:{attr}', run from {folder} or with {folder} on PYTHONPATH"
+            f"{missing}")
 
 
 def build(spec: ModelSpec, seed: int | None = None) -> nn.Module:
@@ -445,7 +467,9 @@ def _build(spec: ModelSpec) -> nn.Module:
         except SplitfedError:
             raise
         except Exception as ex:  # noqa: BLE001 - the user's code may raise anything
-            raise ConfigError(f"model factory {spec.name} raised {type(ex).__name__}: {first_line(ex)}") from None
+            given = f" given {spec.kwargs} (--model-kwargs)" if spec.kwargs else ""
+            raise ConfigError(f"model factory {spec.name}{given} raised {type(ex).__name__}: "
+                              f"{first_line(ex)}") from None
         if not isinstance(model, nn.Module):
             raise ConfigError(f"factory {spec.name!r} returned {type(model).__name__}, not torch.nn.Module")
         _materialise(spec, model)
@@ -480,7 +504,8 @@ def first_line(e: BaseException) -> str:
 
 
 def input_error(spec: ModelSpec, e: BaseException) -> ConfigError:
-    """The one-line refusal of a model that fails on its input shape (or its build options)."""
+    """The one-line refusal of a model that fails on its input shape, or with its keyword arguments: a model
+    given them is not told its input is wrong when a width of them may be (a zoo model's are checked apart)."""
     shape = tuple(spec.input_shape)
     what = f"model {spec.name}" + (f" with {dict(spec.kwargs)}" if spec.kwargs else "")
     # a zoo model says what it expects itself; a user's may fail on the dtype (an nn.Embedding given floats)
@@ -491,6 +516,9 @@ def input_error(spec: ModelSpec, e: BaseException) -> ConfigError:
         return ConfigError(f"{what} does not take float32 inputs, which splitfed feeds it: {text}; a model that "
                            "computes in another dtype (.double(), bfloat16) casts its input itself, e.g. "
                            "x = x.to(self.weight.dtype) first in forward (a model that takes tokens needs --vocab N)")
+    if spec.kwargs:
+        return ConfigError(f"model {spec.name} fails with its keyword arguments {dict(spec.kwargs)} (--model-kwargs) "
+                           f"on inputs of shape {shape}{kind}: {text}")
     return ConfigError(f"{what} does not take inputs of shape {shape}{kind}: {text}")
 
 
