@@ -14,6 +14,8 @@ import math
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from splitfed.commands._args import bounded_int, non_negative_float, positive_int
 from splitfed.engine.limits import (
@@ -25,7 +27,7 @@ from splitfed.engine.limits import (
     BuildLimits,
     set_limits,
 )
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, Terminated
 from splitfed.ports import READY
 
 
@@ -88,6 +90,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # first of all: a Ctrl-C while torch imports (a second or more) was raised inside its C++ import, which
+    # aborted the process (SIGABRT, "Fatal Python error") or lost it (the tier went on serving)
+    with _stop_on_signals() as (stop, caught):
+        return _run(args, stop, caught)
+
+
+def _run(args: argparse.Namespace, stop: threading.Event, caught: list[int]) -> int:
     from splitfed.transport.address import parse_address
     from splitfed.transport.codec import Codec
     from splitfed.transport.security import TlsConfig, read_tokens
@@ -141,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if stop.is_set():  # a signal while it started: it stops before it serves, as a signal then would have
+        raise Terminated() if caught[-1] == signal.SIGTERM else KeyboardInterrupt()
     set_limits(BuildLimits(args.max_model_mb << 20, args.max_sample_mb << 20, args.max_held_mb << 20))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {args.name or role} %(levelname)s %(message)s")
@@ -158,10 +169,6 @@ def run(args: argparse.Namespace) -> int:
     # the first optimizer built imports torch._dynamo (seconds): start that now rather than in a client's load
     threading.Thread(target=lambda: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
                      daemon=True).start()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        if signal.getsignal(sig) is not signal.SIG_IGN:  # a background job's SIGINT: Ctrl-C is not for it
-            signal.signal(sig, lambda *_: stop.set())
     if args.exit_with_stdin:
         def stop_at_eof() -> None:
             sys.stdin.buffer.read()
@@ -174,4 +181,30 @@ def run(args: argparse.Namespace) -> int:
             pass
     finally:
         server.stop(grace=2.0)
+    logging.getLogger("splitfed").info("stopped (%s)", signal.Signals(caught[-1]).name if caught else "stdin closed")
     return 0
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
+    """An event SIGTERM and SIGINT set (and the signals caught, in order) instead of raising, while the
+    command runs: a tier stops between calls, not inside one. SIGINT is left ignored where it is (a background
+    job's: Ctrl-C is not for it); the handlers before are put back after (a caller's, in process), and none is
+    set off the main thread (Python allows it only there: a caller's thread gets the event alone)."""
+    stop = threading.Event()
+    caught: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        caught.append(signum)
+        stop.set()
+
+    main = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        for sig, handler in before.items():
+            if handler is not signal.SIG_IGN:
+                signal.signal(sig, on_signal)
+        yield stop, caught
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
