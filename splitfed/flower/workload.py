@@ -20,8 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from splitfed.data import batches, for_model
+from splitfed.data import for_model
 from splitfed.data._seed import derive_seed
+from splitfed.data.batches import EpochBatches
 from splitfed.data.datasets import read_npz
 from splitfed.data.partition import kept_partition
 from splitfed.engine import template
@@ -92,15 +93,13 @@ def _node_data(spec_json: str, path: str, _mtime_ns: int, _size: int) -> tuple[t
 
 def round_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int, partition_id: int,
                   round: int, epochs: int) -> Batches:
-    """The batches a client trains on in ``round`` (1-based): ``epochs`` shuffled passes."""
+    """The batches a client trains on in ``round`` (1-based): ``epochs`` shuffled passes, each batch made as
+    it is trained on."""
     for key, value in (("round (1-based)", round), ("epochs", epochs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key} must be an integer >= 1, got {value!r}")
     stream = derive_seed(seed, _BATCH_STREAM, partition_id)
-    out: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for e in range(epochs):
-        out += batches(x, y, batch_size, seed=stream, epoch=(round - 1) * epochs + e)
-    return out
+    return EpochBatches(x, y, batch_size, stream, range((round - 1) * epochs, round * epochs))
 
 
 def train_data(spec: ModelSpec, dataset: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
