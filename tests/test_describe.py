@@ -186,7 +186,9 @@ def test_a_run_refuses_a_miswired_chain_before_loading_anything(monkeypatch) -> 
                                               f"not the tier at {cloud2.address} \\(cloud2\\)"), \
                 tier_chain(_settings([edge.address, cloud2.address])):
             pytest.fail("a miswired chain was accepted")
-        with pytest.raises(ConfigError, match=f"tier cloud at {cloud.address} ends the chain"), \
+        with pytest.raises(ConfigError, match=f"cannot run: the tiers are listed out of chain order: their --next "
+                                              f"wires them edge at {edge.address} -> cloud at {cloud.address}; give "
+                                              "tier-addresses in that order$"), \
                 tier_chain(_settings([cloud.address, edge.address])):
             pytest.fail("a reversed chain was accepted")
         with pytest.raises(ConfigError, match="releases segments idle for 3600 s, less than this run's "

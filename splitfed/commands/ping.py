@@ -10,7 +10,7 @@ addresses are checked in chain order (edge first) exactly as a run checks its
 ``tier-addresses`` before round 1, and ``--model`` asks each tier whether it
 would build that model. Exit 0: every tier answered (and the chain holds),
 1: one did not (a host name that does not resolve is said as such) or the chain
-is broken, 2: bad arguments.
+is broken (so is one whose last tier given cannot reach its own --next), 2: bad arguments.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.flower.transport import connect
     from splitfed.models.zoo import resolve_spec
     from splitfed.transport.address import parse_address, unresolvable
-    from splitfed.transport.describe import TierInfo, check_chain
+    from splitfed.transport.describe import TierInfo, check_chain, next_error_said
     from splitfed.transport.probe import measure_link
     from splitfed.transport.security import TlsConfig
 
@@ -119,12 +119,13 @@ def run(args: argparse.Namespace) -> int:
             client.close()
         infos.append(info)
         rows.append({"address": addr, "rtt_ms": link.rtt_ms, "up_mbps": link.up_mbps, "down_mbps": link.down_mbps,
-                     **info.to_dict()})
+                     **info.to_dict(), "next_error": next_error_said(info)})
     problems = ""
     if len(infos) == len(args.addresses):
         try:
+            # the last tier's own --next too: pinging an edge alone checks what it forwards to
             check_chain(args.addresses, infos, model=spec.name if spec else "", round_timeout_s=args.round_timeout_s,
-                        compress=args.compress)
+                        compress=args.compress, listed="the addresses", onward=True)
         except ConfigError as e:
             problems = str(e)
     ok = len(infos) == len(args.addresses) and not problems

@@ -67,6 +67,13 @@ _NO_CONNECTION = ("failed to connect to remote host", "connection refused", "net
 # limit) and the tier's own (marked sent-by-tier) would come back the same if retried.
 _OVERLOADED = "concurrent rpc limit exceeded"
 
+# the hints of a refusal that ping's or a run's connection fixes with its flags or run-config keys; a tier's own
+# connection to its --next takes them otherwise (splitfed tier has no --tls-ca without --tls-cert, and presents
+# its own --token-file): describe.next_error_said rewords them where a tier reports them as its next_error
+PLAINTEXT_CLOSED_HINT = ("a tier that serves TLS closes a plaintext connection this way: connect with the CA that "
+                         "signed its certificate, e.g. --tls-ca / tls-ca")
+NO_TOKEN_HINT = "this connection sent no token: give --token-file / token-file, a file holding the tier's token"
+
 # what gRPC says when the server at the address speaks HTTP but not gRPC: an HTTP/1 server (a web server, or
 # Flower 1.42's SuperLink port, whose Fleet and Control APIs are HTTP) or an HTTP/2 one that answers with an HTTP
 # status (a web server, a proxy with no route there). The address is wrong, not the tier busy: said so, and not
@@ -79,6 +86,20 @@ DEADLINE: ContextVar[float | None] = ContextVar("splitfed_deadline", default=Non
 """Monotonic time by which the call being served must answer (set by the server for its next hop)."""
 
 HOP_MARGIN_S = 0.05  # a forwarding tier gives up on its next hop this much before its caller does
+
+# the longest deadline a call takes (and so any setting that becomes one: round-timeout-s, call-timeout-s).
+# gRPC keeps a deadline as an int64 of nanoseconds since the epoch (up to the year 2262): a later one overflows
+# into the past, and every call failed at once with "Deadline Exceeded" (from 7.45e9 s on, in 2026). 1e9 s,
+# about 32 years, is as good as no limit.
+MAX_DEADLINE_S = 1e9
+
+
+def deadline_bound(what: str, seconds: float) -> str:
+    """The refusal of ``what`` = ``seconds`` beyond :data:`MAX_DEADLINE_S` (the same words wherever it is
+    checked)."""
+    years = MAX_DEADLINE_S / (365.25 * 86400)
+    return (f"{what} must be at most {MAX_DEADLINE_S:,.0f} s (about {years:.0f} years, as good as no limit; a gRPC "
+            f"deadline beyond it overflows), got {seconds:g}")
 
 _KEEPALIVE = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -131,6 +152,8 @@ class GrpcTierClient:
                  = ()) -> None:
         if not (math.isfinite(deadline_s) and deadline_s > 0):
             raise ConfigError(f"deadline_s must be a positive number of seconds, got {deadline_s}")
+        if deadline_s > MAX_DEADLINE_S:
+            raise ConfigError(deadline_bound("deadline_s", deadline_s))
         if insecure and tls is not None:
             raise ConfigError("insecure=True contradicts a TLS config: choose one")
         if not (isinstance(retries, int) and retries >= 0):
@@ -251,9 +274,10 @@ class GrpcTierClient:
                 if refusal:
                     return TlsRefused(f"{where}: TLS refused: {refusal}{at}")
             elif "socket closed" in details.lower():
-                hint = (" (a tier that serves TLS closes a plaintext connection this way: connect with the CA "
-                        "that signed its certificate, e.g. --tls-ca / tls-ca)")
+                hint = f" ({PLAINTEXT_CLOSED_HINT})"
             return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}{hint}{at}")
+        if code == grpc.StatusCode.UNAUTHENTICATED and not self._metadata:  # none sent: no other token to check
+            return error_of(code, f"{where}: {details} ({NO_TOKEN_HINT}){at}")
         if code == grpc.StatusCode.UNAUTHENTICATED:  # an operator rotating tokens needs to know which file to fix
             return error_of(code, f"{where}: {details} (the tier holds another token than this connection's: "
                                   "check --token-file / token-file, and for a run's coordinator "

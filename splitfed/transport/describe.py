@@ -111,9 +111,56 @@ def this_version() -> str:
     return f"splitfed {splitfed.__version__} (protocol {PROTOCOL})"
 
 
+def next_error_said(info: TierInfo) -> str:
+    """``info.next_error`` with the fix its tier's operator needs: the tier's client words a plaintext connection
+    that a TLS tier closed, and a call without a token, for ping or a run (``--tls-ca``, ``--token-file``), but a
+    tier connects to its ``--next`` with its own TLS and presents its own token (``splitfed tier`` takes no
+    ``--tls-ca`` without ``--tls-cert``)."""
+    from splitfed.transport.client import NO_TOKEN_HINT, PLAINTEXT_CLOSED_HINT
+
+    said = info.next_error.replace(
+        f"({PLAINTEXT_CLOSED_HINT})",
+        f"(its next tier serves TLS, and closes a plaintext connection this way: start tier {info.name} with "
+        "--tls-cert, --tls-key and, as --tls-ca, the CA that signed its next tier's certificate; or serve its next "
+        "tier --insecure too, on a trusted loopback only)")
+    return said.replace(f"({NO_TOKEN_HINT})", f"(tier {info.name} sent no token: start it with --token-file, a file "
+                                               "holding its next tier's token)")
+
+
+def _loops(info: TierInfo, infos: Sequence[TierInfo]) -> bool:
+    """Whether forwarding from ``info`` through the tiers of ``infos`` comes back to it (a tier wired to itself, or
+    a cycle): only such a chain is a loop, not one whose tiers are listed out of order."""
+    by_instance = {i.instance: i for i in infos}
+    nxt, seen = info.next_instance, set()
+    while nxt and nxt in by_instance and nxt not in seen:
+        if nxt == info.instance:
+            return True
+        seen.add(nxt)
+        nxt = by_instance[nxt].next_instance
+    return False
+
+
+def _wired_order(infos: Sequence[TierInfo]) -> list[int] | None:
+    """The positions of ``infos`` in the order their ``--next`` wires them, where that is one chain through every
+    tier listed (its last may forward to one not listed); None where it is not: a tier twice, a loop, a tier that
+    did not reach its next, tiers of two chains."""
+    at = {info.instance: j for j, info in enumerate(infos)}
+    if len(at) != len(infos):
+        return None
+    after = [at.get(info.next_instance) if info.next_instance else None for info in infos]
+    heads = set(range(len(infos))) - {j for j in after if j is not None}
+    if len(heads) != 1:
+        return None
+    order = [heads.pop()]
+    while (j := after[order[-1]]) is not None and len(order) <= len(infos):
+        order.append(j)
+    return order if sorted(order) == list(range(len(infos))) else None
+
+
 def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: str = "",
                 round_timeout_s: float | None = None, compress: str | None = None,
-                coordinator_token: bool | None = None) -> None:
+                coordinator_token: bool | None = None, listed: str = "tier-addresses",
+                onward: bool = False) -> None:
     """Refuse a chain its coordinator could not train through; every problem found, in one error.
 
     ``addresses`` are the coordinator's (``tier-addresses``, chain order) and
@@ -124,13 +171,23 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
     than its onward link's is refused (one that does not say, older than ``next_compress``, is not).
     ``coordinator_token`` says whether the coordinator presents a coordinator token (None: not checked): without
     one, a tier whose control calls need it would refuse every Load of round 1.
+    ``listed`` names the addresses in messages (a run's ``tier-addresses``, ping's arguments). ``onward``: the
+    last tier must reach its own ``--next`` too (ping: the chain goes on past the addresses given; a run's last
+    tier computes the loss and forwards nothing).
     """
     if len(addresses) != len(infos):
         raise ValueError(f"{len(addresses)} addresses but {len(infos)} descriptions")
     from splitfed.cost.model import link_codecs
 
+    given = list(addresses)
     codecs = None if compress is None else link_codecs(compress, len(addresses))
     problems: list[str] = []
+    order = _wired_order(infos)
+    if order is not None and order != sorted(order):  # the right tiers, listed out of order: no wiring to change
+        problems.append("the tiers are listed out of chain order: their --next wires them "
+                        + " -> ".join(f"{infos[j].name} at {addresses[j]}" for j in order)
+                        + f"; give {listed} in that order")
+        addresses, infos = [addresses[j] for j in order], [infos[j] for j in order]  # the rest checked as wired
     seen: dict[str, str] = {}
     for i, (addr, info) in enumerate(zip(addresses, infos, strict=True)):
         at = f"tier {info.name} at {addr}"
@@ -139,10 +196,10 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
                             f"coordinator {this_version()}: run one splitfed version on every machine")
         if info.instance in seen:
             problems.append(f"{addr} and {seen[info.instance]} reach the same tier process ({info.name}): "
-                            "each position of tier-addresses needs its own tier")
+                            f"each position of {listed} needs its own tier")
         seen.setdefault(info.instance, addr)
         earlier = [j for j in range(i + 1) if info.next_instance and infos[j].instance == info.next_instance]
-        if earlier:  # forwarding would go round the chain until the deadline
+        if earlier and _loops(info, infos):  # forwarding would go round the chain until the deadline
             back = "itself" if earlier[0] == i else f"tier {infos[earlier[0]].name} at {addresses[earlier[0]]}"
             problems.append(f"{at} forwards back to {back} ({info.next_address}): the chain is a loop; give it "
                             "--next the following tier, or none if it ends the chain")
@@ -157,23 +214,26 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
             problems.append(f"{at} releases segments idle for {info.idle_release_s:g} s, less than this run's "
                             f"round-timeout-s {round_timeout_s:g}: a slow round could lose its segments; start the "
                             f"tier with a larger --idle-release-s or lower round-timeout-s")
+        unreached = f"{at} cannot reach its next tier {info.next_address}: {next_error_said(info)}"
         if i + 1 < len(infos):
             nxt_addr, nxt = addresses[i + 1], infos[i + 1]
             if not info.next_address:
-                problems.append(f"{at} ends the chain (no --next), but tier-addresses continue to {nxt_addr}: "
-                                f"start it with --next {nxt_addr}, or check the order of tier-addresses")
+                problems.append(f"{at} ends the chain (no --next), but {listed} continue to {nxt_addr}: "
+                                f"start it with --next {nxt_addr}, or check the order of {listed}")
             elif info.next_error:
-                problems.append(f"{at} cannot reach its next tier {info.next_address}: {info.next_error}")
+                problems.append(unreached)
             elif info.next_instance != nxt.instance:
                 problems.append(f"{at} forwards to {info.next_address}, which is not the tier at {nxt_addr} "
                                 f"({nxt.name}): start it with --next {nxt_addr}, or list its next tier in "
-                                "tier-addresses")
+                                f"{listed}")
             if codecs is not None and info.next_address and info.next_compress:
                 want, has = codecs[i + 1], _codec_name(info.next_compress)
                 if want != has:
                     link = "every link" if len(set(codecs)) == 1 else f"that link (link {i + 2} of the chain)"
                     problems.append(f"{at} sends to its next tier with --compress {has}, but this run compresses "
                                     f"{link} with {want}: restart it with --compress {want}")
+        elif onward and info.next_error:
+            problems.append(unreached)
     if problems:
-        raise ConfigError("the tier chain " + " -> ".join(addresses) + " cannot run: " + "; ".join(problems))
+        raise ConfigError("the tier chain " + " -> ".join(given) + " cannot run: " + "; ".join(problems))
 
