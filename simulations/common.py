@@ -284,14 +284,15 @@ def _label_run(out: Path, label: str) -> None:
 def base_settings(table: Mapping[str, Any], source: str = "") -> Any:
     """A config's ``[simulate]`` table as :class:`~splitfed.flower.config.RunSettings` (keys as in ``splitfed simulate``).
 
-    A ``fleet`` path that is not a file from here is looked up under ``simulations/configs/``.
+    A ``fleet`` path that is not a file from here is looked up under ``simulations/configs/``, as ``splitfed
+    simulate --config`` looks beside its config (:func:`~splitfed.flower.config.fleet_beside`).
     """
-    from splitfed.flower.config import RunSettings
+    from splitfed.flower.config import RunSettings, fleet_beside
 
-    fleet = table.get("fleet")
-    if isinstance(fleet, str) and not Path(fleet).is_file() and (CONFIGS / fleet).is_file():
-        table = {**table, "fleet": str(CONFIGS / fleet)}  # fleet files next to the configs
-    return RunSettings.from_mapping(table, source=f"{source} [simulate]".strip())
+    where = f"{source} [simulate]".strip()
+    if isinstance(fleet := table.get("fleet"), str):
+        table = {**table, "fleet": fleet_beside(fleet, CONFIGS, where)}  # fleet files next to the configs
+    return RunSettings.from_mapping(table, source=where)
 
 
 def best_static_cuts(settings: Any) -> tuple[int, ...]:

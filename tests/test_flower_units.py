@@ -407,7 +407,7 @@ def test_metrics_are_strict_json_even_when_the_model_diverged(tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (["--cuts", "static:9,9"], "cuts 'static:9,9': cut 9 is out of range"),
-    (["--tiers", "2"], "cuts 'static:2,5': 2 tiers need 1 cut"),  # the default's
+    (["--tiers", "2", "--cuts", "static:2,5"], "cuts 'static:2,5': 2 tiers need 1 cut"),  # alone: static:2
     (["--partition", "dirichlet:-1"], "bad Dirichlet alpha"),
     (["--dataset", "imagenet"], "unknown dataset"),
     (["--cuts", "adaptive", "--fraction", "0.5"], "use fraction 1"),

@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=MODES, help="sl | sflv1 | sflv2 (default sflv1)")
     p.add_argument("--tiers", type=int, choices=(2, 3), help="device + 1 or 2 server tiers (default 3)")
     p.add_argument("--cuts", help="static:K1,K2 (several: static:1,3/2,5 dealt out by client) | adaptive | "
-                                  "greedy (default static:2,5)")
+                                  "greedy (default static:2,5; on 2 tiers static:2; in U-shape on 3 tiers "
+                                  "static:2,5,6)")
     p.add_argument("--dataset", help="digits | synthetic | mnist:PATH | cifar10:PATH | npz:FILE (default digits)")
     p.add_argument("--partition", help="iid | dirichlet:ALPHA (default iid)")
     p.add_argument("--seed", type=int)
@@ -101,7 +102,7 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
     hands it on rather than read and check it again."""
     from splitfed.errors import ConfigError
     from splitfed.flower import checkpoint
-    from splitfed.flower.config import RunSettings, flag, toml_table
+    from splitfed.flower.config import RunSettings, default_cuts, flag, fleet_beside, toml_table
 
     if getattr(args, "out", None) is not None and not args.out.strip():
         raise ConfigError("--out must name a folder (a run writes its metrics and checkpoint there)")
@@ -116,13 +117,19 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
         if flag(table, "resume", args.config):  # --resume takes its settings from the run
             raise ConfigError(f"{args.config}: resume is for a run config (flwr run); to continue a run here, drop "
                               "resume and give --resume FOLDER")
+        if isinstance(table.get("fleet"), str) and getattr(args, "fleet", None) is None:  # a fleet file beside it
+            table = {**table, "fleet": fleet_beside(table["fleet"], Path(args.config).parent, args.config)}
         layers.append((table, args.config))
     layers.append(({f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}, "command line"))
     if args.resume:
         layers.append(({"out": args.resume, "resume": True}, None))
     elif not any(values.get("out") for values, _ in layers):
         layers.append(({"out": _fresh_folder(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))}, None))
-    return RunSettings.layered(layers, here=True), held  # checked as a whole: a flag may make right what the file alone is not
+    settings = RunSettings.layered(layers, here=True)  # checked as a whole: a flag may make right what the file alone is not
+    cuts = default_cuts(settings.tiers, settings.u_shape)  # the default's are for 3 tiers: 2, or a U-shape, take theirs
+    if cuts != settings.cuts and not any("cuts" in values for values, _ in layers):
+        settings = settings.with_(cuts=cuts)
+    return settings, held
 
 
 def _fresh_folder(stem: Path) -> str:

@@ -178,7 +178,7 @@ def measured_device_flops(settings: RunSettings, speed: SpeedMeasure | None) -> 
 
 def _check(settings: RunSettings, name: str) -> None:
     if settings.fraction < 1:
-        raise ConfigError(f"--cuts {name} plans for every client in every round: use fraction 1")
+        raise ConfigError(f"cuts {name} plans for every client in every round: use fraction 1")  # --cuts, or a config's
 
 
 class GreedyPolicy:

@@ -97,6 +97,12 @@ class RunSettings:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.tiers < 2:
             raise ConfigError(f"tiers must be >= 2 (device + at least one server tier), got {self.tiers}")
+        if self.tiers > 3 and (self.sim_clock or self.cuts.strip().partition(":")[0] != "static"):
+            # a fleet has an edge and a cloud: before the cuts are counted, which said "4 tiers need 3 cut(s)" as
+            # if 4 could run (static cuts, timed as measured, run on any number: a deployment's own tiers)
+            who = "the simulated clock (sim-clock)" if self.sim_clock else f"cuts {self.cuts.strip()}"
+            raise ConfigError(f"tiers must be 2 or 3, got {self.tiers}: {who} prices a fleet's server tiers, an "
+                              "edge and a cloud")
         if self.run_name and not RUN_NAME.fullmatch(self.run_name):
             raise ConfigError(f"run-name must be 1..200 letters, digits, '.', '_' or '-' (starting with a letter or "
                               f"digit), got {self.run_name!r}")
@@ -116,10 +122,14 @@ class RunSettings:
         if self.min_clients > self.clients:
             raise ConfigError(f"min-clients ({self.min_clients}) is more than clients ({self.clients}): "
                               "no round could finish")
+        from splitfed.transport.client import MAX_DEADLINE_S, deadline_bound
+
         for name in ("round_timeout_s", "call_timeout_s", "node_wait_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ConfigError(f"{_key(name)} must be a positive number of seconds, got {v}")
+            if name != "node_wait_s" and v > MAX_DEADLINE_S:  # the tiers' calls take these as their deadline
+                raise ConfigError(deadline_bound(_key(name), v))
         if self.resume and not self.out:
             raise ConfigError("resume needs the run folder (out) holding the checkpoint, in the same settings; "
                               "to continue a run from the command line, drop resume and give --resume FOLDER")
@@ -296,6 +306,37 @@ def toml_table(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{p}: {', '.join(repr(k) for k in lost)} above [simulate] would be ignored: "
                               "put run settings under [simulate]")
     return table
+
+
+# The cuts of a run that names none, by (tiers, U-shape) where RunSettings' own (static:2,5, 3 tiers) does not
+# fit: its first cut on 2 tiers, and in U-shape on 3 the device's tail at the last block of the default model
+# (cnn: 7 blocks). Before, ``--tiers 2`` alone was refused for cuts the user never gave.
+DEFAULT_CUTS: dict[tuple[int, bool], str] = {(2, False): "static:2", (3, True): "static:2,5,6"}
+
+
+def default_cuts(tiers: int, u_shape: bool) -> str:
+    """The cuts a run on ``tiers`` tiers (in U-shape or not) takes when none are given."""
+    return DEFAULT_CUTS.get((tiers, u_shape), RunSettings.cuts)
+
+
+def fleet_beside(fleet: str, folder: str | Path, source: str) -> str:
+    """A config file's relative ``fleet`` path: from the current folder if a file (or anything: load_fleet says
+    what) is there, else from ``folder`` (the config's own; the experiments': ``simulations/configs``), else a
+    shipped fleet's name. None of them is refused naming both folders and ``source`` (the config file): a
+    shipped config's ``fleets/drift.toml`` was looked for only in the folder a command ran from."""
+    from splitfed.fleets import shipped_fleets
+
+    path = Path(fleet)
+    if path.is_absolute() or path.exists():
+        return fleet
+    if (Path(folder) / path).is_file():
+        return str(Path(folder) / path)
+    if fleet in shipped_fleets():
+        return fleet
+    here, there = Path.cwd(), Path(folder).resolve()
+    where = f"from the current folder ({here})" + (f" or from {there}" if there != here else "")
+    raise ConfigError(f"{source}: fleet {fleet!r}: no such file {where}, and no shipped fleet of that name "
+                      f"(shipped: {', '.join(shipped_fleets())})")
 
 
 def flag(values: Mapping[str, Any], key: str, source: str) -> bool:

@@ -138,7 +138,7 @@ def _builtin(name: str) -> PolicyFactory:
         from splitfed.flower import adaptive
 
         if arg:
-            raise ConfigError(f"--cuts {name} takes no argument, got {name}:{arg}")
+            raise ConfigError(f"cuts {name} takes no argument, got {name}:{arg}")  # --cuts, or a config's cuts
         return adaptive.AdaptivePolicy(settings) if name == "adaptive" else adaptive.GreedyPolicy(settings)
 
     return factory
