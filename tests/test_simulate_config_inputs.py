@@ -192,3 +192,16 @@ def test_a_planning_policy_with_a_fraction_below_1_is_refused_naming_cuts_not_th
 
     with pytest.raises(ConfigError, match=f"^cuts {name} plans for every client in every round: use fraction 1$"):
         _check(RunSettings(cuts=name, fraction=0.5, min_clients=1), name)
+
+
+@pytest.mark.parametrize("argv", [["ping", "127.0.0.1:1", "--timeout", "1e10"],
+                                  ["tier", "--insecure", "--listen", "127.0.0.1:0", "--deadline", "1e10"]],
+                         ids=["ping --timeout", "tier --deadline"])
+def test_a_flag_that_becomes_a_grpc_deadline_is_refused_beyond_the_most_naming_the_flag(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, the client's own refusal named its ``deadline_s`` argument, not the flag the user gave."""
+    flag = argv[-2]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"splitfed {argv[0]}: error: {flag} must be at most 1,000,000,000 s (about 32 years, as good as no limit; a "
+        "gRPC deadline beyond it overflows), got 1e+10")

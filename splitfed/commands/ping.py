@@ -76,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     for flag, v in (("--timeout", args.timeout), ("--round-timeout-s", args.round_timeout_s)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise ConfigError(f"{flag} must be a positive, finite number of seconds, got {v}")
+    from splitfed.transport.client import MAX_DEADLINE_S, deadline_bound
+
+    if args.timeout > MAX_DEADLINE_S:  # each call's deadline
+        raise ConfigError(deadline_bound("--timeout", args.timeout))
     if args.compress is not None:
         from splitfed.cost.model import link_codecs
 

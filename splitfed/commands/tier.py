@@ -118,6 +118,10 @@ def _run(args: argparse.Namespace, stop: threading.Event, caught: list[int]) -> 
         raise ConfigError(f"--compress: {e}") from None
     if not (math.isfinite(args.deadline) and args.deadline > 0):
         raise ConfigError(f"--deadline must be a positive, finite number of seconds, got {args.deadline}")
+    from splitfed.transport.client import MAX_DEADLINE_S, deadline_bound
+
+    if args.deadline > MAX_DEADLINE_S:  # its next hop's calls take it: refused here, not by each call
+        raise ConfigError(deadline_bound("--deadline", args.deadline))
     tls = None
     if args.tls_cert or args.tls_key or args.tls_ca:
         if args.insecure:
