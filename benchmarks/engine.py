@@ -171,9 +171,10 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
                        "gpu_tiers_vs_cpu_tiers": split / med["tiers_on_gpu"]})
         print(f"split step with the tiers on {compute.describe(tier_dev)} vs on the CPU: "
               f"{result['gpu_tiers_vs_cpu_tiers']:.2f}x steps/s")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    print(f"split/monolithic steps/s ratio: {result['ratio']:.3f} (target >= 0.97)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # after the results are shown: a failed write keeps them
     write_json(args.out, result)
-    print(f"split/monolithic steps/s ratio: {result['ratio']:.3f} (target >= 0.97) -> {args.out}")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -346,7 +346,6 @@ def measure(args: argparse.Namespace) -> int:
     result["b_step_rpc_vs_echo"] = b
     result["b_chunk_sweep"] = sweep
     result["c_bytes_per_codec"] = c
-    write_json(args.out, result, indent=1)
     if "a_training" in result:
         a = result["a_training"]
         print(f"(a) vgg11 b{a['batch']} cut 4: {a['steps_per_s']['grpc']:.3f} steps/s over gRPC, "
@@ -366,6 +365,7 @@ def measure(args: argparse.Namespace) -> int:
         print(f"(c) {row['codec']:<9} up {row['payload_up']:>8} B  down {row['payload_down']:>8} B  "
               f"wire {row['messages_up'] + row['messages_down']:>8} B  x{row['ratio_to_none']:.3f}  "
               f"max error {row['max_abs_error']:.3g}")
+    write_json(args.out, result, indent=1)  # after the results are shown: a failed write keeps them
     print(f"wrote {args.out}")
     return 0
 

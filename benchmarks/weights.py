@@ -152,8 +152,6 @@ def measure(args: argparse.Namespace) -> int:
         "host": platform.node(), "python": platform.python_version(), "torch_version": torch.__version__,
         "args": vars(args),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, result)
     mb = {k: [[b / 1e6 for b in t] for t in v] for k, v in moved.items()}
     print(f"\n{spec.name}, {args.clients} clients, edge -> cloud over gRPC loopback (median of {args.reps})")
     print(f"{'':<12}{'load s':>9}{'collect s':>11}{'MB to/from edge':>20}{'MB to/from cloud':>20}")
@@ -162,7 +160,10 @@ def measure(args: argparse.Namespace) -> int:
         print(f"{k:<12}{med[k]['load_s']:>9.2f}{med[k]['collect_s']:>11.2f}{e_to:>11.1f}/{e_back:<8.1f}"
               f"{c_to:>11.1f}/{c_back:<8.1f}")
     print(f"exchange {result['speedup']:.2f}x faster, {result['bytes_ratio']:.1f}x fewer bytes; new models differ by "
-          f"{result['max_abs_diff_of_new_models']:.2e} at most -> {args.out}")
+          f"{result['max_abs_diff_of_new_models']:.2e} at most")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # after the results are shown: a failed write keeps them
+    write_json(args.out, result)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -47,6 +47,9 @@ RESULTS = "results.json"
 RUNS = "runs"  # each training run's own run folder, under the output folder
 MARK = ".experiment"  # in RUNS: the name of the experiment whose runs these are (before its results.json)
 OUTPUTS = (RESULTS, "results.csv", "summary.md", RUNS)  # what an experiment writes (and figures, *.png)
+# figures are an experiment's beside these: results.csv too, which the cost-model sweep writes before its figures
+# and results.json (stopped while drawing, it left results.csv and figures alone)
+OWNS_FIGURES = frozenset({RESULTS, "results.csv", RUNS})
 
 
 # ---------------------------------------------------------------- config files
@@ -390,9 +393,10 @@ def run_record(run: Any, target: float | None = None) -> dict[str, Any]:
 
 
 def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping[str, Any]],
-         argv: Sequence[str] | None = None, doc: str | None = None) -> int:
+         argv: Sequence[str] | None = None, doc: str | None = None, runs: bool = True) -> int:
     """``python -m simulations.NAME [--config FILE] [--out DIR]``: run, write, print the folder (each line
-    as it is printed, to a pipe or file as well)."""
+    as it is printed, to a pipe or file as well). ``runs``: whether the experiment trains runs (into
+    ``out/runs``), which ``--resume`` continues; one that trains none (the cost-model sweep) refuses it."""
     line_buffered()
     parser = argparse.ArgumentParser(prog=f"python -m simulations.{name}", description=doc)
     parser.add_argument("--config", default=str(CONFIGS / f"{name}.toml"),
@@ -403,8 +407,11 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
     parser.add_argument("--resume", action="store_true",
                         help="continue the experiment the --out folder holds, stopped part way: its finished runs "
                              "are kept, a stopped one continues from its checkpoint (Flower backend; the in-process "
-                             "one starts it again), the rest train")
+                             "one starts it again), the rest train" if runs else argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.resume and not runs:  # it keeps no runs: output_folder would only refuse the folder it left
+        parser.error(f"--resume: {name} trains no runs to continue (it prices the cost model): run it again, "
+                     "with --overwrite to replace what it wrote")
     if args.out is not None and not args.out.strip():
         parser.error("--out is empty: name a folder, or leave --out out for the default")
     if args.resume and args.overwrite:
@@ -436,10 +443,28 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
 
 def _kept(out: Path) -> str:
     """What a stopped experiment left in ``out``: runs that ``--resume`` continues, or (the cost-model sweep, or
-    one stopped before its first run) none, where pointing at ``--resume`` would only be refused."""
+    one stopped before its first run) none, where pointing at ``--resume`` would only be refused; what it wrote
+    before its results.json (the sweep's results.csv and figures) is replaced with ``--overwrite`` only."""
     if (out / RUNS).is_dir():
         return f"the runs that ended are in {out / RUNS}, without {RESULTS}; to continue: the same command with --resume"
-    return f"it keeps no runs to continue from ({RESULTS} comes at the end); to start again: the same command"
+    again = "the same command with --overwrite" if _held(out) else "the same command"
+    return f"it keeps no runs to continue from ({RESULTS} comes at the end); to start again: {again}"
+
+
+def _held(out: Path) -> list[str]:
+    """What ``out`` holds, by name: not its lock, nor drafts (:func:`~splitfed.jsonio.is_draft`), which are no one's results."""
+    from splitfed.flower import runfolder
+
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name != runfolder.LOCK and not jsonio.is_draft(p.name))
+
+
+def _drop_drafts(out: Path) -> None:
+    """Remove the drafts a killed experiment left in ``out`` (its lock is held now: none is being written)."""
+    for p in out.iterdir():
+        if jsonio.is_draft(p.name) and p.is_file():
+            p.unlink(missing_ok=True)
 
 
 def _experiment_of(results: Path) -> str:
@@ -480,8 +505,9 @@ def output_folder(out: Path, overwrite: bool, resume: bool = False, name: str = 
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    held = sorted(p.name for p in out.iterdir() if p.name != runfolder.LOCK) if out.is_dir() else []
-    ours = bool({RESULTS, RUNS} & set(held))  # figures are an experiment's only beside its results or runs
+    runfolder.check_free(out)  # first: a folder being written holds runs, figures and drafts that say nothing
+    held = _held(out)
+    ours = bool(OWNS_FIGURES & set(held))  # figures are an experiment's only beside its results or runs
     foreign = [n for n in held if n not in OUTPUTS and not (ours and n.endswith(".png"))
                and not n.startswith(_ASIDE)]
     if foreign:
@@ -496,13 +522,16 @@ def output_folder(out: Path, overwrite: bool, resume: bool = False, name: str = 
             raise ConfigError(f"--resume: --out {out} holds the results of experiment {other!r}, not {name!r}: "
                               "continue it with its own script, or choose another --out")
         with runfolder.claim(out, resume=False, overwrite=False):  # results.json is written again at the end
+            _drop_drafts(out)
             yield out
         return
     if held and not overwrite:
+        resumable = "continue them with --resume, " if RUNS in held else ""  # no runs: --resume is refused
         raise ConfigError(f"--out {out} already holds an experiment's results ({', '.join(held[:3])}"
-                          f"{', ...' if len(held) > 3 else ''}): continue them with --resume, replace them with "
-                          "--overwrite, or choose another --out")
+                          f"{', ...' if len(held) > 3 else ''}): {resumable}replace them with --overwrite, or "
+                          "choose another --out")
     with runfolder.claim(out, resume=False, overwrite=False):  # one experiment at a time in a folder
+        _drop_drafts(out)
         # the results replaced wait aside until the experiment has written anything: one that refuses its
         # config first (a typo in its last policy) leaves them as they were
         aside = out / f"{_ASIDE}{os.getpid()}"

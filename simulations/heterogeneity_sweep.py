@@ -235,7 +235,7 @@ def _speedups(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
 
 def cli(argv: list[str] | None = None) -> int:
     """``python -m simulations.heterogeneity_sweep [--config FILE] [--out DIR]``."""
-    return main("heterogeneity_sweep", Config, run, argv, doc=__doc__)
+    return main("heterogeneity_sweep", Config, run, argv, doc=__doc__, runs=False)  # no runs: no --resume
 
 
 if __name__ == "__main__":

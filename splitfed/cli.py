@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 def script(prog: str, body: Callable[[], int | None]) -> int:
     """A script's ``main`` (the benchmarks) under the command's rules: a :class:`SplitfedError` is one line
     and its exit code, Ctrl-C one line and 130, a reader of its output gone (``| head``) the quiet 141 of a
-    command, rather than a traceback; its lines reach a pipe as they are printed (:func:`line_buffered`)."""
+    command, a file that cannot be written (its result's: a full disk) one line and 1, rather than a traceback; its lines reach a pipe as they are printed (:func:`line_buffered`)."""
     line_buffered()
     try:
         code = int(body() or 0)
@@ -145,6 +145,16 @@ def script(prog: str, body: Callable[[], int | None]) -> int:
             raise
         _stdout_to_devnull()
         return STDOUT_CLOSED
+    except OSError as e:
+        if e.filename is None:  # not a file's (a socket's, say): a failure to show
+            raise
+        from splitfed.jsonio import drafted_for
+
+        # a file's: its result file, written once the measuring is done (--out's folder gone, a full disk), is
+        # one line naming the file asked for, not the draft written first
+        folder, name = os.path.split(os.fsdecode(e.filename))
+        print(f"{prog}: error: {os.path.join(folder, drafted_for(name))}: {e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -66,6 +66,16 @@ def drafted_for(name: str) -> str:
     return name
 
 
+def is_draft(name: str) -> bool:
+    """Whether ``name`` is a draft's (:func:`draft_of`) of any process: one being written, or one a killed
+    writer left, which is no one's file."""
+    stem, _, tail = name.rpartition(".")
+    head, dot, ids = stem.rpartition(".")
+    pid, dash, thread = ids.partition("-")
+    return (tail == "tmp" and bool(dot) and head.startswith(".") and len(head) > 1 and bool(dash)
+            and pid.isdigit() and thread.isdigit())
+
+
 def write_draft(path: str | Path, text: str | bytes) -> Path:
     """``text`` (or bytes) written and fsynced to ``path``'s draft (:func:`draft_of`), not yet in its place."""
     tmp = draft_of(path)

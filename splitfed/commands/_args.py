@@ -106,8 +106,8 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
 
 def json_out(name: str) -> Callable[[str], str]:
     """The type of a benchmark's ``--out``: the JSON file to write (``name``: the example its refusal gives),
-    refused when the flags are read if it cannot be written (a folder, or a path under a file), not with a
-    traceback once the measuring is done."""
+    refused when the flags are read if it cannot be written (a folder, a path under a file, a folder that takes no
+    file), not with a traceback once the measuring is done."""
     from pathlib import Path
 
     def out_file(text: str) -> str:
@@ -117,6 +117,14 @@ def json_out(name: str) -> Callable[[str], str]:
         folder = next((a for a in p.parents if a.exists()), None)
         if folder is not None and not folder.is_dir():
             raise argparse.ArgumentTypeError(f"{folder} is not a folder, so {text} cannot be written")
+        if folder is not None:  # by writing there: permissions alone miss a read-only mount, or /proc
+            import tempfile
+
+            try:
+                tempfile.TemporaryFile(dir=folder).close()
+            except OSError as e:
+                raise argparse.ArgumentTypeError(f"{folder} takes no new file ({e.strerror or e}), so {text} "
+                                                 "cannot be written") from None
         return text
 
     return out_file

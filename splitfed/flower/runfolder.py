@@ -484,6 +484,20 @@ def _refuse_held(folder: Path, resume: bool, overwrite: bool) -> None:
                           "--overwrite (run config: overwrite = true), or choose another out")
 
 
+def check_free(folder: str | Path) -> None:
+    """Refuse ``folder`` (ConfigError, naming the holder) while a run or experiment holds its lock; a probe
+    that takes nothing: the lock is let go at once."""
+    lock = Path(folder) / LOCK
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # no lock file (or none readable): no holder to name
+        return
+    try:
+        _lock(fd, Path(folder))
+    finally:
+        os.close(fd)  # closing drops the probe's lock
+
+
 def _lock(fd: int, folder: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
