@@ -156,8 +156,8 @@ def fleets(draw: st.DrawFn) -> tuple[list[Section], dict]:
         where = f"[[device]] #{i} ({name!r})"
         sec = Section("[[device]]", keys, where)
         drifts = []
-        for j in range(draw(st.integers(0, 2))):
-            r = draw(st.integers(1, 20))
+        # rounds apart: two drifts changing one field in one round are refused (which one was meant is a guess)
+        for j, r in enumerate(draw(st.lists(st.integers(1, 20), max_size=2, unique=True))):
             change = ("up_mbps", draw(_num("up_mbps"))) if draw(st.booleans()) else ("rtt_scale", draw(st.floats(0, 1)))
             sec.drift.append(Section("[[device.drift]]", {"round": value(r), change[0]: value(change[1])},
                                      f"{where} drift #{j + 1}"))
