@@ -57,7 +57,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gap", type=float, default=DEFAULT_GAP, help="relative optimality gap the MILP must prove")
     p.add_argument("--time-limit", type=float, default=60.0,
                    help="seconds for the whole exact solve, all its MILPs together (> 0); when they run out, the "
-                        "best assignment found so far is printed, marked not proven optimal")
+                        "best assignment found so far is printed, marked not proven optimal (with "
+                        "--best-static: the exact pricing of its best-ranked vectors)")
     p.add_argument("--json", action="store_true",
                    help=f"print one JSON object: {', '.join(JSON_KEYS)}; clients is a list, one per client: "
                         f"{', '.join(CLIENT_KEYS)}; on an error, nothing on stdout (a priced policy that does not "
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         with _flag("--static"):  # a vector the model, the chain or a device cannot take
             sol = assign.static(sc, args.static)
     elif args.best_static:
-        sol = assign.best_static(sc)
+        sol = assign.best_static(sc, time_limit=args.time_limit)
     elif args.greedy:
         sol = assign.greedy(sc)
     elif args.all_on_server:

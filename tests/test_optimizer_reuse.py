@@ -1,0 +1,58 @@
+"""Work the optimizer does once: under ``prefer`` the move-priced classes are built once for both tie searches, and
+``--best-static``'s exact pricing of its best-ranked vectors stops at the time limit (on ~100,000 clients its eight
+passes over the fleet took ~21 s whatever ``--time-limit`` said)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from splitfed.cli import main
+from splitfed.cost import Scenario
+from splitfed.optimizer import assign, best_static, solve, static
+from tests.test_optimizer_move_ties import reference  # noqa: F401  (a fixture)
+
+
+def test_both_tie_searches_under_prefer_price_the_moves_once(reference: Scenario,  # noqa: F811
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-solve with half the fleet's cuts known runs both searches (least move, then least time among those):
+    the classes priced with move costs are built once, and the answer is the one each search builds its own for."""
+    sc = reference
+    known = {c.name: solve(sc).assignment[c.name] for c in sc.clients[::2]}
+    plain = solve(sc)
+    chosen, _ = assign._closest(sc, plain.cost, known, 1e-9, assign.DEFAULT_GAP, None)
+    separate, _ = assign._least_time_moving(sc, chosen, known, plain.makespan_s * (1 + 1e-9), None)
+    built = []
+    classes = assign._classes
+
+    def counted(sc: Scenario, prefer: dict | None = None) -> list:
+        built.append(prefer is not None)
+        return classes(sc, prefer=prefer)
+
+    monkeypatch.setattr(assign, "_classes", counted)
+    got = solve(sc, prefer=known)
+    assert built.count(True) == 1, built
+    assert "least client time among those" in got.note, got.note  # the second search did run, on the same classes
+    assert got.assignment == separate.assignment()
+
+
+def test_best_static_stops_pricing_when_its_time_runs_out(reference: Scenario) -> None:  # noqa: F811
+    sc = reference
+    full = best_static(sc)
+    assert full.note == ""
+    cut = best_static(sc, time_limit=0.0)
+    assert cut.note == "the time limit ran out after pricing 1 of the 8 best-ranked vectors", cut.note
+    vector = cut.assignment[sc.clients[0].name]
+    assert set(map(tuple, cut.assignment.values())) == {tuple(vector)}  # one vector for all, priced exactly
+    assert cut.makespan_s == static(sc, vector).makespan_s >= full.makespan_s
+    assert best_static(sc, time_limit=3600.0).assignment == full.assignment
+
+
+def test_optimize_best_static_takes_the_time_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["optimize", "--model", "cnn", "--fleet", "reference", "--best-static", "--time-limit", "1e-9",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"].startswith("best static ") and out["note"].startswith("the time limit ran out after pricing 1 ")
+    assert main(["optimize", "--model", "cnn", "--fleet", "reference", "--best-static"]) == 0
+    assert "time limit" not in capsys.readouterr().out
