@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.flower.transport import connect
     from splitfed.models.zoo import resolve_spec
     from splitfed.transport.address import parse_address, unresolvable
-    from splitfed.transport.describe import TierInfo, check_chain, next_error_said
+    from splitfed.transport.describe import TierInfo, check_chain
     from splitfed.transport.probe import measure_link
     from splitfed.transport.security import TlsConfig
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             client.close()
         infos.append(info)
         rows.append({"address": addr, "rtt_ms": link.rtt_ms, "up_mbps": link.up_mbps, "down_mbps": link.down_mbps,
-                     **info.to_dict(), "next_error": next_error_said(info)})
+                     **info.to_dict()})
     problems = ""
     if len(infos) == len(args.addresses):
         try:

@@ -160,6 +160,9 @@ def _run(args: argparse.Namespace, stop: threading.Event, caught: list[int]) -> 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {args.name or role} %(levelname)s %(message)s")
     logging.getLogger("splitfed").setLevel(logging.INFO)  # the tier's status lines; libraries stay at WARNING
+    if tls is not None:  # wrong for some peers only: said at start, not refused
+        for doubt in tls.doubts(("--tls-cert", "--tls-key", "--tls-ca"), forwards=args.next_address is not None):
+            logging.getLogger(__name__).warning("%s", doubt)
     limits = wire.Limits(max_tensor_bytes=args.max_tensor_mb << 20,
                          max_call_bytes=max(1 << 30, 2 * (args.max_tensor_mb << 20)))
     server = serve_tier(args.name or role, args.listen, args.next_address, tls=tls, token=token,

@@ -67,12 +67,30 @@ _NO_CONNECTION = ("failed to connect to remote host", "connection refused", "net
 # limit) and the tier's own (marked sent-by-tier) would come back the same if retried.
 _OVERLOADED = "concurrent rpc limit exceeded"
 
-# the hints of a refusal that ping's or a run's connection fixes with its flags or run-config keys; a tier's own
-# connection to its --next takes them otherwise (splitfed tier has no --tls-ca without --tls-cert, and presents
-# its own --token-file): describe.next_error_said rewords them where a tier reports them as its next_error
+# the hints of a refusal that ping's or a run's connection fixes with its flags or run-config keys
 PLAINTEXT_CLOSED_HINT = ("a tier that serves TLS closes a plaintext connection this way: connect with the CA that "
                          "signed its certificate, e.g. --tls-ca / tls-ca")
 NO_TOKEN_HINT = "this connection sent no token: give --token-file / token-file, a file holding the tier's token"
+
+
+# a token the tier refused: which file to fix, for ping's or a run's connection
+WRONG_TOKEN_HINT = ("the tier holds another token than this connection's: check --token-file / token-file, and for a "
+                    "run's coordinator coordinator-token-file, which the tier must hold too: splitfed tier "
+                    "--coordinator-token-file")
+
+
+def onward_hints(tier: str) -> tuple[str, str, str]:
+    """The same three hints (plaintext closed, no token, another token) for the connection tier ``tier`` opens to
+    its ``--next``: it
+    is fixed with that tier's own flags (``splitfed tier`` takes no ``--tls-ca`` without ``--tls-cert``, and
+    presents its own ``--token-file``), and its error reaches ping (as the tier's ``next_error``) and a run (as the
+    relayed error of a step) alike."""
+    return (f"its next tier serves TLS, and closes a plaintext connection this way: start tier {tier} with "
+            "--tls-cert, --tls-key and, as --tls-ca, the CA that signed its next tier's certificate; or serve its "
+            "next tier --insecure too, on a trusted loopback only",
+            f"tier {tier} sent no token: start it with --token-file, a file holding its next tier's token",
+            f"its next tier holds another token than tier {tier}'s --token-file: a tier presents its own token to "
+            "its --next, so the two must hold the same one")
 
 # what gRPC says when the server at the address speaks HTTP but not gRPC: an HTTP/1 server (a web server, or
 # Flower 1.42's SuperLink port, whose Fleet and Control APIs are HTTP) or an HTTP/2 one that answers with an HTTP
@@ -141,12 +159,14 @@ class GrpcTierClient:
     ``InProcessLink`` does. A step whose request and reply each fit one message
     goes as a unary ``Step`` call (one message each way, the cheapest gRPC
     call); anything larger, and the U-shape halves, as ``StepStream``.
+    ``onward_of`` names the tier whose ``--next`` this client is: a refused connection's hints then name that
+    tier's flags (:func:`onward_hints`), not ping's or a run's (None: a device's, ping's or a run's client).
     Thread-safe: many devices or a tier's many clients may share one client.
     """
 
     def __init__(self, address: str, *, tls: TlsConfig | None = None, token: str | None = None,
                  insecure: bool = False, deadline_s: float = 60.0, compress: str = "none", retries: int = 5,
-                 backoff_s: float = 0.1, limits: wire.Limits | None = None,
+                 backoff_s: float = 0.1, limits: wire.Limits | None = None, onward_of: str | None = None,
                  interceptors: Sequence[grpc.UnaryUnaryClientInterceptor | grpc.StreamStreamClientInterceptor
                                         | grpc.StreamUnaryClientInterceptor | grpc.UnaryStreamClientInterceptor]
                  = ()) -> None:
@@ -171,6 +191,9 @@ class GrpcTierClient:
         channel = _channel(address, tls, self.limits)
         self._raw_channel = channel
         self._tls = tls
+        self._plaintext_hint, self._no_token_hint, self._wrong_token_hint = (
+            onward_hints(onward_of) if onward_of is not None
+            else (PLAINTEXT_CLOSED_HINT, NO_TOKEN_HINT, WRONG_TOKEN_HINT))
         self._health_failed: tuple[grpc.StatusCode, str, float] | None = None
         if interceptors:
             channel = grpc.intercept_channel(channel, *interceptors)
@@ -274,15 +297,12 @@ class GrpcTierClient:
                 if refusal:
                     return TlsRefused(f"{where}: TLS refused: {refusal}{at}")
             elif "socket closed" in details.lower():
-                hint = f" ({PLAINTEXT_CLOSED_HINT})"
+                hint = f" ({self._plaintext_hint})"
             return error_of(code, f"{where}: unavailable after {tries + 1} attempt(s): {details}{hint}{at}")
         if code == grpc.StatusCode.UNAUTHENTICATED and not self._metadata:  # none sent: no other token to check
-            return error_of(code, f"{where}: {details} ({NO_TOKEN_HINT}){at}")
+            return error_of(code, f"{where}: {details} ({self._no_token_hint}){at}")
         if code == grpc.StatusCode.UNAUTHENTICATED:  # an operator rotating tokens needs to know which file to fix
-            return error_of(code, f"{where}: {details} (the tier holds another token than this connection's: "
-                                  "check --token-file / token-file, and for a run's coordinator "
-                                  "coordinator-token-file, which the tier must hold too: splitfed tier "
-                                  f"--coordinator-token-file){at}")
+            return error_of(code, f"{where}: {details} ({self._wrong_token_hint}){at}")
         if code == grpc.StatusCode.NOT_FOUND and tries:
             return NotFound(f"{where}: {details} (the tier was unreachable before: it may have restarted and "
                             f"lost this client's segment; load it again){at}")

@@ -111,22 +111,6 @@ def this_version() -> str:
     return f"splitfed {splitfed.__version__} (protocol {PROTOCOL})"
 
 
-def next_error_said(info: TierInfo) -> str:
-    """``info.next_error`` with the fix its tier's operator needs: the tier's client words a plaintext connection
-    that a TLS tier closed, and a call without a token, for ping or a run (``--tls-ca``, ``--token-file``), but a
-    tier connects to its ``--next`` with its own TLS and presents its own token (``splitfed tier`` takes no
-    ``--tls-ca`` without ``--tls-cert``)."""
-    from splitfed.transport.client import NO_TOKEN_HINT, PLAINTEXT_CLOSED_HINT
-
-    said = info.next_error.replace(
-        f"({PLAINTEXT_CLOSED_HINT})",
-        f"(its next tier serves TLS, and closes a plaintext connection this way: start tier {info.name} with "
-        "--tls-cert, --tls-key and, as --tls-ca, the CA that signed its next tier's certificate; or serve its next "
-        "tier --insecure too, on a trusted loopback only)")
-    return said.replace(f"({NO_TOKEN_HINT})", f"(tier {info.name} sent no token: start it with --token-file, a file "
-                                               "holding its next tier's token)")
-
-
 def _loops(info: TierInfo, infos: Sequence[TierInfo]) -> bool:
     """Whether forwarding from ``info`` through the tiers of ``infos`` comes back to it (a tier wired to itself, or
     a cycle): only such a chain is a loop, not one whose tiers are listed out of order."""
@@ -214,7 +198,7 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
             problems.append(f"{at} releases segments idle for {info.idle_release_s:g} s, less than this run's "
                             f"round-timeout-s {round_timeout_s:g}: a slow round could lose its segments; start the "
                             f"tier with a larger --idle-release-s or lower round-timeout-s")
-        unreached = f"{at} cannot reach its next tier {info.next_address}: {next_error_said(info)}"
+        unreached = f"{at} cannot reach its next tier {info.next_address}: {info.next_error}"
         if i + 1 < len(infos):
             nxt_addr, nxt = addresses[i + 1], infos[i + 1]
             if not info.next_address:

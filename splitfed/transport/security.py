@@ -116,6 +116,32 @@ def refused_role(cert: Any, role: str) -> str | None:
     return f"its extended key usage allows {', '.join(names)} only, not {_AUTH[role]}"
 
 
+def _issued_by(cert: Any, issuer: Any) -> bool:
+    """Whether ``issuer`` signed ``cert`` (its name and signature; dates and uses are :meth:`TlsConfig.check`'s)."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):  # another issuer's name, a signature or key it cannot check
+        return False
+    return True
+
+
+def signed_by(chain: Sequence[Any], anchors: Sequence[Any]) -> bool:
+    """Whether the leaf of ``chain`` (a certificate file's, leaf first) leads to one of ``anchors`` (a CA file's),
+    through the chain's other certificates as a peer that trusts those anchors follows them; a leaf that is
+    itself an anchor does too."""
+    cert, rest = chain[0], list(chain[1:])
+    while True:
+        if any(cert == a or _issued_by(cert, a) for a in anchors):
+            return True
+        up = next((c for c in rest if _issued_by(cert, c)), None)
+        if up is None:
+            return False
+        rest.remove(up)
+        cert = up
+
+
 def certificate_names(cert_pem: bytes) -> list[str]:
     """The subjectAltName entries of the first certificate in ``cert_pem`` (the leaf), as ``DNS:name`` and
     ``IP:address``: what a client verifying it by name or address checks (never the subject's CN)."""
@@ -174,6 +200,27 @@ class TlsConfig:
             if leaf is not None and _spki(private.public_key()) != _spki(leaf.public_key()):
                 raise ConfigError(f"{names[1]} {self.key} is not the key of {names[0]} {self.cert}")
         return cert, key, ca
+
+    def doubts(self, names: tuple[str, str, str] = ("TLS certificate", "TLS key", "CA certificate"),
+               forwards: bool = False) -> list[str]:
+        """What a tier serving this config is warned of at start but not refused for, since it is wrong for some
+        peers only (:meth:`check` refuses what every peer would refuse), one line each: a certificate the CA
+        file did not sign (a tier may verify its clients by one CA and be signed by another, but a caller
+        that trusts only that one refuses it), and with ``forwards`` (it is presented to a next tier too) one
+        that cannot authenticate a TLS client (a next tier that asks for mutual TLS refuses it). Files
+        :meth:`check` refuses give none."""
+        chain, anchors = _file_certificates(self.cert), _file_certificates(self.ca)
+        said = []
+        if chain and anchors and not signed_by(chain, anchors):
+            said.append(f"{names[0]} {self.cert} is not signed by the CA in {names[2]} {self.ca}: a caller that "
+                        "trusts only that CA refuses this tier (\"this side does not trust the tier's certificate\"); "
+                        f"give such callers the CA that signed {self.cert}, or give this tier a certificate that "
+                        "CA signed")
+        if chain and forwards and (why := refused_role(chain[0], "client")) is not None:
+            said.append(f"{names[0]} {self.cert} cannot authenticate a TLS client ({why}): a next tier that asks "
+                        "for mutual TLS (one started with --tls-ca) refuses this tier's calls to it; if yours does, "
+                        "give a certificate whose extendedKeyUsage includes clientAuth")
+        return said
 
     def server_credentials(self) -> grpc.ServerCredentials:
         if self.cert is None:

@@ -633,7 +633,7 @@ def serve_tier(name: str = "edge", listen: str = "127.0.0.1:0", next_address: st
     client = None
     if next_address is not None:
         client = GrpcTierClient(next_address, tls=tls, token=next_token if next_token is not None else token,
-                                deadline_s=next_deadline_s, compress=next_compress, limits=limits)
+                                deadline_s=next_deadline_s, compress=next_compress, limits=limits, onward_of=name)
         next_link = client
     server: grpc.Server | None = None
     try:  # whatever refuses to start, the next tier's channel (and a bound port) is let go of, not left to the GC
