@@ -84,11 +84,14 @@ def _flag(flag: str) -> Iterator[None]:
 
 
 def render(sc: Scenario, sol: Solution, header: str) -> str:
+    from splitfed.report.table import ljust, width
+
     cost = sol.cost
-    w = max(6, *(len(c.name) for c in cost.clients))
+    w = max(6, *(width(c.name) for c in cost.clients))  # terminal columns: a wide name moves no column
     rows = [header, f"{'client':<{w}}  {'cuts':<10} {'time_s':>10} {'device memory':>15}"]
     for c in cost.clients:
-        rows.append(f"{c.name:<{w}}  {','.join(map(str, c.cuts)):<10} {c.round_s:10.3f} {mib_text(c.memory[0]):>15}")
+        rows.append(f"{ljust(c.name, w)}  {','.join(map(str, c.cuts)):<10} {c.round_s:10.3f} "
+                    f"{mib_text(c.memory[0]):>15}")
     shared = ", ".join(f"{k} {v:.3f} s" for k, v in cost.shared_s.items())
     rows.append(f"makespan {cost.makespan_s:.3f} s (bottleneck: {cost.bottleneck}); shared busy: {shared}")
     rows.append(f"{sol.method}: solved in {sol.solve_s:.3f} s" + (f"; {sol.note}" if sol.note else "")

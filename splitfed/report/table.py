@@ -11,6 +11,7 @@ a distribution that moves.
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,16 +29,34 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def width(text: str) -> int:
+    """The columns ``text`` takes on a terminal: a wide character (CJK, most emoji) two, a combining mark or a
+    zero-width one none; ``len`` counted a device named 東京-pi as 5 columns of its 7 and moved every column after."""
+    return sum(0 if unicodedata.combining(c) or unicodedata.category(c) in ("Mn", "Me", "Cf")
+               else 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1 for c in text)
+
+
+def ljust(text: str, columns: int) -> str:
+    """``text`` padded on the right to ``columns`` terminal columns (:func:`width`)."""
+    return text + " " * max(0, columns - width(text))
+
+
+def rjust(text: str, columns: int) -> str:
+    return " " * max(0, columns - width(text)) + text
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
-    """A plain-text table; numbers right-aligned, text left-aligned (one line per row: :func:`shown`)."""
+    """A plain-text table; numbers right-aligned, text left-aligned (one line per row: :func:`shown`; widths in
+    terminal columns: :func:`width`)."""
     cells = [[format_value(v) for v in row] for row in rows]
     headers = [format_value(h) for h in headers]
     numeric = [all(_is_num(row[j]) for row in rows if j < len(row) and row[j] not in _FILLERS) and bool(rows)
                for j in range(len(headers))]
-    widths = [max([len(h), *(len(r[j]) for r in cells if j < len(r))]) for j, h in enumerate(headers)]
+    widths = [max([width(h), *(width(r[j]) for r in cells if j < len(r))]) for j, h in enumerate(headers)]
 
     def line(vals: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if numeric[j] else v.ljust(w) for j, (v, w) in enumerate(zip(vals, widths, strict=True))).rstrip()
+        return "  ".join(rjust(v, w) if numeric[j] else ljust(v, w)
+                         for j, (v, w) in enumerate(zip(vals, widths, strict=True))).rstrip()
 
     out = [shown(title)] if title else []
     out += [line(list(headers)), "  ".join("-" * w for w in widths)]
