@@ -90,7 +90,7 @@ def test_a_module_that_cannot_be_imported_is_still_told_import_s_reason() -> Non
     ("cnn", {"width": 2.5}, "option width must be an integer, got 2.5"),
     ("cnn", {"width": True}, "option width must be an integer, got True"),
     ("resnet18", {"width": 0}, "option width must be >= 1, got 0"),
-    ("mlp", {"hidden": -1}, "option hidden must be >= 1, got -1"),
+    ("mlp", {"hidden": -1}, "option hidden must be >= 2, got -1"),
     ("transformer", {"layers": 0}, "option layers must be >= 1, got 0"),
     ("transformer", {"d": 0}, "option d must be >= 1, got 0"),
     ("vgg11", {"width": 0}, "option width must be a number > 0, got 0"),

@@ -82,6 +82,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-classes", type=num_classes, default=None)
     p.add_argument("--vocab", type=bounded_int(2, MAX_VOCAB), default=None,
                    help="the model takes integer tokens below this (an nn.Embedding first), not floats")
+    add_model_kwargs(p)
+
+
+def add_model_kwargs(p: argparse.ArgumentParser) -> None:
+    """``--model-kwargs``, for a command whose other model flags are its own (ping's --model is optional):
+    :func:`model_spec` passes it on."""
     p.add_argument("--model-kwargs", type=model_kwargs, default=None, metavar="JSON",
                    help='the model factory\'s keyword arguments, a JSON object (e.g. \'{"width": 32}\')')
 
@@ -96,11 +102,12 @@ def model_kwargs(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def model_spec(args: argparse.Namespace) -> ModelSpec:
-    """The spec ``add_model_args``' flags name."""
+def model_spec(args: argparse.Namespace, name: str | None = None) -> ModelSpec:
+    """The spec ``add_model_args``' flags name (``name``: the model in place of ``--model``, as ping's
+    --fleet-entry times cnn when none is given)."""
     from splitfed.models.zoo import resolve_spec
 
-    return resolve_spec(args.model, args.input_shape, args.num_classes, vocab=getattr(args, "vocab", None),
+    return resolve_spec(name or args.model, args.input_shape, args.num_classes, vocab=getattr(args, "vocab", None),
                         options=getattr(args, "model_kwargs", None))
 
 

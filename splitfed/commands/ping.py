@@ -8,7 +8,7 @@ round-trip time of a bare call from here (the median of ``--count``) and, with
 ``--fleet-entry NAME`` prints whole. Several
 addresses are checked in chain order (edge first) exactly as a run checks its
 ``tier-addresses`` before round 1, and ``--model`` asks each tier whether it
-would build that model. Exit 0: every tier answered (and the chain holds),
+would build that model (with ``--model-kwargs``, as the other commands take them). Exit 0: every tier answered (and the chain holds),
 1: one did not (a host name that does not resolve is said as such) or the chain
 is broken (so is one whose last tier given cannot reach its own --next), 2: bad arguments.
 """
@@ -20,7 +20,7 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from splitfed.commands._args import positive_int, shape
+from splitfed.commands._args import add_model_kwargs, model_spec, positive_int, shape
 from splitfed.jsonio import dumps
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="also ask whether each tier would build this model")
     p.add_argument("--input-shape", type=shape, default=None, help="the model's input shape without batch")
     p.add_argument("--num-classes", type=positive_int, default=None)
+    add_model_kwargs(p)
     p.add_argument("--round-timeout-s", type=float, default=None, metavar="S",
                    help="also check each tier keeps idle segments longer than a round of S seconds")
     p.add_argument("--compress", metavar="CODEC", default=None,
@@ -67,7 +68,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from splitfed.errors import ConfigError, TierError
     from splitfed.flower.transport import connect
-    from splitfed.models.zoo import resolve_spec
     from splitfed.transport.address import parse_address, unresolvable
     from splitfed.transport.describe import TierInfo, check_chain
     from splitfed.transport.probe import measure_link
@@ -103,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
         torch_device(args.torch_device)  # a GPU this host lacks is refused before any tier is asked
     elif args.torch_device != "cpu":
         raise ConfigError("--torch-device says where --fleet-entry times training: give it with --fleet-entry")
-    spec = resolve_spec(args.model, args.input_shape, args.num_classes) if args.model else None
+    spec = model_spec(args) if args.model else None
+    if spec is None and args.fleet_entry is not None:  # it times cnn then: --model-kwargs refused before any tier
+        model_spec(args, "cnn")
     rows: list[dict[str, Any]] = []
     infos: list[TierInfo] = []
     for addr in args.addresses:
@@ -153,12 +155,11 @@ def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> st
     import psutil
 
     from splitfed.engine.compute import describe, memory_bytes, torch_device
-    from splitfed.models.zoo import resolve_spec
     from splitfed.profile.devices import DeviceProfile
     from splitfed.profile.fleet import device_entry
     from splitfed.units import MIB
 
-    spec = resolve_spec(args.model or "cnn", args.input_shape, args.num_classes)
+    spec = model_spec(args, args.model or "cnn")
     where = torch_device(args.torch_device)
     flops = training_rate(spec, where=where)
     gpu = where.type == "cuda"

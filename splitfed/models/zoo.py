@@ -108,6 +108,8 @@ def _image_shape(input_shape: tuple[int, ...], least: int) -> tuple[int, int, in
 
 
 def mlp(input_shape: tuple[int, ...] = (64,), num_classes: int = 10, hidden: int = 128) -> nn.Module:
+    if hidden < 2:  # a spec that bypassed resolve_spec (one off the wire): else a zero-width second layer
+        raise ValueError(f"hidden must be at least 2 (its second layer is hidden // 2 wide), got {hidden}")
     n_in = math.prod(input_shape)
     return nn.Sequential(
         nn.Flatten(),
@@ -372,6 +374,9 @@ def resolve_spec(name: str, input_shape: tuple[int, ...] | None = None, num_clas
 
 
 _SET_APART = ("input_shape", "num_classes", "vocab")  # a zoo factory's parameters that are no option
+# the least of a zoo model's integer options where 1 is too few: a size the model halves (mlp's second layer is
+# hidden // 2 wide: 1 made it zero-width, a model of empty tensors)
+_LEAST: dict[tuple[str, str], int] = {("mlp", "hidden"): 2}
 
 
 def options(name: str) -> tuple[str, ...]:
@@ -383,7 +388,8 @@ def options(name: str) -> tuple[str, ...]:
 def _zoo_options(name: str, kwargs: dict[str, object]) -> None:
     """A zoo model's keyword arguments, checked by name and value before it is built: a misspelt one was a
     TypeError, and a width of 0 a model of empty tensors (torch warning of each), both reported as the model not
-    taking its input shape. Every zoo option is a size, positive, of the type its factory declares."""
+    taking its input shape. Every zoo option is a size, positive (at least ``_LEAST`` where the model derives a
+    smaller size from it), of the type its factory declares."""
     known = options(name)
     declared = inspect.signature(ZOO[name].factory, eval_str=True).parameters
     for k, v in kwargs.items():
@@ -392,7 +398,7 @@ def _zoo_options(name: str, kwargs: dict[str, object]) -> None:
             raise ConfigError(f"model {name} takes no keyword argument {k!r}: its options are "
                               f"{', '.join(known) or 'none'}{apart}")
         if declared[k].annotation is int:
-            _integer(v, f"model {name}: option {k}", 1)
+            _integer(v, f"model {name}: option {k}", _LEAST.get((name, k), 1))
         elif not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
             raise ConfigError(f"model {name}: option {k} must be a number > 0, got {v!r}")
 

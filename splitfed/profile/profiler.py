@@ -58,6 +58,7 @@ from splitfed.jsonio import write_atomic
 from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
+from splitfed.units import mib_text
 
 PROFILE_VERSION = 12  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
@@ -571,7 +572,8 @@ def profile_model(spec: ModelSpec, batch: int = 32, *, optimizer_slots: int = 1,
     FLOPs and bytes do not depend on ``reps``). Reps are not in the key, so the 1-rep profile ``optimize``
     keeps (it uses no times) gives way to the 3 reps ``profile`` asks for, and a 500-rep one serves both,
     with one file per model rather than one per reps ever asked. ``use_cache=False`` measures afresh and
-    neither reads nor writes any cache (``--no-cache``; ``cache_dir=None`` means the default cache).
+    neither reads nor writes any cache (``--no-cache``; ``cache_dir=None`` means the default cache). A batch
+    of ``GUARD_BATCH`` or more whose memory this host (or GPU) has not got is refused before it is measured.
     """
     if batch < 1:
         raise ConfigError(f"batch must be >= 1, got {batch}")
@@ -608,7 +610,34 @@ def _measured(spec: ModelSpec, batch: int, slots: int, reps: int, seed: int, whe
     from splitfed.engine.template import admit
 
     admit(spec)  # a model too large to build here is refused before it is built
+    if batch >= GUARD_BATCH:
+        _refuse_beyond_memory(spec, batch, slots, seed, where)
     return _measure(spec, batch, slots, reps, seed, where)
+
+
+GUARD_BATCH = 4096  # from this batch on, a profile's memory is estimated before it is measured (a batch of 2 first)
+
+
+def _refuse_beyond_memory(spec: ModelSpec, batch: int, slots: int, seed: int, where: torch.device) -> None:
+    """Refuse a batch whose memory cannot be had here, before allocating it: Linux grants a large allocation and
+    its OOM killer ends the process later (exit 137, no message), so ``_measure``'s MemoryError never comes.
+    The estimate is a lower bound from a batch-2 profile: the parameters, and per sample the most any block
+    holds at once of its input, the activations it keeps and its output (the measured peak was 2-5x it)."""
+    small = _measure(spec, 2, slots, 1, seed, where)
+    per_sample = max(i + a + o for i, a, o in zip((small.input_bytes, *small.out_bytes[:-1]), small.act_bytes,
+                                                    small.out_bytes, strict=True))
+    need = batch * per_sample + sum(small.param_bytes)
+    if where.type == "cuda":  # what this process's allocator keeps cached is free to it too
+        free = torch.cuda.mem_get_info(where)[0] + torch.cuda.memory_reserved(where) - torch.cuda.memory_allocated(where)
+        place = compute.describe(where)
+    else:
+        import psutil
+
+        free, place = psutil.virtual_memory().available, "this host"
+    if need > free:
+        raise ConfigError(f"profiling model {spec.name} at batch {batch:,} needs at least {mib_text(need)} "
+                          f"({mib_text(per_sample)} a sample), and {place} has {mib_text(free)} available: use a "
+                          "smaller --batch (a run's batch_size)")
 
 
 def _read_cache(path: Path) -> ModelProfile | None:
