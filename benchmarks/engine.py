@@ -3,11 +3,12 @@
 vgg11 (CIFAR size), batch 64, one thread, 3 tiers in-process (device | edge | cloud).
 Rounds of steps alternate between the two (ABBA) so that machine noise hits both;
 each side's step time is the median over the rounds of its mean step time in a round.
-Both sides start from the same weights and take the same steps on the same batch, so
-they end with the same weights (to float rounding; a model with dropout draws other
-masks in the unseeded monolithic model): the JSON records the largest difference, the
-check that neither side does less work. Writes benchmarks/results/engine.json, with
-each round's step times (what it prints) and the run's context. Target: ratio >= 0.97.
+Both sides start from the same weights and take the same steps on the same batch with
+the same dropout masks (the monolithic model draws each step's from the step's key, as
+the split chain's tiers do), so they end with the same weights to float rounding: the
+JSON records the largest difference and what was compared, the check that neither side
+does less work. Writes benchmarks/results/engine.json, with each round's step times
+(what it prints) and the run's context. Target: ratio >= 0.97.
 
 With ``--tier-torch-device cuda`` a third side runs the same split step with the
 edge and cloud tiers on the GPU (the device's blocks stay on the CPU), and the
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
-    import copy
+    import itertools
 
     import torch
     import torch.nn.functional as F
@@ -77,7 +78,7 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
     from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
     from splitfed.engine.types import OptimConfig
     from splitfed.engine.verify import max_abs_diff
-    from splitfed.models.blocks import validate_cuts
+    from splitfed.models.blocks import step_rng, stochastic_flags, validate_cuts
     from splitfed.models.zoo import resolve_spec
 
     torch.set_num_threads(1)
@@ -91,15 +92,16 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
     y = torch.randint(0, spec.num_classes, (args.batch,), generator=g)
 
     n = template.num_blocks(spec)
-    whole = template.template(spec).whole()
-    whole = copy.deepcopy(whole)
-    whole.load_state_dict(state)
+    whole = template.whole_model(spec, state)  # its blocks, as verify's reference trains them
     whole.train()
     opt = optim.build(list(whole.parameters()))
     assert opt is not None
+    seq = itertools.count()
 
     def mono_step() -> None:
-        F.cross_entropy(whole(x), y).backward()
+        # the split step's dropout key (its Device: seed 0, client c0, round 0, its nth step): the same masks,
+        # or a model with dropout (cnn, mlp) ends 1e-2 apart from its split twin for no fault of either
+        F.cross_entropy(whole(x, rng=step_rng(0, "c0", 0, next(seq))), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -154,6 +156,11 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
     med = {name: statistics.median(t) for name, t in times.items()}
     mono, split = med["monolithic"], med["split"]
     final = {name: f() for name, f in finals.items()}
+    compared = (f"every weight after {2 + args.reps * args.steps} steps a side from the same weights, on the same "
+                "batch, with the same dropout masks")
+    if "tiers_on_gpu" in sides and any(stochastic_flags(template.template(spec), x, run=False)[cuts[0]:]):
+        # the same key seeds the GPU's generator, whose draws are not the CPU's: no fault of the GPU side
+        compared += "; tiers_on_gpu's tiers draw their dropout masks on the GPU, other masks for the same key"
     result = {
         "benchmark": "engine", "model": spec.name, "batch": args.batch, "tiers": len(cuts) + 1, "cuts": list(cuts),
         "blocks": n, "threads": torch.get_num_threads(), "reps": args.reps, "steps": args.steps,
@@ -162,6 +169,7 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
         "round_step_s": times,  # what each "round i/n" line prints, as seconds per step
         "max_abs_weight_diff_vs_monolithic": {name: max_abs_diff(final["monolithic"], w)
                                               for name, w in final.items() if name != "monolithic"},
+        "weights_compared": compared,
         "host": platform.node(), "python": platform.python_version(), "torch_version": torch.__version__,
         "args": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items()},
     }
@@ -172,6 +180,8 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
         print(f"split step with the tiers on {compute.describe(tier_dev)} vs on the CPU: "
               f"{result['gpu_tiers_vs_cpu_tiers']:.2f}x steps/s")
     print(f"split/monolithic steps/s ratio: {result['ratio']:.3f} (target >= 0.97)")
+    print("max weight difference vs monolithic: " + ", ".join(
+        f"{name} {d:.3g}" for name, d in result["max_abs_weight_diff_vs_monolithic"].items()) + f" ({compared})")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # after the results are shown: a failed write keeps them
     write_json(args.out, result)
     print(f"wrote {args.out}")

@@ -24,6 +24,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import os
 import shutil
 import signal
@@ -163,6 +164,19 @@ def _csv_value(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return csv_text(",".join(map(str, v)))
     return csv_cell(v)
+
+
+def as_written(v: Any) -> Any:
+    """A config's values with each non-finite number as TOML spells it (``inf``, ``-inf``, ``nan``): strict
+    JSON (:mod:`splitfed.jsonio`) writes it as null, which in a measurement says "no number" but in a config
+    reads as "not set" (``solve_time_limit_s = inf`` is no limit, not the default 60 s)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
+    if isinstance(v, Mapping):
+        return {k: as_written(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [as_written(x) for x in v]
+    return v
 
 
 def _jsonable(v: Any) -> Any:
@@ -321,6 +335,79 @@ def resolve_policy(policy: str, settings: Any) -> tuple[str, str]:
     return policy, policy
 
 
+@dataclass(frozen=True)
+class Policy:
+    """One entry of an experiment's ``policies``, resolved: what the user wrote, what figures call it, the
+    settings its run trains with, and the label of the run that trains its cuts."""
+
+    written: str  # as the config says it: "static:best"
+    label: str  # as figures and tables name it: "best static (0,7)"
+    settings: Any  # RunSettings, ``static:best`` resolved to its cut vector
+    trained_as: str  # its own label, or that of an earlier entry whose cuts it resolved to
+
+
+def resolve_policies(policies: Sequence[str], settings: Any) -> list[Policy]:
+    """Each of ``policies`` resolved (:func:`resolve_policy`). An entry whose cuts only resolving shows to be an
+    earlier one's (``static:best`` is ``static:0,7`` for this fleet, which no one can see in the config) trains
+    once and is recorded under both labels; the same cuts written twice are refused, naming both entries."""
+    out: list[Policy] = []
+    same: dict[Any, list[Policy]] = {}  # what each entry assigns -> the entries before it that assign it
+    for written in policies:
+        label, cuts = resolve_policy(written, settings)
+        earlier = same.setdefault(_assignment(cuts), [])
+        if any(e.written == written for e in earlier):
+            raise ConfigError(f"policies lists {written!r} twice: list it once")
+        spelled = next((e for e in earlier if "static:best" not in (e.written, written)), None)
+        if spelled is not None:
+            raise ConfigError(f"policies: {written!r} and {spelled.written!r} are the same cuts: list them once")
+        if earlier:
+            entry = Policy(written, label, earlier[0].settings, earlier[0].label)
+            print(f"  {written}: the same cuts as {earlier[0].written} ({earlier[0].settings.cuts}): trained "
+                  "once, recorded under both", flush=True)
+        else:
+            entry = Policy(written, label, settings.with_(cuts=cuts), label)
+        earlier.append(entry)
+        out.append(entry)
+    return out
+
+
+def _assignment(cuts: str) -> Any:
+    """What a ``--cuts`` value assigns, whatever its spelling: static cut vectors as numbers, else the name and
+    argument (a value that does not parse is itself: :func:`check_cases` refuses it, naming its entry)."""
+    from splitfed.flower.policy import parse_static, policy_name
+
+    name, arg = policy_name(cuts)
+    if name == "static":
+        try:
+            return name, tuple(parse_static(arg))
+        except ConfigError:
+            pass
+    return name, arg.strip()
+
+
+def trained_cases(entries: Sequence[Policy]) -> list[tuple[str, Any]]:
+    """The ``(label, settings)`` of the runs ``entries`` need, each once (for :func:`run_cases`)."""
+    return [(e.label, e.settings) for e in entries if e.trained_as == e.label]
+
+
+def shown_runs(entries: Sequence[Policy], runs: Mapping[str, Any]) -> list[Any]:
+    """The runs trained (``runs``: by label), each once, named by every entry it holds ("best static (0,7) =
+    static:0,7"): the figures and summary.md draw one curve per run, and show every label asked for."""
+    names: dict[str, list[str]] = {}
+    for e in entries:
+        names.setdefault(e.trained_as, []).append(e.label)
+    return [dataclasses.replace(runs[t], label=" = ".join(labels)) for t, labels in names.items()]
+
+
+def policy_record(entry: Policy, run: Any, target: float | None = None) -> dict[str, Any]:
+    """One entry's record in ``results.json``: ``policy`` as the config wrote it, ``label`` as figures name it,
+    ``cuts`` as its run trained, ``same_run_as`` the label of the entry whose run it shares (null: its own),
+    and its run's numbers (:func:`run_record`)."""
+    return {"policy": entry.written, "label": entry.label, "cuts": entry.settings.cuts,
+            "same_run_as": None if entry.trained_as == entry.label else entry.trained_as,
+            **{k: v for k, v in run_record(run, target).items() if k != "label"}}
+
+
 def run_cases(cases: Sequence[tuple[str, Any]], out: Path, backend: str) -> list[Any]:
     """Train each ``(label, settings)`` into ``out/runs/<label>``; the runs, in order. Every case is checked
     before the first trains: a typo in the last policy must not cost the minutes of the ones before it."""
@@ -376,7 +463,9 @@ def run_record(run: Any, target: float | None = None) -> dict[str, Any]:
     from splitfed.report.summary import best_accuracy
 
     rec: dict[str, Any] = {
-        "label": run.label, "path": str(run.path), "rounds": len(run.rounds),
+        # absolute: results.json and results.csv are read from other folders than the one the experiment ran in
+        "label": run.label, "path": None if run.path is None else str(Path(run.path).resolve()),
+        "rounds": len(run.rounds),
         "final_accuracy": run.final.accuracy, "best_accuracy": best_accuracy(run),
         "sim_time_s": run.sim_time[-1], "mean_round_s": run.sim_time[-1] / len(run.rounds),
         "bytes_up": sum(r.bytes_up for r in run.rounds), "bytes_down": sum(r.bytes_down for r in run.rounds),
@@ -428,7 +517,7 @@ def main(name: str, config_cls: type[C], experiment: Callable[[C, Path], Mapping
                 t0 = time.perf_counter()
                 results = experiment(cfg, out)
                 write_json(out / RESULTS, {"experiment": name,
-                                           "config": dataclasses.asdict(cfg),  # type: ignore[call-overload]
+                                           "config": as_written(dataclasses.asdict(cfg)),  # type: ignore[call-overload]
                                            "elapsed_s": time.perf_counter() - t0, **results})
     except SplitfedError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -18,10 +18,12 @@ from typing import Any
 from simulations.common import (
     TrainingConfig,
     main,
+    policy_record,
     report_runs,
-    resolve_policy,
+    resolve_policies,
     run_cases,
-    run_record,
+    shown_runs,
+    trained_cases,
     write_results,
 )
 from splitfed.errors import ConfigError
@@ -80,24 +82,27 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     if cfg.tail_rounds > base.rounds - first:  # the tail would hold the drift round (or rounds before it)
         raise ConfigError(f"tail_rounds = {cfg.tail_rounds}: the run has {base.rounds - first} round(s) after the "
                           f"drift round {first} to average as 'after recovery'; lower tail_rounds or raise rounds")
-    cases = [(label, base.with_(cuts=cuts)) for label, cuts in (resolve_policy(p, base) for p in cfg.policies)]
-    runs = run_cases(cases, out, cfg.backend)
+    entries = resolve_policies(cfg.policies, base)
+    cases = trained_cases(entries)
+    trained = dict(zip((label for label, _ in cases), run_cases(cases, out, cfg.backend), strict=True))
+    runs = shown_runs(entries, trained)  # each run once: policies of the same cuts share one
     figures = report_runs(runs, out, title="Drift: a device slows down mid-training")
     figures["makespan with drift"] = str(makespan_plot(
         runs, out / "makespan_drift.png", mark_round=first,
         title=f"Simulated round time; device(s) {', '.join(sorted(drifting))} change from round {first}"))
     records = []
-    for (label, s), r in zip(cases, runs, strict=True):
+    for e in entries:
+        r = trained[e.trained_as]
         ms = {x.round: x.sim_round_s for x in r.rounds}
         before = [v for k, v in ms.items() if k < first]
         after = [v for k, v in ms.items() if k > first]
-        rec = {**run_record(r), "policy": label, "cuts": s.cuts,
+        rec = {**policy_record(e, r),
                "makespan_before_s": fmean(before) if before else None,
                "makespan_drift_round_s": ms.get(first),
                "makespan_tail_s": fmean(after[-cfg.tail_rounds:]) if after else None,
                "moves": moves(r)}
         records.append(rec)
-        print(f"  {label:<24} makespan before {_s(rec['makespan_before_s'])}, at drift {_s(rec['makespan_drift_round_s'])}, "
+        print(f"  {e.label:<24} makespan before {_s(rec['makespan_before_s'])}, at drift {_s(rec['makespan_drift_round_s'])}, "
               f"last {cfg.tail_rounds} rounds {_s(rec['makespan_tail_s'])}; {len(rec['moves'])} cut move(s)")
     write_results(out, records, series=("moves",))
     return {"drift_round": first, "drifting_clients": drifting, "policies": records, "figures": figures}

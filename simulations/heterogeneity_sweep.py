@@ -1,12 +1,13 @@
 """Makespan of each cut policy as the fleet's spread of device speeds and bandwidths grows.
 
 Cost model only (no training), so it scales to fleets of 10,000 clients. The
-fleet is the reference fleet's device classes, drawn ``clients`` times by the
-seed, with their heterogeneity scaled by a factor ``s``: each class's FLOP/s and
-up/down bandwidth become ``g * (x / g) ** s``, ``g`` the fleet's geometric mean
-of that quantity. ``s = 0`` is a homogeneous fleet of average devices, ``s = 1``
-the reference fleet as it is, ``s = 2`` twice as spread on a log scale. Memory,
-latency and sample counts stay as they are. Scaling classes keeps the number of
+fleet is the device classes of the config's ``fleet`` (the reference fleet by
+default), drawn ``clients`` times by the seed, with their heterogeneity scaled
+by a factor ``s``: each class's FLOP/s and up/down bandwidth become
+``g * (x / g) ** s``, ``g`` the fleet's geometric mean of that quantity.
+``s = 0`` is a homogeneous fleet of average devices, ``s = 1`` the fleet as it
+is, ``s = 2`` twice as spread on a log scale. Memory, latency and sample counts
+stay as they are. Scaling classes keeps the number of
 distinct devices (and so the exact optimizer's MILP) small at any fleet size.
 
 Every policy is priced by the one cost model: the exact optimizer
@@ -166,12 +167,14 @@ def sweep(cfg: Config) -> list[dict[str, Any]]:
 
 
 def run(cfg: Config, out: Path) -> dict[str, Any]:
+    from splitfed.profile import load_fleet
     from splitfed.report.plots import Series, line_plot
 
     rows = sweep(cfg)
     speedups = _speedups(rows, cfg)
     write_csv(out / "results.csv", rows)
-    xlabel = "spread factor s (0: identical devices, 1: reference fleet)"
+    # s = 1 is the config's fleet as it is: its name (a file's, or its stem), not always the reference fleet
+    xlabel = f"spread factor s (0: identical devices, 1: {load_fleet(cfg.fleet).name} fleet)"
     figures = {}
     for n in cfg.clients:
         ok = [r for r in rows if r["clients"] == n and r["feasible"]]

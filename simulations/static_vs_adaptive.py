@@ -11,7 +11,8 @@ clients). That premise is checked, not assumed: the headline's ``accuracy_gap`` 
 the largest difference in test accuracy between two policies in any round (0:
 the same curve; a lossy ``compress`` acts at the cuts and makes it more; ``null``
 where one policy's run diverged in a round another's did not), and the script
-says which.
+says which. A policy whose cuts turn out to be another's (``static:best`` is a
+listed ``static:K1,K2`` for this fleet) trains once, recorded under both.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from simulations.common import (
     TrainingConfig,
     check_target,
     main,
+    policy_record,
     report_runs,
-    resolve_policy,
+    resolve_policies,
     run_cases,
-    run_record,
+    shown_runs,
+    trained_cases,
     write_results,
 )
 
@@ -48,14 +51,12 @@ class Config(TrainingConfig):
 
 def run(cfg: Config, out: Path) -> dict[str, Any]:
     base = cfg.settings()
-    cases = []
-    for p in cfg.policies:
-        label, cuts = resolve_policy(p, base)
-        cases.append((label, base.with_(cuts=cuts)))
-    runs = run_cases(cases, out, cfg.backend)
+    entries = resolve_policies(cfg.policies, base)
+    cases = trained_cases(entries)
+    trained = dict(zip((label for label, _ in cases), run_cases(cases, out, cfg.backend), strict=True))
+    runs = shown_runs(entries, trained)  # each run once: policies of the same cuts share one
     figures = report_runs(runs, out, cfg.target_accuracy, title="Static vs adaptive cuts")
-    records = [{"policy": p, "cuts": s.cuts, **run_record(r, cfg.target_accuracy)}
-               for p, (_, s), r in zip(cfg.policies, cases, runs, strict=True)]
+    records = [policy_record(e, trained[e.trained_as], cfg.target_accuracy) for e in entries]
     write_results(out, records)
     static = [r for r in records if r["cuts"].startswith("static:") and r["time_to_target_s"] is not None]
     best = min(static, key=lambda r: r["time_to_target_s"]) if static else None
