@@ -8,13 +8,13 @@ import contextlib
 from splitfed.commands._args import (
     add_model_args,
     batch_size,
-    int_list,
     model_spec,
     positive_int,
     seed,
 )
 from splitfed.engine.modes import MODES
 from splitfed.errors import ConfigError, CutError
+from splitfed.flower.policy import parse_cuts
 from splitfed.jsonio import dumps
 
 JSON_KEYS = ("model", "cuts", "mode", "tiers", "u_shape", "rounds", "clients", "steps", "max_abs_diff", "tolerance",
@@ -23,17 +23,11 @@ JSON_KEYS = ("model", "cuts", "mode", "tiers", "u_shape", "rounds", "clients", "
 
 
 def _cut_vectors(text: str) -> list[tuple[int, ...]]:
-    """``"2,5/3,7"`` -> ``[(2, 5), (3, 7)]``; each vector read as :func:`int_list` reads one (an empty entry,
-    ``2,,5``, is a cut left out: refused, not dropped)."""
-    out = []
-    for part in text.split("/"):
-        if not part.strip():
-            raise argparse.ArgumentTypeError(f"empty cut vector in {text!r}")
-        try:
-            out.append(int_list(part))
-        except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"cuts must be integers like 3,7 (or 2,5/3,7 per client), got {text!r}") from None
-    return out
+    """``"2,5/3,7"`` -> ``[(2, 5), (3, 7)]``, read as ``--cuts static:2,5/3,7`` is (:func:`parse_cuts`)."""
+    try:
+        return parse_cuts(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

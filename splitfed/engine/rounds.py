@@ -233,6 +233,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+NONFINITE = ("NaN or infinite", "not finite", "diverged")
+"""What a check that met a NaN or an infinity says (``engine.checks``, a tier's loss and means, a node's report): a
+client that failed so diverged. Words, not types: a node's failure reaches the round as its error reply's text."""
+
+
 class RoundFailed(SplitfedError):
     """Too few clients finished the round; the global model is unchanged."""
 
@@ -547,9 +552,7 @@ class SplitRound:
         """The new global state; releases every segment of the round."""
         try:
             if len(self.done) < self.min_clients:
-                raise RoundFailed(f"round {self.cfg.round}: {len(self.done)} of {len(self.order)} clients "
-                                  f"finished, fewer than the minimum {self.min_clients} "
-                                  f"(failed: {self._failures()})")
+                raise self._too_few(f"{len(self.done)} of {len(self.order)} clients finished")
             self._collect(list(self._held))
             if self.cfg.mode == "sl":
                 return self.current
@@ -574,8 +577,7 @@ class SplitRound:
         """Device segments, and each server tier's mean of its clients' replicas (:meth:`_reduced`)."""
         partials = self._reduced()
         if len(self.done) < self.min_clients:
-            raise RoundFailed(f"round {self.cfg.round}: only {len(self.done)} clients' replicas could be "
-                              f"used, fewer than the minimum {self.min_clients} (failed: {self._failures()})")
+            raise self._too_few(f"only {len(self.done)} clients' replicas could be used")
         contributions: list[tuple[State, float]] = [(self.done[c].state, self.done[c].result.samples)
                                                     for c in self.order if c in self.done]
         return aggregate(contributions, previous=self.global_state, partials=partials)
@@ -768,6 +770,19 @@ class SplitRound:
         parts = [f"{c} ({why[c]})" if c in why else c for c in self.failed[:show]]
         more = f", +{len(self.failed) - show} more" if len(self.failed) > show else ""
         return ", ".join(parts) + more or "none"
+
+    def _too_few(self, finished: str) -> RoundFailed:
+        """The round fails: ``finished`` (how many clients did) is below the minimum. Clients that failed on NaN
+        or infinite values (a loss, an activation, weights) mean the training diverged: said, with what to lower,
+        for the checks' own words ("activation: contains NaN ...") name only the symptom."""
+        r = self.cfg.round
+        text = f"round {r}: {finished}, fewer than the minimum {self.min_clients} (failed: {self._failures()})"
+        why = {**self.lost, **self.why}
+        if any(w in why.get(c, "") for c in self.failed for w in NONFINITE):
+            o = self.cfg.optim
+            lower = f"--lr (now {o.lr:g})" + (f" or --weight-decay (now {o.weight_decay:g})" if o.weight_decay else "")
+            text += f"; training diverged at round {r} (its loss or weights became NaN or infinite): try a smaller {lower}"
+        return RoundFailed(text)
 
     def _release(self, cid: str) -> None:
         """Forget ``cid``'s segments on every tier. A tier found unreachable or silent (its client has retried

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from splitfed.errors import ConfigError
-from splitfed.flower.config import RunSettings
-from splitfed.profile.devices import LinkProfile
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not at run time: the CLI parses ``verify --cuts`` here (parse_cuts), torch-free
+    from splitfed.flower.config import RunSettings
+    from splitfed.profile.devices import LinkProfile
     from splitfed.profile.speed import SpeedMeasure
 
 Cuts = tuple[int, ...]
@@ -106,24 +106,35 @@ class StaticPolicy:
         return None  # the options come from the settings, which a resumed run keeps
 
 
-def parse_static(text: str) -> list[Cuts]:
-    """``"2,5"`` or ``"1,3/2,5"`` (options separated by ``/``, as in ``splitfed verify``) -> cut vectors."""
+def parse_cuts(text: str, prefix: str = "") -> list[Cuts]:
+    """``"2,5"`` or ``"1,3/2,5"`` -> cut vectors: the one syntax of ``--cuts static:...`` and ``splitfed verify
+    --cuts`` (integers split by ``,``, vectors split by ``/``). An empty vector (``1,3/``, ``1,3//2,5``) or cut
+    (``2,,5``) is something left out: refused, not dropped. ``prefix`` (``static:``) stood before ``text``: the
+    messages name the text and give examples as written."""
+    shown, what = prefix + text, f"{prefix.removesuffix(':')} cuts".strip()
+    like = f"integers like '{prefix}2,5' or '{prefix}1,3/2,5'"
+    vectors = [v.strip() for v in text.split("/")]
+    if not any(vectors):
+        raise ConfigError(f"{what} need at least one cut vector, e.g. '{prefix}2,5', got {shown!r}")
     options = []
-    for part in text.split("/"):
-        part = part.strip()
-        if not part:
-            continue
+    for v in vectors:
+        if not v:
+            raise ConfigError(f"empty cut vector in {shown!r}: {what} are {like} (one vector per client)")
+        if any(not k.strip() for k in v.split(",")):
+            raise ConfigError(f"empty cut in {shown!r}: {what} are {like} (one vector per client)")
         try:
-            options.append(tuple(int(k) for k in part.split(",")))
+            options.append(tuple(int(k) for k in v.split(",")))
         except ValueError:
-            raise ConfigError(f"static cuts must be integers like 'static:2,5' or 'static:1,3/2,5', "
-                              f"got {text!r}") from None
-    if not options:
-        raise ConfigError("static cuts need at least one cut vector, e.g. 'static:2,5'")
+            raise ConfigError(f"{what} must be {like}, got {shown!r}") from None
     return options
 
 
-PolicyFactory = Callable[[str, RunSettings], AssignmentPolicy]
+def parse_static(text: str) -> list[Cuts]:
+    """``--cuts static:TEXT``'s cut vectors (:func:`parse_cuts`)."""
+    return parse_cuts(text, "static:")
+
+
+PolicyFactory = Callable[[str, "RunSettings"], AssignmentPolicy]
 """``factory(ARG, settings)`` for ``--cuts NAME[:ARG]``; settings name the model, tiers and fleet."""
 _FACTORIES: dict[str, PolicyFactory] = {}
 

@@ -165,6 +165,17 @@ class Fleet:
         """The fleet as it is in round ``r`` (drift applied)."""
         return replace(self, clients=tuple(c.at_round(r) for c in self.clients))
 
+    def drifts_after(self, rounds: int) -> dict[str, int]:
+        """Each device entry (``kind``) with a drift that a run of ``rounds`` rounds never reaches -> the first such
+        drift's round, earliest first: what a run shorter than the fleet's story leaves out (a fleet serves runs of
+        any length)."""
+        late: dict[str, int] = {}
+        for c in self.clients:
+            r = min((d.round for d in c.drift if d.round > rounds), default=None)
+            if r is not None:
+                late[c.kind] = min(r, late.get(c.kind, r))
+        return dict(sorted(late.items(), key=lambda kr: (kr[1], kr[0])))
+
     def client(self, name: str) -> Client:
         for c in self.clients:
             if c.name == name:

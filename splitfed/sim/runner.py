@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import threading
 import time
@@ -110,6 +111,8 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
     from clients.app import app as client_app
     from server.app import build_app
 
+    if note := late_drift_note(settings):
+        progress(note)
     quiet = ExpectedWarnings()
     flwr_level = _flwr_as_the_caller_left_it()
     if not verbose:
@@ -199,8 +202,54 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
             if watch is not None:
                 watch.release()
         finally:  # last: a signal it holds back is raised once all else is done (a second one cut that short)
-            signals.uninstall(before)
+            try:
+                # stopped by one signal: the engine wound down, so the metrics are whole. Not after a second
+                # signal (threads may still write) or a failure; a signal while drawing stops it (drafts removed)
+                if interrupted and not signals.repeated and settings.out:
+                    stopped_figures(settings.out, progress)
+            finally:
+                signals.uninstall(before)
     return summary
+
+
+def late_drift_note(settings: RunSettings) -> str:
+    """A line naming the drawn devices whose fleet drift comes after the run's last round ("" when none): it is
+    never applied. Said, not refused: a fleet serves runs of any length (the shipped ``small`` drifts at round 5,
+    and a run's default is 3 rounds)."""
+    from splitfed.sim.clock import fleet_for
+
+    late = fleet_for(settings).drifts_after(settings.rounds)
+    if not late:
+        return ""
+    last = f"the run's last round ({settings.rounds}): never applied (--rounds {max(late.values())} or more would apply"
+    if len(late) == 1:
+        [(kind, r)] = late.items()
+        return f"note: fleet {settings.fleet!r}: device {kind!r} drifts at round {r}, after {last} it)"
+    which = ", ".join(f"{kind!r} (round {r})" for kind, r in late.items())
+    return f"note: fleet {settings.fleet!r}: devices {which} drift after {last} them)"
+
+
+def stopped_figures(out: str, progress: Callable[[str], None]) -> int:
+    """Draw in ``out`` the standard figures of the rounds a stopped run did, as ``splitfed simulate`` draws a
+    finished run's; how many. One that cannot be drawn is said, not raised: the stop is the run's outcome, and
+    ``splitfed report`` can draw them later."""
+    from splitfed.flower.metrics import METRICS
+    from splitfed.report.plots import standard_plots
+    from splitfed.report.runs import load_run
+
+    metrics = Path(out) / METRICS
+    try:
+        if not metrics.is_file() or not metrics.stat().st_size:  # stopped before its first round was written
+            return 0
+        run = load_run(Path(out), label="run")
+        drawn = len(standard_plots([run], out))
+    except Exception as e:  # noqa: BLE001 - any failure to draw: the folder is as it was (standard_plots)
+        progress(f"the figures of the rounds done were not drawn ({e}); draw them with: splitfed report "
+                 f"{shlex.quote(out)}")
+        return 0
+    if drawn:
+        progress(f"stopped: {drawn} figure(s) of the {len(run.rounds)} round(s) done are in {out}")
+    return drawn
 
 
 def _logs_at(session: Path | None) -> str:
@@ -294,6 +343,7 @@ class _Signals:
         self.flower_stop: threading.Event | None = None  # Flower's engine's f_stop, once run_api has it
         self.backend: Any = None  # Flower's RayBackend (its actor pool), once built
         self.received: int | None = None  # the first signal's number
+        self.repeated = False  # a second signal came: the run did not wind down as the first asks
         self.waiting = False  # inside the engine: the first signal stops the run instead of raising
         self.deferring = False  # while Ray starts: signals are noted, raised after (starting)
         self.ended = False  # the interrupt is raised: no more progress lines
@@ -440,6 +490,7 @@ class _Signals:
     def _note(self, signum: int) -> bool:
         """Note a signal; whether it is the first (the one the run stops for)."""
         if self.received is not None:
+            self.repeated = True
             return False
         self.received = signum
         runfolder.stop_requested(signum)  # the run's folder records it stopped, whatever its end raises
