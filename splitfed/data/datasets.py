@@ -24,6 +24,7 @@ from numpy.lib.npyio import NpzFile
 from torch.utils.data import TensorDataset
 
 from splitfed.data._seed import derive_seed
+from splitfed.engine.limits import MAX_VOCAB
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import MAX_CLASSES, ZOO, ModelSpec, resolve_spec
 
@@ -51,6 +52,16 @@ _UNREADABLE = (OSError, EOFError, zlib.error)
 # each escaped as a traceback
 _BAD_NPZ = (*_UNREADABLE, ValueError, zipfile.BadZipFile, NotImplementedError, RuntimeError, MemoryError)
 _GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _local_path(path: str) -> Path:
+    """A dataset spec's PATH (``mnist:PATH``, ``cifar10:PATH``, ``npz:FILE``) as the path it names, ``~``
+    expanded: the one place a spec's path becomes one. A shell leaves ``mnist:~/x`` as it is (``~`` expands
+    only at a word's start) and a config file's value meets no shell at all."""
+    try:
+        return Path(path.strip()).expanduser()
+    except RuntimeError:  # ~user of no such user, or no home: the path as written, refused as missing by name
+        return Path(path.strip())
 
 
 # ---------------------------------------------------------------- digits
@@ -266,10 +277,22 @@ def _read_cifar_bin(paths: list[Path]) -> TensorDataset:
     return TensorDataset((x - mean) / std, torch.from_numpy(labels))
 
 
+def _cifar_folders(root: Path) -> tuple[Path, ...]:
+    """Where the batches may lie: ``root/cifar-10-batches-bin`` (the archive's layout), else ``root`` itself,
+    whatever its name (a copy renamed, or the files alone)."""
+    return (root,) if root.name == "cifar-10-batches-bin" else (root / "cifar-10-batches-bin", root)
+
+
 def _cifar_files(root: Path) -> tuple[Path, list[Path], Path]:
-    """The batches folder (``root`` or ``root/cifar-10-batches-bin``), its training batches and its test batch."""
-    folder = root if root.name == "cifar-10-batches-bin" else root / "cifar-10-batches-bin"
-    named = [folder / f"data_batch_{i}.bin" for i in range(1, 6)]  # these only: not a stray data_batch_old.bin
+    """The batches folder (the first of :func:`_cifar_folders` holding a training batch), its training batches
+    and its test batch."""
+    folders = _cifar_folders(root)
+
+    def batches(folder: Path) -> list[Path]:  # these only: not a stray data_batch_old.bin
+        return [folder / f"data_batch_{i}.bin" for i in range(1, 6)]
+
+    folder = next((f for f in folders if any(p.exists() for p in batches(f))), folders[0])
+    named = batches(folder)
     train = [p for p in named if p.exists()]
     missing = [p.name for p in named if p not in train]
     if train and missing and str(folder) not in _WARNED:  # a subset is fine (small copies), but said
@@ -281,7 +304,7 @@ def _cifar_files(root: Path) -> tuple[Path, list[Path], Path]:
 def cifar10(root: str | Path) -> Split:
     """CIFAR-10 from the *binary* files (never pickle): float32 (N, 3, 32, 32), normalised.
 
-    ``root`` is the folder holding ``cifar-10-batches-bin/`` or that folder itself.
+    ``root`` is the folder holding ``cifar-10-batches-bin/``, or the folder holding the batches themselves.
     """
     folder, train, test = _cifar_files(Path(root))
     if not train:
@@ -289,7 +312,8 @@ def cifar10(root: str | Path) -> Split:
                         if p.name == "cifar-10-batches-py" and p.is_dir()), None)
         hint = (f"; {pickled} is the python (pickle) version, which splitfed never reads: get the binary "
                 f"version (cifar-10-binary.tar.gz)" if pickled else "")  # what torchvision leaves
-        raise ConfigError(f"cifar10: missing {folder / 'data_batch_1.bin'} "
+        looked = " or ".join(str(f / "data_batch_1.bin") for f in _cifar_folders(Path(root)))
+        raise ConfigError(f"cifar10: missing {looked} "
                           f"(want data_batch_1..5.bin and test_batch.bin){hint}; {_NEVER}")
     if not test.is_file():
         raise ConfigError(f"cifar10: missing {test}; {_NEVER}")
@@ -307,6 +331,11 @@ def _open_npz(path: Path, keys: tuple[str, ...]) -> Iterator[NpzFile]:
     of an .npz opens it, so each refuses the same files with the same words. A read in the block that
     fails (a corrupt member, an object array) is refused too, naming the file."""
     where = f"dataset npz:{path}"
+    if path.is_dir():
+        raise ConfigError(f"{where}: a folder, not a file: name the .npz file itself (npz:FOLDER/NAME.npz)")
+    if path.exists() and not path.is_file():  # /dev/null, a pipe: reading one would hang or yield nothing
+        raise ConfigError(f"{where}: not a regular file, so not an .npz archive (a zip of arrays, as "
+                          f"numpy.savez writes): name the .npz file itself")
     if not path.is_file():
         raise ConfigError(f"{where}: no such file; {_NEVER}")
     try:
@@ -379,7 +408,10 @@ def _npz_inputs(x: np.ndarray, spec: ModelSpec, where: str) -> torch.Tensor:
             raise ConfigError(f"{where}: model {spec.name!r} takes int tokens of shape {want}, got {x.dtype} "
                               f"{native}")
         if x.min() < 0 or x.max() >= spec.vocab:
-            raise ConfigError(f"{where}: tokens must lie in 0..{spec.vocab - 1}, found {x.min()}..{x.max()}")
+            top = int(x.max()) + 1  # the vocab these tokens need, when none is below 0 and splitfed builds it
+            fix = (f": pass --vocab {top} (in a config file, vocab = {top}), the largest token + 1"
+                   if x.min() >= 0 and top <= MAX_VOCAB else "")
+            raise ConfigError(f"{where}: tokens must lie in 0..{spec.vocab - 1}, found {x.min()}..{x.max()}{fix}")
         return torch.from_numpy(x.astype(np.int64))
     if x.dtype.kind not in "fiub":
         raise ConfigError(f"{where}: inputs must be real numbers, got dtype {x.dtype}")
@@ -434,11 +466,11 @@ def dataset_files(dataset: str) -> list[Path]:
     if not sep or not path:
         return []
     if name == "npz":
-        return [Path(path)]
+        return [_local_path(path)]
     if name == "mnist":
-        return [_find(Path(path), f, "mnist") for pair in _MNIST_FILES.values() for f in pair]
+        return [_find(_local_path(path), f, "mnist") for pair in _MNIST_FILES.values() for f in pair]
     if name == "cifar10":
-        _, train, test = _cifar_files(Path(path))
+        _, train, test = _cifar_files(_local_path(path))
         return [*train, test]
     return []
 
@@ -473,7 +505,7 @@ def sample_shape(dataset: str) -> tuple[int, ...] | None:
         return CIFAR10_SHAPE
     if name == "npz" and sep:
         try:
-            return _npz_sample_shape(Path(path.strip()))
+            return _npz_sample_shape(_local_path(path))
         except ConfigError:
             return None
     return None
@@ -486,7 +518,7 @@ def _npz_integers(dataset: str, keys: tuple[str, str]) -> list[np.ndarray] | Non
     if name.lower() != "npz" or not sep:
         return None
     try:
-        with _open_npz(Path(path.strip()), keys) as f:
+        with _open_npz(_local_path(path), keys) as f:
             arrays = [f[k] for k in keys]
     except ConfigError:
         return None
@@ -538,7 +570,7 @@ def spec_for(model: str, dataset: str, vocab: int = 0, kwargs: Mapping[str, obje
     if model not in ZOO:
         name, _, path = str(dataset).strip().partition(":")
         if native is None and name.lower() == "npz" and path.strip():
-            native = _npz_sample_shape(Path(path.strip()))  # none: refused as the reader refuses the file
+            native = _npz_sample_shape(_local_path(path))  # none: refused as the reader refuses the file
         if native is None:
             why = ("'synthetic' has none of its own: use digits, mnist:PATH, cifar10:PATH or npz:FILE"
                    if str(dataset).strip().lower() == "synthetic" else
@@ -555,6 +587,11 @@ def spec_for(model: str, dataset: str, vocab: int = 0, kwargs: Mapping[str, obje
                               f"{native[1]}x{native[2]}: store x_train and x_test as x.transpose(0, 3, 1, 2) "
                               "(or train a module:factory model, which takes samples as stored)")
         return resolve_spec(model, native, classes, options=kwargs)
+    if len(default) == 3 and len(native) == 2:  # (N, H, W), as Keras' MNIST: the zoo's own shape would be named
+        raise ConfigError(f"{str(dataset).strip()}: samples are {native}, with no channel axis; model {model!r} "
+                          f"takes (C, H, W), here (1, {native[0]}, {native[1]}): store x_train and x_test as "
+                          f"x[:, None] (numpy), which makes (N, 1, {native[0]}, {native[1]}) "
+                          "(or train a module:factory model, which takes samples as stored)")
     if len(default) == 1:
         return resolve_spec(model, (math.prod(native),), classes, options=kwargs)
     return resolve_spec(model, num_classes=classes, options=kwargs)
@@ -600,11 +637,11 @@ def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048)
         _check_classes(spec, dataset, 10)
         load, native = (mnist, MNIST_SHAPE) if name == "mnist" else (cifar10, CIFAR10_SHAPE)
         flat = _must_flatten(native, spec, dataset)
-        data = load(path.strip())
+        data = load(_local_path(path))
         return _flatten(data) if flat else data
     if name == "npz":
         if not path.strip():
             raise ConfigError(f"dataset 'npz' needs a file: 'npz:FILE' with arrays {', '.join(NPZ_KEYS)}")
-        train, test = read_npz(path.strip(), spec)
+        train, test = read_npz(_local_path(path), spec)
         return train, test
     raise AssertionError(f"dataset_form passed {dataset!r}")  # pragma: no cover - every form it passes is read
