@@ -84,7 +84,7 @@ def test_the_grpc_client_refuses_a_deadline_beyond_the_most_and_a_tier_answers_w
 def test_a_shipped_config_s_fleet_is_found_from_the_repository_root(monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     s = _settings("--config", "simulations/configs/drift.tiny.toml")
-    assert s.fleet == "simulations/configs/fleets/drift.tiny.toml"
+    assert s.fleet == str(Path("simulations/configs/fleets/drift.tiny.toml").resolve())  # absolute: --resume anywhere
     assert load_fleet(s.fleet).name == "drift-tiny"
 
 
@@ -97,11 +97,11 @@ def test_a_relative_fleet_is_looked_up_here_first_then_beside_the_config(tmp_pat
     here.mkdir()
     monkeypatch.chdir(here)
     assert _settings("--config", str(cfg)).fleet == str(tmp_path / "cfg" / "fleets" / "mine.toml")
-    assert _settings("--config", "../cfg/run.toml").fleet == "../cfg/fleets/mine.toml"
+    assert _settings("--config", "../cfg/run.toml").fleet == str((tmp_path / "cfg" / "fleets" / "mine.toml").resolve())
     assert _settings("--config", str(cfg), "--fleet", "small").fleet == "small"  # the flag's: not the config's
     (here / "fleets").mkdir()
     (here / "fleets" / "mine.toml").write_text(f'name = "here"\n{FLEET}')
-    assert _settings("--config", str(cfg)).fleet == "fleets/mine.toml"  # as before: from the current folder
+    assert _settings("--config", str(cfg)).fleet == str((here / "fleets" / "mine.toml").resolve())  # the current folder's
     cfg.write_text('[simulate]\nfleet = "small"\n')
     assert _settings("--config", str(cfg)).fleet == "small"  # a shipped fleet's name
 

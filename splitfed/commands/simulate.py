@@ -102,7 +102,15 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
     hands it on rather than read and check it again."""
     from splitfed.errors import ConfigError
     from splitfed.flower import checkpoint
-    from splitfed.flower.config import RunSettings, default_cuts, flag, fleet_beside, toml_table
+    from splitfed.flower.config import (
+        RunSettings,
+        absolute_paths,
+        dataset_beside,
+        default_cuts,
+        flag,
+        fleet_beside,
+        toml_table,
+    )
 
     if getattr(args, "out", None) is not None and not args.out.strip():
         raise ConfigError("--out must name a folder (a run writes its metrics and checkpoint there)")
@@ -119,6 +127,8 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
                               "resume and give --resume FOLDER")
         if isinstance(table.get("fleet"), str) and getattr(args, "fleet", None) is None:  # a fleet file beside it
             table = {**table, "fleet": fleet_beside(table["fleet"], Path(args.config).parent, args.config)}
+        if "dataset" in table and getattr(args, "dataset", None) is None:  # so is a dataset's file or folder
+            table = {**table, "dataset": dataset_beside(table["dataset"], Path(args.config).parent)}
         layers.append((table, args.config))
     layers.append(({f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}, "command line"))
     if args.resume:
@@ -129,6 +139,8 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
     cuts = default_cuts(settings.tiers, settings.u_shape)  # the default's are for 3 tiers: 2, or a U-shape, take theirs
     if cuts != settings.cuts and not any("cuts" in values for values, _ in layers):
         settings = settings.with_(cuts=cuts)
+    if held is None:  # a new run records where its files are, for a --resume from any folder
+        settings = absolute_paths(settings)
     return settings, held
 
 

@@ -54,7 +54,7 @@ _BAD_NPZ = (*_UNREADABLE, ValueError, zipfile.BadZipFile, NotImplementedError, R
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _local_path(path: str) -> Path:
+def local_path(path: str) -> Path:
     """A dataset spec's PATH (``mnist:PATH``, ``cifar10:PATH``, ``npz:FILE``) as the path it names, ``~``
     expanded: the one place a spec's path becomes one. A shell leaves ``mnist:~/x`` as it is (``~`` expands
     only at a word's start) and a config file's value meets no shell at all."""
@@ -466,11 +466,11 @@ def dataset_files(dataset: str) -> list[Path]:
     if not sep or not path:
         return []
     if name == "npz":
-        return [_local_path(path)]
+        return [local_path(path)]
     if name == "mnist":
-        return [_find(_local_path(path), f, "mnist") for pair in _MNIST_FILES.values() for f in pair]
+        return [_find(local_path(path), f, "mnist") for pair in _MNIST_FILES.values() for f in pair]
     if name == "cifar10":
-        _, train, test = _cifar_files(_local_path(path))
+        _, train, test = _cifar_files(local_path(path))
         return [*train, test]
     return []
 
@@ -505,7 +505,7 @@ def sample_shape(dataset: str) -> tuple[int, ...] | None:
         return CIFAR10_SHAPE
     if name == "npz" and sep:
         try:
-            return _npz_sample_shape(_local_path(path))
+            return _npz_sample_shape(local_path(path))
         except ConfigError:
             return None
     return None
@@ -518,7 +518,7 @@ def _npz_integers(dataset: str, keys: tuple[str, str]) -> list[np.ndarray] | Non
     if name.lower() != "npz" or not sep:
         return None
     try:
-        with _open_npz(_local_path(path), keys) as f:
+        with _open_npz(local_path(path), keys) as f:
             arrays = [f[k] for k in keys]
     except ConfigError:
         return None
@@ -570,7 +570,7 @@ def spec_for(model: str, dataset: str, vocab: int = 0, kwargs: Mapping[str, obje
     if model not in ZOO:
         name, _, path = str(dataset).strip().partition(":")
         if native is None and name.lower() == "npz" and path.strip():
-            native = _npz_sample_shape(_local_path(path))  # none: refused as the reader refuses the file
+            native = _npz_sample_shape(local_path(path))  # none: refused as the reader refuses the file
         if native is None:
             why = ("'synthetic' has none of its own: use digits, mnist:PATH, cifar10:PATH or npz:FILE"
                    if str(dataset).strip().lower() == "synthetic" else
@@ -637,11 +637,11 @@ def for_model(spec: ModelSpec, dataset: str, seed: int, n_synthetic: int = 2048)
         _check_classes(spec, dataset, 10)
         load, native = (mnist, MNIST_SHAPE) if name == "mnist" else (cifar10, CIFAR10_SHAPE)
         flat = _must_flatten(native, spec, dataset)
-        data = load(_local_path(path))
+        data = load(local_path(path))
         return _flatten(data) if flat else data
     if name == "npz":
         if not path.strip():
             raise ConfigError(f"dataset 'npz' needs a file: 'npz:FILE' with arrays {', '.join(NPZ_KEYS)}")
-        train, test = read_npz(_local_path(path), spec)
+        train, test = read_npz(local_path(path), spec)
         return train, test
     raise AssertionError(f"dataset_form passed {dataset!r}")  # pragma: no cover - every form it passes is read

@@ -323,20 +323,54 @@ def fleet_beside(fleet: str, folder: str | Path, source: str) -> str:
     """A config file's relative ``fleet`` path: from the current folder if a file (or anything: load_fleet says
     what) is there, else from ``folder`` (the config's own; the experiments': ``simulations/configs``), else a
     shipped fleet's name. None of them is refused naming both folders and ``source`` (the config file): a
-    shipped config's ``fleets/drift.toml`` was looked for only in the folder a command ran from."""
+    shipped config's ``fleets/drift.toml`` was looked for only in the folder a command ran from. A file found
+    is named by its absolute path, symbolic links resolved (:func:`absolute_paths`)."""
     from splitfed.fleets import shipped_fleets
 
     path = Path(fleet)
     if path.is_absolute() or path.exists():
-        return fleet
+        return str(path.resolve())
     if (Path(folder) / path).is_file():
-        return str(Path(folder) / path)
+        return str((Path(folder) / path).resolve())
     if fleet in shipped_fleets():
         return fleet
     here, there = Path.cwd(), Path(folder).resolve()
     where = f"from the current folder ({here})" + (f" or from {there}" if there != here else "")
     raise ConfigError(f"{source}: fleet {fleet!r}: no such file {where}, and no shipped fleet of that name "
                       f"(shipped: {', '.join(shipped_fleets())})")
+
+
+def dataset_beside(dataset: object, folder: str | Path | None = None) -> object:
+    """A dataset spec's PATH (``mnist:PATH``, ``cifar10:PATH``, ``npz:FILE``) made absolute, ``~`` expanded: from
+    the current folder if anything is there, else from ``folder`` (a config file's own, as its ``fleet`` is
+    found) if anything is there, else from the current folder (the reader refuses it by that name). Any other
+    value as it is (its check names it). A run records its settings for ``--resume``, which may be given from
+    another folder: a relative path there named another file, or none."""
+    from splitfed.data.datasets import dataset_form, local_path
+
+    try:
+        name, path = dataset_form(dataset)
+    except ConfigError:
+        return dataset
+    if not path.strip():
+        return dataset
+    p = local_path(path)
+    if not p.is_absolute() and not p.exists() and folder is not None and (Path(folder) / p).exists():
+        p = Path(folder) / p
+    return f"{name}:{p.resolve()}"
+
+
+def absolute_paths(settings: RunSettings) -> RunSettings:
+    """``settings`` with its dataset's and fleet file's paths absolute (:func:`dataset_beside`; a fleet that is
+    a file here, not a shipped fleet's name): what a new run records, so that its ``--resume`` from another
+    folder reads the same files."""
+    fleet = settings.fleet
+    if isinstance(fleet, str) and fleet and Path(fleet).exists():
+        fleet = str(Path(fleet).resolve())
+    dataset = dataset_beside(settings.dataset)
+    if (fleet, dataset) == (settings.fleet, settings.dataset):
+        return settings
+    return settings.with_(fleet=fleet, dataset=dataset)
 
 
 def flag(values: Mapping[str, Any], key: str, source: str) -> bool:

@@ -14,7 +14,6 @@ import hashlib
 import json
 import math
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 from splitfed.data import for_model
 from splitfed.data._seed import derive_seed
 from splitfed.data.batches import EpochBatches
-from splitfed.data.datasets import read_npz
+from splitfed.data.datasets import local_path, read_npz
 from splitfed.data.partition import kept_partition
 from splitfed.engine import template
 from splitfed.engine.rounds import Batches, RoundFailed
@@ -76,7 +75,7 @@ def client_data(spec: ModelSpec, dataset: str, scheme: str, num_partitions: int,
 def node_data(spec: ModelSpec, data_file: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A node's own training samples: ``x_train`` and ``y_train`` of the ``.npz`` its node config names
     (``data-file``), all of them, whatever its partition; re-read only when the file changes."""
-    path = Path(data_file)
+    path = local_path(data_file)  # ~ expanded, as a dataset spec's path is
     try:
         st = path.stat()
     except OSError:
