@@ -301,15 +301,23 @@ def _label_run(out: Path, label: str) -> None:
 def base_settings(table: Mapping[str, Any], source: str = "") -> Any:
     """A config's ``[simulate]`` table as :class:`~splitfed.flower.config.RunSettings` (keys as in ``splitfed simulate``).
 
-    A ``fleet`` path that is not a file from here is looked up under ``simulations/configs/``, as ``splitfed
-    simulate --config`` looks beside its config (:func:`~splitfed.flower.config.fleet_beside`).
+    A ``fleet`` or ``dataset`` path that is not a file from here is looked up under ``simulations/configs/``, as
+    ``splitfed simulate --config`` looks beside its config (:func:`~splitfed.flower.config.fleet_beside`,
+    :func:`~splitfed.flower.config.dataset_beside`). A table without
+    ``cuts`` takes simulate's default for its tiers (:func:`~splitfed.flower.config.default_cuts`): ``tiers = 2``
+    alone was refused for the 3-tier default's two cuts, which simulate does not give it.
     """
-    from splitfed.flower.config import RunSettings, fleet_beside
+    from splitfed.flower.config import RunSettings, dataset_beside, default_cuts, fleet_beside
 
     where = f"{source} [simulate]".strip()
     if isinstance(fleet := table.get("fleet"), str):
         table = {**table, "fleet": fleet_beside(fleet, CONFIGS, where)}  # fleet files next to the configs
-    return RunSettings.from_mapping(table, source=where)
+    if "dataset" in table:  # so is a dataset's file or folder (absolute: a run's settings name it wherever read)
+        table = {**table, "dataset": dataset_beside(table["dataset"], CONFIGS)}
+    settings = RunSettings.from_mapping(table, source=where)
+    if "cuts" not in table:  # as splitfed simulate: the default's are for 3 tiers, 2 or a U-shape take theirs
+        settings = settings.with_(cuts=default_cuts(settings.tiers, settings.u_shape))
+    return settings
 
 
 def best_static_cuts(settings: Any) -> tuple[int, ...]:

@@ -33,6 +33,9 @@ class Config(TrainingConfig):
     target_accuracy: float = 0.9
 
     def __post_init__(self) -> None:
+        if "compress" in self.simulate:  # run() sets each case's codec: one here would be dropped unseen
+            raise ValueError("[simulate] compress: this experiment trains one run per entry of codecs, each with "
+                             "its codec; list the codecs in codecs and remove the key")
         super().__post_init__()
         if not self.codecs:
             raise ValueError("codecs must name at least one codec")
@@ -52,13 +55,18 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     from splitfed.errors import ConfigError
 
     base = cfg.settings()
-    codecs = []
+    seen: dict[str, str] = {}  # each codec as the run spells it ("INT8" is "int8") -> the entry that gave it
     for c in cfg.codecs:  # a bad codec name fails before any training
         link_codecs(c, base.tiers - 1, what="codecs entry")
         if "," in c:
             raise ConfigError(f"codecs entry {c!r}: one codec per case, for every link: this experiment counts the "
                               "devices' bytes, which a codec per link would show only the first of")
-        codecs.append(base.with_(compress=c).compress)  # as the run spells it: "None" is "none", "INT8" is "int8"
+        codec = base.with_(compress=c).compress
+        if codec in seen:  # named as written: the runs' labels, both "int8", would not say which entry it is
+            was = f" (as {seen[codec]!r})" if seen[codec] != c else ""
+            raise ConfigError(f"codecs entry {c!r} is given twice{was}: list it once")
+        seen[codec] = c
+    codecs = list(seen)
     runs = run_cases([(c, base.with_(compress=c)) for c in codecs], out, cfg.backend)
     figures = report_runs(runs, out, cfg.target_accuracy, title="Link compression: accuracy vs bytes")
     records = []

@@ -76,7 +76,7 @@ def test_the_defaults_are_a_run_s_defaults() -> None:
     assert (args.tiers, args.batch, args.epochs, args.min_device_blocks) == (
         run.tiers, run.batch_size, run.local_epochs, run.min_device_blocks) == (3, 32, 1, 0)
     assert run.optimizer == "sgd" and run.momentum > 0 and args.optimizer_slots == 1
-    assert (args.mode, args.codec, args.u_shape) == (run.mode, run.compress, run.u_shape)
+    assert (args.mode, args.compress, args.u_shape) == (run.mode, run.compress, run.u_shape)
     assert args.round == 1 and args.time_limit == 60.0 and args.gap == DEFAULT_GAP
 
 

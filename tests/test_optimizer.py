@@ -680,7 +680,7 @@ def test_optimize_with_two_tiers_says_the_fleets_cloud_is_not_used(fleet_file: s
 
 
 def test_optimize_names_its_codec_flag_when_the_codecs_do_not_fit_the_chain(fleet_file: str, capsys) -> None:  # noqa: ANN001
-    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--tiers", "2", "--codec", "none,int8"]) == 2
-    assert "--codec 'none,int8': 2 tiers have 1 link(s): give one codec" in capsys.readouterr().err
-    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--codec", "none,int8", "--json"]) == 0
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--tiers", "2", "--compress", "none,int8"]) == 2
+    assert "--compress 'none,int8': 2 tiers have 1 link(s): give one codec" in capsys.readouterr().err
+    assert main(["optimize", "--model", "cnn", "--fleet", fleet_file, "--compress", "none,int8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["makespan_s"] > 0

@@ -74,3 +74,14 @@ def test_flags_relative_paths_are_recorded_from_the_current_folder(tmp_path: Pat
     assert (s.dataset, s.fleet) == (f"npz:{tmp_path / 'd.npz'}", str(tmp_path / "f.toml"))
     shipped = _settings("--fleet", "small", "--out", "run")
     assert (shipped.dataset, shipped.fleet) == ("digits", "small")  # names, not paths: as they are
+
+
+def test_an_experiment_s_dataset_is_found_as_its_fleet_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from simulations import common
+
+    monkeypatch.setattr(common, "CONFIGS", tmp_path / "configs")
+    _npz(tmp_path / "configs" / "data" / "mine.npz")
+    monkeypatch.chdir(tmp_path)
+    s = common.base_settings({"dataset": "npz:data/mine.npz", "model": "cnn"}, "x.toml")
+    assert s.dataset == f"npz:{(tmp_path / 'configs' / 'data' / 'mine.npz').resolve()}"
+    assert common.base_settings({"dataset": "digits"}).dataset == "digits"

@@ -45,7 +45,7 @@ def test_one_codec_spelled_twice_is_refused_before_any_trains(tmp_path: Path,
     cfg = _tiny(tmp_path, "compression", {'codecs = ["none", "int8"]': 'codecs = ["int8", "INT8"]'})
     assert compression.cli(["--config", str(cfg), "--out", str(out)]) == 2
     printed = capsys.readouterr()
-    assert "'int8' is given twice" in printed.err, printed.err
+    assert "codecs entry 'INT8' is given twice (as 'int8'): list it once" in printed.err, printed.err
     assert "] round 1/" not in printed.out and not (out / "runs").exists()
 
 

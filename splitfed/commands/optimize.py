@@ -41,8 +41,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=("sl", "sflv1", "sflv2"), default="sflv1",
                    help="variant to price: sflv1 (parallel, replica per client), sflv2 (shared server model, "
                         "clients in turn on it), sl (clients in turn)")
-    p.add_argument("--codec", default="none", help="compression of boundary tensors: none|fp16|int8|topk:F (F >= 0.001) on every "
-                                                    "link, or one per link, the device's first (none,int8)")
+    p.add_argument("--compress", metavar="CODEC", default="none",
+                   help="compression of boundary tensors: none|fp16|int8|topk:F (F >= 0.001) on every link, or one "
+                        "per link, the device's first (none,int8)")
+    # the name simulate, ping and tier give the same codec list; --codec, optimize's own before, still reads
+    p.add_argument("--codec", dest="compress", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--u-shape", action="store_true", help="the device also holds the last blocks and the loss")
     p.add_argument("--min-device-blocks", type=int, default=0,
                    help="blocks every device must keep (1: raw data never leaves the device)")
@@ -114,12 +117,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--gap must be in [0, 1), got {args.gap}")
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):  # -1, 0 and nan ran as 0.1 s per MILP
         raise ConfigError(f"--time-limit must be a finite number of seconds > 0, got {args.time_limit}")
-    link_codecs(args.codec, args.tiers - 1, what="--codec")  # in the flag's name, before any profiling
+    link_codecs(args.compress, args.tiers - 1, what="--compress")  # in the flag's name, before any profiling
     spec = model_spec(args)
     fleet = load_fleet(args.fleet).at_round(args.round)
     prof = profile_model(spec, args.batch, optimizer_slots=args.optimizer_slots, reps=1, cache_dir=default_cache_dir())
     sc = Scenario.from_fleet(prof, fleet, tiers=args.tiers, batch=args.batch, u_shape=args.u_shape,
-                             mode=args.mode, codec=args.codec,
+                             mode=args.mode, codec=args.compress,
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)
     if args.exhaustive:
         with _flag("--exhaustive"):  # above its size limit

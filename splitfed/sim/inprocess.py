@@ -46,8 +46,12 @@ def train_inprocess(settings: Any, progress: Callable[[str], None] | None = None
     import torch
 
     from splitfed.flower import runfolder
+    from splitfed.sim.clock import fleet_for
+    from splitfed.sim.runner import one_sample_batches
 
     check_inprocess(settings)
+    # as the runner's validate: a BatchNorm model's one-sample last batch would fail that client every round
+    one_sample_batches(settings, sim_clients(settings, fleet_for(settings)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every process of a Flower run: the same kernels, so the same numbers
     try:
