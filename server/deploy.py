@@ -51,6 +51,11 @@ deployment), which alone allows load, fetch, release and sum; only the ServerApp
 gets it (``coordinator-token-file`` in the run config), so no device can claim
 or release a client's segment.
 
+Workdir (``--workdir``): deploy writes there its logs (``NAME.log``), the app copy (``app/``), ``flwr-home/``
+and the coordinator token it makes, replacing those of an earlier deployment, and names them in
+``.splitfed-deploy.json``; a folder holding any of those names that record does not list (the user's files) is
+refused before anything starts. The run folder (``--out``) may be the workdir too.
+
 On real machines run the same pieces by hand: ``splitfed tier --role cloud``
 on the cloud, ``splitfed tier --role edge --next CLOUD`` on the edge,
 ``flower-superlink`` on the coordinator, one ``flower-supernode`` per device
@@ -63,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -88,6 +94,7 @@ from splitfed.cli import line_buffered
 from splitfed.errors import ConfigError, SplitfedError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import ALIASES, RunSettings, app_config
+from splitfed.jsonio import write_json
 from splitfed.ports import PORT_TRIES, READY, cannot_listen, free_ports
 
 BIN = Path(sys.executable).parent
@@ -95,6 +102,7 @@ CONNECTION = "splitfed-local"
 GRACE_S = 5.0  # from SIGTERM to SIGKILL when the deployment stops
 PORT_IN_USE = "address already in use"  # EADDRINUSE's words: how a SuperLink's log says its port was taken
 KEPT_LINES = 10_000  # of flwr run's output, in the result; flwr-run.log has all of it
+WORKDIR_RECORD = ".splitfed-deploy.json"  # in a workdir: the entries deploy made there (Deployment.claim_workdir)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # Flower's colours: kept for a terminal only
 
 # The guard: a small process (``python -c GUARD GRACE SPARED_PGID``, in a session of its own) that takes
@@ -262,21 +270,45 @@ def check_tls(tls_ca: str, tls_cert: str, tls_key: str) -> None:
     (:meth:`TlsConfig.check`), one whose extendedKeyUsage lacks serverAuth or clientAuth (every process serves
     it and presents it to the tiers), or one whose subjectAltName does not cover 127.0.0.1, where every process is
     reached (the SuperLink then refused its SuperNodes and ``flwr``, and deploy said only that the SuperLink
-    was unavailable)."""
+    was unavailable), or one the CA did not sign: every process verifies the others' (the same certificate)
+    against that CA, so each refused each (deploy said only that every SuperNode exited)."""
     if not (tls_ca or tls_cert or tls_key):
         return
     if not (tls_ca and tls_cert and tls_key):
         raise ConfigError("TLS needs --tls-ca, --tls-cert and --tls-key together")
-    from splitfed.transport.security import TlsConfig, certificate_names
+    from cryptography import x509
 
-    cert, _, _ = TlsConfig(tls_cert, tls_key, tls_ca).check(("--tls-cert", "--tls-key", "--tls-ca"),
-                                                          roles=("server", "client"))
-    assert cert is not None
+    from splitfed.transport.security import TlsConfig, certificate_names, signed_by
+
+    cert, _, ca = TlsConfig(tls_cert, tls_key, tls_ca).check(("--tls-cert", "--tls-key", "--tls-ca"),
+                                                           roles=("server", "client"))
+    assert cert is not None and ca is not None
+    if not signed_by(x509.load_pem_x509_certificates(cert), x509.load_pem_x509_certificates(ca)):
+        raise ConfigError(f"--tls-cert {tls_cert} is not signed by the CA in --tls-ca {tls_ca}: every process of "
+                          "the deployment verifies the others against that CA and refuses it; give a certificate "
+                          "that CA signed, or the CA that signed it")
     names = certificate_names(cert)
     if "IP:127.0.0.1" not in names:  # where every process of the deployment listens and is reached
         held = f"it names {', '.join(names)}" if names else "it has no subjectAltName"
         raise ConfigError(f"--tls-cert {tls_cert} is not valid for 127.0.0.1 ({held}): every process of the "
                           "deployment is reached there; give a certificate with subjectAltName IP:127.0.0.1")
+
+
+def _made_by_deploy(record: Path) -> set[str] | None:
+    """The workdir entries ``record`` (:data:`WORKDIR_RECORD`) says deploy made: none without one, ``None``
+    when what is there is not deploy's record (it would be replaced)."""
+    if not os.path.lexists(record):
+        return set()
+    try:
+        data = json.loads(record.read_text(encoding="utf-8")) if not record.is_symlink() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("written by") != "splitfed deploy":
+        return None
+    entries = data.get("entries")
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        return None
+    return set(entries)
 
 
 def _kv(values: Mapping[str, Any]) -> str:
@@ -313,6 +345,7 @@ class Deployment:
         check_tls(self.tls_ca, self.tls_cert, self.tls_key)
         self.workdir = Path(self.workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.claim_workdir()  # before anything is written there
         self.home = self.workdir / "flwr-home"
         self.home.mkdir(exist_ok=True)
         if not self.coordinator_token_file:  # the ServerApp's alone: the nodes never see it
@@ -329,6 +362,34 @@ class Deployment:
     @property
     def secure(self) -> bool:
         return bool(self.tls_ca)
+
+    @property
+    def tier_names(self) -> list[str]:
+        return ["edge", "cloud"][: self.tiers - 1]
+
+    def workdir_entries(self) -> set[str]:
+        """The names this deployment writes in its workdir, replacing what is there: FLWR_HOME, the app copy,
+        the coordinator token it makes, and each process's log."""
+        logs = ["superlink", "guard", "flwr-run", *self.tier_names, *(f"supernode{i}" for i in range(self.clients))]
+        made = [] if self.coordinator_token_file else ["coordinator-token"]
+        return {"flwr-home", "app", *made, *(f"{name}.log" for name in logs)}
+
+    def claim_workdir(self) -> None:
+        """Refuse (ConfigError, before anything is written) a workdir holding one of :meth:`workdir_entries` that
+        deploy did not make there, then record them as deploy's (:data:`WORKDIR_RECORD`, itself refused when it
+        is not deploy's record). Before, deploy deleted a user's ``app/`` and replaced their files of those names.
+        Names, not sha256s: the logs and FLWR_HOME change as the processes run, after deploy last wrote them."""
+        record = self.workdir / WORKDIR_RECORD
+        made = _made_by_deploy(record)
+        wanted = self.workdir_entries()
+        refused = [record] if made is None else [
+            self.workdir / name for name in sorted(wanted) if os.path.lexists(self.workdir / name)
+            and (name not in made or (self.workdir / name).is_symlink())]  # deploy makes no link
+        if refused:
+            raise ConfigError(f"--workdir {self.workdir}: deploy would replace {refused[0]}, which it did not write; "
+                              "give an empty folder or a workdir deploy made")
+        kept = {name for name in made or () if os.path.lexists(self.workdir / name)}
+        write_json(record, {"written by": "splitfed deploy", "entries": sorted(kept | wanted)})
 
     # ------------------------------------------------------------ processes
 
@@ -428,7 +489,7 @@ class Deployment:
         its choice and the tier's bind is chosen again, as :func:`~splitfed.transport.process.local_chain` does."""
         if self.tiers not in (2, 3):
             raise ConfigError("the local deployment starts 2 or 3 tiers")
-        names = ["edge", "cloud"][: self.tiers - 1]
+        names = self.tier_names
         security = (["--tls-cert", self.tls_cert, "--tls-key", self.tls_key, "--tls-ca", self.tls_ca]
                     if self.secure else ["--insecure"])
         if self.token_file:
@@ -760,7 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     again.add_argument("--overwrite", action="store_true",
                        help="replace the run the --out folder holds (without it, such a folder is refused)")
-    p.add_argument("--workdir", default=None, help="logs, app copy and FLWR_HOME (default: a temporary folder)")
+    p.add_argument("--workdir", default=None, help="logs, app copy and FLWR_HOME (default: a temporary folder); "
+                   "an empty folder or one deploy made (it refuses to replace files it did not write)")
     p.add_argument("--tls-ca", default="")
     p.add_argument("--tls-cert", default="")
     p.add_argument("--tls-key", default="")
