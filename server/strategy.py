@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -87,6 +87,16 @@ NO_REPLY = "no reply before the round timeout"  # why a client that never answer
 
 class RunStopped(SplitfedError):
     """The run was asked to stop (Ctrl-C) while waiting for nodes."""
+
+
+class QueryRound(NamedTuple):
+    """What a query round found: each admitted node's client, what its answer says of its link and speed (for
+    the log), why each other node was left out, and how many answered at all (an error is no answer)."""
+
+    clients: dict[int, ClientInfo]
+    links: dict[int, str]
+    left: dict[int, str]
+    answered: int
 
 
 @dataclass
@@ -224,27 +234,36 @@ class SplitFedAvg(FedAvg):
         """Wait for the nodes (up to ``node_wait_s``), ask each for its partition and device profile."""
         s = self.settings
         deadline = time.monotonic() + s.node_wait_s
-        while len(nodes := sorted(grid.get_node_ids())) < s.clients and time.monotonic() < deadline:
+        # the count last said, and when: said when it changes, else as often as a round's progress (a line
+        # each second filled the log: 119 for 120 s)
+        said: tuple[int, float] | None = None
+        while len(nodes := sorted(grid.get_node_ids())) < s.clients and (now := time.monotonic()) < deadline:
             self._check_stop()
-            log(INFO, "Waiting for nodes: %d of %d registered", len(nodes), s.clients)
+            if said is None or said[0] != len(nodes) or now - said[1] >= self.waiting_s:
+                log(INFO, "Waiting for nodes: %d of %d registered", len(nodes), s.clients)
+                said = (len(nodes), now)
             time.sleep(1.0)
+        if said is not None and len(nodes) < s.clients:  # the wait ran out: where it ended
+            log(INFO, "Waiting for nodes: %d of %d registered when node-wait-s (%gs) ran out", len(nodes),
+                s.clients, s.node_wait_s)
         need = s.min_clients
         if len(nodes) < need:
             raise ConfigError(f"only {len(nodes)} node(s) registered within {s.node_wait_s:.0f}s; "
                               f"at least {need} needed")
         self._profile_of = profile_of
-        clients, links = self._query(grid, nodes)
+        clients, links, left, answered = self._query(grid, nodes)
         self._strangers = set(nodes) - set(clients)
-        if len(clients) < need:
-            raise ConfigError(f"only {len(clients)} node(s) answered the query round; at least {need} needed")
+        if len(clients) < need:  # said whole: nodes that answered and were left out are no network trouble
+            raise ConfigError(f"only {len(clients)} node(s) admitted by the query round ({answered} of "
+                              f"{len(nodes)} answered); at least {need} needed; left out: {_reasons(left)}")
         self.clients = dict(sorted(clients.items(), key=lambda kv: kv[1].partition_id))
         log(INFO, "Registered %d client(s): %s", len(self.clients),
             ", ".join(f"{c.client_id}={c.profile or '?'}{links[n]}" for n, c in self.clients.items()))
         return list(self.clients.values())
 
-    def _query(self, grid: Grid, nodes: Sequence[int]) -> tuple[dict[int, ClientInfo], dict[int, str]]:
+    def _query(self, grid: Grid, nodes: Sequence[int]) -> QueryRound:
         """The query round of ``nodes``: each one's client (by node id), and what its answer says of its link
-        and speed for the log; a node whose answer does not do is left out, with why."""
+        and speed for the log; a node whose answer does not do is left out, with why (logged and kept)."""
         s = self.settings
         ask = ConfigRecord({"model": json.dumps(self.spec.to_dict(), sort_keys=True), "dataset": s.dataset,
                             "partition": s.partition, "seed": s.seed})
@@ -260,6 +279,9 @@ class SplitFedAvg(FedAvg):
         replies = self.exchange(grid, msgs, s.node_wait_s)
         profile_of = self._profile_of
         clients: dict[int, ClientInfo] = {}
+        left = {n: f"no reply within node-wait-s ({s.node_wait_s:g}s)" if why == NO_REPLY else why
+                for n, why in self._unanswered.items()}  # node -> why it was left out, for register's refusal
+        answered = 0
         refusal = profile_refusal(s)
         seen: dict[int, int] = {}
         twice: set[int] = set()  # partitions two nodes claimed
@@ -268,33 +290,43 @@ class SplitFedAvg(FedAvg):
             node = self._node_asked(msg)
             if msg.has_error():
                 log(WARNING, "Node %d did not answer the query round: %s", node, msg.error.reason)
+                left[node] = f"an error instead of an answer: {_first(msg.error.reason)}"
                 continue
+            answered += 1
             try:
                 info = NodeInfo.from_record(msg.content.config_records[NODE])
             except Exception as e:  # noqa: BLE001 - whatever a node's record makes decoding raise leaves it out
                 log(WARNING, "Node %d sent a malformed node record: %s", node, e)
+                left[node] = "a malformed node record"
                 continue
             if info.protocol != PROTOCOL:  # its device tier would talk to the edge in another protocol
                 log(WARNING, "Node %d (partition %d) runs splitfed %s (protocol %d), this coordinator %s: left "
                     "out; run one splitfed version on every machine", node, info.partition_id,
                     info.version or "older than 0.1.0", info.protocol, this_version())
+                left[node] = f"another splitfed version than {this_version()}: run one on every machine"
                 continue
             if not info.own_data and info.num_partitions != s.clients:  # it would train on another split's slice
                 log(WARNING, "Node %d (partition %d) left out: its node config's num-partitions is %d, the run "
                     "deals its data out to %d clients", node, info.partition_id, info.num_partitions, s.clients)
+                left[node] = (f"its node config's num-partitions is {info.num_partitions}, the run deals its data "
+                              f"out to {s.clients} clients")
                 continue
             if info.partition_id in twice:  # asked before seen: a third node is no second one
                 log(WARNING, "Node %d also holds partition %d: left out", node, info.partition_id)
+                left[node] = f"partition {info.partition_id} held by more than one node"
                 continue
             if info.partition_id in seen:  # which one is right cannot be told: neither trains
                 log(WARNING, "Nodes %d and %d both hold partition %d: both left out; give each node its own "
                     "partition-id", seen[info.partition_id], node, info.partition_id)
                 clients.pop(seen[info.partition_id], None)
                 twice.add(info.partition_id)
+                left[seen[info.partition_id]] = left[node] = (f"partition {info.partition_id} held by more than "
+                                                              "one node")
                 continue
             seen[info.partition_id] = node
             if info.profile and (why := refusal(info.profile)) is not None:  # a typo in its node config
                 log(WARNING, "Node %d (partition %d) left out: its node config's %s", node, info.partition_id, why)
+                left[node] = f"its node config's {why}"
                 continue
             profile = info.profile or (profile_of(info) if profile_of else "")
             # only what was asked for: numbers a node sends unasked (in simulated time, say) are not its world
@@ -304,7 +336,7 @@ class SplitFedAvg(FedAvg):
             links[node] = _link_text(link) or (
                 f" (link not measured: {info.link_error}; the profile's is used)" if info.link_error else "")
             links[node] += _speed_text(s, info) if speed_asked else ""
-        return clients, links
+        return QueryRound(clients, links, left, answered)
 
     def _rejoin(self, grid: Grid) -> set[int]:
         """A node that took the place of a registered one that is gone (a SuperNode restarted: a new node id,
@@ -320,7 +352,7 @@ class SplitFedAvg(FedAvg):
             return live
         new = sorted(live - set(self.clients) - self._strangers - set(self._waiting))
         if new:
-            found, _ = self._query(grid, new)
+            found = self._query(grid, new).clients
             self._strangers |= set(new) - set(found)  # refused: its answer does not change
             for node, info in found.items():
                 if info.partition_id in registered:
@@ -616,6 +648,24 @@ class SplitFedAvg(FedAvg):
                 report.compute_s, report.link_s, report.bytes_up, report.bytes_down,
                 report.rtt_ms / 1e3 if report.rtt_ms >= 0 else None))
         return out
+
+
+def _reasons(left: Mapping[int, str], most: int = 3) -> str:
+    """Why nodes were left out, each reason once with how many it left out, most first: the refusal's last
+    words, which alone should say what to fix (the warnings above name each node)."""
+    counts: dict[str, int] = {}
+    for why in left.values():
+        counts[why] = counts.get(why, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties keep the order the nodes were seen
+    text = "; ".join(f"{why} ({n} node{'s' if n > 1 else ''})" for why, n in ranked[:most])
+    more = len(ranked) - most
+    return text + (f"; {more} other reason(s) in the warnings above" if more > 0 else "")
+
+
+def _first(reason: str | None) -> str:
+    """A node's error reason in one line (a ClientApp's may hold its traceback)."""
+    lines = (reason or "").strip().splitlines()
+    return lines[0] if lines else "no reason given"
 
 
 def _samples_refusal(claimed: int, registered: int, epochs: int) -> str | None:

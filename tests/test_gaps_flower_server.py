@@ -99,7 +99,9 @@ def test_too_few_answers_to_the_query_round_is_a_refusal() -> None:
             raise RuntimeError("this node's ClientApp crashed")  # FakeGrid, as Flower, replies with an error
         return clients.app.app(msg, ctx)
 
-    with pytest.raises(ConfigError, match=r"^only 1 node\(s\) answered the query round; at least 2 needed$"):
+    with pytest.raises(ConfigError, match=r"^only 1 node\(s\) admitted by the query round \(1 of 3 answered\); at least "
+                                          r"2 needed; left out: an error instead of an answer: RuntimeError: this "
+                                          r"node's ClientApp crashed \(2 nodes\)$"):
         _strategy(SMALL.with_(clients=3, min_clients=2)).register(FakeGrid(app, 3))
 
 

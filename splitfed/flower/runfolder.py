@@ -478,10 +478,12 @@ def _refuse_held(folder: Path, resume: bool, overwrite: bool) -> None:
         return
     held = held_run(folder)
     if held:
-        resumable = (f"continue it with --resume {shlex.quote(str(folder))}, "
-                     if (folder / checkpoint.FILENAME).is_file() else "")
-        raise ConfigError(f"run folder {folder} already holds a run ({held}); {resumable}replace it with "
-                          "--overwrite (run config: overwrite = true), or choose another out")
+        resumable = (folder / checkpoint.FILENAME).is_file()
+        # each way on in both forms: a `flwr run` user sets the run config, a command's user the flag
+        go_on = f"continue it with --resume {shlex.quote(str(folder))}, " if resumable else ""
+        keys = "resume = true, or overwrite = true" if resumable else "overwrite = true"
+        raise ConfigError(f"run folder {folder} already holds a run ({held}); {go_on}replace it with "
+                          f"--overwrite, or choose another out (in a run config: {keys})")
 
 
 def check_free(folder: str | Path) -> None:
