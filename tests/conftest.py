@@ -96,3 +96,27 @@ def _flwr_logger_as_it_was() -> Iterator[None]:
     flwr.setLevel(level)
     flwr.propagate = propagate
     flwr.filters[:] = filters
+
+
+_SPENT: dict[str, float] = {}  # worker seconds per test file (setup, call and teardown), and per xdist group
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Counted where the reports meet (the controller under xdist): what each file and group costs CI."""
+    path, _, rest = report.nodeid.partition("::")
+    group = rest.rpartition("@")[2] if "@" in rest else ""
+    for key in (path, f"group {group}" if group else "ungrouped"):
+        _SPENT[key] = _SPENT.get(key, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """With ``--durations`` (``make test`` sets it): worker time by xdist group and the costliest files. A group
+    runs on one worker, one test after another: a group near half the total sets the suite's wall time."""
+    if config.option.durations is None or not _SPENT or hasattr(config, "workerinput"):
+        return
+    groups = {k: v for k, v in _SPENT.items() if k.startswith("group ") or k == "ungrouped"}
+    files = sorted(((v, k) for k, v in _SPENT.items() if k not in groups), reverse=True)
+    terminalreporter.write_sep("=", f"worker time: {sum(groups.values()):.0f} s in all")
+    terminalreporter.write_line("  " + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(groups.items())))
+    for v, k in files[:20]:
+        terminalreporter.write_line(f"{v:8.1f}s {k}")
