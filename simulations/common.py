@@ -463,7 +463,13 @@ def report_runs(runs: Sequence[Any], out: Path, target: float | None = None, tit
                                                                            for k, p in images.items()},
                                                              title=title or "results"))
     print(format_table(*summary_rows(runs, target)), flush=True)
-    return {k: str(p) for k, p in images.items()}
+    return {k: recorded(p) for k, p in images.items()}
+
+
+def recorded(path: str | Path) -> str:
+    """A run's folder or a figure as ``results.json`` names it: absolute, symbolic links resolved, since it is
+    read from other folders than the one the experiment ran in (before, figures were relative to that one)."""
+    return str(Path(path).resolve())
 
 
 def run_record(run: Any, target: float | None = None) -> dict[str, Any]:
@@ -472,7 +478,7 @@ def run_record(run: Any, target: float | None = None) -> dict[str, Any]:
 
     rec: dict[str, Any] = {
         # absolute: results.json and results.csv are read from other folders than the one the experiment ran in
-        "label": run.label, "path": None if run.path is None else str(Path(run.path).resolve()),
+        "label": run.label, "path": None if run.path is None else recorded(run.path),
         "rounds": len(run.rounds),
         "final_accuracy": run.final.accuracy, "best_accuracy": best_accuracy(run),
         "sim_time_s": run.sim_time[-1], "mean_round_s": run.sim_time[-1] / len(run.rounds),

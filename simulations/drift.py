@@ -19,6 +19,7 @@ from simulations.common import (
     TrainingConfig,
     main,
     policy_record,
+    recorded,
     report_runs,
     resolve_policies,
     run_cases,
@@ -87,7 +88,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     trained = dict(zip((label for label, _ in cases), run_cases(cases, out, cfg.backend), strict=True))
     runs = shown_runs(entries, trained)  # each run once: policies of the same cuts share one
     figures = report_runs(runs, out, title="Drift: a device slows down mid-training")
-    figures["makespan with drift"] = str(makespan_plot(
+    figures["makespan with drift"] = recorded(makespan_plot(
         runs, out / "makespan_drift.png", mark_round=first,
         title=f"Simulated round time; device(s) {', '.join(sorted(drifting))} change from round {first}"))
     records = []

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from simulations.common import main, scenario, write_csv
+from simulations.common import main, recorded, scenario, write_csv
 from splitfed.errors import ConfigError
 
 POLICIES = ("optimizer", "best-static", "greedy", "all-on-server")
@@ -180,7 +180,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         ok = [r for r in rows if r["clients"] == n and r["feasible"]]
         series = [Series(p, [r["spread"] for r in ok if r["policy"] == p], [r["makespan_s"] for r in ok if r["policy"] == p])
                   for p in cfg.policies]
-        figures[f"makespan_{n}"] = str(line_plot(  # untied: the policies that tie the optimizer hid its curve
+        figures[f"makespan_{n}"] = recorded(line_plot(  # untied: the policies that tie the optimizer hid its curve
             untie(series), out / f"makespan_vs_spread_{n}.png", logy=True, xlabel=xlabel,
             title=f"Round makespan vs heterogeneity ({cfg.model}, {n} clients, {cfg.tiers} tiers)",
             ylabel="makespan (simulated s, log)", note="points over a server's memory are left out"))
@@ -191,7 +191,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
                          [r[other] for r in speedups if r["clients"] == n and r.get(other) is not None],
                          {"linestyle": ["-", "--", ":", "-."][i % 4], "color": f"C{j}"})
                   for i, n in enumerate(cfg.clients) for j, other in enumerate(others)]
-        figures["speedup"] = str(line_plot(
+        figures["speedup"] = recorded(line_plot(
             untie(series), out / "speedup_vs_spread.png", hline=1.0, hline_label="no gain", xlabel=xlabel,
             title=f"Optimizer's speed-up over each policy ({cfg.model}, {cfg.tiers} tiers)",
             ylabel="makespan ratio (policy / optimizer)", note="policies over a server's memory are left out"))

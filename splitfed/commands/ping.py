@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     if args.compress is not None:
         from splitfed.cost.model import link_codecs
 
-        # an unknown codec, or too many for the addresses given: before any tier is asked
+        # before any tier is asked: the codecs themselves (each as many links as it names), then their number,
+        # whose refusal alone says why ping needs every address: it counts the links from the addresses given
+        link_codecs(args.compress, len(args.compress.split(",")), what="--compress")
         link_codecs(args.compress, len(args.addresses), what="--compress (a codec per link needs every address of "
                                                              "the chain)")
     for addr in args.addresses:  # every address before any is tried: a typo is no tier that is down

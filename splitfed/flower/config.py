@@ -365,7 +365,8 @@ def absolute_paths(settings: RunSettings) -> RunSettings:
     a file here, not a shipped fleet's name): what a new run records, so that its ``--resume`` from another
     folder reads the same files."""
     fleet = settings.fleet
-    if isinstance(fleet, str) and fleet and Path(fleet).exists():
+    # a file only: a folder here named like a shipped fleet (small) is no fleet file the run would read
+    if isinstance(fleet, str) and fleet and Path(fleet).is_file():
         fleet = str(Path(fleet).resolve())
     dataset = dataset_beside(settings.dataset)
     if (fleet, dataset) == (settings.fleet, settings.dataset):
