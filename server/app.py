@@ -82,6 +82,8 @@ def build_app(settings: RunSettings | None = None, progress: Progress | None = N
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         s = settings or RunSettings.from_mapping(dict(context.run_config), source="run config")
+        if settings is None:  # flwr run: said once, at its start (splitfed simulate says it before Ray starts)
+            _late_drift(s, progress or _log)
         try:
             summary = run(grid, s, progress, stop, recorded_as=recorded_as, resumed=resumed, reservation=reservation)
         except RunStopped:
@@ -97,6 +99,23 @@ def build_app(settings: RunSettings | None = None, progress: Progress | None = N
 app = build_app()
 
 
+def _log(line: str) -> None:
+    """A progress line of a run without a caller to print it (``flwr run``): the ServerApp's log."""
+    log(INFO, "%s", line)
+
+
+def _late_drift(settings: RunSettings, say: Progress) -> None:
+    """Say the fleet's drifts the run never reaches (:func:`~splitfed.sim.runner.late_drift_note`), if any."""
+    from splitfed.sim.runner import late_drift_note
+
+    try:
+        note = late_drift_note(settings)
+    except ConfigError:  # a fleet it cannot draw: the run refuses it, as before, once it holds its folder
+        return
+    if note:
+        say(note)
+
+
 def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
         stop: threading.Event | None = None, recorded_as: RunSettings | None = None,
         resumed: checkpoint.Checkpoint | None = None, reservation: runfolder.Reservation | None = None
@@ -109,8 +128,7 @@ def run(grid: Grid, settings: RunSettings, progress: Progress | None = None,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every other process of a run: the same kernels, so the same numbers
     try:
-        return _run(grid, settings, progress or (lambda line: log(INFO, "%s", line)), stop, recorded_as, resumed,
-                    reservation)
+        return _run(grid, settings, progress or _log, stop, recorded_as, resumed, reservation)
     finally:
         torch.set_num_threads(threads)  # the caller's process (a notebook, a test) gets its setting back
 

@@ -67,7 +67,7 @@ def test_a_weight_decay_that_diverges_the_run_is_named_with_both_settings(tmp_pa
         train_inprocess(s)
     assert str(e.value) == (f"round 1: 0 of 2 clients finished, fewer than the minimum 1 (failed: client0 ({NAN}), "
                             f"client1 ({NAN})); training diverged at round 1 (its loss or weights became NaN or "
-                            "infinite): try a smaller --lr (now 0.05) or --weight-decay (now 1e+30)")
+                            "infinite): try a smaller lr (now 0.05) or weight-decay (now 1e+30)")
 
 
 @pytest.mark.parametrize("mode", ["sflv1", "sflv2"])
@@ -76,7 +76,7 @@ def test_a_learning_rate_that_diverges_the_round_is_named_alone(mode: str) -> No
     msg = _round(mode, OptimConfig("sgd", 1e30))
     assert msg.startswith("round 1: 0 of 2 clients finished, fewer than the minimum 2 (failed: c0 (")
     assert msg.endswith("); training diverged at round 1 (its loss or weights became NaN or infinite): try a "
-                        "smaller --lr (now 1e+30)")
+                        "smaller lr (now 1e+30)")
 
 
 def test_device_weights_that_came_back_non_finite_are_a_divergence_too() -> None:
@@ -84,7 +84,7 @@ def test_device_weights_that_came_back_non_finite_are_a_divergence_too() -> None
     assert msg.startswith("round 1: 1 of 2 clients finished, fewer than the minimum 2 (failed: c1 (its device "
                           "weights '")
     assert msg.endswith("' hold NaN or infinite values)); training diverged at round 1 (its loss or weights became "
-                        "NaN or infinite): try a smaller --lr (now 0.05) or --weight-decay (now 0.0001)")
+                        "NaN or infinite): try a smaller lr (now 0.05) or weight-decay (now 0.0001)")
 
 
 def test_a_round_that_fails_for_another_reason_does_not_say_diverged() -> None:

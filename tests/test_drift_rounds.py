@@ -66,10 +66,10 @@ def test_a_run_shorter_than_its_fleet_s_drifts_names_each_device_and_round(fleet
     assert {c.kind for c in fleet_for(s).clients} == {"phone", "pi", "laptop"}  # every entry drawn
     assert runner.late_drift_note(s) == (
         f"note: fleet {fleet!r}: devices 'pi' (round 2), 'phone' (round 5) drift after the run's last round (1): "
-        "never applied (--rounds 5 or more would apply them)")
+        "never applied (a run of 5 or more rounds would apply them)")
     assert runner.late_drift_note(s.with_(rounds=4)) == (
         f"note: fleet {fleet!r}: device 'phone' drifts at round 5, after the run's last round (4): never applied "
-        "(--rounds 5 or more would apply it)")
+        "(a run of 5 or more rounds would apply it)")
     assert runner.late_drift_note(s.with_(rounds=9)) == ""
 
 
@@ -80,14 +80,14 @@ def test_only_the_devices_the_run_drew_are_named(fleet: str) -> None:
     assert drawn == {"pi", "laptop"}  # this seed draws no phone
     assert runner.late_drift_note(s) == (
         f"note: fleet {fleet!r}: device 'pi' drifts at round 2, after the run's last round (1): never applied "
-        "(--rounds 2 or more would apply it)")
+        "(a run of 2 or more rounds would apply it)")
 
 
 def test_the_shipped_small_fleet_s_drift_is_said_of_a_default_length_run() -> None:
     s = RunSettings(fleet="small", clients=5)
     assert s.rounds == 3
     assert runner.late_drift_note(s) == ("note: fleet 'small': device 'laptop' drifts at round 5, after the run's "
-                                         "last round (3): never applied (--rounds 5 or more would apply it)")
+                                         "last round (3): never applied (a run of 5 or more rounds would apply it)")
     assert runner.late_drift_note(RunSettings(fleet="reference", clients=5)) == ""  # no drift at all
 
 
@@ -103,4 +103,4 @@ def test_simulate_says_it_before_ray_starts(fleet: str, monkeypatch: pytest.Monk
         runner.simulate(RunSettings(fleet=fleet, clients=20, rounds=4), progress=lines.append, cpus=1)
     assert lines == ["starting the simulation engine (Ray, 1 CPU(s)) and 2 tier process(es)...",
                      f"note: fleet {fleet!r}: device 'phone' drifts at round 5, after the run's last round (4): "
-                     "never applied (--rounds 5 or more would apply it)"]
+                     "never applied (a run of 5 or more rounds would apply it)"]

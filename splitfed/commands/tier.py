@@ -1,7 +1,7 @@
 """``splitfed tier``: serve one tier (edge or cloud) of the chain over gRPC until stopped.
 
 Prints ``listening on HOST:PORT`` once it serves (so a parent may ask for port
-0); stops on SIGTERM / SIGINT, and with ``--exit-with-stdin`` when its stdin
+0); stops on SIGTERM / SIGINT / SIGHUP, and with ``--exit-with-stdin`` when its stdin
 closes (how :class:`~splitfed.transport.process.TierProcess` makes sure a tier
 never outlives the process that started it).
 """
@@ -155,7 +155,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, caught: list[int]) -> 
     if args.threads:
         torch.set_num_threads(args.threads)
     if stop.is_set():  # a signal while it started: it stops before it serves, as a signal then would have
-        raise Terminated() if caught[-1] == signal.SIGTERM else KeyboardInterrupt()
+        raise KeyboardInterrupt() if caught[-1] == signal.SIGINT else Terminated()
     set_limits(BuildLimits(args.max_model_mb << 20, args.max_sample_mb << 20, args.max_held_mb << 20))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {args.name or role} %(levelname)s %(message)s")
@@ -194,10 +194,12 @@ def _run(args: argparse.Namespace, stop: threading.Event, caught: list[int]) -> 
 
 @contextmanager
 def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
-    """An event SIGTERM and SIGINT set (and the signals caught, in order) instead of raising, while the
-    command runs: a tier stops between calls, not inside one. SIGINT is left ignored where it is (a background
-    job's: Ctrl-C is not for it); the handlers before are put back after (a caller's, in process), and none is
-    set off the main thread (Python allows it only there: a caller's thread gets the event alone)."""
+    """An event SIGTERM, SIGINT and SIGHUP set (and the signals caught, in order) instead of raising, while the
+    command runs: a tier stops between calls, not inside one. SIGHUP is SIGTERM's kind of stop (the terminal of a
+    tier started by hand closed), not a death without its "stopped" line. A signal is left ignored where it is
+    (SIGINT in a background job: Ctrl-C is not for it; SIGHUP under nohup); the handlers before are put back after
+    (a caller's, in process), and none is set off the main thread (Python allows it only there: a caller's thread
+    gets the event alone)."""
     stop = threading.Event()
     caught: list[int] = []
 
@@ -206,7 +208,7 @@ def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
         stop.set()
 
     main = threading.current_thread() is threading.main_thread()
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)} if main else {}
     try:
         for sig, handler in before.items():
             if handler is not signal.SIG_IGN:

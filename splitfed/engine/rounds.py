@@ -774,13 +774,14 @@ class SplitRound:
     def _too_few(self, finished: str) -> RoundFailed:
         """The round fails: ``finished`` (how many clients did) is below the minimum. Clients that failed on NaN
         or infinite values (a loss, an activation, weights) mean the training diverged: said, with what to lower,
-        for the checks' own words ("activation: contains NaN ...") name only the symptom."""
+        for the checks' own words ("activation: contains NaN ...") name only the symptom. The settings are named
+        by the words ``splitfed simulate``'s flags (``--lr``) and ``flwr run``'s run-config keys (``lr``) share."""
         r = self.cfg.round
         text = f"round {r}: {finished}, fewer than the minimum {self.min_clients} (failed: {self._failures()})"
         why = {**self.lost, **self.why}
         if any(w in why.get(c, "") for c in self.failed for w in NONFINITE):
             o = self.cfg.optim
-            lower = f"--lr (now {o.lr:g})" + (f" or --weight-decay (now {o.weight_decay:g})" if o.weight_decay else "")
+            lower = f"lr (now {o.lr:g})" + (f" or weight-decay (now {o.weight_decay:g})" if o.weight_decay else "")
             text += f"; training diverged at round {r} (its loss or weights became NaN or infinite): try a smaller {lower}"
         return RoundFailed(text)
 

@@ -50,18 +50,23 @@ def train_inprocess(settings: Any, progress: Callable[[str], None] | None = None
     from splitfed.sim.runner import one_sample_batches
 
     check_inprocess(settings)
+    fleet = fleet_for(settings)
+    clients = sim_clients(settings, fleet)  # once: each client's data is drawn to count its samples
     # as the runner's validate: a BatchNorm model's one-sample last batch would fail that client every round
-    one_sample_batches(settings, sim_clients(settings, fleet_for(settings)))
+    one_sample_batches(settings, clients)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every process of a Flower run: the same kernels, so the same numbers
     try:
         with runfolder.claim(settings.out, resume=False, overwrite=settings.overwrite):
-            return _train(settings, progress)
+            return _train(settings, progress, fleet, clients)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, Any]:
+def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = None,
+           clients: list[Any] | None = None) -> dict[str, Any]:
+    """The rounds of :func:`train_inprocess`. ``fleet`` and ``clients`` (:func:`sim_clients`): the run's, as the
+    caller built them for its checks; built here when not given."""
     from server.app import metrics_row, progress_line
     from server.strategy import RoundRecord, moves, settle
     from splitfed.engine.rounds import (
@@ -82,16 +87,17 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
         test_data,
     )
     from splitfed.sim.clock import finished_time, fleet_for, make_clock
+    from splitfed.sim.runner import late_drift_note
     from splitfed.transport.compress import get as codec
 
     s = settings.with_(run_name=settings.run_id)  # its tiers are its own: no tag (cf. server.app.named)
     say = progress if progress is not None else (lambda line: None)
     spec = s.spec
     policy = make_policy(s)
-    fleet = fleet_for(s)
+    fleet = fleet if fleet is not None else fleet_for(s)
+    clients = clients if clients is not None else sim_clients(s, fleet)
     clock = make_clock(s, fleet)
     data = {pid: client_data(spec, s.dataset, s.partition, s.clients, pid, s.seed) for pid in range(s.clients)}
-    clients = sim_clients(s, fleet)
     test_x, test_y = test_data(spec, s.dataset, s.seed)
     writer = MetricsWriter(s.out)
     writer.truncate_after(0)
@@ -99,6 +105,8 @@ def _train(settings: Any, progress: Callable[[str], None] | None) -> dict[str, A
     state = initial_state(spec, s.seed)
     profiles = {c.client_id: c.profile for c in clients}
     previous: dict[str, tuple[int, ...]] = {}  # each client's cuts when it last trained (the clock prices moves)
+    if note := late_drift_note(s):  # as a Flower run says it
+        say(note)
     say(f"run {s.run_id}: {s.mode}, {s.tiers} tiers, cuts {s.cuts}, {len(clients)} client(s), rounds 1..{s.rounds} "
         f"(in-process)")
     initial = evaluate(spec, state, test_x, test_y)  # before any training: round 1's row keeps it

@@ -215,13 +215,15 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
 def late_drift_note(settings: RunSettings) -> str:
     """A line naming the drawn devices whose fleet drift comes after the run's last round ("" when none): it is
     never applied. Said, not refused: a fleet serves runs of any length (the shipped ``small`` drifts at round 5,
-    and a run's default is 3 rounds)."""
+    and a run's default is 3 rounds). Every backend says it (simulate, in-process, ``flwr run``'s ServerApp), so
+    it names no one spelling of the rounds (``--rounds``, ``num-server-rounds``)."""
     from splitfed.sim.clock import fleet_for
 
     late = fleet_for(settings).drifts_after(settings.rounds)
     if not late:
         return ""
-    last = f"the run's last round ({settings.rounds}): never applied (--rounds {max(late.values())} or more would apply"
+    last = (f"the run's last round ({settings.rounds}): never applied (a run of {max(late.values())} or more rounds "
+            "would apply")
     if len(late) == 1:
         [(kind, r)] = late.items()
         return f"note: fleet {settings.fleet!r}: device {kind!r} drifts at round {r}, after {last} it)"
