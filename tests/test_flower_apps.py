@@ -288,7 +288,7 @@ def test_a_diverged_global_model_stops_the_run_and_is_not_checkpointed(monkeypat
     s = main.with_(rounds=3, lr=100.0, node_wait_s=5.0)
     lines: list[str] = []
     with pytest.raises(RunDiverged, match=r"round 1: the global model diverged \(its test loss is not finite\); "
-                                          r"the run stops and no round is kept \(start it again with --overwrite\) \(a learning rate "
+                                          r"the run stops and no round is kept \(start it again with --overwrite; flwr run: overwrite = true\) \(a learning rate "
                                           r"below 100\?\)") as err:
         _run(monkeypatch, s.with_(out=str(tmp_path / "flower")), grid=FakeGrid(clients.app.app, s.clients),
              progress=lines.append)

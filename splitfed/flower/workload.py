@@ -138,7 +138,7 @@ def check_converging(rnd: int, loss: float, lr: float) -> None:
     """
     if not math.isfinite(loss):
         kept = (f"the checkpoint keeps round {rnd - 1}" if rnd > 1 else
-                "no round is kept (start it again with --overwrite)")
+                "no round is kept (start it again with --overwrite; flwr run: overwrite = true)")
         raise RunDiverged(f"round {rnd}: the global model diverged (its test loss is not finite); the run "
                           f"stops and {kept} (a learning rate below {lr:g}?)")
 
