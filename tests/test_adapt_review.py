@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from splitfed.cost import Scenario, client_cost, evaluate, move_cost
+from splitfed.errors import ConfigError
 from splitfed.optimizer import Adapter, Measurement, solve
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile, parse_fleet
 from tests.test_adapt import _ONE, FLEET, PROF
@@ -58,7 +59,7 @@ def _J(sc: Scenario, old: dict, new: dict, left: int) -> float:
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the cost model overflows on absurd beliefs
 @FAST
-@given(st.dictionaries(st.sampled_from([*NAMES, "stranger"]), MEASUREMENT, max_size=5))
+@given(st.dictionaries(st.sampled_from(NAMES), MEASUREMENT, max_size=5))  # a stranger: refused (below)
 @example({"phone-0": Measurement(compute_flops=5e-324, compute_s=2.0)})  # the rate underflows to 0
 @example({"laptop": Measurement(up_bytes=1e-320, up_s=1e10)})
 def test_no_measurement_makes_a_belief_unusable_or_a_decision_fail(measured: dict[str, Measurement]) -> None:
@@ -90,8 +91,10 @@ def test_a_measurement_that_prices_every_plan_at_infinity_keeps_the_cuts() -> No
 
 
 def test_a_failed_client_or_a_stranger_changes_no_belief() -> None:
+    """A stranger (not in the fleet) is refused, as an unknown server tier is: it was dropped without a word."""
     adapter = Adapter(SC, rounds=5, time_limit=None)
-    adapter.update({"stranger": Measurement(compute_flops=1e9, compute_s=1.0)})  # not in the fleet
+    with pytest.raises(ConfigError, match="^no client named 'stranger'; clients: laptop, phone-0, phone-1, phone-2$"):
+        adapter.update({"stranger": Measurement(compute_flops=1e9, compute_s=1.0)})
     assert adapter.belief == SC
     adapter.update({})  # every client failed: nothing measured
     assert adapter.belief == SC

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, nearest
 
 if TYPE_CHECKING:  # not at run time: the CLI parses ``verify --cuts`` here (parse_cuts), torch-free
     from splitfed.flower.config import RunSettings
@@ -185,4 +185,20 @@ def make_policy(settings: RunSettings) -> AssignmentPolicy:
         return StaticPolicy(options)
     if name in _FACTORIES:
         return _FACTORIES[name](arg, settings)
-    raise ConfigError(f"unknown cut policy {spec!r}: use {' | '.join(['static:K1,K2', *sorted(_FACTORIES)])}")
+    raise ConfigError(f"unknown cut policy {spec!r}{_meant(spec)}: use "
+                      f"{' | '.join(['static:K1,K2', *sorted(_FACTORIES)])}")
+
+
+def _meant(spec: str) -> str:
+    """`` (did you mean 'adaptive'?)`` for a misspelt policy word (``adaptiv``, ``statc:2,5``: its argument kept),
+    or ``static:2,5`` for a bare cut vector (``verify --cuts`` takes one); "" when nothing is close."""
+    name, _, arg = spec.strip().partition(":")
+    near = nearest(name, ["static", *_FACTORIES])
+    if near is not None:
+        fixed = f"{near}:{arg or 'K1,K2'}" if near == "static" or arg else near  # static needs its vectors
+        return f" (did you mean {fixed!r}?)"
+    try:
+        parse_cuts(spec.strip())
+    except ConfigError:
+        return ""
+    return f" (did you mean {'static:' + spec.strip()!r}?)"

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from numbers import Integral
 
 import numpy as np
 
@@ -48,7 +49,7 @@ from splitfed.cost.model import (
     option_table,
     server_memory,
 )
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, nearest
 from splitfed.optimizer.assign import DEFAULT_GAP, solve
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
@@ -123,6 +124,17 @@ def _toward(belief: float, seen: float, alpha: float, jump: float) -> float:
     return min(max(blend, min(belief, seen)), max(belief, seen))
 
 
+def _near(name: str, names: set[str]) -> str:
+    near = nearest(name, names)
+    return f" (did you mean {near!r}?)" if near else ""
+
+
+def _listed(names: set[str], most: int = 8) -> str:
+    """The names, sorted; a large fleet's first ``most`` and a count (a message stays one readable line)."""
+    shown = sorted(names)
+    return ", ".join(shown[:most]) + (f" and {len(shown) - most} more" if len(shown) > most else "")
+
+
 class Adapter:
     """Keeps the current assignment and the believed fleet; ``observe`` after every round."""
 
@@ -131,16 +143,21 @@ class Adapter:
                  assignment: Mapping[str, Cuts] | None = None) -> None:
         if not 0 < alpha <= 1:
             raise ConfigError(f"alpha must be in (0, 1], got {alpha}")
-        if jump <= 1 or hysteresis < 0 or rounds < 1:
-            raise ConfigError("jump must be > 1, hysteresis >= 0 and rounds >= 1")
+        whole = isinstance(rounds, Integral) and not isinstance(rounds, bool)  # 2.5 or True were taken as rounds
+        for name, value, ok in (("jump", jump, jump > 1), ("hysteresis", hysteresis, hysteresis >= 0),
+                                ("rounds", rounds, whole and rounds >= 1)):
+            if not ok:  # written as what holds, so a NaN fails it: a NaN hysteresis never let a cut move
+                raise ConfigError(f"jump must be > 1, hysteresis >= 0 and rounds >= 1 (an integer), "
+                                  f"got {name}={value!r}")
         self.belief = scenario
-        self.rounds = rounds
+        self.rounds = int(rounds)
         self.alpha, self.jump, self.hysteresis = alpha, jump, hysteresis
         self.gap, self.time_limit = gap, time_limit
         if assignment is None or any(c.name not in assignment for c in scenario.clients):
             # none yet, or a resumed run's clients that it did not know: planned with the rest, which keep
             # their cuts where that is as good
             assignment = solve(scenario, gap=gap, time_limit=time_limit, prefer=assignment).assignment
+        # cuts of a client the scenario lacks are dropped, not refused: a resumed run's node that did not come back
         self.assignment: dict[str, Cuts] = {c.name: scenario.check_cuts(assignment[c.name]) for c in scenario.clients}
         self.history: list[Decision] = []  # the last HISTORY decisions (each holds every client's cuts)
 
@@ -150,6 +167,10 @@ class Adapter:
                servers: Mapping[str, tuple[float, float]] | None = None) -> None:
         """Smooth measured rates into the believed profiles (``servers``: tier name -> (FLOPs, s))."""
         a, j = self.alpha, self.jump
+        names = {c.name for c in self.belief.clients}
+        for name in measured:  # as an unknown server tier is: a misspelt client's round was dropped unsaid
+            if name not in names:
+                raise ConfigError(f"no client named {name!r}{_near(name, names)}; clients: {_listed(names)}")
         clients = []
         for c in self.belief.clients:
             m = measured.get(c.name)

@@ -444,6 +444,10 @@ def _drifts(items: Any, source: str, where: str, base: Mapping[str, float]) -> t
         if not sets and not scales:
             raise ConfigError(f"{source}: {w}: changes nothing (give one of "
                               f"{', '.join(sorted(_DRIFT_KEYS - {'round'}))})")
+        both = next(((f, k) for k, f in _DRIFT_SCALE.items() if k in d and f in d), None)
+        if both is not None:  # set, then scaled (up_mbps = 1 and up_scale = 0.1 gave 0.1), as in two tables
+            raise ConfigError(f"{source}: {w}: changes {both[0]!r} twice in round {r} ({both[0]!r} and {both[1]!r}): "
+                              "give one drift per field and round")
         seen = next(((k, i) for i, e in enumerate(out, 1) if e.round == r
                      for k in sorted({f for f, _ in (*e.set, *e.scale)} & {f for f, _ in (*sets, *scales)})), None)
         if seen is not None:  # which one the user meant is not ours to guess (a later one won, or they compounded)
