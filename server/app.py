@@ -236,6 +236,12 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
                 checkpoint.save(settings.out, checkpoint.Checkpoint(
                     rnd, state_now, recorded, dict(strategy.previous), policy.state_dict(),
                     torch.get_rng_state(), data, fleet=fleet_sha, binding_key=binding_key, row=row))
+                if rnd == first and (redone := getattr(policy, "redecided", None)) is not None:
+                    # a finished run resumed for more rounds: its last row's decision ("last round") was made
+                    # again for them (adaptive), and this round ran it. Amended only now, after this round's
+                    # checkpoint: the last one's copy of that row must match the file for a resume from it
+                    last, decision = redone
+                    writer.amend(last, decision=decision)
                 writer.append(row)
             say(progress_line(row, settings.rounds, profiles))
             started = time.perf_counter()

@@ -34,6 +34,7 @@ from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import ClientInfo, Cuts, Measurement
 
 if TYPE_CHECKING:
+    from splitfed.optimizer.adapt import Decision
     from splitfed.profile.speed import SpeedMeasure
 
 
@@ -217,6 +218,9 @@ class AdaptivePolicy:
         self._saved: Mapping[str, Any] | None = None
         # each client's device in the fleet as it really is (simulation), by client id; None: its times are measured
         self._truth: dict[str, str] | None = None
+        # a finished run resumed for more rounds: its last round, and the decision after it made again for the
+        # rounds now left, which that round's metrics row is to say instead of "last round" (the run writes it)
+        self.redecided: tuple[int, dict[str, Any]] | None = None
 
     def _start(self, clients: Sequence[ClientInfo]) -> None:
         from splitfed.optimizer import Adapter
@@ -239,7 +243,7 @@ class AdaptivePolicy:
                 # a finished run resumed for more rounds: its last decision kept every cut ("last round", no
                 # round left to repay a move); decided again for the rounds now left, from what it had learned
                 assert self.adapter is not None
-                self.adapter.observe(round - 1, {})
+                self.redecided = (round - 1, _decision(self.adapter.observe(round - 1, {})))
         return {c.client_id: tuple(self.adapter.assignment[c.client_id]) for c in clients}
 
     def observe(self, round: int, measurements: Sequence[Measurement]) -> dict[str, Any]:
@@ -262,9 +266,7 @@ class AdaptivePolicy:
         else:
             for m in measurements:
                 seen[m.client_id] = _measured(sc, m)
-        d = self.adapter.observe(round, seen)
-        return {"moved": list(d.moved), "reason": d.reason, "predicted_s": d.before_s,
-                "predicted_after_s": d.after_s, "move_s": d.move_s}  # the metrics writer nulls inf
+        return _decision(self.adapter.observe(round, seen))
 
     def state_dict(self) -> dict[str, Any]:
         if self.adapter is None:
@@ -276,6 +278,12 @@ class AdaptivePolicy:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._saved = state if state.get("assignment") else None
+
+
+def _decision(d: Decision) -> dict[str, Any]:
+    """An :class:`~splitfed.optimizer.Adapter` decision as a metrics row's ``decision`` holds it."""
+    return {"moved": list(d.moved), "reason": d.reason, "predicted_s": d.before_s,
+            "predicted_after_s": d.after_s, "move_s": d.move_s}  # the metrics writer nulls inf
 
 
 def simulated_devices(settings: RunSettings, clients: Sequence[ClientInfo]) -> dict[str, str] | None:

@@ -2,7 +2,9 @@
 
 ``metrics.jsonl`` gets one object per finished round, flushed as it is written
 so a crashed run keeps every round it finished; a resumed run first drops rows
-after its checkpoint's round, so the file never holds a round twice.
+after its checkpoint's round, so the file never holds a round twice. A finished
+run resumed for more rounds amends its last row's ``decision`` (``amend``): the
+adaptive policy's "last round" made again for the rounds added, as one run's row says.
 ``summary.json`` is written (atomically) at the end of the run. Both are strict
 JSON (what jq, browsers and pandas read): a NaN or infinite number, such as the
 loss of a diverged model, is written as ``null``.
@@ -146,6 +148,13 @@ class MetricsWriter:
         keep = [r for r in self.rows() if r["round"] <= round]
         with _writing(self.path):
             write_atomic(self.path, "".join(dumps(r) + "\n" for r in keep))  # its name made durable too
+
+    def amend(self, round: int, **fields: Any) -> None:
+        """Set ``fields`` in the row of round ``round`` (the file rewritten atomically: a crash leaves it as it
+        was or amended, never cut)."""
+        rows = [{**r, **fields} if r["round"] == round else r for r in self.rows()]
+        with _writing(self.path):
+            write_atomic(self.path, "".join(dumps(r) + "\n" for r in rows))
 
     def append(self, row: Mapping[str, Any]) -> None:
         with _writing(self.path):
