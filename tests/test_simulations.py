@@ -61,8 +61,12 @@ def test_every_script_has_a_config_and_a_tiny_config() -> None:
             common.load_config(cfg, module.Config)  # every shipped config parses
 
 
-def test_heterogeneity_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    res = run_tiny(heterogeneity_sweep, "heterogeneity_sweep", tmp_path, capsys)
+def test_heterogeneity_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # --out relative: results.json still names its figures from / (read elsewhere)
+    res = run_tiny(heterogeneity_sweep, "heterogeneity_sweep", Path("rel"), capsys)
+    tmp_path = tmp_path / "rel"
+    assert res["figures"] and all(p == str(tmp_path / Path(p).name) for p in res["figures"].values())
     rows = res["rows"]
     assert {r["policy"] for r in rows} == set(heterogeneity_sweep.POLICIES)
     assert {r["spread"] for r in rows} == {0.0, 1.0}
@@ -110,8 +114,13 @@ def test_static_vs_adaptive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "accuracy vs simulated time" in res["figures"]
 
 
-def test_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    res = run_tiny(drift, "drift", tmp_path, capsys)
+def test_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # --out relative: its figures (its own makespan one too) and runs named from /
+    res = run_tiny(drift, "drift", Path("rel"), capsys)
+    tmp_path = tmp_path / "rel"
+    assert res["figures"]["makespan with drift"] == str(tmp_path / "makespan_drift.png")
+    assert all(p == str(tmp_path / Path(p).name) for p in res["figures"].values())
+    assert all(Path(p["path"]).is_absolute() for p in res["policies"])
     assert res["drift_round"] == 2 and res["drifting_clients"]
     (pol,) = res["policies"]
     assert {"makespan_before_s", "makespan_drift_round_s", "makespan_tail_s", "moves"} <= set(pol)

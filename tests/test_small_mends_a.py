@@ -16,7 +16,6 @@ experiments' figure paths, and the README's word on what top-k sends.
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -24,7 +23,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from simulations import common, drift, heterogeneity_sweep
+from simulations import common
 from splitfed import cli
 from splitfed.fleets import shipped_fleets
 from splitfed.flower.config import RunSettings, absolute_paths
@@ -32,7 +31,6 @@ from splitfed.report.runs import RoundRow, Run
 from splitfed.transport.codec import Codec, payload_size
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "simulations" / "configs"
 
 
 def _benchmark() -> ModuleType:
@@ -145,37 +143,7 @@ def test_report_runs_names_its_figures_by_absolute_paths(tmp_path: Path, monkeyp
     assert all(f"]({Path(p).name})" in summary for p in images.values())
 
 
-def _results(module: ModuleType, name: str, config: Path, capsys: pytest.CaptureFixture[str]) -> dict:
-    assert module.cli(["--config", str(config), "--out", "rel"]) == 0, capsys.readouterr().err
-    capsys.readouterr()
-    return json.loads((Path("rel") / "results.json").read_text())
-
-
-@pytest.mark.slow
-def test_the_cost_model_sweep_records_absolute_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = tmp_path / "sweep.toml"
-    cfg.write_text('model = "cnn"\nfleet = "reference"\nclients = [2]\nspreads = [0.0]\n'
-                   'policies = ["optimizer", "greedy"]\n')
-    monkeypatch.chdir(tmp_path)
-    res = _results(heterogeneity_sweep, "heterogeneity_sweep", cfg, capsys)
-    assert res["figures"] == {"makespan_2": str(tmp_path / "rel" / "makespan_vs_spread_2.png"),
-                              "speedup": str(tmp_path / "rel" / "speedup_vs_spread.png")}
-
-
-@pytest.mark.slow
-def test_drift_records_its_own_figure_absolute_as_the_report_figures(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """The tiny config (two clients, three rounds in process, a few seconds): the makespan figure drift draws
-    itself, and those report_runs draws, all absolute, as the run's own path."""
-    monkeypatch.chdir(tmp_path)
-    res = _results(drift, "drift", CONFIGS / "drift.tiny.toml", capsys)
-    figures = res["figures"]
-    assert figures["makespan with drift"] == str(tmp_path / "rel" / "makespan_drift.png")
-    assert len(figures) > 1 and all(p == str(tmp_path / "rel" / Path(p).name) for p in figures.values())
-    assert all(Path(p).is_file() for p in figures.values())
-    (pol,) = res["policies"]
-    assert Path(pol["path"]).is_absolute()
+# the experiments' own figures (the sweep's, drift's makespan one): tests/test_simulations.py's runs of them
 
 
 # ---------------------------------------------------------------- 5. README: what top-k sends
