@@ -1,6 +1,14 @@
 # splitfed: `make run` (the main job) and `make test` (the whole suite) set everything up themselves.
-PYTHON ?= python3
+# pyproject.toml's requires-python (>=3.11,<3.12): the only Python .venv is built with or taken from
+PYTHON_VERSION := 3.11
+# python3.11 where one runs (python3 may be another version, and a pyenv shim may exist and not run); PYTHON=...
+# picks the interpreter. Expanded only where .venv is built
+PYTHON ?= $(if $(shell python$(PYTHON_VERSION) -c '' 2>/dev/null && echo y),python$(PYTHON_VERSION),python3)
 VENV ?= .venv
+# install's version check: an interpreter's "major.minor", and the words for it once the shell holds it in v
+# ("Python 3.12", or that it does not run)
+VERSION_OF := import sys; print("%d.%d" % sys.version_info[:2])
+IS_V := $${v:+Python }$${v:-not a Python that runs}
 PY := $(VENV)/bin/python
 OUT ?= runs/main
 # CI has 2 cores: 2 pytest workers at most
@@ -11,6 +19,14 @@ WORKERS ?= 2
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@# a .venv of another Python is refused, not replaced: pip refused to install into it (requires-python), and
+	@# it stayed, so PYTHON=python3.11 given afterwards changed nothing; a user's venv is not deleted unasked
+	@if [ -x $(PY) ]; then v=$$($(PY) -c '$(VERSION_OF)' 2>/dev/null); [ "$$v" = $(PYTHON_VERSION) ] || { \
+	  echo "splitfed needs Python $(PYTHON_VERSION) (pyproject.toml), and $(PY) is $(IS_V): rm -rf $(VENV), then" \
+	       "make install PYTHON=python$(PYTHON_VERSION)" >&2; exit 1; }; \
+	else v=$$($(PYTHON) -c '$(VERSION_OF)' 2>/dev/null); [ "$$v" = $(PYTHON_VERSION) ] || { \
+	  echo "splitfed needs Python $(PYTHON_VERSION) (pyproject.toml), and PYTHON=$(PYTHON) is $(IS_V): give" \
+	       "make install PYTHON=python$(PYTHON_VERSION) (or the path of a Python $(PYTHON_VERSION))" >&2; exit 1; }; fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# the pinned CPU wheel first: an unpinned torch would pull a multi-GB CUDA build (from PyPI the pinned one

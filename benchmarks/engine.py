@@ -39,7 +39,16 @@ if TYPE_CHECKING:
     from splitfed.engine.types import State
 
 PROG = "benchmarks/engine.py"
+OUT = Path(__file__).parent / "results" / "engine.json"
 DEFAULT_MODEL = "vgg11"
+# vgg11's cuts are the recorded runs' (results/engine.json); a fixed pair fit no other model (4,10 past cnn's 7
+# blocks), so another model's blocks are split in thirds
+DEFAULT_CUTS: dict[str, tuple[int, int]] = {"vgg11": (4, 10)}
+
+
+def default_cuts(model: str, n_blocks: int) -> tuple[int, int]:
+    """``--cuts`` when none are given: the model's own, or its blocks in thirds (cnn's 7: 2,5)."""
+    return DEFAULT_CUTS.get(model, (round(n_blocks / 3), round(2 * n_blocks / 3)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,14 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     # no default here: argparse would check it with zoo_model (which imports torch) before refusing a flag it
     # does not know
     ap.add_argument("--model", type=zoo_model, help=f"a zoo model (default {DEFAULT_MODEL})")
-    ap.add_argument("--batch", type=batch_size, default=64)
-    ap.add_argument("--cuts", type=int_list, default=(4, 10), help="device | edge | cloud cut points")
-    ap.add_argument("--reps", type=positive_int, default=5, help="alternating rounds")
-    ap.add_argument("--steps", type=positive_int, default=3, help="steps per round and side")
+    ap.add_argument("--batch", type=batch_size, default=64, help="samples per step (default %(default)s)")
+    ap.add_argument("--cuts", type=int_list, help="device | edge | cloud cut points (default 4,10 on vgg11, "
+                                                  "another model's blocks in thirds: 2,5 on cnn)")
+    ap.add_argument("--reps", type=positive_int, default=5, help="alternating rounds (default %(default)s)")
+    ap.add_argument("--steps", type=positive_int, default=3, help="steps per round and side (default %(default)s)")
     ap.add_argument("--tier-torch-device", default="cpu", help="also time the split step with the server tiers "
-                                                                "on this device (e.g. cuda)")
-    ap.add_argument("--out", type=json_out("engine.json"),
-                    default=str(Path(__file__).parent / "results" / "engine.json"))
+                                                                "on this device (e.g. cuda; default cpu: no "
+                                                                "third side)")
+    ap.add_argument("--out", type=json_out("engine.json"), default=str(OUT),
+                    help="the JSON written (default benchmarks/results/engine.json)")
     args = ap.parse_args(argv)
     if args.model is None:
         args.model = DEFAULT_MODEL
@@ -83,6 +94,8 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
 
     torch.set_num_threads(1)
     spec = resolve_spec(args.model)
+    if args.cuts is None:  # the JSON's args record the cuts taken
+        args.cuts = default_cuts(spec.name, template.num_blocks(spec))
     cuts = args.cuts
     validate_cuts(cuts, template.num_blocks(spec), model=spec.name)  # cuts the model cannot take: one line
     state = initial_state(spec, 0)

@@ -20,7 +20,8 @@ device classes, and for 100 and 1,000 clients that are all different (no classes
 group). Then a contention sweep: fleets of 60 to 5,000 clients drawn from the reference
 fleet's device classes, sharing the same edge and cloud, and the optimizer's speed-up
 over the best static cut at each size: where per-device cuts start to pay. One run;
-prints tables, writes ``benchmarks/results/optimizer.json``.
+a line on stderr as each case is priced (minutes in all), then the tables on stdout; writes
+``benchmarks/results/optimizer.json``.
 
     .venv/bin/python benchmarks/optimizer.py [--mode sflv1|sflv2|sl] [--compress none|fp16|int8|topk:F]
                                              [--sweep 60,250,1000] [--no-scaling]
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 OUT = Path(__file__).parent / "results" / "optimizer.json"
 TARGET = 1.3
+SWEEP = (60, 125, 250, 500, 1000, 2000, 5000)  # --sweep's fleet sizes
 
 
 def policies(sc: Scenario) -> dict[str, Any]:
@@ -224,7 +226,7 @@ PROG = "benchmarks/optimizer.py"
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", default="sflv1", choices=MODES)
+    ap.add_argument("--mode", default="sflv1", choices=MODES, help="the split mode priced (default %(default)s)")
     # no default here: argparse would check it with codec (which imports torch) before refusing a flag it does
     # not know. The flag's name is the one splitfed optimize, simulate, ping and tier give the codec; --codec, the
     # benchmark's own before, still reads (hidden). Both fill args.codec: the JSON keeps its key names
@@ -232,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="compression of boundary tensors: none|fp16|int8|topk:F (default none)")
     ap.add_argument("--codec", dest="codec", type=codec, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ap.add_argument("--no-scaling", action="store_true", help="skip the solve-time table")
-    ap.add_argument("--sweep", type=fleet_sizes, default=(60, 125, 250, 500, 1000, 2000, 5000),
-                    help="fleet sizes of the contention sweep (comma-separated; empty: none)")
-    ap.add_argument("--out", type=json_out("optimizer.json"), default=str(OUT))
+    ap.add_argument("--sweep", type=fleet_sizes, default=SWEEP,
+                    help="fleet sizes of the contention sweep (comma-separated; empty: none; default "
+                         f"{','.join(map(str, SWEEP))})")
+    ap.add_argument("--out", type=json_out("optimizer.json"), default=str(OUT),
+                    help="the JSON written (default benchmarks/results/optimizer.json)")
     args = ap.parse_args(argv)
     if args.codec is None:
         args.codec = "none"
@@ -260,17 +264,26 @@ def measure(args: argparse.Namespace) -> int:
                     "host": platform.node(), "python": sys.version.split()[0], "numpy": np.__version__,
                     "scipy": scipy.__version__, "torch_version": torch.__version__,  # HiGHS (scipy) sets solve times
                     "threads": torch.get_num_threads(), "args": vars(args), "models": {}, "scaling": {}}
-    rows = []
-    for model in ("vgg11", "resnet18"):
+    rows: list[tuple[str, str, str, dict[str, Any]]] = []
+    models, settings = ("vgg11", "resnet18"), (("any_cut", 0), ("data_stays", 1))
+    total = len(models) * 4 * len(settings)  # 4 fleets a model
+    for model in models:
+        t0 = time.perf_counter()
         prof = profile_model(resolve_spec(model), 32, reps=1)
         result["models"][model] = {}
         slow = straggler_class(Scenario.from_fleet(prof, fleet, **kw))
         fleets = {"reference": fleet, "reference x1000": fleet.sample(1_000, seed=0),
                   "reference x10000": fleet.sample(10_000, seed=0), f"reference w/o {slow}": without(fleet, slow)}
         for fname, f in fleets.items():
-            for setting, mdb in (("any_cut", 0), ("data_stays", 1)):
+            for setting, mdb in settings:
                 sc = Scenario.from_fleet(prof, f, min_device_blocks=mdb, **kw)
                 res = policies(sc)
+                # the tables need every case (minutes): a line on stderr as each is done, stdout's tables as before
+                opt = res["optimizer"]["makespan_s"]
+                print(f"case {len(rows) + 1}/{total}: {model} {fname}/{setting}: optimizer "
+                      f"{'n/a' if opt is None else f'{opt:.2f} s'} (took {time.perf_counter() - t0:.1f} s)",
+                      file=sys.stderr, flush=True)
+                t0 = time.perf_counter()
                 res["clients"] = len(f.clients)
                 if fname.startswith("reference w/o"):
                     res["note"] = f"the reference fleet without its straggler class {slow!r} ({len(f.clients)} clients)"

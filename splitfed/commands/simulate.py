@@ -47,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", help="digits | synthetic | mnist:PATH | cifar10:PATH | npz:FILE (default digits)")
     p.add_argument("--partition", help="iid | dirichlet:ALPHA (default iid)")
     p.add_argument("--seed", type=int)
-    p.add_argument("--model", help="zoo model name (default cnn)")
+    p.add_argument("--model", help="zoo name (mlp, cnn, vgg11, resnet18, mobilenetv2, transformer) or "
+                                   "module.path:factory (default cnn)")
     p.add_argument("--fleet", help="fleet file or shipped fleet name the devices are drawn from "
                                    "(default reference)")
     p.add_argument("--batch-size", type=batch_size)

@@ -538,6 +538,7 @@ def validate(settings: RunSettings, resumed: Checkpoint | None = None) -> None:
     from splitfed.data import parse_partition
     from splitfed.engine import template
     from splitfed.flower.adaptive import AdaptivePolicy, GreedyPolicy
+    from splitfed.flower.config import default_cuts
     from splitfed.flower.policy import StaticPolicy, make_policy
     from splitfed.flower.workload import client_data, test_data
     from splitfed.models.blocks import validate_cuts
@@ -561,11 +562,16 @@ def validate(settings: RunSettings, resumed: Checkpoint | None = None) -> None:
     policy = make_policy(settings)
     n = template.num_blocks(spec)
     if isinstance(policy, StaticPolicy):
+        default = default_cuts(settings.tiers, settings.u_shape)
         for cuts in policy.options:
             try:
                 validate_cuts(cuts, n, settings.tiers, settings.u_shape, model=spec.name)
             except CutError as e:  # say which setting holds them: the default's cuts are not the user's own
-                raise CutError(f"cuts {settings.cuts!r}: {e}") from None
+                # the default's, past a model of fewer blocks than cnn's 7: RunSettings cannot tell whether the
+                # user gave them, so the words are true either way
+                hint = (f" ({default} is the default when no cuts are given): give --cuts (a config file's cuts) "
+                        f"within 0..{n}, or adaptive" if settings.cuts.strip() == default and max(cuts) > n else "")
+                raise CutError(f"cuts {settings.cuts!r}: {e}{hint}") from None
     cut_options(n, settings.tiers, settings.u_shape, settings.min_device_blocks)  # some cut keeps them
     fleet = fleet_for(settings)
     if isinstance(policy, AdaptivePolicy | GreedyPolicy):
