@@ -432,7 +432,9 @@ def test_a_run_folder_that_cannot_be_made_is_a_refusal_naming_it() -> None:
 
 def test_a_lock_file_that_is_a_folder_is_a_refusal_naming_the_run_folder(tmp_path) -> None:
     (tmp_path / runfolder.LOCK).mkdir()
-    with pytest.raises(ConfigError, match=rf"^cannot write run folder {re.escape(str(tmp_path))}: Is a directory$"):
+    lock = re.escape(str(tmp_path / runfolder.LOCK))
+    with pytest.raises(ConfigError, match=rf"^cannot use run folder {re.escape(str(tmp_path))}: its lock file {lock} "
+                                          r"is a folder \(splitfed makes a file there\); remove it, or choose another out$"):
         with runfolder.claim(tmp_path, resume=False, overwrite=False):
             pytest.fail("claimed")
 

@@ -4,6 +4,8 @@ its fix."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -102,7 +104,7 @@ def test_a_reserved_folder_of_a_killed_run_does_not_name_the_dead_run_as_its_hol
     assert runfolder.status(folder).state == "crashed"
     with runfolder.reserve(folder, resume=True, overwrite=False):
         refused = _check_elsewhere(folder, resume=True)
-    assert "in use by another run (a process that has not said which)" in refused, refused
+    assert f"in use by another run (pid {os.getpid()} on {socket.gethostname()}, still starting)" in refused, refused
     assert f"pid {dead} " not in refused
 
 

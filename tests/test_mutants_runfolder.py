@@ -155,7 +155,7 @@ def test_a_folder_reserved_before_its_run_said_who_it_is_does_not_name_the_run_t
     _write_lock(folder, old)
     with runfolder.reserve(folder, resume=True, overwrite=False):
         said = _refusal_from_another_thread(folder)
-    assert "is in use by another run (a process that has not said which)" in said, said
+    assert f"is in use by another run (pid {os.getpid()} on {socket.gethostname()}, still starting)" in said, said
     assert str(old["pid"]) not in said
 
 

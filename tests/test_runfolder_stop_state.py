@@ -9,6 +9,8 @@ BrokenPipeError from anything else (a socket, a child's pipe) is still a failure
 from __future__ import annotations
 
 import csv
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -171,7 +173,7 @@ def test_a_reservation_no_run_claimed_leaves_the_folder_as_it_was(tmp_path_facto
     with pytest.raises(KeyboardInterrupt), runfolder.reserve(folder, resume=resume or made and not overwrite,
                                                             overwrite=overwrite):
         refused = _check_elsewhere(folder, resume=True)
-        assert "in use by another run (a process that has not said which)" in refused  # not the old run's pid
+        assert f"in use by another run (pid {os.getpid()} on {socket.gethostname()}" in refused  # this process
         raise KeyboardInterrupt  # Ctrl-C while Ray starts
     if kept is None:
         assert not folder.exists()

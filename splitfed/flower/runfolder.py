@@ -12,9 +12,9 @@ The lock file is also the run's record of itself, for ``splitfed report``: the r
 writes who it is when it starts (pid, host, the process's start, so that a pid taken
 again by another process is not taken for it), and how it ended when it ends
 (``finished``, ``stopped`` by a signal, or ``failed`` with its error), replacing
-the file atomically. A run that has a start and no end is still running if its
-process is, and crashed (SIGKILL, out of memory, power loss) if not: :func:`status`
-reads it. A claimer checks that the file it locked is still the one at the path
+the file atomically (on a full disk, in the room its start record kept). A run that
+has a start and no end is still running if its process is, and crashed (SIGKILL, out
+of memory, power loss) if not: :func:`status` reads it. A claimer checks that the file it locked is still the one at the path
 (the end record and :func:`_tidy` replace or remove it while it is held), so two
 runs never hold one folder through two files.
 """
@@ -46,6 +46,7 @@ LOCK = ".splitfed.lock"
 RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``overwrite`` removes (:func:`outputs` too)
 REPORT = "report"  # where ``splitfed report RUN`` writes its report by default: inside the run folder
 ENDS = ("finished", "stopped", "failed")  # how a run that recorded its end ended
+ROOM = 4096  # bytes a start record is padded to (a file system block): its end record fits there on a full disk
 TIME = "%Y-%m-%d %H:%M:%S"
 
 _failures: dict[Path, str] = {}  # folder -> why its run fails, said from outside it (:func:`failed_elsewhere`)
@@ -91,6 +92,8 @@ def check(folder: str | Path, resume: bool, overwrite: bool, reservation: Reserv
     if resume and (folder / METRICS).is_file():
         run_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
     lock = folder / LOCK
+    if lock.is_dir():
+        raise ConfigError(_lock_is_folder(folder))
     if lock.is_file() and not _may_take(_reserved.get(folder.resolve()), reservation):  # this run's: held
         fd = os.open(lock, os.O_RDONLY)
         try:
@@ -126,7 +129,7 @@ def claim(folder: str | Path, resume: bool, overwrite: bool,
             for tmp in folder.glob(f".{name}.*.tmp"):
                 tmp.unlink(missing_ok=True)
         start = _start_record()
-        data = dumps(start).encode()
+        data = dumps(start).encode().ljust(ROOM)  # room for the end record, where a full disk leaves none
         os.pwrite(fd, data, 0)  # in place, then cut to length: the held file cannot be replaced, and a
         os.ftruncate(fd, len(data))  # reader sees the old record or the new one (see _record)
         entered = True
@@ -151,11 +154,39 @@ def claim(folder: str | Path, resume: bool, overwrite: bool,
                 if back:
                     record = before  # it kept nothing (a resume refused at its start): the run there is as it was
                 with contextlib.suppress(OSError):  # a disk that fails now: the run's own files are written
-                    write_atomic(folder / LOCK, dumps(record) + "\n")
+                    _write_end(folder, fd, record)
                     if back:
                         os.utime(folder / LOCK, ns=(written, written))
         finally:
             os.close(fd)  # the lock goes with the descriptor
+
+
+def _write_end(folder: Path, fd: int, record: dict[str, Any]) -> None:
+    """Write a run's end ``record``: a new file put atomically in place of the held lock file where the disk has
+    room, else (a full disk, often what stopped the run) in the held file's own bytes, which the start record
+    padded (:data:`ROOM`): a lost end would read as a kill (``crashed``). The end record is the start record
+    with more keys: its tail goes after the start's closing brace first, then one byte swaps that brace for a
+    comma, so a reader (or a crash) sees the start record or the whole end, never a torn record."""
+    text = dumps(record) + "\n"
+    try:
+        write_atomic(folder / LOCK, text)
+        return
+    except OSError:
+        pass
+    room = os.fstat(fd).st_size
+    if len(text.encode()) > room and isinstance(record.get("error"), str):  # the error cut to what fits
+        cut = record["error"][:max(0, len(record["error"]) - (len(text.encode()) - room) - 3)] + "..."
+        text = dumps({**record, "error": cut}) + "\n"
+    data, old = text.encode(), os.pread(fd, room, 0).rstrip()
+    brace = len(old) - 1  # where the record there ends
+    if old.endswith(b"}") and data[:brace] == old[:brace] and data[brace:brace + 1] == b",":
+        os.pwrite(fd, data[brace + 1:], brace + 1)  # past the brace: the record there still reads as it was
+        os.fsync(fd)
+        os.pwrite(fd, b",", brace)
+    else:  # not an extension of the record there (a record put back): written over it
+        os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+    os.fsync(fd)
 
 
 @contextmanager
@@ -406,6 +437,8 @@ def _take(folder: Path) -> int:
     for _ in range(100):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:
+            raise ConfigError(_lock_is_folder(folder)) from None
         except OSError as e:
             raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
         try:
@@ -424,6 +457,11 @@ def _take(folder: Path) -> int:
                       "it to end or choose another out")
 
 
+def _lock_is_folder(folder: Path) -> str:
+    return (f"cannot use run folder {folder}: its lock file {folder / LOCK} is a folder (splitfed makes a file "
+            "there); remove it, or choose another out")
+
+
 def _tidy(folder: Path, new: bool) -> None:
     """A run that ended before any round finished (refused, failed or stopped in round 1) leaves nothing:
     no empty metrics file, no lock file, and no folder if the run made it. The lock file goes while it
@@ -440,6 +478,9 @@ def _tidy(folder: Path, new: bool) -> None:
 
 def _usable(folder: Path) -> None:
     for p in (folder, *folder.parents):
+        if p.is_symlink() and not p.exists():  # mkdir would say "File exists" of it
+            raise ConfigError(f"run folder {folder}: {p} is a symbolic link to a missing {os.path.realpath(p)}; "
+                              "make that folder, or choose another out")
         if p.exists() and not p.is_dir():
             raise ConfigError(f"run folder {folder}: {p} is a file, not a folder")
 
@@ -509,13 +550,51 @@ def _lock(fd: int, folder: Path) -> None:
 
 
 def _holder(fd: int) -> str:
+    info: dict[str, Any] = {}
     try:
         info = _record(os.pread(fd, 65536, 0))
         if info.get("state") in ENDS or _alive(info) is False:  # the run there before, ended or killed (its
             raise KeyError("state")  # start record, no end): the holder (reserve()) has not said yet
         return f"pid {info['pid']} on {info['host']}, since {info['since']}"
     except (OSError, KeyError, TypeError):
-        return "a process that has not said which"
+        pid = _held_by(fd)
+        if not pid:
+            return "a process that has not said which"
+        if _same_process(pid, info):  # the run there winding down (a signal's stop), or its process's next run
+            return f"pid {pid} on {info['host']}"
+        return f"pid {pid} on {socket.gethostname()}, still starting"
+
+
+def _same_process(pid: int, rec: Mapping[str, Any]) -> bool:
+    """Whether this host's process ``pid`` is the one that wrote ``rec``."""
+    return pid == rec.get("pid") and rec.get("host") == socket.gethostname() and \
+        rec.get("process", _identity(pid)) == _identity(pid)
+
+
+def _held_by(fd: int) -> int | None:
+    """Who holds the lock of the file open as ``fd``: the pid, 0 where it cannot be named, None if nobody.
+    Read from the kernel's lock table (Linux's /proc/locks), which takes no lock: a probe's own lock would
+    refuse a run that starts at that moment; without that table, a probe."""
+    st = os.fstat(fd)
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    found = {}  # (device, inode) -> pid of each flock held (not waited for: "->")
+    for line in table.splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5].count(":") == 2:
+            found[f[5].lower()] = int(f[4]) if f[4].isdigit() else 0
+    pid = found.get(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    if pid is None:  # a stacked file system (overlayfs) names the lower device: the inode alone, if one holds it
+        same = [v for k, v in found.items() if k.rsplit(":", 1)[1] == str(st.st_ino)]
+        pid = same[0] if len(same) == 1 else None
+    return pid
 
 
 def _record(data: bytes) -> dict[str, Any]:
@@ -537,7 +616,8 @@ class RunStatus:
 
     ``state``: ``finished``, ``stopped`` (by a signal: ``record["signal"]``; or ``record["reason"]``: its output's
     reader went away), ``failed`` (``record["error"]``),
-    ``running`` (its process is alive), ``crashed`` (it recorded its start and its process is gone without
+    ``running`` (its process is alive, or one holds the folder's lock to start a run there, which has not
+    recorded its start yet: ``record["starting"]``, the record then that process's), ``crashed`` (it recorded its start and its process is gone without
     recording an end: SIGKILL, out of memory, the machine went down), ``unknown`` (no end recorded, and its
     process is on another host, ``record["host"]``), ``unfinished`` (no summary, written by a splitfed that
     did not record how a run ended), or ``hand-made`` (no run of splitfed wrote the folder: its metrics were
@@ -560,6 +640,10 @@ def status(folder: str | Path) -> RunStatus:
         rec = _record(lock.read_bytes())
     except OSError:
         rec = {}
+    if rec.get("state") in ENDS or not _alive(rec):  # the record is no live run's: is a run starting there?
+        starting = _starting(lock)
+        if starting and not _same_process(starting.get("pid", 0), rec):  # (not the run there, winding down)
+            return RunStatus("running", starting)
     if "pid" not in rec:  # no lock file, or an empty one (a refused claim creates it and writes nothing)
         if summary.is_file():
             return RunStatus("finished" if _splitfeds_summary(summary) else "hand-made")
@@ -577,6 +661,30 @@ def status(folder: str | Path) -> RunStatus:
     if _summary_since(folder):  # killed after it wrote its summary (written last), before it recorded its end
         return RunStatus("finished", rec)
     return RunStatus("unknown" if alive is None else "crashed", rec)
+
+
+def _starting(lock: Path) -> dict[str, Any]:
+    """The process that holds ``lock`` while its record is still the run's before it (a resume reserves the
+    folder while Ray starts, and records itself once its run claims it): ``pid``, ``host``, ``since`` (its
+    process's start) and ``starting``; {} when nobody holds it."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return {}
+    try:
+        pid = _held_by(fd)
+    finally:
+        os.close(fd)
+    if pid is None:
+        return {}
+    held: dict[str, Any] = {"host": socket.gethostname(), "starting": True}
+    if pid:
+        import psutil
+
+        held["pid"] = pid
+        with contextlib.suppress(psutil.Error, ValueError, OverflowError):
+            held["since"] = time.strftime(TIME, time.localtime(psutil.Process(pid).create_time()))
+    return held
 
 
 def _summary_since(folder: Path) -> bool:
