@@ -219,7 +219,8 @@ def test_a_segment_outside_the_blocks_is_refused(start: int, stop: int) -> None:
 
 @pytest.mark.parametrize("children", [0, 1])
 def test_a_sequential_of_fewer_than_two_children_is_refused(children: int) -> None:
-    with pytest.raises(CutError, match=f"Sequential model has {children} child; it needs at least 2"):
+    counted = {0: "0 children", 1: "1 child"}[children]
+    with pytest.raises(CutError, match=f"Sequential model has {counted}; it needs at least 2 to be cut: make each "):
         B.to_blocks(nn.Sequential(*[nn.Linear(4, 4)] * children))
 
 

@@ -18,7 +18,7 @@ from splitfed.flower.policy import parse_cuts
 from splitfed.jsonio import dumps
 
 JSON_KEYS = ("model", "cuts", "mode", "tiers", "u_shape", "rounds", "clients", "steps", "max_abs_diff", "tolerance",
-             "transport", "ok")
+             "transport", "worst_key", "ok")
 """``--json``'s keys (``VerifyResult.to_dict``), named in ``--help``: a script's contract."""
 
 
@@ -48,13 +48,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="grpc: run the server tiers as real tier processes on 127.0.0.1")
     p.add_argument("--seed", type=seed, default=0, help="0..2**32-1")
     p.add_argument("--json", action="store_true", help=f"print one JSON object: {', '.join(JSON_KEYS)}; exit 1 "
-                   "when ok is false (max_abs_diff above tolerance); on an error, nothing on stdout")
+                   "when ok is false (max_abs_diff above tolerance; worst_key: the weight it is in); on an "
+                   "error, nothing on stdout")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from splitfed.engine import template
     from splitfed.engine.rounds import inprocess_chain
+    from splitfed.engine.types import block_of
     from splitfed.engine.verify import verify
     from splitfed.models.blocks import validate_cuts
     from splitfed.models.zoo import ZOO
@@ -96,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         print(dumps(result.to_dict()))
     else:
         verdict = "OK" if result.ok else "MISMATCH"
+        if not result.ok and result.worst_key:  # where to look: the weight, and the block that holds it
+            block = block_of(result.worst_key)
+            verdict += f", largest in {result.worst_key} (block {block}, {template.template(spec).names[block]})"
         print(f"verify {spec.name} mode={args.mode} tiers={tiers} cuts={'/'.join(','.join(map(str, c)) for c in args.cuts)}"
               f"{' u-shape' if args.u_shape else ''} transport={args.transport}: max |w_split - w_whole| = "
               f"{result.max_abs_diff:.3e} (tolerance {result.tolerance:.0e}) {verdict}")

@@ -107,14 +107,22 @@ def reference_round(cfg: RoundConfig, global_state: State, assignment: dict[str,
     return aggregate(contributions, previous=global_state)
 
 
-def max_abs_diff(a: State, b: State) -> float:
+def largest_diff(a: State, b: State) -> tuple[float, str]:
+    """The largest ``|a - b|`` over every key, and the key it is in ("" where none differs): what a MISMATCH
+    names, so that the block that trains otherwise is found without a debugger."""
     if set(a) != set(b):
         raise AssertionError(f"state keys differ: {sorted(set(a) ^ set(b))[:5]}")
-    worst = 0.0
+    worst, where = 0.0, ""
     for k in a:
         d = (a[k].to(torch.float64) - b[k].to(torch.float64)).abs()
-        worst = max(worst, float(d.max()) if d.numel() else 0.0)
-    return worst
+        m = float(d.max()) if d.numel() else 0.0
+        if m > worst:
+            worst, where = m, k
+    return worst, where
+
+
+def max_abs_diff(a: State, b: State) -> float:
+    return largest_diff(a, b)[0]
 
 
 @dataclass
@@ -130,6 +138,7 @@ class VerifyResult:
     max_abs_diff: float
     tolerance: float
     transport: str
+    worst_key: str = ""  # the state key ("<block>.<name>") of max_abs_diff; "" when nothing differs
 
     @property
     def ok(self) -> bool:
@@ -169,7 +178,7 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
            data_fn: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> VerifyResult:
     """Train split (one cut vector per client) and whole; compare the final global weights. ``chain``: the
     tiers the split side trains on (in process when None); ``transport``: what that chain is, as the result
-    reports it."""
+    reports it. It trains with one torch thread, as tier processes do, and gives the caller's count back."""
     from splitfed.data import synthetic
 
     if transport not in TRANSPORTS:  # it only labels the result: a value no chain is would be reported as checked
@@ -201,9 +210,17 @@ def verify(model: ModelSpec, cuts: Sequence[Sequence[int]], *, mode: str = "sflv
     split = initial_state(model, seed)
     whole = {k: v.clone() for k, v in split.items()}
     run_id = f"verify-{uuid.uuid4().hex[:8]}"
-    for r in range(rounds):
-        cfg = RoundConfig(run_id, r, model, mode, u_shape, optim, seed)
-        split, _ = run_round(cfg, chain, split, assignment, _copies(data))  # each side its own batches: a
-        whole = reference_round(cfg, whole, assignment, _copies(data), n_tiers)  # model may write its input
+    threads = torch.get_num_threads()
+    # one thread, as every tier process and simulation computes: with torch's default the whole model sums in
+    # another order than a gRPC chain's tiers (a BatchNorm differs in the last bit); the caller's count given back
+    torch.set_num_threads(1)
+    try:
+        for r in range(rounds):
+            cfg = RoundConfig(run_id, r, model, mode, u_shape, optim, seed)
+            split, _ = run_round(cfg, chain, split, assignment, _copies(data))  # each side its own batches: a
+            whole = reference_round(cfg, whole, assignment, _copies(data), n_tiers)  # model may write its input
+    finally:
+        torch.set_num_threads(threads)
+    diff, key = largest_diff(split, whole)
     return VerifyResult(model.name, [list(c) for c in assignment.values()], mode, n_tiers, u_shape, rounds,
-                        len(assignment), steps, max_abs_diff(split, whole), TOLERANCE, transport)
+                        len(assignment), steps, diff, TOLERANCE, transport, key)

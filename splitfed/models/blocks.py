@@ -242,7 +242,9 @@ def to_blocks(model: nn.Module) -> Blocks:
         # second use (Sequential(lin, act, lin2, act) would lose its last activation)
         mods = [m for m in model._modules.values() if m is not None]
         if len(mods) < 2:
-            raise CutError(f"Sequential model has {len(mods)} child; it needs at least 2 to be cut")
+            raise CutError(f"Sequential model has {len(mods)} {'child' if len(mods) == 1 else 'children'}; it needs "
+                           "at least 2 to be cut: make each layer a child of its own, e.g. "
+                           "nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), not nn.Sequential(net)")
         blocks = Blocks(mods, [_leaf_names(m) for m in mods], traced=False)
     else:
         blocks = _trace_blocks(model)

@@ -632,6 +632,10 @@ def _check_logits(spec: ModelSpec, out: object, mode: str) -> None:
         raise ConfigError(f"model {spec.name} outputs {got}{mode} for two samples of shape "
                           f"{tuple(spec.input_shape)}; expected logits of shape [2, {spec.num_classes}]"
                           + (" (return them alone when training: an auxiliary head's output too)" if mode else ""))
+    if not out.is_floating_point():  # integer, bool or complex: the loss has no kernel for it (a tier's first step)
+        raise ConfigError(f"model {spec.name} outputs {str(out.dtype).removeprefix('torch.')} values{mode}: logits "
+                          "must be floating point (float32, as a last nn.Linear gives them): return them uncast "
+                          "(no .long(), .argmax() or torch.complex last)")
     if out.shape[1] != spec.num_classes:
         raise ConfigError(f"model {spec.name} outputs {out.shape[1]} classes{mode}, and {spec.num_classes} are "
                           "expected (--num-classes in verify, blocks, profile, optimize and ping; in a run, as many "
