@@ -37,7 +37,7 @@ from splitfed.engine.rounds import initial_state
 from splitfed.errors import ConfigError
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.adaptive import make_predictor
-from splitfed.flower.config import RunSettings
+from splitfed.flower.config import RunSettings, absolute_paths
 from splitfed.flower.metrics import METRICS, MetricsWriter, check_rounds, run_rows, summarise
 from splitfed.flower.policy import make_policy
 from splitfed.flower.records import record_to_state, state_to_record
@@ -188,7 +188,14 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
     spec = settings.spec
     writer = MetricsWriter(settings.out) if settings.out else None
     if writer is not None:
-        writer.truncate_after(ckpt.round if ckpt else 0)
+        upto = ckpt.round if ckpt else 0
+        # rows after the checkpoint's: an older checkpoint of the run put back (a crash between a checkpoint
+        # and its row leaves none: its row is put back above); the user is told, as they are trained again
+        after = sorted(r["round"] for r in writer.rows() if r["round"] > upto)
+        if after:
+            which = f"row {after[0]} is" if len(after) == 1 else f"rows {after[0]}..{after[-1]} are"
+            say(f"{METRICS}: {which} after the checkpoint's round {upto}: dropped, trained again")
+        writer.truncate_after(upto)
     policy = make_policy(settings)
     if ckpt is not None:
         policy.load_state_dict(ckpt.policy)
@@ -276,10 +283,16 @@ def _resume(settings: RunSettings, data: str = "", fleet: str = "",
         return None
     ckpt = checkpoint.current(settings.out, held)
     before = RunSettings.from_mapping(ckpt.settings, source=f"{settings.out}/{checkpoint.FILENAME}")
-    changed = [k for k, v in settings.to_dict().items() if k not in RESUMABLE and before.to_dict()[k] != v]
+    # like with like: a file named relative (a resume's flag, a run from before paths were recorded absolute)
+    # is the same setting as that file named absolute
+    then, now = absolute_paths(before).to_dict(), absolute_paths(settings).to_dict()
+    changed = [k for k, v in now.items() if k not in RESUMABLE and then[k] != v]
     if changed:
+        moved = [k for k in changed if _a_file(k, before.to_dict()[k])]  # a file moved since reads as another
         raise ConfigError("cannot resume with different " + ", ".join(
-            f"{k.replace('_', '-')} ({before.to_dict()[k]!r} -> {settings.to_dict()[k]!r})" for k in changed))
+            f"{k.replace('_', '-')} ({before.to_dict()[k]!r} -> {settings.to_dict()[k]!r})" for k in changed)
+            + "".join(f"; the run recorded {k} {before.to_dict()[k]!r}: give that path, or put the file back there "
+                      "if it moved" for k in moved))
     files, has_digest, parts = ckpt.data.partition("+")
     now_files, _, now_parts = data.partition("+")
     if files and now_files != files:
@@ -304,6 +317,21 @@ def _resume(settings: RunSettings, data: str = "", fleet: str = "",
         check_rounds(Path(settings.out) / METRICS, ckpt.round)  # a hole in the metrics is not continued
     _same_model(settings, ckpt)
     return ckpt
+
+
+def _a_file(key: str, value: object) -> bool:
+    """Whether a recorded ``fleet`` or ``dataset`` names a file or folder by its path (not a shipped fleet's
+    name, nor a dataset splitfed makes: ``digits``)."""
+    from splitfed.data.datasets import dataset_form
+
+    if key == "fleet":
+        return isinstance(value, str) and "/" in value
+    if key != "dataset":
+        return False
+    try:
+        return bool(dataset_form(value)[1].strip())
+    except ConfigError:
+        return False
 
 
 def _same_model(settings: RunSettings, ckpt: checkpoint.Checkpoint) -> None:

@@ -101,7 +101,7 @@ def test_a_run_ends_with_its_tables_accuracy_and_figures(tmp_path: Path, inproce
     assert "run: cuts per device class\ndevice class  clients  cuts round 1" in printed
     assert printed.rstrip("\n").splitlines()[-2:] == [
         f"done: 1 round(s), final accuracy {summary['final_accuracy']:.4f}",
-        f"run folder: {out} (metrics.jsonl, summary.json, checkpoint, {len(figures)} figure(s))"]
+        f"run folder: {out} (metrics.jsonl, summary.json, {len(figures)} figure(s))"]  # the stand-in keeps no checkpoint
 
 
 def test_a_summary_without_a_final_accuracy_reads_n_a(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

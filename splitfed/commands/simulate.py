@@ -140,9 +140,9 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
     cuts = default_cuts(settings.tiers, settings.u_shape)  # the default's are for 3 tiers: 2, or a U-shape, take theirs
     if cuts != settings.cuts and not any("cuts" in values for values, _ in layers):
         settings = settings.with_(cuts=cuts)
-    if held is None:  # a new run records where its files are, for a --resume from any folder
-        settings = absolute_paths(settings)
-    return settings, held
+    # a new run records where its files are, for a --resume from any folder; a resume's given paths are made
+    # absolute alike, so that the same file named relative or absolute is the same setting
+    return absolute_paths(settings), held
 
 
 def _fresh_folder(stem: Path) -> str:
@@ -169,12 +169,44 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps(summary, indent=2, sort_keys=True))
         return 0
-    figures = _report(settings.out)
+    try:
+        figures, undrawn = _report(settings.out), ""
+    except OSError as e:  # a full disk: the figures are not the run, which is done; they can be drawn later
+        figures, undrawn = 0, _undrawn(settings.out, e)
     acc = summary.get("final_accuracy")
     acc_text = f"{acc:.4f}" if acc is not None else "n/a"
     print(f"\ndone: {summary.get('rounds', 0)} round(s), final accuracy {acc_text}")
-    print(f"run folder: {settings.out} (metrics.jsonl, summary.json, checkpoint, {figures} figure(s))")
+    print(f"run folder: {settings.out} ({', '.join(_kept(settings.out, figures))})")
+    if undrawn:
+        print(undrawn, file=sys.stderr)
     return 0
+
+
+def _kept(out: str, figures: int) -> list[str]:
+    """What the run folder holds now (a resume that trained nothing wrote no summary): the line's list."""
+    from splitfed.flower.checkpoint import FILENAME
+    from splitfed.flower.metrics import METRICS, SUMMARY
+
+    there = [name for name in (METRICS, SUMMARY) if (Path(out) / name).is_file()]
+    return [*there, *(["checkpoint"] if (Path(out) / FILENAME).is_file() else []), f"{figures} figure(s)"]
+
+
+def _undrawn(out: str, error: OSError) -> str:
+    """What a run whose end-of-run figures could not be drawn says. A failed drawing leaves the folder as it
+    was (:func:`~splitfed.report.plots.standard_plots`): the figures there are of an earlier part of the run
+    (a resume's), removed rather than shown as this run's."""
+    from splitfed.report.plots import standard_plot_files
+    from splitfed.report.runs import load_run
+
+    removed = 0
+    with contextlib.suppress(OSError):
+        for p in standard_plot_files([load_run(Path(out), label="run")], out):
+            if p.is_file():
+                p.unlink()
+                removed += 1
+    gone = f"; the {removed} figure(s) drawn there before are removed" if removed else ""
+    return (f"the figures were not drawn ({error}){gone}; draw them with: splitfed report "
+            f"{shlex.quote(out)}")
 
 
 def _finished(settings: RunSettings, held: Checkpoint | None = None) -> dict[str, Any] | None:

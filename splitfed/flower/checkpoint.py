@@ -89,6 +89,15 @@ def restore_row(folder: str | Path, ckpt: Checkpoint, *, write: bool = True) -> 
                           "run put in this folder?); put this run's checkpoint back, or start the run over with "
                           "--overwrite")
     held = [r["round"] for r in rows]
+    lacks = sorted(set(range(1, ckpt.round)) - set(held))  # rows before its own, which no checkpoint puts back
+    if lacks and ckpt.where and ckpt.where != place(folder):
+        # nothing both hold to compare, but a checkpoint written elsewhere is the likelier stranger here than a
+        # metrics file cut by hand: named first (check_rounds would blame the file)
+        raise ConfigError(f"cannot resume: {Path(folder) / FILENAME} holds round {ckpt.round}, but {path} lacks "
+                          f"round(s) {', '.join(map(str, lacks[:5]))}{', ...' if len(lacks) > 5 else ''}, and the "
+                          f"checkpoint was written in {ckpt.where} (a checkpoint of another run "
+                          "put in this folder?); put this run's checkpoint back (or its metrics file, if that was "
+                          "cut), or start the run over with --overwrite")
     if held != list(range(1, ckpt.round)):
         return False
     if not write:
@@ -258,9 +267,11 @@ def load(folder: str | Path) -> Checkpoint:
         raise ConfigError(f"cannot resume: there is no folder {folder}")
     if not path.is_file():
         kept = rows_kept(folder, cut=False)
-        if kept:  # the rounds happened: the checkpoint was lost after (deleted, moved, a partial copy)
+        if kept:  # the rounds happened: the checkpoint was lost after (deleted, moved, a partial copy), or the
+            # in-process backend ran them, which writes none; nothing in the folder says which
             raise ConfigError(f"cannot resume: {path} is missing, though {folder / METRICS} holds {kept} finished round(s): "
-                              "put the checkpoint back, or start the run over with --overwrite")
+                              "put the checkpoint back, or start the run over with --overwrite (a run of the "
+                              "in-process backend writes no checkpoint: it does not resume)")
         raise ConfigError(f"cannot resume: {path} does not exist (no round of that run finished: start it again "
                           "with --out)")
     try:
