@@ -143,7 +143,8 @@ def test_a_folder_held_while_its_resume_starts_reads_as_running_with_the_holder(
         note = run_notes(load_run(folder))[0]
     assert seen == f"running {os.getpid()} True"
     assert (st.record["pid"], st.record["host"]) == (os.getpid(), socket.gethostname())
-    assert note.startswith(f"{folder} is still running (pid {os.getpid()} on {socket.gethostname()}, started ")
+    assert note.startswith(f"{folder} is starting again (pid {os.getpid()} on {socket.gethostname()}, started ")
+    assert note.endswith("): 1 round so far"), note
     assert json.loads((folder / runfolder.LOCK).read_text()) == old  # the record the resume needs, untouched
     assert runfolder.status(folder).state == "stopped"  # let go: as it was
 

@@ -330,8 +330,9 @@ def _ended_note(run: Run, where: str | Path) -> str:
     rounds = f"{n} round{'' if n == 1 else 's'}"
     rec = run.record
     process = f"pid {rec.get('pid')} on {rec.get('host')}, started {rec.get('since')}"
-    if run.status == "running":
-        return f"{where} is still running ({process}): {rounds} so far"
+    if run.status == "running":  # or a run starting there (a resume's Ray): the rounds are the run's before
+        doing = "is starting again" if rec.get("starting") else "is still running"
+        return f"{where} {doing} ({process}): {rounds} so far"
     if run.status == "stopped":
         signal = str(rec.get("signal") or "")
         reason = str(rec.get("reason") or "")  # a stop no signal caused (its output closed)
