@@ -266,7 +266,6 @@ def measure(args: argparse.Namespace) -> int:
                     "threads": torch.get_num_threads(), "args": vars(args), "models": {}, "scaling": {}}
     rows: list[tuple[str, str, str, dict[str, Any]]] = []
     models, settings = ("vgg11", "resnet18"), (("any_cut", 0), ("data_stays", 1))
-    total = len(models) * 4 * len(settings)  # 4 fleets a model
     for model in models:
         t0 = time.perf_counter()
         prof = profile_model(resolve_spec(model), 32, reps=1)
@@ -274,6 +273,7 @@ def measure(args: argparse.Namespace) -> int:
         slow = straggler_class(Scenario.from_fleet(prof, fleet, **kw))
         fleets = {"reference": fleet, "reference x1000": fleet.sample(1_000, seed=0),
                   "reference x10000": fleet.sample(10_000, seed=0), f"reference w/o {slow}": without(fleet, slow)}
+        total = len(models) * len(fleets) * len(settings)  # each model prices the same fleets
         for fname, f in fleets.items():
             for setting, mdb in settings:
                 sc = Scenario.from_fleet(prof, f, min_device_blocks=mdb, **kw)

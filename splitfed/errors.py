@@ -67,9 +67,13 @@ def unknown_key(key: str, known: Iterable[str], where: str) -> ConfigError:
     """The refusal of a key outside ``known`` (a config, fleet file or node config): the key, the nearest
     known one when one is close (``edge_address`` -> ``edge-address``), and every known key."""
     known = sorted(known)
-    near = nearest(key, known)
-    hint = f" (did you mean {near!r}?)" if near else ""
-    return ConfigError(f"{where}: unknown key {key!r}{hint}; known: {', '.join(known)}")
+    return ConfigError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}; known: {', '.join(known)}")
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to ``name`` (:func:`nearest`), "" when none is close."""
+    near = nearest(name, known)
+    return f" (did you mean {near!r}?)" if near else ""
 
 
 def nearest(name: str, known: Iterable[str]) -> str | None:

@@ -49,7 +49,7 @@ from splitfed.cost.model import (
     option_table,
     server_memory,
 )
-from splitfed.errors import ConfigError, nearest
+from splitfed.errors import ConfigError, did_you_mean
 from splitfed.optimizer.assign import DEFAULT_GAP, solve
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
@@ -124,11 +124,6 @@ def _toward(belief: float, seen: float, alpha: float, jump: float) -> float:
     return min(max(blend, min(belief, seen)), max(belief, seen))
 
 
-def _near(name: str, names: set[str]) -> str:
-    near = nearest(name, names)
-    return f" (did you mean {near!r}?)" if near else ""
-
-
 def _listed(names: set[str], most: int = 8) -> str:
     """The names, sorted; a large fleet's first ``most`` and a count (a message stays one readable line)."""
     shown = sorted(names)
@@ -170,7 +165,7 @@ class Adapter:
         names = {c.name for c in self.belief.clients}
         for name in measured:  # as an unknown server tier is: a misspelt client's round was dropped unsaid
             if name not in names:
-                raise ConfigError(f"no client named {name!r}{_near(name, names)}; clients: {_listed(names)}")
+                raise ConfigError(f"no client named {name!r}{did_you_mean(name, names)}; clients: {_listed(names)}")
         clients = []
         for c in self.belief.clients:
             m = measured.get(c.name)
