@@ -74,7 +74,11 @@ def test_without_count_and_timeout_a_ping_times_5_round_trips_and_waits_10_s(
     (["--compress", "zip"], "unknown codec 'zip'"),
     (["--fleet-entry", "my box"], "without spaces, got 'my box'"),
     (["--fleet-entry", ""], "must be non-empty, without spaces, got ''"),
-], ids=["codec", "spaced_name", "empty_name"])
+    # before: ignored without a model to shape, and the ping said nothing of them
+    (["--model-kwargs", '{"width": 4}'], "--model-kwargs shapes the model of --model (or the one --fleet-entry "
+                                         "times): give --model NAME, or leave it out"),
+    (["--input-shape", "1,8,8", "--num-classes", "4"], "--input-shape, --num-classes shape the model of --model"),
+], ids=["codec", "spaced_name", "empty_name", "kwargs_without_model", "shape_without_model"])
 def test_bad_flags_are_refused_before_any_tier_is_asked(extra: list[str], why: str,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """Refused input (exit 2, its reason), not a tier that did not answer (exit 1, ``no answer``)."""

@@ -105,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
         torch_device(args.torch_device)  # a GPU this host lacks is refused before any tier is asked
     elif args.torch_device != "cpu":
         raise ConfigError("--torch-device says where --fleet-entry times training: give it with --fleet-entry")
+    shaping = [f for f, v in (("--input-shape", args.input_shape), ("--num-classes", args.num_classes),
+                              ("--model-kwargs", args.model_kwargs)) if v is not None]
+    if shaping and not args.model and args.fleet_entry is None:  # before: ignored, and the ping said nothing of it
+        raise ConfigError(f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the model of --model (or "
+                          "the one --fleet-entry times): give --model NAME, or leave "
+                          f"{'it' if len(shaping) == 1 else 'them'} out")
     spec = model_spec(args) if args.model else None
     if spec is None and args.fleet_entry is not None:  # it times cnn then: --model-kwargs refused before any tier
         model_spec(args, "cnn")
