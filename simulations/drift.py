@@ -3,7 +3,7 @@
 The fleet file declares the drift (``[[device.drift]]``: from round r on, a
 device class's FLOP/s or bandwidth is scaled or set). Each policy trains the
 same run; the figures are the cuts over rounds (client x round heatmap, one per
-policy) and the simulated makespan per round with the drift round marked. The
+policy) and the simulated makespan per round with each drift round marked. The
 numbers: each policy's mean makespan before the drift, right after it, and over
 the last rounds, and for the adaptive run which clients' cuts moved, and when.
 """
@@ -88,9 +88,12 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     trained = dict(zip((label for label, _ in cases), run_cases(cases, out, cfg.backend), strict=True))
     runs = shown_runs(entries, trained)  # each run once: policies of the same cuts share one
     figures = report_runs(runs, out, title="Drift: a device slows down mid-training")
+    # every drift round the run reaches, of every drawn client (a fleet may declare several): before, only the first
+    marked = sorted({r for rs in drifting.values() for r in rs if r <= base.rounds})
     figures["makespan with drift"] = recorded(makespan_plot(
-        runs, out / "makespan_drift.png", mark_round=first,
-        title=f"Simulated round time; device(s) {', '.join(sorted(drifting))} change from round {first}"))
+        runs, out / "makespan_drift.png", mark_round=marked,
+        title=f"Simulated round time; device(s) {', '.join(sorted(drifting))} change at round"
+              f"{'s' if len(marked) > 1 else ''} {', '.join(map(str, marked))}"))
     records = []
     for e in entries:
         r = trained[e.trained_as]

@@ -89,10 +89,11 @@ def test_the_refusal_of_an_unknown_client_lists_a_large_fleet_s_first_names_and_
     assert str(e.value) == "no client named 'zz'; clients: c00, c01, c02, c03, c04, c05, c06, c07 and 4 more"
 
 
-def test_clients_that_dropped_out_of_a_round_or_a_resumed_run_s_gone_node_are_no_unknown_client() -> None:
-    """Measured: the round's clients, a subset (a client that failed reports nothing). Given cuts: a resumed
-    run's checkpoint names nodes that did not come back (``AdaptivePolicy`` hands them on): they are dropped."""
-    adapter = Adapter(_fleet("a", "b"), rounds=5, assignment={"a": (1,), "b": (1,), "gone": (0,)})
+def test_clients_that_dropped_out_of_a_round_are_no_unknown_client() -> None:
+    """Measured: the round's clients, a subset (a client that failed reports nothing). (Given cuts naming a
+    client the scenario lacks are refused: tests/test_adaptation_edges.py; ``AdaptivePolicy`` leaves a resumed
+    run's gone node out.)"""
+    adapter = Adapter(_fleet("a", "b"), rounds=5, assignment={"a": (1,), "b": (1,)})
     assert adapter.assignment == {"a": (1,), "b": (1,)}
     adapter.observe(1, {"a": Measurement(1e9, 0.1)})
     assert [c.device.flops for c in adapter.belief.clients] == [1e10, 1e9]  # a 10x jump: believed at once

@@ -231,8 +231,11 @@ class AdaptivePolicy:
             beliefs = saved.get("beliefs", {})
             sc = replace(sc, clients=tuple(_with_belief(c, beliefs[c.name]) if c.name in beliefs else c
                                            for c in sc.clients))
+        # the saved cuts of the clients here: a node that did not come back is no client of this scenario
+        here = {c.name for c in sc.clients}
         self.adapter = Adapter(sc, self.settings.rounds,
-                               assignment={k: tuple(v) for k, v in saved["assignment"].items()} if saved else None)
+                               assignment={k: tuple(v) for k, v in saved["assignment"].items() if k in here}
+                               if saved else None)
         self._truth = simulated_devices(self.settings, clients)
 
     def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:

@@ -148,11 +148,15 @@ class Adapter:
         self.rounds = int(rounds)
         self.alpha, self.jump, self.hysteresis = alpha, jump, hysteresis
         self.gap, self.time_limit = gap, time_limit
+        names = {c.name for c in scenario.clients}
+        for name in assignment or {}:  # before: dropped unsaid, so a misspelt name's cuts were planned anew
+            if name not in names:
+                raise ConfigError(f"assignment: no client named {name!r}{did_you_mean(name, names)}; "
+                                  f"clients: {_listed(names)}")
         if assignment is None or any(c.name not in assignment for c in scenario.clients):
             # none yet, or a resumed run's clients that it did not know: planned with the rest, which keep
             # their cuts where that is as good
             assignment = solve(scenario, gap=gap, time_limit=time_limit, prefer=assignment).assignment
-        # cuts of a client the scenario lacks are dropped, not refused: a resumed run's node that did not come back
         self.assignment: dict[str, Cuts] = {c.name: scenario.check_cuts(assignment[c.name]) for c in scenario.clients}
         self.history: list[Decision] = []  # the last HISTORY decisions (each holds every client's cuts)
 
@@ -190,6 +194,10 @@ class Adapter:
     def observe(self, round: int, measured: Mapping[str, Measurement],
                 servers: Mapping[str, tuple[float, float]] | None = None) -> Decision:
         """After round ``round`` (1-based) of ``rounds``: update beliefs, maybe move cuts for the next."""
+        # before: round 0 or -1 planned over more rounds than are left, one past ``rounds`` read as the last,
+        # 2.5 or True slipped through as a round number; refused before anything is learned from it
+        if not (isinstance(round, Integral) and not isinstance(round, bool) and 1 <= round <= self.rounds):
+            raise ConfigError(f"round must be in 1..{self.rounds} (an integer), got round={round!r}")
         self.update(measured, servers)
         left = self.rounds - round
         sc = self.belief

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from numbers import Integral
 from pathlib import Path
 from textwrap import TextWrapper
 from typing import Any
@@ -52,8 +53,9 @@ class Series:
 def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel: str, ylabel: str,
               logx: bool = False, logy: bool = False, hline: float | None = None, hline_label: str = "",
               vline: float | None = None, vline_label: str = "", integer_x: bool = False, note: str = "",
-              size: tuple[float, float] = (7.0, 4.5)) -> Path:
-    """Draw ``series`` as lines on one labelled axes; optional reference lines and a footnote.
+              size: tuple[float, float] = (7.0, 4.5), vlines: Sequence[tuple[float, str]] = ()) -> Path:
+    """Draw ``series`` as lines on one labelled axes; optional reference lines and a footnote (``vlines``:
+    more vertical lines, each (x, label), drawn as ``vline`` is).
 
     Series without a point to draw (none, or none with both coordinates finite: a run whose every round
     diverged) are left out of the plot and its legend, and named in the footnote: never a legend entry
@@ -75,8 +77,8 @@ def line_plot(series: Sequence[Series], path: str | Path, *, title: str, xlabel:
         ax.plot(list(s.x), list(s.y), label=s.label, **style)
     if hline is not None:
         ax.axhline(hline, color="grey", linestyle=":", linewidth=1, label=hline_label or f"{hline:g}")
-    if vline is not None:
-        ax.axvline(vline, color="red", linestyle=":", linewidth=1, label=vline_label or f"{vline:g}")
+    for x, label in ([(vline, vline_label)] if vline is not None else []) + list(vlines):
+        ax.axvline(x, color="red", linestyle=":", linewidth=1, label=label or f"{x:g}")
     if integer_x:
         xs = {x for s in series for x in s.x if math.isfinite(x)}
         # one round (a run of one, or stopped after it): MaxNLocator finds no two whole numbers in the view
@@ -125,15 +127,16 @@ def accuracy_per_round_plot(runs: Sequence[Run], path: str | Path,
 
 
 def makespan_plot(runs: Sequence[Run], path: str | Path, title: str = "",
-                  mark_round: int | None = None) -> Path:
+                  mark_round: int | Sequence[int] | None = None) -> Path:
     """Each round's simulated makespan (a deployment's measured round time); ``mark_round`` draws a vertical
-    line (e.g. where drift starts)."""
+    line before that round, or before each of several (e.g. where a fleet's drifts happen)."""
     series = [Series(_plain(r.label), [x.round for x in r.rounds], [x.sim_round_s for x in r.rounds]) for r in runs]
     kind = _CLOCK[clock_of(runs)]
+    marks = sorted({int(mark_round)} if isinstance(mark_round, int | Integral)  # one round (numpy's too)
+                   else {int(r) for r in mark_round or ()})
     return line_plot(series, path, title=title or f"{kind.capitalize()} round time (makespan)", xlabel="round",
                      ylabel=f"makespan ({kind} s)", integer_x=True,
-                     vline=None if mark_round is None else mark_round - 0.5,
-                     vline_label=f"change from round {mark_round}" if mark_round is not None else "")
+                     vlines=[(r - 0.5, f"change from round {r}") for r in marks])
 
 
 def _predicted_rows(run: Run) -> list[tuple[int, float, float]]:

@@ -4,8 +4,8 @@ One formatter for every table printed to a terminal, so columns line up the
 same everywhere. :func:`end_of_run` is what the simulate runner calls with the
 metrics objects it wrote: a table of rounds (accuracy, simulated round time,
 bytes) and one of device classes (how many clients, which cuts they had in the
-first and in the last round), since with adaptive cuts "the" cut of a class is
-a distribution that moves.
+first and in the last round, how many times they moved), since with adaptive
+cuts "the" cut of a class is a distribution that moves.
 """
 
 from __future__ import annotations
@@ -88,15 +88,17 @@ def round_table(run: Run, max_rows: int = 30) -> str:
 
 
 def class_table(run: Run) -> str:
-    """Per device class: clients, and the cuts they had in the first and the last round."""
+    """Per device class: clients, the cuts they had in the first and the last round, and (more than one round)
+    how many times they moved: a move and its reversal left the first and the last round alike."""
     first, last = run.rounds[0], run.rounds[-1]
     classes: dict[str, list[str]] = {}
     for c in run.clients:
         classes.setdefault(run.class_of(c), []).append(c)
-    shown = [first] if first.round == last.round else [first, last]  # one round: one cuts column
-    rows = [[k, len(v), *(_mix(r, v) for r in shown)] for k, v in classes.items()]
-    return format_table(["device class", "clients", *(f"cuts round {r.round}" for r in shown)],
-                        rows, title=f"{run.label}: cuts per device class")
+    shown = [first] if first.round == last.round else [first, last]  # one round: one cuts column, no moves
+    rows = [[k, len(v), *(_mix(r, v) for r in shown), *([_moves(run, v)] if len(shown) > 1 else [])]
+            for k, v in classes.items()]
+    return format_table(["device class", "clients", *(f"cuts round {r.round}" for r in shown),
+                         *(["moves"] if len(shown) > 1 else [])], rows, title=f"{run.label}: cuts per device class")
 
 
 def end_of_run(rows: Sequence[Mapping[str, Any]], classes: Mapping[str, str] | None = None,
@@ -112,6 +114,13 @@ def end_of_run(rows: Sequence[Mapping[str, Any]], classes: Mapping[str, str] | N
     if run.clients:
         parts.append(class_table(run))
     return "\n\n".join(parts)
+
+
+def _moves(run: Run, clients: Sequence[str]) -> int:
+    """Changes of cuts of ``clients`` between consecutive rounds, each client in both (a client absent from a
+    round, or new in it, did not move)."""
+    return sum(prev.cuts[c] != cur.cuts[c] for prev, cur in zip(run.rounds, run.rounds[1:], strict=False)
+               for c in clients if c in prev.cuts and c in cur.cuts)
 
 
 def _mix(row: RoundRow, clients: Sequence[str]) -> str:
