@@ -92,20 +92,22 @@ def test_blocks_that_share_a_weight_are_one_block() -> None:
 
 
 def test_a_weight_tied_across_the_whole_model_is_refused_in_one_line() -> None:
-    with pytest.raises(CutError, match=r"model Sequential has no legal cut: block 0's 'weight' is also block 4's "
-                                       r"'weight' \(a shared weight\), so blocks 0\.\.4 and all between must stay"):
+    with pytest.raises(CutError, match=r"model tests\.own_models:tied_ends \(class Sequential\) has no legal cut: "
+                                       r"block 0's 'weight' is also block 4's 'weight' \(a shared weight\), so "
+                                       r"blocks 0\.\.4 and all between must stay"):
         template.template(_spec("tied_ends"))
 
 
 def test_a_traced_model_that_reads_self_training_is_refused() -> None:
     """torch.fx fixes F.dropout(x, p, self.training) at trace time: evaluation would drop units too."""
-    with pytest.raises(CutError, match=r"model _DropoutByFlag reads self.training in its own forward"):
+    with pytest.raises(CutError, match=r"model tests\.own_models:dropout_by_flag \(class _DropoutByFlag\) reads "
+                                       r"self\.training in its own forward"):
         template.template(_spec("dropout_by_flag"))
 
 
 def test_a_tuple_crossing_is_never_a_cut() -> None:
     blocks = template.template(_spec("tuple_between"))
-    assert blocks.names[:2] == ["Linear", "_Pair+Linear"]  # the leaves of children 1 and 2, joined
+    assert blocks.names[:2] == ["Linear[0]", "_Pair+Linear[2]"]  # the leaves of children 1 and 2, joined
     assert all(isinstance(template.boundary(_spec("tuple_between"), i)[0], tuple) for i in range(len(blocks) + 1))
 
 

@@ -171,7 +171,7 @@ def test_a_mismatch_names_the_weight_and_the_block_it_is_largest_in(capsys: pyte
     assert main(args) == 1
     assert capsys.readouterr().out == (
         f"verify {HERE}:counter mode=sl tiers=3 cuts=2,3/3,4 transport=inproc: max |w_split - w_whole| = 3.701e-02 "
-        "(tolerance 1e-05) MISMATCH, largest in 4.weight (block 4, Linear)\n")
+        "(tolerance 1e-05) MISMATCH, largest in 4.weight (block 4, Linear[4])\n")
     assert main([*args, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert (out["worst_key"], out["ok"]) == ("4.weight", False)

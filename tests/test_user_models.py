@@ -488,7 +488,8 @@ def test_d4_a_tensor_constant_made_in_forward_is_no_read_of_self_training(factor
 
 
 def test_d4_a_real_read_of_self_training_is_still_refused() -> None:
-    with pytest.raises(CutError, match=r"^model _TrainingBranch reads self.training in its own forward"):
+    with pytest.raises(CutError, match=r"^model tests\.test_user_models:training_branch \(class _TrainingBranch\) reads "
+                                       r"self\.training in its own forward"):
         template.template(_spec("training_branch"))
 
 
@@ -538,7 +539,8 @@ def test_d11_extra_forward_parameters_with_defaults_are_traced_at_their_defaults
         assert [n.target for n in b.graph.nodes if n.op == "placeholder"] == ["x"]  # type: ignore[union-attr]
         assert "_assert" not in b.code  # type: ignore[operator]
     _assert_split_training_is_plain_training(spec, [(1, 2), (2, 2)])
-    with pytest.raises(CutError, match=r"^model _TwoRequired takes 2 inputs \(x, lengths\); splitfed cuts "
+    with pytest.raises(CutError, match=r"^model tests\.test_user_models:two_required \(class _TwoRequired\) takes 2 inputs "
+                                       r"\(x, lengths\); splitfed cuts "
                                        r"single-input models"):
         template.template(_spec("two_required"))
 
@@ -562,7 +564,7 @@ def test_d12_a_weight_tied_by_data_joins_its_blocks_and_stays_tied_in_a_tiers_co
     _assert_split_training_is_plain_training(spec, [(1, 2), (2, 2), (1, 1)])
 
     inside = _spec("data_tied_inside")
-    assert template.template(inside).names == ["Linear", "Tanh", "Linear+Linear", "Linear"]
+    assert template.template(inside).names == ["Linear[0]", "Tanh", "Linear+Linear", "Linear[3]"]
     pair = template.copy_blocks(inside, 2, 3)[2][0]  # type: ignore[index]
     assert pair.a.weight.untyped_storage().data_ptr() == pair.b.weight.untyped_storage().data_ptr()
     _assert_split_training_is_plain_training(inside, [(2, 3), (3, 3)])

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import inspect
 import os
 import re
@@ -231,15 +232,18 @@ def refuse_lost_modes(model: nn.Module, blocks: Sequence[nn.Module], name: str |
             m.training = training
 
 
-def to_blocks(model: nn.Module) -> Blocks:
+def to_blocks(model: nn.Module, name: str | None = None) -> Blocks:
     """The model's blocks: children of a Sequential, else cut points found by tracing; blocks that share a
     parameter or buffer (one tensor, or one storage) are one block. A model with a hook on itself, or whose own
-    ``train`` sets a module's mode otherwise than its blocks' would (:func:`refuse_lost_modes`), is refused."""
-    refuse_root_hooks(model)
-    refuse_tensor_hooks(model)
+    ``train`` sets a module's mode otherwise than its blocks' would (:func:`refuse_lost_modes`), is refused.
+    ``name`` is what a refusal calls the model (the ``--model`` the user gave); by default its class."""
+    name = name or type(model).__name__
+    refuse_root_hooks(model, name)
+    refuse_tensor_hooks(model, name)
     if isinstance(model, nn.Sequential) and type(model).forward is nn.Sequential.forward:  # else: its own forward
         # every entry, in order: children() yields a module used twice only once, silently dropping its
         # second use (Sequential(lin, act, lin2, act) would lose its last activation)
+        keys: list[str] | None = [k for k, m in model._modules.items() if m is not None]
         mods = [m for m in model._modules.values() if m is not None]
         if len(mods) < 2:
             raise CutError(f"Sequential model has {len(mods)} {'child' if len(mods) == 1 else 'children'}; it needs "
@@ -247,9 +251,9 @@ def to_blocks(model: nn.Module) -> Blocks:
                            "nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), not nn.Sequential(net)")
         blocks = Blocks(mods, [_leaf_names(m) for m in mods], traced=False)
     else:
-        blocks = _trace_blocks(model)
-    joined = _join(blocks, _shared(blocks), type(model).__name__)
-    refuse_lost_modes(model, joined.modules)
+        blocks, keys = _trace_blocks(model, name), None
+    joined = _join(blocks, _shared(blocks), name, keys)
+    refuse_lost_modes(model, joined.modules, name)
     # a block whose own tensors share storage keeps it shared in a tier's copy only as a _Joined
     return Blocks([m if isinstance(m, _Joined) or not _storage_groups(m) else _Joined(m) for m in joined.modules],
                   joined.names, joined.traced)
@@ -459,17 +463,19 @@ class _Joined(nn.Sequential):
         return out
 
 
-def _join(blocks: Blocks, spans: Sequence[tuple[int, int, str]], model: str) -> Blocks:
+def _join(blocks: Blocks, spans: Sequence[tuple[int, int, str]], model: str,
+          keys: Sequence[str] | None = None) -> Blocks:
     """Blocks ``first..last`` of every span as one block (a :class:`_Joined` ``nn.Sequential`` of them, so their
-    shared tensors stay shared when a tier copies it)."""
-    if not spans:
-        return blocks
+    shared tensors stay shared when a tier copies it), each named by its parts. A name that recurs is told apart
+    by ``keys[first]`` where given (a Sequential's child's key: ``Linear[2]`` is ``model[2]``), else by
+    :func:`_unique`."""
     last_of = list(range(len(blocks)))  # each block joins up to this index
     for a, b, _ in spans:
         for i in range(a, b + 1):
             last_of[i] = max(last_of[i], b)
     modules: list[nn.Module] = []
     names: list[str] = []
+    firsts: list[int] = []
     i = 0
     while i < len(blocks):
         j = i
@@ -482,11 +488,14 @@ def _join(blocks: Blocks, spans: Sequence[tuple[int, int, str]], model: str) -> 
             modules.append(_Joined(*blocks.modules[i: j + 1]))
             parts = blocks.names[i: j + 1]
             names.append("+".join(parts[:3]) + ("+..." if len(parts) > 3 else ""))
+        firsts.append(i)
         i = j + 1
-    if len(modules) < 2:
+    if spans and len(modules) < 2:
         raise CutError(f"model {model} has no legal cut: {spans[0][2]}, so blocks {spans[0][0]}..{spans[0][1]} "
                        "and all between must stay on one tier, and that is the whole model")
-    return Blocks(modules, names, traced=blocks.traced)
+    if keys is not None:
+        names = [f"{n}[{keys[i]}]" if names.count(n) > 1 else n for n, i in zip(names, firsts, strict=True)]
+    return Blocks(modules, _unique(names), traced=blocks.traced)
 
 
 # ---------------------------------------------------------------- checks against the model itself
@@ -690,8 +699,21 @@ def _leaf_names(m: nn.Module) -> str:
     return "+".join(leaves) if leaves else type(m).__name__
 
 
-def _trace_blocks(model: nn.Module) -> Blocks:
-    name = type(model).__name__
+def _unique(names: Sequence[str]) -> list[str]:
+    """``names`` with each that recurs numbered by its occurrence (``relu[0]``, ``relu[1]``): a block's name is
+    how a profile, ``splitfed blocks`` and an error tell it from the others."""
+    out: list[str] = []
+    for n in names:
+        if names.count(n) > 1 or n in out:
+            k = 0
+            while f"{n}[{k}]" in names or f"{n}[{k}]" in out:  # never one a block has already
+                k += 1
+            n = f"{n}[{k}]"
+        out.append(n)
+    return out
+
+
+def _trace_blocks(model: nn.Module, name: str) -> Blocks:
     try:
         gm = _traced_in(model, training=True)
     except Exception as e:  # noqa: BLE001 - tracing failures come in many types
@@ -704,10 +726,14 @@ def _trace_blocks(model: nn.Module) -> Blocks:
     if evaluating is None or evaluating.code != gm.code or not _same(_constants(evaluating), _constants(gm)):
         # a graph fixes what forward read of self.training (F.dropout(x, p, self.training), `if
         # self.training:`) when it was traced: its blocks would train as traced and evaluate so too
-        raise CutError(f"model {name} reads self.training in its own forward, which torch.fx fixes when it "
-                       "traces: its blocks would act the same in training and evaluation. Do what differs in "
-                       "torch's modules (nn.Dropout, nn.BatchNorm), which the tracer keeps whole, or make the "
-                       "model an nn.Sequential whose children do it (a Sequential's children run untraced)")
+        reader = _training_reader(gm, evaluating)
+        who = (f"model {name} reads self.training in forward" if reader is None else
+               f"model {name} reads self.training in its own forward" if not reader else
+               f"model {name}: its submodule {reader!r} ({type(model.get_submodule(reader)).__name__}) reads "
+               "self.training in forward")
+        raise CutError(f"{who}, which torch.fx fixes when it traces: its blocks would act the same in training "
+                       "and evaluation. Do what differs in torch's modules (nn.Dropout, nn.BatchNorm), which the "
+                       "tracer keeps whole, or make the model an nn.Sequential whose children do it (a Sequential's children run untraced)")
     nodes = list(gm.graph.nodes)
     inputs = [n for n in nodes if n.op == "placeholder"]
     starred = [str(n.target) for n in inputs if str(n.target).startswith("*")]
@@ -771,15 +797,12 @@ def _trace_blocks(model: nn.Module) -> Blocks:
         raise CutError(f"model {name} has no legal cut that leaves parameters on both sides")
 
     modules: list[nn.Module] = []
-    names: list[str] = []
     value_in: fx.Node = inputs[0]
     for first, last, out in merged:
-        block_nodes = compute[first: last + 1]
-        modules.append(_extract(gm, value_in, block_nodes, out))
-        names.append(_describe(block_nodes))
+        modules.append(_extract(gm, value_in, compute[first: last + 1], out))
         if isinstance(out, fx.Node):  # always, but after the last block: the model's output may be a tuple
             value_in = out
-    return Blocks(modules, names, traced=True)
+    return Blocks(modules, _block_names([compute[first: last + 1] for first, last, _ in merged]), traced=True)
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -849,6 +872,42 @@ def _drop_specialised(gm: fx.GraphModule, names: Iterable[str]) -> None:
     gm.recompile()
 
 
+def _training_reader(training: fx.GraphModule, evaluating: fx.GraphModule | None) -> str | None:
+    """The path of the module whose forward made the training and evaluation traces differ ("": the model's
+    own), by the first op they do not share (its module, from the tracer's ``nn_module_stack``); None when the
+    model could not be traced for evaluation (nothing to compare) or no op tells."""
+    if evaluating is None:
+        return None
+    a = [n for n in training.graph.nodes if n.op != "placeholder"]
+    b = [n for n in evaluating.graph.nodes if n.op != "placeholder"]
+
+    def op(n: fx.Node) -> tuple[str, str, str]:
+        return n.op, str(n.target), _owner(n)
+
+    def detail(gm: fx.GraphModule, n: fx.Node) -> object:  # its arguments (each node as its op), or its constant
+        if n.op == "get_attr":
+            return getattr(gm, str(n.target), None)
+        return repr(fx.node.map_arg((n.args, n.kwargs), lambda x: f"{x.op}:{x.target}"))
+
+    ops_a, ops_b = [op(n) for n in a], [op(n) for n in b]
+    for tag, i1, i2, j1, _ in difflib.SequenceMatcher(None, ops_a, ops_b, autojunk=False).get_opcodes():
+        if tag != "equal":  # ops only one trace has, or others in their place: the training trace's first
+            return (ops_a[i1] if i1 < i2 else ops_b[j1])[2]
+        for k in range(i2 - i1):
+            x, y = detail(training, a[i1 + k]), detail(evaluating, b[j1 + k])
+            if not (_same(x, y) if isinstance(x, torch.Tensor) else x == y):
+                return ops_a[i1 + k][2]
+    return None
+
+
+def _owner(n: fx.Node) -> str:
+    """The path of the module whose forward made node ``n`` ("" the traced model's own)."""
+    stack = [str(v[0]) if isinstance(v, tuple) else str(k) for k, v in (n.meta.get("nn_module_stack") or {}).items()]
+    if n.op == "call_module" and stack and stack[-1] == str(n.target):  # the module called, not its caller
+        stack.pop()
+    return stack[-1] if stack else ""
+
+
 def _constants(gm: fx.GraphModule) -> list[tuple[str, object]]:
     """The tensor constants tracing made (``torch.tensor(d)``, ``torch.arange(8)`` in forward), by name."""
     return [(str(n.target), getattr(gm, str(n.target))) for n in gm.graph.nodes
@@ -890,22 +949,42 @@ def _extract(gm: fx.GraphModule, value_in: fx.Node, block_nodes: list[fx.Node], 
     return block
 
 
-def _describe(nodes: list[fx.Node]) -> str:
-    """A readable block name: the top-level modules it calls, else its functions."""
-    mods: list[str] = []
+def _block_names(blocks: Sequence[list[fx.Node]]) -> list[str]:
+    """Each traced block's name: the modules and parameters it uses by their first two path parts (``layer1.0``,
+    ``pos``), one split over several blocks by the full path of the first it uses of it (``features.3.conv.0``,
+    ``features.3.conv.3``: where each block of it starts), else the functions it calls; unique (:func:`_unique`)."""
+    used = [_used(nodes) for nodes in blocks]
+    holders: dict[str, int] = {}
+    for u in used:
+        for label in u:
+            holders[label] = holders.get(label, 0) + 1
+    names = []
+    for nodes, u in zip(blocks, used, strict=True):
+        parts = [first if holders[label] > 1 else label for label, first in u.items()] or _functions(nodes) or ["add"]
+        names.append("+".join(parts[:3]) + ("+..." if len(parts) > 3 else ""))
+    return _unique(names)
+
+
+def _used(nodes: Iterable[fx.Node]) -> dict[str, str]:
+    """The modules ``nodes`` call and the parameters and buffers they read (not tracing's tensor constants), in
+    order: each path cut to its first two parts, to the first full path under it."""
+    used: dict[str, str] = {}
+    for n in nodes:
+        targets = [str(a.target) for a in n.all_input_nodes
+                   if a.op == "get_attr" and not str(a.target).startswith("_tensor_constant")]
+        for t in [*targets, *([str(n.target)] if n.op == "call_module" else [])]:
+            used.setdefault(".".join(t.split(".")[:2]), t)
+    return used
+
+
+def _functions(nodes: Iterable[fx.Node]) -> list[str]:
     funcs: list[str] = []
     for n in nodes:
-        if n.op == "call_module":
-            p = str(n.target).split(".")
-            label = ".".join(p[:2]) if len(p) > 2 else str(n.target)
-            if label not in mods:
-                mods.append(label)
-        elif n.op in ("call_function", "call_method"):
+        if n.op in ("call_function", "call_method"):
             label = getattr(n.target, "__name__", str(n.target))
             if label not in funcs and label not in ("getitem", "getattr", "add", "size"):
                 funcs.append(label)
-    parts = mods or funcs or ["add"]
-    return "+".join(parts[:3]) + ("+..." if len(parts) > 3 else "")
+    return funcs
 
 
 def validate_cuts(cuts: Sequence[int], n_blocks: int, tiers: int | None = None, u_shape: bool = False,

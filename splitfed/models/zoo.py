@@ -540,7 +540,7 @@ def model_blocks(spec: ModelSpec, seed: int | None = None) -> tuple[nn.Module, B
     numbers is marked so (:func:`~splitfed.models.blocks.stochastic_flags`); both once per spec in a process."""
     model = build(spec, seed)
     refuse_root_hooks(model, spec.name)
-    blocks = to_blocks(model)  # first: a model that cannot be cut says so whatever its input
+    blocks = to_blocks(model, cut_name(spec, model))  # first: a model that cannot be cut says so whatever its input
     check_input(spec, model)  # then the one place a spec meets its input shape: refused clearly
     example = spec.example_input(2)
     blocks = join_at_tuples(blocks, example, spec.name)
@@ -551,6 +551,12 @@ def model_blocks(spec: ModelSpec, seed: int | None = None) -> tuple[nn.Module, B
         raise ConfigError(refusal)
     mark_stochastic(blocks, flags)
     return model, blocks
+
+
+def cut_name(spec: ModelSpec, model: nn.Module) -> str | None:
+    """What a refusal to cut ``model`` calls it: a user's model by the ``--model`` given and its class
+    (``mypkg.nets:make (class Net)``: the class alone leaves the factory to find); a zoo model by its class."""
+    return None if spec.name in ZOO else f"{spec.name} (class {type(model).__name__})"
 
 
 CHECK_BYTES = 256 << 20  # a traced user model up to this size is trained beside itself once (_trains_as_itself)
@@ -589,7 +595,7 @@ def _trains_as_itself(spec: ModelSpec, example: torch.Tensor) -> str:
     """"" if a traced model's blocks train as the model does, else the one-line refusal. Checked on two
     instances of its own (the same seed), cut one and trained both: the caller's model is not touched."""
     model = build(spec, 0)
-    blocks = to_blocks(model)  # joined or not, its blocks end to end compute the same
+    blocks = to_blocks(model, cut_name(spec, model))  # joined or not, its blocks end to end compute the same
     try:
         check_trains_as_model(blocks, model, build(spec, 0), example, spec.name)
     except ConfigError as e:

@@ -60,7 +60,7 @@ from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 from splitfed.units import mib_text
 
-PROFILE_VERSION = 12  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
+PROFILE_VERSION = 13  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
 # key: it is measured again, not read with float32 guessed or its parameter bytes taken for what the weight
 # exchange sends); 5: fixed bytes hold the buffers (an older profile left a block's causal mask or running
@@ -73,7 +73,8 @@ PROFILE_VERSION = 12  # 2: blocks that share a weight or pass a tuple are one bl
 # mode (an older profile took it in eval mode: a block that stops the gradient in one mode only was priced wrong);
 # 10: fixed bytes hold Adam's step count per Parameter that trains (an older profile left them out); 11: a fused
 # RNN kernel's FLOPs counted (an older profile priced an LSTM on CPU, and any RNN on a GPU, at 0 FLOPs); 12:
-# mobilenetv2's width above 1 widens it (an older profile of such a width priced the width-1 model, all it built)
+# mobilenetv2's width above 1 widens it (an older profile of such a width priced the width-1 model, all it built);
+# 13: block names unique (an older profile named mobilenetv2's blocks 5-10 all features.3)
 
 log = logging.getLogger(__name__)
 
