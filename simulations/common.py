@@ -44,6 +44,8 @@ from splitfed.errors import ConfigError, SplitfedError, Terminated, unknown_key
 
 C = TypeVar("C")
 CONFIGS = Path(__file__).resolve().parent / "configs"
+# the folder of the config file load_config is reading: a TrainingConfig's relative paths are looked up there
+_FOLDER: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_folder", default=None)
 RESULTS = "results.json"
 RUNS = "runs"  # each training run's own run folder, under the output folder
 MARK = ".experiment"  # in RUNS: the name of the experiment whose runs these are (before its results.json)
@@ -57,10 +59,15 @@ OWNS_FIGURES = frozenset({RESULTS, "results.csv", RUNS})
 
 
 def load_config(path: str | Path, cls: type[C]) -> C:
-    """Read a TOML file into the dataclass ``cls`` (top-level keys are its fields)."""
+    """Read a TOML file into the dataclass ``cls`` (top-level keys are its fields); a :class:`TrainingConfig`
+    looks up its relative file paths beside the file first (:func:`base_settings`)."""
     p = Path(path)
     data = tomlio.parse(tomlio.read_text(p, "config file"), f"config file {p}")
-    return config_from_mapping(data, cls, str(p))
+    token = _FOLDER.set(p.parent)
+    try:
+        return config_from_mapping(data, cls, str(p))
+    finally:
+        _FOLDER.reset(token)
 
 
 def config_from_mapping(data: Mapping[str, Any], cls: type[C], source: str = "config") -> C:
@@ -220,11 +227,13 @@ class TrainingConfig:
             if key.replace("-", "_") in _EXPERIMENT_OWN:  # would be ignored: say so rather than drop it
                 raise ValueError(f"[simulate] {key}: an experiment gives each run a folder of its own under "
                                  "--out; remove the key")
+        # the folder of the config file it is read from (load_config), where its relative paths are looked up
+        object.__setattr__(self, "_folder", _FOLDER.get())
         self.settings()  # a bad [simulate] key or value is refused when the file is read
 
     def settings(self) -> Any:
         """``[simulate]`` as :class:`~splitfed.flower.config.RunSettings`."""
-        return base_settings(self.simulate)
+        return base_settings(self.simulate, folder=getattr(self, "_folder", None))
 
 
 def check_target(value: float) -> None:
@@ -275,18 +284,33 @@ def _train_checked(settings: Any, out: Path, label: str, backend: str) -> Any:
 
 
 def _finished(settings: Any, out: Path) -> bool:
-    """Whether ``out`` holds this run finished: its summary, of as many rounds, with the same math."""
+    """Whether ``out`` holds this run finished: its summary, of as many rounds (:func:`_check_same`: one that
+    ran other math is refused)."""
+    summary = _check_same(settings, out)
+    return summary is not None and summary.get("rounds") == settings.rounds
+
+
+def _check_same(settings: Any, out: Path) -> dict[str, Any] | None:
+    """The summary of the run in ``out`` (None: none to read), refused, in simulate's words, if it ran with other
+    math than ``settings``: ``--resume`` keeps the runs that finished, and one resumed with another config was
+    trained over, unsaid."""
     from server.app import RESUMABLE
+    from splitfed.flower.config import RunSettings, absolute_paths
     from splitfed.report.runs import SUMMARY
 
     try:
         summary = json.loads((out / SUMMARY).read_text())
-        before = summary["settings"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    now = settings.to_dict()
-    return summary.get("rounds") == settings.rounds and all(
-        k in RESUMABLE or before.get(k) == v for k, v in now.items())
+        # as simulate compares a checkpoint's: defaults filled in, files named alike
+        before = absolute_paths(RunSettings.from_mapping(summary["settings"], source=str(out / SUMMARY))).to_dict()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError):
+        return None
+    now = absolute_paths(settings).to_dict()
+    changed = [k for k, v in now.items() if k not in RESUMABLE and before[k] != v]
+    if changed:
+        raise ConfigError(f"run {out}: cannot resume with different " + ", ".join(
+            f"{k.replace('_', '-')} ({before[k]!r} -> {now[k]!r})" for k in changed)
+            + ": --resume with the config it ran with, or give another --out, or --overwrite to start over")
+    return dict(summary)
 
 
 def _label_run(out: Path, label: str) -> None:
@@ -298,22 +322,28 @@ def _label_run(out: Path, label: str) -> None:
     jsonio.write_json(path, {**summary, "label": label}, sort_keys=True)  # whole or not at all: the run's summary
 
 
-def base_settings(table: Mapping[str, Any], source: str = "") -> Any:
+def base_settings(table: Mapping[str, Any], source: str = "", folder: Path | None = None) -> Any:
     """A config's ``[simulate]`` table as :class:`~splitfed.flower.config.RunSettings` (keys as in ``splitfed simulate``).
 
-    A ``fleet`` or ``dataset`` path that is not a file from here is looked up under ``simulations/configs/``, as
-    ``splitfed simulate --config`` looks beside its config (:func:`~splitfed.flower.config.fleet_beside`,
-    :func:`~splitfed.flower.config.dataset_beside`). A table without
+    A ``fleet`` or ``dataset`` path that is not a file from here is looked up beside the config (``folder``), as
+    ``splitfed simulate --config`` looks (:func:`~splitfed.flower.config.fleet_beside`,
+    :func:`~splitfed.flower.config.dataset_beside`), then under ``simulations/configs/``: before, only there,
+    so a config's own fleet was missed for a shipped file of that name. A table without
     ``cuts`` takes simulate's default for its tiers (:func:`~splitfed.flower.config.default_cuts`): ``tiers = 2``
     alone was refused for the 3-tier default's two cuts, which simulate does not give it.
     """
     from splitfed.flower.config import RunSettings, dataset_beside, default_cuts, fleet_beside
 
     where = f"{source} [simulate]".strip()
+    folders = [f for f in (folder, CONFIGS) if f is not None]  # the config's own, then the shipped configs'
     if isinstance(fleet := table.get("fleet"), str):
-        table = {**table, "fleet": fleet_beside(fleet, CONFIGS, where)}  # fleet files next to the configs
+        # the first folder that holds it (none: the config's, which the refusal names)
+        there = next((f for f in folders if (f / fleet).is_file()), folders[0])
+        table = {**table, "fleet": fleet_beside(fleet, there, where)}
     if "dataset" in table:  # so is a dataset's file or folder (absolute: a run's settings name it wherever read)
-        table = {**table, "dataset": dataset_beside(table["dataset"], CONFIGS)}
+        here = dataset_beside(table["dataset"])  # from the current folder: what a folder that holds it changes
+        table = {**table, "dataset": next((d for d in (dataset_beside(table["dataset"], f) for f in folders)
+                                           if d != here), here)}
     settings = RunSettings.from_mapping(table, source=where)
     if "cuts" not in table:  # as splitfed simulate: the default's are for 3 tiers, 2 or a U-shape take theirs
         settings = settings.with_(cuts=default_cuts(settings.tiers, settings.u_shape))
@@ -422,6 +452,9 @@ def run_cases(cases: Sequence[tuple[str, Any]], out: Path, backend: str) -> list
     from splitfed.report.plots import slug
 
     check_cases(cases, backend)
+    if _RESUME.get():  # a finished run of other math is refused before any run trains
+        for label, settings in cases:
+            _check_same(settings, out / RUNS / slug(label))
     runs = []
     for label, settings in cases:
         runs.append(_train_checked(settings, out / RUNS / slug(label), label, backend))

@@ -6,7 +6,8 @@
 - the ``.experiment`` mark beside an experiment's runs (``runs/.experiment``) is written only for a named
   experiment training under ``runs/``, making the folders it needs, and an existing mark is left as it is;
 - with ``--resume`` (``_resuming(True, ...)``) a run whose ``summary.json`` says it finished (as many rounds,
-  the same settings but for the resumable keys) is kept, not trained; without it, it trains again; a Flower
+  the same settings but for the resumable keys) is kept, not trained, one of other settings refused; without
+  it, it trains again; a Flower
   run with a checkpoint continues from it (``resume=True, overwrite=False`` reach the runner), an in-process
   one, or a Flower one without a checkpoint, starts again; ``_finished`` reads an unreadable summary as no
   finished run (``False``);
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from simulations import common
+from splitfed.errors import ConfigError
 from splitfed.sim import inprocess, runner
 
 TABLE = {"clients": 2, "rounds": 1, "model": "cnn", "dataset": "digits", "partition": "iid",
@@ -194,7 +196,8 @@ def write_summary(out: Path, rounds: Any, recorded: Any) -> None:
 
 
 def test_finished_compares_rounds_and_the_math_not_the_resumable_keys(tmp_path: Path) -> None:
-    """Kept only with as many rounds and the same math; a resumable key (a timeout, the folder) may differ."""
+    """Kept only with as many rounds and the same math (other math is refused); a resumable key (a timeout, the
+    folder) may differ."""
     out = tmp_path / "r"
     now = settings(rounds=2).with_(out=str(out), overwrite=True)  # as train() asks
     write_summary(out, 2, now.to_dict())
@@ -204,10 +207,13 @@ def test_finished_compares_rounds_and_the_math_not_the_resumable_keys(tmp_path: 
     assert common._finished(now, out) is True
     write_summary(out, 1, now.to_dict())  # stopped after round 1 of 2
     assert common._finished(now, out) is False
-    write_summary(out, 2, now.with_(seed=1).to_dict())  # another run's math
-    assert common._finished(now, out) is False
-    write_summary(out, 2, {k: v for k, v in now.to_dict().items() if k != "seed"})
-    assert common._finished(now, out) is False
+    write_summary(out, 2, now.with_(seed=1).to_dict())  # another run's math: refused, not trained over
+    with pytest.raises(ConfigError) as e:
+        common._finished(now, out)
+    assert str(e.value) == (f"run {out}: cannot resume with different seed (1 -> 0): --resume with the config it "
+                            "ran with, or give another --out, or --overwrite to start over")
+    write_summary(out, 2, {k: v for k, v in now.to_dict().items() if k != "seed"})  # as simulate: its default
+    assert common._finished(now, out) is True
 
 
 @pytest.mark.parametrize("text", [None, "{not json", "[1, 2]", '{"rounds": 2}', '"a string"'])
