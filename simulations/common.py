@@ -322,6 +322,21 @@ def _label_run(out: Path, label: str) -> None:
     jsonio.write_json(path, {**summary, "label": label}, sort_keys=True)  # whole or not at all: the run's summary
 
 
+def config_fleet(fleet: str, folder: Path | None, where: str) -> str:
+    """A config's ``fleet``: from the current folder, else the first of the config's folder and
+    ``simulations/configs`` that holds it, else a shipped fleet's name (:func:`~splitfed.flower.config.fleet_beside`;
+    found nowhere: refused naming the config's folder)."""
+    from splitfed.flower.config import fleet_beside
+
+    folders = [f for f in (folder, CONFIGS) if f is not None]
+    return fleet_beside(fleet, next((f for f in folders if (f / fleet).is_file()), folders[0]), where)
+
+
+def config_folder() -> Path | None:
+    """The folder of the config file being read (:func:`load_config`), where its relative paths are looked up."""
+    return _FOLDER.get()
+
+
 def base_settings(table: Mapping[str, Any], source: str = "", folder: Path | None = None) -> Any:
     """A config's ``[simulate]`` table as :class:`~splitfed.flower.config.RunSettings` (keys as in ``splitfed simulate``).
 
@@ -332,14 +347,12 @@ def base_settings(table: Mapping[str, Any], source: str = "", folder: Path | Non
     ``cuts`` takes simulate's default for its tiers (:func:`~splitfed.flower.config.default_cuts`): ``tiers = 2``
     alone was refused for the 3-tier default's two cuts, which simulate does not give it.
     """
-    from splitfed.flower.config import RunSettings, dataset_beside, default_cuts, fleet_beside
+    from splitfed.flower.config import RunSettings, dataset_beside, default_cuts
 
     where = f"{source} [simulate]".strip()
     folders = [f for f in (folder, CONFIGS) if f is not None]  # the config's own, then the shipped configs'
     if isinstance(fleet := table.get("fleet"), str):
-        # the first folder that holds it (none: the config's, which the refusal names)
-        there = next((f for f in folders if (f / fleet).is_file()), folders[0])
-        table = {**table, "fleet": fleet_beside(fleet, there, where)}
+        table = {**table, "fleet": config_fleet(fleet, folder, where)}
     if "dataset" in table:  # so is a dataset's file or folder (absolute: a run's settings name it wherever read)
         here = dataset_beside(table["dataset"])  # from the current folder: what a folder that holds it changes
         table = {**table, "dataset": next((d for d in (dataset_beside(table["dataset"], f) for f in folders)

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from simulations.common import main, recorded, scenario, write_csv
+from simulations.common import config_fleet, config_folder, main, recorded, scenario, write_csv
 from splitfed.errors import ConfigError
 
 POLICIES = ("optimizer", "best-static", "greedy", "all-on-server")
@@ -51,6 +51,9 @@ class Config:
     solve_time_limit_s: float = 60.0
 
     def __post_init__(self) -> None:
+        folder = config_folder()
+        if folder is not None:  # read from a file: its relative fleet is looked for beside it, as a [simulate]'s
+            object.__setattr__(self, "fleet", config_fleet(self.fleet, folder, "fleet"))
         known = ", ".join(POLICIES)
         if not self.policies:
             raise ConfigError(f"policies must name at least one of {known}")

@@ -144,3 +144,17 @@ def test_a_fleet_found_nowhere_is_refused_naming_the_config_s_folder(tmp_path: P
     assert str(e.value) == (f"{path}: [simulate]: fleet 'nope.toml': no such file from the current folder "
                             f"({tmp_path}) or from {tmp_path / 'x'}, and no shipped fleet of that name (shipped: "
                             "iot, reference, small)")
+
+
+def test_the_heterogeneity_sweeps_fleet_is_looked_for_beside_its_config(tmp_path: Path, monkeypatch) -> None:
+    """Its top-level ``fleet`` (not a [simulate] table): before, only from the current folder ("no such fleet")."""
+    from simulations import heterogeneity_sweep
+
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "x" / "myfleet.toml"
+    mine.parent.mkdir()
+    mine.write_text((CONFIGS / "fleets" / "drift.tiny.toml").read_text())
+    config = tmp_path / "x" / "sweep.toml"
+    config.write_text('model = "cnn"\nfleet = "myfleet.toml"\nclients = [3]\nspreads = [0.0]\n')
+    assert common.load_config(config, heterogeneity_sweep.Config).fleet == str(mine.resolve())
+    assert heterogeneity_sweep.Config(fleet="reference").fleet == "reference"  # not read from a file: as given
