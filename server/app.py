@@ -82,8 +82,8 @@ def build_app(settings: RunSettings | None = None, progress: Progress | None = N
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         s = settings or RunSettings.from_mapping(dict(context.run_config), source="run config")
-        if settings is None:  # flwr run: said once, at its start (splitfed simulate says it before Ray starts)
-            _late_drift(s, progress or _log)
+        if settings is None:  # flwr run: said once, at its start (splitfed simulate says them before Ray starts)
+            _fleet_notes(s, progress or _log)
         try:
             summary = run(grid, s, progress, stop, recorded_as=recorded_as, resumed=resumed, reservation=reservation)
         except RunStopped:
@@ -104,14 +104,16 @@ def _log(line: str) -> None:
     log(INFO, "%s", line)
 
 
-def _late_drift(settings: RunSettings, say: Progress) -> None:
-    """Say the fleet's drifts the run never reaches (:func:`~splitfed.sim.runner.late_drift_note`), if any."""
-    from splitfed.sim.runner import late_drift_note
+def _fleet_notes(settings: RunSettings, say: Progress) -> None:
+    """Say which clients the run drew from its fleet (:func:`~splitfed.sim.runner.draw_note`) and the fleet's
+    drifts the run never reaches (:func:`~splitfed.sim.runner.late_drift_note`), if any."""
+    from splitfed.sim.runner import draw_note, late_drift_note
 
     try:
-        note = late_drift_note(settings)
+        drawn, note = draw_note(settings), late_drift_note(settings)
     except ConfigError:  # a fleet it cannot draw: the run refuses it, as before, once it holds its folder
         return
+    say(drawn)
     if note:
         say(note)
 
@@ -219,7 +221,8 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         if first > settings.rounds:
             say(f"nothing to do: the checkpoint already holds round {first - 1} of {settings.rounds}")
         else:
-            say(f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers, cuts {settings.cuts}, "
+            say(f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers"
+                f"{', U-shape' if settings.u_shape else ''}, cuts {settings.cuts}, "
                 f"{len(strategy.clients)} client(s), rounds {first}..{settings.rounds}")
         # the model before any training, evaluated as each round's: round 1's row keeps it (a resume has it)
         initial = evaluate(spec, state, test_x, test_y) if first == 1 else None

@@ -359,7 +359,7 @@ def test_policies_below_target_and_a_policy_refused() -> None:
     the best static cut is the optimizer's (ratio 1: below target)."""
     sc = _sc(_fleet((_client("s", "slow", 1e9, 1e7),)), min_device_blocks=1)
     got = bo.policies(sc)
-    assert got["all_on_server"] == {"makespan_s": None, "note": "cuts 0,0 leave fewer than 1 block(s) on the device",
+    assert got["all_on_server"] == {"makespan_s": None, "note": "cuts 0,0 keep fewer than 1 leading block(s) on the device",
                                     "ratio_vs_optimizer": None}
     assert got["best_static"]["ratio_vs_optimizer"] == 1.0
     assert got["targets"] == {"vs_best_static": False, "not_slower_than_greedy": True}

@@ -92,7 +92,7 @@ def test_the_shipped_small_fleet_s_drift_is_said_of_a_default_length_run() -> No
 
 
 def test_simulate_says_it_before_ray_starts(fleet: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The note is the run's second line, after the first (said before the engine's imports) and before Ray is
+    """The note is the run's third line, after the first (said before the engine's imports) and the draw, before Ray is
     started (here Ray's start is a stand-in that fails, so nothing starts: Ray cannot start in a test's time)."""
     def start_ray(init_args: dict[str, Any], log: Any = None, **kwargs: Any) -> None:
         raise RayStartError("not started in this test")
@@ -102,5 +102,6 @@ def test_simulate_says_it_before_ray_starts(fleet: str, monkeypatch: pytest.Monk
     with pytest.raises(runner.SimulationError, match="not started in this test"):
         runner.simulate(RunSettings(fleet=fleet, clients=20, rounds=4), progress=lines.append, cpus=1)
     assert lines == ["starting the simulation engine (Ray, 1 CPU(s)) and 2 tier process(es)...",
+                     runner.draw_note(RunSettings(fleet=fleet, clients=20)),
                      f"note: fleet {fleet!r}: device 'phone' drifts at round 5, after the run's last round (4): "
                      "never applied (a run of 5 or more rounds would apply it)"]

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitfed.cost import Scenario, evaluate, option_table
-from splitfed.cost.model import mib_text
 from splitfed.errors import ConfigError
 from splitfed.optimizer import best_static, exhaustive, greedy, solve
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
+from splitfed.units import mib_text
 
 BIG = 1e15  # memory no option fills
 

@@ -45,7 +45,7 @@ def test_static_cuts_whose_server_segments_need_exactly_its_memory_fit(tmp_path:
     runner.validate(settings)
     fleet.write_text(_EDGE_FLEET.format(mib=1216255 / 2**20))
     with pytest.raises(ConfigError, match=r"cuts 0,7 overflow the fleet's edge: its segments of the 2 clients need "
-                                          r"1\.16 MiB of its 1\.16 MiB"):
+                                          r"1\.159912 MiB of its 1\.159911 MiB"):
         runner.validate(settings)
 
 

@@ -246,7 +246,7 @@ def test_markdown_summary() -> None:
     table = markdown_table(headers, rows)
     assert table.splitlines()[1].startswith("|:---|---:")
     md = summary_markdown(runs, 0.9, {"accuracy": "acc.png"})
-    assert "| static | 5 |" in md and "![accuracy](acc.png)" in md
+    assert "| static | - | - | - | 5 |" in md and "![accuracy](acc.png)" in md
 
 
 # ---------------------------------------------------------------- figures
@@ -575,12 +575,12 @@ def test_headers_and_axes_name_the_clock_the_runs_have(tmp_path: Path) -> None:
         runs = load_runs(paths)
         assert clock_of(runs) == clock
         headers, _ = summary_rows(runs, target=0.7)
-        assert headers[4:6] == [f"{clock} time s", f"mean {clock} round s"] and headers[-2] == f"{clock} s to 0.7"
+        assert headers[7:9] == [f"{clock} time s", f"mean {clock} round s"] and headers[-2] == f"{clock} s to 0.7"
         assert f"| {clock} time s |" in summary_markdown(runs, target=0.7)
         assert f"{clock_of(runs[:1])} round s" in round_table(runs[0])
         names = [name for name, _, _ in _views(runs, tmp_path, None)]
         assert f"accuracy vs {axis} time" in names
-    assert summary_rows(load_runs([deployed]))[1][0][4] == 3.0  # the measured times themselves: 2 x 1.5 s
+    assert summary_rows(load_runs([deployed]))[1][0][7] == 3.0  # the measured times themselves: 2 x 1.5 s
 
 
 def test_rounds_csv_says_which_clock_each_rows_times_are_and_what_was_predicted(tmp_path: Path) -> None:

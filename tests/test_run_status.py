@@ -32,7 +32,7 @@ from splitfed.report.runs import load_run, load_runs, run_notes, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = RunSettings(rounds=3, clients=2, tiers=3, cuts="static:1,3", batch_size=64, seed=1)
-OLD_HEADERS = ["run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
+OLD_HEADERS = ["run", "mode", "tiers", "U-shape", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
                "activation MB", "weight MB", "wall s"]
 
 

@@ -71,8 +71,8 @@ def test_the_note_names_no_one_spelling_of_the_rounds() -> None:
 def test_an_in_process_run_says_it_before_its_first_line(tmp_path: Path) -> None:
     lines: list[str] = []
     train_inprocess(DRIFTING.with_(out=str(tmp_path / "run")), progress=lines.append)
-    assert lines[0] == NOTE
-    assert lines[1].startswith("run ") and lines[1].endswith("rounds 1..1 (in-process)")
+    assert lines[0].startswith("clients: 2 drawn from fleet 'small' ") and lines[1] == NOTE
+    assert lines[2].startswith("run ") and lines[2].endswith("rounds 1..1 (in-process)")
     assert lines.count(NOTE) == 1
 
 
@@ -81,7 +81,8 @@ def test_a_flwr_run_logs_it_once_at_its_start(monkeypatch: pytest.MonkeyPatch, c
     with caplog.at_level(logging.INFO, logger="flwr"):
         _flwr_run(monkeypatch, {**RUN_CONFIG, "out": str(tmp_path / "run")})
     lines = _flwr_lines(caplog)
-    assert lines[0] == NOTE and lines.count(NOTE) == 1
+    assert lines[0].startswith("clients: 2 drawn from fleet 'small' ") and lines[1] == NOTE
+    assert lines.count(NOTE) == 1
     assert any(line.startswith("run ") and line.endswith("rounds 1..1") for line in lines)
 
 

@@ -37,7 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run a fleet of virtual clients in Flower's simulation engine",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE.toml", help="settings file")
-    p.add_argument("--clients", type=positive_int, help="virtual clients (default 4)")
+    p.add_argument("--clients", type=positive_int,
+                   help="virtual clients (default 4), drawn at random from the fleet's device classes by --seed, "
+                        "with replacement, weighted by count: the run may train a mix the fleet file does not list "
+                        "(splitfed optimize --fleet prices it as listed); the run's first lines name the draw")
     p.add_argument("--rounds", type=positive_int, help="federated rounds (default 3)")
     p.add_argument("--mode", choices=MODES, help="sl | sflv1 | sflv2 (default sflv1)")
     p.add_argument("--tiers", type=int, choices=(2, 3), help="device + 1 or 2 server tiers (default 3)")
@@ -49,8 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--model", help="zoo name (mlp, cnn, vgg11, resnet18, mobilenetv2, transformer) or "
                                    "module.path:factory (default cnn)")
-    p.add_argument("--fleet", help="fleet file or shipped fleet name the devices are drawn from "
-                                   "(default reference)")
+    p.add_argument("--fleet", help="fleet file or shipped fleet name the --clients devices are drawn from, at "
+                                   "random with replacement, weighted by count (default reference)")
     p.add_argument("--batch-size", type=batch_size)
     p.add_argument("--local-epochs", type=positive_int)
     p.add_argument("--optimizer", choices=("sgd", "adam"), help="every tier's optimizer (default sgd)")

@@ -154,7 +154,7 @@ from splitfed.models.blocks import validate_cuts
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client, Fleet
 from splitfed.profile.profiler import ModelProfile
-from splitfed.units import mib_text
+from splitfed.units import mib_pair
 
 Cuts = tuple[int, ...]
 Assignment = Mapping[str, Sequence[int]]
@@ -278,13 +278,23 @@ def codec_rules(kind: str) -> dict[float, tuple[float, float]]:
     return rules
 
 
+def leading_blocks(cuts: Sequence[int], n_blocks: int, u_shape: bool = False) -> int:
+    """The blocks a device runs on its raw inputs before anything leaves it (what ``min_device_blocks``
+    counts): its head [0, k_1); with U-shape cuts that enter no server (k_1 = u: all equal) the tail goes on
+    from the head, so every block."""
+    return n_blocks if u_shape and cuts[0] == cuts[-1] else int(cuts[0])
+
+
 def cut_options(n_blocks: int, tiers: int, u_shape: bool = False, min_device_blocks: int = 0) -> np.ndarray:
-    """Every legal cut vector (rows, lexicographic): non-decreasing values in 0..L."""
+    """Every legal cut vector (rows, lexicographic): non-decreasing values in 0..L that keep
+    ``min_device_blocks`` leading blocks on the device. With U-shape, every all-equal vector puts the whole
+    model on the device: one row stands for them, L,...,L (so one placement has one spelling)."""
     n = tiers - 1 + (1 if u_shape else 0)
     rows = [c for c in itertools.combinations_with_replacement(range(n_blocks + 1), n)
-            if c[0] >= min_device_blocks]
+            if (not u_shape or c[0] < c[-1] or c[0] == n_blocks)
+            and leading_blocks(c, n_blocks, u_shape) >= min_device_blocks]
     if not rows:
-        raise CutError(f"no legal cut keeps {min_device_blocks} block(s) on the device of a "
+        raise CutError(f"no legal cut keeps {min_device_blocks} leading block(s) on the device of a "
                        f"{n_blocks}-block model")
     return np.array(rows, dtype=np.int64).reshape(len(rows), n)
 
@@ -462,9 +472,9 @@ class Scenario:
 
     def check_cuts(self, cuts: Sequence[int]) -> Cuts:
         c = validate_cuts(cuts, self.profile.n_blocks, self.tiers, self.u_shape, model=self.profile.model)
-        if c[0] < self.min_device_blocks:
-            raise CutError(f"cuts {','.join(map(str, c))} leave fewer than {self.min_device_blocks} block(s) "
-                           "on the device")
+        if leading_blocks(c, self.profile.n_blocks, self.u_shape) < self.min_device_blocks:
+            raise CutError(f"cuts {','.join(map(str, c))} keep fewer than {self.min_device_blocks} leading "
+                           "block(s) on the device")
         why = self._tail_problem(c)
         if why is not None:
             raise CutError(f"cuts {','.join(map(str, c))}: {why}")
@@ -900,9 +910,9 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
     used = server_memory(sc, np.asarray(cuts_of), np.array([c.memory[1:] for c in cc]),
                          np.array([c.act_memory[1:] for c in cc]))
     shared_mem = {names[t]: float(used[t - 1]) for t in range(1, sc.tiers)}
-    violations = [f"{c.name}: device memory {mib_text(c.memory[0])} > {mib_text(sc.clients[i].device.memory)}"
+    violations = [f"{c.name}: device memory {' > '.join(mib_pair(c.memory[0], sc.clients[i].device.memory))}"
                   for i, c in enumerate(cc) if not c.fits_device]
-    violations += [f"{names[t]} memory {mib_text(shared_mem[names[t]])} > {mib_text(cap)}"
+    violations += [f"{names[t]} memory {' > '.join(mib_pair(shared_mem[names[t]], cap))}"
                    for t, cap in enumerate(sc.memory_caps, 1) if shared_mem[names[t]] > cap]
     return RoundCost(cc, makespan, bottleneck, shared_s, shared_mem, tuple(violations), sc.mode)
 

@@ -25,7 +25,7 @@ from splitfed.errors import ResourceExhausted, SplitfedError
 from splitfed.models import rng
 from splitfed.models.blocks import Blocks, Segment, param_sizes
 from splitfed.models.zoo import ZOO, ModelSpec, build, first_line, input_error, model_blocks
-from splitfed.units import mib_text
+from splitfed.units import mib_pair
 
 # Lock order: a cached function's key (:class:`_Once`), then the template's ``_lock``, then torch's generator
 # (``rng.LOCK``); never one of them while holding a later one.
@@ -158,11 +158,13 @@ def admit(spec: ModelSpec) -> None:
     params, peak = size(spec)
     if params > lim.model_bytes:
         kwargs = f" {dict(spec.kwargs)}" if spec.kwargs else ""
-        raise ResourceExhausted(f"model {spec.name!r}{kwargs} has {mib_text(params)} of "
-                                f"parameters; this process builds at most {mib_text(lim.model_bytes)}")
+        has, most = mib_pair(params, lim.model_bytes)
+        raise ResourceExhausted(f"model {spec.name!r}{kwargs} has {has} of parameters; this process builds at "
+                                f"most {most}")
     if peak > lim.sample_bytes:
+        makes, most = mib_pair(peak, lim.sample_bytes)
         raise ResourceExhausted(f"model {spec.name!r} with input {list(spec.input_shape)} makes a "
-                                f"{mib_text(peak)} tensor per sample; at most {mib_text(lim.sample_bytes)}")
+                                f"{makes} tensor per sample; at most {most}")
 
 
 def small(spec: ModelSpec) -> bool:

@@ -179,9 +179,12 @@ def make_policy(settings: RunSettings) -> AssignmentPolicy:
     if name == "static":
         options = parse_static(arg)
         for cuts in options:
-            if cuts[0] < settings.min_device_blocks:
-                raise ConfigError(f"static cuts {','.join(map(str, cuts))} leave {cuts[0]} block(s) on the device; "
-                                  f"min-device-blocks is {settings.min_device_blocks}")
+            # it counts the blocks before the first cut (raw inputs never leave the device); U-shape cuts that
+            # enter no server (all equal) keep the whole model there, checked against its size once profiled
+            if cuts[0] < settings.min_device_blocks and not (settings.u_shape and cuts[0] == cuts[-1]):
+                raise ConfigError(f"static cuts {','.join(map(str, cuts))} keep {cuts[0]} leading block(s) on the "
+                                  f"device; min-device-blocks is {settings.min_device_blocks}: give a first cut "
+                                  f"of at least {settings.min_device_blocks}")
         return StaticPolicy(options)
     if name in _FACTORIES:
         return _FACTORIES[name](arg, settings)

@@ -102,7 +102,7 @@ from splitfed.cost.model import (
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.optimizer.defaults import DEFAULT_GAP, EXHAUSTIVE_LIMIT
 from splitfed.profile.fleet import Client
-from splitfed.units import mib_text
+from splitfed.units import mib_pair, mib_text
 
 _SCALE = 1e4  # the optimum's size in scaled units (see module docstring)
 # a memory row the MILP's answer overflowed is tightened by this much more (in units of the tier's memory):
@@ -198,10 +198,10 @@ def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np
     more = "" if not others else (f" (and {', '.join(map(repr, others))})" if len(others) <= 3
                                   else f" (and {len(others)} more)")
     entry = f" (fleet entry {c.kind!r})" if c.kind and c.kind != c.name else ""  # simulate names clients by id
+    has, need = mib_pair(c.device.memory, t_mem[best])
     return ConfigError(
         f"device {c.name!r}{entry}{more} cannot train any legal cut of {sc.profile.model} at batch {sc.batch}: "
-        f"its memory is {mib_text(c.device.memory)} and the smallest device share needs "
-        f"{mib_text(t_mem[best])} (cuts {','.join(map(str, options[best]))})")
+        f"its memory is {has} and the smallest device share needs {need} (cuts {','.join(map(str, options[best]))})")
 
 
 def _dominates(V: np.ndarray) -> np.ndarray:
@@ -1155,8 +1155,9 @@ def static(sc: Scenario, cuts: Sequence[int]) -> Solution:
     cost = evaluate(sc, {c.name: cuts for c in sc.clients})
     for c, cc in zip(sc.clients, cost.clients, strict=True):
         if not cc.fits_device:
-            raise ConfigError(f"cuts {','.join(map(str, cuts))} do not fit device {c.name!r}: they need "
-                              f"{mib_text(cc.memory[0])} of its {mib_text(c.device.memory)}")
+            need, has = mib_pair(cc.memory[0], c.device.memory)
+            raise ConfigError(f"cuts {','.join(map(str, cuts))} do not fit device {c.name!r}: they need {need} "
+                              f"of its {has}")
     return Solution(f"static {','.join(map(str, cuts))}", cost, time.perf_counter() - t0, False)
 
 

@@ -58,7 +58,7 @@ from splitfed.jsonio import write_atomic
 from splitfed.models import rng
 from splitfed.models.blocks import Blocks, param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
-from splitfed.units import mib_text
+from splitfed.units import mib_pair, mib_text
 
 PROFILE_VERSION = 13  # 2: blocks that share a weight or pass a tuple are one block; 3: boundary dtypes recorded;
 # 4: state bytes and the backward with an input gradient recorded (an older profile on disk has another cache
@@ -636,8 +636,9 @@ def _refuse_beyond_memory(spec: ModelSpec, batch: int, slots: int, seed: int, wh
 
         free, place = psutil.virtual_memory().available, "this host"
     if need > free:
-        raise ConfigError(f"profiling model {spec.name} at batch {batch:,} needs at least {mib_text(need)} "
-                          f"({mib_text(per_sample)} a sample), and {place} has {mib_text(free)} available: use a "
+        needs, has = mib_pair(need, free)  # a need just over what is free reads apart from it
+        raise ConfigError(f"profiling model {spec.name} at batch {batch:,} needs at least {needs} "
+                          f"({mib_text(per_sample)} a sample), and {place} has {has} available: use a "
                           "smaller --batch (a run's batch_size)")
 
 

@@ -19,8 +19,8 @@ from splitfed.jsonio import write_atomic
 from splitfed.report.runs import MEASURED, RoundRow, Run, clock_of, run_notes
 from splitfed.report.table import MB, format_value, shown
 
-HEADERS = ("run", "rounds", "final accuracy", "best accuracy", "sim time s", "mean sim round s",
-           "activation MB", "weight MB", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
+HEADERS = ("run", "mode", "tiers", "U-shape", "rounds", "final accuracy", "best accuracy", "sim time s",
+           "mean sim round s", "activation MB", "weight MB", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
 
 
 def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list[str], list[list[Any]]]:
@@ -34,12 +34,23 @@ def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list
     for r in runs:
         n = len(r.rounds)
         wall = [x.wall_s for x in r.rounds]
-        row: list[Any] = [r.label, n, r.final.accuracy, best_accuracy(r), r.sim_time[-1],
+        row: list[Any] = [r.label, *chain_of(r), n, r.final.accuracy, best_accuracy(r), r.sim_time[-1],
                           r.sim_time[-1] / n, r.cum_bytes[-1] / MB, r.weight_bytes / MB, sum(wall), r.status]
         if target is not None:
             row += [r.time_to_target(target), r.rounds_to_target(target)]
         rows.append(row)
     return headers, rows
+
+
+def chain_of(run: Run) -> tuple[str | None, int | None, str | None]:
+    """The run's mode, tiers and U-shape ("yes" or "no") from its settings (``summary.json``); None for
+    what they do not say (a run without a summary yet), so two runs' rows tell what they compare."""
+    settings = run.summary.get("settings")
+    s = settings if isinstance(settings, dict) else {}
+    mode, tiers, u = s.get("mode"), s.get("tiers"), s.get("u_shape")
+    return (mode if isinstance(mode, str) else None,
+            tiers if isinstance(tiers, int) and not isinstance(tiers, bool) else None,
+            {True: "yes", False: "no"}.get(u) if isinstance(u, bool) else None)
 
 
 def best_accuracy(run: Run) -> float:

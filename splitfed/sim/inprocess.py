@@ -87,7 +87,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = N
         test_data,
     )
     from splitfed.sim.clock import finished_time, fleet_for, make_clock
-    from splitfed.sim.runner import late_drift_note
+    from splitfed.sim.runner import draw_note, late_drift_note
     from splitfed.transport.compress import get as codec
 
     s = settings.with_(run_name=settings.run_id)  # its tiers are its own: no tag (cf. server.app.named)
@@ -105,10 +105,11 @@ def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = N
     state = initial_state(spec, s.seed)
     profiles = {c.client_id: c.profile for c in clients}
     previous: dict[str, tuple[int, ...]] = {}  # each client's cuts when it last trained (the clock prices moves)
-    if note := late_drift_note(s):  # as a Flower run says it
+    say(draw_note(s, fleet))  # as a Flower run says them
+    if note := late_drift_note(s):
         say(note)
-    say(f"run {s.run_id}: {s.mode}, {s.tiers} tiers, cuts {s.cuts}, {len(clients)} client(s), rounds 1..{s.rounds} "
-        f"(in-process)")
+    say(f"run {s.run_id}: {s.mode}, {s.tiers} tiers{', U-shape' if s.u_shape else ''}, cuts {s.cuts}, "
+        f"{len(clients)} client(s), rounds 1..{s.rounds} (in-process)")
     initial = evaluate(spec, state, test_x, test_y)  # before any training: round 1's row keeps it
     for rnd in range(1, s.rounds + 1):
         t0 = time.perf_counter()

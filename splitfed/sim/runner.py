@@ -45,12 +45,13 @@ from splitfed.sim.ray_start import (
 )
 from splitfed.sim.signal_relay import SignalRelay
 from splitfed.sim.tiers import start_tiers
-from splitfed.units import mib_text
+from splitfed.units import mib_pair
 
 if TYPE_CHECKING:
     from flwr.app import ConfigRecordValues
 
     from splitfed.flower.checkpoint import Checkpoint
+    from splitfed.profile.fleet import Fleet
 
 
 _SILENT = logging.CRITICAL + 1
@@ -111,6 +112,7 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
     from clients.app import app as client_app
     from server.app import build_app
 
+    progress(draw_note(settings))
     if note := late_drift_note(settings):
         progress(note)
     quiet = ExpectedWarnings()
@@ -231,6 +233,25 @@ def late_drift_note(settings: RunSettings) -> str:
     return f"note: fleet {settings.fleet!r}: devices {which} drift after {last} them)"
 
 
+_DRAWN_SHOWN = 8  # device classes the draw's line names: one line, however large the fleet
+
+
+def draw_note(settings: RunSettings, drawn: Fleet | None = None) -> str:
+    """The line that names the run's clients: drawn at random from the fleet's device classes by the seed, with
+    replacement and weighted by count (:meth:`~splitfed.profile.fleet.Fleet.sample`), so a run may train a mix the
+    fleet file does not list (a class more often, another not at all) while ``splitfed optimize --fleet`` prices
+    the fleet as listed. Every backend says it, as :func:`late_drift_note`. ``drawn``: the draw, if made already."""
+    from splitfed.sim.clock import fleet_for
+
+    drawn = drawn if drawn is not None else fleet_for(settings)
+    kinds = sorted(drawn.kinds.items(), key=lambda kn: -kn[1])  # most first; a tie in the fleet file's order
+    shown = ", ".join(f"{n} {kind}" for kind, n in kinds[:_DRAWN_SHOWN])
+    if len(kinds) > _DRAWN_SHOWN:
+        shown += f", and {len(kinds) - _DRAWN_SHOWN} more"
+    return (f"clients: {len(drawn.clients)} drawn from fleet {settings.fleet!r} (seed {settings.seed}, with "
+            f"replacement, weighted by count): {shown}")
+
+
 def stopped_figures(out: str, progress: Callable[[str], None]) -> int:
     """Draw in ``out`` the standard figures of the rounds a stopped run did, as ``splitfed simulate`` draws a
     finished run's; how many. One that cannot be drawn is said, not raised: the stop is the run's outcome, and
@@ -293,15 +314,17 @@ def static_fits(settings: RunSettings, policy: Any, clients: Sequence[Any]) -> N
     if short:
         key, who = next(iter(short.items()))
         more = f"; {len(short) - 1} more device(s) or cuts alike" if len(short) > 1 else ""
+        needs, has = mib_pair(*need[key])
         raise ConfigError(f"cuts {','.join(map(str, key[1]))} do not fit fleet device {key[0]!r} "
-                          f"({', '.join(who[:3])}{', ...' if len(who) > 3 else ''}): they need {mib_text(need[key][0])} "
-                          f"of its {mib_text(need[key][1])}{more}; give it cuts that keep fewer blocks on the "
+                          f"({', '.join(who[:3])}{', ...' if len(who) > 3 else ''}): they need {needs} "
+                          f"of its {has}{more}; give it cuts that keep fewer blocks on the "
                           "device (static:K1,K2/K1,K2 deals cut vectors out by client) or use --cuts adaptive")
     for name, cap in zip(sc.tier_names[1:], sc.memory_caps, strict=True):  # nor one its servers cannot hold
         if cost.shared_memory[name] > cap:
+            needs, has = mib_pair(cost.shared_memory[name], cap)
             raise ConfigError(f"cuts {settings.cuts.removeprefix('static:')} overflow the fleet's {name}: its "
-                              f"segments of the {len(clients)} clients need {mib_text(cost.shared_memory[name])} of "
-                              f"its {mib_text(cap)}; give it cuts that keep more blocks on the devices, more memory "
+                              f"segments of the {len(clients)} clients need {needs} of "
+                              f"its {has}; give it cuts that keep more blocks on the devices, more memory "
                               "in the fleet file, or use --cuts adaptive")
 
 
