@@ -48,7 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--codec", dest="compress", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--u-shape", action="store_true", help="the device also holds the last blocks and the loss")
     p.add_argument("--min-device-blocks", type=int, default=0,
-                   help="blocks every device must keep (1: raw data never leaves the device)")
+                   help="leading blocks every device must keep, run on its raw inputs before anything leaves it (1: raw "
+                        "data never leaves the device)")
     p.add_argument("--round", type=positive_int, default=1, help="price the fleet as it is in this round (drift)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--exhaustive", action="store_true",

@@ -70,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-clients", type=int, help="fewest clients that must finish a round (default 1)")
     p.add_argument("--fraction", type=float, help="share of clients sampled per round (default 1)")
     p.add_argument("--min-device-blocks", type=int, metavar="K",
-                   help="blocks every device keeps, whatever the policy (default 0; 1 or more: raw inputs "
+                   help="leading blocks every device keeps, whatever the policy (default 0; 1 or more: raw inputs "
                         "never leave a device)")
     p.add_argument("--vocab", type=int, metavar="N",
                    help="a module:factory model takes integer tokens below N (an nn.Embedding first; default 0: "
