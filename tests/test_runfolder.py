@@ -186,11 +186,11 @@ def test_default_run_folders_do_not_collide(tmp_path):
     from splitfed.commands.simulate import _fresh_folder
 
     stem = tmp_path / "sim-20261130-120000"
-    assert _fresh_folder(stem) == str(stem)
-    stem.mkdir()
+    assert _fresh_folder(stem) == str(stem)  # made when chosen: the next choice skips it
     assert _fresh_folder(stem) == str(tmp_path / "sim-20261130-120000-2")
-    (tmp_path / "sim-20261130-120000-2").mkdir()
     assert _fresh_folder(stem) == str(tmp_path / "sim-20261130-120000-3")
+    for n in ("", "-2", "-3"):
+        runfolder.unmake(f"{stem}{n}")
 
 
 def test_the_server_app_holds_its_folder_for_the_whole_run(tmp_path, monkeypatch):

@@ -68,7 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                         "link, the device's first: none,int8 compresses only "
                                                         "edge -> cloud")
     p.add_argument("--min-clients", type=int, help="fewest clients that must finish a round (default 1)")
-    p.add_argument("--fraction", type=float, help="share of clients sampled per round (default 1)")
+    p.add_argument("--fraction", type=float,
+                   help="share of clients sampled per round (default 1; --cuts greedy and adaptive plan for every "
+                        "client in every round and refuse one below 1)")
     p.add_argument("--min-device-blocks", type=int, metavar="K",
                    help="leading blocks every device keeps, whatever the policy (default 0; 1 or more: raw inputs "
                         "never leave a device)")
@@ -97,15 +99,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Defaults <- checkpoint (--resume) <- config file <- flags."""
-    return _settings_and_checkpoint(args)[0]
+    """Defaults <- checkpoint (--resume) <- config file <- flags. A default out is a name, no folder: the run
+    that uses it makes it."""
+    from splitfed.flower import runfolder
+
+    settings = _settings_and_checkpoint(args)[0]
+    runfolder.unmake(settings.out)
+    return settings
 
 
 def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Checkpoint | None]:
     """:func:`settings_from_args`, and the checkpoint ``--resume`` read for them (None without): the resume
     hands it on rather than read and check it again."""
     from splitfed.errors import ConfigError
-    from splitfed.flower import checkpoint
+    from splitfed.flower import checkpoint, runfolder
     from splitfed.flower.config import (
         RunSettings,
         absolute_paths,
@@ -119,6 +126,9 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
     if getattr(args, "out", None) is not None and not args.out.strip():
         raise ConfigError("--out must name a folder (a run writes its metrics and checkpoint there)")
     layers: list[tuple[dict[str, Any], str | None]] = []
+    made = ""  # the default folder made for this run
+    if args.resume:  # a folder another run holds is in use, whatever its checkpoint says (a run still starting has none)
+        runfolder.check_free(args.resume)
     held = checkpoint.resumed(args.resume, getattr(args, "out", None)) if args.resume else None
     if held is not None:
         # the stopped run's tier processes are gone: this run starts its own (or --config names them)
@@ -138,37 +148,45 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
     if args.resume:
         layers.append(({"out": args.resume, "resume": True}, None))
     elif not any(values.get("out") for values, _ in layers):
-        layers.append(({"out": _fresh_folder(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))}, None))
-    settings = RunSettings.layered(layers, here=True)  # checked as a whole: a flag may make right what the file alone is not
-    cuts = default_cuts(settings.tiers, settings.u_shape)  # the default's are for 3 tiers: 2, or a U-shape, take theirs
-    if cuts != settings.cuts and not any("cuts" in values for values, _ in layers):
-        settings = settings.with_(cuts=cuts)
-    # a new run records where its files are, for a --resume from any folder; a resume's given paths are made
-    # absolute alike, so that the same file named relative or absolute is the same setting
-    return absolute_paths(settings), held
+        made = _fresh_folder(Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S"))
+        layers.append(({"out": made}, None))
+    try:
+        settings = RunSettings.layered(layers, here=True)  # checked as a whole: a flag may make right what the file alone is not
+        cuts = default_cuts(settings.tiers, settings.u_shape)  # the default's are for 3 tiers: 2, or a U-shape, take theirs
+        if cuts != settings.cuts and not any("cuts" in values for values, _ in layers):
+            settings = settings.with_(cuts=cuts)
+        # a new run records where its files are, for a --resume from any folder; a resume's given paths are made
+        # absolute alike, so that the same file named relative or absolute is the same setting
+        return absolute_paths(settings), held
+    except BaseException:
+        runfolder.unmake(made)  # refused: the default folder made for it goes
+        raise
 
 
 def _fresh_folder(stem: Path) -> str:
-    """``stem``, or ``stem-2``, ``stem-3``...: two runs started within one second get folders of their own."""
-    path, n = stem, 1
-    while path.exists():
-        n += 1
-        path = stem.with_name(f"{stem.name}-{n}")
-    return str(path)
+    """``stem``, or ``stem-2``, ``stem-3``..., made now (:func:`~splitfed.flower.runfolder.fresh`): two runs
+    started within one second get folders of their own."""
+    from splitfed.flower import runfolder
+
+    return str(runfolder.fresh(stem))
 
 
 def run(args: argparse.Namespace) -> int:
+    from splitfed.flower import runfolder
     from splitfed.sim.runner import simulate, validate
 
     settings, held = _settings_and_checkpoint(args)  # a resume reads and checks its checkpoint here, once
-    validate(settings, held)
-    # --json: stdout is the summary alone (``| jq``); the run's lines, and any a library prints, go to stderr
-    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        try:
-            summary = _finished(settings, held) or simulate(settings, verbose=args.verbose, resumed=held)
-        except (SplitfedError, KeyboardInterrupt) as e:  # the run had started: say what is kept and how to go on
-            e.hint = _continue_hint(settings, stopped=isinstance(e, KeyboardInterrupt))  # type: ignore[union-attr]
-            raise
+    try:
+        validate(settings, held)
+        # --json: stdout is the summary alone (``| jq``); the run's lines, and any a library prints, go to stderr
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            try:
+                summary = _finished(settings, held) or simulate(settings, verbose=args.verbose, resumed=held)
+            except (SplitfedError, KeyboardInterrupt) as e:  # the run had started: say what is kept and how to go on
+                e.hint = _continue_hint(settings, stopped=isinstance(e, KeyboardInterrupt))  # type: ignore[union-attr]
+                raise
+    finally:  # a default folder made for a run refused before it held it goes (one it held, it tidied itself)
+        runfolder.unmake(settings.out)
     if args.json:
         print(dumps(summary, indent=2, sort_keys=True))
         return 0

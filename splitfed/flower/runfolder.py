@@ -54,6 +54,7 @@ _signalled: dict[Path, int] = {}  # folder -> the signal that stopped its run (:
 _active: dict[Path, tuple[int, dict[str, Any]]] = {}  # folder -> (held lock file, start record) of runs held now
 _reserved: dict[Path, Reservation] = {}  # folder -> this process's reservation of it (:func:`reserve`)
 _reserving = threading.Lock()  # a reservation is taken over (or let go) once, by one thread
+_made: dict[Path, list[Path]] = {}  # folder -> the folders :func:`fresh` made for it, while no run has held it
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,11 +87,8 @@ def check(folder: str | Path, resume: bool, overwrite: bool, reservation: Reserv
     _writable(folder)
     if not folder.is_dir():
         return
-    _refuse_held(folder, resume, overwrite)
-    if overwrite and not resume:
-        _replaceable(folder)
-    if resume and (folder / METRICS).is_file():
-        run_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
+    # the lock first: a folder another run holds is refused as in use, whatever it holds (the advice of the
+    # refusals below, --resume or --overwrite, would be refused as well while that run lives)
     lock = folder / LOCK
     if lock.is_dir():
         raise ConfigError(_lock_is_folder(folder))
@@ -100,6 +98,11 @@ def check(folder: str | Path, resume: bool, overwrite: bool, reservation: Reserv
             _lock(fd, folder)
         finally:
             os.close(fd)  # closing drops the probe's lock
+    _refuse_held(folder, resume, overwrite)
+    if overwrite and not resume:
+        _replaceable(folder)
+    if resume and (folder / METRICS).is_file():
+        run_rows(folder / METRICS)  # a damaged metrics file is named now, not after Ray has started
 
 
 @contextmanager
@@ -244,9 +247,45 @@ def _take_over(folder: Path, token: Reservation | None) -> Reservation | None:
         return held
 
 
+def fresh(stem: str | Path) -> Path:
+    """Make a new run folder, ``stem`` or ``stem-2``, ``stem-3``... (the first not there), and its parents it
+    lacks (durably). Made when chosen: two processes choosing at once (started in one second) never choose
+    one folder. The run that takes it holds it as a folder it made (an empty one goes when the run ends:
+    :func:`_tidy`); one that never does removes it with :func:`unmake`."""
+    stem = Path(stem)
+    made = _missing(stem.parent)
+    try:
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        path, n = stem, 1
+        while True:
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:  # taken, perhaps since it was looked at: the next
+                n += 1
+                path = stem.with_name(f"{stem.name}-{n}")
+        made.append(path.absolute())
+        for d in made:  # its name in its parent is as durable as what the run keeps in it
+            sync_folder(d.parent)
+    except OSError as e:
+        raise ConfigError(f"cannot write run folder {stem}: {e.strerror or e}") from None
+    _made[path.resolve()] = made
+    return path
+
+
+def unmake(folder: str | Path) -> None:
+    """Remove what :func:`fresh` made for ``folder``, where no run has held it since and nothing was put there
+    (a run refused before it started: its settings, or another run's lock); any other folder is left as is."""
+    for d in reversed(_made.pop(Path(folder).resolve(), [])):
+        with contextlib.suppress(OSError):  # not empty: something else was put there meanwhile
+            d.rmdir()
+
+
 def _open(folder: Path) -> tuple[int, bool]:
-    """Make ``folder`` (durably) and take its lock: the held descriptor, and whether the folder is new."""
-    new = not folder.exists()
+    """Make ``folder`` (durably) and take its lock: the held descriptor, and whether the folder is new (or made
+    for this run by :func:`fresh`)."""
+    key = folder.resolve()
+    new = key in _made or not folder.exists()
     made = _missing(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -254,7 +293,9 @@ def _open(folder: Path) -> tuple[int, bool]:
             sync_folder(d.parent)
     except OSError as e:
         raise ConfigError(f"cannot write run folder {folder}: {e.strerror or e}") from None
-    return _take(folder), new
+    fd = _take(folder)
+    _made.pop(key, None)  # held now: what becomes of it is the holder's (_tidy)
+    return fd, new
 
 
 def outputs(folder: str | Path) -> list[Path]:
