@@ -50,6 +50,7 @@ from splitfed.flower.workload import (
 )
 from splitfed.models import rng
 from splitfed.profile.fleet import fleet_digest
+from splitfed.report.runs import natural_key
 from splitfed.sim.clock import fleet_for, make_clock
 from splitfed.sim.tiers import TierChain, check_restarted, tier_chain
 from splitfed.transport.client import GrpcTierClient
@@ -450,11 +451,13 @@ def _why_failed(row: dict[str, Any], width: int = 70) -> str:
 
 
 def _moved(row: dict[str, Any], profiles: dict[str, str], show: int = 3) -> str:
-    """``  moved 2: client3 (phone-mid-0) 7,7 -> 0,7, ...``: the cuts the policy moved this round."""
+    """``  moved 2: client3 (phone-mid-0) 7,7 -> 0,7, ...``: the cuts the policy moved this round, the first
+    ``show`` clients in natural order (client2 before client10), as the report's tables and heatmap list them."""
     moved = row.get("moved") or {}
     if not moved:
         return ""
+    first = sorted(moved.items(), key=lambda kv: natural_key(kv[0]))[:show]
     parts = [f"{cid}{f' ({profiles[cid]})' if profiles.get(cid) else ''} "
-             f"{','.join(map(str, a))} -> {','.join(map(str, b))}" for cid, (a, b) in sorted(moved.items())[:show]]
+             f"{','.join(map(str, a))} -> {','.join(map(str, b))}" for cid, (a, b) in first]
     more = f", +{len(moved) - show} more" if len(moved) > show else ""
     return f"  moved {len(moved)}: " + ", ".join(parts) + more

@@ -654,7 +654,7 @@ def output_folder(out: Path, overwrite: bool, resume: bool = False, name: str = 
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    runfolder.check_free(out)  # first: a folder being written holds runs, figures and drafts that say nothing
+    _check_free(out)  # first: a folder being written holds runs, figures and drafts that say nothing
     held = _held(out)
     ours = bool(OWNS_FIGURES & set(held))  # figures are an experiment's only beside its results or runs
     foreign = [n for n in held if n not in OUTPUTS and not (ours and n.endswith(".png"))
@@ -697,6 +697,23 @@ def output_folder(out: Path, overwrite: bool, resume: bool = False, name: str = 
             raise
         finally:
             shutil.rmtree(aside, ignore_errors=True)
+
+
+def _check_free(out: Path) -> None:
+    """Refuse ``out`` while another process holds it, in an experiment's words: the holder may be an experiment
+    or a run (``splitfed simulate --out`` there), and its record does not say which; a refusal of another
+    wording is passed on as it is."""
+    from splitfed.flower import runfolder
+
+    try:
+        runfolder.check_free(out)
+    except ConfigError as e:
+        head, tail = f"run folder {out} is in use by another run (", "); wait for it to end or choose another out"
+        said = str(e)
+        if not (said.startswith(head) and said.endswith(tail)):
+            raise
+        raise ConfigError(f"--out {out} is in use by another run or experiment ({said[len(head):-len(tail)]}); "
+                          "wait for it to end or choose another --out") from None
 
 
 @contextmanager

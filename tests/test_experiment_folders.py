@@ -94,8 +94,8 @@ def test_a_folder_in_use_is_refused_as_in_use_whatever_it_holds(tmp_path: Path, 
         for overwrite, resume in ((False, False), (True, False), (False, True)):
             with pytest.raises(ConfigError) as e, common.output_folder(out, overwrite, resume, "compression"):
                 pass
-            assert str(e.value).startswith(f"run folder {out} is in use by another run (pid "), str(e.value)
-            assert str(e.value).endswith("; wait for it to end or choose another out"), str(e.value)
+            assert str(e.value).startswith(f"--out {out} is in use by another run or experiment (pid "), str(e.value)
+            assert str(e.value).endswith("; wait for it to end or choose another --out"), str(e.value)
         assert sorted(p.name for p in out.iterdir()) == sorted([runfolder.LOCK, *contents])
 
 

@@ -99,14 +99,16 @@ def test_at_most_15_rounds_are_labelled(monkeypatch: pytest.MonkeyPatch, tmp_pat
 def test_clients_are_named_with_their_class_up_to_max_labels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                              max_labels: int, labelled: bool) -> None:
     """Up to ``max_labels`` clients (3 of 3 included) each row is named, with its device class when that is not
-    the name itself (``pi-1 (pi)``, but ``alpha``); more: no names at all."""
+    the name itself (``pi-1 (pi)``, but ``alpha``); more: each class's band once, at its middle, with its count
+    (tests/test_report_scale.py)."""
     run = _run([{"pi-2": [1], "alpha": [2], "pi-1": [1]}])
     ax = _panels(_heatmap(monkeypatch, run, tmp_path, max_labels=max_labels))[0]
     if labelled:
         assert list(ax.get_yticks()) == [0, 1, 2]
         assert [t.get_text() for t in ax.get_yticklabels()] == ["alpha", "pi-1 (pi)", "pi-2 (pi)"]
     else:
-        assert list(ax.get_yticks()) == []
+        assert list(ax.get_yticks()) == [0, 1.5]
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["alpha (1)", "pi (2)"]
 
 
 def test_one_row_of_panels_sharing_the_clients_axis(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

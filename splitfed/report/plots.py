@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import groupby
 from numbers import Integral
 from pathlib import Path
 from textwrap import TextWrapper
@@ -122,7 +123,9 @@ def accuracy_vs_time_plot(runs: Sequence[Run], path: str | Path, target: float |
 
 def accuracy_per_round_plot(runs: Sequence[Run], path: str | Path,
                             title: str = "Test accuracy per round") -> Path:
-    series = [Series(_plain(r.label), [x.round for x in r.rounds], [x.accuracy for x in r.rounds]) for r in runs]
+    """Accuracy after each round, led by round 0's, the accuracy before training, where the run recorded it
+    (:func:`_with_start`, as the other accuracy figures)."""
+    series = [Series(_plain(r.label), *_with_start(r, [x.round for x in r.rounds])) for r in runs]
     return line_plot(series, path, title=title, xlabel="round", ylabel="test accuracy", integer_x=True)
 
 
@@ -229,16 +232,40 @@ def cuts_heatmap(run: Run, path: str | Path, title: str | None = None, max_label
     axes[0].set_ylabel("client (device class)")
     if len(clients) <= max_labels:
         axes[0].set_yticks(range(len(clients)))
-        axes[0].set_yticklabels([_plain(f"{c} ({run.class_of(c)})" if run.class_of(c) != c else c) for c in clients],
-                                fontsize="small")
+        axes[0].set_yticklabels([_row_label(run, c) for c in clients], fontsize="small")
     else:
-        axes[0].set_yticks([])
+        _label_bands(run, clients, axes, max_labels)
     unsure = "" if _chain(run) or width == 1 else "\n(the run does not record its tiers: its cuts are numbered, not named)"
     fig.suptitle(title or f"Cuts over rounds: {_plain(run.label)}{unsure}")
     assert im is not None
     bar = fig.colorbar(im, ax=list(axes), ticks=range(lo, hi + 1, max(1, math.ceil((hi - lo + 1) / 12))))
     bar.set_label("cut (blocks before it)")
     return _save(fig, path)
+
+
+def _label_bands(run: Run, clients: Sequence[str], axes: Sequence[Any], max_labels: int) -> None:
+    """More clients than ``max_labels``: one tick per device class, at the middle of its band of rows (the
+    clients are grouped by class), named with its count (``pi-sat (30)``), and a thin line between two bands;
+    more classes than ``max_labels`` too: every n-th client named, as the rounds are. No names at all left a
+    fleet of 100 clients without a clue which rows are which."""
+    bands = [(k, len(list(g))) for k, g in groupby(clients, key=run.class_of)]
+    if len(bands) > max_labels:
+        step = math.ceil(len(clients) / max_labels)
+        axes[0].set_yticks(range(0, len(clients), step), [_row_label(run, c) for c in clients[::step]], fontsize="small")
+        return
+    ticks, start = [], 0
+    for _, n in bands:
+        ticks.append(start + (n - 1) / 2)
+        start += n
+        if start < len(clients):
+            for ax in axes:
+                ax.axhline(start - 0.5, color="black", linewidth=0.6)
+    axes[0].set_yticks(ticks, [_plain(f"{k} ({n})") for k, n in bands], fontsize="small")
+
+
+def _row_label(run: Run, client: str) -> str:
+    """A heatmap row's name: the client, with its device class when that is not the name itself."""
+    return _plain(f"{client} ({run.class_of(client)})" if run.class_of(client) != client else client)
 
 
 def standard_plot_files(runs: Sequence[Run], out: str | Path) -> list[Path]:

@@ -109,7 +109,7 @@ class Run:
         seen: dict[str, None] = {}
         for r in self.rounds:
             seen.update(dict.fromkeys(r.cuts))
-        return sorted(seen, key=lambda c: (self.class_of(c), _natural(c)))
+        return sorted(seen, key=lambda c: (natural_key(self.class_of(c)), natural_key(c)))
 
     def class_of(self, client: str) -> str:
         return self.classes.get(client) or _strip_index(client)
@@ -249,12 +249,18 @@ def _runs_below(p: Path) -> str:
     return f"; its run folders are below it: splitfed report {globs}" if below else ""
 
 
-def load_run(path: str | Path, label: str | None = None) -> Run:
-    """Read a run folder (or a ``metrics.jsonl`` file directly)."""
+def load_run(path: str | Path, label: str | None = None, *, unstarted: bool = False) -> Run:
+    """Read a run folder (or a ``metrics.jsonl`` file directly). A folder whose run is alive and has finished
+    no round yet (no metrics, or none whole) is refused, saying so; with ``unstarted`` it is read as a run
+    without rounds (a sweep's run still in round 1, which ``splitfed report`` shows as running)."""
     p = Path(path)
     folder = run_folder(p)
     metrics = p if p.is_file() else p / METRICS
     if not metrics.is_file():
+        if p.is_dir():
+            live = _live(folder)
+            if live is not None:
+                return _unstarted(folder, label or folder.resolve().name, live, unstarted)
         what = "is not a run folder" if p.exists() else "does not exist"
         raise ConfigError(f"{p} {what}: no {METRICS} in it{_runs_below(p)}")
     if p.is_file() and p.name == SUMMARY:  # read as metrics, its first line "{" is "not valid JSON"
@@ -284,6 +290,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     except ConfigError as e:
         raise ConfigError(f"{metrics}: {e}") from None
     if not run.rounds:
+        live = _live(folder)
+        if live is not None:  # round 1 still being trained (or written: a line cut short)
+            return replace(_unstarted(folder, name, live, unstarted), summary=summary, cut_short=cut_short)
         torn = " (its only line was cut short: a crash, or a round still being written)" if cut_short else ""
         raise ConfigError(f"{metrics}: no rounds in it{torn}")
     from splitfed.flower.runfolder import status
@@ -293,13 +302,45 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
                    record=dict(st.record))
 
 
+def _live(folder: Path) -> Mapping[str, Any] | None:
+    """The record of the run alive in ``folder`` (running, or starting: :func:`splitfed.flower.runfolder.status`);
+    None when none is: its folder without rounds is no run to report."""
+    from splitfed.flower.runfolder import status
+
+    st = status(folder)
+    return dict(st.record) if st.state == "running" else None
+
+
+def _unstarted(folder: Path, name: str, record: Mapping[str, Any], allowed: bool) -> Run:
+    """The run alive in ``folder`` that has finished no round yet: a run without rounds where ``allowed``, else
+    refused (:func:`no_round_yet`)."""
+    run = Run(text(name), (), path=folder, finished=False, status="running", record=record)
+    if not allowed:
+        raise ConfigError(no_round_yet(run))
+    return run
+
+
+def no_round_yet(run: Run) -> str:
+    """That ``run``, alive, has finished no round yet: what a report of it alone (or of such runs only) says."""
+    doing = "is starting" if run.record.get("starting") else "is running"
+    return f"{run.path or run.label} {doing} ({_process(run.record)}) and has finished no round yet"
+
+
+def _process(record: Mapping[str, Any]) -> str:
+    """``pid P on HOST, started SINCE`` from a run's record, each part it holds (a run still starting may not
+    be named yet)."""
+    parts = [f"pid {record['pid']}" if record.get("pid") else "", f"on {record['host']}" if record.get("host") else ""]
+    said = " ".join(x for x in parts if x) or "a process that has not said which"
+    return f"{said}, started {record['since']}" if record.get("since") else said
+
+
 MEASURED = "sim_round_s_is_measured"  # a row's marker: no simulated clock, its measured round time stands in
 
 
 def clock_of(runs: Sequence[Run]) -> str:
     """What the runs' times are, for headers and axes: ``sim`` (the cost model's clock), ``measured`` (a
     deployment, which has none: its measured round times stand in) or ``sim/measured`` (both kinds)."""
-    measured = {any(r.extra.get(MEASURED) for r in run.rounds) for run in runs}
+    measured = {any(r.extra.get(MEASURED) for r in run.rounds) for run in runs if run.rounds}  # (none: no clock)
     return "sim/measured" if len(measured) > 1 else "measured" if measured == {True} else "sim"
 
 
@@ -329,9 +370,9 @@ def _ended_note(run: Run, where: str | Path) -> str:
     n = len(run.rounds)
     rounds = f"{n} round{'' if n == 1 else 's'}"
     rec = run.record
-    process = f"pid {rec.get('pid')} on {rec.get('host')}, started {rec.get('since')}"
+    process = _process(rec)
     if run.status == "running":  # or a run starting there (a resume's Ray): the rounds are the run's before
-        doing = "is starting again" if rec.get("starting") else "is still running"
+        doing = ("is starting again" if run.rounds else "is starting") if rec.get("starting") else "is still running"
         return f"{where} {doing} ({process}): {rounds} so far"
     if run.status == "stopped":
         signal = str(rec.get("signal") or "")
@@ -382,12 +423,14 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
         seen[key] = p
     runs = []
     for p in paths:
-        try:
-            runs.append(load_run(p))
+        try:  # of several (a sweep's runs/*), one still in round 1 is a row without numbers: it is running
+            runs.append(load_run(p, unstarted=len(paths) > 1))
         except ConfigError as e:  # one run of many (a glob over an experiment's runs): the way past it
             if len(paths) == 1:
                 raise
             raise ConfigError(f"{e} (leave it out to report the other {len(paths) - 1})") from None
+    if not any(r.rounds for r in runs):  # several, each alive in round 1: nothing to draw or sum up yet
+        raise ConfigError(f"{'; '.join(no_round_yet(r) for r in runs)}: report them once one has finished a round")
     labels = unique_labels([r.label for r in runs], [r.path or Path(r.label) for r in runs])
     return [r if r.label == label else replace(r, label=text(label))  # told apart by folders that may not be UTF-8
             for r, label in zip(runs, labels, strict=True)]
@@ -468,9 +511,10 @@ def _strip_index(name: str) -> str:
     return re.sub(r"-\d+$", "", name)
 
 
-def _natural(name: str) -> tuple:
+def natural_key(name: str) -> tuple:
     """Sort key: runs of ASCII digits as numbers (``pi-2`` before ``pi-10``); ``str.isdigit`` also takes
-    ``¹``, which ``int`` refuses (a label of it stopped the report)."""
+    ``¹``, which ``int`` refuses (a label of it stopped the report). The one key for names shown in order: the
+    heatmap's rows, the class table's, the progress line's moved clients."""
     return tuple(int(p) if p.isascii() and p.isdigit() else p for p in re.split(r"([0-9]+)", name))
 
 

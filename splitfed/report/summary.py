@@ -35,7 +35,8 @@ def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list
         n = len(r.rounds)
         wall = [x.wall_s for x in r.rounds]
         row: list[Any] = [r.label, *chain_of(r), n, r.final.accuracy, best_accuracy(r), r.sim_time[-1],
-                          r.sim_time[-1] / n, r.cum_bytes[-1] / MB, r.weight_bytes / MB, sum(wall), r.status]
+                          r.sim_time[-1] / n, r.cum_bytes[-1] / MB, r.weight_bytes / MB, sum(wall), r.status] \
+            if n else [r.label, *chain_of(r), n, *[None] * 7, r.status]  # alive in round 1: no numbers yet
         if target is not None:
             row += [r.time_to_target(target), r.rounds_to_target(target)]
         rows.append(row)
