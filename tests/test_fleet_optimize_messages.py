@@ -116,7 +116,8 @@ def test_greedy_s_refusal_reads_as_english(one: Path, capsys: pytest.CaptureFixt
 def test_one_client_that_does_not_fit_is_one_client(one: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _error(capsys, ["--fleet", str(one)]) == (
         "splitfed optimize: error: no assignment fits: the server tiers (edge 0.01 MiB) cannot hold the segments "
-        "of the 1 client of mlp at batch 32, whatever the cuts\n")
+        "of the 1 client of mlp at batch 32, whatever the cuts; edge needs at least 0.157 MiB for the 1 client's "
+        "least share, has 0.01 MiB\n")
 
 
 def test_the_header_counts_one_client_in_the_singular(one: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -73,6 +73,7 @@ a fast device busy up to the makespan for nothing (``_least_time``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -482,10 +483,48 @@ def _caps_text(sc: Scenario) -> str:
     return ", ".join(f"{n} {mib_text(m)}" for n, m in zip(sc.tier_names[1:], sc.memory_caps, strict=True))
 
 
-def _shared_infeasible(sc: Scenario) -> ConfigError:
+def _shared_infeasible(sc: Scenario, why: str = "") -> ConfigError:
+    """The refusal when no assignment fits the server tiers; ``why``: the tiers that tell so, where some do."""
     return ConfigError(f"no assignment fits: the server tiers ({_caps_text(sc)}) cannot hold the segments of "
                        + ("the 1 client" if len(sc.clients) == 1 else f"all {len(sc.clients)} clients")
-                       + f" of {sc.profile.model} at batch {sc.batch}, whatever the cuts")
+                       + f" of {sc.profile.model} at batch {sc.batch}, whatever the cuts" + (f"; {why}" if why else ""))
+
+
+def _least_shares(sc: Scenario, classes: list[_Class]) -> ConfigError | None:
+    """sflv1: the refusal, before any MILP, when some server tiers cannot hold even every client's least share.
+
+    A tier holds sum_i fixed_i + max(staged base, sum_i act_i) >= sum_i mem_i (a replica per client), so for a
+    set of tiers, the sum over clients of the least bytes any legal option of theirs puts on that set bounds
+    what the set holds from below (dominance keeps, for every set, an option of least bytes). Past the set's
+    memory, no assignment fits. Each tier alone misses a fleet that can move its segments from one tier to
+    another but not off both: 1,000 distinct clients need 3x edge + cloud, and HiGHS took 13-34 s to say so
+    (thousands: minutes, or it ran out of time and asked for more). ``classes``: every option, those priced
+    infinite too (memory is about all of them). Sound, not complete: None leaves it to the MILPs."""
+    caps = sc.memory_caps
+    finite = [s for s in range(len(caps)) if math.isfinite(caps[s])]  # a set with an unbounded tier holds all
+    if sc.in_turn or not classes or not finite:  # in turn: one client's segment at a time (checked per option)
+        return None
+    counts = np.array([len(c.members) for c in classes], dtype=float)
+    mem = np.concatenate([c.mem for c in classes])  # every class has an option (_classes refuses otherwise)
+    starts = np.cumsum([0, *(len(c.mem) for c in classes)])[:-1]
+    sizes = range(1, len(finite) + 1) if len(finite) <= 6 else (1, len(finite))  # 2^S sets: tiers are few
+    for k in sizes:
+        over = []
+        for tiers in itertools.combinations(finite, k):
+            t = list(tiers)
+            need, cap = float(counts @ np.minimum.reduceat(mem[:, t].sum(axis=1), starts)), float(caps[t].sum())
+            if need > cap * (1 + _STAGED_REL):  # the margin: the cost model's sums run in another order
+                over.append((need - cap, need, cap, t))
+        if over:  # the fewest tiers that tell it, and of those the one short by most
+            _, need, cap, t = max(over, key=lambda o: o[0])
+            has_not, has = mib_pair(need, cap)
+            n = len(sc.clients)
+            whose = "the 1 client's least share" if n == 1 else f"the {n} clients' least shares"
+            names = [sc.tier_names[s + 1] for s in t]
+            who = names[0] + " needs" if k == 1 else f"{', '.join(names[:-1])} and {names[-1]} together need"
+            return _shared_infeasible(sc, f"{who} at least {has_not} for {whose}, {'has' if k == 1 else 'have'} "
+                                          f"{has}")
+    return None
 
 
 def _endless(sc: Scenario, stuck: list[int]) -> ConfigError:
@@ -543,7 +582,8 @@ class _Solver:
         fits = self._fits_memory() if self.proven else None
         if fits is None:
             return ConfigError(f"the time limit ran out before the MILP found any assignment for the "
-                               f"{len(self.sc.clients)} clients of {self.sc.profile.model}: raise it (--time-limit)")
+                               f"{len(self.sc.clients)} clients of {self.sc.profile.model}: raise it (--time-limit), "
+                               "or price a policy that needs no MILP: --greedy, --best-static")
         return _endless(self.sc, self.stuck) if fits else _shared_infeasible(self.sc)
 
     def _fits_memory(self) -> bool | None:
@@ -940,6 +980,9 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     if method == "sequential" and not sc.in_turn:
         raise ConfigError(f"method sequential is exact for modes sl and sflv2 only, not {sc.mode}")
     classes = _classes(sc)
+    refusal = _least_shares(sc, classes)
+    if refusal is not None:
+        raise refusal
     if method == "direct" and any(len(c.members) > 1 for c in classes):
         classes = [c.single(i) for c in classes for i in c.members]
     deadline = None if time_limit is None else t0 + time_limit
