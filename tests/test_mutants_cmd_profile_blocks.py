@@ -150,8 +150,8 @@ def test_blocks_table_has_no_trainable_column_when_everything_trains(capsys: pyt
         "mlp: 5 blocks, input [64]; cut k puts blocks < k on the earlier tier",
         "block  name                         output                 params",
         "    0  Flatten                      [64]                        0",
-        "    1  Linear+ReLU                  [128]                   8,320",
+        "    1  Linear+ReLU[1]               [128]                   8,320",  # alike names keyed by their child
         "    2  Dropout                      [128]                       0",
-        "    3  Linear+ReLU                  [64]                    8,256",
+        "    3  Linear+ReLU[3]               [64]                    8,256",
         "    4  Linear                       [10]                      650",
     ]
