@@ -328,8 +328,13 @@ def config_fleet(fleet: str, folder: Path | None, where: str) -> str:
     found nowhere: refused naming the config's folder)."""
     from splitfed.flower.config import fleet_beside
 
-    folders = [f for f in (folder, CONFIGS) if f is not None]
+    folders = _config_folders(folder)
     return fleet_beside(fleet, next((f for f in folders if (f / fleet).is_file()), folders[0]), where)
+
+
+def _config_folders(folder: Path | None) -> list[Path]:
+    """Where a config's relative paths are looked for after the current folder: its own, then the shipped configs'."""
+    return [f for f in (folder, CONFIGS) if f is not None]
 
 
 def config_folder() -> Path | None:
@@ -350,7 +355,7 @@ def base_settings(table: Mapping[str, Any], source: str = "", folder: Path | Non
     from splitfed.flower.config import RunSettings, dataset_beside, default_cuts
 
     where = f"{source} [simulate]".strip()
-    folders = [f for f in (folder, CONFIGS) if f is not None]  # the config's own, then the shipped configs'
+    folders = _config_folders(folder)
     if isinstance(fleet := table.get("fleet"), str):
         table = {**table, "fleet": config_fleet(fleet, folder, where)}
     if "dataset" in table:  # so is a dataset's file or folder (absolute: a run's settings name it wherever read)
@@ -701,19 +706,10 @@ def output_folder(out: Path, overwrite: bool, resume: bool = False, name: str = 
 
 def _check_free(out: Path) -> None:
     """Refuse ``out`` while another process holds it, in an experiment's words: the holder may be an experiment
-    or a run (``splitfed simulate --out`` there), and its record does not say which; a refusal of another
-    wording is passed on as it is."""
+    or a run (``splitfed simulate --out`` there), and its record does not say which."""
     from splitfed.flower import runfolder
 
-    try:
-        runfolder.check_free(out)
-    except ConfigError as e:
-        head, tail = f"run folder {out} is in use by another run (", "); wait for it to end or choose another out"
-        said = str(e)
-        if not (said.startswith(head) and said.endswith(tail)):
-            raise
-        raise ConfigError(f"--out {out} is in use by another run or experiment ({said[len(head):-len(tail)]}); "
-                          "wait for it to end or choose another --out") from None
+    runfolder.check_free(out, ("--out", "run or experiment", "--out"))
 
 
 @contextmanager

@@ -568,26 +568,29 @@ def _refuse_held(folder: Path, resume: bool, overwrite: bool) -> None:
                           f"--overwrite, or choose another out (in a run config: {keys})")
 
 
-def check_free(folder: str | Path) -> None:
+def check_free(folder: str | Path, said: tuple[str, str, str] = ("run folder", "run", "out")) -> None:
     """Refuse ``folder`` (ConfigError, naming the holder) while a run or experiment holds its lock; a probe
-    that takes nothing: the lock is let go at once."""
+    that takes nothing: the lock is let go at once. ``said``: what the refusal calls the folder, its holder and
+    the option to change (an experiment's: its --out, held by a run or an experiment, which the record does not
+    tell apart)."""
     lock = Path(folder) / LOCK
     try:
         fd = os.open(lock, os.O_RDONLY)
     except OSError:  # no lock file (or none readable): no holder to name
         return
     try:
-        _lock(fd, Path(folder))
+        _lock(fd, Path(folder), said)
     finally:
         os.close(fd)  # closing drops the probe's lock
 
 
-def _lock(fd: int, folder: Path) -> None:
+def _lock(fd: int, folder: Path, said: tuple[str, str, str] = ("run folder", "run", "out")) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise ConfigError(f"run folder {folder} is in use by another run ({_holder(fd)}); wait for it to end "
-                          "or choose another out") from None
+        what, holder, option = said
+        raise ConfigError(f"{what} {folder} is in use by another {holder} ({_holder(fd)}); wait for it to end "
+                          f"or choose another {option}") from None
 
 
 def _holder(fd: int) -> str:
