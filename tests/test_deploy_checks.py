@@ -16,18 +16,20 @@ import pytest
 from server.deploy import Deployment, NodesGone, free_ports
 from splitfed.flower.config import RunSettings
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def test_ports_handed_out_together_are_all_different() -> None:
     ports = free_ports(64)
     assert len(set(ports)) == 64 and all(0 < p < 65536 for p in ports)
 
 
-def test_an_unknown_profile_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    p = subprocess.run([sys.executable, "-m", "server.deploy", "--profile", "rpi4", "--profile", "nosuch",
-                        "--out", str(tmp_path / "run"), "--workdir", str(tmp_path / "work")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_an_unknown_profile_is_refused_before_anything_starts(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Deploy's ``main``, in this process: the refusal comes before anything starts (a new interpreter only cost
+    its imports; ``python -m server.deploy`` runs ``main`` in the real deployment tests)."""
+    from server.deploy import main
+
+    code = main(["--profile", "rpi4", "--profile", "nosuch", "--out", str(tmp_path / "run"),
+                 "--workdir", str(tmp_path / "work")])
+    p = subprocess.CompletedProcess([], code, *capsys.readouterr())
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("deploy: error: --profile nosuch: device profile 'nosuch' is "
@@ -72,14 +74,31 @@ def test_a_node_whose_profile_is_unknown_is_left_out_at_registration(monkeypatch
     assert f"Node {grid.node_ids[1]} (partition 1) left out: its node config's device profile 'nosuch'" in caplog.text
 
 
+def _stand_in_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiers that cost nothing to start (``sleep``, through ``_spawn``, under the tiers' names and guarded as
+    they are), for the tests of what starts after them: real tiers cost ~10 CPU-s each time (torch), and
+    their own start, port taken included, is the tier tests' below and every real deployment's."""
+
+    from server import deploy
+
+    def start(self: Deployment) -> None:  # deploy's free_ports, as _holding_a_port may replace it: one choice
+        self.tier_addresses = [f"127.0.0.1:{p}" for p in deploy.free_ports(len(self.tier_names))]
+        for name in reversed(self.tier_names):
+            self._spawn(name, ["sleep", "300"])
+
+    monkeypatch.setattr(Deployment, "_start_tiers", start)
+
+
 @pytest.mark.slow
 def test_a_run_whose_supernodes_all_exit_stops_at_once_naming_their_logs(monkeypatch, tmp_path: Path) -> None:
-    """Real tiers and SuperLink; SuperNodes that exit at once (as one given a port in use does)."""
+    """A real SuperLink and ``flwr run``; SuperNodes that exit at once (as one given a port in use does); tiers
+    that stand in for the real ones (the run stops before it reaches them)."""
 
     def broken(self: Deployment, i: int, port: int = 0) -> subprocess.Popen:
         return self._spawn(f"supernode{i}", [sys.executable, "-c", "import sys; sys.exit(3)"])
 
     monkeypatch.setattr(Deployment, "start_supernode", broken)
+    _stand_in_tiers(monkeypatch)
     with Deployment(2, tmp_path / "work", log=False) as dep:
         dep.start()
         started = time.monotonic()
@@ -148,13 +167,14 @@ def test_a_tier_port_another_process_took_is_chosen_again_and_the_tier_answers(m
 
 
 def test_a_tier_port_taken_at_every_try_is_said_and_nothing_is_left(monkeypatch, tmp_path: Path) -> None:
+    """Two tiers (one process a try: the edge's port is the one taken; a cloud behind it adds nothing)."""
     from server import deploy
     from server.deploy import StartFailed
 
     monkeypatch.setattr(deploy, "PORT_TRIES", 2)
     held, calls = _holding_a_port(monkeypatch, tries=2)
     port = held.getsockname()[1]
-    with held, Deployment(1, tmp_path / "work", log=False) as dep:
+    with held, Deployment(1, tmp_path / "work", log=False, tiers=2) as dep:
         with pytest.raises(StartFailed, match=rf"edge exited with code 2:\n.*cannot listen on 127\.0\.0\.1:{port}") as e:
             dep._start_tiers()
         assert e.value.port_taken and len(calls) == 2
@@ -166,7 +186,7 @@ def test_a_tier_that_exits_for_another_reason_is_not_started_again(monkeypatch, 
 
     held, calls = _holding_a_port(monkeypatch, tries=0)
     held.close()
-    with Deployment(1, tmp_path / "work", log=False, token_file=str(tmp_path / "missing")) as dep:
+    with Deployment(1, tmp_path / "work", log=False, token_file=str(tmp_path / "missing"), tiers=2) as dep:  # one tier
         with pytest.raises(StartFailed, match=r"edge exited with code 2:\n.*--token-file: cannot read token file .*missing") as e:
             dep._start_tiers()
         assert not e.value.port_taken and len(calls) == 1
@@ -178,6 +198,7 @@ def test_a_superlink_port_another_process_took_is_chosen_again(monkeypatch, tmp_
     the SuperLink again on another port, and the SuperNodes with it (they were pointed at the first)."""
     from server.deploy import _listens
 
+    _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
     held, calls = _holding_a_port(monkeypatch, tries=1, first=1)
     spawned = _spawns(monkeypatch)
     with held, Deployment(2, tmp_path / "work", log=False) as dep:
@@ -196,6 +217,7 @@ def test_a_superlink_port_taken_at_every_try_is_said_and_nothing_is_left(monkeyp
     from server.deploy import StartFailed
 
     monkeypatch.setattr(deploy, "PORT_TRIES", 2)
+    _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
     held, calls = _holding_a_port(monkeypatch, tries=2, first=1)
     with held, Deployment(1, tmp_path / "work", log=False) as dep:
         with pytest.raises(StartFailed, match=r"superlink exited with code \d+:\n(?s:.*)address already in use") as e:
@@ -210,6 +232,7 @@ def test_a_supernode_port_another_process_took_is_chosen_again_for_that_node(mon
     for it; now that node alone starts again on another port."""
     from server.deploy import _listens
 
+    _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
     held, calls = _holding_a_port(monkeypatch, tries=1, first=1, at=2)  # [superlink, node 0, node 1]
     spawned = _spawns(monkeypatch)
     with held, Deployment(2, tmp_path / "work", log=False) as dep:
@@ -227,6 +250,7 @@ def test_a_supernode_port_taken_at_every_try_is_said_and_nothing_is_left(monkeyp
     from server.deploy import StartFailed
 
     monkeypatch.setattr(deploy, "PORT_TRIES", 2)
+    _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
     held, calls = _holding_a_port(monkeypatch, tries=2, first=1, at=1)  # [superlink, node 0], then [node 0]
     with held, Deployment(1, tmp_path / "work", log=False) as dep:
         with pytest.raises(StartFailed, match=r"supernode0 exited with code \d+:\n(?s:.*)address already in use") as e:

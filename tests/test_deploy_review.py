@@ -26,15 +26,21 @@ from hypothesis import strategies as st
 
 from server.deploy import main
 from splitfed.flower import checkpoint, runfolder
-from tests.test_deploy_signals import _deploy, _family, _left, _running, reaped  # noqa: F401 - reaped: a fixture
+from tests.test_deploy_signals import _family, _held, _left, _resumed, _running, reaped  # noqa: F401 - reaped: a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _deploy_cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server.deploy", "--out", str(tmp / "run"),
-                           "--workdir", str(tmp / "work"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    """``python -m server.deploy --out TMP/run --workdir TMP/work ARGS`` (its ``main``, here: these refusals come
+    before anything starts, and a new interpreter cost seconds of imports each): its exit code and output."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--out", str(tmp / "run"), "--workdir", str(tmp / "work"), *args])
+    return subprocess.CompletedProcess(["server.deploy", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_wanted_settings_are_those_of_the_app_the_run_starts(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -81,11 +87,14 @@ def test_a_set_of_what_deploy_sets_itself_is_refused_naming_its_flag(key: str, t
 @pytest.mark.slow
 def test_ctrl_c_is_recorded_as_sigint(tmp_path, reaped) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     """Ctrl-C reaches deploy alone (every process it started leads a session of its own): SIGINT to deploy.
-    Once round 1 is checkpointed the run folder keeps the run, and its record says how it stopped: by SIGINT,
-    as the user did, not by the SIGTERM deploy stopped everything with."""
-    p, out, _ = _deploy(tmp_path, "--rounds", "50")
+    A run folder that keeps a round keeps the run, and its record says how it stopped: by SIGINT, as the user
+    did, not by the SIGTERM deploy stopped everything with. The folder keeps round 1 before the run starts (a
+    resume, :func:`~tests.test_deploy_signals._resumed`: training it here cost ~30 s more), and the SIGINT comes
+    once the ServerApp holds the folder and a ClientApp runs (the query round: its stop handlers are in place)."""
+    p, out, _ = _resumed(tmp_path)
     try:
-        family = _running(p, reaped, tmp_path, checkpointed=True, names=("flwr-serverapp",))
+        family = _running(p, reaped, tmp_path, checkpointed=True, names=("flwr-serverapp", "flwr-clientapp"))
+        _held(p, tmp_path)
         family += _family(p)
         p.send_signal(signal.SIGINT)
         code = p.wait(90)

@@ -10,8 +10,11 @@ starts more in sessions of their own (the SuperLink's SuperExec and the flwr-ser
   run folder locked for 5-50 s after deploy had returned.
 
 The first two tests need no Flower (processes that stand for it, ~2 s each); the real ones (slow) each start
-a whole local deployment of 50 rounds (2 SuperNodes) and end it in round 1 (~20 s), or once round 1 is
-checkpointed (~40 s), on 2 cores.
+a whole local deployment of 50 rounds and end it while its ServerApp and a ClientApp run (~30 s on 2 cores).
+Those that need a round kept (a SIGKILLed SuperLink; Ctrl-C, in test_deploy_review) resume a run folder that
+holds round 1 (what a finished round leaves: ``_held_run``) rather than train it first (that cost ~30 s more
+each; rounds trained by a real deployment are test_flower_deploy's). All but the SIGKILL of deploy run one
+SuperNode; that one keeps two, so that every kind of group the guard must take is there twice.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from server.deploy import _SIGNALS, Deployment
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from tests.sigint_ignored import ignoring_sigint
+from tests.test_flower_deploy import _held_run
 
 pytestmark = pytest.mark.xdist_group("flower-deploy")  # real deployments, one at a time (no Ray: beside flower-real)
 
@@ -185,10 +189,10 @@ def test_a_deploy_started_ignoring_sigint_leaves_it_ignored():
 
 # --------------------------------------------------------------- real deployments
 
-def _deploy(tmp: Path, *args: str) -> tuple[subprocess.Popen, Path, Path]:
+def _deploy(tmp: Path, *args: str, clients: int = 2) -> tuple[subprocess.Popen, Path, Path]:
     out, work = tmp / "run", tmp / "work"
     log = open(tmp / "deploy.out", "w")  # noqa: SIM115 - a file, not a pipe: deploy's output never blocks it
-    p = subprocess.Popen([sys.executable, "-m", "server.deploy", "--clients", "2", "--out", str(out),
+    p = subprocess.Popen([sys.executable, "-m", "server.deploy", "--clients", str(clients), "--out", str(out),
                           "--workdir", str(work), *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                          start_new_session=True)
     log.close()
@@ -256,14 +260,38 @@ def _in_use(out: Path) -> None:
         _not_in_use(out)
 
 
+def _resumed(tmp: Path, *args: str) -> tuple[subprocess.Popen, Path, Path]:
+    """Deploy (one SuperNode) resuming a run folder that keeps round 1 of a 1-client run, to 50 rounds: its
+    record of a stop (or of a crash) then stays, as after a round trained here, from the moment its ServerApp
+    holds the folder (:func:`_held`)."""
+    _held_run(tmp / "run", 1, clients=1)
+    return _deploy(tmp, "--resume", str(tmp / "run"), "--rounds", "50", *args, clients=1)
+
+
+def _held(p: subprocess.Popen, tmp: Path) -> None:
+    """Until the ServerApp of deploy ``p`` holds its run folder."""
+    def held() -> bool:
+        if p.poll() is not None:
+            pytest.fail(f"deploy ended ({p.returncode}):\n{(tmp / 'deploy.out').read_text()[-3000:]}")
+        try:
+            _not_in_use(tmp / "run")
+            return False
+        except ConfigError:
+            return True
+
+    _wait(held, 240)
+    _in_use(tmp / "run")
+
+
 @pytest.mark.slow
 def test_sigkilled_deploy_leaves_nothing_running(tmp_path, reaped):
     p, out, _ = _deploy(tmp_path, "--rounds", "50")
     try:
         family = _running(p, reaped, tmp_path, checkpointed=False)  # mid-round 1: no need to wait for it
         _in_use(out)  # by the ServerApp
-        shown = tmp_path / "deploy.out"  # flwr run's output reaches deploy's as it comes, not at the end
-        assert _wait(lambda: "Registered 2 client(s)" in shown.read_text(), 60), shown.read_text()
+        shown = tmp_path / "deploy.out"  # flwr run's output reaches deploy's as it comes, not at the end: the
+        # ServerApp's first line (a ClientApp runs: the ServerApp is past it; its registration is not awaited)
+        assert _wait(lambda: "clients: 2 drawn from fleet" in shown.read_text(), 60), shown.read_text()
         family += _family(p)  # and what started since
         p.kill()
         p.wait(10)
@@ -276,7 +304,7 @@ def test_sigkilled_deploy_leaves_nothing_running(tmp_path, reaped):
 
 @pytest.mark.slow
 def test_sigterm_stops_deploy_like_ctrl_c(tmp_path, reaped):
-    p, out, _ = _deploy(tmp_path, "--rounds", "50")
+    p, out, _ = _deploy(tmp_path, "--rounds", "50", clients=1)
     try:
         family = _running(p, reaped, tmp_path, checkpointed=False)
         _in_use(out)
@@ -304,13 +332,14 @@ def test_sigterm_stops_deploy_like_ctrl_c(tmp_path, reaped):
 
 @pytest.mark.slow
 def test_a_dead_superlink_fails_the_deployment_and_frees_the_run_folder(tmp_path, reaped):
-    """The SuperLink is SIGKILLed alone after round 1: deploy exits 1 with the round and the --resume command,
-    and by then its orphaned flwr-serverapp (a session of its own) no longer runs nor holds the folder."""
-    p, out, work = _deploy(tmp_path, "--rounds", "50")
+    """The SuperLink is SIGKILLed alone while its ServerApp holds a run folder that keeps round 1 (a resumed one:
+    :func:`_resumed`): deploy exits 1 with the round and the --resume command, and by then its orphaned
+    flwr-serverapp (a session of its own) no longer runs nor holds the folder."""
+    p, out, work = _resumed(tmp_path)
     try:
         family = _running(p, reaped, tmp_path, checkpointed=True, names=("flwr-serverapp",))
         superlink = next(q for q in family if "flower-superlink" in _cmd(q))
-        _in_use(out)
+        _held(p, tmp_path)
         family += _family(p)
         superlink.kill()
         code = p.wait(120)

@@ -55,12 +55,16 @@ def test_a_coordinator_token_the_tier_does_not_know_is_refused_naming_the_fix(tm
     assert "coordinator-token-file" in str(e.value), str(e.value)
 
 
-def test_a_wrong_devices_token_is_refused_naming_the_token_file(tmp_path: Path) -> None:
+def test_a_wrong_devices_token_is_refused_naming_the_token_file(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``splitfed ping``'s ``main``, in this process (a new interpreter only cost seconds of imports; gRPC's own
+    log lines, which only a process of its own shows, are the wrong-CA test's)."""
+    from splitfed.cli import main
+
     wrong = tmp_path / "old-token"
     wrong.write_text("rotated-away\n")
     with serve_tier("edge", insecure=True, token="current") as edge:
-        p = subprocess.run([sys.executable, "-m", "splitfed.cli", "ping", edge.address, "--token-file", str(wrong),
-                            "--count", "1"], capture_output=True, text=True, timeout=120)
+        code = main(["ping", edge.address, "--token-file", str(wrong), "--count", "1"])
+    p = subprocess.CompletedProcess([], code, *capsys.readouterr())
     assert p.returncode == 1
     out = p.stdout + p.stderr
     assert "UNAUTHENTICATED" in out
@@ -86,8 +90,12 @@ def test_a_wrong_ca_is_reported_without_grpc_core_log_lines(tmp_path: Path) -> N
     assert not noise, "\n".join(noise)
 
 
-def test_deploy_names_itself_once_in_an_error(tmp_path: Path) -> None:
-    p = subprocess.run([sys.executable, "-m", "server.deploy", "--out", str(tmp_path / "run"),
-                        "--set", "compress=bogus"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+def test_deploy_names_itself_once_in_an_error(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Deploy's ``main``, in this process: the refusal comes before anything starts (a new interpreter only cost
+    its imports; ``python -m server.deploy`` runs ``main`` in the real deployment tests)."""
+    from server.deploy import main
+
+    code = main(["--out", str(tmp_path / "run"), "--set", "compress=bogus"])
+    p = subprocess.CompletedProcess([], code, *capsys.readouterr())
     assert p.returncode == 2
     assert p.stderr.strip().startswith("deploy: error: ") and "deploy: error: deploy:" not in p.stderr, p.stderr

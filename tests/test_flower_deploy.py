@@ -125,9 +125,9 @@ def _dies(out: Path):  # type: ignore[no-untyped-def]
     return run
 
 
-def _held_run(folder: Path, rounds: int = 1) -> None:
+def _held_run(folder: Path, rounds: int = 1, clients: int = 2) -> None:
     """What a finished deployment of ``rounds`` rounds leaves in its run folder."""
-    settings = RunSettings(clients=2, rounds=rounds, lr=0.2, sim_clock=False, out=str(folder),
+    settings = RunSettings(clients=clients, rounds=rounds, lr=0.2, sim_clock=False, out=str(folder),
                            tier_addresses="127.0.0.1:1,127.0.0.1:2")
     state = initial_state(settings.spec, settings.seed)  # the run's own model: a resume checks it is
     checkpoint.save(folder, checkpoint.Checkpoint(rounds, state, settings.to_dict()))
