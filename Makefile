@@ -65,6 +65,7 @@ bench: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/transport.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/optimizer.py
 	$(PY) benchmarks/simulation.py
+	$(PY) benchmarks/weights.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis .mypy_cache splitfed/transport/proto/splitfed

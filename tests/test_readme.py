@@ -101,3 +101,13 @@ def test_deploy_commands_use_options_that_exist(tmp_path: Path, monkeypatch) -> 
     settings = RunSettings.from_mapping(run_cfg, source="README")
     assert settings.tier_addresses and not settings.sim_clock and settings.token_file == "/etc/splitfed/token"
     assert settings.out and Path(settings.out).is_absolute()  # a run with nothing kept, or kept where the SuperLink runs
+
+
+def test_make_bench_runs_every_benchmark_the_readme_lists() -> None:
+    """``make bench`` ran four of the five benchmarks in ``benchmarks/`` and the README's list (not weights.py)."""
+    ran = subprocess.run(["make", "-n", "-f", str(ROOT / "Makefile"), "bench", "VENV=.venv-none"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    benched = set(re.findall(r"benchmarks/(\w+\.py)", ran.stdout))
+    listed = set(re.findall(r"^\.venv/bin/python benchmarks/(\w+\.py)", README, re.M))
+    on_disk = {p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_")}
+    assert benched == listed == on_disk, (benched, listed, on_disk)
