@@ -138,8 +138,10 @@ def test_a_stopped_sweep_does_not_send_the_user_to_a_resume_it_refuses(tmp_path:
     """Before: "the runs that ended are in OUT/runs ...; to continue: the same command with --resume", for a
     folder the sweep never writes runs into, and --resume then refused it ("holds no experiment's runs")."""
     cfg = tmp_path / "c.toml"
+    # 1,000 clients, not 20,000: a line is seconds of pricing, not a minute (the first line is waited for and one
+    # more may be priced before the signal is acted on); 59 more lines to go still leave the sweep far from done
     spreads = ", ".join(f"{0.05 * i:.2f}" for i in range(60))  # far more pricing than the first line's
-    cfg.write_text(f'model = "vgg11"\nclients = [20000]\nspreads = [{spreads}]\n')
+    cfg.write_text(f'model = "vgg11"\nclients = [1000]\nspreads = [{spreads}]\n')
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, "-m", "simulations.heterogeneity_sweep", "--config", str(cfg),
                           "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
