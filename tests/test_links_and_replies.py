@@ -193,28 +193,11 @@ def test_deploy_starts_its_edge_with_the_runs_codec(tmp_path, monkeypatch) -> No
     assert told == ["int8"]
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("flower-real")
-def test_a_flower_simulation_with_compression_equals_the_inprocess_backend(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The audit's case: ``splitfed simulate --tiers 3 --compress int8`` (real Flower, real tier processes)
-    used to equal the in-process backend with int8 on the device link only, the edge's link uncompressed; now
-    it equals it outright. A codec per link, each another: the node's link gets the first and the edge's the
-    second, as in-process (swapped, or one left out, the numbers differ). One real run (a Ray start) for both."""
-    from splitfed.sim.inprocess import train_inprocess
-    from splitfed.sim.runner import simulate
-
-    compress = "fp16,int8"
-
-    s = RunSettings(rounds=1, clients=2, tiers=3, mode="sflv1", cuts="static:2,5", compress=compress, batch_size=32,
-                    lr=0.05, seed=1)
-    simulate(s.with_(out=str(tmp_path / "flower")), progress=lambda line: None)
-    train_inprocess(s.with_(out=str(tmp_path / "local")))
-    rows = {d: json.loads((tmp_path / d / "metrics.jsonl").read_text()) for d in ("flower", "local")}
-    for key in ("loss", "train_loss", "accuracy"):  # the same model: the same numbers
-        assert rows["flower"][key] == pytest.approx(rows["local"][key], rel=1e-6, abs=1e-9), key
-    for key in ("bytes_up", "bytes_down"):  # each client's own link, compressed alike
-        assert rows["flower"][key] == rows["local"][key] > 0, key
-    assert rows["flower"]["tier_weight_bytes"] == rows["local"]["tier_weight_bytes"]  # weights travel exact
+# The audit's case, ``splitfed simulate --tiers 3 --compress int8`` through real Flower and real tier processes
+# equal to the in-process backend with a codec on each link (it used to equal int8 on the device link only), is
+# checked on the one real run of tests/test_ray_session.py's
+# ``test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its_resources_flat`` (``fp16,int8``):
+# a Ray start of its own here added no other assertion.
 
 
 # ---------------------------------------------------------------- 2. fraction

@@ -1,45 +1,20 @@
-"""The README's first command, shortened: the main job's config with 2 clients and 1 round."""
+"""The main job (``simulations/configs/main.toml``): its story, and the in-process backend's equality with it.
+
+The README's first command, shortened (the main job's config with 2 clients, a real ``splitfed simulate``: its
+progress, end-of-run table, run folder, no noise, rows, summary and figures), is checked on the ``--resume`` run
+of tests/test_signals.py's ``test_a_signal_stops_the_run_cleanly_resumably_and_tidily[ctrl-c]``
+(``_ends_as_the_main_job``), which finishes that very run: one Ray start fewer than a test of its own here.
+"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def test_main_job_short(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    p = subprocess.run(
-        [sys.executable, "-m", "splitfed.cli", "simulate", "--config", str(ROOT / "simulations/configs/main.toml"),
-         "--clients", "2", "--rounds", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    # progress per round, the end-of-run table with cuts per device class, and where the results are
-    assert "round 1/1" in p.stdout
-    assert "cuts per device class" in p.stdout
-    assert f"run folder: {out}" in p.stdout
-    # no noise about what splitfed does on purpose (Flower's in-process simulation, no federated
-    # evaluation, Ray's tip about a future default): a warning that shows up means something
-    for expected in ("`run_simulation` function is deprecated", "fraction_evaluate is set to 0.0",
-                     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"):
-        assert expected not in p.stdout + p.stderr, expected
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 1
-    row = rows[0]
-    for key in ("round", "accuracy", "loss", "wall_s", "sim_round_s", "bytes_up", "bytes_down", "cuts"):
-        assert key in row, key
-    assert row["bytes_up"] > 0 and row["sim_round_s"] > 0 and len(row["cuts"]) == 2
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds"] == 1
-    pngs = sorted(out.glob("*.png"))
-    assert pngs and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in pngs)
 
 
 def test_main_job_moves_the_slowed_phones_and_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ law, for a real simulate): one Ray start for both.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -61,8 +62,12 @@ def test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its
     session: there while it runs, gone with it, with the link to it, and nothing else. Its resources: the
     ServerApp process's descriptors and threads, and the tier processes' descriptors, are at round 8 what they
     were at round 2; once it ends, its tier processes are gone and its coordinator token file is removed. It
-    runs with ``RAY_ADDRESS`` set, and starts its own Ray all the same. (One run for all: each real run costs a
-    Ray start.)"""
+    runs with ``RAY_ADDRESS`` set, and starts its own Ray all the same. It compresses each link with a codec of
+    its own (``--compress fp16,int8``, 3 tiers), and its round 1 equals the in-process backend's to the bit
+    where it is exact (was tests/test_links_and_replies.py's
+    test_a_flower_simulation_with_compression_equals_the_inprocess_backend, a Ray start of its own): the node's
+    link gets the first codec and the edge's the second (swapped, or one left out, the numbers differ); before,
+    the edge's link went uncompressed. (One run for all: each real run costs a Ray start.)"""
     import gc
 
     import ray
@@ -98,7 +103,8 @@ def test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its
     # as on a Ray cluster's node, whose environment names the cluster: the run still starts a Ray of its own
     # (before: ray.init went to connect there, refused the run's num_cpus, and the run failed after 3 tries)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
-    settings = RunSettings(rounds=8, clients=2, tiers=3, cuts="static:2,5", out=str(tmp_path / "run"))
+    settings = RunSettings(rounds=8, clients=2, tiers=3, cuts="static:2,5", compress="fp16,int8",
+                           out=str(tmp_path / "run"))
     summary = runner.simulate(settings, progress)
     assert summary["rounds"] == 8
     [(session, was_there, latest)] = sessions
@@ -114,6 +120,17 @@ def test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its
     (chain,) = chains
     assert chain.coordinator_token_file and not Path(chain.coordinator_token_file).exists()
     assert not any(_running(pid) for pid in chain.pids)
+    # the same model as in-process with the same codec on each link, and the same bytes: round 1 (a round's
+    # math does not depend on how many rounds follow)
+    from splitfed.sim.inprocess import train_inprocess
+
+    train_inprocess(settings.with_(rounds=1, out=str(tmp_path / "local")))
+    flower, local = (json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("run", "local"))
+    for key in ("loss", "train_loss", "accuracy"):  # the same model: the same numbers
+        assert flower[key] == pytest.approx(local[key], rel=1e-6, abs=1e-9), key
+    for key in ("bytes_up", "bytes_down"):  # each client's own link, compressed alike
+        assert flower[key] == local[key] > 0, key
+    assert flower["tier_weight_bytes"] == local["tier_weight_bytes"]  # weights travel exact
 
 
 @pytest.mark.slow

@@ -45,17 +45,20 @@ HANG = 180  # seconds: far beyond a clean stop; only a hang gets here
 ROUNDS = 30
 
 
-def _start(out: Path, ray_tmp: Path, sigint_ignored: bool = False) -> subprocess.Popen:
+def _start(out: Path, ray_tmp: Path, sigint_ignored: bool = False, script: str | None = None,
+           env: dict[str, str] | None = None) -> subprocess.Popen:
     """The run as a user's script starts it, its output a pipe without ``PYTHONUNBUFFERED``: each progress line
     must reach the pipe as it is printed (before, it came in 8 KiB blocks, here all at the end: the signal
-    meant for round 1 came after the last round, or never)."""
-    cmd = [str(SPLITFED), "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds",
+    meant for round 1 came after the last round, or never). ``script``: ``splitfed`` run as ``python -c script``
+    (hooked), not as the console script; ``env``: more of its environment."""
+    how = [sys.executable, "-c", script] if script else [str(SPLITFED)]
+    cmd = [*how, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds",
            str(ROUNDS), "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     return subprocess.Popen(
         ignoring_sigint(cmd) if sigint_ignored else cmd,
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**env, "RAY_TMPDIR": str(ray_tmp)})
+        env={**base, "RAY_TMPDIR": str(ray_tmp), **(env or {})})
 
 
 def _signal_at(p: subprocess.Popen, marker: str, send) -> list[str]:  # type: ignore[no-untyped-def]
@@ -100,12 +103,12 @@ def _ends_stopped(text: str, out: Path, word: str, rounds: int) -> None:
     assert text.rstrip().splitlines()[-len(want):] == want, text
 
 
-@pytest.mark.parametrize(("sig", "group", "code", "word", "by", "resume"), [
-    (signal.SIGINT, True, 130, "interrupted", "Ctrl-C (SIGINT)", True),
-    (signal.SIGTERM, False, 143, "terminated", "SIGTERM", False),
+@pytest.mark.parametrize(("sig", "code", "word", "by"), [
+    (signal.SIGINT, 130, "interrupted", "Ctrl-C (SIGINT)"),
+    (signal.SIGTERM, 143, "terminated", "SIGTERM"),
 ], ids=["ctrl-c", "sigterm"])
 def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no-untyped-def]
-        tmp_path, ray_tmp, sig, group, code, word, by, resume):
+        tmp_path, ray_tmp, sig, code, word, by):
     """Ctrl-C (to the whole process group, as a terminal sends it) and SIGTERM (to the run alone, as ``timeout``,
     ``docker stop``, systemd and Slurm send it) part way: the run says it stopped and how to continue; its
     folder records the stop (``splitfed report`` reads it stopped, not failed) and keeps every finished round;
@@ -114,28 +117,52 @@ def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no
 
     The SIGTERM run is started with SIGINT ignored, as a script's background job is (the user's Ctrl-C is for
     the job in the foreground): a SIGINT after round 1 leaves it training (before, the run put its own handler
-    in anyway, and stopped), and the SIGTERM comes after round 2."""
+    in anyway, and stopped), and the SIGTERM comes at round 2, taken by a thread other than the main one
+    (``ANOTHER_THREAD``: as the kernel gives a process's signal to a Ray or gRPC thread now and then; was its own
+    run, test_a_signal_a_thread_other_than_the_main_one_takes_stops_the_run_part_way): it stops the run part way
+    all the same. A signal the main thread takes itself is the Ctrl-C run's (``_Signals`` decides SIGINT and
+    SIGTERM alike; its exit code, last lines and record are asserted here for each).
+
+    The Ctrl-C run also gets the terminal's second Ctrl-C while Ray shuts down (``SECOND_CTRL_C_IN_SHUTDOWN``;
+    was its own run, test_a_second_ctrl_c_while_ray_shuts_down_still_leaves_nothing_of_ray: all of its
+    assertions are made here). A single Ctrl-C in a real run, its record and what it leaves of Ray, is
+    :func:`test_a_signal_while_flower_is_inside_ray`'s. Its ``--resume`` run is the README's first command
+    shortened (the main job's config, 2 clients; was test_main_job.py's test_main_job_short, a Ray start of its
+    own): the progress, the end-of-run table, where the results are, no noise, the rows, summary and figures."""
     from splitfed.flower import checkpoint
     from splitfed.report.runs import load_run, run_notes
 
     out = tmp_path / "run"
     ray_procs: list[psutil.Process] = []
 
-    def send(p: subprocess.Popen) -> None:
+    def keep_ray_procs(p: subprocess.Popen) -> None:
         [session] = sessions(ray_tmp)
         ray_procs.extend(q for q in ray_start._session_processes(session) if q.pid != p.pid)
-        if group:
-            os.killpg(p.pid, sig)
-        else:
-            p.send_signal(sig)
 
-    proc = _start(out, ray_tmp, sigint_ignored=sig == signal.SIGTERM)
-    ignored = [] if group else _signal_at(proc, f"round 1/{ROUNDS}", lambda p: p.send_signal(signal.SIGINT))
-    returncode, text = _stop_at(proc, f"round 1/{ROUNDS}" if group else f"round 2/{ROUNDS}", send)
-    text = "".join(ignored) + text
-    assert returncode == code, text
-    if ignored:  # the SIGINT it ignores: it trained on through it, and said nothing of it
+    def ctrl_c(p: subprocess.Popen) -> None:
+        keep_ray_procs(p)
+        os.killpg(p.pid, sig)
+
+    def sigint_then_keep(p: subprocess.Popen) -> None:
+        p.send_signal(signal.SIGINT)  # ignored
+        keep_ray_procs(p)
+
+    if sig == signal.SIGINT:
+        proc = _start(out, ray_tmp, script=SECOND_CTRL_C_IN_SHUTDOWN)
+        returncode, text = _stop_at(proc, f"round 1/{ROUNDS}", ctrl_c)
+        assert "HOOK: a second Ctrl-C as Ray shuts down" in text, text  # the run sends the second one itself
+    else:
+        proc = _start(out, ray_tmp, sigint_ignored=True, script=ANOTHER_THREAD,
+                      env={"SPLITFED_TEST_SIGNAL": str(int(sig)), "SPLITFED_TEST_AT": "round 2/"})
+        ignored = _signal_at(proc, f"round 1/{ROUNDS}", sigint_then_keep)
+        returncode, text = _stop_at(proc, "HOOK:", lambda p: None)  # the run sends the SIGTERM itself
+        text = "".join(ignored) + text
+        # the SIGINT it ignores: it trained on through it, and said nothing of it
         assert "interrupted" not in text and "Ctrl-C" not in text and _rounds(out)[:2] == [1, 2], text
+        assert _rounds(out)[-1] < 10 and "the run had finished" not in text, text  # not trained on to round 30
+    assert returncode == code, text
+    for noise in NOISE:
+        assert noise not in text, (noise, text)
     _ends_stopped(text, out, word, ROUNDS)
     assert "Traceback" not in text and "ERROR" not in text and "SIGTERM received" not in text, text
     assert "core worker" not in text, text  # Flower unwound into ray.shutdown() (test_a_signal_while_flower_is_inside_ray)
@@ -150,7 +177,7 @@ def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no
     assert ray_procs, text  # Ray's processes of this run: there while it ran...
     assert until(lambda: not running(ray_procs)), ([q.pid for q in running(ray_procs)], text)  # ...and gone
     assert sessions(ray_tmp) == [], (sessions(ray_tmp), text)
-    if resume:
+    if sig == signal.SIGINT:  # one --resume is enough: it continues what the stop kept, whichever signal
         again = subprocess.run([str(SPLITFED), "simulate", "--resume", str(out), "--rounds", str(kept + 1)],
                                cwd=ROOT, env={**os.environ, "RAY_TMPDIR": str(ray_tmp)}, capture_output=True,
                                text=True, timeout=HANG)
@@ -158,6 +185,30 @@ def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no
         assert f"round {kept + 1}/{kept + 1}" in again.stdout and f"round {kept}/" not in again.stdout, again.stdout
         assert _rounds(out) == list(range(1, kept + 2))
         assert sessions(ray_tmp) == []
+        _ends_as_the_main_job(again, out, kept + 1)
+
+
+# what splitfed does on purpose (Flower's in-process simulation, no federated evaluation, Ray's tip about a future
+# default), said by Flower and Ray: a warning that shows up means something
+NOISE = ("`run_simulation` function is deprecated", "fraction_evaluate is set to 0.0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO")
+
+
+def _ends_as_the_main_job(p: subprocess.CompletedProcess, out: Path, rounds: int) -> None:
+    """A finished run of the main job's config: progress per round, the end-of-run table with cuts per device
+    class, where the results are; no noise; a row per round with what a round records, the summary, figures."""
+    assert f"round {rounds}/{rounds}" in p.stdout and "cuts per device class" in p.stdout, p.stdout
+    assert f"run folder: {out}" in p.stdout, p.stdout
+    for noise in NOISE:
+        assert noise not in p.stdout + p.stderr, noise
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == rounds
+    for row in rows:
+        for key in ("round", "accuracy", "loss", "wall_s", "sim_round_s", "bytes_up", "bytes_down", "cuts"):
+            assert key in row, key
+        assert row["bytes_up"] > 0 and row["sim_round_s"] > 0 and len(row["cuts"]) == 2
+    assert json.loads((out / "summary.json").read_text())["rounds"] == rounds
+    pngs = sorted(out.glob("*.png"))
+    assert pngs and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in pngs)
 
 
 # ``splitfed`` as the console script runs it, with hooks in Flower's engine: the first worker thread to fetch a
@@ -210,28 +261,49 @@ HOOKED = textwrap.dedent("""
 """)
 
 
-def test_a_signal_while_flower_is_inside_ray(tmp_path):
+def test_a_signal_while_flower_is_inside_ray(tmp_path, ray_tmp):
     """A Ctrl-C to the whole process group (as a terminal sends it: the tiers get it too) while an engine thread
     is inside Ray. A SIGTERM to the run alone takes the same path in the run (``_Signals._handle``: the first
     signal inside the engine sets the stop events and raises nothing there), so it is not run here again: the
     SIGTERM case of :func:`test_a_signal_stops_the_run_cleanly_resumably_and_tidily` stops a real run inside the
-    engine (its exit code, last lines and record), and
-    :func:`test_a_signal_a_thread_other_than_the_main_one_takes_stops_the_run_part_way` does so with SIGTERM."""
+    engine (its exit code, last lines and record), a SIGTERM a thread other than the main one takes.
+
+    This is also the real run a single Ctrl-C stops (the full stop test's Ctrl-C run gets a second one as Ray
+    shuts down, after the first has stopped the engine and the run, and asserts the record): nothing of Ray is
+    left, neither its processes nor its session folder. (It stops in round 1: no round, so no run folder, is
+    kept, and there is no record to read.)"""
+    out = tmp_path / "run"
+    ray_procs: list[psutil.Process] = []
+
+    def ctrl_c(p: subprocess.Popen) -> None:
+        [session] = sessions(ray_tmp)
+        ray_procs.extend(q for q in ray_start._session_processes(session) if q.pid != p.pid)
+        os.killpg(p.pid, signal.SIGINT)
+
     p = subprocess.Popen(
         [sys.executable, "-c", HOOKED, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2",
-         "--rounds", "2", "--out", str(tmp_path / "run")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    returncode, text = _stop_at(p, "HOOK:", lambda p: os.killpg(p.pid, signal.SIGINT))
+         "--rounds", "2", "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+    returncode, text = _stop_at(p, "HOOK:", ctrl_c)
     assert returncode == 130, text
-    _ends_stopped(text, tmp_path / "run", "interrupted", 2)
+    _ends_stopped(text, out, "interrupted", 2)
     assert "with an engine thread inside Ray" not in text, text
     assert "core worker" not in text and "Traceback" not in text and "WARNING" not in text, text
+    assert ray_procs, text  # Ray's processes of this run: there while it ran, and gone
+    assert until(lambda: not running(ray_procs)), ([q.pid for q in running(ray_procs)], text)
+    assert sessions(ray_tmp) == [], (sessions(ray_tmp), text)
 
 
-# ``splitfed`` as the console script runs it, the ServerApp's progress hooked: at round 1's line a thread of its
-# own (not the main one) sends itself the signal, as the kernel gives a process's signal to a Ray or gRPC thread
-# now and then, and says so. Before the relay (``splitfed.sim.signal_relay``) the main thread, waiting in Flower's
-# untimed join, saw it only after the last round.
+# ``splitfed`` as the console script runs it, the ServerApp's progress hooked: at the first line starting with
+# ``$SPLITFED_TEST_AT`` a thread of its own (not the main one) sends itself the signal ``$SPLITFED_TEST_SIGNAL``,
+# as the kernel gives a process's signal to a Ray or gRPC thread now and then, and says so. Before the relay
+# (``splitfed.sim.signal_relay``) the main thread, waiting in Flower's untimed join, saw it only after the last
+# round. The SIGTERM case of test_a_signal_stops_the_run_cleanly_resumably_and_tidily runs it. SIGTERM only: the
+# relay decides SIGINT and SIGTERM alike (``SignalRelay(_decide, _STOPPING)``), and a Ctrl-C it relays is covered
+# by tests/test_signal_relay.py's ``test_a_signal_another_thread_takes_stops_the_engine_while_the_main_thread_waits``
+# (both signals), a Ctrl-C in a real engine by test_a_signal_while_flower_is_inside_ray and the Ctrl-C case of the
+# full stop test.
 ANOTHER_THREAD = textwrap.dedent("""
     import os
     import signal
@@ -241,6 +313,7 @@ ANOTHER_THREAD = textwrap.dedent("""
     import server.app
 
     SIG = int(os.environ["SPLITFED_TEST_SIGNAL"])
+    AT = os.environ["SPLITFED_TEST_AT"]
     build_app = server.app.build_app
     sent = []
 
@@ -253,7 +326,7 @@ ANOTHER_THREAD = textwrap.dedent("""
     def build_app_sending(settings, progress, *args, **kwargs):
         def said(line):
             progress(line)
-            if line.startswith("round 1/") and not sent:
+            if line.startswith(AT) and not sent:
                 sent.append(True)
                 threading.Thread(target=send).start()
         return build_app(settings, said, *args, **kwargs)
@@ -267,36 +340,15 @@ ANOTHER_THREAD = textwrap.dedent("""
 """)
 
 
-def test_a_signal_a_thread_other_than_the_main_one_takes_stops_the_run_part_way(tmp_path, ray_tmp):
-    """The run stops part way, as when the main thread takes the signal: its last lines, no round after the
-    one it was training (kept < ROUNDS), nothing of Ray left.
-
-    SIGTERM only: the relay decides SIGINT and SIGTERM alike (``SignalRelay(_decide, _STOPPING)``), and a Ctrl-C
-    it relays is covered by tests/test_signal_relay.py's
-    ``test_a_signal_another_thread_takes_stops_the_engine_while_the_main_thread_waits`` (both signals), a Ctrl-C
-    in a real engine by :func:`test_a_signal_while_flower_is_inside_ray` and the Ctrl-C case of
-    :func:`test_a_signal_stops_the_run_cleanly_resumably_and_tidily`."""
-    sig, code, last = signal.SIGTERM, 143, "terminated"
-    out = tmp_path / "run"
-    p = subprocess.Popen(
-        [sys.executable, "-c", ANOTHER_THREAD, "simulate", "--config", "simulations/configs/main.toml", "--clients",
-         "2", "--rounds", str(ROUNDS), "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "RAY_TMPDIR": str(ray_tmp), "SPLITFED_TEST_SIGNAL": str(int(sig))})
-    returncode, text = _stop_at(p, "HOOK:", lambda p: None)  # the run sends it itself
-    assert returncode == code, text
-    _ends_stopped(text, out, last, ROUNDS)
-    assert "Traceback" not in text and "ERROR" not in text, text
-    assert _rounds(out)[-1] < 10 and "the run had finished" not in text, text  # not trained on to round 30
-    assert sessions(ray_tmp) == [], (sessions(ray_tmp), text)
-
-
 # ``splitfed`` as the console script runs it, Ray's node hooked: the first time the node's processes are to be
 # killed (``ray.shutdown()``, which Flower's engine calls once the first Ctrl-C has stopped its threads), the
 # terminal's second Ctrl-C comes, before any of them is killed. Ray has disconnected by then, so
 # ``ray.is_initialized()`` is False; before the fix the runner took that for a Ray shut down, and its node's
 # processes (log monitor, autoscaler monitor, dashboard) lived on until the run's process ended: the runner
 # waited its 30 s for them, then kept Ray's session folder.
+# The Ctrl-C case of test_a_signal_stops_the_run_cleanly_resumably_and_tidily runs it: the second Ctrl-C cuts
+# Ray's shutdown short; the run still shuts the rest of Ray down, ends as interrupted, resumable, and leaves
+# neither Ray's processes nor its session folder.
 SECOND_CTRL_C_IN_SHUTDOWN = textwrap.dedent("""
     import os
     import signal
@@ -320,33 +372,6 @@ SECOND_CTRL_C_IN_SHUTDOWN = textwrap.dedent("""
     sys.argv = ["splitfed", *sys.argv[1:]]
     entry()
 """)
-
-
-def test_a_second_ctrl_c_while_ray_shuts_down_still_leaves_nothing_of_ray(tmp_path, ray_tmp):
-    """The second Ctrl-C cuts Ray's shutdown short; the run still shuts the rest of Ray down: it ends as
-    interrupted, resumable, and leaves neither Ray's processes nor its session folder."""
-    out = tmp_path / "run"
-    p = subprocess.Popen(
-        [sys.executable, "-c", SECOND_CTRL_C_IN_SHUTDOWN, "simulate", "--config", "simulations/configs/main.toml",
-         "--clients", "2", "--rounds", str(ROUNDS), "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
-    ray_procs: list[psutil.Process] = []
-
-    def first_ctrl_c(p: subprocess.Popen) -> None:
-        [session] = sessions(ray_tmp)
-        ray_procs.extend(q for q in ray_start._session_processes(session) if q.pid != p.pid)
-        os.killpg(p.pid, signal.SIGINT)
-
-    seen = _signal_at(p, f"round 1/{ROUNDS}", first_ctrl_c)
-    returncode, rest = _stop_at(p, "HOOK:", lambda p: None)  # the run sends the second one itself
-    text = "".join(seen) + rest
-    assert returncode == 130, text
-    _ends_stopped(text, out, "interrupted", ROUNDS)
-    assert "Traceback" not in text and "ERROR" not in text, text
-    assert ray_procs, text  # Ray's processes of this run: there while it ran, and gone
-    assert until(lambda: not running(ray_procs)), ([q.cmdline() for q in running(ray_procs)], text)
-    assert sessions(ray_tmp) == [], (sessions(ray_tmp), text)
 
 
 def _while_ray_starts(setup: str, inside: str) -> str:

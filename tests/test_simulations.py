@@ -199,27 +199,6 @@ def test_fleet_paths_resolve_next_to_the_configs() -> None:
     assert common.base_settings({"fleet": "reference"}).fleet == "reference"
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("flower-real")  # one Ray cluster at a time: two starting at once on 2 cores can time out
-def test_static_vs_adaptive_through_flower(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The tiny config through Flower's simulation engine and gRPC tiers, as the full configs run."""
-    cfg = tmp_path / "flower.toml"
-    cfg.write_text((CONFIGS / "static_vs_adaptive.tiny.toml").read_text()
-                   .replace('backend = "inprocess"', 'backend = "flower"')
-                   .replace('policies = ["static:best", "static:0,0"]', 'policies = ["static:best"]')
-                   .replace("rounds = 2", "rounds = 1")
-                   )
-    res = run_tiny(static_vs_adaptive, "static_vs_adaptive", tmp_path / "out", capsys, config=cfg)
-    (pol,) = res["policies"]
-    assert pol["rounds"] == 1 and pol["final_accuracy"] > 0.3
-    check_pngs(res["figures"].values())
-    # the in-process backend computes the same run: same model (accuracy), same simulated clock
-    settings = common.load_config(cfg, static_vs_adaptive.Config).settings().with_(cuts=pol["cuts"])
-    local = common.train(settings, tmp_path / "local", "local", backend="inprocess")
-    assert [r.accuracy for r in local.rounds] == pytest.approx(pol["accuracy"], abs=1e-6)
-    assert [r.sim_round_s for r in local.rounds] == pytest.approx(pol["sim_round_s"], rel=1e-9)
-
-
 # ---------------------------------------------------------------- what a user gets wrong, refused up front
 
 
@@ -361,18 +340,27 @@ def test_resume_keeps_the_runs_that_finished_and_trains_the_rest(tmp_path, capsy
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("flower-real")
+@pytest.mark.xdist_group("flower-real")  # one Ray cluster at a time: two starting at once on 2 cores can time out
 def test_a_flower_run_stopped_part_way_continues_from_its_checkpoint_on_resume(tmp_path) -> None:
-    cfg = _tiny(tmp_path, "compression", {'codecs = ["none", "int8"]': 'codecs = ["none"]',
-                                          'backend = "inprocess"': 'backend = "flower"', "rounds = 2": "rounds = 4"})
+    """The tiny static-vs-adaptive config through Flower's simulation engine and gRPC tiers, as the full configs
+    run: stopped by Ctrl-C part way it says how to continue (exit 130); ``--resume`` continues its run from the
+    run's checkpoint, not from round 1 (the ``backend = "flower"`` branch of ``common._train_checked``; the
+    in-process test ``test_resume_keeps_the_runs_that_finished_and_trains_the_rest`` keeps finished runs); and
+    the results are the in-process backend's for the same config: the same model (accuracy per round) and the
+    same simulated clock. One experiment (two Ray starts) for all: ``test_static_vs_adaptive_through_flower``,
+    a third Ray start for a fresh run's results and figures, is folded in here (the rounds before the stop are
+    a fresh run's, and results.json and its figures are written by the same code at the end)."""
+    cfg = _tiny(tmp_path, "static_vs_adaptive", {'backend = "inprocess"': 'backend = "flower"',
+                                                 'policies = ["static:best", "static:0,0"]': 'policies = ["static:best"]',
+                                                 "rounds = 2": "rounds = 4"})
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "simulations.compression", "--config", str(cfg), "--out", str(out)]
+    command = [sys.executable, "-m", "simulations.static_vs_adaptive", "--config", str(cfg), "--out", str(out)]
     p = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert p.stdout is not None
         for line in p.stdout:
-            if "[none] round 2/4" in line:
+            if "] round 2/4" in line:
                 break
         p.send_signal(signal.SIGINT)
         _, stderr = p.communicate(timeout=180)
@@ -381,15 +369,26 @@ def test_a_flower_run_stopped_part_way_continues_from_its_checkpoint_on_resume(t
     assert p.returncode == 130 and "to continue: the same command with --resume" in stderr, stderr[-2000:]
     from splitfed.flower import checkpoint
 
-    kept = checkpoint.load(out / "runs" / "none").round
+    (run,) = [r for r in (out / "runs").iterdir() if not r.name.startswith(".")]  # static:best's
+    kept = checkpoint.load(run).round
     assert 2 <= kept < 4
     done = subprocess.run([*command, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"continues in {out / 'runs' / 'none'}" in done.stdout
+    assert f"continues in {run}" in done.stdout, done.stdout
     assert f"round {kept + 1}/4" in done.stdout and "round 1/4" not in done.stdout, done.stdout
-    rows = [json.loads(x) for x in (out / "runs" / "none" / "metrics.jsonl").read_text().splitlines()]
+    assert f"results in {out.resolve()}" in done.stdout, done.stdout
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
-    assert json.loads((out / "results.json").read_text())["codecs"][0]["rounds"] == 4
+    res = json.loads((out / "results.json").read_text())
+    assert res["experiment"] == "static_vs_adaptive" and "config" in res and "elapsed_s" in res
+    (pol,) = res["policies"]
+    assert pol["rounds"] == 4 and pol["final_accuracy"] > 0.3 and Path(pol["path"]) == run
+    check_pngs(res["figures"].values())
+    # the in-process backend computes the same run: same model (accuracy), same simulated clock
+    settings = common.load_config(cfg, static_vs_adaptive.Config).settings().with_(cuts=pol["cuts"])
+    local = common.train(settings, tmp_path / "local", "local", backend="inprocess")
+    assert [r.accuracy for r in local.rounds] == pytest.approx(pol["accuracy"], abs=1e-6)
+    assert [r.sim_round_s for r in local.rounds] == pytest.approx(pol["sim_round_s"], rel=1e-9)
 
 
 def test_a_folder_of_figures_alone_is_no_experiments(tmp_path, capsys) -> None:
