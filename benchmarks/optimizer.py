@@ -6,7 +6,8 @@ device, the premise of split learning):
 
 - ``reference``: the shipped reference fleet (60 heterogeneous clients);
 - ``reference x1000`` / ``reference x10000``: 1,000 and 10,000 clients drawn from its
-  device classes by ``Fleet.sample`` (the shared edge and cloud are contended);
+  device classes by ``Fleet.sample`` (the shared edge and cloud are contended; ``--sampled``
+  sets these sizes: ``--sampled 1000`` leaves out the 10,000-client cases, most of the pricing);
 - ``reference w/o <class>``: the reference fleet without its straggler class (the class
   whose fastest possible round, alone on the servers, is the slowest: found per model,
   not assumed), so that the other 54 clients' cuts are what sets the makespan.
@@ -24,7 +25,7 @@ a line on stderr as each case is priced (minutes in all), then the tables on std
 ``benchmarks/results/optimizer.json``.
 
     .venv/bin/python benchmarks/optimizer.py [--mode sflv1|sflv2|sl] [--compress none|fp16|int8|topk:F]
-                                             [--sweep 60,250,1000] [--no-scaling]
+                                             [--sampled 1000,10000] [--sweep 60,250,1000] [--no-scaling]
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 OUT = Path(__file__).parent / "results" / "optimizer.json"
 TARGET = 1.3
 SWEEP = (60, 125, 250, 500, 1000, 2000, 5000)  # --sweep's fleet sizes
+SAMPLED = (1_000, 10_000)  # --sampled's: the cases "reference xN"
 
 
 def policies(sc: Scenario) -> dict[str, Any]:
@@ -237,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", type=fleet_sizes, default=SWEEP,
                     help="fleet sizes of the contention sweep (comma-separated; empty: none; default "
                          f"{','.join(map(str, SWEEP))})")
+    ap.add_argument("--sampled", type=fleet_sizes, default=SAMPLED,
+                    help="sizes of the fleets drawn from the reference fleet's classes priced as cases "
+                         "'reference xN' (comma-separated; empty: none; default "
+                         f"{','.join(map(str, SAMPLED))})")
     ap.add_argument("--out", type=json_out("optimizer.json"), default=str(OUT),
                     help="the JSON written (default benchmarks/results/optimizer.json)")
     args = ap.parse_args(argv)
@@ -271,8 +277,8 @@ def measure(args: argparse.Namespace) -> int:
         prof = profile_model(resolve_spec(model), 32, reps=1)
         result["models"][model] = {}
         slow = straggler_class(Scenario.from_fleet(prof, fleet, **kw))
-        fleets = {"reference": fleet, "reference x1000": fleet.sample(1_000, seed=0),
-                  "reference x10000": fleet.sample(10_000, seed=0), f"reference w/o {slow}": without(fleet, slow)}
+        fleets = {"reference": fleet, **{f"reference x{n}": fleet.sample(n, seed=0) for n in args.sampled},
+                  f"reference w/o {slow}": without(fleet, slow)}
         total = len(models) * len(fleets) * len(settings)  # each model prices the same fleets
         for fname, f in fleets.items():
             for setting, mdb in settings:
