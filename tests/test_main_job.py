@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
+pytestmark = pytest.mark.slow  # in-process (no Ray): not in the group "flower-real", so either worker takes them
 ROOT = Path(__file__).resolve().parents[1]
 
 
