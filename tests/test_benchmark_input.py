@@ -27,6 +27,8 @@ CASES = [
     ("optimizer", ["--codec", "junk"], "argument --codec: unknown codec 'junk'"),
     ("optimizer", ["--sweep", "60,x"], "argument --sweep: expected comma-separated integers, got '60,x'"),
     ("optimizer", ["--sweep", "0"], "argument --sweep: fleet sizes must lie in 1..100,000, got '0'"),
+    ("optimizer", ["--sampled", "1000,200000"],
+     "argument --sampled: fleet sizes must lie in 1..100,000, got '1000,200000'"),
     ("simulation", ["--clients", "0"], "clients must be >= 1, got 0"),
     ("simulation", ["--clients", "2,-1"], "clients must be >= 1, got -1"),
     ("simulation", ["--rounds", "0"], "argument --rounds: expected a positive integer, got 0"),
