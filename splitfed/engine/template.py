@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
 from splitfed.engine.types import State
@@ -202,10 +202,44 @@ def template(spec: ModelSpec) -> Blocks:
         return _template(_key(spec))
 
 
+def _copy(block: nn.Module) -> nn.Module:
+    """A copy of ``block`` as ``copy.deepcopy`` makes it (its own parameters, buffers and tensors, its mode, the
+    same forward), without recompiling the torch.fx GraphModules in it: ``GraphModule.__deepcopy__`` copies the
+    graph and generates and execs its Python code again (~3 ms a block), every time a tier or device copies a
+    traced model's blocks. Here each GraphModule (the block, or one nested in a wrapper) is copied as a module:
+    its attributes deep-copied, its graph shared with the template's (never edited once built), and its class a
+    subclass of the template's, so the copy runs the template's compiled forward, and a ``recompile`` of the
+    copy (pickling one does it) sets its own class's forward, never the template's."""
+    gms = [m for m in block.modules() if isinstance(m, fx.GraphModule)]
+    if not gms:
+        return copy.deepcopy(block)
+    memo: dict[int, object] = {}
+    shells: list[tuple[fx.GraphModule, fx.GraphModule]] = []
+    for gm in gms:  # every GraphModule's copy made first, so the deepcopy of a wrapper finds it in ``memo``
+        cls = type(gm)
+        # named as fx names its per-instance classes, which GraphModule.__new__ (a deepcopy of this copy) skips;
+        # the template's call wrapper its own, or a recompile of the copy makes one that calls the template
+        # class's __call__, which calls the copy's wrapper again
+        own = {"__qualname__": cls.__qualname__, "__module__": cls.__module__}
+        if "_wrapped_call" in vars(cls):
+            own["_wrapped_call"] = vars(cls)["_wrapped_call"]
+        sub = type(cls.__name__, (cls,), own)
+        shell: fx.GraphModule = object.__new__(sub)
+        memo[id(gm)] = shell
+        memo[id(gm.graph)] = gm.graph  # shared: its nodes name the targets, which each copy holds its own
+        shells.append((gm, shell))
+    for gm, shell in shells:
+        shell.__dict__.update(copy.deepcopy(gm.__dict__, memo))
+    out = copy.deepcopy(block, memo)  # the block's own copy when it is a GraphModule, else its wrapper's
+    assert isinstance(out, nn.Module)
+    return out
+
+
 def copy_blocks(spec: ModelSpec, start: int, stop: int) -> dict[int, nn.Module]:
+    """Blocks ``[start, stop)`` of ``spec``'s template, each copied on its own (:func:`_copy`)."""
     t = template(spec)
     with _lock:
-        return {i: copy.deepcopy(t.modules[i]) for i in range(start, stop)}
+        return {i: _copy(t.modules[i]) for i in range(start, stop)}
 
 
 def num_blocks(spec: ModelSpec) -> int:
@@ -250,7 +284,7 @@ def boundary(spec: ModelSpec, index: int) -> tuple[tuple[int, ...], torch.dtype]
 @_once(64)
 def _one_sample_error(key: str) -> str:
     spec = _spec(key)
-    whole = copy.deepcopy(template(spec).whole()).train()  # a copy: its statistics may move
+    whole = _copy(template(spec).whole()).train()  # a copy: its statistics may move
     try:
         # dropout draws from torch's generator: under its lock, and given back as it was (splitfed.models.rng),
         # or a thread's seeded step (a tier's, a client's) draws another mask, and the caller's next draws move
@@ -345,7 +379,7 @@ def _passes(key: str) -> tuple[bool, ...]:
     out: list[bool] = []
     with _lock, rng.seeded(), torch.enable_grad():
         for block in blocks.modules:
-            m = copy.deepcopy(block).train()
+            m = _copy(block).train()
             if not isinstance(x, torch.Tensor):  # a structure between blocks: taken as passing, as before
                 out.append(True)
                 x = m(x)
