@@ -203,7 +203,7 @@ def sweep(prof, fleet: Fleet, sizes: list[int], kw: dict) -> list[dict]:  # type
 
 
 def fleet_sizes(text: str) -> tuple[int, ...]:
-    """``--sweep``: fleet sizes in 1..MAX_CLIENTS, or none (empty)."""
+    """``--sweep`` and ``--sampled``: fleet sizes in 1..MAX_CLIENTS, or none (empty)."""
     if not text.strip():
         return ()
     sizes = int_list(text)

@@ -17,17 +17,16 @@ from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 
-def codegen() -> tuple[ModuleType, Path]:
-    """The generator and the ``proto/`` of the tree being built. setuptools runs a build in that tree; this
-    module may be another tree's (an editable install's, when the build is not isolated). The generator is
-    loaded from its file: importing :mod:`splitfed.transport` would generate into the source tree first."""
-    tree = Path.cwd()
+def codegen() -> ModuleType:
+    """The generator of the tree being built (its ``PROTO_ROOT`` is that tree's ``proto/``). setuptools runs a
+    build in that tree; this module may be another tree's (an editable install's, when the build is not
+    isolated). Loaded from its file: importing :mod:`splitfed.transport` would generate into the source tree."""
     spec = importlib.util.spec_from_file_location("_splitfed_build_codegen",
-                                                  tree / "splitfed" / "transport" / "_codegen.py")
+                                                  Path.cwd() / "splitfed" / "transport" / "_codegen.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module, tree / "proto"
+    return module
 
 
 class BuildPy(build_py):
@@ -37,8 +36,7 @@ class BuildPy(build_py):
         super().run()
         if self.editable_mode:  # the source tree is the package: generated there at import
             return
-        gen, root = codegen()
-        gen.generate(root=root, out=Path(self.build_lib) / "splitfed" / "transport" / "proto", force=True)
+        codegen().generate(out=Path(self.build_lib) / "splitfed" / "transport" / "proto", force=True)
 
 
 class Sdist(sdist):
@@ -47,8 +45,8 @@ class Sdist(sdist):
 
     def make_release_tree(self, base_dir: str, files: list[str]) -> None:
         super().make_release_tree(base_dir, files)
-        gen, root = codegen()
-        for source in gen.proto_files(root):
-            copy = Path(base_dir) / "proto" / source.relative_to(root)
+        gen = codegen()
+        for source in gen.proto_files():
+            copy = Path(base_dir) / "proto" / source.relative_to(gen.PROTO_ROOT)
             copy.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, copy)
