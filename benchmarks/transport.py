@@ -11,7 +11,8 @@
     activation as its gradient after the tier's checks of it (dtype, shape,
     finite values), so (b) measures transport only: framing, codec, validation,
     gRPC. Also a sweep of (chunk, unary) sizes, in rotating order, for every
-    size. MB/s: 2**20 bytes a second, from the median call (``_best``: the fastest).
+    size (``--sizes-mb``: default 1,8,32). MB/s: 2**20 bytes a second, from the
+    median call (``_best``: the fastest).
     Target: >= 0.9.
     Beside them, the ceiling: an echo that makes only the copies a tensor RPC
     cannot avoid in gRPC Python (which sends only ``bytes``): the request's bytes
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from splitfed.cli import Parser, script
-from splitfed.commands._args import batch_size, json_out, positive_int
+from splitfed.commands._args import batch_size, int_list, json_out, positive_int
 from splitfed.jsonio import write_json
 
 # torch and grpc are imported by the functions that measure, once the flags are read: a bad flag is refused at
@@ -215,7 +216,7 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
     try:
         assert child.stdout is not None
         info = json.loads(child.stdout.readline())
-        big = 2 * max(SIZES_MB) * MB
+        big = 2 * max(args.sizes_mb) * MB
         ch = grpc.insecure_channel(info["echo"], options=[("grpc.max_send_message_length", big),
                                                           ("grpc.max_receive_message_length", big)])
         unary, stream = ch.unary_unary("/bench.Echo/Unary"), ch.stream_stream("/bench.Echo/Stream")
@@ -233,7 +234,7 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
             assert r.grad is not None and r.grad.shape == act.shape
 
         b = []
-        for size in SIZES_MB:
+        for size in args.sizes_mb:
             act = torch.randn(8, size * MB // 32)
             payload = act.numpy().tobytes()
             chunks = [payload[i:i + lim.chunk_bytes] for i in range(0, len(payload), lim.chunk_bytes)]
@@ -263,7 +264,7 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
                       / max(med["echo_unary"], med["echo_stream"]),
                       "ratio_vs_copy_echo": med["step_rpc"] / max(med["copy_unary"], med["copy_stream"])})
         sweep = []
-        for size in SIZES_MB:  # the chunk size: every size with every chunk, interleaved
+        for size in args.sizes_mb:  # the chunk size: every size with every chunk, interleaved
             act = torch.randn(8, size * MB // 32)
             t = {c: [] for c in clients}
             for c in clients:
@@ -310,6 +311,14 @@ def bench_bc(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
 PROG = "benchmarks/transport.py"
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """``--sizes-mb``: positive whole MB, each once."""
+    sizes = int_list(text)
+    if any(s <= 0 for s in sizes) or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"expected distinct positive sizes in MB, e.g. 1,8,32; got {text!r}")
+    return sizes
+
+
 def main() -> int:
     if "--serve" in sys.argv:
         serve()
@@ -319,6 +328,8 @@ def main() -> int:
     ap.add_argument("--reps", type=positive_int, default=5, help="(a): alternating rounds")
     ap.add_argument("--steps", type=positive_int, default=2, help="(a): steps per round and side")
     ap.add_argument("--reps-b", type=positive_int, default=15, help="(b): calls per side, one side after the other")
+    ap.add_argument("--sizes-mb", type=_sizes, default=SIZES_MB,
+                    help="(b) and its chunk sweep: activation sizes in MB, comma-separated (default 1,8,32)")
     ap.add_argument("--skip-a", action="store_true", help="only (b) and (c) (no vgg11 training)")
     ap.add_argument("--no-malloc-tuning", action="store_true",
                     help="leave glibc's malloc as it is in every process (see splitfed.transport.memory)")
@@ -357,7 +368,7 @@ def measure(args: argparse.Namespace) -> int:
               f"(best runs {row['ratio_vs_best_echo_best_runs']:.3f}; target >= 0.9)")
         print(f"       an echo with only a step's unavoidable copies reaches {row['copy_ceiling']:.3f} of the bare "
               f"echo (the ceiling); the step RPC reaches {row['ratio_vs_copy_echo']:.3f} of that echo")
-    for size in SIZES_MB:
+    for size in args.sizes_mb:
         rows = [r for r in sweep if r["activation_mb"] == size]
         print(f"    sweep {size:>2} MB, chunk/unary MiB: " + ", ".join(
             f"{r['chunk_bytes'] >> 20}/{r['unary_bytes'] >> 20} {r['mb_per_s']:.0f} MB/s" for r in rows))

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -66,17 +64,23 @@ def test_without_ray_tmpdir_the_error_names_tmpdir(monkeypatch: pytest.MonkeyPat
     check_socket_room()
 
 
-def test_simulate_refuses_a_deep_folder_before_ray_starts_and_leaves_nothing(tmp_path: Path) -> None:
+def test_simulate_refuses_a_deep_folder_before_ray_starts_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's exit code, its one line and what it leaves: run in this process (``splitfed.cli.main``);
+    was a ``splitfed`` process of its own, an interpreter and its imports for what the command says. A real
+    ``splitfed simulate`` process, the console script, is tests/test_signals.py's and tests/test_sim_review.py's."""
+    from splitfed.cli import main
+
     deep = tmp_path / ("d" * 120)
     out = tmp_path / "run"
-    p = subprocess.run(
-        [str(Path(sys.executable).parent / "splitfed"), "simulate", "--config", "simulations/configs/main.toml",
-         "--rounds", "1", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_TMPDIR": str(deep)})
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert p.stderr.startswith(f"splitfed simulate: error: Ray cannot start under {deep}/ray: "), p.stderr
-    assert p.stderr.rstrip().endswith("set RAY_TMPDIR to a folder with a shorter path (e.g. RAY_TMPDIR=/tmp)")
-    assert len(p.stderr.strip().splitlines()) == 1, p.stderr  # no "Ray did not start (attempt 1/3)", no hint
+    monkeypatch.setenv("RAY_TMPDIR", str(deep))
+    code = main(["simulate", "--config", str(ROOT / "simulations/configs/main.toml"), "--rounds", "1",
+                 "--out", str(out)])
+    printed = capsys.readouterr()
+    assert code == 2, printed.out + printed.err
+    assert printed.err.startswith(f"splitfed simulate: error: Ray cannot start under {deep}/ray: "), printed.err
+    assert printed.err.rstrip().endswith("set RAY_TMPDIR to a folder with a shorter path (e.g. RAY_TMPDIR=/tmp)")
+    assert len(printed.err.strip().splitlines()) == 1, printed.err  # no "Ray did not start (attempt 1/3)", no hint
     assert not deep.exists() and not out.exists()  # nothing of Ray, no run folder
 
 

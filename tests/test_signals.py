@@ -108,7 +108,7 @@ def _ends_stopped(text: str, out: Path, word: str, rounds: int) -> None:
     (signal.SIGTERM, 143, "terminated", "SIGTERM"),
 ], ids=["ctrl-c", "sigterm"])
 def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no-untyped-def]
-        tmp_path, ray_tmp, sig, code, word, by):
+        tmp_path, ray_tmp, monkeypatch, sig, code, word, by):
     """Ctrl-C (to the whole process group, as a terminal sends it) and SIGTERM (to the run alone, as ``timeout``,
     ``docker stop``, systemd and Slurm send it) part way: the run says it stopped and how to continue; its
     folder records the stop (``splitfed report`` reads it stopped, not failed) and keeps every finished round;
@@ -128,7 +128,10 @@ def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no
     assertions are made here). A single Ctrl-C in a real run, its record and what it leaves of Ray, is
     :func:`test_a_signal_while_flower_is_inside_ray`'s. Its ``--resume`` run is the README's first command
     shortened (the main job's config, 2 clients; was test_main_job.py's test_main_job_short, a Ray start of its
-    own): the progress, the end-of-run table, where the results are, no noise, the rows, summary and figures."""
+    own): the progress, the end-of-run table, where the results are, no noise, the rows, summary and figures;
+    and the run it finishes ends bit-identical to the same run never stopped, computed in-process (was
+    tests/test_flower_sim.py's test_stopped_run_resumes_bit_identical, a Ray start of its own for a resume of a
+    run that had ended; here the resumed run was stopped by a signal part way)."""
     from splitfed.flower import checkpoint
     from splitfed.report.runs import load_run, run_notes
 
@@ -186,6 +189,7 @@ def test_a_signal_stops_the_run_cleanly_resumably_and_tidily(  # type: ignore[no
         assert _rounds(out) == list(range(1, kept + 2))
         assert sessions(ray_tmp) == []
         _ends_as_the_main_job(again, out, kept + 1)
+        _equals_the_run_never_stopped(out, kept + 1, tmp_path / "whole", monkeypatch)
 
 
 # what splitfed does on purpose (Flower's in-process simulation, no federated evaluation, Ray's tip about a future
@@ -209,6 +213,28 @@ def _ends_as_the_main_job(p: subprocess.CompletedProcess, out: Path, rounds: int
     assert json.loads((out / "summary.json").read_text())["rounds"] == rounds
     pngs = sorted(out.glob("*.png"))
     assert pngs and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in pngs)
+
+
+def _equals_the_run_never_stopped(out: Path, rounds: int, whole: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model in ``out`` (a run stopped, then resumed to ``rounds``) is, bit for bit, that of the same run
+    trained to ``rounds`` without a stop: computed in-process (the ServerApp's ``run`` over in-process tiers:
+    a transport changes no number, so the uninterrupted run needs no second simulation)."""
+    import torch
+
+    import clients.app
+    import server.app
+    from splitfed.engine.verify import max_abs_diff
+    from splitfed.flower import checkpoint
+    from splitfed.flower.config import RunSettings
+    from tests.flower_fixtures import FakeGrid, inprocess_tiers
+
+    resumed = checkpoint.load(out)
+    assert resumed.round == rounds, resumed.round
+    settings = RunSettings(**resumed.settings).with_(rounds=rounds, out=str(whole), resume=False, node_wait_s=5.0)
+    with inprocess_tiers(monkeypatch, settings.tiers - 1):
+        server.app.run(FakeGrid(clients.app.app, settings.clients), settings, progress=lambda line: None)
+    a, b = checkpoint.load(whole).state, resumed.state
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), max_abs_diff(a, b)
 
 
 # ``splitfed`` as the console script runs it, with hooks in Flower's engine: the first worker thread to fetch a
@@ -421,8 +447,23 @@ def _run_stopped_while_ray_starts(tmp_path: Path, ray_tmp: Path, script: str, se
     return text
 
 
-# Ray is held in its start for 3 s
-STARTING = _while_ray_starts("import time\n", "time.sleep(3)")
+# Ray is held in its start until the run's handler has noted the signal sent at the hook's line (its
+# ``_Signals.received``; was a fixed 3 s): the signal always comes while Ray starts. A handler that raises (Ray's
+# ``sys.exit``, had ``starting`` let it in) ends the wait by its exception; the bound only keeps a broken run
+# from hanging the test.
+STARTING = _while_ray_starts("""
+    import signal
+    import time
+
+
+    def noted():
+        handler = signal.getsignal(signal.SIGTERM)
+        return getattr(getattr(handler, "__self__", None), "received", None) is not None
+""", """
+    end = time.monotonic() + 60
+    while not noted() and time.monotonic() < end:
+        time.sleep(0.01)
+""")
 
 
 def test_a_signal_while_ray_starts_stops_the_run_and_leaves_nothing(tmp_path, ray_tmp):

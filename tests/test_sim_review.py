@@ -29,9 +29,9 @@ TINY = ["--clients", "2", "--tiers", "2", "--cuts", "static:2", "--batch-size", 
 
 
 def _simulate(ray_tmp: Path, out: Path, *extra: str, stdout: int | None = None,
-              tmp: Path | None = None) -> subprocess.Popen[bytes]:
+              tmp: Path | None = None, tiny: list[str] = TINY) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **({"TMPDIR": str(tmp)} if tmp else {})}
-    return subprocess.Popen([str(SPLITFED), "simulate", *TINY, "--out", str(out), *extra], cwd=REPO, env=env,
+    return subprocess.Popen([str(SPLITFED), "simulate", *tiny, "--out", str(out), *extra], cwd=REPO, env=env,
                             stdout=stdout if stdout is not None else subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
 
@@ -107,10 +107,25 @@ def test_a_released_watcher_leaves_the_session_alone(tmp_path):
 @pytest.mark.slow
 @pytest.mark.xdist_group("flower-real")
 def test_a_sigkilled_simulate_leaves_no_ray_process_no_session_and_no_token_file(ray_tmp, tmp_path):
+    """The run compresses each link with a codec of its own (``--compress fp16,int8``, 3 tiers), and its round 1
+    (kept in its folder when it is killed) equals the in-process backend's to the bit where it is exact: the
+    node's link gets the first codec and the edge's the second (before, the edge's link went uncompressed). Was
+    a check of tests/test_ray_session.py's real run, a Ray start of its own (whose other checks are now on
+    tests/test_flower_sim.py's run:
+    test_a_simulation_removes_its_own_ray_session_and_nothing_else_and_holds_its_resources_flat), and before
+    that test_links_and_replies.py's test_a_flower_simulation_with_compression_equals_the_inprocess_backend:
+    a round's math does not depend on how many rounds follow, nor on how the run ends after it."""
+    from splitfed.flower.config import RunSettings
+    from splitfed.sim.inprocess import train_inprocess
+
     out = tmp_path / "run"
     tmp = tmp_path / "tmp"  # where the run makes its coordinator token
     tmp.mkdir()
-    proc = _simulate(ray_tmp, out, "--rounds", "200", tmp=tmp)
+    settings = RunSettings(rounds=1, clients=2, tiers=3, cuts="static:2,5", compress="fp16,int8", batch_size=64,
+                           seed=1)
+    tiny = ["--clients", "2", "--tiers", "3", "--cuts", "static:2,5", "--compress", "fp16,int8", "--batch-size",
+            "64", "--seed", "1"]
+    proc = _simulate(ray_tmp, out, "--rounds", "200", tmp=tmp, tiny=tiny)
     try:
         assert until(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size, 300)
         [session] = sessions(ray_tmp)
@@ -126,6 +141,15 @@ def test_a_sigkilled_simulate_leaves_no_ray_process_no_session_and_no_token_file
     finally:
         proc.kill()
         proc.wait()
+    # the same model as in-process with the same codec on each link, and the same bytes: round 1
+    train_inprocess(settings.with_(out=str(tmp_path / "local")))
+    flower, local = (json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("run", "local"))
+    assert flower["round"] == local["round"] == 1
+    for key in ("loss", "train_loss", "accuracy"):  # the same model: the same numbers
+        assert flower[key] == pytest.approx(local[key], rel=1e-6, abs=1e-9), key
+    for key in ("bytes_up", "bytes_down"):  # each client's own link, compressed alike
+        assert flower[key] == local[key] > 0, key
+    assert flower["tier_weight_bytes"] == local["tier_weight_bytes"]  # weights travel exact
 
 
 @pytest.mark.slow
