@@ -143,27 +143,43 @@ def _spawns(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[subprocess.Popen]
     return spawned
 
 
+def _listening_stand_in(monkeypatch: pytest.MonkeyPatch, folder: Path, name: str) -> None:
+    """Deploy's commands from ``folder``: the real ones, but ``name`` (``flower-superlink`` or
+    ``flower-supernode``) is a process that only listens on the ``--port`` it is given, for the tests about the
+    other one: a real Flower process costs seconds of CPU to start (its imports), the stand-in none, and deploy
+    awaits either by the port it listens on."""
+    from server import deploy
+
+    folder.mkdir()
+    for cmd in deploy.BIN.iterdir():
+        if cmd.name != name and not cmd.name.startswith(("python", "activate", "Activate")):
+            (folder / cmd.name).symlink_to(cmd)
+    (folder / name).write_text(
+        f"#!{sys.executable}\nimport socket, sys, time\ns = socket.socket()\n"
+        's.bind(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])))\ns.listen()\ntime.sleep(300)\n')
+    (folder / name).chmod(0o755)
+    monkeypatch.setattr(deploy, "BIN", folder)
+
+
 def test_a_tier_port_another_process_took_is_chosen_again_and_the_tier_answers(monkeypatch, tmp_path: Path) -> None:
     """Another process listens on the port chosen for the edge before the edge binds it. Before, deploy took a
     port that answers for its tier serving (and ran against a stranger); now it waits for the tier's own line,
-    sees that it could not listen, and starts the tiers again on other ports."""
+    sees that it could not listen, and starts the tiers again on other ports. Two tiers (one real tier process a
+    try: 3 tiers cost 2 more, ~3 s of CPU each); that each try's edge sends to that try's cloud is
+    test_mutants_deploy_a's test_tier_ports_taken_twice_are_chosen_again_the_third_time."""
     from splitfed.transport.client import GrpcTierClient
 
     held, calls = _holding_a_port(monkeypatch, tries=1)
     taken = f"127.0.0.1:{held.getsockname()[1]}"
     spawned = _spawns(monkeypatch)
-    with held, Deployment(1, tmp_path / "work", log=False) as dep:
+    with held, Deployment(1, tmp_path / "work", log=False, tiers=2) as dep:
         dep._start_tiers()
-        infos = []
-        for address in dep.tier_addresses:
-            with GrpcTierClient(address) as c:
-                infos.append(c.describe())
-        first = [procs[0] for procs in spawned.values()]
-        assert all(p.poll() is not None for p in first)  # the first try's tiers are gone
-    assert len(calls) == 2 and [len(procs) for procs in spawned.values()] == [2, 2]
-    assert taken not in dep.tier_addresses
-    assert [i.name for i in infos] == ["edge", "cloud"]
-    assert infos[0].next_address == dep.tier_addresses[1] and infos[0].next_instance == infos[1].instance
+        [address] = dep.tier_addresses
+        with GrpcTierClient(address) as c:
+            info = c.describe()
+        assert spawned["edge"][0].poll() is not None  # the first try's tier is gone
+    assert len(calls) == 2 and [len(procs) for procs in spawned.values()] == [2]
+    assert taken != address and info.name == "edge"  # the tier deploy started answers there, not a stranger
 
 
 def test_a_tier_port_taken_at_every_try_is_said_and_nothing_is_left(monkeypatch, tmp_path: Path) -> None:
@@ -195,10 +211,13 @@ def test_a_tier_that_exits_for_another_reason_is_not_started_again(monkeypatch, 
 def test_a_superlink_port_another_process_took_is_chosen_again(monkeypatch, tmp_path: Path) -> None:
     """The port chosen for the SuperLink answers, but another process listens there. Before f91c337 deploy took
     the SuperLink for started (and its run met a stranger); then it said why it could not start. Now it starts
-    the SuperLink again on another port, and the SuperNodes with it (they were pointed at the first)."""
+    the SuperLink again on another port, and the SuperNodes with it (they were pointed at the first). Real
+    SuperLinks (their log says the port was taken); the SuperNodes stand in (their own port taken is the tests
+    below; a real one here cost ~2 s of CPU each, 4 of them)."""
     from server.deploy import _listens
 
     _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
+    _listening_stand_in(monkeypatch, tmp_path / "bin", "flower-supernode")
     held, calls = _holding_a_port(monkeypatch, tries=1, first=1)
     spawned = _spawns(monkeypatch)
     with held, Deployment(2, tmp_path / "work", log=False) as dep:
@@ -213,47 +232,61 @@ def test_a_superlink_port_another_process_took_is_chosen_again(monkeypatch, tmp_
 
 
 def test_a_superlink_port_taken_at_every_try_is_said_and_nothing_is_left(monkeypatch, tmp_path: Path) -> None:
+    """One try (``PORT_TRIES`` 1): the real SuperLink's refusal, said with its log; the tries before the last
+    (chosen again, its SuperNodes with it) are the test above's with real SuperLinks, and how many tries are
+    made is test_mutants_deploy_a's test_a_superlink_port_taken_at_every_try_is_refused_after_port_tries. The
+    SuperNode stands in (real ones here cost ~2 s of CPU each, 2 of them)."""
     from server import deploy
     from server.deploy import StartFailed
 
-    monkeypatch.setattr(deploy, "PORT_TRIES", 2)
+    monkeypatch.setattr(deploy, "PORT_TRIES", 1)
     _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
-    held, calls = _holding_a_port(monkeypatch, tries=2, first=1)
+    _listening_stand_in(monkeypatch, tmp_path / "bin", "flower-supernode")
+    held, calls = _holding_a_port(monkeypatch, tries=1, first=1)
     with held, Deployment(1, tmp_path / "work", log=False) as dep:
         with pytest.raises(StartFailed, match=r"superlink exited with code \d+:\n(?s:.*)address already in use") as e:
             dep.start()
-        assert e.value.port_taken and len(calls) == 3
+        assert e.value.port_taken and len(calls) == 2
     assert all(p.poll() is not None for p in dep.procs.values())
 
 
 def test_a_supernode_port_another_process_took_is_chosen_again_for_that_node(monkeypatch, tmp_path: Path) -> None:
     """Another process listens on the port chosen for a SuperNode's own server (its Runtime HTTP API). Before,
     that node exited ('address already in use') and the run went on a node short, or waited out node-wait-s
-    for it; now that node alone starts again on another port."""
+    for it; now that node alone starts again on another port. Real SuperNodes (their log says the port was
+    taken); the SuperLink stands in (the SuperNodes bind their own port before they dial it). That the other
+    nodes are left alone is test_mutants_deploy_a's
+    test_a_supernode_port_taken_twice_is_chosen_again_for_that_node_and_awaited (here: one node, as 2 cost a
+    real SuperNode more)."""
     from server.deploy import _listens
 
     _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
-    held, calls = _holding_a_port(monkeypatch, tries=1, first=1, at=2)  # [superlink, node 0, node 1]
+    _listening_stand_in(monkeypatch, tmp_path / "bin", "flower-superlink")
+    held, calls = _holding_a_port(monkeypatch, tries=1, first=1, at=1)  # [superlink, node 0]
     spawned = _spawns(monkeypatch)
-    with held, Deployment(2, tmp_path / "work", log=False) as dep:
+    with held, Deployment(1, tmp_path / "work", log=False) as dep:
         dep.start()
-        assert calls[1][2] == held.getsockname()[1] and len(calls) == 3 and len(calls[2]) == 1
-        assert [len(spawned[n]) for n in ("superlink", "supernode0", "supernode1")] == [1, 1, 2]
-        assert spawned["supernode1"][0].poll() is not None and f"--port {calls[2][0]}" in " ".join(
-            spawned["supernode1"][1].args)
-        assert _listens(dep.procs["supernode1"].pid, calls[2][0]) and _listens(dep.procs["supernode0"].pid, calls[1][1])
+        assert calls[1][1] == held.getsockname()[1] and len(calls) == 3 and len(calls[2]) == 1
+        assert [len(spawned[n]) for n in ("superlink", "supernode0")] == [1, 2]
+        assert spawned["supernode0"][0].poll() is not None and f"--port {calls[2][0]}" in " ".join(
+            spawned["supernode0"][1].args)
+        assert _listens(dep.procs["supernode0"].pid, calls[2][0])
     assert all(p.poll() is not None for ps in spawned.values() for p in ps)
 
 
 def test_a_supernode_port_taken_at_every_try_is_said_and_nothing_is_left(monkeypatch, tmp_path: Path) -> None:
+    """One try (``PORT_TRIES`` 1): the real SuperNode's refusal, said with its log; a try before the last is the
+    test above's, and how many are made test_mutants_deploy_a's
+    test_a_supernode_port_taken_at_every_try_is_refused_after_port_tries. The SuperLink stands in."""
     from server import deploy
     from server.deploy import StartFailed
 
-    monkeypatch.setattr(deploy, "PORT_TRIES", 2)
+    monkeypatch.setattr(deploy, "PORT_TRIES", 1)
     _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
-    held, calls = _holding_a_port(monkeypatch, tries=2, first=1, at=1)  # [superlink, node 0], then [node 0]
+    _listening_stand_in(monkeypatch, tmp_path / "bin", "flower-superlink")
+    held, calls = _holding_a_port(monkeypatch, tries=1, first=1, at=1)  # [superlink, node 0]
     with held, Deployment(1, tmp_path / "work", log=False) as dep:
         with pytest.raises(StartFailed, match=r"supernode0 exited with code \d+:\n(?s:.*)address already in use") as e:
             dep.start()
-        assert e.value.port_taken and len(calls) == 3 and calls[2] == [held.getsockname()[1]]
+        assert e.value.port_taken and len(calls) == 2 and calls[1][1] == held.getsockname()[1]
     assert all(p.poll() is not None for p in dep.procs.values())

@@ -129,39 +129,30 @@ def test_a_workdir_that_is_a_file_is_refused_with_its_flag(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_a_tier_that_refuses_to_start_is_one_error_and_nothing_is_left(tmp_path, reaped) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    """The edge tier exits with a refusal as it starts (real tier processes: deploy's ``splitfed`` runs the real
-    one, but refuses the edge's start as a tier refuses what it cannot serve): one error line, and the cloud
-    tier, already started, is stopped."""
+def test_a_tier_that_refuses_to_start_is_one_error_and_nothing_is_left(tmp_path, monkeypatch, capsys,  # type: ignore[no-untyped-def]
+                                                                       reaped) -> None:  # noqa: F811
+    """The edge tier exits with a refusal as it starts (deploy's ``splitfed`` refuses the edge's start as a tier
+    refuses what it cannot serve): one error line, and the cloud tier, already started, is stopped. Deploy's
+    ``main``, in this process (a new interpreter only cost its imports: the signal tests run ``python -m
+    server.deploy`` itself), and a cloud that only sleeps (a real one only cost its imports: real tiers are
+    stopped by every real deployment, test_deploy_signals' and test_flower_deploy's)."""
     from server import deploy
 
     folder = tmp_path / "bin"
     folder.mkdir()
-    for cmd in deploy.BIN.iterdir():
-        if cmd.name != "splitfed" and not cmd.name.startswith(("python", "activate", "Activate")):
-            (folder / cmd.name).symlink_to(cmd)
     (folder / "splitfed").write_text(
         "#!/bin/sh\n"
         'case " $* " in *" --role edge "*) echo "splitfed tier: error: the edge refuses to start" >&2; exit 2;; '
         "esac\n"
-        f'exec {deploy.BIN / "splitfed"} "$@"\n')
+        f'exec {sys.executable} -c "import time; time.sleep(300)" "$@"\n')  # its command line names the workdir
     (folder / "splitfed").chmod(0o755)
-    script = ("import sys\nfrom pathlib import Path\nfrom server import deploy\n"
-              f"deploy.BIN = Path({str(folder)!r})\nsys.exit(deploy.main(sys.argv[1:]))\n")
-    with open(tmp_path / "deploy.out", "w") as log:
-        p = subprocess.Popen([sys.executable, "-c", script, "--clients", "2", "--out", str(tmp_path / "run"),
-                              "--workdir", str(tmp_path / "work")], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-    try:
-        code = p.wait(180)
-        text = (tmp_path / "deploy.out").read_text()
-        assert code == 1, text[-3000:]
-        assert "Traceback" not in text and text.startswith("deploy: error: edge exited with code 2:"), text[-3000:]
-        assert "the edge refuses to start" in text, text[-3000:]
-        mine = [q for q in psutil.process_iter(["cmdline"])  # the tiers and the nodes name the workdir
-                if any(str(tmp_path) in a for a in q.info["cmdline"] or ())]
-        reaped.extend(mine)
-        assert not _left(mine), mine
-    finally:
-        p.kill()
-        p.wait(10)
+    monkeypatch.setattr(deploy, "BIN", folder)
+    code = main(["--clients", "2", "--out", str(tmp_path / "run"), "--workdir", str(tmp_path / "work")])
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    assert out == "" and "Traceback" not in err and err.startswith("deploy: error: edge exited with code 2:"), err
+    assert "the edge refuses to start" in err, err
+    mine = [q for q in psutil.process_iter(["cmdline"])  # the tiers name the workdir
+            if any(str(tmp_path) in a for a in q.info["cmdline"] or ())]
+    reaped.extend(mine)
+    assert not _left(mine), mine

@@ -7,18 +7,18 @@
 - the devices' token given as the coordinator's was refused by the edge tier once the tiers had started (exit 1,
   the workdir and the tiers' logs left behind). Now it is refused before anything starts (exit 2, one line).
 
-The real deployment (slow: 1 SuperNode, 1 round of the app's tiny digits data, about a minute on 2 cores) runs
-deploy as the user does, in a process of its own; the others stand in for Flower's processes. (A second real one,
-a finished run whose ``flwr run`` wrapper exits 3, checked nothing the stand-ins do not: the exit code is the run
-folder's, whoever wrote it, and a real run's finish is the deployment fixture's.)
+These tests stand in for Flower's processes. A run that failed after its last round, with the real ``flwr run``
+(which exits 0) and deploy in a process of its own, is test_flower_deploy's
+test_a_run_that_failed_after_its_last_round_exits_1_saying_why: its deployment (2 rounds, a client killed in the
+second) serves it, where this file ran one of its own for it (1 SuperNode, 1 round: ~50 s on 2 cores). (A second
+real one, a finished run whose ``flwr run`` wrapper exits 3, checked nothing the stand-ins do not: the exit code is
+the run folder's, whoever wrote it.)
 """
 
 from __future__ import annotations
 
-import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,44 +31,6 @@ from splitfed.flower.metrics import summary_again
 from tests.test_flower_deploy import _held_run
 
 pytestmark = pytest.mark.xdist_group("flower-deploy")  # real deployments, one at a time (no Ray: beside flower-real)
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = deploy.BIN  # the environment's own Flower and splitfed commands
-
-
-def _deploy(tmp: Path, bin_dir: Path, *args: str) -> tuple[int, Path, str]:
-    """Deploy in a process of its own, starting its commands from ``bin_dir``: its exit code, run folder and
-    output."""
-    out, log = tmp / "run", tmp / "deploy.out"
-    script = ("import sys\nfrom pathlib import Path\nfrom server import deploy\n"
-              f"deploy.BIN = Path({str(bin_dir)!r})\nsys.exit(deploy.main(sys.argv[1:]))\n")
-    with open(log, "w") as f:
-        code = subprocess.run([sys.executable, "-c", script, "--clients", "1", "--rounds", "1", "--out", str(out),
-                               "--workdir", str(tmp / "work"), *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                              start_new_session=True, timeout=480).returncode
-    return code, out, log.read_text()
-
-
-# --------------------------------------------------------------- the exit code, with real deployments
-
-@pytest.mark.slow
-def test_a_run_that_failed_after_its_last_round_exits_1_saying_why(tmp_path: Path) -> None:
-    """Its summary cannot be written (a folder holds its name): the ServerApp fails after round 1 is kept,
-    and the real ``flwr run`` exits 0."""
-    out = tmp_path / "run"
-    (out / "summary.json").mkdir(parents=True)
-    code, _, text = _deploy(tmp_path, BIN)
-    st = runfolder.status(out)
-    assert st.state == "failed" and checkpoint.load(out).round == 1, (st, text[-3000:])
-    assert code == 1, text[-3000:]
-    work = (tmp_path / "work").resolve()
-    said = re.findall(r"^deploy: error: .*$", text, re.M)
-    assert said == [f"deploy: error: the run kept every round but did not finish: it failed: cannot write "
-                    f"{out.resolve() / 'summary.json'}: Is a directory (the rounds before it are kept: free space or "
-                    f"fix the folder, then continue with --resume {out.resolve()}) (see {work / 'flwr-run.log'} and "
-                    f"{work / 'superlink.log'}); write its summary with: python -m server.deploy --resume "
-                    f"{out.resolve()} --workdir {work}"], text[-3000:]
-
 
 # --------------------------------------------------------------- the exit code, with the run folder's real record
 

@@ -217,6 +217,10 @@ def test_tier_ports_taken_twice_are_chosen_again_the_third_time(tmp_path, monkey
     dep._start_tiers()
     assert [name for name, _ in spawned] == ["cloud", "edge", "kill edge", "kill cloud"] * 2 + ["cloud", "edge"]
     assert dep.tier_addresses == ["127.0.0.1:20005", "127.0.0.1:20006"]
+    # each try's edge sends to that try's cloud (with real tiers, a 3-tier restart cost 4 tier processes)
+    assert [(_flag(cmd, "--listen"), _flag(cmd, "--next")) for name, cmd in spawned if name == "edge"] == [
+        ("127.0.0.1:20001", "127.0.0.1:20002"), ("127.0.0.1:20003", "127.0.0.1:20004"),
+        ("127.0.0.1:20005", "127.0.0.1:20006")]
 
 
 def test_tier_ports_taken_at_every_try_are_refused_after_port_tries(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -76,14 +76,16 @@ def test_deploy_commands_use_options_that_exist(tmp_path: Path, monkeypatch) -> 
 
     text = _deploy_block()
     bin_dir = Path(sys.executable).parent
+    helps: dict[tuple[str, ...], str] = {}  # one process per command (the edge and the cloud are both `splitfed tier`)
     for tool in ("flower-superlink", "flower-supernode", "flwr", "splitfed"):
         lines = [ln for ln in text.splitlines() if ln.strip().startswith(tool + " ")]
         assert lines or tool == "flwr", tool
         for line in lines:
             words = shlex.split(line.split(" #")[0])
-            sub = [words[1]] if tool in ("flwr", "splitfed") else []
-            helptext = subprocess.run([str(bin_dir / tool), *sub, "--help"], capture_output=True, text=True,
-                                      timeout=120).stdout
+            cmd = (str(bin_dir / tool), *([words[1]] if tool in ("flwr", "splitfed") else []), "--help")
+            if cmd not in helps:
+                helps[cmd] = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+            helptext = helps[cmd]
             for flag in (w.split("=")[0] for w in words if w.startswith("--")):
                 assert re.search(rf"(^|\s|,){re.escape(flag)}\b", helptext), f"{tool}: {flag} is not an option"
     # Flower 1.42's SuperLink serves nodes on its one --port; without the flag, `flwr run` installs CUDA torch on it
