@@ -142,7 +142,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cache, cached_property, reduce
 from operator import add
 
@@ -344,7 +344,7 @@ class Scenario:
     def tiers(self) -> int:
         return 1 + len(self.servers)
 
-    @property
+    @cached_property
     def tier_names(self) -> tuple[str, ...]:
         mid = tuple(f"tier{t}" for t in range(2, self.tiers - 1))
         return ("device", "edge") if self.tiers == 2 else ("device", "edge", *mid, "cloud")
@@ -371,7 +371,7 @@ class Scenario:
         """Column of the resource that serialises clients (sl, sflv2: "clients in turn"), else None."""
         return len(self.resource_names) - 1 if self.in_turn else None
 
-    @property
+    @cached_property
     def resource_names(self) -> tuple[str, ...]:
         """Shared resources whose busy time bounds the makespan, in ``shared_load`` column order."""
         n = self.tier_names
@@ -407,6 +407,12 @@ class Scenario:
             got.setflags(write=False)
             self._messages[key] = got
         return got
+
+    @cached_property
+    def _priced(self) -> dict[tuple, tuple[ClientCost, tuple, np.ndarray]]:
+        """:func:`evaluate`'s cost of one client kind (``client_key``) under one cut vector, priced once per
+        scenario (a brute force or a local search prices the same few thousand pairs in every plan)."""
+        return {}
 
     @cached_property
     def _row_of(self) -> dict[tuple[int, ...], int]:
@@ -814,6 +820,11 @@ class ClientCost:
                 "memory_bytes": list(self.memory)}
 
 
+def _fields_of(c: ClientCost) -> tuple:
+    """``c``'s fields in order, as they are (``dataclasses.astuple`` would copy each)."""
+    return tuple(getattr(c, f.name) for f in fields(c))
+
+
 def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> ClientCost:
     def tup(a: np.ndarray) -> tuple[float, ...]:
         return tuple(float(x) for x in a[r])
@@ -862,6 +873,9 @@ class RoundCost:
                              "device_memory_bytes": c.memory[0]} for c in self.clients]}
 
 
+_PRICED_MAX = 16_384  # (client kind, cuts) pairs one scenario keeps priced for evaluate (Scenario._priced)
+
+
 def client_key(c: Client) -> tuple:
     """What a client's costs depend on: clients with equal keys cost the same under every cut."""
     return (c.device, c.link, c.samples)
@@ -872,7 +886,8 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
 
     ``extra_s`` adds seconds to some clients' own time (e.g. moving their weights first; in ``sl``
     and ``sflv2`` also to the round, whose clients run in turn). Shared sums use ``math.fsum``: the
-    makespan does not depend on client order.
+    makespan does not depend on client order. Each (client kind, cuts) pair is priced once per scenario and
+    kept (``Scenario._priced``, at most ``_PRICED_MAX`` pairs): the same floats as pricing it again.
     """
     missing = [c.name for c in sc.clients if c.name not in assignment]
     if missing:
@@ -890,11 +905,23 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
         groups.setdefault((client_key(c), cuts), []).append(i)
     costs: list[ClientCost | None] = [None] * len(sc.clients)
     loads: list[np.ndarray | None] = [None] * len(sc.clients)
-    for (_, cuts), idx in groups.items():
-        t = option_table(sc, sc.clients[idx[0]], np.asarray([cuts]))
+    priced = sc._priced
+    for key, idx in groups.items():
+        got = priced.get(key)
+        if got is None:
+            cuts = key[1]
+            t = option_table(sc, sc.clients[idx[0]], np.asarray([cuts]))
+            first = _row(sc, sc.clients[idx[0]], cuts, t, 0)
+            got = (first, _fields_of(first)[1:], t.shared_load[0])
+            got[2].setflags(write=False)
+            if len(priced) >= _PRICED_MAX:  # a bound on what one scenario keeps: start again
+                priced.clear()
+            priced[key] = got
+        cost, rest, row = got
         for i in idx:
-            costs[i] = _row(sc, sc.clients[i], cuts, t, 0)
-            loads[i] = t.shared_load[0]
+            name = sc.clients[i].name
+            costs[i] = cost if cost.name == name else ClientCost(name, *rest)  # frozen: shared as it is
+            loads[i] = row
     cc = tuple(c for c in costs if c is not None)
     load = np.array(loads, dtype=float).reshape(len(cc), -1)
     shared_s = {name: math.fsum(load[:, r]) / sc.capacities[r] for r, name in enumerate(sc.resource_names)}
