@@ -218,9 +218,14 @@ def test_simulate_names_a_broken_chain_before_anything_starts(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("transport-processes")
-def test_ping_checks_a_chain_of_tier_processes_over_mutual_tls_with_a_token(certs, tmp_path) -> None:  # noqa: F811
+def test_ping_checks_a_chain_of_tier_processes_over_mutual_tls_with_a_token(certs, tmp_path,  # noqa: F811
+                                                                          capsys) -> None:
     """The edge describes its next tier with its own credentials; a wrong token or too small a tier
-    is reported, exit 1; a well-formed chain exits 0 with every tier's description."""
+    is reported, exit 1; a well-formed chain exits 0 with every tier's description.
+
+    The first ``splitfed ping`` is a process of its own (the command as a shell runs it: its exit code, its
+    JSON on stdout); the others call the same ``main`` in this process (their output and exit code are
+    the command's all the same), which spares a torch import per ping."""
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     wrong = tmp_path / "wrong"
@@ -228,15 +233,20 @@ def test_ping_checks_a_chain_of_tier_processes_over_mutual_tls_with_a_token(cert
     creds = ["--tls-ca", str(certs.ca), "--tls-cert", str(certs.client.cert), "--tls-key", str(certs.client.key)]
 
     def ping(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "splitfed.cli", "ping", *args], capture_output=True, text=True,
-                              timeout=120)
+        from splitfed.cli import main
+
+        capsys.readouterr()
+        code = main(["ping", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["splitfed", "ping", *args], code, out, err)
 
     with TierProcess.start("cloud", tls=certs.server, client_tls=certs.client, token_file=token,
                            extra_args=["--max-model-mb", "1"]) as cloud, \
             TierProcess.start("edge", next_address=cloud.address, tls=certs.server, client_tls=certs.client,
                               token_file=token) as edge:
-        ok = ping(edge.address, cloud.address, *creds, "--token-file", str(token), "--model", "cnn", "--json",
-                  "--count", "2")
+        ok = subprocess.run([sys.executable, "-m", "splitfed.cli", "ping", edge.address, cloud.address, *creds,
+                             "--token-file", str(token), "--model", "cnn", "--json", "--count", "2"],
+                            capture_output=True, text=True, timeout=120)
         assert ok.returncode == 0, ok.stderr
         out = json.loads(ok.stdout)
         assert out["ok"] and [t["name"] for t in out["tiers"]] == ["edge", "cloud"]

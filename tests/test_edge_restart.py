@@ -3,7 +3,10 @@
 The coordinator told each node the edge instance it found before round 1, and a node whose own
 ``edge-address`` names the edge otherwise (``localhost`` for ``127.0.0.1``) compared the edge it reaches
 now with that old instance: it was refused every round after the restart, though both names reach the
-same, new, edge. The edge is a real process here, the nodes the real ClientApp on a FakeGrid.
+same, new, edge. The edge is a real gRPC server in this process, stopped and served again on its port (a new
+service: a new instance, as a new process has), the nodes the real ClientApp on a FakeGrid; an edge restarted
+as a new process in a run is test_restarted_tier_check's
+test_a_run_whose_edge_restarts_with_another_compress_stops_naming_it_and_keeps_its_rounds.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from splitfed.flower.config import RunSettings
-from splitfed.transport.process import TierProcess
 from splitfed.transport.server import serve_tier
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("transport-processes")]
@@ -27,7 +29,7 @@ def test_a_node_naming_the_edge_otherwise_trains_after_the_edge_restarts(tmp_pat
 
     with serve_tier("cloud", insecure=True) as cloud, \
             serve_tier("edge2", next_address=cloud.address, insecure=True) as other:
-        edge = TierProcess.start("edge", next_address=cloud.address, insecure=True)
+        edge = serve_tier("edge", next_address=cloud.address, insecure=True)
         address = edge.address
         instances = [_instance(address)]
 
@@ -36,8 +38,8 @@ def test_a_node_naming_the_edge_otherwise_trains_after_the_edge_restarts(tmp_pat
             checked its edge yet) and again between rounds 1 and 2 (each node has, against the old one)."""
             nonlocal edge
             if line.startswith(("run ", "round 1/")):
-                edge.kill()
-                edge = TierProcess.start("edge", listen=address, next_address=cloud.address, insecure=True)
+                edge.stop(grace=0)
+                edge = serve_tier("edge", address, cloud.address, insecure=True)
                 instances.append(_instance(address))
 
         try:
@@ -50,9 +52,9 @@ def test_a_node_naming_the_edge_otherwise_trains_after_the_edge_restarts(tmp_pat
             ctx[1].node_config["edge-address"] = address.replace("127.0.0.1", "localhost")
             server.app.run(grid, s, progress=restart)
         finally:
-            edge.kill()
+            edge.stop(grace=0)
         assert other.tier.steps_served == 0
-    assert len(set(instances)) == 3, instances  # each process its own instance
+    assert len(set(instances)) == 3, instances  # each start its own instance
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     for row in rows:

@@ -24,13 +24,15 @@ def _gone(pids: list[int]) -> bool:
 
 @contextmanager
 def _watched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
-    """What the chain did, in order: ("spawn", name) and ("ready", name)."""
+    """What the chain did, in order: ("spawn", name) and ("ready", name); a tier spawned with an address
+    already (one it does not serve yet) is ("spawned with an address", name)."""
     events: list[tuple[str, str]] = []
     spawn, wait_ready = TierProcess.spawn, TierProcess.wait_ready
 
     def spy_spawn(name: str, *a, **k) -> TierProcess:  # type: ignore[no-untyped-def]
-        events.append(("spawn", name))
-        return spawn(name, *a, **k)
+        tp = spawn(name, *a, **k)
+        events.append(("spawn", name) if tp.address == "" else ("spawned with an address", name))
+        return tp
 
     def spy_ready(self: TierProcess) -> None:
         wait_ready(self)
@@ -42,6 +44,9 @@ def _watched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]
 
 
 def test_a_chain_starts_every_tier_before_it_waits_for_any_and_each_forwards_to_the_next(monkeypatch) -> None:
+    """Also what test_a_spawned_tier_has_no_address_until_it_serves asked with a process of its own: a spawned
+    tier has no address (``_watched``) until it is ready, then serves (Describe) at it, and is gone once
+    stopped."""
     with _watched(monkeypatch) as events, \
             local_chain(["edge", "tier2", "cloud"], ["fp16", "int8"], insecure=True) as procs:
         addresses = [p.address for p in procs]
@@ -133,15 +138,3 @@ def test_a_chain_is_started_at_least_once(tries: int) -> None:
     with pytest.raises(ValueError, match=rf"tries must be at least 1 \(one start of the chain\), not {tries}"):
         with local_chain(["edge", "cloud"], insecure=True, tries=tries):
             pass
-
-
-def test_a_spawned_tier_has_no_address_until_it_serves() -> None:
-    tp = TierProcess.spawn("cloud", insecure=True)
-    try:
-        assert tp.address == ""
-        tp.wait_ready()
-        with GrpcTierClient(tp.address) as c:
-            assert c.health(5.0)
-    finally:
-        tp.stop()
-    assert _gone([tp.pid])

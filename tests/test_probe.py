@@ -137,7 +137,8 @@ def test_ping_prints_this_host_as_a_fleet_entry_measured_against_a_real_edge(tmp
     own before, are tests of their own that need no tier (exit 2, before any tier is asked):
     test_mutants_cmd_ping's test_a_fleet_entry_takes_one_address_and_a_chain_of_two_without_one_is_checked and
     test_bad_flags_are_refused_before_any_tier_is_asked[spaced_name]. ``--bandwidth`` is asked in this process
-    (the edge is still the real one): an interpreter and torch less to start."""
+    (the edge is still the real one): an interpreter and torch less to start. The edge is a tier process; its
+    cloud, which the fleet entry does not measure, a gRPC server in this process."""
     from splitfed import cli
 
     def ping(*args: str) -> subprocess.CompletedProcess[str]:
@@ -145,7 +146,7 @@ def test_ping_prints_this_host_as_a_fleet_entry_measured_against_a_real_edge(tmp
                               text=True, timeout=300, env={**__import__("os").environ,
                                                            "SPLITFED_PROFILE_CACHE": str(tmp_path / "cache")})
 
-    with TierProcess.start("cloud", insecure=True) as cloud, \
+    with serve_tier("cloud", insecure=True) as cloud, \
             TierProcess.start("edge", next_address=cloud.address, insecure=True) as edge:
         p = ping(edge.address, "--fleet-entry", "lab-box", "--count", "2")
         assert p.returncode == 0, p.stderr

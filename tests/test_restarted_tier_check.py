@@ -41,18 +41,21 @@ def _refusal(edge_now: Callable[[], str]) -> str:
 
 
 def test_an_edge_restarted_with_a_conflicting_setting_is_refused_naming_it() -> None:
+    """The edge is a gRPC server in this process, stopped and served again on its port (a new service: a new
+    instance), as often as the case needs; a tier process restarted on its port is the edge of
+    ``test_a_run_whose_edge_restarts_with_another_compress_stops_naming_it_and_keeps_its_rounds``."""
     from server.app import _edge_now
     from splitfed.sim.tiers import tier_chain
 
     with serve_tier("cloud", insecure=True) as cloud, serve_tier("cloud2", insecure=True) as other:
-        edge = TierProcess.start("edge", next_address=cloud.address, insecure=True)
+        edge = serve_tier("edge", next_address=cloud.address, insecure=True)
         address = edge.address
 
-        def restart(next_address: str = cloud.address, compress: str = "none", *extra: str) -> None:
+        def restart(next_address: str = cloud.address, compress: str = "none", **options: float) -> None:
             nonlocal edge
-            edge.kill()
-            edge = TierProcess.start("edge", listen=address, next_address=next_address, insecure=True,
-                                     compress=compress, extra_args=list(extra))
+            edge.stop(grace=0)
+            edge = serve_tier("edge", address, next_address, insecure=True, next_compress=compress,
+                              **options)  # type: ignore[arg-type]
 
         try:
             settings = _settings(address, cloud.address)
@@ -67,7 +70,7 @@ def test_an_edge_restarted_with_a_conflicting_setting_is_refused_naming_it() -> 
                 assert f"tier edge at {address} restarted (instance {first}, now {_instance(address)})" in why
                 assert "--compress topk:0.1" in why and "compresses every link with none" in why
 
-                restart(other.address, "none", "--idle-release-s", "1")
+                restart(other.address, "none", idle_release_s=1)
                 why = _refusal(edge_now)  # every problem, in one error
                 assert f"tier edge at {address} forwards to {other.address}" in why
                 assert f"tier edge at {address} releases segments idle for 1 s" in why
@@ -79,15 +82,16 @@ def test_an_edge_restarted_with_a_conflicting_setting_is_refused_naming_it() -> 
                 assert edge_now() == now == chain.infos[0].instance
                 assert edge_now() == now  # and not refused again
         finally:
-            edge.kill()
+            edge.stop(grace=0)
 
 
 def test_a_cloud_restarted_behind_the_edge_is_checked_too() -> None:
-    """The edge stays (its instance too): only the cloud's own instance says it restarted."""
+    """The edge stays (its instance too): only the cloud's own instance says it restarted. The cloud is a gRPC
+    server in this process served again on its port (a new instance), as in the test above."""
     from server.app import _edge_now
     from splitfed.sim.tiers import tier_chain
 
-    cloud = TierProcess.start("cloud", insecure=True)
+    cloud = serve_tier("cloud", insecure=True)
     address = cloud.address
     try:
         with serve_tier("edge", next_address=address, insecure=True) as edge:
@@ -97,21 +101,20 @@ def test_a_cloud_restarted_behind_the_edge_is_checked_too() -> None:
                 assert edge_now is not None
                 before = chain.infos[1].instance
 
-                cloud.kill()
-                cloud = TierProcess.start("cloud", listen=address, insecure=True,
-                                          extra_args=["--idle-release-s", "1"])
+                cloud.stop(grace=0)
+                cloud = serve_tier("cloud", address, insecure=True, idle_release_s=1)
                 why = _refusal(edge_now)
                 assert f"tier cloud at {address} restarted (instance {before}, now {_instance(address)})" in why
                 assert f"tier cloud at {address} releases segments idle for 1 s" in why
                 assert "round-timeout-s 30" in why
 
-                cloud.kill()
-                cloud = TierProcess.start("cloud", listen=address, insecure=True)
+                cloud.stop(grace=0)
+                cloud = serve_tier("cloud", address, insecure=True)
                 assert edge_now() == _instance(edge.address) == chain.infos[0].instance  # the edge the nodes are told has not changed
                 assert chain.infos[1].instance == _instance(address) != before
                 assert chain.infos[0].next_instance == chain.infos[1].instance  # the edge reaches the new one
     finally:
-        cloud.kill()
+        cloud.stop(grace=0)
 
 
 def test_a_run_whose_edge_restarts_with_another_compress_stops_naming_it_and_keeps_its_rounds(tmp_path) -> None:

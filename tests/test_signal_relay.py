@@ -5,16 +5,22 @@ runs). Flower's main thread waits in an untimed ``Thread.join`` for the whole ru
 in the main thread, when it next runs Python code; a signal delivered to a Ray or gRPC thread did not wake it.
 
 Each case runs in a process of its own (a script below): it installs signal handlers and a wakeup fd, which
-must not touch pytest's. The signal is sent with :func:`signal.pthread_kill` to one thread chosen on purpose,
+must not touch pytest's. The processes are forked, one per case, from one that imported ``splitfed.sim.runner``
+(and torch with it) once for the module, and that has installed no handler nor wakeup fd of its own: each case
+starts as a fresh ``python -c`` would, without its 3 s import, and ends by the interpreter's own exit. The signal is sent with :func:`signal.pthread_kill` to one thread chosen on purpose,
 and only once the main thread waits in its ``join`` (its frame says so), so each case meets the same order of
 events every time; the bounds (30 s) only keep a broken build from hanging the test.
 """
 
 from __future__ import annotations
 
+import json
+import select
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,11 +102,83 @@ SETUP = textwrap.dedent("""
 """)
 
 
+# forks a process per case, from this one (runner, and torch, imported once): one line in, a JSON request
+# {script, out, err, timeout}; one line out, the case's exit code. A case ends by the interpreter's own exit
+# (``sys.exit`` out of the loop below: its non-daemon threads joined), or killed by its alarm if it hangs.
+FORKER = textwrap.dedent("""
+    import json
+    import os
+    import signal
+    import sys
+
+    from splitfed.sim import runner  # noqa: F401 - the import every case makes, made once
+
+    for line in sys.stdin:
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            for fd, path in ((1, req["out"]), (2, req["err"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            signal.alarm(int(req["timeout"]))  # a broken build's hang ends here (SIGALRM's default: exit)
+            exec(compile(req["script"], "<case>", "exec"), {"__name__": "__main__"})
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+""")
+
+
+class _Forker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", FORKER], cwd=ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def run(self, script: str, out: Path, err: Path, timeout: float) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"script": script, "out": str(out), "err": str(err),
+                                          "timeout": timeout}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout + 30)
+        assert ready, f"no case ended within {timeout + 30} s"
+        line = self.proc.stdout.readline()
+        assert line, f"the forking process ended: rc {self.proc.wait()}"
+        return int(line)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_forker: _Forker | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forker_for_the_module() -> Iterator[None]:
+    global _forker
+    yield
+    if _forker is not None:
+        _forker.close()
+        _forker = None
+
+
 def _run(body: str, timeout: float = 120) -> str:
+    global _forker
     script = SETUP + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
-    return done.stdout.strip()
+    if _forker is None:
+        _forker = _Forker()
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        code = _forker.run(script, out, err, timeout)
+        stdout, stderr = out.read_text(), err.read_text()
+    assert code == 0 and "Traceback" not in stderr, f"rc {code}\n" + stdout + stderr
+    return stdout.strip()
 
 
 @pytest.mark.parametrize(("sig", "interrupt"), [("SIGINT", "KeyboardInterrupt"), ("SIGTERM", "Terminated")])

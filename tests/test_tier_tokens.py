@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -151,20 +152,35 @@ def _batches(steps: int = 2, batch: int = 8) -> dict[str, list[tuple[torch.Tenso
     return out
 
 
+@contextmanager
+def _edge_and_cloud(dev: Path, coord_file: Path | None) -> Iterator[tuple[str, str]]:
+    """Tier processes taking both token files, or (``coord_file`` None) in-process servers with the one token."""
+    if coord_file is not None:
+        with TierProcess.start("cloud", token_file=dev, coordinator_token_file=coord_file, insecure=True) as cloud, \
+                TierProcess.start("edge", next_address=cloud.address, token_file=dev,
+                                  coordinator_token_file=coord_file, insecure=True) as edge:
+            yield edge.address, cloud.address
+    else:
+        with serve_tier("cloud", token=DEVICE, insecure=True) as srv_cloud, \
+                serve_tier("edge", next_address=srv_cloud.address, token=DEVICE, insecure=True) as srv_edge:
+            yield srv_edge.address, srv_cloud.address
+
+
 @pytest.mark.parametrize("coordinator_flag", [True, False], ids=["coordinator-token", "one-token"])
 def test_a_devices_claim_is_refused_and_the_coordinators_round_then_works(tmp_path: Path,
                                                                           coordinator_flag: bool) -> None:
-    """Real tier processes (``splitfed tier``), edge -> cloud. A device loads client0 before the
-    coordinator, with a secret of its own. With --coordinator-token-file the claim is refused on both tiers,
-    and the coordinator's round then trains exactly as on in-process tiers (the edge forwarding each step
-    to the cloud with the devices' token). Without the flag, as before: one token allows everything, so
-    the claim succeeds and the coordinator's load of client0 is refused (the denial the flag prevents)."""
+    """Edge -> cloud. A device loads client0 before the coordinator, with a secret of its own. With
+    --coordinator-token-file (real tier processes, ``splitfed tier --token-file --coordinator-token-file``) the
+    claim is refused on both tiers, and the coordinator's round then trains exactly as on in-process tiers (the
+    edge forwarding each step to the cloud with the devices' token). Without it, as before: one token allows
+    everything, so the claim succeeds and the coordinator's load of client0 is refused (the denial the flag
+    prevents); that case's tiers are gRPC servers in this process with the one token (both cases' claims and
+    rounds are the tiers' own, whatever started them; a tier process started with ``--token-file`` alone is
+    test_describe's test_ping_checks_a_chain_of_tier_processes_over_mutual_tls_with_a_token)."""
     dev, coord_file = _files(tmp_path)
-    extra = {"coordinator_token_file": coord_file} if coordinator_flag else {}
     coord_token = COORD if coordinator_flag else DEVICE
-    with TierProcess.start("cloud", token_file=dev, insecure=True, **extra) as cloud, \
-            TierProcess.start("edge", next_address=cloud.address, token_file=dev, insecure=True, **extra) as edge:
-        addrs = [edge.address, cloud.address]
+    with _edge_and_cloud(dev, coord_file if coordinator_flag else None) as (edge_address, cloud_address):
+        addrs = [edge_address, cloud_address]
         device = [GrpcTierClient(a, token=DEVICE, insecure=True, retries=0) for a in addrs]
         coord = [GrpcTierClient(a, token=coord_token, insecure=True, retries=0) for a in addrs]
         try:
@@ -181,7 +197,7 @@ def test_a_devices_claim_is_refused_and_the_coordinators_round_then_works(tmp_pa
             state0 = initial_state(SPEC, 0)
             assignment = {"client0": CUTS, "client1": (1, 5)}
             data = _batches()
-            link = GrpcTierClient(edge.address, token=DEVICE, insecure=True)
+            link = GrpcTierClient(edge_address, token=DEVICE, insecure=True)
             try:
                 if not coordinator_flag:  # the claimed client is dropped, refused; too few clients are left
                     with pytest.raises(RoundFailed, match=r"failed: client0 \(its server segments could not be "

@@ -208,22 +208,29 @@ def _round(chain: Chain, rnd: int) -> list[float]:
 def test_a_tier_restarted_with_other_limits_answers_the_next_round_with_them() -> None:
     """Not a defect: the client keeps nothing a Describe said (its limits come from this side and from what it
     sent), so the first round after a restart with a smaller --max-tensor-mb is refused by the new tier itself,
-    naming it and its limit, and one restarted with a larger limit trains as before."""
-    tier = TierProcess.start("cloud", insecure=True, extra_args=["--max-tensor-mb", "4"])
-    address = tier.address
+    naming it and its limit, and one restarted with a larger limit trains as before. The tier with the smaller
+    limit is a ``splitfed tier --max-tensor-mb 1`` process; the ones before and after it gRPC servers in this
+    process on the same port (with the limits that command gives for 4 and 64 MiB): each a new tier."""
+    def in_process(mb: int) -> Any:
+        return serve_tier("cloud", address, insecure=True, limits=wire.Limits(
+            max_tensor_bytes=mb << 20, max_call_bytes=max(1 << 30, 2 * (mb << 20))))
+
+    address = "127.0.0.1:0"
+    server = in_process(4)
+    address = server.address
     chain = grpc_chain([address], retries=2, backoff_s=0.05, deadline_s=30)
     try:
         before = _round(chain, 0)
-        tier.kill()
-        tier = TierProcess.start("cloud", listen=address, insecure=True, extra_args=["--max-tensor-mb", "1"])
-        with pytest.raises(SplitfedError, match=rf"tier {re.escape(address)}: load of c0: load request: tensor "
-                                                r"3\.0\.weight: 2097152 bytes exceed the limit of 1048576"):
-            _round(chain, 0)
-        tier.kill()
-        tier = TierProcess.start("cloud", listen=address, insecure=True, extra_args=["--max-tensor-mb", "64"])
+        server.stop(grace=0)
+        with TierProcess.start("cloud", listen=address, insecure=True, extra_args=["--max-tensor-mb", "1"]):
+            with pytest.raises(SplitfedError, match=rf"tier {re.escape(address)}: load of c0: load request: "
+                                                    r"tensor 3\.0\.weight: 2097152 bytes exceed the limit of "
+                                                    r"1048576"):
+                _round(chain, 0)
+        server = in_process(64)
         assert _round(chain, 0) == before
     finally:
-        tier.kill()
+        server.stop(grace=0)
         close_chain(chain)
 
 

@@ -223,24 +223,13 @@ def test_a_runs_own_tiers_never_release_a_segment_within_a_round(timeout_s: floa
     assert started == [["--idle-release-s", idle, "--torch-device", "cpu"]]
 
 
-def test_a_runs_own_tiers_serve_its_own_model(tmp_path, monkeypatch) -> None:
+def test_a_runs_own_tiers_serve_its_own_model_from_its_folder_and_its_runtime_sys_path(tmp_path, monkeypatch) -> None:
     """A run of a module:factory model in the user's folder: the tiers it starts serve that model
-    (--allow-model) and build it, so the chain check passes (before: 'does not serve model')."""
-    from splitfed.flower.config import RunSettings
-    from splitfed.sim.tiers import tier_chain
-
-    (tmp_path / "mymodels.py").write_text("import torch.nn as nn\n\ndef make_net():\n    return nn.Sequential("
-                                          "nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))\n")
-    monkeypatch.chdir(tmp_path)
-    with tier_chain(RunSettings(model="mymodels:make_net", tiers=2)) as chain:
-        assert chain.infos[0].allowed_models == ("mymodels:make_net",) and not chain.infos[0].model_error
-
-
-def test_a_model_module_importable_only_through_runtime_sys_path_is_served_by_the_runs_tiers(
-        tmp_path, monkeypatch) -> None:
-    """A module made importable by changing sys.path at run time (a notebook, a script that inserts its
+    (--allow-model) and build it, so the chain check passes (before: 'does not serve model'). The module
+    imports another made importable by changing sys.path at run time (a notebook, a script that inserts its
     folder), neither in the working directory nor on PYTHONPATH: the tier processes the run starts get this
-    process's import path, so they build the model too (before: 'cannot import')."""
+    process's import path, so they build the model too (before: 'cannot import'). One chain for both (they
+    were two tests, a tier process each)."""
     from splitfed.flower.config import RunSettings
     from splitfed.importpath import child_pythonpath
     from splitfed.sim.tiers import tier_chain
@@ -250,12 +239,13 @@ def test_a_model_module_importable_only_through_runtime_sys_path_is_served_by_th
     (lib / "runtime_path_models.py").write_text(
         "import torch.nn as nn\n\ndef make_net():\n    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), "
         "nn.ReLU(), nn.Linear(16, 10))\n")
-    monkeypatch.chdir(tmp_path)  # not the module's folder
+    (tmp_path / "mymodels.py").write_text("from runtime_path_models import make_net  # noqa: F401\n")
+    monkeypatch.chdir(tmp_path)  # the folder of mymodels, not of runtime_path_models
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.syspath_prepend(str(lib))
     assert str(lib) in child_pythonpath().split(os.pathsep)
-    with tier_chain(RunSettings(model="runtime_path_models:make_net", tiers=2)) as chain:
-        assert chain.infos[0].allowed_models == ("runtime_path_models:make_net",)
+    with tier_chain(RunSettings(model="mymodels:make_net", tiers=2)) as chain:
+        assert chain.infos[0].allowed_models == ("mymodels:make_net",)
         assert not chain.infos[0].model_error, chain.infos[0].model_error
 
 
