@@ -1,4 +1,9 @@
-"""The user-facing commands of the foundation: verify and blocks, run as real processes."""
+"""The user-facing commands of the foundation: verify and blocks.
+
+verify runs as a real process here (``python -m splitfed.cli`` in :func:`test_verify_json_ok`, the console
+script in :func:`test_verify_grpc_serves_the_users_own_model`); the tests of its words, exit code and JSON call
+``splitfed.cli.main`` in this process, where a process each cost ~3 s of imports. ``blocks --json`` runs as a
+process in test_cli_errors."""
 
 from __future__ import annotations
 
@@ -14,6 +19,19 @@ def splitfed(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "splitfed.cli", *args], capture_output=True, text=True, timeout=300)
 
 
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``splitfed ARGS`` through :func:`splitfed.cli.main` in this process: its code, stdout and stderr."""
+    from splitfed.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's refusal
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["splitfed", *args], code, out, err)
+
+
 def test_verify_json_ok() -> None:
     p = splitfed("verify", "--model", "cnn", "--cuts", "2,5", "--clients", "2", "--mode", "sflv1", "--json")
     assert p.returncode == 0, p.stderr
@@ -22,8 +40,8 @@ def test_verify_json_ok() -> None:
     assert out["model"] == "cnn" and out["mode"] == "sflv1" and out["cuts"] == [[2, 5], [2, 5]]
 
 
-def test_verify_custom_factory_u_shape() -> None:
-    p = splitfed("verify", "--model", "tests.models_for_tests:small_sequential", "--input-shape", "6",
+def test_verify_custom_factory_u_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    p = in_process(capsys, "verify", "--model", "tests.models_for_tests:small_sequential", "--input-shape", "6",
                  "--num-classes", "3", "--cuts", "1,2,3", "--u-shape", "--mode", "sl", "--steps", "3")
     assert p.returncode == 0, p.stderr
     assert "OK" in p.stdout
@@ -59,15 +77,15 @@ def test_verify_grpc_serves_the_users_own_model(tmp_path: Path) -> None:
         (["--model", "tests.models_for_tests:skip_all", "--cuts", "1", "--input-shape", "4"], "no legal cut"),
     ],
 )
-def test_verify_bad_input_is_one_line_exit_2(args: list[str], match: str) -> None:
-    p = splitfed("verify", *args)
+def test_verify_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], match: str) -> None:
+    p = in_process(capsys, "verify", *args)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and match in lines[0], p.stderr
 
 
-def test_blocks_json() -> None:
-    p = splitfed("blocks", "--model", "resnet18", "--json")
+def test_blocks_json(capsys: pytest.CaptureFixture[str]) -> None:
+    p = in_process(capsys, "blocks", "--model", "resnet18", "--json")
     assert p.returncode == 0, p.stderr
     blocks = json.loads(p.stdout)["blocks"]
     assert blocks[-1]["output_shape"] == [10]

@@ -230,11 +230,16 @@ def test_a_device_on_the_gpu_trains_what_a_device_on_the_cpu_does(u_shape):
 
 
 @pytest.mark.skipif(CUDA, reason="this machine has a CUDA GPU")
-def test_profiling_on_a_gpu_the_machine_lacks_is_one_line():
-    p = subprocess.run([sys.executable, "-m", "splitfed.cli", "profile", "--model", "mlp", "--no-cache",
-                        "--torch-device", "cuda"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and p.stderr.startswith("splitfed profile: error: --torch-device cuda: this machine "
-                                                     "has no CUDA GPU"), p.stderr
+def test_profiling_on_a_gpu_the_machine_lacks_is_one_line(capsys):
+    """``splitfed.cli.main`` in this process (its words and code; a process cost ~2 s of imports): the same
+    refusal of tier and of simulate runs as a process above; profile runs as a process in test_profile_digest."""
+    from splitfed.cli import main as cli
+
+    capsys.readouterr()
+    code = cli(["profile", "--model", "mlp", "--no-cache", "--torch-device", "cuda"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("splitfed profile: error: --torch-device cuda: this machine "
+                                        "has no CUDA GPU"), err
 
 
 @needs_cuda

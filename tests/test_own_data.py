@@ -238,12 +238,13 @@ def test_a_run_has_as_many_classes_as_its_npz_labels_name(tmp_path) -> None:
                        r"most 1,000,000 classes"),
     ([0, 5_000_000], r"label 5000000 would give the model 5,000,001 outputs"),
 ])
-def test_labels_that_give_no_buildable_classifier_are_refused_before_anything_starts(tmp_path, labels, words) -> None:
+def test_labels_that_give_no_buildable_classifier_are_refused_before_anything_starts(tmp_path, capsys, labels,
+                                                                                    words) -> None:
     """Labels set the class count: 2**40 gave an 8 TiB allocation and a traceback, 5,000,000 started the engine
-    and the tiers before a tier refused the model, and all-zero labels got a 10-class model without a word."""
-    import subprocess
-    import sys
-
+    and the tiers before a tier refused the model, and all-zero labels got a 10-class model without a word.
+    ``splitfed simulate`` through ``splitfed.cli.main`` in this process (its words, code and files; a process
+    cost ~3 s of imports): a refusal of simulate runs as a process in test_compute (--tier-torch-device cuda)."""
+    from splitfed.cli import main as cli
     from splitfed.data.datasets import spec_for
 
     n = len(labels)
@@ -251,11 +252,12 @@ def test_labels_that_give_no_buildable_classifier_are_refused_before_anything_st
                 x_test=np.zeros((1, 1, 8, 8), np.float32), y_test=np.array([0]))
     with pytest.raises(ConfigError, match=f"dataset npz:{path}: {words}"):
         spec_for("cnn", f"npz:{path}")
-    run = subprocess.run([sys.executable, "-m", "splitfed.cli", "simulate", "--dataset", f"npz:{path}", "--clients",
-                          "2", "--rounds", "1", "--out", str(tmp_path / "run")], capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 2, run.stderr
-    assert run.stdout == "" and len(run.stderr.splitlines()) == 1, run.stderr  # nothing started
+    capsys.readouterr()
+    code = cli(["simulate", "--dataset", f"npz:{path}", "--clients", "2", "--rounds", "1", "--out",
+                str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert out == "" and len(err.splitlines()) == 1, err  # nothing started
     assert not (tmp_path / "run").exists()
 
 

@@ -83,7 +83,8 @@ def test_the_key_follows_a_module_imported_inside_forward_before_and_after_it_ru
 
 def test_a_fresh_profile_process_measures_again_after_the_helper_changes(tmp_path: Path) -> None:
     """The user's repro: ``splitfed profile`` in its own process, the helper (imported in ``forward``)
-    edited between two runs: the second prints the new FLOPs, not the cached profile's."""
+    edited between two runs: the second prints the new FLOPs, not the cached profile's. Also the reviewer's repro
+    of test_profile_review (which ran the same two processes and is left to this test)."""
     (tmp_path / "net.py").write_text(NET.format(import_line="import helpers", call="helpers.body"))
     env = {**os.environ, "SPLITFED_PROFILE_CACHE": str(tmp_path / "pc"), "PYTHONPATH": str(tmp_path)}
 

@@ -12,11 +12,11 @@ say so.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.test_benchmark_input import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,38 +30,45 @@ QUICK = {
 }
 
 
-def refused(name: str, out: Path) -> str:
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *QUICK[name], "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 2, p.stdout[-1000:] + p.stderr[-2000:]
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"benchmarks/{name}.py: error: argument --out: "), p.stderr[-2000:]
-    assert p.stdout == ""
+def refused(name: str, out: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    """The script's ``main`` in this process (a refusal is its words and files; each script's own process is
+    run by test_benchmark_input's test_a_bad_flag_is_refused_before_torch_is_imported and the reader-gone tests
+    below)."""
+    code, stdout, stderr = run_benchmark(name, [*QUICK[name], "--out", str(out)], monkeypatch, capsys)
+    assert code == 2, stdout[-1000:] + stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"benchmarks/{name}.py: error: argument --out: "), stderr[-2000:]
+    assert stdout == ""
     return lines[0]
 
 
 @pytest.mark.parametrize("name", sorted(QUICK))
-def test_an_out_that_is_a_folder_is_refused_before_measuring(tmp_path: Path, name: str) -> None:
-    line = refused(name, tmp_path)
+def test_an_out_that_is_a_folder_is_refused_before_measuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str], name: str) -> None:
+    line = refused(name, tmp_path, monkeypatch, capsys)
     assert f"{tmp_path} is a folder" in line and str(tmp_path / f"{name}.json") in line
     assert list(tmp_path.iterdir()) == []  # nothing written there, not even a temporary file
 
 
 @pytest.mark.parametrize("name", sorted(QUICK))
-def test_an_out_under_a_file_is_refused_before_measuring(tmp_path: Path, name: str) -> None:
+def test_an_out_under_a_file_is_refused_before_measuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str], name: str) -> None:
     (tmp_path / "old.json").write_text("{}")
-    line = refused(name, tmp_path / "old.json" / "new.json")
+    line = refused(name, tmp_path / "old.json" / "new.json", monkeypatch, capsys)
     assert f"{tmp_path / 'old.json'} is not a folder" in line
     assert (tmp_path / "old.json").read_text() == "{}" and [p.name for p in tmp_path.iterdir()] == ["old.json"]
 
 
 @pytest.mark.parametrize("name", ["engine", "weights"])
 @pytest.mark.parametrize("model", ["mymodels:make_net", "vgg12"])
-def test_a_model_the_benchmark_cannot_build_names_the_ones_it_can(tmp_path: Path, name: str, model: str) -> None:
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--model", model,
-                        "--out", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and p.stdout == "", p.stderr[-2000:]
-    (line,) = p.stderr.strip().splitlines()
+def test_a_model_the_benchmark_cannot_build_names_the_ones_it_can(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str], name: str,
+                                                                 model: str) -> None:
+    """In this process, as :func:`refused`."""
+    code, stdout, stderr = run_benchmark(name, ["--model", model, "--out", str(tmp_path / "x.json")], monkeypatch,
+                                         capsys)
+    assert code == 2 and stdout == "", stderr[-2000:]
+    (line,) = stderr.strip().splitlines()
     assert line.startswith(f"benchmarks/{name}.py: error: argument --model: unknown model {model!r}: ")
     assert "--input-shape" not in line and "module.path:factory" not in line
     assert "cnn, mlp, mobilenetv2, resnet18, transformer, vgg11" in line
