@@ -45,8 +45,8 @@ def test_each_node_is_told_the_runs_call_timeout_capped_by_its_round(monkeypatch
 
 
 def test_a_call_the_edge_does_not_answer_in_time_fails_its_client_alone(monkeypatch, tmp_path: Path) -> None:
-    """Real gRPC tiers; the edge holds client1's first step until the run is over. With call-timeout-s 4 that
-    step gives up after 4 s (the default would wait 60 s, past this test's hold): client1 fails, naming the
+    """Real gRPC tiers; the edge holds client1's first step until the run is over. With call-timeout-s 2 that
+    step gives up after 2 s (the default would wait 60 s, past this test's hold): client1 fails, naming the
     deadline; client0 trains."""
     from splitfed.transport.server import TierServicer, serve_tier
 
@@ -62,7 +62,7 @@ def test_a_call_the_edge_does_not_answer_in_time_fails_its_client_alone(monkeypa
     try:
         with serve_tier("cloud", insecure=True) as cloud, \
                 serve_tier("edge", next_address=cloud.address, insecure=True) as edge:
-            s = BASE.with_(out=str(tmp_path / "run"), call_timeout_s=4.0, sim_clock=False,
+            s = BASE.with_(out=str(tmp_path / "run"), call_timeout_s=2.0, sim_clock=False,
                            tier_addresses=f"{edge.address},{cloud.address}")
             server.app.run(FakeGrid(clients.app.app, 2), s, progress=lambda line: None)
             released.set()
@@ -70,4 +70,4 @@ def test_a_call_the_edge_does_not_answer_in_time_fails_its_client_alone(monkeypa
         released.set()
     (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["failed"] == ["client1"], row
-    assert "no answer within the deadline of 4s" in row["why_failed"]["client1"], row["why_failed"]
+    assert "no answer within the deadline of 2s" in row["why_failed"]["client1"], row["why_failed"]

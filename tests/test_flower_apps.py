@@ -91,7 +91,7 @@ def test_resume_is_bit_identical(monkeypatch, tmp_path):
 def test_crashed_round_resumes_bit_identical(monkeypatch, tmp_path):
     """Round 3 fails (every node gone): the checkpoint keeps round 2 and the resumed run ends as if nothing happened."""
     whole, crashed = tmp_path / "whole", tmp_path / "crashed"
-    s = BASE.with_(rounds=3, min_clients=2, round_timeout_s=1.0)
+    s = BASE.with_(rounds=3, min_clients=2, round_timeout_s=0.25)  # round 3 waits it out
     _run(monkeypatch, s.with_(out=str(whole)))
     dead = FakeGrid(clients.app.app, 4, drop=lambda node, msg: msg.metadata.group_id == "3")
     with pytest.raises(RoundFailed, match="round 3: 0 of 4"):
@@ -107,7 +107,7 @@ def test_failed_node_is_tolerated_down_to_the_minimum(monkeypatch, tmp_path):
         return msg.metadata.message_type == "train" and node == grid.node_ids[1] and msg.metadata.group_id == "2"
 
     grid = FakeGrid(clients.app.app, 4, drop=broken)
-    s = BASE.with_(out=str(tmp_path), min_clients=3, round_timeout_s=1.0)
+    s = BASE.with_(out=str(tmp_path), min_clients=3, round_timeout_s=0.25)  # round 2 waits it out
     _run(monkeypatch, s, grid=grid)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["failed"] == [] and rows[1]["failed"] == ["client1"] and rows[1]["clients"] == 3

@@ -179,7 +179,9 @@ def test_a_node_restarted_before_its_old_id_expires_takes_its_place_once_it_does
     old: list[int] = []
     grid = FakeGrid(app, 4)
     grid.drop = lambda node, msg: node not in grid.node_ids  # a process that is gone answers nothing
-    s = BASE.with_(clients=4, rounds=4, cuts="static:1,3", min_clients=2, round_timeout_s=1.0)
+    # 0.25 s: the four rounds a gone node leaves unanswered each wait it out (FakeGrid's in-process nodes reply while
+    # the message is pushed, before the wait starts, and their links take no deadline)
+    s = BASE.with_(clients=4, rounds=4, cuts="static:1,3", min_clients=2, round_timeout_s=0.25)
     with caplog.at_level("INFO"):
         rows, _ = _run(monkeypatch, tmp_path, app, "late", grid=grid, settings=s)
     assert [sorted(r["per_client"]) for r in rows] == [  # client3 gone from round 1 on (after client0's turn)

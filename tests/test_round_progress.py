@@ -20,6 +20,13 @@ from tests.flower_fixtures import FakeGrid, inprocess_tiers
 WAITING = re.compile(r"round (\d+)/(\d+)  (\d+)/(\d+) clients done(?: \((\d+) failed\))?  wall \d+s$")
 
 
+@pytest.fixture(autouse=True)
+def _no_poll_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each reply of :class:`_Slow` comes after a poll that finds none: the round sleeps ``POLL_S`` (0.2 s) after it,
+    ten times a test. What is said depends on the polls, not on how long they sleep."""
+    monkeypatch.setattr(server.strategy, "POLL_S", 0.0)
+
+
 class _Slow(FakeGrid):
     """Replies come one at a time, each after a poll that finds none (clients that take a while)."""
 

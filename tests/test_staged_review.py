@@ -169,6 +169,7 @@ def _check_staging(name: str, servers: int, u_shape: bool, assignment: list[tupl
         assert tier.tier.held == 0  # all released
 
 
+@cache  # a Scenario's options take ~0.2 s to build: once per (model, servers, U-shape), not once per example
 def _options(name: str, servers: int, u_shape: bool) -> list[tuple[int, ...]]:
     return [tuple(int(x) for x in o) for o in _scenario(name, 1, servers, u_shape).options]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
 import pytest
@@ -98,6 +99,7 @@ def _spec(model: str) -> ModelSpec:
     return resolve_spec(model) if model == "resnet18" else SPECS[model]
 
 
+@cache  # one profile per model for the module's tests (none changes it): resnet18's was measured three times
 def _profile(model: str) -> ModelProfile:
     return profile_model(_spec(model), batch=4, reps=1, use_cache=False)
 

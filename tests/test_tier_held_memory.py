@@ -188,7 +188,9 @@ def test_a_u_shape_forward_keeps_only_the_output_bytes_a_backward_reads(last: st
             _SENT.clear()
             x, _ = _batch(seq, 4)
             out = device.forward(StepKey("run", "a", 0, seq), x)
-            gc.collect()
+            # the young generations: what the forward made (nothing holds its output in a cycle: it passes with
+            # no collection at all); a full collection walked a worker's whole heap, ~0.4 s twice a case
+            gc.collect(1)
             (sent,) = _SENT
             assert sent.expired() is (last not in SAVES_OUTPUT), f"{last}: output held: {not sent.expired()}"
             assert device.backward(StepKey("run", "a", 0, seq), torch.ones_like(out)) is not None
