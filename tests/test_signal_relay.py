@@ -7,9 +7,10 @@ in the main thread, when it next runs Python code; a signal delivered to a Ray o
 Each case runs in a process of its own (a script below): it installs signal handlers and a wakeup fd, which
 must not touch pytest's. The processes are forked, one per case, from one that imported ``splitfed.sim.runner``
 (and torch with it) once for the module, and that has installed no handler nor wakeup fd of its own: each case
-starts as a fresh ``python -c`` would, without its 3 s import, and ends by the interpreter's own exit. The signal is sent with :func:`signal.pthread_kill` to one thread chosen on purpose,
-and only once the main thread waits in its ``join`` (its frame says so), so each case meets the same order of
-events every time; the bounds (30 s) only keep a broken build from hanging the test.
+starts as a fresh ``python -c`` would, without its 3 s import, and ends by the interpreter's own exit. The
+signal is sent with :func:`signal.pthread_kill` to one thread chosen on purpose, and only once the main thread
+waits in its ``join`` (its frame says so), so each case meets the same order of events every time; the bounds
+(30 s) only keep a broken build from hanging the test.
 """
 
 from __future__ import annotations
