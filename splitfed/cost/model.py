@@ -142,7 +142,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from functools import cache, cached_property, reduce
 from operator import add
 
@@ -409,7 +409,7 @@ class Scenario:
         return got
 
     @cached_property
-    def _priced(self) -> dict[tuple, tuple[ClientCost, tuple, np.ndarray]]:
+    def _priced(self) -> dict[tuple, tuple[ClientCost, np.ndarray]]:
         """:func:`evaluate`'s cost of one client kind (``client_key``) under one cut vector, priced once per
         scenario (a brute force or a local search prices the same few thousand pairs in every plan)."""
         return {}
@@ -820,11 +820,6 @@ class ClientCost:
                 "memory_bytes": list(self.memory)}
 
 
-def _fields_of(c: ClientCost) -> tuple:
-    """``c``'s fields in order, as they are (``dataclasses.astuple`` would copy each)."""
-    return tuple(getattr(c, f.name) for f in fields(c))
-
-
 def _row(sc: Scenario, client: Client, cuts: Cuts, t: OptionTable, r: int) -> ClientCost:
     def tup(a: np.ndarray) -> tuple[float, ...]:
         return tuple(float(x) for x in a[r])
@@ -912,15 +907,15 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
             cuts = key[1]
             t = option_table(sc, sc.clients[idx[0]], np.asarray([cuts]))
             first = _row(sc, sc.clients[idx[0]], cuts, t, 0)
-            got = (first, _fields_of(first)[1:], t.shared_load[0])
-            got[2].setflags(write=False)
+            got = (first, t.shared_load[0])
+            got[1].setflags(write=False)
             if len(priced) >= _PRICED_MAX:  # a bound on what one scenario keeps: start again
                 priced.clear()
             priced[key] = got
-        cost, rest, row = got
+        cost, row = got
         for i in idx:
             name = sc.clients[i].name
-            costs[i] = cost if cost.name == name else ClientCost(name, *rest)  # frozen: shared as it is
+            costs[i] = cost if cost.name == name else replace(cost, name=name)  # frozen: shared as it is
             loads[i] = row
     cc = tuple(c for c in costs if c is not None)
     load = np.array(loads, dtype=float).reshape(len(cc), -1)
