@@ -7,13 +7,11 @@ than it reserved and the cost model priced. SGD with momentum keeps a buffer per
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 import torch
 
 from splitfed.engine import template
+from splitfed.engine.optim import SegmentOptimizer
 from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import OptimConfig, StepKey
@@ -35,18 +33,22 @@ MODELS = {
 }
 
 
-def _state_bytes(opt: torch.optim.Optimizer | None) -> int:
+def _state_bytes(opt: SegmentOptimizer | None) -> int:
     """Every tensor the optimizer keeps, whatever its shape (moments, momentum buffers, step counts)."""
     if opt is None:
         return 0
     return sum(v.nbytes for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
 
 
-def _grads_into(grads: dict[str, int], name: str) -> Callable[[torch.optim.Optimizer, Any, Any], None]:
-    """A step pre-hook keeping, under ``name``, the bytes of the gradients present as the optimizer steps."""
-    def hook(opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        grads[name] = param_sizes([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None])[1]
-    return hook
+def _grads_into(opt: SegmentOptimizer, grads: dict[str, int], name: str) -> None:
+    """Keeps, under ``name``, the bytes of the gradients present as ``opt`` steps."""
+    step = opt.step
+
+    def hooked() -> None:
+        grads[name] = param_sizes([p.grad for p in opt.params if p.grad is not None])[1]
+        step()
+
+    opt.step = hooked  # type: ignore[method-assign]
 
 
 def _trained(spec: ModelSpec, cuts: tuple[int, int], optim: OptimConfig) -> list[tuple[Tier, int, int, int]]:
@@ -60,7 +62,7 @@ def _trained(spec: ModelSpec, cuts: tuple[int, int], optim: OptimConfig) -> list
         tier.load(load)
         opt = tier._bindings[("r", "c")].optim
         if opt is not None:
-            opt.register_step_pre_hook(_grads_into(grads, tier.name))
+            _grads_into(opt, grads, tier.name)
     g = torch.Generator().manual_seed(0)
     shape, dtype = template.boundary(spec, cuts[0])
     for seq in range(2):

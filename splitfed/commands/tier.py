@@ -173,9 +173,6 @@ def _run(args: argparse.Namespace, stop: threading.Event, caught: list[int]) -> 
                         status_every_s=args.status_every_s or None, torch_device=args.torch_device,
                         stream_idle_s=args.stream_idle_s or None,
                         stream_min_bytes_s=args.stream_min_kbps * 1000 / 8)
-    # the first optimizer built imports torch._dynamo (seconds): start that now rather than in a client's load
-    threading.Thread(target=lambda: torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
-                     daemon=True).start()
     if args.exit_with_stdin:
         def stop_at_eof() -> None:
             sys.stdin.buffer.read()

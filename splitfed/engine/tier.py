@@ -43,6 +43,7 @@ from splitfed.engine.checks import all_finite, check_returned, check_tensor
 from splitfed.engine.compute import memory_bytes
 from splitfed.engine.limits import IDLE_RELEASE_S, current_limits
 from splitfed.engine.link import Link
+from splitfed.engine.optim import SegmentOptimizer
 from splitfed.engine.types import (
     Reduced,
     ReduceItem,
@@ -108,7 +109,7 @@ class _Binding:
     spec: SegmentLoad
     replica: _Replica
     segment: Segment
-    optim: torch.optim.Optimizer | None
+    optim: SegmentOptimizer | None
     in_shape: tuple[int, ...]
     in_dtype: torch.dtype
     out_shape: tuple[int, ...]

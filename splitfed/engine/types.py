@@ -10,6 +10,7 @@ import torch
 # the variants: defined where the command line reads them without torch, and re-exported here
 from splitfed.engine.modes import IN_TURN as IN_TURN
 from splitfed.engine.modes import MODES as MODES
+from splitfed.engine.optim import SGD, Adam, SegmentOptimizer
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec
 
@@ -45,9 +46,9 @@ class StepKey:
 
 def step_count_bytes(slots: int) -> int:
     """Bytes an optimizer with ``slots`` keeps per Parameter that trains besides its slots: Adam (the one with
-    2: :attr:`OptimConfig.slots`, ``--optimizer-slots 2``) keeps a step count for each, a 0-d tensor torch hosts
-    on the CPU unless fused or capturable (``OptimConfig.build`` asks for neither), float32, or float64 where
-    that is torch's default dtype (``torch.optim.optimizer._get_scalar_dtype``). SGD keeps none."""
+    2: :attr:`OptimConfig.slots`, ``--optimizer-slots 2``) keeps a step count for each, a 0-d tensor on the CPU
+    as torch.optim.Adam hosts it (:class:`splitfed.engine.optim.Adam`), float32, or float64 where that is
+    torch's default dtype. SGD keeps none."""
     if slots != 2:
         return 0
     return 8 if torch.get_default_dtype() == torch.float64 else 4
@@ -92,12 +93,14 @@ class OptimConfig:
         """Bytes this optimizer keeps for Parameters that train: :func:`optimizer_state_bytes`."""
         return int(optimizer_state_bytes(self.slots, train_bytes, train_tensors))
 
-    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+    def build(self, params: list[torch.nn.Parameter]) -> SegmentOptimizer | None:
+        """The optimizer (:mod:`splitfed.engine.optim`: torch.optim's updates without its torch._dynamo
+        import); None for no Parameters."""
         if not params:
             return None
         if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            return Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
