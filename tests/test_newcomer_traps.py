@@ -91,10 +91,12 @@ def _calls(log: Path) -> list[str]:
 
 
 def _installed(python: str) -> list[str]:
-    """The calls ``make install`` makes once ``.venv`` is built: pip, torch, the package, the gRPC code."""
+    """The calls ``make install`` makes once ``.venv`` is built: pip, torch, the package, the gRPC code, the
+    sources' bytecode."""
     return [f"{python} -m venv .venv"] * (python != "") + [
         ".venv/bin/python -m pip install -q --upgrade pip", ".venv/bin/python -m pip install -q torch==2.13.0",
-        ".venv/bin/python -m pip install -q -e .[dev]", ".venv/bin/python -m splitfed.transport.protogen"]
+        ".venv/bin/python -m pip install -q -e .[dev]", ".venv/bin/python -m splitfed.transport.protogen",
+        ".venv/bin/python -m compileall -q splitfed server clients simulations benchmarks"]
 
 
 needs_make = pytest.mark.skipif(MAKE is None, reason="no make on this machine")
