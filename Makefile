@@ -72,6 +72,7 @@ bench: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/optimizer.py
 	$(PY) benchmarks/simulation.py
 	$(PY) benchmarks/weights.py
+	$(PY) benchmarks/startup.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis .mypy_cache splitfed/transport/proto/splitfed

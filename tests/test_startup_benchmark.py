@@ -1,0 +1,51 @@
+"""benchmarks/startup.py: a fresh process's first step with splitfed's optimizers and with torch.optim, side by
+side. Run in this process (it starts its two kinds of child process itself); the flags' refusals before torch
+is imported are test_benchmark_input's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_startup", ROOT / "benchmarks" / "startup.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_startup_benchmark_compares_both_optimizers_in_fresh_processes(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "startup.json"
+    assert _script().main(["--model", "mlp", "--batch", "4", "--reps", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["model"] == "mlp" and res["reps"] == 1 and set(res["runs"]) == {"splitfed", "torch.optim"}
+    # what the benchmark is about: only torch.optim's process imported torch._dynamo
+    assert res["dynamo_imported"] == {"splitfed": False, "torch.optim": True}
+    med = res["median"]
+    for side in ("splitfed", "torch.optim"):
+        (run,) = res["runs"][side]
+        assert 0 < run["cpu_s"] and 0 < run["wall_s"] <= run["process_s"] and run["peak_rss_mb"] > 0
+        assert med[side]["cpu_s"] == run["cpu_s"]
+    assert res["cpu_ratio"] == pytest.approx(med["torch.optim"]["cpu_s"] / med["splitfed"]["cpu_s"])
+    assert res["rss_saved_mb"] == pytest.approx(med["torch.optim"]["peak_rss_mb"] - med["splitfed"]["peak_rss_mb"])
+    assert f"took {res['cpu_ratio']:.2f}x the CPU" in printed and f"wrote {out}" in printed
+
+
+def test_a_failing_child_is_one_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A child process that fails is said in one line (its last line of stderr), with no result written."""
+    mod = _script()
+    mod._CHILD = "import sys; sys.exit('boom: no model here')"
+    assert mod.main(["--model", "mlp", "--reps", "1", "--out", str(tmp_path / "s.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "benchmarks/startup.py: error: the splitfed process failed: boom: no model here"
+    assert not (tmp_path / "s.json").exists()
