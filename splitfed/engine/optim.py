@@ -14,6 +14,7 @@ what :func:`splitfed.engine.types.optimizer_state_bytes` counts is what is held.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 import torch
@@ -22,7 +23,7 @@ ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, which OptimConfig does
 ADAM_EPS = 1e-8
 
 
-class SegmentOptimizer:
+class SegmentOptimizer(ABC):
     """Steps the Parameters of one segment (or one whole model); each Parameter once, in the order given."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], *, lr: float, weight_decay: float) -> None:
@@ -57,8 +58,9 @@ class SegmentOptimizer:
     def _decayed(self, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         return grad.add(p, alpha=self.weight_decay) if self.weight_decay != 0 else grad
 
+    @abstractmethod
     def _update(self, p: torch.nn.Parameter, grad: torch.Tensor) -> None:
-        raise NotImplementedError
+        """One Parameter's update from its gradient (under no_grad)."""
 
 
 class SGD(SegmentOptimizer):
