@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -123,3 +124,28 @@ def test_training_never_imports_torch_dynamo() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "no dynamo"
+
+
+def test_sparse_gradients_step_sgd_as_torch_does_and_adam_refuses_them() -> None:
+    """An nn.Embedding(sparse=True) gives a sparse gradient: torch.optim.SGD applies it, Adam refuses it."""
+    def embedding() -> torch.nn.Embedding:
+        torch.manual_seed(0)
+        return torch.nn.Embedding(10, 3, sparse=True)
+
+    idx = torch.tensor([1, 4, 4, 7])
+    ours_e, torch_e = embedding(), embedding()
+    ours = OptimConfig(momentum=0.9).build(list(ours_e.parameters()))
+    theirs = torch.optim.SGD(torch_e.parameters(), lr=0.05, momentum=0.9)
+    assert ours is not None
+    for _ in range(2):
+        for e, opt in ((ours_e, ours), (torch_e, theirs)):
+            e(idx).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert torch.equal(ours_e.weight, torch_e.weight)
+    adam_e = embedding()
+    adam = OptimConfig("adam").build(list(adam_e.parameters()))
+    assert adam is not None
+    adam_e(idx).sum().backward()
+    with pytest.raises(RuntimeError, match="Adam does not support sparse gradients"):
+        adam.step()

@@ -88,6 +88,9 @@ class Adam(SegmentOptimizer):
     """torch.optim.Adam with its default betas and eps, ``amsgrad=False``, L2 (not decoupled) weight decay."""
 
     def _update(self, p: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        if grad.is_sparse:  # as torch.optim.Adam refuses it (an nn.Embedding(sparse=True)); SGD takes one
+            raise RuntimeError("Adam does not support sparse gradients: use SGD, or an nn.Embedding without "
+                               "sparse=True")
         beta1, beta2 = ADAM_BETAS
         state = self.state.get(p)
         if state is None:
