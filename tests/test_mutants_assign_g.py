@@ -83,7 +83,8 @@ def test_the_fixture_s_fastest_cuts_tie_the_edge_with_the_turns(mode: str) -> No
 @pytest.mark.parametrize("mode", ["sl", "sflv2"])
 @pytest.mark.parametrize(("rtt", "best", "note"), [
     (0.0, 3.0, "bisect: 2 class(es), 4 non-dominated option(s), 4 MILP(s)"),
-    (0.5, 5.5, "sequential: 2 class(es), 4 non-dominated option(s), 0 MILP(s)"),
+    (0.5, 5.5, "sequential: 2 class(es), 4 non-dominated option(s), no MILP (clients in turn: "
+               "each takes its fastest option that fits)"),
 ], ids=["edge-ties-the-turns", "turns-set-it"])
 def test_sequential_hands_a_round_another_resource_sets_to_bisect(mode: str, rtt: float, best: float,
                                                                   note: str) -> None:

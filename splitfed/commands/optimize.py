@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
@@ -17,7 +17,7 @@ from splitfed.optimizer.defaults import DEFAULT_GAP, EXHAUSTIVE_LIMIT
 from splitfed.units import mib_text
 
 if TYPE_CHECKING:
-    from splitfed.cost.model import Scenario
+    from splitfed.cost.model import ClientCost, Scenario
     from splitfed.optimizer.assign import Solution
 
 JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_shape", "method", "optimal", "gap",
@@ -25,6 +25,9 @@ JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_sh
              "shared_memory_bytes", "clients")
 """``--json``'s keys, named in ``--help``: a script's contract (``Solution.to_dict`` and the run's own)."""
 CLIENT_KEYS = ("name", "cuts", "time_s", "device_memory_bytes")
+PER_CLIENT_MAX = 20
+"""The table lists each client up to this many clients; above it, one row per device class and cuts
+(``--per-client`` lists each client whatever the size; ``--json`` always does)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -63,6 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds for the whole exact solve, all its MILPs together (> 0); when they run out, the "
                         "best assignment found so far is printed, marked not proven optimal (with "
                         "--best-static: the exact pricing of its best-ranked vectors)")
+    p.add_argument("--per-client", action="store_true",
+                   help=f"list each client in the table whatever the fleet's size (default: each client up to "
+                        f"{PER_CLIENT_MAX} clients; above that, one row per device class and cuts)")
     p.add_argument("--json", action="store_true",
                    help=f"print one JSON object: {', '.join(JSON_KEYS)}; clients is a list, one per client: "
                         f"{', '.join(CLIENT_KEYS)}; on an error, nothing on stdout (a priced policy that does not "
@@ -87,15 +93,22 @@ def _flag(flag: str) -> Iterator[None]:
         raise type(e)(f"{flag}: {e}") from None
 
 
-def render(sc: Scenario, sol: Solution, header: str) -> str:
+def render(sc: Scenario, sol: Solution, header: str, per_client: bool | None = None) -> str:
+    """The table under ``header``, the makespan and the solve. ``per_client``: a row per client (True), a row
+    per (device class, cuts) (False), or per client up to ``PER_CLIENT_MAX`` clients (None)."""
     from splitfed.report.table import ljust, width
 
     cost = sol.cost
-    w = max(6, *(width(c.name) for c in cost.clients))  # terminal columns: a wide name moves no column
-    rows = [header, f"{'client':<{w}}  {'cuts':<10} {'time_s':>10} {'device memory':>15}"]
-    for c in cost.clients:
-        rows.append(f"{ljust(c.name, w)}  {','.join(map(str, c.cuts)):<10} {c.round_s:10.3f} "
-                    f"{mib_text(c.memory[0]):>15}")
+    if per_client is None:
+        per_client = len(cost.clients) <= PER_CLIENT_MAX
+    if per_client:
+        w = max(6, *(width(c.name) for c in cost.clients))  # terminal columns: a wide name moves no column
+        rows = [header, f"{'client':<{w}}  {'cuts':<10} {'time_s':>10} {'device memory':>15}"]
+        for c in cost.clients:
+            rows.append(f"{ljust(c.name, w)}  {','.join(map(str, c.cuts)):<10} {c.round_s:10.3f} "
+                        f"{mib_text(c.memory[0]):>15}")
+    else:
+        rows = [header, *_grouped(sc, cost.clients)]
     shared = ", ".join(f"{k} {v:.3f} s" for k, v in cost.shared_s.items())
     rows.append(f"makespan {cost.makespan_s:.3f} s (bottleneck: {cost.bottleneck}); shared busy: {shared}")
     rows.append(f"{sol.method}: solved in {sol.solve_s:.3f} s" + (f"; {sol.note}" if sol.note else "")
@@ -104,6 +117,31 @@ def render(sc: Scenario, sol: Solution, header: str) -> str:
     for v in cost.violations:
         rows.append(f"INFEASIBLE: {v}")
     return "\n".join(rows)
+
+
+def _grouped(sc: Scenario, clients: Sequence[ClientCost]) -> list[str]:
+    """One row per (device class, cuts), in the order of their first client: the class (the fleet's
+    ``[[device]]`` entry), how many clients, their cuts, time and device memory (the largest in the group,
+    should its clients differ), then a line saying what the rows are."""
+    from splitfed.report.table import ljust, width
+
+    kind = {c.name: c.kind for c in sc.clients}
+    groups: dict[tuple[str, tuple[int, ...]], list[ClientCost]] = {}
+    for c in clients:
+        groups.setdefault((kind.get(c.name, c.name), tuple(c.cuts)), []).append(c)
+    w = max(5, *(width(k) for k, _ in groups))
+    n = max(7, len(str(max(len(g) for g in groups.values()))))
+    rows = [f"{'class':<{w}}  {'clients':>{n}}  {'cuts':<10} {'time_s':>10} {'device memory':>15}"]
+    differ = False
+    for (k, cuts), g in groups.items():
+        times, mems = {c.round_s for c in g}, {c.memory[0] for c in g}
+        differ |= len(times) > 1 or len(mems) > 1
+        rows.append(f"{ljust(k, w)}  {len(g):>{n}}  {','.join(map(str, cuts)):<10} {max(times):10.3f} "
+                    f"{mib_text(max(mems)):>15}")
+    rows.append(f"{len(clients)} clients in {len(groups)} row{'s' if len(groups) != 1 else ''}, one per device class and cuts"
+                + ("; time_s and device memory: the largest of the row's clients" if differ else "")
+                + " (--per-client lists each client; --json too)")
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({n} client{'s' if n != 1 else ''}), "
                   f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}"
                   + (" (the fleet's [cloud] is not used)" if args.tiers == 2 and fleet.cloud is not None else ""))
-        print(render(sc, sol, header))
+        print(render(sc, sol, header, per_client=True if args.per_client else None))
     if sol.cost.violations:  # a priced policy that overflows a tier is a result, but not a usable one
         print(f"splitfed optimize: error: {sol.method} does not fit: {'; '.join(sol.cost.violations)}", file=sys.stderr)
         return 1

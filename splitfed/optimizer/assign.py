@@ -999,8 +999,10 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     cost = _polish(sc, classes, cost)
     proven = max(0.0, (cost.makespan_s - bound) / cost.makespan_s) if cost.makespan_s > 0 else 0.0
     groups = len({client_key(c) for c in sc.clients})
+    how = ("no MILP (clients in turn: each takes its fastest option that fits)" if method == "sequential"
+           else f"{s.calls} MILP(s)")  # sequential answers without one (_sequential), else hands over to bisect
     note = (f"{sc.mode} {method}: {groups} class(es), {sum(len(c.T) for c in classes)} non-dominated option(s), "
-            f"{s.calls} MILP(s), proven gap {proven:.1e}")
+            f"{how}, proven gap {proven:.1e}")
     if prefer is not None:
         moves = _Moves(sc, prefer)
         chosen, looked = _closest(sc, cost, moves, tie_rel, gap, deadline)
