@@ -4,28 +4,18 @@ is imported are test_benchmark_input's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_startup", ROOT / "benchmarks" / "startup.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.bench_fixtures import load_benchmark
 
 
 def test_the_startup_benchmark_compares_both_optimizers_in_fresh_processes(tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "startup.json"
-    assert _script().main(["--model", "mlp", "--batch", "4", "--reps", "1", "--out", str(out)]) == 0
+    assert load_benchmark("startup").main(["--model", "mlp", "--batch", "4", "--reps", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     res = json.loads(out.read_text())
     assert res["model"] == "mlp" and res["reps"] == 1 and set(res["runs"]) == {"splitfed", "torch.optim"}
@@ -43,7 +33,7 @@ def test_the_startup_benchmark_compares_both_optimizers_in_fresh_processes(tmp_p
 
 def test_a_failing_child_is_one_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A child process that fails is said in one line (its last line of stderr), with no result written."""
-    mod = _script()
+    mod = load_benchmark("startup")
     mod._CHILD = "import sys; sys.exit('boom: no model here')"
     assert mod.main(["--model", "mlp", "--reps", "1", "--out", str(tmp_path / "s.json")]) == 1
     err = capsys.readouterr().err
