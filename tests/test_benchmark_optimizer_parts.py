@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,6 +23,7 @@ from splitfed.cost.model import RoundCost
 from splitfed.optimizer.assign import Solution, best_static, solve
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from splitfed.profile.fleet import Fleet
+from tests.bench_fixtures import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,11 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _load() -> ModuleType:
     """The benchmark under a name of its own: ``optimizer`` is also a package of splitfed's, and a bare
     ``import optimizer`` from benchmarks/ would depend on sys.path order and stay in sys.modules."""
-    spec = importlib.util.spec_from_file_location("bench_optimizer", ROOT / "benchmarks" / "optimizer.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("optimizer")
 
 
 bo = _load()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench_fixtures import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
@@ -62,12 +64,7 @@ def test_optimizer_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     table times solves, nothing checked here. ``--sampled 1000``: the 10,000-client cases were most of its time
     and add nothing checked here that 1,000 clients do not (the same code, a larger fleet drawn the same way;
     the sweep's 500 is another contended size)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_optimizer", ROOT / "benchmarks" / "optimizer.py")
-    assert spec is not None and spec.loader is not None
-    bo = importlib.util.module_from_spec(spec)  # a name of its own: ``optimizer`` is a package of splitfed's too
-    spec.loader.exec_module(bo)
+    bo = load_benchmark("optimizer")
     path = tmp_path / "optimizer.json"
     code = bo.main(["--no-scaling", "--sampled", "1000", "--sweep", "60,500", "--out", str(path)])
     out, err = capsys.readouterr()
@@ -126,12 +123,7 @@ def test_simulation_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     """The script's own part run in this process (as test_optimizer_benchmark's): it only checks the flags and
     starts a process per fleet size, which does the run (Ray, tiers); a process of its own for it added an
     interpreter and torch to start. The other benchmarks here run as the user runs them, a process each."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_simulation", ROOT / "benchmarks" / "simulation.py")
-    assert spec is not None and spec.loader is not None
-    bs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bs)
+    bs = load_benchmark("simulation")
     path = tmp_path / "simulation.json"
     code = bs.main(["--clients", "2", "--rounds", "1", "--out", str(path)])
     out, err = capsys.readouterr()

@@ -14,7 +14,6 @@ simulate's --model help, the engine benchmark's cuts, and the optimizer benchmar
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 from splitfed.errors import CutError
+from tests.bench_fixtures import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 MAKE = shutil.which("make")
@@ -35,11 +35,7 @@ MAKE = shutil.which("make")
 
 def _load(name: str) -> ModuleType:
     """A benchmark under a name of its own (``optimizer`` is also splitfed's package)."""
-    spec = importlib.util.spec_from_file_location(f"newcomer_bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark(name, f"newcomer_bench_{name}")
 
 
 def _one_line(text: str) -> str:

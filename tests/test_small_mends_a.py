@@ -15,7 +15,6 @@ experiments' figure paths, and the README's word on what top-k sends.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -29,17 +28,14 @@ from splitfed.fleets import shipped_fleets
 from splitfed.flower.config import RunSettings, absolute_paths
 from splitfed.report.runs import RoundRow, Run
 from splitfed.transport.codec import Codec, payload_size
+from tests.bench_fixtures import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _benchmark() -> ModuleType:
     """benchmarks/optimizer.py under a name of its own (``optimizer`` is also a package of splitfed's)."""
-    spec = importlib.util.spec_from_file_location("bench_optimizer_a", ROOT / "benchmarks" / "optimizer.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("optimizer", "bench_optimizer_a")
 
 
 bo = _benchmark()
