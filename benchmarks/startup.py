@@ -67,16 +67,12 @@ print(json.dumps({"cpu_s": time.process_time(), "wall_s": time.perf_counter() - 
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
-    # no default here: argparse would check it with zoo_model (which imports torch) before refusing a flag it
-    # does not know
-    ap.add_argument("--model", type=zoo_model, help=f"a zoo model (default {DEFAULT_MODEL})")
+    ap.add_argument("--model", type=zoo_model, default=DEFAULT_MODEL, help="a zoo model (default %(default)s)")
     ap.add_argument("--batch", type=positive_int, default=32)
     ap.add_argument("--reps", type=positive_int, default=5, help="processes per side, alternating")
     ap.add_argument("--out", type=json_out("startup.json"),
                     default=str(Path(__file__).parent / "results" / "startup.json"))
     args = ap.parse_args(argv)
-    if args.model is None:
-        args.model = DEFAULT_MODEL
     return script(PROG, lambda: measure(args))
 
 

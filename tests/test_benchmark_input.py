@@ -8,13 +8,14 @@ in its child (``--one 0`` read as "no --one").
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.bench_fixtures import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 _LOADED: dict[str, ModuleType] = {}
@@ -26,12 +27,8 @@ def run_benchmark(name: str, args: list[str], monkeypatch: pytest.MonkeyPatch,
     its exit code, stdout and stderr. A refusal is about the words and the files, not the process; each
     script's own process is run by :func:`test_a_bad_flag_is_refused_before_torch_is_imported` (and
     test_walkthrough_review's reader-gone tests), which a refusal there passes through the same ``main``."""
-    if name not in _LOADED:  # under a name of its own: "engine", "simulation" are too common to take
-        spec = importlib.util.spec_from_file_location(f"_benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _LOADED[name] = module
+    if name not in _LOADED:
+        _LOADED[name] = load_benchmark(name)
     monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / f"{name}.py"), *args])
     monkeypatch.chdir(ROOT)
     capsys.readouterr()
@@ -48,9 +45,13 @@ CASES = [
     ("engine", ["--steps", "0"], "argument --steps: expected a positive integer, got 0"),
     ("engine", ["--reps", "-1"], "argument --reps: expected a positive integer, got -1"),
     ("engine", ["--cuts", "junk"], "argument --cuts: expected comma-separated integers, got 'junk'"),
-    ("engine", ["--cuts", "5,2"], "cuts must be non-decreasing, got 5,2"),
+    ("engine", ["--cuts", "5,2"], "argument --cuts: cuts must be non-decreasing, got 5,2"),
+    ("engine", ["--cuts=-1,4"], "argument --cuts: cut -1 is out of range: a cut counts the blocks before it"),
     ("engine", ["--model", "cnn", "--cuts", "2,99"], "cut 99 is out of range: cnn has"),
-    ("engine", ["--model", "nope"], "unknown model 'nope'"),
+    ("engine", ["--model", "nope"], "argument --model: unknown model 'nope': this benchmark takes a zoo model: cnn, "),
+    ("engine", ["--model", "pkg.mod:factory"],
+     "argument --model: unknown model 'pkg.mod:factory': this benchmark takes a zoo model (a module:factory model "
+     "needs an input shape it has no flag for)"),
     ("optimizer", ["--codec", "junk"], "argument --codec: unknown codec 'junk'"),
     ("optimizer", ["--sweep", "60,x"], "argument --sweep: expected comma-separated integers, got '60,x'"),
     ("optimizer", ["--sweep", "0"], "argument --sweep: fleet sizes must lie in 1..100,000, got '0'"),
@@ -60,7 +61,9 @@ CASES = [
     ("simulation", ["--clients", "2,-1"], "clients must be >= 1, got -1"),
     ("simulation", ["--rounds", "0"], "argument --rounds: expected a positive integer, got 0"),
     ("weights", ["--clients", "0"], "argument --clients: expected a positive integer, got 0"),
-    ("weights", ["--model", "nope"], "unknown model 'nope'"),
+    ("weights", ["--model", "nope"], "argument --model: unknown model 'nope': this benchmark takes a zoo model: cnn, "),
+    ("startup", ["--reps", "0"], "argument --reps: expected a positive integer, got 0"),
+    ("startup", ["--model", "vgg"], "argument --model: unknown model 'vgg': this benchmark takes a zoo model: cnn, "),
     ("transport", ["--batch", "0", "--skip-a"], "argument --batch: expected an integer in 1..1,048,576, got 0"),
     ("transport", ["--reps-b", "0", "--skip-a"], "argument --reps-b: expected a positive integer, got 0"),
 ]
@@ -94,8 +97,20 @@ def test_the_accuracy_check_writes_the_file_out_names(tmp_path: Path, monkeypatc
     assert written == [tmp_path / "mine.json", ROOT / "benchmarks" / "results" / "accuracy.json"]
 
 
-FAST = [("engine", ["--batch", "0"]), ("optimizer", ["--sweep", "0"]), ("simulation", ["--rounds", "0"]),
-        ("transport", ["--reps-b", "0", "--skip-a"]), ("weights", ["--clients", "0"])]
+# engine's and weights' --model and engine's --cuts syntax: checked against the zoo's names and the rules of every
+# cut vector before torch is imported, where they were checked after (a module of the zoo, the model's blocks)
+FAST = [("engine", ["--model", "nope"]), ("engine", ["--cuts", "5,2"]), ("optimizer", ["--sweep", "0"]),
+        ("simulation", ["--rounds", "0"]), ("transport", ["--reps-b", "0", "--skip-a"]), ("weights", ["--model", "nope"]),
+        ("startup", ["--model", "nope"])]
+
+
+def test_the_model_names_known_before_torch_are_the_zoos() -> None:
+    """Each name the zoo has, and only those (the benchmarks' --model is checked against them before torch is
+    imported): a model added to the zoo and not to the list would be refused."""
+    from splitfed.models.zoo import ZOO
+    from splitfed.zoo_names import ZOO_NAMES
+
+    assert sorted(ZOO_NAMES) == sorted(ZOO)
 
 
 @pytest.mark.parametrize(("name", "args"), FAST, ids=[f"{n} {' '.join(a)}" for n, a in FAST])

@@ -576,7 +576,8 @@ def test_a_json_out_that_cannot_be_written_is_refused_when_read(tmp_path: Path) 
 def test_a_benchmark_takes_zoo_models_by_name_only() -> None:
     assert _args.zoo_model("mlp") == "mlp"
     said = _refused(_args.zoo_model, "tests.models_audit33:pruned")
-    assert said.startswith("unknown model 'tests.models_audit33:pruned': this benchmark takes a zoo model: ")
+    assert said.startswith("unknown model 'tests.models_audit33:pruned': this benchmark takes a zoo model (a "
+                           "module:factory model needs an input shape it has no flag for): ")
     assert "mlp" in said and "resnet18" in said
 
 
