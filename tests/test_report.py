@@ -200,6 +200,19 @@ def test_format_table_aligns_numbers_right() -> None:
     assert lines[2].endswith(" 1.50") and lines[3].endswith("10.25") and lines[4].endswith("-")
 
 
+def test_a_columns_floats_read_alike_in_the_terminal_and_in_markdown() -> None:
+    """Before, each cell had its own decimals by its magnitude: accuracy 1.0 read ``1.00`` beside ``0.9972``
+    (and 0.0 ``0``). Now a column's floats take the decimals of the one that takes the most; integers, none,
+    and what 3 significant digits write stay as they were."""
+    rows = [["a", 1.0, 0.0, 3], ["b", 0.9972, 12.5, None], ["c", 0.5, 2e-4, 7]]
+    lines = format_table(["run", "final accuracy", "s", "n"], rows).splitlines()
+    assert [line.split() for line in lines[2:]] == [["a", "1.0000", "0.00", "3"], ["b", "0.9972", "12.50", "-"],
+                                                    ["c", "0.5000", "0.0002", "7"]]
+    md = markdown_table(["run", "final accuracy", "s", "n"], rows).splitlines()
+    assert md[2:] == ["| a | 1.0000 | 0.00 | 3 |", "| b | 0.9972 | 12.50 | - |", "| c | 0.5000 | 0.0002 | 7 |"]
+    assert format_table(["x"], [[1.0], [2.25]]).splitlines()[2:] == ["1.00", "2.25"]  # none below 1: 2 decimals
+
+
 def test_cut_mix_counts_most_common_first() -> None:
     assert cut_mix([(2, 5), (1, 3), (2, 5)]) == "2,5 x2; 1,3"
     assert cut_mix([]) == "-"

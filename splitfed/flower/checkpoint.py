@@ -20,10 +20,13 @@ previous checkpoint is left as it was.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pickle
 import shlex
 import socket
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -313,3 +316,55 @@ def _known_format(path: Path, fmt: object) -> None:
     raise ConfigError(f"cannot resume: {path} is of checkpoint format {fmt!r}, which no splitfed writes (this "
                       f"one reads formats 1 and {FORMAT}): restore it from a copy or start the run over with "
                       "--overwrite")
+
+
+class _Stub:
+    """What a torch object in a checkpoint's pickle reads as (:func:`recorded_settings`): nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
+class _MetaOnly(pickle.Unpickler):
+    """A checkpoint's ``data.pkl`` read without torch: its tensors (and their storages) as :class:`_Stub`, their
+    bytes (other files of the zip) never read; any other class than torch's and ``OrderedDict`` (the state's) is
+    refused, so the file can make nothing run."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "collections" and name == "OrderedDict":
+            return dict
+        if module == "torch" or module.startswith("torch."):
+            return _Stub
+        raise pickle.UnpicklingError(f"{module}.{name} is no part of a checkpoint")
+
+    def persistent_load(self, pid: Any) -> Any:
+        return None
+
+
+MAX_PICKLE = 64 << 20  # bytes of a checkpoint's data.pkl read for its settings: its tensors' bytes are elsewhere
+
+
+def recorded_settings(folder: Path) -> dict[str, Any]:
+    """The settings the run's checkpoint records, {} where it has none or cannot be read (``splitfed report`` on a
+    run stopped before its end: no summary.json). Read from the zip that ``torch.save`` wrote without torch
+    (:class:`_MetaOnly`): no torch imported, none of its weights read. Not checked against its sha256: these say
+    what the run was (mode, tiers), and a resume checks the file before it uses it."""
+    path = folder / FILENAME
+    if not path.is_file():
+        return {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            info = next((i for i in z.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"),
+                        None)
+            if info is None or info.file_size > MAX_PICKLE:
+                return {}
+            payload = _MetaOnly(io.BytesIO(z.read(info))).load()
+        meta = json.loads(payload["meta"]) if isinstance(payload, dict) and isinstance(payload.get("meta"), str) \
+            else None
+    except Exception:  # noqa: BLE001 - any file that is not a readable checkpoint says nothing of the run
+        return {}
+    settings = meta.get("settings") if isinstance(meta, dict) else None
+    return settings if isinstance(settings, dict) else {}

@@ -369,10 +369,10 @@ def _with_start(run: Run, x: Sequence[float]) -> tuple[list[float], list[float]]
 
 
 def _chain(run: Run) -> int | None:
-    """How many tiers the run's chain has: its settings' ``tiers`` (``summary.json``), else one more than
-    the server tiers its rows' ``tier_weight_bytes`` name; None when neither says."""
-    settings = run.summary.get("settings")
-    tiers = settings.get("tiers") if isinstance(settings, dict) else None
+    """How many tiers the run's chain has: its settings' ``tiers`` (``summary.json``'s, else its checkpoint's:
+    :attr:`~splitfed.report.runs.Run.settings`), else one more than the server tiers its rows'
+    ``tier_weight_bytes`` name; None when none says."""
+    tiers = run.settings.get("tiers")
     if isinstance(tiers, int) and not isinstance(tiers, bool) and tiers >= 2:
         return tiers
     for r in run.rounds:

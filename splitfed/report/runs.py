@@ -12,7 +12,9 @@ back]: their weight exchange) and ``cuts`` (client -> cut vector, or a list in c
 A run that stopped before its end has no ``summary.json`` (it is written last), and a
 crash can cut the last line of ``metrics.jsonl`` short (the rows before it are read,
 by :func:`splitfed.flower.metrics.read_rows_cut`): :attr:`Run.finished` and
-:attr:`Run.cut_short` say so, and :func:`run_notes` puts it in words for the reader.
+:attr:`Run.cut_short` say so, and :func:`run_notes` puts it in words for the reader. Its
+settings (mode, tiers...) are then those its checkpoint records (:attr:`Run.settings`,
+:func:`splitfed.flower.checkpoint.recorded_settings`, read without torch).
 :attr:`Run.status` says what became of the run, from the record a run of splitfed keeps
 of its start and end (:func:`splitfed.flower.runfolder.status`): ``finished``,
 ``stopped``, ``failed``, ``running``, ``crashed``, ``unknown`` (no end recorded, run on
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError
+from splitfed.flower.checkpoint import recorded_settings
 from splitfed.flower.metrics import METRICS, SUMMARY, read_rows_cut
 from splitfed.jsonio import dumps, write_atomic, write_json
 
@@ -87,6 +90,15 @@ class Run:
     cut_short: bool = False
     status: str = "finished"
     record: Mapping[str, Any] = field(default_factory=dict)
+    # the settings its checkpoint records, read where the folder has no summary.json (a run stopped before its
+    # end): {} for a folder with one, or without a checkpoint that says
+    checkpoint_settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """The run's settings (mode, tiers, u_shape...): its summary's, else its checkpoint's, else {}."""
+        s = self.summary.get("settings")
+        return s if isinstance(s, Mapping) else self.checkpoint_settings
 
     @property
     def sim_time(self) -> list[float]:
@@ -298,8 +310,9 @@ def load_run(path: str | Path, label: str | None = None, *, unstarted: bool = Fa
     from splitfed.flower.runfolder import status
 
     st = status(folder)
+    recorded = {} if isinstance(summary.get("settings"), dict) else recorded_settings(folder)
     return replace(run, finished=(folder / SUMMARY).is_file(), cut_short=cut_short, status=st.state,
-                   record=dict(st.record))
+                   record=dict(st.record), checkpoint_settings=recorded)
 
 
 def _live(folder: Path) -> Mapping[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from splitfed.jsonio import write_atomic
 from splitfed.report.runs import MEASURED, RoundRow, Run, clock_of, run_notes
-from splitfed.report.table import MB, format_value, shown
+from splitfed.report.table import MB, format_column, format_value, shown
 
 HEADERS = ("run", "mode", "tiers", "U-shape", "rounds", "final accuracy", "best accuracy", "sim time s",
            "mean sim round s", "activation MB", "weight MB", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
@@ -44,10 +44,10 @@ def summary_rows(runs: Sequence[Run], target: float | None = None) -> tuple[list
 
 
 def chain_of(run: Run) -> tuple[str | None, int | None, str | None]:
-    """The run's mode, tiers and U-shape ("yes" or "no") from its settings (``summary.json``); None for
-    what they do not say (a run without a summary yet), so two runs' rows tell what they compare."""
-    settings = run.summary.get("settings")
-    s = settings if isinstance(settings, dict) else {}
+    """The run's mode, tiers and U-shape ("yes" or "no") from its settings (``summary.json``'s, else those its
+    checkpoint records: a run stopped before its end); None for what they do not say (a run without either),
+    so two runs' rows tell what they compare."""
+    s = run.settings
     mode, tiers, u = s.get("mode"), s.get("tiers"), s.get("u_shape")
     return (mode if isinstance(mode, str) else None,
             tiers if isinstance(tiers, int) and not isinstance(tiers, bool) else None,
@@ -96,15 +96,16 @@ def markdown_code(text: str) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-flavoured Markdown table (text escaped: :func:`markdown_text`; numbers right-aligned)."""
-    def esc(v: Any) -> str:
-        return markdown_text(format_value(v))
-
+    """A GitHub-flavoured Markdown table (text escaped: :func:`markdown_text`; numbers right-aligned, a column's
+    floats with alike decimals: :func:`~splitfed.report.table.format_column`)."""
+    columns = [format_column([row[j] for row in rows if j < len(row)])
+               for j in range(max([len(headers), *map(len, rows)]))]
     numeric = [all(isinstance(row[j], int | float) or row[j] is None for row in rows) and bool(rows)
                for j in range(len(headers))]
-    out = ["| " + " | ".join(esc(h) for h in headers) + " |",
+    out = ["| " + " | ".join(markdown_text(format_value(h)) for h in headers) + " |",
            "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
-    out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in rows]
+    out += ["| " + " | ".join(markdown_text(columns[j][i]) for j in range(len(row))) + " |"
+            for i, row in enumerate(rows)]
     return "\n".join(out)
 
 

@@ -48,7 +48,9 @@ def rjust(text: str, columns: int) -> str:
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
     """A plain-text table; numbers right-aligned, text left-aligned (one line per row: :func:`shown`; widths in
     terminal columns: :func:`width`)."""
-    cells = [[format_value(v) for v in row] for row in rows]
+    columns = [format_column([row[j] for row in rows if j < len(row)])
+               for j in range(max([len(headers), *map(len, rows)]))]
+    cells = [[columns[j][i] for j in range(len(row))] for i, row in enumerate(rows)]
     headers = [format_value(h) for h in headers]
     numeric = [all(_is_num(row[j]) for row in rows if j < len(row) and row[j] not in _FILLERS) and bool(rows)
                for j in range(len(headers))]
@@ -131,10 +133,31 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+def _decimals(v: float) -> int | None:
+    """The decimals :func:`format_value` writes ``v`` with in fixed point; None where it writes it otherwise
+    (0, NaN, inf, 3 significant digits)."""
+    a = abs(v)
+    if not math.isfinite(v) or a == 0 or a >= 1e15 or a < 1e-3:
+        return None
+    return 0 if a >= 1e5 else 2 if a >= 1 else 4
+
+
+def format_column(values: Sequence[Any]) -> list[str]:
+    """A column's cells (:func:`format_value`), its floats in fixed point with the decimals of the one that
+    takes the most, a zero too: an accuracy of 1.0 reads ``1.0000`` beside ``0.9972``, not ``1.00``, and 0.0
+    ``0.0000``. The other cells (text, integers, none, floats written with 3 significant digits) as each is."""
+    decimals = [d for v in values if isinstance(v, float) and (d := _decimals(v)) is not None]
+    if not decimals:
+        return [format_value(v) for v in values]
+    most = max(decimals)
+    return [f"{abs(v) if v == 0 else v:.{most}f}" if isinstance(v, float) and (v == 0 or _decimals(v) is not None)
+            else format_value(v) for v in values]  # (-0.0 as 0.0: "-0.0000" would read as a loss below zero)
+
+
 def format_value(v: Any) -> str:
     """A cell: ``-`` for none (None, NaN); a float with 4 decimals below 1, 2 below 1e5, whole from there (a
     long run's simulated seconds, 123,456 and 123,900, must read apart: 3 significant digits made both
-    ``1.23e+05``), 3 significant digits below 1e-3 and from 1e15."""
+    ``1.23e+05``), 3 significant digits below 1e-3 and from 1e15. A table's column: :func:`format_column`."""
     if v is None:
         return "-"
     if isinstance(v, bool) or isinstance(v, int):
