@@ -82,6 +82,7 @@ from splitfed.transport.describe import PROTOCOL, this_version
 _SAMPLE_STREAM = 211  # derive_seed purpose of client sampling
 POLL_S = 0.2
 WAITING_S = 30.0  # a round still waiting for its clients says how far it got this often (RoundProgress)
+QUERY_EVERY_S = 10.0  # the query round says how many nodes answered this often (QueryProgress)
 NO_REPLY = "no reply before the round timeout"  # why a client that never answered failed (rows, RoundFailed)
 
 
@@ -173,6 +174,28 @@ class RoundProgress:
                      + (f" ({failed} failed)" if failed else "") + f"  wall {now - self.began:.0f}s")
 
 
+class QueryProgress:
+    """The query round, said as it starts and then every ``every_s`` seconds while it waits. Its first answer
+    waits for the ClientApps to start (in ``splitfed simulate``, Ray's workers importing torch and the app: 7 to
+    30 s on 2 busy cores, then 200 answers in a second or two); ``simulate`` said nothing meanwhile (its Flower
+    log is off) and looked hung."""
+
+    def __init__(self, say: Callable[[str], None], nodes: int, every_s: float = QUERY_EVERY_S) -> None:
+        self.say, self.nodes, self.every_s = say, nodes, every_s
+        self.began = self.said = time.monotonic()
+        say(f"query round: asking the {nodes} node(s) for their partition and device (the first answer waits for "
+            "their ClientApps to start)...")
+
+    def waiting(self, replies: Sequence[Message]) -> None:
+        """While the query round waits; ``replies``: the answers so far (an error is a node left out)."""
+        now = time.monotonic()
+        if now - self.said >= self.every_s:
+            self.said = now
+            failed = _errors(replies)
+            self.say(f"query round: {len(replies)}/{self.nodes} node(s) answered"
+                     + (f" ({failed} failed)" if failed else "") + f"  wall {now - self.began:.0f}s")
+
+
 def _errors(replies: Sequence[Message]) -> int:
     return sum(m.has_error() for m in replies)
 
@@ -240,18 +263,18 @@ class SplitFedAvg(FedAvg):
         while len(nodes := sorted(grid.get_node_ids())) < s.clients and (now := time.monotonic()) < deadline:
             self._check_stop()
             if said is None or said[0] != len(nodes) or now - said[1] >= self.waiting_s:
-                log(INFO, "Waiting for nodes: %d of %d registered", len(nodes), s.clients)
+                self._tell(f"Waiting for nodes: {len(nodes)} of {s.clients} registered")
                 said = (len(nodes), now)
             time.sleep(1.0)
         if said is not None and len(nodes) < s.clients:  # the wait ran out: where it ended
-            log(INFO, "Waiting for nodes: %d of %d registered when node-wait-s (%gs) ran out", len(nodes),
-                s.clients, s.node_wait_s)
+            self._tell(f"Waiting for nodes: {len(nodes)} of {s.clients} registered when node-wait-s "
+                       f"({s.node_wait_s:g}s) ran out")
         need = s.min_clients
         if len(nodes) < need:
             raise ConfigError(f"only {len(nodes)} node(s) registered within {s.node_wait_s:.0f}s; "
                               f"at least {need} needed")
         self._profile_of = profile_of
-        clients, links, left, answered = self._query(grid, nodes)
+        clients, links, left, answered = self._query(grid, nodes, QueryProgress(self._tell, len(nodes)).waiting)
         self._strangers = set(nodes) - set(clients)
         if len(clients) < need:  # said whole: nodes that answered and were left out are no network trouble
             raise ConfigError(f"only {len(clients)} node(s) admitted by the query round ({answered} of "
@@ -261,9 +284,19 @@ class SplitFedAvg(FedAvg):
             ", ".join(f"{c.client_id}={c.profile or '?'}{links[n]}" for n, c in self.clients.items()))
         return list(self.clients.values())
 
-    def _query(self, grid: Grid, nodes: Sequence[int]) -> QueryRound:
+    def _tell(self, line: str) -> None:
+        """A line of how registration goes: to the run's progress (``say``: ``splitfed simulate``'s terminal,
+        the ServerApp's log under ``flwr run``), else to Flower's log."""
+        if self.say is not None:
+            self.say(line)
+        else:
+            log(INFO, "%s", line)
+
+    def _query(self, grid: Grid, nodes: Sequence[int],
+               waiting: Callable[[Sequence[Message]], None] | None = None) -> QueryRound:
         """The query round of ``nodes``: each one's client (by node id), and what its answer says of its link
-        and speed for the log; a node whose answer does not do is left out, with why (logged and kept)."""
+        and speed for the log; a node whose answer does not do is left out, with why (logged and kept).
+        ``waiting``: told the answers so far while it waits (:class:`QueryProgress`)."""
         s = self.settings
         ask = ConfigRecord({"model": json.dumps(self.spec.to_dict(), sort_keys=True), "dataset": s.dataset,
                             "partition": s.partition, "seed": s.seed})
@@ -276,7 +309,7 @@ class SplitFedAvg(FedAvg):
             ask.update({"measure-speed": True, "batch-size": s.batch_size})
         msgs = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type=MessageType.QUERY)
                 for n in nodes]
-        replies = self.exchange(grid, msgs, s.node_wait_s)
+        replies = self.exchange(grid, msgs, s.node_wait_s, waiting)
         profile_of = self._profile_of
         clients: dict[int, ClientInfo] = {}
         left = {n: f"no reply within node-wait-s ({s.node_wait_s:g}s)" if why == NO_REPLY else why

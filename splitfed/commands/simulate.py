@@ -172,6 +172,10 @@ def _fresh_folder(stem: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from splitfed.sim.ray_start import check_socket_room
+
+    if not args.resume:  # a run Ray cannot start for is refused first, not after seconds of imports (torch, Ray)
+        check_socket_room()  # (a resume may train nothing, needing no Ray: the runner checks it before Ray's start)
     from splitfed.flower import runfolder
     from splitfed.sim.runner import simulate, validate
 

@@ -21,6 +21,7 @@ import datetime
 import os
 import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -42,14 +43,29 @@ class RayStartError(RuntimeError):
 SOCKET = "plasma_store"  # the longest name Ray gives a socket in its session folder (the other: "raylet")
 
 
+def ray_temp_root() -> str:
+    """The folder Ray keeps its sessions in, ``<RAY_TMPDIR or TMPDIR or /tmp>/ray``, read as Ray reads it
+    (``get_default_ray_temp_dir`` in ``ray._common.utils``) without importing Ray: ``splitfed simulate``
+    refuses a folder too deep before its heavy imports (:func:`check_socket_room`).
+    tests/test_simulate_progress.py holds it to Ray's own."""
+    if "RAY_TMPDIR" in os.environ:
+        base = os.environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        base = os.environ["TMPDIR"]
+    elif sys.platform.startswith(("darwin", "linux")):
+        base = os.path.join(os.sep, "tmp")
+    else:
+        base = tempfile.gettempdir()
+    return os.path.join(base, "ray")
+
+
 def check_socket_room() -> None:
     """Refuse (:class:`ConfigError`), before Ray starts, a temporary folder too deep for Ray's Unix sockets: a
     socket's path has at most 107 bytes (103 on macOS), and Ray makes its sockets in
     ``<RAY_TMPDIR or TMPDIR>/ray/session_<date>_<pid>/sockets``. A batch job's TMPDIR is often that deep; Ray
-    then failed on each try with a path-length OSError, keeping a session folder each time."""
-    from ray._common.utils import get_default_ray_temp_dir
-
-    root = get_default_ray_temp_dir()
+    then failed on each try with a path-length OSError, keeping a session folder each time. Imports nothing
+    heavy (not Ray): ``splitfed simulate`` checks it first, a one-line refusal in a moment."""
+    root = ray_temp_root()
     stamp = datetime.datetime(2000, 1, 1).strftime("%Y-%m-%d_%H-%M-%S_%f")  # as Ray names a session: fixed width
     path = Path(root) / f"session_{stamp}_{os.getpid()}" / "sockets" / SOCKET
     limit = (104 if sys.platform.startswith("darwin") else 108) - 1

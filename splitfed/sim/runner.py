@@ -102,6 +102,7 @@ def simulate(settings: RunSettings, progress: Callable[[str], None] = print, ver
 
 def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: bool, cpus: int | None,
               resumed: Checkpoint | None, held: runfolder.Reservation | None = None) -> dict[str, Any]:
+    check_socket_room()  # a folder Ray cannot start in: refused before anything is said, imported or started
     cpus = cpus or max(1, min(len(os.sched_getaffinity(0)), settings.clients))
     tiers = (f"using the tiers at {', '.join(settings.addresses)}" if settings.addresses
              else f"and {settings.tiers - 1} tier process(es)"
@@ -132,7 +133,6 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
     began = time.time()
     try:
         before = signals.install()
-        check_socket_room()
         try:
             with signals.starting():
                 # a Ray of the run's own, even where RAY_ADDRESS names a running one (a Ray cluster's node sets
@@ -147,6 +147,8 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
         watch = SessionWatch(session) if session is not None else None
         signals.install()  # again, should a Ray that ``starting`` cannot keep from it have put its own in
         signals.reraise()  # a signal while Ray started: the run stops now, before anything else starts
+        if not settings.addresses:  # Ray's start and the tiers' each take seconds (20 s together on a busy machine)
+            progress(f"Ray is up; starting {settings.tiers - 1} tier process(es)...")
         with start_tiers(settings) as chain:
             if watch is not None and chain.coordinator_token_file and not settings.coordinator_token_file:
                 watch.also_remove(Path(chain.coordinator_token_file))  # the run's own secret: never left behind
