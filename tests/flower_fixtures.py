@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from types import SimpleNamespace
 
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 
+import server.strategy
 from splitfed.engine.link import InProcessLink
 from splitfed.engine.rounds import inprocess_chain
 from splitfed.sim.tiers import TierChain
@@ -175,3 +177,27 @@ def reference_run(settings, rounds: int | None = None, *, first: int = 1, state=
                                               s.local_epochs) for c in clients}
         state = reference_round(cfg, state, assignment, batches, s.tiers)
     return state
+
+
+class StrategyClock:
+    """``server.strategy``'s ``time``: a monotonic clock that only ``sleep`` moves (and the test); ``slept``: each
+    sleep asked for."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+@pytest.fixture
+def strategy_clock(monkeypatch: pytest.MonkeyPatch) -> StrategyClock:
+    """A :class:`StrategyClock` in place of ``server.strategy``'s ``time`` (every test's: tests/conftest.py)."""
+    c = StrategyClock()
+    monkeypatch.setattr(server.strategy, "time", SimpleNamespace(monotonic=c.monotonic, sleep=c.sleep))
+    return c

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from types import SimpleNamespace
 
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
@@ -25,7 +24,7 @@ from server.app import metrics_row
 from server.strategy import WAITING_S, RoundProgress, RoundRecord, SplitFedAvg, moves, settle
 from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import ClientInfo, make_policy
-from tests.flower_fixtures import FakeGrid, inprocess_tiers
+from tests.flower_fixtures import FakeGrid, StrategyClock, inprocess_tiers
 
 SMALL = RunSettings(rounds=1, clients=3, tiers=3, cuts="static:1,3", batch_size=32, node_wait_s=5.0,
                     round_timeout_s=30.0)
@@ -35,26 +34,6 @@ def _strategy(settings: RunSettings = SMALL, **kw) -> SplitFedAvg:  # type: igno
     return SplitFedAvg(settings, [], make_policy(settings), **kw)
 
 
-class _Clock:
-    """``server.strategy``'s ``time``: a monotonic clock that only ``sleep`` moves (and the test)."""
-
-    def __init__(self, now: float = 100.0) -> None:
-        self.now = now
-        self.slept: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.slept.append(s)
-        self.now += s
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    c = _Clock()
-    monkeypatch.setattr(server.strategy, "time", SimpleNamespace(monotonic=c.monotonic, sleep=c.sleep))
-    return c
 
 
 # ---------------------------------------------------------------- RoundRecord, moves, settle
@@ -93,30 +72,30 @@ def _replies(ok: int, failed: int) -> list[Message]:
             + [Message(Error(code=0, reason="gone"), reply_to=asked) for _ in range(failed)])
 
 
-def test_a_fresh_progress_has_no_clients_none_done_none_failed(clock: _Clock) -> None:
+def test_a_fresh_progress_has_no_clients_none_done_none_failed(strategy_clock: StrategyClock) -> None:
     said: list[str] = []
     RoundProgress(said.append, 1, 2, 0.0).waiting([])
     assert said == ["round 1/2  0/0 clients done  wall 0s"]
 
 
-def test_progress_counts_the_answered_groups_and_their_failures(clock: _Clock) -> None:
+def test_progress_counts_the_answered_groups_and_their_failures(strategy_clock: StrategyClock) -> None:
     """Done and failed add up over the groups (sl, sflv2: a turn each) and the replies in so far."""
     said: list[str] = []
     watch = RoundProgress(said.append, 3, 5, 0.0)
     watch.clients = 6
     watch.answered(_replies(1, 1))
     watch.answered(_replies(1, 0))
-    clock.now += 42.0
+    strategy_clock.now += 42.0
     watch.waiting(_replies(1, 1))
     assert said == ["round 3/5  5/6 clients done (2 failed)  wall 42s"]
 
 
-def test_progress_speaks_once_every_s_have_passed_and_not_before(clock: _Clock) -> None:
+def test_progress_speaks_once_every_s_have_passed_and_not_before(strategy_clock: StrategyClock) -> None:
     said: list[str] = []
     watch = RoundProgress(said.append, 1, 1, 30.0)
     watch.clients = 2
     for t in (110.0, 129.0, 130.0, 140.0, 159.5, 160.0):
-        clock.now = t
+        strategy_clock.now = t
         watch.waiting([])
     assert said == ["round 1/1  0/2 clients done  wall 30s", "round 1/1  0/2 clients done  wall 60s"]
 
@@ -153,14 +132,14 @@ class _TwoOfThree(FakeGrid):
         return self.node_ids[:2]
 
 
-def test_registration_polls_each_second_for_node_wait_s_then_goes_on_with_min_clients(clock: _Clock,
+def test_registration_polls_each_second_for_node_wait_s_then_goes_on_with_min_clients(strategy_clock: StrategyClock,
                                                                                          caplog) -> None:
     """3 clients asked, 2 connect, 2 must finish: it waits the 3 s given (a poll a second) and registers the 2;
     the minimum itself is enough."""
     s = SMALL.with_(clients=3, min_clients=2, node_wait_s=3.0)
     with caplog.at_level("INFO"):
         got = _strategy(s).register(_TwoOfThree(clients.app.app, 3))
-    assert clock.slept == [1.0, 1.0, 1.0] and clock.now == 103.0
+    assert strategy_clock.slept == [1.0, 1.0, 1.0] and strategy_clock.now == 103.0
     # said at its start and where it ran out, not at each poll (tests/test_node_wait_messages.py)
     assert caplog.text.count("Waiting for nodes: 2 of 3 registered") == 2
     assert "Waiting for nodes: 2 of 3 registered when node-wait-s (3s) ran out" in caplog.text

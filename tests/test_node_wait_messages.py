@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from types import SimpleNamespace
 
 import pytest
 from flwr.app import Context, Message
@@ -22,30 +21,12 @@ from server.strategy import SplitFedAvg
 from splitfed.errors import ConfigError
 from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import make_policy
-from tests.flower_fixtures import FakeGrid
+from tests.flower_fixtures import FakeGrid, StrategyClock
 
 SMALL = RunSettings(rounds=1, clients=3, tiers=3, cuts="static:1,3", batch_size=32, node_wait_s=120.0,
                     round_timeout_s=30.0)
 
 
-class _Clock:
-    """``server.strategy``'s ``time``: a monotonic clock that only ``sleep`` moves."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    c = _Clock()
-    monkeypatch.setattr(server.strategy, "time", SimpleNamespace(monotonic=c.monotonic, sleep=c.sleep))
-    return c
 
 
 def _strategy(settings: RunSettings) -> SplitFedAvg:
@@ -79,7 +60,7 @@ def _partitions(grid: FakeGrid, num_partitions: int) -> FakeGrid:
 # ---------------------------------------------------------------- the wait
 
 
-def test_a_long_wait_at_one_count_says_it_every_30_s_and_where_the_wait_ran_out(clock: _Clock, caplog) -> None:
+def test_a_long_wait_at_one_count_says_it_every_30_s_and_where_the_wait_ran_out(strategy_clock: StrategyClock, caplog) -> None:
     """2 of 3 nodes for the whole 120 s: at 0, 30, 60 and 90 s, then the end (before: 120 lines)."""
     with caplog.at_level(logging.INFO):
         got = _strategy(SMALL).register(_Listed(3, [2]))
@@ -88,7 +69,7 @@ def test_a_long_wait_at_one_count_says_it_every_30_s_and_where_the_wait_ran_out(
     assert [c.client_id for c in got] == ["client0", "client1"]
 
 
-def test_the_wait_says_each_new_count_at_once_and_nothing_more_once_all_came(clock: _Clock, caplog) -> None:
+def test_the_wait_says_each_new_count_at_once_and_nothing_more_once_all_came(strategy_clock: StrategyClock, caplog) -> None:
     """1 node for 3 s, then 2 for 40 s, then all 3: each count the moment it changes, 2 again 30 s later."""
     with caplog.at_level(logging.INFO):
         got = _strategy(SMALL).register(_Listed(3, [1] * 3 + [2] * 40 + [3]))
@@ -100,7 +81,7 @@ def test_the_wait_says_each_new_count_at_once_and_nothing_more_once_all_came(clo
 # ---------------------------------------------------------------- the query round's refusal
 
 
-def test_nodes_that_answered_but_were_left_out_are_said_so_with_why(clock: _Clock, caplog) -> None:
+def test_nodes_that_answered_but_were_left_out_are_said_so_with_why(strategy_clock: StrategyClock, caplog) -> None:
     """The prober's run: clients=3, two nodes started with num-partitions=2. Both answer, both are left out;
     the refusal was "only 0 node(s) answered the query round; at least 1 needed"."""
     grid = _partitions(FakeGrid(clients.app.app, 2), 2)
@@ -112,7 +93,7 @@ def test_nodes_that_answered_but_were_left_out_are_said_so_with_why(clock: _Cloc
     assert _waiting(caplog)[-1] == "Waiting for nodes: 2 of 3 registered when node-wait-s (120s) ran out"
 
 
-def test_each_reason_is_counted_the_most_common_first(clock: _Clock) -> None:
+def test_each_reason_is_counted_the_most_common_first(strategy_clock: StrategyClock) -> None:
     """Four nodes, two needed: one crashes, one never replies, two deal the data out otherwise."""
     def app(msg: Message, ctx: Context) -> Message:
         if ctx.node_id == 1000:  # FakeGrid's first node
@@ -130,7 +111,7 @@ def test_each_reason_is_counted_the_most_common_first(clock: _Clock) -> None:
         "node-wait-s (5s) (1 node); an error instead of an answer: RuntimeError: no data here (1 node)")
 
 
-def test_two_nodes_on_one_partition_are_both_counted_as_left_out(clock: _Clock) -> None:
+def test_two_nodes_on_one_partition_are_both_counted_as_left_out(strategy_clock: StrategyClock) -> None:
     grid = FakeGrid(clients.app.app, 2)
     for n in grid.node_ids:
         grid.contexts[n].node_config.update({"partition-id": 0, "num-partitions": 2})

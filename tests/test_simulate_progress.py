@@ -15,7 +15,6 @@ import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from flwr.app import Context, Message
@@ -27,7 +26,7 @@ from server.strategy import SplitFedAvg
 from splitfed.errors import ConfigError
 from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import make_policy
-from tests.flower_fixtures import FakeGrid, inprocess_tiers
+from tests.flower_fixtures import FakeGrid, StrategyClock, inprocess_tiers
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = RunSettings(rounds=1, clients=4, tiers=3, cuts="static:1,3", batch_size=32, node_wait_s=120.0,
@@ -39,24 +38,6 @@ def _asking(nodes: int) -> str:
             "their ClientApps to start)...")
 
 
-class _Clock:
-    """``server.strategy``'s ``time``: a monotonic clock that only ``sleep`` moves."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    c = _Clock()
-    monkeypatch.setattr(server.strategy, "time", SimpleNamespace(monotonic=c.monotonic, sleep=c.sleep))
-    return c
 
 
 class _OneAnswerAtATime(FakeGrid):
@@ -79,7 +60,7 @@ class _OneAnswerAtATime(FakeGrid):
         return [self.replies.pop(ready[0])] if ready and self.pulls % self.every == 0 else []
 
 
-def test_the_query_round_says_it_starts_and_every_10_s_how_many_answered(clock: _Clock) -> None:
+def test_the_query_round_says_it_starts_and_every_10_s_how_many_answered(strategy_clock: StrategyClock) -> None:
     """4 nodes answering 4 s apart (the first with an error): the start at once, the count at 10 s, no more once
     all answered (16 s). Before: nothing to the run's progress (only Flower's log, off in simulate)."""
     def app(msg: Message, ctx: Context) -> Message:
@@ -95,12 +76,12 @@ def test_the_query_round_says_it_starts_and_every_10_s_how_many_answered(clock: 
     assert [c.client_id for c in got] == ["client1", "client2", "client3"]
 
 
-def test_the_wait_for_nodes_is_said_to_the_runs_progress(clock: _Clock, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_wait_for_nodes_is_said_to_the_runs_progress(strategy_clock: StrategyClock, caplog: pytest.LogCaptureFixture) -> None:
     """Where the run has a progress (``say``: simulate's terminal), the wait for nodes is said there, as often as
     in Flower's log before; without one, Flower's log has it (tests/test_node_wait_messages.py)."""
     class _Late(FakeGrid):  # 3 of 4 nodes for 5 s, then all
         def get_node_ids(self) -> Iterable[int]:
-            return self.node_ids if clock.now >= 105 else self.node_ids[:3]
+            return self.node_ids if strategy_clock.now >= 105 else self.node_ids[:3]
 
     said: list[str] = []
     with caplog.at_level("INFO"):
