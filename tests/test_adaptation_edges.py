@@ -158,3 +158,19 @@ def test_the_class_table_counts_each_move_a_reversal_included() -> None:
 def test_a_run_of_one_round_has_no_moves_column() -> None:
     text = end_of_run(_rows([{"client0": [1, 5]}]))
     assert text.split("cuts per device class\n")[1].split("\n")[0] == "device class  clients  cuts round 1"
+
+
+def test_cuts_in_force_that_do_not_fit_are_moved_with_a_short_reason() -> None:
+    """A resumed run's cuts that its devices can no longer hold (block 1's 1.5 MB of weights on a 1 MB device)
+    move at once, whatever moving costs; the reason names the first three clients over their device and counts
+    the rest (it joined every client's violation: a line as long as the fleet)."""
+    names = [f"d{i}" for i in range(12)]
+    devs = tuple(Client(n, "pi", TierProfile(1e9, 1e6), LinkProfile(1e8, 0.8e6, 0.0), samples=100) for n in names)
+    sc = Scenario(PROF, devs, (TierProfile(5e9, 1e10),), (), batch=10)
+    adapter = Adapter(sc, rounds=5, assignment={n: (2,) for n in names})
+    decision = adapter.observe(1, {})
+    assert sorted(decision.moved) == sorted(names) and all(c == (1,) or c == (0,) for c in adapter.assignment.values())
+    head, _, rest = decision.reason.partition(": ")
+    assert head == "the cuts in force do not fit"
+    assert [v.split(":")[0] for v in rest.split("; ")[:3]] == ["d0", "d1", "d2"]
+    assert rest.endswith("; and 9 more") and rest.count("; ") == 3

@@ -34,7 +34,7 @@ Every price follows the scenario's variant (``Scenario.mode``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
 
@@ -128,6 +128,12 @@ def _listed(names: set[str], most: int = 8) -> str:
     """The names, sorted; a large fleet's first ``most`` and a count (a message stays one readable line)."""
     shown = sorted(names)
     return ", ".join(shown[:most]) + (f" and {len(shown) - most} more" if len(shown) > most else "")
+
+
+def _first(violations: Sequence[str], most: int = 3) -> str:
+    """A large fleet's first ``most`` violations and a count: a decision's reason stays one readable line (every
+    client of a resumed run's changed fleet may be over its device)."""
+    return "; ".join(violations[:most]) + (f"; and {len(violations) - most} more" if len(violations) > most else "")
 
 
 class Adapter:
@@ -225,7 +231,7 @@ class Adapter:
                                 f"gain {J_keep - J_new:.3g} s over {left} round(s) is within the hysteresis")
         self.assignment.update(new)
         why = (f"gain {J_keep - J_new:.3g} s over {left} round(s)" if current.feasible else
-               f"the cuts in force do not fit: {'; '.join(current.violations)}")
+               f"the cuts in force do not fit: {_first(current.violations)}")
         return self._record(round, tuple(sorted(new)), current.makespan_s, M_new, M1_new - M_new, why)
 
     def _pay_off(self, moves: dict[str, Cuts], left: int) -> tuple[dict[str, Cuts], float, float, float]:
