@@ -34,8 +34,6 @@ def _strategy(settings: RunSettings = SMALL, **kw) -> SplitFedAvg:  # type: igno
     return SplitFedAvg(settings, [], make_policy(settings), **kw)
 
 
-
-
 # ---------------------------------------------------------------- RoundRecord, moves, settle
 
 

@@ -27,8 +27,6 @@ SMALL = RunSettings(rounds=1, clients=3, tiers=3, cuts="static:1,3", batch_size=
                     round_timeout_s=30.0)
 
 
-
-
 def _strategy(settings: RunSettings) -> SplitFedAvg:
     return SplitFedAvg(settings, [], make_policy(settings))
 
@@ -60,7 +58,8 @@ def _partitions(grid: FakeGrid, num_partitions: int) -> FakeGrid:
 # ---------------------------------------------------------------- the wait
 
 
-def test_a_long_wait_at_one_count_says_it_every_30_s_and_where_the_wait_ran_out(strategy_clock: StrategyClock, caplog) -> None:
+def test_a_long_wait_at_one_count_says_it_every_30_s_and_where_the_wait_ran_out(strategy_clock: StrategyClock,
+                                                                                caplog) -> None:
     """2 of 3 nodes for the whole 120 s: at 0, 30, 60 and 90 s, then the end (before: 120 lines)."""
     with caplog.at_level(logging.INFO):
         got = _strategy(SMALL).register(_Listed(3, [2]))
@@ -69,7 +68,8 @@ def test_a_long_wait_at_one_count_says_it_every_30_s_and_where_the_wait_ran_out(
     assert [c.client_id for c in got] == ["client0", "client1"]
 
 
-def test_the_wait_says_each_new_count_at_once_and_nothing_more_once_all_came(strategy_clock: StrategyClock, caplog) -> None:
+def test_the_wait_says_each_new_count_at_once_and_nothing_more_once_all_came(strategy_clock: StrategyClock,
+                                                                             caplog) -> None:
     """1 node for 3 s, then 2 for 40 s, then all 3: each count the moment it changes, 2 again 30 s later."""
     with caplog.at_level(logging.INFO):
         got = _strategy(SMALL).register(_Listed(3, [1] * 3 + [2] * 40 + [3]))

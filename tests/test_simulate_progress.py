@@ -38,8 +38,6 @@ def _asking(nodes: int) -> str:
             "their ClientApps to start)...")
 
 
-
-
 class _OneAnswerAtATime(FakeGrid):
     """Gives the answers back one at a time, in the order asked, one every ``every`` pulls (a pull each 0.2 s
     of the fake clock): 4 s apart for the default 20."""
@@ -76,7 +74,8 @@ def test_the_query_round_says_it_starts_and_every_10_s_how_many_answered(strateg
     assert [c.client_id for c in got] == ["client1", "client2", "client3"]
 
 
-def test_the_wait_for_nodes_is_said_to_the_runs_progress(strategy_clock: StrategyClock, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_wait_for_nodes_is_said_to_the_runs_progress(strategy_clock: StrategyClock,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
     """Where the run has a progress (``say``: simulate's terminal), the wait for nodes is said there, as often as
     in Flower's log before; without one, Flower's log has it (tests/test_node_wait_messages.py)."""
     class _Late(FakeGrid):  # 3 of 4 nodes for 5 s, then all
