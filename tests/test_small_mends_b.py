@@ -93,7 +93,7 @@ def test_a_serverapp_given_its_settings_leaves_it_to_its_caller(monkeypatch: pyt
     with caplog.at_level(logging.INFO, logger="flwr"), inprocess_tiers(monkeypatch):
         server.app.build_app(DRIFTING, progress=lines.append)(FakeGrid(clients.app.app, 2), _context({}))
     assert NOTE not in lines + _flwr_lines(caplog)
-    assert lines[0].startswith("run ")
+    assert lines[0].startswith("query round: asking the 2 node(s)") and lines[1].startswith("run ")  # no note first
 
 
 def test_a_fleet_the_note_cannot_draw_is_left_to_the_run_to_refuse(monkeypatch: pytest.MonkeyPatch,
