@@ -211,6 +211,11 @@ def test_a_columns_floats_read_alike_in_the_terminal_and_in_markdown() -> None:
     md = markdown_table(["run", "final accuracy", "s", "n"], rows).splitlines()
     assert md[2:] == ["| a | 1.0000 | 0.00 | 3 |", "| b | 0.9972 | 12.50 | - |", "| c | 0.5000 | 0.0002 | 7 |"]
     assert format_table(["x"], [[1.0], [2.25]]).splitlines()[2:] == ["1.00", "2.25"]  # none below 1: 2 decimals
+    # a row shorter than the others: each cell stays in its own row (a column was read without the short rows'
+    # places, so the cells below a short row moved up one)
+    ragged = format_table(["run", "acc", "s"], [["a", 1.0], ["b", 0.9972, 2.5], ["c", 0.5, 0.25]]).splitlines()
+    assert [line.split() for line in ragged[2:]] == [["a", "1.0000"], ["b", "0.9972", "2.5000"],
+                                                     ["c", "0.5000", "0.2500"]]
 
 
 def test_cut_mix_counts_most_common_first() -> None:

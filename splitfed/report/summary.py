@@ -17,7 +17,7 @@ from typing import Any
 
 from splitfed.jsonio import write_atomic
 from splitfed.report.runs import MEASURED, RoundRow, Run, clock_of, run_notes
-from splitfed.report.table import MB, format_column, format_value, shown
+from splitfed.report.table import MB, format_cells, format_value, shown
 
 HEADERS = ("run", "mode", "tiers", "U-shape", "rounds", "final accuracy", "best accuracy", "sim time s",
            "mean sim round s", "activation MB", "weight MB", "wall s", "status")  # "sim" as :func:`clock_of` says: "measured" for a deployment's runs
@@ -97,15 +97,13 @@ def markdown_code(text: str) -> str:
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table (text escaped: :func:`markdown_text`; numbers right-aligned, a column's
-    floats with alike decimals: :func:`~splitfed.report.table.format_column`)."""
-    columns = [format_column([row[j] for row in rows if j < len(row)])
-               for j in range(max([len(headers), *map(len, rows)]))]
+    floats with alike decimals: :func:`~splitfed.report.table.format_cells`)."""
+    cells = format_cells(rows)
     numeric = [all(isinstance(row[j], int | float) or row[j] is None for row in rows) and bool(rows)
                for j in range(len(headers))]
     out = ["| " + " | ".join(markdown_text(format_value(h)) for h in headers) + " |",
            "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
-    out += ["| " + " | ".join(markdown_text(columns[j][i]) for j in range(len(row))) + " |"
-            for i, row in enumerate(rows)]
+    out += ["| " + " | ".join(markdown_text(c) for c in row) + " |" for row in cells]
     return "\n".join(out)
 
 

@@ -48,9 +48,7 @@ def rjust(text: str, columns: int) -> str:
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
     """A plain-text table; numbers right-aligned, text left-aligned (one line per row: :func:`shown`; widths in
     terminal columns: :func:`width`)."""
-    columns = [format_column([row[j] for row in rows if j < len(row)])
-               for j in range(max([len(headers), *map(len, rows)]))]
-    cells = [[columns[j][i] for j in range(len(row))] for i, row in enumerate(rows)]
+    cells = format_cells(rows)
     headers = [format_value(h) for h in headers]
     numeric = [all(_is_num(row[j]) for row in rows if j < len(row) and row[j] not in _FILLERS) and bool(rows)
                for j in range(len(headers))]
@@ -140,6 +138,14 @@ def _decimals(v: float) -> int | None:
     if not math.isfinite(v) or a == 0 or a >= 1e15 or a < 1e-3:
         return None
     return 0 if a >= 1e5 else 2 if a >= 1 else 4
+
+
+def format_cells(rows: Sequence[Sequence[Any]]) -> list[list[str]]:
+    """Each row's cells, column by column (:func:`format_column`: a column's floats read alike); a row shorter
+    than the others has no cell where it ends."""
+    n = max(map(len, rows), default=0)
+    columns = [format_column([row[j] if j < len(row) else None for row in rows]) for j in range(n)]
+    return [[columns[j][i] for j in range(len(row))] for i, row in enumerate(rows)]
 
 
 def format_column(values: Sequence[Any]) -> list[str]:
