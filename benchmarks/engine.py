@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from splitfed.cli import Parser, script
-from splitfed.commands._args import batch_size, int_list, json_out, positive_int, zoo_model
+from splitfed.commands._args import batch_size, cut_list, json_out, positive_int, zoo_model
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_json
 
@@ -46,19 +46,6 @@ DEFAULT_MODEL = "vgg11"
 DEFAULT_CUTS: dict[str, tuple[int, int]] = {"vgg11": (4, 10)}
 
 
-def cut_points(text: str) -> tuple[int, ...]:
-    """``--cuts``: integers, none negative, non-decreasing, as every model's cuts are (refused before torch is
-    imported); whether the model has that many blocks is checked once it is built."""
-    cuts = int_list(text)
-    negative = [k for k in cuts if k < 0]
-    if negative:
-        raise argparse.ArgumentTypeError(f"cut {negative[0]} is out of range: a cut counts the blocks before it "
-                                         f"(0 or more), got {text}")
-    if any(b < a for a, b in zip(cuts, cuts[1:], strict=False)):
-        raise argparse.ArgumentTypeError(f"cuts must be non-decreasing, got {','.join(map(str, cuts))}")
-    return cuts
-
-
 def default_cuts(model: str, n_blocks: int) -> tuple[int, int]:
     """``--cuts`` when none are given: the model's own, or its blocks in thirds (cnn's 7: 2,5)."""
     return DEFAULT_CUTS.get(model, (round(n_blocks / 3), round(2 * n_blocks / 3)))
@@ -68,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=zoo_model, default=DEFAULT_MODEL, help="a zoo model (default %(default)s)")
     ap.add_argument("--batch", type=batch_size, default=64, help="samples per step (default %(default)s)")
-    ap.add_argument("--cuts", type=cut_points, help="device | edge | cloud cut points (default 4,10 on vgg11, "
+    ap.add_argument("--cuts", type=cut_list, help="device | edge | cloud cut points (default 4,10 on vgg11, "
                                                   "another model's blocks in thirds: 2,5 on cnn)")
     ap.add_argument("--reps", type=positive_int, default=5, help="alternating rounds (default %(default)s)")
     ap.add_argument("--steps", type=positive_int, default=3, help="steps per round and side (default %(default)s)")

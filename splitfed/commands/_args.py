@@ -27,6 +27,18 @@ def int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def cut_list(text: str) -> tuple[int, ...]:
+    """A cut vector, ``K1,K2``: integers, none negative, non-decreasing (:func:`splitfed.cut_order.check_order`),
+    checked without torch; whether the model has that many blocks is for the command to check once it is built."""
+    from splitfed.cut_order import check_order
+    from splitfed.errors import CutError
+
+    try:
+        return check_order(int_list(text))
+    except CutError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def shape(text: str) -> tuple[int, ...]:
     vals = int_list(text)
     if any(v <= 0 for v in vals):

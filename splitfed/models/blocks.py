@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
+from splitfed.cut_order import check_order
 from splitfed.errors import ConfigError, CutError
 from splitfed.models import rng as _rng
 
@@ -1001,9 +1002,7 @@ def validate_cuts(cuts: Sequence[int], n_blocks: int, tiers: int | None = None, 
     for k in cuts:
         if not 0 <= k <= n_blocks:
             raise CutError(f"cut {k} is out of range: {model} has {n_blocks} blocks, cuts lie in 0..{n_blocks}")
-    if any(b < a for a, b in zip(cuts, cuts[1:], strict=False)):
-        raise CutError(f"cuts must be non-decreasing, got {','.join(map(str, cuts))}")
-    return cuts
+    return check_order(cuts)  # (a negative cut was refused above, with the model's range)
 
 
 def segment_bounds(cuts: Sequence[int], n_blocks: int, u_shape: bool = False) -> list[tuple[int, int]]:
