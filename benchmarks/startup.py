@@ -26,6 +26,7 @@ from splitfed.cli import Parser, script
 from splitfed.commands._args import json_out, positive_int, zoo_model
 from splitfed.errors import SplitfedError
 from splitfed.jsonio import write_json
+from splitfed.versions import versions
 
 PROG = "benchmarks/startup.py"
 SIDES = ("splitfed", "torch.optim")
@@ -103,7 +104,8 @@ def measure(args: argparse.Namespace) -> int:
         "cpu_ratio": theirs["cpu_s"] / ours["cpu_s"], "wall_ratio": theirs["wall_s"] / ours["wall_s"],
         "rss_saved_mb": theirs["peak_rss_mb"] - ours["peak_rss_mb"],
         "dynamo_imported": {s: any(r["dynamo"] for r in rows[s]) for s in SIDES},
-        "host": platform.node(), "python": platform.python_version(), "args": vars(args),
+        "host": platform.node(), "python": platform.python_version(), "versions": versions("torch"),
+        "args": vars(args),
     }
     print(f"\n{args.model}, batch {args.batch}: a fresh process to the end of its first step (median of {args.reps})")
     print(f"{'':<13}{'cpu s':>8}{'wall s':>8}{'peak MB':>9}")
