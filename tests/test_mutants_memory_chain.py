@@ -100,7 +100,8 @@ def test_tuned_large_allocations_come_from_the_heap_and_stay_mapped_up_to_1_gib(
     assert out["ok"] is True
     big, huge, past = out["big"], out["huge"], out["past_trim"]
     assert big["mmapped"] == 0
-    assert 64 * MIB <= big["heap_grew"] < 128 * MIB
+    # The heap's free top may already hold a few KiB of the 64 MiB (CI once saw it grow by 64 MiB - 20 KiB).
+    assert 63 * MIB <= big["heap_grew"] < 128 * MIB
     assert big["heap_after_free"] == big["heap_grew"]  # not trimmed
     assert big["kept"] >= 64 * MIB
     assert huge["mmapped"] == 0 and huge["heap_after_free"] == huge["heap_grew"] >= 700 * MIB
