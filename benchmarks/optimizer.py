@@ -5,8 +5,8 @@ settings: raw data may leave the device (any cut) and raw data stays (>= 1 block
 device, the premise of split learning):
 
 - ``reference``: the shipped reference fleet (60 heterogeneous clients);
-- ``reference x1000`` / ``reference x10000``: 1,000 and 10,000 clients drawn from its
-  device classes by ``Fleet.sample`` (the shared edge and cloud are contended; ``--sampled``
+- ``reference x1000`` / ``reference x10000``: 1,000 and 10,000 clients dealt from its
+  devices by ``Fleet.sample`` (the shared edge and cloud are contended; ``--sampled``
   sets these sizes: ``--sampled 1000`` leaves out the 10,000-client cases, most of the pricing);
 - ``reference w/o <class>``: the reference fleet without its straggler class (the class
   whose fastest possible round, alone on the servers, is the slowest: found per model,
@@ -16,10 +16,10 @@ For each case: the round makespan of the optimizer, the best single static cut,
 per-device greedy and all-on-server, the ratios, the optimizer's bottleneck with a
 one-line explanation, and whether the targets hold (>= 1.3x faster than the best
 static cut; never slower than greedy where greedy keeps within memory). Then the
-optimizer's solve time for 100, 1,000 and 10,000 clients drawn from the fleet's
-device classes, and for 100 and 1,000 clients that are all different (no classes to
-group). Then a contention sweep: fleets of 60 to 5,000 clients drawn from the reference
-fleet's device classes, sharing the same edge and cloud, and the optimizer's speed-up
+optimizer's solve time for 100, 1,000 and 10,000 clients dealt from the fleet's
+devices, and for 100 and 1,000 clients that are all different (no classes to
+group). Then a contention sweep: fleets of 60 to 5,000 clients dealt from the reference
+fleet's devices, sharing the same edge and cloud, and the optimizer's speed-up
 over the best static cut at each size: where per-device cuts start to pay. One run;
 a line on stderr as each case is priced (minutes in all), then the tables on stdout; writes
 ``benchmarks/results/optimizer.json``.
@@ -184,7 +184,7 @@ def without(fleet: Fleet, kind: str) -> Fleet:
 
 
 def sweep(prof, fleet: Fleet, sizes: list[int], kw: dict) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Optimizer vs best static cut (any cut) for fleets of ``sizes`` clients drawn from ``fleet``'s classes."""
+    """Optimizer vs best static cut (any cut) for fleets of ``sizes`` clients dealt from ``fleet``'s devices."""
     from splitfed.cost.model import Scenario
     from splitfed.optimizer.assign import best_static, solve
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="fleet sizes of the contention sweep (comma-separated; empty: none; default "
                          f"{','.join(map(str, SWEEP))})")
     ap.add_argument("--sampled", type=fleet_sizes, default=SAMPLED,
-                    help="sizes of the fleets drawn from the reference fleet's classes priced as cases "
+                    help="sizes of the fleets dealt from the reference fleet's devices priced as cases "
                          "'reference xN' (comma-separated; empty: none; default "
                          f"{','.join(map(str, SAMPLED))})")
     ap.add_argument("--out", type=json_out("optimizer.json"), default=str(OUT),
@@ -316,8 +316,8 @@ def measure(args: argparse.Namespace) -> int:
 
     sizes = list(args.sweep)
     if sizes:
-        print(f"\ncontention sweep: optimizer speed-up over the best static cut (any cut), fleets drawn from the "
-              f"reference classes sharing one edge and cloud ({args.mode}); bound: what sets the makespan")
+        print(f"\ncontention sweep: optimizer speed-up over the best static cut (any cut), fleets dealt from the "
+              f"reference devices sharing one edge and cloud ({args.mode}); bound: what sets the makespan")
         print(f"{'model':<9} " + " ".join(f"{n:>15}" for n in sizes))
         result["contention_sweep"] = {}
         for model in ("vgg11", "resnet18"):

@@ -49,7 +49,7 @@ from splitfed.flower.workload import (
     test_data,
 )
 from splitfed.models import rng
-from splitfed.profile.fleet import fleet_digest
+from splitfed.profile.fleet import DEALT, dealt_digest, fleet_digest
 from splitfed.report.runs import natural_key
 from splitfed.sim.clock import fleet_for, make_clock
 from splitfed.sim.tiers import TierChain, check_restarted, tier_chain
@@ -180,7 +180,8 @@ def _held(settings: RunSettings, resumed: checkpoint.Checkpoint | None = None) -
 def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Event | None,
             recorded_as: RunSettings | None = None, held: checkpoint.Checkpoint | None = None) -> dict[str, Any]:
     data = data_digest(settings)  # once: hashing a dataset's files each round would cost seconds
-    fleet_sha = fleet_digest(settings.fleet)
+    fleet = fleet_for(settings)
+    fleet_sha = dealt_digest(fleet)
     ckpt = _resume(settings, data, fleet_sha, held, say)
     settings = named(settings, ckpt)
     recorded = (recorded_as or settings).with_(run_name=settings.run_name).to_dict()
@@ -204,7 +205,6 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         policy.load_state_dict(ckpt.policy)
         with rng.LOCK:  # the process-wide generator: see splitfed.models.rng
             torch.set_rng_state(ckpt.rng)
-    fleet = fleet_for(settings)
     test_x, test_y = test_data(spec, settings.dataset, settings.seed)
 
     with tier_chain(settings) as chain:
@@ -278,8 +278,9 @@ def data_digest(settings: RunSettings) -> str:
 def _resume(settings: RunSettings, data: str = "", fleet: str = "",
             held: checkpoint.Checkpoint | None = None, say: Progress | None = None) -> checkpoint.Checkpoint | None:
     """The checkpoint to continue from, if it may be: the same math (settings) on the same data (``data``,
-    :func:`data_digest` now) and the same fleet (``fleet``, its :func:`~splitfed.profile.fleet.fleet_digest`
-    now: its devices drive the simulated clock and the cuts). ``held``: the one the resume read before, not
+    :func:`data_digest` now) and the same clients' devices (``fleet``, the
+    :func:`~splitfed.profile.fleet.dealt_digest` of the run's fleet now: they drive the simulated clock and the
+    cuts). ``held``: the one the resume read before, not
     read again unless the file changed since (:func:`checkpoint.current`). Without ``say`` it only checks
     (:func:`check_resume`: the folder is not the run's yet, so nothing is written); with it, a metrics row a
     crash lost is put back, and ``say`` tells so."""
@@ -309,6 +310,12 @@ def _resume(settings: RunSettings, data: str = "", fleet: str = "",
                           f"(partition {settings.partition!r} deals them out otherwise in this splitfed version); "
                           "start the run over with --overwrite")
     if fleet and ckpt.fleet and fleet != ckpt.fleet:
+        if not ckpt.fleet.startswith(DEALT) and ckpt.fleet == fleet_digest(settings.fleet):
+            raise ConfigError(f"cannot resume: this splitfed deals the run's {settings.clients} client(s) out of "
+                              f"fleet {settings.fleet!r} otherwise than the one that wrote the checkpoint (each "
+                              "listed device in turn, no longer drawn with replacement), so they would be other "
+                              "devices than the rounds before were simulated and cut on; start the run over with "
+                              "--overwrite")
         raise ConfigError(f"cannot resume: the devices of fleet {settings.fleet!r} changed since the checkpoint "
                           f"(sha256 {ckpt.fleet[:12]}... then, {fleet[:12]}... now): the rounds before were "
                           "simulated and cut on the old ones; put the old fleet file back or start a new run")
@@ -364,7 +371,7 @@ def check_resume(settings: RunSettings, held: checkpoint.Checkpoint | None = Non
     started: other math, or dataset files that changed since the checkpoint (``held``: the checkpoint the
     resume read, not read again)."""
     if settings.resume:
-        _resume(settings, data_digest(settings), fleet_digest(settings.fleet), held)
+        _resume(settings, data_digest(settings), dealt_digest(fleet_for(settings)), held)
 
 
 def named(settings: RunSettings, ckpt: checkpoint.Checkpoint | None = None) -> RunSettings:

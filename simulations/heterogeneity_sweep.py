@@ -2,7 +2,7 @@
 
 Cost model only (no training), so it scales to fleets of 10,000 clients. The
 fleet is the device classes of the config's ``fleet`` (the reference fleet by
-default), drawn ``clients`` times by the seed, with their heterogeneity scaled
+default), dealt out to ``clients`` clients (:meth:`Fleet.sample`), with their heterogeneity scaled
 by a factor ``s``: each class's FLOP/s and up/down bandwidth become
 ``g * (x / g) ** s``, ``g`` the fleet's geometric mean of that quantity.
 ``s = 0`` is a homogeneous fleet of average devices, ``s = 1`` the fleet as it

@@ -345,7 +345,8 @@ def test_static_cuts_a_device_cannot_hold_are_refused_naming_its_fleet_entry(tmp
     """Before: simulate ran them and its clock priced rounds no such device could train, while
     ``splitfed optimize --static`` refused the same cuts (a static baseline that is physically impossible)."""
     fleet, err = _refused_static(tmp_path, capsys, _MCU_FLEET, "7,7", 3)
-    assert re.search(r"cuts 7,7 do not fit fleet device 'mcu' \((client\d, )*client\d\): they need 0\.58 MiB "
+    # 3 clients of its 2 devices (seed 0): each once and the pi once more, in the file's order: mcu-0 is client0
+    assert re.search(r"cuts 7,7 do not fit fleet device 'mcu' \(client0\): they need 0\.58 MiB "
                      r"of its 0\.25 MiB", err), err
     assert main(["optimize", "--model", "cnn", "--fleet", str(fleet), "--static", "7,7"]) == 2  # the same verdict
     assert "do not fit device 'mcu" in capsys.readouterr().err
@@ -353,7 +354,9 @@ def test_static_cuts_a_device_cannot_hold_are_refused_naming_its_fleet_entry(tmp
 
     settings = RunSettings(fleet=str(fleet), clients=3, rounds=1)
     validate(settings.with_(cuts="static:0,7"))  # cuts that keep nothing on the device fit every device
-    validate(settings.with_(cuts="static:7,7/0,7/0,7"))  # dealt out by client: the mcus (client1, 2) get 0,7
+    validate(settings.with_(cuts="static:0,7/7,7/7,7"))  # dealt out by client: the mcu (client0) gets 0,7
+    with pytest.raises(ConfigError, match=r"cuts 7,7 do not fit fleet device 'mcu' \(client0\)"):
+        validate(settings.with_(cuts="static:7,7/0,7/0,7"))  # the pis (client1, 2) get 0,7: the mcu does not
 
 
 def test_static_cuts_a_server_tier_cannot_hold_are_refused_too(tmp_path, capsys) -> None:

@@ -1,10 +1,11 @@
-"""A need and a capacity printed side by side read apart; a run says which clients it drew from its fleet.
+"""A need and a capacity printed side by side read apart; a run says which clients it dealt from its fleet.
 
 Before: ``mib_text`` rounds to 3 significant figures, so a refusal near the limit read "they need 0.26 MiB of its
 0.26 MiB" and ``splitfed optimize`` "edge memory 0.609 MiB > 0.609 MiB". And ``splitfed simulate --fleet F
---clients N`` draws its N clients at random from F's device classes (with replacement, weighted by count), so it
-may train a mix F does not list (``iot``, 10 clients, seed 0: no ``mcu-eth``) while ``splitfed optimize --fleet
-F`` prices F as listed; no line, help text or README sentence said so."""
+--clients N`` said nowhere which of F's devices its N clients were: no line, help text or README sentence named
+them. They are dealt from F's devices (tests/test_fleet_deal.py: N equal to F's size trains F as listed, as
+``splitfed optimize --fleet F`` prices it; fewer, a subset drawn by the seed; more, each device N // size times
+and a subset drawn by the seed for the rest); the run's first lines, the help and the README name them."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def test_simulate_refuses_static_cuts_a_device_cannot_hold_with_digits_that_read
     with pytest.raises(ConfigError) as e:
         runner.validate(RunSettings(fleet=_fleet(tmp_path, FLEET), clients=2, rounds=1, cuts="static:2,5"))
     assert str(e.value) == (
-        "cuts 2,5 do not fit fleet device 'a' (client1): they need 0.259643555 MiB of its 0.25964355 MiB; give it "
+        "cuts 2,5 do not fit fleet device 'a' (client0): they need 0.259643555 MiB of its 0.25964355 MiB; give it "
         "cuts that keep fewer blocks on the device (static:K1,K2/K1,K2 deals cut vectors out by client) or use "
         "--cuts adaptive")
 
@@ -130,17 +131,22 @@ def test_simulate_refuses_static_cuts_the_edge_cannot_hold_with_digits_that_read
         "adaptive")
 
 
-# --- 2. the run says which clients it drew --------------------------------------------------------------------
+# --- 2. the run says which clients it dealt ------------------------------------------------------------------
 
-IOT = RunSettings(fleet="iot", clients=10, seed=0, rounds=1)
-IOT_DRAW = ("clients: 10 drawn from fleet 'iot' (seed 0, with replacement, weighted by count): 3 mcu-ble, 3 pi-sat, "
-            "2 pi-home, 2 phone-mid")
+IOT = RunSettings(fleet="iot", clients=10, seed=0, rounds=1)  # the main job: the fleet's 10 devices as listed
+IOT_DRAW = "clients: the 10 devices of fleet 'iot': 3 mcu-ble, 2 mcu-eth, 2 pi-sat, 2 pi-home, 1 phone-mid"
 
 
 def test_the_draw_line_names_the_classes_drawn_most_first() -> None:
-    """iot lists 3 mcu-ble, 2 mcu-eth, 2 pi-sat, 2 pi-home, 1 phone-mid; seed 0 draws no mcu-eth."""
+    """iot lists 3 mcu-ble, 2 mcu-eth, 2 pi-sat, 2 pi-home, 1 phone-mid (most first already, so its 10 clients
+    cannot tell "most first" from "in the file's order"); 7 of them by seed 4 are 1 mcu-ble, 2 mcu-eth, 1 pi-sat,
+    2 pi-home, 1 phone-mid, said most first and a tie in the fleet file's order."""
+    seven = IOT.with_(clients=7, seed=4)
+    assert runner.draw_note(seven) == ("clients: 7 of the 10 devices of fleet 'iot', drawn by seed 4: 2 mcu-eth, "
+                                       "2 pi-home, 1 mcu-ble, 1 pi-sat, 1 phone-mid")
+    assert dict(fleet_for(seven).kinds) == {"mcu-ble": 1, "mcu-eth": 2, "pi-sat": 1, "pi-home": 2,
+                                            "phone-mid": 1}  # the same draw
     assert runner.draw_note(IOT) == IOT_DRAW
-    assert dict(fleet_for(IOT).kinds) == {"mcu-ble": 3, "pi-sat": 3, "pi-home": 2, "phone-mid": 2}  # the same draw
 
 
 def test_a_large_fleets_draw_line_names_its_first_8_classes_and_counts_the_rest(tmp_path: Path) -> None:
@@ -148,8 +154,9 @@ def test_a_large_fleets_draw_line_names_its_first_8_classes_and_counts_the_rest(
     fleet = _fleet(tmp_path, f'[edge]\nprofile = "edge-server"\n{entries}')
     s = RunSettings(fleet=fleet, clients=500, seed=2)
     line = runner.draw_note(s)
-    head, _, drawn = line.partition("): ")
-    assert head == f"clients: 500 drawn from fleet {fleet!r} (seed 2, with replacement, weighted by count"
+    head, _, drawn = line.rpartition(": ")
+    # 1 + 2 + ... + 11 = 66 devices; 500 = 7 * 66 + 38
+    assert head == f"clients: 500 from fleet {fleet!r}: each of its 66 devices 7 times, and 38 more drawn by seed 2"
     kinds = sorted(fleet_for(s).kinds.items(), key=lambda kn: -kn[1])
     assert len(kinds) == 11
     assert drawn == ", ".join(f"{n} {k}" for k, n in kinds[:8]) + ", and 3 more"
@@ -167,12 +174,14 @@ def test_simulate_says_the_draw_before_ray_starts(monkeypatch: pytest.MonkeyPatc
     assert lines == ["starting the simulation engine (Ray, 1 CPU(s)) and 2 tier process(es)...", IOT_DRAW]
 
 
+IOT_TWO_DRAW = "clients: 2 of the 10 devices of fleet 'iot', drawn by seed 0: 1 pi-sat, 1 pi-home"
+
+
 def test_an_in_process_run_says_the_draw_first(tmp_path: Path) -> None:
     lines: list[str] = []
     s = RunSettings(fleet="iot", clients=2, seed=0, rounds=1, cuts="static:1,3", batch_size=64)
     train_inprocess(s.with_(out=str(tmp_path / "run")), progress=lines.append)
-    assert lines[0] == ("clients: 2 drawn from fleet 'iot' (seed 0, with replacement, weighted by count): "
-                        "1 mcu-ble, 1 pi-sat")
+    assert lines[0] == IOT_TWO_DRAW
     assert lines[1].startswith("run ") and lines[1].endswith("rounds 1..1 (in-process)")
 
 
@@ -184,8 +193,7 @@ def test_a_flwr_run_logs_the_draw_at_its_start(monkeypatch: pytest.MonkeyPatch, 
     with caplog.at_level(logging.INFO, logger="flwr"), inprocess_tiers(monkeypatch):
         server.app.build_app()(FakeGrid(clients.app.app, 2), context)
     lines = [r.getMessage() for r in caplog.records if r.name == "flwr" and r.levelno == logging.INFO]
-    assert lines[0] == ("clients: 2 drawn from fleet 'iot' (seed 0, with replacement, weighted by count): "
-                        "1 mcu-ble, 1 pi-sat")
+    assert lines[0] == IOT_TWO_DRAW
 
 
 def test_the_help_of_clients_and_fleet_says_how_clients_are_drawn(capsys: pytest.CaptureFixture[str]) -> None:
@@ -193,16 +201,20 @@ def test_the_help_of_clients_and_fleet_says_how_clients_are_drawn(capsys: pytest
         main(["simulate", "--help"])
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert ("--clients CLIENTS virtual clients (default 4), drawn at random from the fleet's device classes by "
-            "--seed, with replacement, weighted by count: the run may train a mix the fleet file does not list "
-            "(splitfed optimize --fleet prices it as listed); the run's first lines name the draw") in text
-    assert ("--fleet FLEET fleet file or shipped fleet name the --clients devices are drawn from, at random with "
-            "replacement, weighted by count (default reference)") in text
+    assert ("--clients CLIENTS virtual clients (default 4), dealt from the fleet's devices: as many as it lists "
+            "train the fleet as listed (as splitfed optimize --fleet prices it), fewer a subset drawn by --seed, "
+            "more each device as often as it goes in and a subset for the rest; the run's first lines name "
+            "them") in text
+    assert ("--fleet FLEET fleet file or shipped fleet name the --clients devices are dealt from "
+            "(default reference)") in text
+    assert "replacement" not in text
 
 
 def test_the_readme_shows_the_main_jobs_draw_as_the_run_prints_it() -> None:
     settings = RunSettings.from_toml(ROOT / "simulations/configs/main.toml")
     line = runner.draw_note(settings)
     readme = (ROOT / "README.md").read_text()
-    assert f"the run's second line names the draw:\n`{line}`" in readme
-    assert "mcu-eth" not in line and "mcu-eth" in parse_fleet((ROOT / "splitfed/fleets/iot.toml").read_text()).kinds  # not drawn
+    assert line == IOT_DRAW  # the main job trains the iot fleet's 10 devices, as its file lists them
+    assert f"the run's second line names them:\n`{line}`" in readme
+    listed = parse_fleet((ROOT / "splitfed/fleets/iot.toml").read_text()).kinds
+    assert len(listed) == 5 and all(f"{n} {kind}" in line for kind, n in listed.items())  # mcu-eth included

@@ -23,7 +23,8 @@ def test_inprocess_run_is_named_and_says_what_it_runs_and_wrote(tmp_path: Path) 
     assert summary["settings"]["run_name"] == "splitfed-3"  # the name its tiers used (RunSettings.run_id)
     written = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert written["settings"]["run_name"] == "splitfed-3"
-    assert lines[0].startswith("clients: 2 drawn from fleet 'reference' (seed 3, ")  # the draw, then the run
+    assert lines[0] == ("clients: 2 of the 60 devices of fleet 'reference', drawn by seed 3: 1 pi-home, "
+                        "1 phone-flagship")  # the draw, then the run
     assert lines[1] == "run splitfed-3: sflv1, 3 tiers, cuts static:1,3, 2 client(s), rounds 1..2 (in-process)"
     assert [x.split()[1] for x in lines[2:4]] == ["1/2", "2/2"]
     assert lines[-1] == f"wrote {tmp_path / 'r' / 'metrics.jsonl'} and {tmp_path / 'r' / 'summary.json'}"

@@ -45,7 +45,7 @@ def test_the_clock_charges_the_move_of_a_client_whose_cuts_moved_and_nothing_for
     from splitfed.flower.adaptive import run_profile
     from splitfed.sim.inprocess import sim_clients
 
-    s = RunSettings(clients=4, tiers=3, batch_size=32)
+    s = RunSettings(clients=4, tiers=3, batch_size=32, seed=1)  # client0: phone-mid-0, the straggler
     fleet = fleet_for(s)
     clients = sim_clients(s, fleet)
     assignment = {c.client_id: START[c.partition_id] for c in clients}
@@ -60,6 +60,7 @@ def test_the_clock_charges_the_move_of_a_client_whose_cuts_moved_and_nothing_for
     c0 = next(c for c in sc.clients if c.name == "client0")
     move = move_cost(sc, c0, MOVED_FROM, assignment["client0"])
     assert move > 0
+    assert evaluate(sc, assignment).bottleneck == "client client0"  # so its move shows in the makespan
     still = evaluate(sc, assignment).makespan_s
     assert clock(1, assignment, clients, {}) == still
     assert clock(1, assignment, clients, dict(assignment)) == still  # nobody moved: nothing charged

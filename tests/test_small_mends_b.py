@@ -34,12 +34,13 @@ from tests.flower_fixtures import FakeGrid, inprocess_tiers
 from tests.test_tier_signals_at_start import _AT_TORCH
 
 ROOT = Path(__file__).resolve().parent.parent
-# seed 1 draws a laptop of the shipped ``small`` fleet, whose drift comes at round 5
-DRIFTING = RunSettings(fleet="small", clients=2, seed=1, rounds=1, cuts="static:1,3", batch_size=64)
+# 2 of the shipped ``small`` fleet's 5 devices by seed 0 are its flagship and its laptop, whose drift comes at round 5
+DRIFTING = RunSettings(fleet="small", clients=2, seed=0, rounds=1, cuts="static:1,3", batch_size=64)
+DRAW = "clients: 2 of the 5 devices of fleet 'small', drawn by seed 0: 1 flagship, 1 laptop"
 NOTE = ("note: fleet 'small': device 'laptop' drifts at round 5, after the run's last round (1): never applied "
         "(a run of 5 or more rounds would apply it)")
 # the same run as ``flwr run`` gives it: its run config (pyproject's keys)
-RUN_CONFIG = {"fleet": "small", "clients": 2, "seed": 1, "num-server-rounds": 1, "cuts": "static:1,3",
+RUN_CONFIG = {"fleet": "small", "clients": 2, "seed": 0, "num-server-rounds": 1, "cuts": "static:1,3",
               "batch-size": 64}
 
 
@@ -66,12 +67,13 @@ def test_the_note_names_no_one_spelling_of_the_rounds() -> None:
 
     assert RunSettings.from_mapping(RUN_CONFIG, source="run config") == DRIFTING
     assert late_drift_note(DRIFTING) == NOTE
+    assert late_drift_note(DRIFTING.with_(seed=1)) == ""  # seed 1 deals no laptop (a phone and the pi): no note
 
 
 def test_an_in_process_run_says_it_before_its_first_line(tmp_path: Path) -> None:
     lines: list[str] = []
     train_inprocess(DRIFTING.with_(out=str(tmp_path / "run")), progress=lines.append)
-    assert lines[0].startswith("clients: 2 drawn from fleet 'small' ") and lines[1] == NOTE
+    assert lines[0] == DRAW and lines[1] == NOTE
     assert lines[2].startswith("run ") and lines[2].endswith("rounds 1..1 (in-process)")
     assert lines.count(NOTE) == 1
 
@@ -81,7 +83,7 @@ def test_a_flwr_run_logs_it_once_at_its_start(monkeypatch: pytest.MonkeyPatch, c
     with caplog.at_level(logging.INFO, logger="flwr"):
         _flwr_run(monkeypatch, {**RUN_CONFIG, "out": str(tmp_path / "run")})
     lines = _flwr_lines(caplog)
-    assert lines[0].startswith("clients: 2 drawn from fleet 'small' ") and lines[1] == NOTE
+    assert lines[0] == DRAW and lines[1] == NOTE
     assert lines.count(NOTE) == 1
     assert any(line.startswith("run ") and line.endswith("rounds 1..1") for line in lines)
 

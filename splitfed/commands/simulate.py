@@ -38,9 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE.toml", help="settings file")
     p.add_argument("--clients", type=positive_int,
-                   help="virtual clients (default 4), drawn at random from the fleet's device classes by --seed, "
-                        "with replacement, weighted by count: the run may train a mix the fleet file does not list "
-                        "(splitfed optimize --fleet prices it as listed); the run's first lines name the draw")
+                   help="virtual clients (default 4), dealt from the fleet's devices: as many as it lists train "
+                        "the fleet as listed (as splitfed optimize --fleet prices it), fewer a subset drawn by "
+                        "--seed, more each device as often as it goes in and a subset for the rest; the run's "
+                        "first lines name them")
     p.add_argument("--rounds", type=positive_int, help="federated rounds (default 3)")
     p.add_argument("--mode", choices=MODES, help="sl | sflv1 | sflv2 (default sflv1)")
     p.add_argument("--tiers", type=int, choices=(2, 3), help="device + 1 or 2 server tiers (default 3)")
@@ -52,8 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--model", help="zoo name (mlp, cnn, vgg11, resnet18, mobilenetv2, transformer) or "
                                    "module.path:factory (default cnn)")
-    p.add_argument("--fleet", help="fleet file or shipped fleet name the --clients devices are drawn from, at "
-                                   "random with replacement, weighted by count (default reference)")
+    p.add_argument("--fleet", help="fleet file or shipped fleet name the --clients devices are dealt from "
+                                   "(default reference)")
     p.add_argument("--batch-size", type=batch_size)
     p.add_argument("--local-epochs", type=positive_int)
     p.add_argument("--optimizer", choices=("sgd", "adam"), help="every tier's optimizer (default sgd)")

@@ -60,7 +60,7 @@ class Checkpoint:
     policy: dict[str, Any] = field(default_factory=dict)
     rng: torch.Tensor = field(default_factory=_rng_state)
     data: str = ""  # sha256 of the dataset's files ("": none read, or a checkpoint from before it was kept)
-    fleet: str = ""  # sha256 of the fleet as read (profile.fleet_digest; "": a checkpoint from before it was kept)
+    fleet: str = ""  # the run's clients as dealt (profile.dealt_digest); older: the fleet file's fleet_digest, or ""
     where: str = ""  # "HOST:/absolute/folder" it was written in ("": a checkpoint from before it was kept)
     # the run's key of its clients' binding secrets (RoundConfig.binding_key): a run resumed under its own name
     # derives the secrets the crashed one loaded with, so its loads may replace what it left on the tiers

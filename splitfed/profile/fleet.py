@@ -183,23 +183,31 @@ class Fleet:
         raise ConfigError(f"{self.said()} has no client {name!r}")
 
     def sample(self, n: int, seed: int = 0) -> Fleet:
-        """``n`` clients drawn (with replacement, weighted by count) from the fleet's device classes."""
+        """``n`` clients dealt from the fleet's devices (:func:`deal`): ``n`` equal to the fleet's size trains the
+        fleet as listed, fewer a subset of it, more each device as often as it goes into ``n`` and the rest of a
+        subset. A client is named after its entry (``pi-home-0``, ``pi-home-1``...), in the fleet's order."""
         if not 1 <= n <= MAX_CLIENTS:
             raise ConfigError(f"sample size must be in 1..{MAX_CLIENTS:,} (MAX_CLIENTS), got {n:,}")
-        templates: dict[str, Client] = {}
-        for c in self.clients:
-            templates.setdefault(c.kind, c)
-        kinds = list(templates)
-        weights = np.array([self.kinds.get(k, 1) for k in kinds], dtype=float)
-        draws = np.random.default_rng(seed).choice(len(kinds), size=n, p=weights / weights.sum())
-        counter = dict.fromkeys(kinds, 0)
+        counter = dict.fromkeys((c.kind for c in self.clients), 0)
         out = []
-        for i in draws:
-            k = kinds[int(i)]
-            out.append(replace(templates[k], name=f"{k}-{counter[k]}"))
-            counter[k] += 1
+        for c, times in zip(self.clients, deal(len(self.clients), n, seed), strict=True):
+            for _ in range(times):
+                out.append(replace(c, name=f"{c.kind}-{counter[c.kind]}"))
+                counter[c.kind] += 1
         return replace(self, clients=tuple(out), name=f"{self.name}[{n}]",
                        kinds={k: v for k, v in counter.items() if v})
+
+
+def deal(size: int, n: int, seed: int) -> list[int]:
+    """How many of ``n`` clients each of a fleet's ``size`` devices gets: ``n // size`` each, and one more for
+    ``n % size`` of them drawn without replacement by ``seed``. A fleet file lists the devices a user means, so
+    ``--clients`` equal to its size must train exactly those (a draw with replacement trained 3 of one class and
+    none of another); the seed picks only the part that does not divide evenly."""
+    whole, part = divmod(n, size)
+    times = [whole] * size
+    for i in np.random.default_rng(seed).choice(size, size=part, replace=False) if part else ():
+        times[int(i)] += 1
+    return times
 
 
 # ---------------------------------------------------------------- writing
@@ -241,15 +249,28 @@ def load_fleet(path: str | Path) -> Fleet:
     return parse_fleet(tomlio.read_text(p, "fleet file"), source=str(p))
 
 
+DEALT = "dealt:"  # a checkpoint's digest of the run's clients as dealt; without it, of the fleet file (older runs)
+
+
 def fleet_digest(path: str | Path) -> str:
     """The sha256 of the devices and tiers a fleet file says, as read (not its bytes: a comment changes
-    nothing): what a checkpoint keeps, so that a resume on a fleet that changed is refused, not simulated on
-    other devices than the rounds before it."""
+    nothing). Checkpoints written before the clients were dealt kept this one (:func:`dealt_digest`)."""
+    return _digest(load_fleet(path))
+
+
+def dealt_digest(fleet: Fleet) -> str:
+    """What a checkpoint keeps of a run's fleet: the sha256 of its clients as dealt (:meth:`Fleet.sample`) and
+    its tiers, marked :data:`DEALT`. A resume whose clients would be other devices than the rounds before it
+    were simulated and cut on (the fleet file changed, or a splitfed that deals otherwise) is refused."""
+    return DEALT + _digest(fleet)
+
+
+def _digest(fleet: Fleet) -> str:
     import hashlib
     import json
     from dataclasses import asdict
 
-    said = {k: v for k, v in asdict(load_fleet(path)).items() if k not in ("name", "source", "description")}
+    said = {k: v for k, v in asdict(fleet).items() if k not in ("name", "source", "description")}
     return hashlib.sha256(json.dumps(said, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -1,8 +1,8 @@
 """The simulated clock: what a round would take on the fleet's devices, from the one cost model.
 
 A simulation runs on one machine, so measured times say little about a Pi on a
-rural uplink. Each virtual client is given a device from the fleet (drawn once
-per run from the seed) and ``sim_round_s`` is the cost model's makespan of the
+rural uplink. Each virtual client is given a device from the fleet (dealt once
+per run, :meth:`~splitfed.profile.fleet.Fleet.sample`) and ``sim_round_s`` is the cost model's makespan of the
 round's assignment on those devices (:func:`splitfed.cost.round_time`, the same
 function the optimizer minimises), with each client's real sample count and the
 fleet's drift applied for the round. A client whose cuts moved since its previous
@@ -21,7 +21,7 @@ from splitfed.profile.fleet import Fleet, load_fleet
 
 
 def fleet_for(settings: RunSettings) -> Fleet:
-    """The run's fleet: ``settings.clients`` devices drawn from the fleet file by the seed."""
+    """The run's fleet: ``settings.clients`` devices dealt from the fleet file (:meth:`Fleet.sample`)."""
     return load_fleet(settings.fleet).sample(settings.clients, seed=settings.seed)
 
 

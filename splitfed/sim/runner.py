@@ -239,10 +239,11 @@ _DRAWN_SHOWN = 8  # device classes the draw's line names: one line, however larg
 
 
 def draw_note(settings: RunSettings, drawn: Fleet | None = None) -> str:
-    """The line that names the run's clients: drawn at random from the fleet's device classes by the seed, with
-    replacement and weighted by count (:meth:`~splitfed.profile.fleet.Fleet.sample`), so a run may train a mix the
-    fleet file does not list (a class more often, another not at all) while ``splitfed optimize --fleet`` prices
-    the fleet as listed. Every backend says it, as :func:`late_drift_note`. ``drawn``: the draw, if made already."""
+    """The line that names the run's clients: dealt from the fleet's devices
+    (:meth:`~splitfed.profile.fleet.Fleet.sample`), so ``--clients`` equal to the fleet's size trains the fleet as
+    listed, fewer a subset drawn by the seed, more each device as often as it goes in and a subset for the rest.
+    Every backend says it, as :func:`late_drift_note`. ``drawn``: the draw, if made already."""
+    from splitfed.profile.fleet import load_fleet
     from splitfed.sim.clock import fleet_for
 
     drawn = drawn if drawn is not None else fleet_for(settings)
@@ -250,8 +251,17 @@ def draw_note(settings: RunSettings, drawn: Fleet | None = None) -> str:
     shown = ", ".join(f"{n} {kind}" for kind, n in kinds[:_DRAWN_SHOWN])
     if len(kinds) > _DRAWN_SHOWN:
         shown += f", and {len(kinds) - _DRAWN_SHOWN} more"
-    return (f"clients: {len(drawn.clients)} drawn from fleet {settings.fleet!r} (seed {settings.seed}, with "
-            f"replacement, weighted by count): {shown}")
+    n, size = len(drawn.clients), len(load_fleet(settings.fleet).clients)
+    whole, part = divmod(n, size)
+    times = {1: "once", 2: "twice"}.get(whole, f"{whole} times")
+    if whole == 1 and not part:
+        how = f"the {size} devices of fleet {settings.fleet!r}"
+    elif not whole:
+        how = f"{n} of the {size} devices of fleet {settings.fleet!r}, drawn by seed {settings.seed}"
+    else:
+        how = (f"{n} from fleet {settings.fleet!r}: each of its {size} devices {times}"
+               + (f", and {part} more drawn by seed {settings.seed}" if part else ""))
+    return f"clients: {how}: {shown}"
 
 
 def stopped_figures(out: str, progress: Callable[[str], None]) -> int:
