@@ -291,7 +291,7 @@ def test_sigkilled_deploy_leaves_nothing_running(tmp_path, reaped):
         _in_use(out)  # by the ServerApp
         shown = tmp_path / "deploy.out"  # flwr run's output reaches deploy's as it comes, not at the end: the
         # ServerApp's first line (a ClientApp runs: the ServerApp is past it; its registration is not awaited)
-        assert _wait(lambda: "clients: 2 drawn from fleet" in shown.read_text(), 60), shown.read_text()
+        assert _wait(lambda: "clients: 2 of the 60 devices of fleet " in shown.read_text(), 60), shown.read_text()
         family += _family(p)  # and what started since
         p.kill()
         p.wait(10)

@@ -52,8 +52,10 @@ def _start(out: Path, ray_tmp: Path, sigint_ignored: bool = False, script: str |
     meant for round 1 came after the last round, or never). ``script``: ``splitfed`` run as ``python -c script``
     (hooked), not as the console script; ``env``: more of its environment."""
     how = [sys.executable, "-c", script] if script else [str(SPLITFED)]
-    cmd = [*how, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--rounds",
-           str(ROUNDS), "--out", str(out)]
+    # seed 12 deals 2 of the iot fleet's devices that keep the links busy, mcu-ble-0 (it sends its inputs up) and
+    # pi-sat-0: the main job's rounds record bytes (seed 0 deals two Pis that train the whole model themselves)
+    cmd = [*how, "simulate", "--config", "simulations/configs/main.toml", "--clients", "2", "--seed", "12",
+           "--rounds", str(ROUNDS), "--out", str(out)]
     base = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     return subprocess.Popen(
         ignoring_sigint(cmd) if sigint_ignored else cmd,
