@@ -122,6 +122,7 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
         flag,
         fleet_beside,
         toml_table,
+        unknown_model,
     )
 
     if getattr(args, "out", None) is not None and not args.out.strip():
@@ -140,12 +141,16 @@ def _settings_and_checkpoint(args: argparse.Namespace) -> tuple[RunSettings, Che
         if flag(table, "resume", args.config):  # --resume takes its settings from the run
             raise ConfigError(f"{args.config}: resume is for a run config (flwr run); to continue a run here, drop "
                               "resume and give --resume FOLDER")
+        layers.append((table, args.config))
+    flags = {f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}
+    unknown_model([*layers, (flags, "command line")])  # at once: what checks the rest imports torch (seconds)
+    if args.config:
         if isinstance(table.get("fleet"), str) and getattr(args, "fleet", None) is None:  # a fleet file beside it
             table = {**table, "fleet": fleet_beside(table["fleet"], Path(args.config).parent, args.config)}
         if "dataset" in table and getattr(args, "dataset", None) is None:  # so is a dataset's file or folder
             table = {**table, "dataset": dataset_beside(table["dataset"], Path(args.config).parent)}
-        layers.append((table, args.config))
-    layers.append(({f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}, "command line"))
+        layers[-1] = (table, args.config)
+    layers.append((flags, "command line"))
     if args.resume:
         layers.append(({"out": args.resume, "resume": True}, None))
     elif not any(values.get("out") for values, _ in layers):
@@ -178,10 +183,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume:  # a run Ray cannot start for is refused first, not after seconds of imports (torch, Ray)
         check_socket_room()  # (a resume may train nothing, needing no Ray: the runner checks it before Ray's start)
     from splitfed.flower import runfolder
-    from splitfed.sim.runner import simulate, validate
 
     settings, held = _settings_and_checkpoint(args)  # a resume reads and checks its checkpoint here, once
-    try:
+    try:  # the runner imports torch: after the settings, so that a bad --model is refused at once
+        from splitfed.sim.runner import simulate, validate
+
         validate(settings, held)
         # --json: stdout is the summary alone (``| jq``); the run's lines, and any a library prints, go to stderr
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
@@ -269,10 +275,10 @@ def _continue_hint(settings: RunSettings, stopped: bool = False) -> str:
 
 
 def _report(out: str) -> int:
-    """The end-of-run table in the terminal and the standard figures in the run folder."""
+    """The end-of-run table in the terminal and the standard figures in the run folder: said before they are
+    drawn, which takes seconds (matplotlib's import, then the figures), after the tables, which take none."""
     from pathlib import Path
 
-    from splitfed.report.plots import standard_plots
     from splitfed.report.runs import load_run
     from splitfed.report.table import class_table, round_table
 
@@ -284,4 +290,7 @@ def _report(out: str) -> int:
     if run.clients:
         print()
         print(class_table(run))
+    print("\ndrawing the figures...")
+    from splitfed.report.plots import standard_plots
+
     return len(standard_plots([run], Path(out)))

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from splitfed import tomlio
 from splitfed.engine.limits import MAX_BATCH, MAX_CLIENTS, MAX_SEED, MAX_VOCAB
-from splitfed.engine.types import IN_TURN, MODES, OptimConfig
+from splitfed.engine.modes import IN_TURN, MODES
 from splitfed.errors import ConfigError, unknown_key
 from splitfed.options import kwargs_json, kwargs_of
 from splitfed.transport.address import parse_address
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch's: this module is read before a run imports it (unknown_model)
+    from splitfed.engine.types import OptimConfig
     from splitfed.models.zoo import ModelSpec
 
 FLOAT32_MAX = 3.4028234663852886e38  # the tiers' optimizers work in float32: a larger lr overflows there
@@ -154,6 +155,7 @@ class RunSettings:
                               f"{self.tier_torch_device}")
         # the transport's own codec parser, imported only when settings are made
         from splitfed.cost.model import link_codecs
+        from splitfed.engine.types import OptimConfig
 
         OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
         for name in ("lr", "weight_decay"):  # finite and >= 0 by now (momentum < 1); 1e300 fails later, at a tier
@@ -182,6 +184,8 @@ class RunSettings:
 
     @property
     def optim(self) -> OptimConfig:
+        from splitfed.engine.types import OptimConfig
+
         return OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)
 
     @cached_property
@@ -238,7 +242,6 @@ class RunSettings:
         """
         types = {f.name: f.type for f in fields(cls)}
         changes: dict[str, Any] = {}
-        named: list[str] = []
         for values, source in layers:
             where = source or "config"
             given: dict[str, str] = {}  # setting -> the key of this layer that gave it
@@ -255,8 +258,7 @@ class RunSettings:
                                       f"{_key(name)}: give one")
                 given[name] = raw
                 changes[name] = value
-            if values and source and source not in named:
-                named.append(source)
+        named = _sources(layers)
         try:
             settings = dataclasses.replace(base or cls(), **changes)
             _named_forms(settings)  # an unknown cut policy, dataset, model or partition: its key and source named
@@ -377,6 +379,33 @@ def absolute_paths(settings: RunSettings) -> RunSettings:
 def flag(values: Mapping[str, Any], key: str, source: str) -> bool:
     """One layer's boolean setting, read as :class:`RunSettings` reads it (absent: false)."""
     return key in values and bool(_coerce(values[key], "bool", key, source))
+
+
+def _sources(layers: Sequence[tuple[Mapping[str, Any], str | None]]) -> list[str]:
+    """The layers a refusal of :meth:`RunSettings.layered` names: those with a source that gave values."""
+    named: list[str] = []
+    for values, source in layers:
+        if values and source and source not in named:
+            named.append(source)
+    return named
+
+
+def unknown_model(layers: Sequence[tuple[Mapping[str, Any], str | None]]) -> None:
+    """Refuse the model ``layers`` name (the last that gives one, as :meth:`RunSettings.layered` reads them) if
+    it has no ':' and no zoo model has that name, with the message ``layered`` gives it (its layers and key
+    named), but before what checks the rest imports torch (seconds): ``splitfed simulate --model nonsense``.
+    A ``module:factory`` model, or a value that is no string, is left to ``layered``."""
+    from splitfed.zoo_names import unknown_model_message
+
+    model = None
+    for values, _ in layers:
+        for raw, v in values.items():
+            if ALIASES.get(raw.replace("-", "_"), raw.replace("-", "_")) == "model":
+                model = v
+    refused = unknown_model_message(model) if isinstance(model, str) else ""
+    if refused:
+        named = _sources(layers)
+        raise ConfigError(f"{' + '.join(named)}: model: {refused}" if named else f"model: {refused}")
 
 
 def _named_forms(s: RunSettings) -> None:

@@ -155,7 +155,13 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
             run_settings = settings.with_(tier_addresses=",".join(chain.addresses),
                                           coordinator_token_file=chain.coordinator_token_file)
             progress(f"tiers: {', '.join(chain.addresses)}; {settings.clients} virtual clients on {cpus} CPU(s)")
-            server_app = build_app(run_settings, signals.progress(progress), stop=stop, on_summary=summary.update,
+            said = signals.progress(progress)
+
+            def finished(result: dict[str, Any]) -> None:  # the ServerApp's last word: what follows takes seconds
+                summary.update(result)
+                said(_stopping_line(settings))
+
+            server_app = build_app(run_settings, said, stop=stop, on_summary=finished,
                                    recorded_as=settings, resumed=resumed, reservation=held)
             backend: dict[str, dict[str, ConfigRecordValues]] = {  # Ray is already up
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
@@ -214,6 +220,14 @@ def _simulate(settings: RunSettings, progress: Callable[[str], None], verbose: b
             finally:
                 signals.uninstall(before)
     return summary
+
+
+def _stopping_line(settings: RunSettings) -> str:
+    """Said once the ServerApp has its summary: Flower's engine then shuts Ray down, the tier processes the run
+    started stop and Ray's session folder is removed once its processes are gone (2-6 s, without a word
+    before)."""
+    tiers = "" if settings.addresses else f" and {settings.tiers - 1} tier process(es)"
+    return f"shutting down the simulation engine (Ray){tiers}..."
 
 
 def late_drift_note(settings: RunSettings) -> str:
