@@ -1,5 +1,5 @@
 """A ``--model`` no zoo holds and no ``module:factory`` is, refused at once: ``splitfed simulate`` (its flag, or
-the ``model`` key of its config file) and ``splitfed profile``.
+the ``model`` key of its config file), ``profile``, ``blocks``, ``verify`` and ``ping``.
 
 Before: the refusal came after torch's import (2-4 s for one line), as the zoo that names the models imports torch.
 Now :mod:`splitfed.zoo_names` (torch-free, held to the zoo by tests/test_benchmark_input.py) refuses such a name
@@ -26,14 +26,17 @@ UNKNOWN = ("unknown model 'nonsense': use one of cnn, mlp, mobilenetv2, resnet18
 
 
 def test_a_bad_model_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
-    """One interpreter, three refusals in turn (the simulate flag, a simulate config file's key, the profile
-    flag): each exit 2 with its one line, torch imported by none of them, and no run folder made."""
+    """One interpreter, six refusals in turn (the simulate flag, a simulate config file's key, the profile,
+    blocks, verify and ping flags): each exit 2 with its one line, torch imported by none of them, and no run folder made."""
     config = tmp_path / "run.toml"
     config.write_text('model = "nonsense"\n')
     out = tmp_path / "run"
     commands = [["simulate", "--model", "nonsense", "--out", str(out)],
                 ["simulate", "--config", str(config), "--out", str(out)],
-                ["profile", "--model", "nonsense"]]
+                ["profile", "--model", "nonsense"],
+                ["blocks", "--model", "nonsense"],
+                ["verify", "--model", "nonsense", "--cuts", "1,2"],
+                ["ping", "127.0.0.1:9", "--model", "nonsense"]]  # no tier is asked: refused first
     code = ("import json, sys\n"
             "from splitfed.cli import main\n"
             "seen = []\n"
@@ -42,10 +45,11 @@ def test_a_bad_model_is_refused_before_torch_is_imported(tmp_path: Path) -> None
             "    print('', file=sys.stderr)\n"
             "print(json.dumps(seen))\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert json.loads(p.stdout.splitlines()[-1]) == [[2, False]] * 3, p.stdout + p.stderr
+    assert json.loads(p.stdout.splitlines()[-1]) == [[2, False]] * 6, p.stdout + p.stderr
     assert p.stderr.split("\n\n") == [f"splitfed simulate: error: command line: model: {UNKNOWN}",
                                       f"splitfed simulate: error: {config} + command line: model: {UNKNOWN}",
-                                      f"splitfed profile: error: {UNKNOWN}", ""], p.stderr
+                                      *(f"splitfed {c}: error: {UNKNOWN}" for c in ("profile", "blocks", "verify",
+                                                                                   "ping")), ""], p.stderr
     assert not out.exists()
 
 

@@ -114,6 +114,15 @@ def model_kwargs(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def zoo_name_checked(name: str | None) -> None:
+    """Refuse a model name no zoo model has and no ``module:factory`` is, at once: the zoo that would refuse it
+    imports torch first (seconds for one line). A command calls it before its heavy imports."""
+    from splitfed.zoo_names import unknown_model_message
+
+    if name and (refused := unknown_model_message(name)):
+        raise ConfigError(refused)
+
+
 def model_spec(args: argparse.Namespace, name: str | None = None) -> ModelSpec:
     """The spec ``add_model_args``' flags name (``name``: the model in place of ``--model``, as ping's
     --fleet-entry times cnn when none is given)."""

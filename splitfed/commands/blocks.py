@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from splitfed.commands._args import add_model_args, model_spec
+from splitfed.commands._args import add_model_args, model_spec, zoo_name_checked
 from splitfed.jsonio import dumps
 
 BLOCK_KEYS = ("index", "name", "output_shape", "params", "trainable", "cut_after")
@@ -37,6 +37,7 @@ def describe(spec) -> list[dict]:  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
+    zoo_name_checked(args.model)
     spec = model_spec(args)
     rows = describe(spec)
     if args.json:

@@ -20,7 +20,13 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from splitfed.commands._args import add_model_kwargs, model_spec, positive_int, shape
+from splitfed.commands._args import (
+    add_model_kwargs,
+    model_spec,
+    positive_int,
+    shape,
+    zoo_name_checked,
+)
 from splitfed.jsonio import dumps
 
 if TYPE_CHECKING:
@@ -66,6 +72,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    zoo_name_checked(args.model)
     from splitfed.errors import ConfigError, TierError
     from splitfed.flower.transport import connect
     from splitfed.transport.address import parse_address, unresolvable

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from splitfed.commands._args import add_model_args, batch_size, model_spec, positive_int
-from splitfed.errors import ConfigError
+from splitfed.commands._args import (
+    add_model_args,
+    batch_size,
+    model_spec,
+    positive_int,
+    zoo_name_checked,
+)
 from splitfed.jsonio import dumps
-from splitfed.zoo_names import unknown_model_message
 
 if TYPE_CHECKING:
     from splitfed.profile.profiler import ModelProfile
@@ -57,8 +61,7 @@ def render(prof: ModelProfile, where: str = "this host") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if refused := unknown_model_message(args.model):  # at once, not after torch's import (seconds)
-        raise ConfigError(refused)
+    zoo_name_checked(args.model)
     from splitfed.engine.compute import describe, torch_device
     from splitfed.profile.profiler import default_cache_dir, profile_model
 

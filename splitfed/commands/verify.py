@@ -11,6 +11,7 @@ from splitfed.commands._args import (
     model_spec,
     positive_int,
     seed,
+    zoo_name_checked,
 )
 from splitfed.engine.modes import MODES
 from splitfed.errors import ConfigError, CutError
@@ -54,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    zoo_name_checked(args.model)
     from splitfed.engine import template
     from splitfed.engine.rounds import inprocess_chain
     from splitfed.engine.types import block_of
