@@ -1,5 +1,5 @@
 """A ``--model`` no zoo holds and no ``module:factory`` is, refused at once: ``splitfed simulate`` (its flag, or
-the ``model`` key of its config file), ``profile``, ``blocks``, ``verify`` and ``ping``.
+the ``model`` key of its config file), ``profile``, ``blocks``, ``verify``, ``ping`` and ``optimize``.
 
 Before: the refusal came after torch's import (2-4 s for one line), as the zoo that names the models imports torch.
 Now :mod:`splitfed.zoo_names` (torch-free, held to the zoo by tests/test_benchmark_input.py) refuses such a name
@@ -26,8 +26,9 @@ UNKNOWN = ("unknown model 'nonsense': use one of cnn, mlp, mobilenetv2, resnet18
 
 
 def test_a_bad_model_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
-    """One interpreter, six refusals in turn (the simulate flag, a simulate config file's key, the profile,
-    blocks, verify and ping flags): each exit 2 with its one line, torch imported by none of them, and no run folder made."""
+    """One interpreter, seven refusals in turn (the simulate flag, a simulate config file's key, the profile,
+    blocks, verify, ping and optimize flags): each exit 2 with its one line, torch imported by none of them, and
+    no run folder made."""
     config = tmp_path / "run.toml"
     config.write_text('model = "nonsense"\n')
     out = tmp_path / "run"
@@ -36,7 +37,8 @@ def test_a_bad_model_is_refused_before_torch_is_imported(tmp_path: Path) -> None
                 ["profile", "--model", "nonsense"],
                 ["blocks", "--model", "nonsense"],
                 ["verify", "--model", "nonsense", "--cuts", "1,2"],
-                ["ping", "127.0.0.1:9", "--model", "nonsense"]]  # no tier is asked: refused first
+                ["ping", "127.0.0.1:9", "--model", "nonsense"],  # no tier is asked: refused first
+                ["optimize", "--model", "nonsense", "--fleet", "small"]]
     code = ("import json, sys\n"
             "from splitfed.cli import main\n"
             "seen = []\n"
@@ -45,11 +47,11 @@ def test_a_bad_model_is_refused_before_torch_is_imported(tmp_path: Path) -> None
             "    print('', file=sys.stderr)\n"
             "print(json.dumps(seen))\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert json.loads(p.stdout.splitlines()[-1]) == [[2, False]] * 6, p.stdout + p.stderr
+    assert json.loads(p.stdout.splitlines()[-1]) == [[2, False]] * 7, p.stdout + p.stderr
     assert p.stderr.split("\n\n") == [f"splitfed simulate: error: command line: model: {UNKNOWN}",
                                       f"splitfed simulate: error: {config} + command line: model: {UNKNOWN}",
                                       *(f"splitfed {c}: error: {UNKNOWN}" for c in ("profile", "blocks", "verify",
-                                                                                   "ping")), ""], p.stderr
+                                                                                   "ping", "optimize")), ""], p.stderr
     assert not out.exists()
 
 

@@ -9,7 +9,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from splitfed.commands._args import add_model_args, batch_size, int_list, model_spec, positive_int
+from splitfed.commands._args import (
+    add_model_args,
+    batch_size,
+    int_list,
+    model_spec,
+    positive_int,
+    zoo_name_checked,
+)
 from splitfed.errors import ConfigError, CutError
 from splitfed.fleets import shipped_fleets
 from splitfed.jsonio import dumps
@@ -63,9 +70,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--all-on-server", action="store_true", help="devices only send their data")
     p.add_argument("--gap", type=float, default=DEFAULT_GAP, help="relative optimality gap the MILP must prove")
     p.add_argument("--time-limit", type=float, default=60.0,
-                   help="seconds for the whole exact solve, all its MILPs together (> 0); when they run out, the "
-                        "best assignment found so far is printed, marked not proven optimal (with "
-                        "--best-static: the exact pricing of its best-ranked vectors)")
+                   help="seconds for the whole exact solve (> 0): pricing each device's cuts, every MILP (one that "
+                        "HiGHS runs past it is given up 0.5 s later) and the tie-breaks; when they run out, the best "
+                        "assignment found so far is printed, marked not proven optimal, or, if none was found yet, an "
+                        "error says so (with --best-static: ranking every cut vector, then the exact pricing of the "
+                        "best-ranked ones, the first always); Ctrl-C stops a solve at once (exit 130)")
     p.add_argument("--per-client", action="store_true",
                    help=f"list each client in the table whatever the fleet's size (default: each client up to "
                         f"{PER_CLIENT_MAX} clients; above that, one row per device class and cuts)")
@@ -145,6 +154,7 @@ def _grouped(sc: Scenario, clients: Sequence[ClientCost]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    zoo_name_checked(args.model)
     from splitfed.cost.model import Scenario, link_codecs
     from splitfed.optimizer import assign
     from splitfed.profile.fleet import load_fleet

@@ -75,13 +75,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint, OptimizeResult, milp
 from scipy.sparse import coo_array
 
 from splitfed.cost.model import (
@@ -119,6 +120,16 @@ TIE_MIN_S = 1.0
 _EDGE_REL = 1e-9  # brute force: memory this close to a tier's is checked as evaluate() prices it
 _MOVE_TOL = 1e-6  # a tie of least time may move this much (of the largest single move) more than the least move
 _STAGED_REL = 1e-9  # sflv1: the rounding a bound on a tier's staged base is allowed (_staged_tiers)
+# the time limit (``solve``'s, ``best_static``'s): pricing the fleet's options checks it every CHECK_EVERY distinct
+# devices (a few ms each: a fleet of fewer is always priced, so a spent limit still gets an answer that needs no
+# MILP), and the Python loops over the classes check it every class. HiGHS runs in a daemon worker thread that
+# the caller waits for in slices of WAIT_S (a Ctrl-C reaches the main thread, which the C code no longer holds);
+# HiGHS's presolve overran its own time_limit (0.3 s) by 3.6 s on 2,000 distinct clients (presolve off kept to
+# it, but would change every solve, and scipy passes no presolve limit): a MILP still running GRACE_S past the
+# deadline is given up, an unknown like HiGHS's own "time limit, no answer"
+CHECK_EVERY = 32
+WAIT_S = 0.1
+GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -205,6 +216,17 @@ def _infeasible(sc: Scenario, members: list[int], t_mem: np.ndarray, options: np
         f"its memory is {has} and the smallest device share needs {need} (cuts {','.join(map(str, options[best]))})")
 
 
+def _expired(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+def _out_of_time(sc: Scenario, done: str) -> ConfigError:
+    """The refusal when the time limit runs out while the fleet's options are priced, before any MILP."""
+    return ConfigError(f"the time limit ran out while pricing the cuts of the {len(sc.clients):,} clients of "
+                       f"{sc.profile.model} ({done}), before any MILP: raise it (--time-limit), or price a policy "
+                       "that needs no MILP: --greedy")
+
+
 def _dominates(V: np.ndarray) -> np.ndarray:
     """D[a, b]: row a dominates row b (a <= b everywhere, and a < b somewhere or a comes first)."""
     idx = np.arange(V.shape[0])
@@ -255,14 +277,23 @@ def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
     """Group clients (by their inputs; with ``prefer``, also by their preferred cuts) and price each
     group's legal options; raises for a device no cut fits (first), then, in sl and sflv2, for a
     server no option fits."""
+    return _classes_until(sc, prefer, None)
+
+
+def _classes_until(sc: Scenario, prefer: Assignment | None, deadline: float | None) -> list[_Class]:
+    """:func:`_classes`, refused (:func:`_out_of_time`) when ``deadline`` (``time.perf_counter``) passes while the
+    options are priced (checked every ``CHECK_EVERY`` distinct devices, and groups pruned)."""
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(sc.clients):
         pc = None if prefer is None or c.name not in prefer else sc.check_cuts(prefer[c.name])
         groups.setdefault((client_key(c), pc), []).append(i)
-    tables = {}
+    tables: dict[tuple, OptionTable] = {}
+    kinds = len({k for k, _ in groups})
     for members in groups.values():
         c = sc.clients[members[0]]
         if client_key(c) not in tables:
+            if len(tables) % CHECK_EVERY == CHECK_EVERY - 1 and _expired(deadline):
+                raise _out_of_time(sc, f"{len(tables):,} of their {kinds:,} distinct devices priced")
             tables[client_key(c)] = option_table(sc, c)
     # every device no cut fits, whatever its kind (the same device with other sample counts is priced apart)
     unfit = [i for i, c in enumerate(sc.clients) if not tables[client_key(c)].fits_device.any()]
@@ -279,8 +310,10 @@ def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
         fits[k] = ok
     finite = np.isfinite(sc.memory_caps)
     staged = _staged_tiers(sc, [(len(m), tables[k], fits[k]) for (k, _), m in groups.items()])
-    out = []
+    out: list[_Class] = []
     for (key, pc), members in groups.items():
+        if len(out) % CHECK_EVERY == CHECK_EVERY - 1 and _expired(deadline):  # (each a Pareto front: a few ms)
+            raise _out_of_time(sc, f"the options of {len(out):,} of their {len(groups):,} groups pruned")
         t, ok = tables[key], fits[key]
         opts = t.options[ok]
         T, load = t.round_s[ok], t.shared_load[ok] / sc.capacities
@@ -334,15 +367,43 @@ class _Result:
     optimal: bool
 
 
+def _call_milp(deadline: float | None, *args: object, **kwargs: object) -> object | None:
+    """``milp(*args, **kwargs)`` in a daemon worker thread, waited for in slices of ``WAIT_S``: HiGHS's C code
+    releases the GIL, so a Ctrl-C raises KeyboardInterrupt here within a slice (it held the main thread until
+    HiGHS returned). None: still running ``GRACE_S`` past ``deadline``; the worker is left to end at HiGHS's own
+    time limit (a daemon: it never holds the process open). An exception in the worker is raised here."""
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["res"] = milp(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["err"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="splitfed-milp", daemon=True).start()
+    while not done.wait(WAIT_S):
+        if deadline is not None and time.perf_counter() > deadline + GRACE_S:
+            return None
+    if "err" in box:
+        raise cast(BaseException, box["err"])
+    return box["res"]
+
+
 def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, time_rows: bool, scale: float,
           gap: float, time_limit: float | None, mem_rhs: np.ndarray, m_max: float = math.inf,
           minimize: bool = True, objective: list[np.ndarray] | None = None,
-          budget: tuple[list[np.ndarray], float] | None = None) -> _Result:
+          budget: tuple[list[np.ndarray], float] | None = None, deadline: float | None = None) -> _Result:
     """min M over counts of the ``allowed`` options: M >= every shared load (and, with ``time_rows``,
     >= each client's time: valid only when every class is a single client), M <= ``m_max`` seconds.
     ``minimize=False``: any feasible point (a yes/no question, far cheaper than a proof of optimality).
     ``objective`` (per class, per allowed option): minimise sum objective * count instead of M.
-    ``budget`` (weights per class and allowed option, most): sum weights * count <= most."""
+    ``budget`` (weights per class and allowed option, most): sum weights * count <= most.
+    ``deadline`` (``time.perf_counter``): HiGHS gets at most what is left of it once the MILP is built (building
+    one over thousands of classes takes a while), none if nothing is, and is given up ``GRACE_S`` past it
+    (:func:`_call_milp`); each unknown, as at HiGHS's own time limit without an answer."""
     sizes = [len(a) for a in allowed]
     nc = sum(sizes)
     iM = nc
@@ -429,10 +490,18 @@ def _milp(sc: Scenario, classes: list[_Class], allowed: list[np.ndarray], *, tim
     else:
         obj[iM] = 1.0 if minimize else 0.0
     opts: dict = {"mip_rel_gap": gap, "disp": False}
+    bounds, constraints = Bounds(np.zeros(nvar), ub), LinearConstraint(A, lo, hi)
+    if deadline is not None:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return _Result([], math.inf, 0.0, False)
+        time_limit = left if time_limit is None else min(time_limit, left)
     if time_limit is not None:
         opts["time_limit"] = time_limit  # what is left of the solve's budget (the caller stops at 0)
-    res = milp(obj, integrality=integrality, bounds=Bounds(np.zeros(nvar), ub),
-               constraints=LinearConstraint(A, lo, hi), options=opts)
+    got = _call_milp(deadline, obj, integrality=integrality, bounds=bounds, constraints=constraints, options=opts)
+    if got is None:  # HiGHS overran its time limit: given up, as if it had stopped there without an answer
+        return _Result([], math.inf, 0.0, False)
+    res = cast(OptimizeResult, got)
     if res.status == 2:
         return _Result([], math.inf, math.inf, True)
     if res.x is None:
@@ -568,6 +637,10 @@ class _Solver:
         self.calls = 0
         self.proven = True  # every MILP so far finished (no time limit hit)
 
+    def expired(self) -> bool:
+        """Whether the time limit has run out."""
+        return _expired(self.deadline)
+
     @property
     def stuck(self) -> list[int]:
         """The clients every cut of which is priced infinite (no round of theirs ends, as priced)."""
@@ -604,14 +677,13 @@ class _Solver:
         its memory may then be passed over) and the MILP solved again."""
         rhs = np.ones(len(self.sc.memory_caps))
         for _ in range(4):
-            left = None if self.deadline is None else self.deadline - time.perf_counter()
-            if left is not None and left <= 0:  # the budget is spent: "unknown", like HiGHS at its limit
+            if self.expired():  # the budget is spent: "unknown", like HiGHS at its limit
                 self.proven = False
                 return _Result([], math.inf, 0.0, False), None
             self.calls += 1
             r = _milp(self.sc, self.classes, allowed, time_rows=time_rows, scale=self.scale, gap=self.gap,
-                      time_limit=left, mem_rhs=rhs, m_max=m_max, minimize=minimize, objective=objective,
-                      budget=budget)
+                      time_limit=None, mem_rhs=rhs, m_max=m_max, minimize=minimize, objective=objective,
+                      budget=budget, deadline=self.deadline)
             self.proven &= r.optimal
             if not math.isfinite(r.value):
                 return r, None
@@ -651,14 +723,28 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
     taus = np.unique(np.concatenate([c.T for c in s.classes]))
     taus = taus[taus >= max(float(c.T.min()) for c in s.classes)]
 
-    def allowed(k: int) -> list[np.ndarray]:
-        return [c.shared_front(float(taus[k])) for c in s.classes]
+    def allowed(k: int) -> list[np.ndarray] | None:
+        """Each class's front at tau_k; None when the time limit runs out first (a class's first front prices
+        its dominance, ~1 ms: seconds for thousands of distinct clients)."""
+        out = []
+        for c in s.classes:
+            if s.expired():
+                return None
+            out.append(c.shared_front(float(taus[k])))
+        return out
+
+    def ask(a: list[np.ndarray] | None, m_max: float = math.inf, minimize: bool = True
+            ) -> tuple[_Result, list[np.ndarray] | None]:
+        if a is None:  # out of time: unknown, as a MILP asked then would answer
+            s.proven = False
+            return _Result([], math.inf, 0.0, False), None
+        return s.run(a, time_rows=False, m_max=m_max, minimize=minimize)
 
     memo: dict[int, tuple[_Result, list[np.ndarray] | None]] = {}
 
     def feasible(k: int) -> bool:
         if k not in memo:
-            memo[k] = s.run(allowed(k), time_rows=False, m_max=float(taus[k]), minimize=False)
+            memo[k] = ask(allowed(k), m_max=float(taus[k]), minimize=False)
         return memo[k][1] is not None
 
     def priced(k: int) -> RoundCost:
@@ -670,11 +756,10 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
     if feasible(0):  # the slowest class's best time: a lower bound, reached
         return priced(0), float(taus[0])
     if not feasible(last):  # shared resources dominate whatever the cuts
-        a = allowed(last)
-        r, ok = s.run(a, time_rows=False)
+        r, ok = ask(allowed(last))
         if ok is None:
             raise s.no_answer()
-        return s.price(a, r), r.bound
+        return s.price(ok, r), r.bound
     lo, hi = 0, last  # infeasible at lo, feasible at hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -683,8 +768,7 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
         else:
             lo = mid
     best = priced(hi)
-    a = allowed(lo)
-    r, ok = s.run(a, time_rows=False, m_max=float(taus[hi]))
+    r, ok = ask(allowed(lo), m_max=float(taus[hi]))
     if ok is not None:
         bound = min(float(taus[hi]), r.bound)
     elif r.optimal:  # proven: nothing capped at tau_hi fits, so M* = tau_hi
@@ -693,7 +777,7 @@ def _bisect(s: _Solver) -> tuple[RoundCost, float]:
         no = [k for k, (rk, ak) in memo.items() if ak is None and rk.optimal]
         bound = float(taus[max(no)]) if no else float(taus[0])
     if ok is not None:
-        cost = s.price(a, r)
+        cost = s.price(ok, r)
         if cost.makespan_s < best.makespan_s:
             best = cost
     return best, bound
@@ -761,11 +845,14 @@ def _holder_search(s: _Solver) -> list[int] | None:
     return [int(o) for o in near[min(priced)[1]]]
 
 
-def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost, budget: int = 200) -> RoundCost:
+def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost, budget: int = 200,
+            deadline: float | None = None) -> RoundCost:
     """Break float ties: options whose costs are equal in exact arithmetic can differ in the last bit
     (0.003 + 0.006 + 0.01 vs 0.009 + 0.01), below any MILP tolerance. Move a client that sets the
     makespan (or loads the resource that does) to an option at most 1e-9 cheaper there, when that
     lowers the makespan as the cost model computes it (at most ``budget`` trials for a resource).
+    No trial starts once ``deadline`` (``time.perf_counter``) has passed: each prices the whole fleet
+    (~0.5 s for 1,000 distinct clients); what stops there is at most 1e-9 of the makespan.
     """
     by_client = {i: c for c in classes for i in c.members}
     col = {name: r for r, name in enumerate(sc.resource_names)}
@@ -778,6 +865,8 @@ def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost, budget: int = 
                     continue
                 c = by_client[i]
                 for o in np.nonzero((c.T < cc.round_s) & (c.T >= cc.round_s * (1 - 1e-9)))[0]:
+                    if _expired(deadline):
+                        return cost if better is None else better
                     trial = evaluate(sc, {**cost.assignment(), cc.name: tuple(int(x) for x in c.options[o])})
                     if trial.feasible and trial.makespan_s < M and (better is None
                                                                      or trial.makespan_s < better.makespan_s):
@@ -795,6 +884,8 @@ def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost, budget: int = 
                     continue
                 v = c.load[cur[0], r]
                 for o in np.nonzero((c.load[:, r] < v) & (c.load[:, r] >= v * (1 - 1e-9)) & (c.T <= M))[0]:
+                    if _expired(deadline):
+                        return cost if better is None else better
                     budget -= 1
                     trial = evaluate(sc, {**cost.assignment(), cc.name: tuple(int(x) for x in c.options[o])})
                     if trial.feasible and trial.makespan_s < M and (better is None
@@ -853,7 +944,7 @@ def _least_time(s: _Solver, best: RoundCost, tie_rel: float, deadline: float | N
         cand = _tie_answer(t, cap, allowed, [c.T[a] for c, a in zip(t.classes, allowed, strict=True)], budget)
         if cand is None:
             continue
-        cand = _polish(t.sc, t.classes, cand)
+        cand = _polish(t.sc, t.classes, cand, deadline=deadline)
         if moves is not None and _total_move(t.sc, cand.assignment(), moves[0]) > moves[1] + _MOVE_TOL * max(
                 (float(c.move.max()) for c in t.classes if c.move is not None and len(c.move)), default=0.0):
             continue  # the MILP's tolerance let it move a hair more: not what was asked
@@ -967,9 +1058,13 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     client time (budgeted as below). Without it, among the assignments
     of the optimal makespan, one of least total client time (to ``TIE_GAP``; given at most a quarter of the
     time the makespan took, at least ``TIE_MIN_S``, and the note says when that ran out).
-    ``time_limit``: seconds for the whole solve from this call on, every MILP together (each gets what is
-    left; none starts once it is spent; None: no limit). When it runs out the best assignment found so far
-    is returned, ``optimal`` False; when none was found, a ConfigError says so. Refused (ConfigError) too
+    ``time_limit``: seconds for the whole solve from this call on (None: no limit): pricing the options
+    (checked every ``CHECK_EVERY`` distinct devices), every MILP together (each gets what is left once it is
+    built; none starts once it is spent; one HiGHS runs past it is given up ``GRACE_S`` later), the Python loops
+    over the classes, the polish and the tie-breaks. Past it: at most ``GRACE_S``, the pricing of the answer in
+    hand and one check's step. When it runs out the best assignment found so far is returned, ``optimal``
+    False; when none was found, a ConfigError says so. A Ctrl-C (KeyboardInterrupt) reaches the caller within
+    ``WAIT_S`` while HiGHS runs (:func:`_call_milp`). Refused (ConfigError) too
     when no assignment fits memory, or every one that does takes infinitely long as priced.
     """
     t0 = time.perf_counter()
@@ -979,13 +1074,13 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
         raise ConfigError(f"method must be auto, direct, bisect or sequential, got {method!r}")
     if method == "sequential" and not sc.in_turn:
         raise ConfigError(f"method sequential is exact for modes sl and sflv2 only, not {sc.mode}")
-    classes = _classes(sc)
+    deadline = None if time_limit is None else t0 + time_limit
+    classes = _classes_until(sc, None, deadline)
     refusal = _least_shares(sc, classes)
     if refusal is not None:
         raise refusal
     if method == "direct" and any(len(c.members) > 1 for c in classes):
         classes = [c.single(i) for c in classes for i in c.members]
-    deadline = None if time_limit is None else t0 + time_limit
     s = _Solver(sc, classes, gap, deadline)
     if s.stuck:
         raise s.no_answer()
@@ -996,7 +1091,7 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
             method = "bisect"
     if cost is None:
         cost, bound = (_direct if method == "direct" else _bisect)(s)
-    cost = _polish(sc, classes, cost)
+    cost = _polish(sc, classes, cost, deadline=deadline)
     proven = max(0.0, (cost.makespan_s - bound) / cost.makespan_s) if cost.makespan_s > 0 else 0.0
     groups = len({client_key(c) for c in sc.clients})
     how = ("no MILP (clients in turn: each takes its fastest option that fits)" if method == "sequential"
@@ -1211,8 +1306,11 @@ def best_static(sc: Scenario, time_limit: float | None = None) -> Solution:
 
     Every vector is ranked by a bound (slowest client, busiest shared tier); the few best are then priced
     exactly, each a pass over the whole fleet (~2.5 s for 100,000 clients). ``time_limit``: seconds from this
-    call on after which no further one is priced (the first always is); the note says when that cut it short."""
+    call on after which no further one is priced (the first always is); the note says when that cut it short.
+    Ranking prices every distinct device's options: refused (ConfigError) when the limit runs out before that
+    is done (checked every ``CHECK_EVERY`` devices: a fleet of fewer is always ranked)."""
     t0 = time.perf_counter()
+    deadline = None if time_limit is None else t0 + time_limit
     ok = np.ones(len(sc.options), bool)
     round_s = np.zeros(len(sc.options))
     load = np.zeros((len(sc.options), len(sc.capacities)))
@@ -1222,7 +1320,11 @@ def best_static(sc: Scenario, time_limit: float | None = None) -> Solution:
     groups: dict[tuple, list[Client]] = {}
     for c in sc.clients:
         groups.setdefault(client_key(c), []).append(c)
-    for members in groups.values():
+    for done, members in enumerate(groups.values()):
+        if done % CHECK_EVERY == CHECK_EVERY - 1 and _expired(deadline):
+            raise ConfigError(f"the time limit ran out while ranking the cut vectors for the {len(sc.clients):,} "
+                              f"clients of {sc.profile.model} ({done:,} of their {len(groups):,} distinct devices "
+                              "priced), before any was priced exactly: raise it (--time-limit)")
         n = len(members)
         t = option_table(sc, members[0])
         ok &= t.fits_device
