@@ -98,6 +98,14 @@ def test_the_draw_line_says_how_the_clients_were_dealt(n: int, said: str) -> Non
     assert shown == Counter(c.kind for c in fleet_for(settings).clients)
 
 
+def test_a_fleet_of_one_device_is_said_in_the_singular(tmp_path: Path) -> None:
+    fleet = tmp_path / "one.toml"
+    fleet.write_text('[edge]\nprofile = "edge-server"\n[[device]]\nname = "pi"\nprofile = "rpi4"\n')
+    assert draw_note(RunSettings(clients=1, fleet=str(fleet))) == f"clients: the device of fleet '{fleet}': 1 pi"
+    assert draw_note(RunSettings(clients=3, fleet=str(fleet))) == \
+        f"clients: 3 from fleet '{fleet}': its one device 3 times: 3 pi"
+
+
 def test_fewer_clients_than_devices_never_repeat_one_and_the_seed_picks_which() -> None:
     fleet = load_fleet("reference")
     picks = {tuple(c.name for c in fleet.sample(7, seed=s).clients) for s in range(20)}

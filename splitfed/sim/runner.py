@@ -268,7 +268,10 @@ def draw_note(settings: RunSettings, drawn: Fleet | None = None) -> str:
     n, size = len(drawn.clients), len(load_fleet(settings.fleet).clients)
     whole, part = divmod(n, size)
     times = {1: "once", 2: "twice"}.get(whole, f"{whole} times")
-    if whole == 1 and not part:
+    if size == 1:  # one device: each client is it
+        how = (f"the device of fleet {settings.fleet!r}" if n == 1
+               else f"{n} from fleet {settings.fleet!r}: its one device {times}")
+    elif whole == 1 and not part:
         how = f"the {size} devices of fleet {settings.fleet!r}"
     elif not whole:
         how = f"{n} of the {size} devices of fleet {settings.fleet!r}, drawn by seed {settings.seed}"
