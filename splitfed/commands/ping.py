@@ -167,24 +167,25 @@ def run(args: argparse.Namespace) -> int:
 
 def _fleet_entry(name: str, row: dict[str, Any], args: argparse.Namespace) -> str:
     """This host as a ``[[device]]``: its training rate on the model, its memory, its link to ``row``."""
-    import psutil
-
-    from splitfed.engine.compute import describe, memory_bytes, torch_device
+    from splitfed.engine.compute import describe, free_memory, torch_device
     from splitfed.profile.devices import DeviceProfile
     from splitfed.profile.fleet import device_entry
     from splitfed.units import MIB
 
     spec = model_spec(args, args.model or "cnn")
     where = torch_device(args.torch_device)
-    flops = training_rate(spec, where=where)
     gpu = where.type == "cuda"
-    memory_mb = (memory_bytes(where) if gpu else psutil.virtual_memory().total) / MIB
-    device = DeviceProfile(flops, memory_mb, row["up_mbps"], row["down_mbps"], row["rtt_ms"])
+    # what training can use, as the named profiles count it (a 4 GB Pi 4: ~2 GiB), not all of it: what is free
+    # now, before the timing below allocates any (before: the RAM in all, twice a Pi's share)
+    free, total = free_memory(where)
+    flops = training_rate(spec, where=where)
+    device = DeviceProfile(flops, free / MIB, row["up_mbps"], row["down_mbps"], row["rtt_ms"])
     to = f"to {row['name']} at {row['address']}"
     return device_entry(name, device, {
         "flops": (f"trains {spec.name} at this rate on {describe(where)}, as a node with that torch-device times "
                   "itself" if gpu else f"trains {spec.name} at this rate here (one thread, as a node times itself)"),
-        "memory_mb": f"the memory of {describe(where)}" if gpu else "this host's memory",
+        "memory_mb": (f"free on {describe(where)} when measured, of {total / MIB:,.0f} MiB in all" if gpu
+                      else f"this host's memory available when measured, of {total / MIB:,.0f} MiB in all"),
         "up_mbps": f"measured {to}", "down_mbps": f"measured {to}", "rtt_ms": f"measured {to}"})
 
 

@@ -49,6 +49,18 @@ def describe(dev: torch.device) -> str:
     return f"{dev} ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else str(dev)
 
 
+def free_memory(dev: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of ``dev`` now: the GPU's (``cudaMemGetInfo``) or this host's (MemAvailable: what a
+    new process can take without swapping), the share a device's training can use that a fleet entry records."""
+    if dev.type == "cuda":
+        free, total = torch.cuda.mem_get_info(dev)
+        return int(free), int(total)
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
+
+
 def memory_bytes(dev: torch.device) -> int:
     """The memory of ``dev``: the GPU's own, or the machine's (what a tier's segments share)."""
     if dev.type == "cuda":
