@@ -273,16 +273,11 @@ def _fits_alone(sc: Scenario, turn: np.ndarray, held: np.ndarray) -> np.ndarray:
     return cast(np.ndarray, (turn + (held if sc.holders else 0.0) <= sc.memory_caps).all(axis=1))
 
 
-def _classes(sc: Scenario, prefer: Assignment | None = None) -> list[_Class]:
+def _classes(sc: Scenario, prefer: Assignment | None = None, deadline: float | None = None) -> list[_Class]:
     """Group clients (by their inputs; with ``prefer``, also by their preferred cuts) and price each
     group's legal options; raises for a device no cut fits (first), then, in sl and sflv2, for a
-    server no option fits."""
-    return _classes_until(sc, prefer, None)
-
-
-def _classes_until(sc: Scenario, prefer: Assignment | None, deadline: float | None) -> list[_Class]:
-    """:func:`_classes`, refused (:func:`_out_of_time`) when ``deadline`` (``time.perf_counter``) passes while the
-    options are priced (checked every ``CHECK_EVERY`` distinct devices, and groups pruned)."""
+    server no option fits. Refused (:func:`_out_of_time`) when ``deadline`` (``time.perf_counter``) passes
+    while the options are priced (checked every ``CHECK_EVERY`` distinct devices, and groups pruned)."""
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(sc.clients):
         pc = None if prefer is None or c.name not in prefer else sc.check_cuts(prefer[c.name])
@@ -1075,7 +1070,7 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     if method == "sequential" and not sc.in_turn:
         raise ConfigError(f"method sequential is exact for modes sl and sflv2 only, not {sc.mode}")
     deadline = None if time_limit is None else t0 + time_limit
-    classes = _classes_until(sc, None, deadline)
+    classes = _classes(sc, deadline=deadline)
     refusal = _least_shares(sc, classes)
     if refusal is not None:
         raise refusal
