@@ -7,6 +7,7 @@ retry then starts the real Ray.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ import pytest
 import splitfed.sim.runner
 from splitfed.flower.config import RunSettings
 from splitfed.sim.ray_start import RayStartError, start_ray
-from tests.ray_fixtures import ray_tmp  # noqa: F401 - a fixture
+from tests.ray_fixtures import ray_tmp, until  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-real")]
 
@@ -44,9 +45,19 @@ def failing_init(fail_times: int, spawned: list[subprocess.Popen], real):  # typ
     return init, calls
 
 
-def test_a_start_that_times_out_is_retried_and_its_processes_killed(monkeypatch) -> None:
+def test_a_start_that_times_out_is_retried_and_its_processes_killed(monkeypatch, tmp_path) -> None:
+    """Also (the same real start): an actor runs in the worker Ray's node started with it, and imports what this
+    process can. Before, the import path went to the workers in a runtime env, which made the node's own idle
+    workers unfit: each ClientApp actor waited for a new worker (2.4 s), the node's idled beside it."""
     import ray
 
+    from splitfed.sim.ray_start import _session_processes, session_dir
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "sf_only_on_this_path.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(mods))  # this process's import path, not the environment's
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "the-callers-own"))
     spawned: list[subprocess.Popen] = []
     init, calls = failing_init(1, spawned, ray.init)
     monkeypatch.setattr(ray, "init", init)
@@ -57,6 +68,25 @@ def test_a_start_that_times_out_is_retried_and_its_processes_killed(monkeypatch)
         # the real start may time out too on a loaded host (what the retries are for): it took a third once
         assert ray.is_initialized() and calls["n"] >= 2
         assert ray.cluster_resources().get("CPU") == 1
+        assert os.environ["PYTHONPATH"] == str(tmp_path / "the-callers-own")  # as the caller had it
+        session = session_dir()
+        assert session is not None
+
+        def idle() -> set[int]:
+            return {p.pid for p in _session_processes(session) if "ray::IDLE" in " ".join(p.cmdline())}
+
+        assert until(idle, 60), "Ray's node started no worker of its own"
+        node_workers = idle()
+
+        @ray.remote(num_cpus=1)
+        class Probe:
+            def where(self) -> tuple[int, int]:
+                import sf_only_on_this_path
+
+                return os.getpid(), sf_only_on_this_path.VALUE
+
+        pid, value = ray.get(Probe.remote().where.remote(), timeout=120)  # type: ignore[attr-defined]
+        assert value == 42 and pid in node_workers, (pid, node_workers)
     finally:
         ray.shutdown()
     assert lines[0] == f"Ray did not start (attempt 1/3): Exception: {TIMEOUT}" and len(lines) == calls["n"] - 1

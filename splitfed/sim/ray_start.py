@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,10 @@ def check_socket_room() -> None:
 
 def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
               log: Callable[[str], None] = lambda line: None, stopped: Callable[[], bool] = lambda: False) -> None:
-    """``ray.init`` with Flower's runtime env (PYTHONPATH to the workers), retried on failure, unless
-    ``stopped()`` (a stop asked for meanwhile: it returns without Ray, and the caller raises the stop)."""
+    """``ray.init``, retried on failure, unless ``stopped()`` (a stop asked for meanwhile: it returns without Ray,
+    and the caller raises the stop). The workers get this process's import path (:func:`_inherited`)."""
     import ray
 
-    pythonpath = child_pythonpath()
     last: BaseException | None = None
     for attempt in range(1, attempts + 1):
         before = set(_children())  # by pid and start time: a pid freed and taken again is another process
@@ -92,7 +92,8 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
             with warnings.catch_warnings():
                 # a tip about a future default (GPU visibility for num_gpus=0 actors), not about this run
                 warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", category=FutureWarning)
-                ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+                with _inherited(child_pythonpath()):
+                    ray.init(**init_args)
             return
         except BaseException as e:  # Ray raises bare Exception on a start timeout
             last = e
@@ -105,6 +106,24 @@ def start_ray(init_args: dict[str, Any], attempts: int = ATTEMPTS,
             log(f"Ray did not start (attempt {attempt}/{attempts}): {type(e).__name__}: {e}")
     raise RayStartError(f"Ray did not start in {attempts} attempts; last error: {type(last).__name__}: {last}") \
         from last
+
+
+@contextmanager
+def _inherited(pythonpath: str) -> Iterator[None]:
+    """PYTHONPATH set in this process's environment while Ray starts: its node's processes inherit it, and so
+    every worker they start, those a node starts with it (one per CPU) among them. Flower's way, a runtime env
+    with ``env_vars``, marks those idle ones unfit: each ClientApp actor then waited for a worker of its own
+    (2.4 s here; the node's, fit, take 0.5 s), and the node's idled beside them. Restored afterwards: the
+    processes this one starts later (the tiers) get their own (``child_pythonpath``)."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = pythonpath
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _children() -> list[psutil.Process]:
