@@ -293,6 +293,25 @@ def test_remove_session_waits_for_a_process_that_names_it_on_its_command_line(tm
     assert ray_start.remove_session(ours, wait_s=30) is True and not ours.exists()
 
 
+def test_remove_session_does_not_wait_for_a_zombie_of_it(tmp_path):
+    """A Ray worker that ends as its raylet (its parent) ends is a zombie until it is reaped, and psutil counts a
+    zombie as running: it holds nothing of the session, and the folder goes without waiting for its reaping
+    (one wait for such a worker took its whole second; the wait looks again every ``WAIT_SLICE_S``)."""
+    ours = _session(tmp_path)
+    parent = subprocess.Popen(  # the folder in its environment: only the worker's command line names it
+        [sys.executable, "-c", "import os, subprocess, sys, time\n"
+         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.5)', os.environ['SESSION_ARG']])\n"
+         "print('started', flush=True)\ntime.sleep(600)\n"], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "SESSION_ARG": f"--session-dir={ours}"})
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == "started\n"
+        [worker] = psutil.Process(parent.pid).children()
+        assert ray_start.remove_session(ours, wait_s=60) is True and not ours.exists()
+        assert worker.status() == psutil.STATUS_ZOMBIE and parent.poll() is None  # ended, and never reaped
+    finally:
+        _end([parent])  # type: ignore[list-item]
+
+
 def test_remove_session_does_not_wait_for_this_process(tmp_path):
     """The runner that calls it may still hold a file in its session (Ray's driver log): it is not waited for."""
     ours = _session(tmp_path)

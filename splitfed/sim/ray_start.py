@@ -35,6 +35,7 @@ from splitfed.errors import ConfigError
 from splitfed.importpath import child_pythonpath
 
 ATTEMPTS = 3
+WAIT_SLICE_S = 0.1  # how often :func:`remove_session` looks again for the session's processes
 
 
 class RayStartError(RuntimeError):
@@ -216,7 +217,9 @@ def remove_session(session: Path, wait_s: float = 30.0) -> bool:
     while left := _session_processes(session):
         if time.monotonic() >= end:
             return False
-        psutil.wait_procs(left, timeout=min(1.0, max(0.0, end - time.monotonic())))
+        # in slices of WAIT_SLICE_S, looked for again each time: a worker that has ended while its raylet (its
+        # parent) ends is a zombie for a while, which psutil counts as running, so one wait took its whole second
+        psutil.wait_procs(left, timeout=min(WAIT_SLICE_S, max(0.0, end - time.monotonic())))
     for attempt in range(3):
         try:
             shutil.rmtree(session)
