@@ -9,7 +9,7 @@ reports the peak of the summed RSS (counts shared pages, e.g. torch's
 libraries, once per process: an upper bound) and of the summed PSS (shared
 pages split between their users: what the tree really costs); seconds per round come from the run's ``metrics.jsonl``
 (round 1, which starts Ray's workers, is reported apart: seconds per round is the mean of
-rounds 2 on, none with ``--rounds 1``). No pass/fail.
+rounds 2 on, none with ``--rounds 1``), and the run's seconds outside its rounds (start and stop) apart. No pass/fail.
 Writes ``benchmarks/results/simulation.json``, with the run's flags and context.
 
 ``--accuracy`` instead runs the issue's accuracy check, ``splitfed simulate
@@ -102,6 +102,9 @@ def one(clients: int, rounds: int, out: Path) -> dict:
         "seconds_per_round": statistics.mean(later) if later else None,  # round 1 starts Ray: not a round's time
         "round_s": [r["wall_s"] for r in rows],
         "total_s": total_s,
+        # the run's seconds outside its rounds: Ray's and the tiers' start, the query round (the clients' processes
+        # start), the shutdown; what a run of any length pays once
+        "start_stop_s": total_s - sum(r["wall_s"] for r in rows),
         "peak_rss_sum_mb": peak["rss"] / 2**20,
         "peak_pss_mb": peak["pss"] / 2**20,
         "peak_pss_mb_by_part": {k: v / 2**20 for k, v in peak["parts"].items()},
@@ -200,7 +203,8 @@ def measure(args: argparse.Namespace) -> int:
                 continue
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             per_round = "n/a" if res["seconds_per_round"] is None else f"{res['seconds_per_round']:.2f}"
-            print(f"{n:4d} clients: {per_round} s/round (first {res['first_round_s']:.1f} s), "
+            print(f"{n:4d} clients: {per_round} s/round (first {res['first_round_s']:.1f} s, start and stop "
+                  f"{res['start_stop_s']:.1f} s), "
                   f"peak PSS {res['peak_pss_mb']:.0f} MB (RSS sum {res['peak_rss_sum_mb']:.0f} MB)", flush=True)
             results.append(res)
     report = {"benchmark": "simulation", "cpus": len(os.sched_getaffinity(0)), "model": "cnn", "dataset": "digits",

@@ -134,7 +134,10 @@ def test_simulation_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert row["peak_pss_mb"] > 0 and 0 <= row["final_accuracy"] <= 1
     # one round is the first, which starts Ray's workers: no round's time to report as seconds per round
     assert row["seconds_per_round"] is None and row["first_round_s"] > 0
-    assert "2 clients: n/a s/round" in out
+    # what the run took outside its one round (Ray, the tiers, the clients' processes, the shutdown): seconds
+    assert row["start_stop_s"] == pytest.approx(row["total_s"] - row["round_s"][0]) and row["start_stop_s"] > 1
+    assert f"2 clients: n/a s/round (first {row['first_round_s']:.1f} s, start and stop {row['start_stop_s']:.1f} s)" \
+        in out, out
     assert res["rounds"] == 1 and res["args"]["clients"] == [2] and set(res["versions"]) == {"torch", "flwr", "ray"}
 
 
