@@ -254,3 +254,25 @@ def test_the_help_states_the_grace_the_solver_gives_highs() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices["optimize"]  # type: ignore[attr-defined]
     text = next(a.help for a in sub._actions if "--time-limit" in a.option_strings)
     assert f"given up {assign.GRACE_S:g} s later" in text and "Ctrl-C stops a solve at once (exit 130)" in text
+
+
+def test_a_re_solve_s_search_for_the_tie_that_moves_least_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``prefer`` (every adaptive round's re-solve, limit 30 s) the classes priced with move costs ignored
+    the limit: with every device's moves priced 1 s, a 5 s limit ran all 80 (80 s). They stop at the next check
+    now, and the answer is the makespan's own, saying that its least-moving tie was not looked for."""
+    sc = _distinct(80)
+    plain = solve(sc)
+    clock = _Clock(monkeypatch)
+    real = assign.move_costs
+    priced: list[str] = []
+
+    def slow(sc: Scenario, c: object, *a: object) -> object:
+        priced.append(c.name)  # type: ignore[attr-defined]
+        clock.now += 1.0
+        return real(sc, c, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(assign, "move_costs", slow)
+    got = solve(sc, time_limit=5.0, prefer={c.name: (0, 0) for c in sc.clients})  # all on the cloud: not a tie
+    assert len(priced) == assign.CHECK_EVERY - 1, len(priced)
+    assert got.makespan_s == plain.makespan_s and got.cost.feasible
+    assert "no time left to look for the tie that moves least" in got.note, got.note

@@ -220,9 +220,13 @@ def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() >= deadline
 
 
+class _OutOfTime(ConfigError):
+    """:func:`_out_of_time`'s: a search after the makespan's (the tie that moves least) gives up on it alone."""
+
+
 def _out_of_time(sc: Scenario, done: str) -> ConfigError:
     """The refusal when the time limit runs out while the fleet's options are priced, before any MILP."""
-    return ConfigError(f"the time limit ran out while pricing the cuts of the {len(sc.clients):,} clients of "
+    return _OutOfTime(f"the time limit ran out while pricing the cuts of the {len(sc.clients):,} clients of "
                        f"{sc.profile.model} ({done}), before any MILP: raise it (--time-limit), or price a policy "
                        "that needs no MILP: --greedy")
 
@@ -273,16 +277,19 @@ def _fits_alone(sc: Scenario, turn: np.ndarray, held: np.ndarray) -> np.ndarray:
     return cast(np.ndarray, (turn + (held if sc.holders else 0.0) <= sc.memory_caps).all(axis=1))
 
 
-def _classes(sc: Scenario, prefer: Assignment | None = None, deadline: float | None = None) -> list[_Class]:
+def _classes(sc: Scenario, prefer: Assignment | None = None, deadline: float | None = None,
+             tables: dict[tuple, OptionTable] | None = None) -> list[_Class]:
     """Group clients (by their inputs; with ``prefer``, also by their preferred cuts) and price each
     group's legal options; raises for a device no cut fits (first), then, in sl and sflv2, for a
     server no option fits. Refused (:func:`_out_of_time`) when ``deadline`` (``time.perf_counter``) passes
-    while the options are priced (checked every ``CHECK_EVERY`` distinct devices, and groups pruned)."""
+    while the options are priced (checked every ``CHECK_EVERY`` distinct devices, and groups pruned).
+    ``tables``: each distinct device's option table (``client_key``), those priced already and those priced here
+    (a re-solve prices them once for its makespan and for its move costs)."""
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(sc.clients):
         pc = None if prefer is None or c.name not in prefer else sc.check_cuts(prefer[c.name])
         groups.setdefault((client_key(c), pc), []).append(i)
-    tables: dict[tuple, OptionTable] = {}
+    tables = {} if tables is None else tables
     kinds = len({k for k, _ in groups})
     for members in groups.values():
         c = sc.clients[members[0]]
@@ -960,10 +967,14 @@ def _preferred(sc: Scenario, prefer: Assignment) -> dict[str, Cuts]:
 class _Moves:
     """The cuts a re-solve prefers, and the classes priced with each option's move cost from them: built once,
     when a search first needs them, for both tie searches under ``prefer`` (the least move, then the least time
-    among those), each of which built its own (0.05 s on the reference fleet, a quarter of an adaptive re-solve)."""
+    among those), each of which built its own (0.05 s on the reference fleet, a quarter of an adaptive re-solve),
+    from the option tables the makespan's search priced (``tables``; before, every device was priced twice) and
+    within the solve's ``deadline`` (raising :class:`_OutOfTime`; before, a re-solve's limit did not hold here)."""
 
-    def __init__(self, sc: Scenario, prefer: Assignment) -> None:
+    def __init__(self, sc: Scenario, prefer: Assignment, deadline: float | None = None,
+                 tables: dict[tuple, OptionTable] | None = None) -> None:
         self.sc, self.current = sc, _preferred(sc, prefer)
+        self.deadline, self.tables = deadline, tables
         self._classes: list[_Class] | None = None
 
     @staticmethod
@@ -973,7 +984,7 @@ class _Moves:
     @property
     def classes(self) -> list[_Class]:
         if self._classes is None:
-            self._classes = _classes(self.sc, prefer=self.current)
+            self._classes = _classes(self.sc, prefer=self.current, deadline=self.deadline, tables=self.tables)
         return self._classes
 
 
@@ -1003,7 +1014,10 @@ def _closest(sc: Scenario, best: RoundCost, prefer: Assignment | _Moves, tie_rel
         cur = evaluate(sc, current)
         if cur.feasible and cur.makespan_s <= thr:
             return cur, True
-    s = _Solver(sc, moves.classes, gap, deadline)
+    try:
+        s = _Solver(sc, moves.classes, gap, deadline)
+    except _OutOfTime:  # the makespan's answer stands; which of its ties moves least is not looked for
+        return best, False
     classes = s.classes  # the options priced finite: the MILPs' indices are into these
     found = None
     for cap in (thr, M):  # the MILP's tolerance may overshoot thr by a hair: then ask for M itself
@@ -1033,7 +1047,10 @@ def _least_time_moving(sc: Scenario, chosen: RoundCost, prefer: Assignment | _Mo
     most = _total_move(sc, chosen.assignment(), current)
     if most == 0 and len(current) == len(sc.clients):
         return chosen, True  # every client stays: only moves that ship nothing could differ, and those are undone
-    s = _Solver(sc, moves.classes, TIE_GAP, deadline)
+    try:
+        s = _Solver(sc, moves.classes, TIE_GAP, deadline)
+    except _OutOfTime:
+        return chosen, False
     got, looked = _least_time(s, chosen, 0.0, deadline, limit=thr, moves=(current, most))
     return (chosen, looked) if got is chosen else (_stay(sc, got, current, thr), looked)
 
@@ -1070,7 +1087,8 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     if method == "sequential" and not sc.in_turn:
         raise ConfigError(f"method sequential is exact for modes sl and sflv2 only, not {sc.mode}")
     deadline = None if time_limit is None else t0 + time_limit
-    classes = _classes(sc, deadline=deadline)
+    tables: dict[tuple, OptionTable] = {}  # each distinct device's, priced once for all the searches below
+    classes = _classes(sc, deadline=deadline, tables=tables)
     refusal = _least_shares(sc, classes)
     if refusal is not None:
         raise refusal
@@ -1094,7 +1112,7 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     note = (f"{sc.mode} {method}: {groups} class(es), {sum(len(c.T) for c in classes)} non-dominated option(s), "
             f"{how}, proven gap {proven:.1e}")
     if prefer is not None:
-        moves = _Moves(sc, prefer)
+        moves = _Moves(sc, prefer, deadline, tables)
         chosen, looked = _closest(sc, cost, moves, tie_rel, gap, deadline)
         if chosen is not cost:
             note += f"; least move cost among ties: {_total_move(sc, chosen.assignment(), prefer):.3g} s"
