@@ -396,3 +396,16 @@ def test_policies_when_the_optimizer_refuses_keep_the_others_times() -> None:
     assert aos["ratio_vs_optimizer"] is None
     assert got["targets"] == {"vs_best_static": None, "not_slower_than_greedy": None}
     assert bo._cell(aos) == "     0.56         !"
+
+
+def test_solve_times_times_a_solve_and_the_re_solve_from_its_own_answer() -> None:
+    """Four slow clients, room on the cloud for two replicas (the sweep case above): the solve from nothing asks
+    5 MILPs; the re-solve from its answer (an adaptive round whose beliefs did not change) asks 2 (the tau below
+    the answer's is the lower bound: no; then the least load capped at the answer's tau) and keeps its makespan."""
+    sc = _sc(_slow_only(1).sample(4, seed=0))
+    got = bo.solve_times(sc)
+    assert set(got) == {"solve_s", "makespan_s", "optimal", "gap", "note", "resolve_s", "resolve_makespan_s",
+                        "resolve_note"}
+    assert got["makespan_s"] == got["resolve_makespan_s"] == solve(sc).makespan_s == 0.6200800000000001
+    assert got["optimal"] and got["solve_s"] > 0 and got["resolve_s"] > 0
+    assert ", 5 MILP(s)," in got["note"] and ", 2 MILP(s)," in got["resolve_note"], got
