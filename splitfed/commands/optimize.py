@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import math
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,9 @@ JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_sh
 """``--json``'s keys, named in ``--help``: a script's contract (``Solution.to_dict`` and the run's own)."""
 CLIENT_KEYS = ("name", "cuts", "time_s", "device_memory_bytes")
 PER_CLIENT_MAX = 20
+TICK_S = 5.0
+"""A policy still being priced this long says so on stderr, and again every ``TICK_S``: a large fleet's solve
+runs up to its ``--time-limit`` (60 s), silent before."""
 """The table lists each client up to this many clients; above it, one row per device class and cuts
 (``--per-client`` lists each client whatever the size; ``--json`` always does)."""
 
@@ -100,6 +105,30 @@ def _flag(flag: str) -> Iterator[None]:
         yield
     except (CutError, ConfigError) as e:
         raise type(e)(f"{flag}: {e}") from None
+
+
+@contextlib.contextmanager
+def _ticking(what: str, limit: float | None) -> Iterator[None]:
+    """While the block runs, every ``TICK_S`` a line on stderr: ``what``, the seconds so far, and when it stops."""
+    done = threading.Event()
+    t0 = time.monotonic()
+    until = f"; it gives up at {limit:g} s (--time-limit)" if limit is not None else ""
+
+    def tick() -> None:
+        while not done.wait(TICK_S):
+            try:
+                print(f"{what}: {time.monotonic() - t0:.0f} s so far{until}; Ctrl-C stops it", file=sys.stderr,
+                      flush=True)
+            except (OSError, ValueError):  # stderr gone (a closed pipe): the answer still goes to stdout
+                return
+
+    ticker = threading.Thread(target=tick, name="optimize-ticker", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
 
 
 def render(sc: Scenario, sol: Solution, header: str, per_client: bool | None = None) -> str:
@@ -173,27 +202,33 @@ def run(args: argparse.Namespace) -> int:
     sc = Scenario.from_fleet(prof, fleet, tiers=args.tiers, batch=args.batch, u_shape=args.u_shape,
                              mode=args.mode, codec=args.compress,
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)
-    if args.exhaustive:
-        with _flag("--exhaustive"):  # above its size limit
-            sol = assign.exhaustive(sc)
-    elif args.static is not None:
-        with _flag("--static"):  # a vector the model, the chain or a device cannot take
-            sol = assign.static(sc, args.static)
-    elif args.best_static:
-        sol = assign.best_static(sc, time_limit=args.time_limit)
-    elif args.greedy:
-        sol = assign.greedy(sc)
-    elif args.all_on_server:
-        with _flag("--all-on-server"):  # cuts 0,0 a device cannot hold (its raw input alone)
-            sol = assign.all_on_server(sc)
-    else:
-        sol = assign.solve(sc, gap=args.gap, time_limit=args.time_limit)
+    n = len(sc.clients)
+    flag = next((f for f, on in (("--exhaustive", args.exhaustive), ("--static", args.static is not None),
+                                 ("--best-static", args.best_static), ("--greedy", args.greedy),
+                                 ("--all-on-server", args.all_on_server)) if on), None)
+    clients = f"{n:,} client{'s' if n != 1 else ''} of {spec.name}"
+    with _ticking(f"still choosing the cuts of {clients}" if flag is None else f"still pricing {flag} for {clients}",
+                  args.time_limit if flag in (None, "--best-static") else None):  # the two the limit holds
+        if args.exhaustive:
+            with _flag("--exhaustive"):  # above its size limit
+                sol = assign.exhaustive(sc)
+        elif args.static is not None:
+            with _flag("--static"):  # a vector the model, the chain or a device cannot take
+                sol = assign.static(sc, args.static)
+        elif args.best_static:
+            sol = assign.best_static(sc, time_limit=args.time_limit)
+        elif args.greedy:
+            sol = assign.greedy(sc)
+        elif args.all_on_server:
+            with _flag("--all-on-server"):  # cuts 0,0 a device cannot hold (its raw input alone)
+                sol = assign.all_on_server(sc)
+        else:
+            sol = assign.solve(sc, gap=args.gap, time_limit=args.time_limit)
     if args.json:
         print(dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
                      "cloud_unused": args.tiers == 2 and fleet.cloud is not None,
                      "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict()}, indent=1))
     else:
-        n = len(sc.clients)
         header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({n} client{'s' if n != 1 else ''}), "
                   f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}"
                   + (" (the fleet's [cloud] is not used)" if args.tiers == 2 and fleet.cloud is not None else ""))
