@@ -15,7 +15,7 @@ from hypothesis.extra.numpy import arrays
 
 from splitfed.cost import Scenario, cut_options
 from splitfed.optimizer import exhaustive, solve
-from splitfed.optimizer.assign import _dominates, _pareto
+from splitfed.optimizer.assign import _dominates, _pareto, _varying
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 
@@ -82,3 +82,29 @@ def test_the_optimizer_equals_brute_force_with_more_than_256_options_a_client(sc
     got = solve(sc, gap=0.0)
     assert got.makespan_s == truth.makespan_s, (got.assignment, truth.assignment)
     assert got.cost.feasible
+
+
+@settings(max_examples=150)
+@given(st.integers(1, 300).flatmap(lambda m: st.tuples(
+    arrays(np.float64, (m, 3), elements=st.sampled_from([0.0, 1.0, 2.0, np.inf])),
+    st.lists(st.sampled_from([0.0, 7.0, np.inf, -np.inf]), max_size=30))))
+def test_columns_equal_in_every_row_change_no_dominance(case: tuple[np.ndarray, list[float]]) -> None:
+    """Both paths leave out the columns equal in every row (``_varying``: a vgg11 class's staged cover, 0 in
+    each of its 38 columns but 14; its pruning took 5x as long): appending any such columns, an infinite one
+    too, keeps exactly the rows kept without them, and the same dominance."""
+    V, constant = case
+    W = np.concatenate([V, np.tile(np.asarray(constant, np.float64), (len(V), 1))], axis=1)
+    assert np.array_equal(_pareto(W), _pareto(V))
+    assert np.array_equal(_dominates(W), _dominates(V))
+
+
+def test_varying_keeps_each_column_that_differs_and_drops_the_rest() -> None:
+    inf, nan = np.inf, np.nan
+    V = np.array([[1.0, 0.0, inf, inf, 5.0, nan],
+                  [1.0, 0.0, inf, 2.0, 5.0, nan]])
+    # differ: inf vs 2 (col 3), NaN (never equal to itself: kept, as it always was compared); equal: the rest
+    assert _varying(V).tolist()[0][0] == inf and _varying(V).shape == (2, 2)
+    assert np.isnan(_varying(V)[:, 1]).all()
+    one = np.array([[3.0, 4.0]])
+    assert _varying(one) is one  # one row: nothing to compare, kept whole
+    assert _varying(np.empty((0, 4))).shape == (0, 4)
