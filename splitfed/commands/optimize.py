@@ -35,11 +35,11 @@ JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_sh
 """``--json``'s keys, named in ``--help``: a script's contract (``Solution.to_dict`` and the run's own)."""
 CLIENT_KEYS = ("name", "cuts", "time_s", "device_memory_bytes")
 PER_CLIENT_MAX = 20
+"""The table lists each client up to this many clients; above it, one row per device class and cuts
+(``--per-client`` lists each client whatever the size; ``--json`` always does)."""
 TICK_S = 5.0
 """A policy still being priced this long says so on stderr, and again every ``TICK_S``: a large fleet's solve
 runs up to its ``--time-limit`` (60 s), silent before."""
-"""The table lists each client up to this many clients; above it, one row per device class and cuts
-(``--per-client`` lists each client whatever the size; ``--json`` always does)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
