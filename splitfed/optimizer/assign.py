@@ -1042,16 +1042,17 @@ def _stay(sc: Scenario, cost: RoundCost, current: dict[str, Cuts], thr: float) -
 
 
 def _closest(sc: Scenario, best: RoundCost, prefer: Assignment | _Moves, tie_rel: float, gap: float,
-             deadline: float | None) -> tuple[RoundCost, bool]:
+             deadline: float | None, start: RoundCost | None = None) -> tuple[RoundCost, bool]:
     """Among assignments within ``tie_rel`` of ``best``'s makespan, one of least total move cost from
     ``prefer`` (the preferred cuts themselves when they qualify); ``best`` if none is found. And whether
-    the search finished: one whose time ran out keeps ``best`` without having looked."""
+    the search finished: one whose time ran out keeps ``best`` without having looked. ``start``: the preferred
+    cuts as priced already (:func:`_start`), not priced again."""
     M = best.makespan_s
     thr = M * (1 + tie_rel)
     moves = _Moves.of(sc, prefer)
     current = moves.current
     if len(current) == len(sc.clients):
-        cur = evaluate(sc, current)
+        cur = start if start is not None else evaluate(sc, current)
         if cur.feasible and cur.makespan_s <= thr:
             return cur, True
     try:
@@ -1142,8 +1143,12 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
         cost, bound = _sequential(s)
         if cost is None:
             method = "bisect"
-    if cost is None:
-        cost, bound = _direct(s) if method == "direct" else _bisect(s, _start(sc, prefer))
+    start = None  # the preferred cuts as priced now: the bisection's start, and the first tie looked at
+    if cost is None and method == "direct":
+        cost, bound = _direct(s)
+    elif cost is None:
+        start = _start(sc, prefer)
+        cost, bound = _bisect(s, start)
     cost = _polish(sc, classes, cost, deadline=deadline)
     proven = max(0.0, (cost.makespan_s - bound) / cost.makespan_s) if cost.makespan_s > 0 else 0.0
     groups = len({client_key(c) for c in sc.clients})
@@ -1153,7 +1158,7 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
             f"{how}, proven gap {proven:.1e}")
     if prefer is not None:
         moves = _Moves(sc, prefer, deadline, tables)
-        chosen, looked = _closest(sc, cost, moves, tie_rel, gap, deadline)
+        chosen, looked = _closest(sc, cost, moves, tie_rel, gap, deadline, start)
         if chosen is not cost:
             note += f"; least move cost among ties: {_total_move(sc, chosen.assignment(), prefer):.3g} s"
         elif not looked:  # the makespan is still proven; only which of its ties moves least is not
