@@ -203,27 +203,20 @@ def run(args: argparse.Namespace) -> int:
                              mode=args.mode, codec=args.compress,
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)
     n = len(sc.clients)
-    flag = next((f for f, on in (("--exhaustive", args.exhaustive), ("--static", args.static is not None),
-                                 ("--best-static", args.best_static), ("--greedy", args.greedy),
-                                 ("--all-on-server", args.all_on_server)) if on), None)
+    # the policy the flags ask for (the first given), else the optimizer; those whose refusals name their flag
+    # (:func:`_flag`) are wrapped; only solve and --best-static keep to --time-limit
+    flag, price, named = next(((f, fn, w) for f, on, fn, w in (
+        ("--exhaustive", args.exhaustive, lambda: assign.exhaustive(sc), True),  # above its size limit
+        ("--static", args.static is not None, lambda: assign.static(sc, args.static), True),  # cuts it cannot take
+        ("--best-static", args.best_static, lambda: assign.best_static(sc, time_limit=args.time_limit), False),
+        ("--greedy", args.greedy, lambda: assign.greedy(sc), False),
+        ("--all-on-server", args.all_on_server, lambda: assign.all_on_server(sc), True),  # 0,0 a device cannot hold
+    ) if on), (None, lambda: assign.solve(sc, gap=args.gap, time_limit=args.time_limit), False))
     clients = f"{n:,} client{'s' if n != 1 else ''} of {spec.name}"
     with _ticking(f"still choosing the cuts of {clients}" if flag is None else f"still pricing {flag} for {clients}",
-                  args.time_limit if flag in (None, "--best-static") else None):  # the two the limit holds
-        if args.exhaustive:
-            with _flag("--exhaustive"):  # above its size limit
-                sol = assign.exhaustive(sc)
-        elif args.static is not None:
-            with _flag("--static"):  # a vector the model, the chain or a device cannot take
-                sol = assign.static(sc, args.static)
-        elif args.best_static:
-            sol = assign.best_static(sc, time_limit=args.time_limit)
-        elif args.greedy:
-            sol = assign.greedy(sc)
-        elif args.all_on_server:
-            with _flag("--all-on-server"):  # cuts 0,0 a device cannot hold (its raw input alone)
-                sol = assign.all_on_server(sc)
-        else:
-            sol = assign.solve(sc, gap=args.gap, time_limit=args.time_limit)
+                  args.time_limit if flag in (None, "--best-static") else None), \
+            (_flag(flag) if named and flag is not None else contextlib.nullcontext()):
+        sol = price()
     if args.json:
         print(dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
                      "cloud_unused": args.tiers == 2 and fleet.cloud is not None,
