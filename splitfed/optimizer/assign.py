@@ -73,6 +73,7 @@ a fast device busy up to the makespan for nothing (``_least_time``).
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import threading
@@ -130,6 +131,19 @@ _STAGED_REL = 1e-9  # sflv1: the rounding a bound on a tier's staged base is all
 CHECK_EVERY = 32
 WAIT_S = 0.1
 GRACE_S = 0.5
+# a worker given up that way is waited for at the interpreter's exit, at most EXIT_WAIT_S: one whose HiGHS returned
+# while the interpreter was finalizing aborted the process ("terminate called without an active exception", rc 134:
+# benchmarks/optimizer.py's, after its results were written, when a tie search had run out of time)
+EXIT_WAIT_S = 30.0
+_left_running: set[threading.Thread] = set()
+
+
+@atexit.register
+def _join_left_running() -> None:
+    """Waits for the MILP workers given up past their deadline; each ends at HiGHS's own time limit (what was left
+    of the deadline when it was built), or a presolve's overrun of it later."""
+    for worker in list(_left_running):
+        worker.join(EXIT_WAIT_S)
 
 
 @dataclass(frozen=True)
@@ -381,7 +395,8 @@ def _call_milp(deadline: float | None, *args: object, **kwargs: object) -> objec
     """``milp(*args, **kwargs)`` in a daemon worker thread, waited for in slices of ``WAIT_S``: HiGHS's C code
     releases the GIL, so a Ctrl-C raises KeyboardInterrupt here within a slice (it held the main thread until
     HiGHS returned). None: still running ``GRACE_S`` past ``deadline``; the worker is left to end at HiGHS's own
-    time limit (a daemon: it never holds the process open). An exception in the worker is raised here."""
+    time limit (a daemon: a Ctrl-C's never holds the process open; one given up is waited for at exit,
+    :func:`_join_left_running`). An exception in the worker is raised here."""
     box: dict[str, object] = {}
     done = threading.Event()
 
@@ -392,10 +407,15 @@ def _call_milp(deadline: float | None, *args: object, **kwargs: object) -> objec
             box["err"] = e
         finally:
             done.set()
+            _left_running.discard(worker)
 
-    threading.Thread(target=work, name="splitfed-milp", daemon=True).start()
+    worker = threading.Thread(target=work, name="splitfed-milp", daemon=True)
+    worker.start()
     while not done.wait(WAIT_S):
         if deadline is not None and time.perf_counter() > deadline + GRACE_S:
+            _left_running.add(worker)
+            if done.is_set():  # it ended between the wait and the add: nothing is left running
+                _left_running.discard(worker)
             return None
     if "err" in box:
         raise cast(BaseException, box["err"])
