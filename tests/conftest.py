@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 
 from tests.data_fixtures import own_cache  # noqa: F401 (a fixture: a splitfed cache of the test's own)
 from tests.flower_fixtures import strategy_clock  # noqa: F401 (a fixture: server.strategy's clock, moved by sleep)
+from tests.optimizer_fixtures import vgg11  # noqa: F401 (a fixture: the vgg11 profile the optimizer's tests price)
 from tests.profile_fixtures import tag  # noqa: F401 (a fixture: a user model's module names, unique to the test)
 from tests.ray_fixtures import ray_tmp  # noqa: F401 (a fixture: a Ray of the test's own)
 

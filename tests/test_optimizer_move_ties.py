@@ -20,6 +20,8 @@ from splitfed.cost import Scenario, evaluate
 from splitfed.cost.model import move_cost, move_costs
 from splitfed.errors import ConfigError
 from splitfed.optimizer import Adapter, assign, exhaustive, greedy, solve
+from splitfed.profile import ModelProfile
+from tests import optimizer_fixtures
 from tests.plan_fixtures import every_plan
 from tests.test_optimizer import instances
 
@@ -85,13 +87,8 @@ def test_of_the_ties_that_move_least_the_optimizer_takes_one_of_least_client_tim
 
 
 @pytest.fixture(scope="module")
-def reference() -> Scenario:
-    from splitfed.models.zoo import resolve_spec
-    from splitfed.profile.fleet import load_fleet
-    from splitfed.profile.profiler import profile_model
-
-    return Scenario.from_fleet(profile_model(resolve_spec("vgg11"), 32, reps=1), load_fleet("reference"), tiers=3,
-                               batch=32)
+def reference(vgg11: ModelProfile) -> Scenario:
+    return optimizer_fixtures.reference(vgg11)
 
 
 def test_a_resumed_plan_s_new_clients_train_at_their_own_fastest(reference: Scenario) -> None:

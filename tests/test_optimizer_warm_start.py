@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from splitfed.cost import Scenario, evaluate
 from splitfed.errors import ConfigError
 from splitfed.optimizer import assign, best_static, exhaustive, greedy, solve
+from splitfed.profile import ModelProfile
+from tests.optimizer_fixtures import reference
 from tests.test_optimizer import _outcome, _within_memory, instances
 
 
@@ -64,27 +66,11 @@ def test_a_re_solve_from_any_current_cuts_equals_brute_force(case: tuple[Scenari
         assert got.optimal and _within_memory(sc, got.assignment)
 
 
-@pytest.fixture(scope="module")
-def vgg11():  # type: ignore[no-untyped-def]
-    from splitfed.models.zoo import resolve_spec
-    from splitfed.profile.profiler import profile_model
-
-    return profile_model(resolve_spec("vgg11"), 32, reps=1)
-
-
-def _fleet(vgg11, n: int) -> Scenario:  # type: ignore[no-untyped-def]
-    from splitfed.profile.fleet import load_fleet
-
-    fleet = load_fleet("reference")
-    return Scenario.from_fleet(vgg11, fleet if n == len(fleet.clients) else fleet.sample(n, seed=0), tiers=3,
-                               batch=32)
-
-
-def test_a_re_solve_whose_cuts_are_still_optimal_asks_three_milps(vgg11) -> None:  # type: ignore[no-untyped-def]
+def test_a_re_solve_whose_cuts_are_still_optimal_asks_three_milps(vgg11: ModelProfile) -> None:
     """1,000 clients dealt from the reference fleet share the edge and cloud: the plain bisection asks 10 MILPs.
     From its own answer, 3: the tau below the answer's (no), the lower bound (no), and the least shared load
     capped at the answer's tau. Same makespan, same cuts."""
-    sc = _fleet(vgg11, 1000)
+    sc = reference(vgg11, 1000)
     plain = solve(sc)
     assert plain.note.startswith("sflv1 bisect") and _milps(plain.note) >= 8, plain.note
     again = solve(sc, prefer=plain.assignment)
@@ -92,10 +78,10 @@ def test_a_re_solve_whose_cuts_are_still_optimal_asks_three_milps(vgg11) -> None
     assert again.makespan_s == plain.makespan_s and again.assignment == plain.assignment
 
 
-def test_a_re_solve_whose_cuts_reach_the_lower_bound_asks_none(vgg11) -> None:  # type: ignore[no-untyped-def]
+def test_a_re_solve_whose_cuts_reach_the_lower_bound_asks_none(vgg11: ModelProfile) -> None:
     """The reference fleet is straggler-bound: its optimum is the slowest client's best time, a lower bound that
     the current cuts reach, so no MILP is needed to know it (the plain solve asks one)."""
-    sc = _fleet(vgg11, 60)
+    sc = reference(vgg11, 60)
     plain = solve(sc)
     assert _milps(plain.note) == 1, plain.note
     again = solve(sc, prefer=plain.assignment)
@@ -103,11 +89,11 @@ def test_a_re_solve_whose_cuts_reach_the_lower_bound_asks_none(vgg11) -> None:  
 
 
 @pytest.mark.parametrize(("drift", "asks"), [("edge", 3), ("phone-mid", None)])
-def test_a_re_solve_after_drift_still_finds_the_optimum(vgg11, drift: str, asks: int | None) -> None:  # type: ignore[no-untyped-def]
+def test_a_re_solve_after_drift_still_finds_the_optimum(vgg11: ModelProfile, drift: str, asks: int | None) -> None:
     """The edge's speed halves: the old cuts' tau is still the first feasible one (3 MILPs, where a solve from
     nothing asks 10). The mid-range phones' uplinks drop 10x: the old cuts prove a tau above the new optimum, and
     the bisection below it finds what a solve from nothing finds."""
-    sc = _fleet(vgg11, 1000)
+    sc = reference(vgg11, 1000)
     before = solve(sc)
     if drift == "edge":
         drifted = replace(sc, servers=(replace(sc.servers[0], flops=sc.servers[0].flops / 2), *sc.servers[1:]))
@@ -124,11 +110,11 @@ def test_a_re_solve_after_drift_still_finds_the_optimum(vgg11, drift: str, asks:
         assert evaluate(drifted, before.assignment).makespan_s > again.makespan_s  # found below the start
 
 
-def test_cuts_that_overflow_memory_prove_nothing(vgg11) -> None:  # type: ignore[no-untyped-def]
+def test_cuts_that_overflow_memory_prove_nothing(vgg11: ModelProfile) -> None:
     """Current cuts that do not fit (every client's whole model on the edge and cloud, 1,000 replicas) are no
     start: the bisection is the plain one (its MILPs and its answer; the tie searches after it, which look for
     the least move from such cuts, are left out: 7 s)."""
-    sc = _fleet(vgg11, 1000)
+    sc = reference(vgg11, 1000)
     crowded = {c.name: (0, 0) for c in sc.clients}
     start = assign._start(sc, crowded)
     assert start is not None and not start.feasible
