@@ -21,6 +21,10 @@ whose move pays for itself move. The new cuts are adopted only if
 J(keep) - J(move) > hysteresis * J(keep): small predicted gains (noise) move nothing
 (cuts believed to take forever, J(keep) = inf, go for any finite J(move)). Cuts in force
 that do not fit (memory: given ones, a resumed run's) have J(keep) = inf: they go at once.
+Since J(move) >= R * M(new), nothing can be adopted unless some plan has M <= (1 - hysteresis) M(current):
+the re-solve asks that first (``solve(..., below=)``, one MILP), and searches for the best plan only when
+there is one. Beliefs that move a little every round (a deployment's) then cost one MILP a round, not a
+whole bisection.
 
 Ties: the re-solve prefers the current cuts (``solve(..., prefer=current)``): when
 several assignments have the optimal predicted makespan (within a relative 1e-9),
@@ -55,6 +59,7 @@ from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
 
 HISTORY = 256  # decisions an Adapter keeps
+HYSTERESIS = 0.05  # the least gain, relative to keeping the cuts over the rounds left, that moves any
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class Adapter:
     """Keeps the current assignment and the believed fleet; ``observe`` after every round."""
 
     def __init__(self, scenario: Scenario, rounds: int, *, alpha: float = 0.5, jump: float = 3.0,
-                 hysteresis: float = 0.05, gap: float = DEFAULT_GAP, time_limit: float | None = 30.0,
+                 hysteresis: float = HYSTERESIS, gap: float = DEFAULT_GAP, time_limit: float | None = 30.0,
                  assignment: Mapping[str, Cuts] | None = None) -> None:
         if not 0 < alpha <= 1:
             raise ConfigError(f"alpha must be in (0, 1], got {alpha}")
@@ -210,11 +215,20 @@ class Adapter:
         current = evaluate(sc, self.assignment)
         if left <= 0:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "last round")
+        # J(move) >= R * M(new), so only a plan of makespan <= (1 - hysteresis) M(current) can be adopted: the
+        # re-solve looks for one (one MILP) before it looks for the best
+        worth = current.feasible and 0 < current.makespan_s < math.inf and self.hysteresis > 0
         try:
-            target = solve(sc, gap=self.gap, time_limit=self.time_limit, prefer=self.assignment).assignment
+            sol = solve(sc, gap=self.gap, time_limit=self.time_limit, prefer=self.assignment,
+                        below=max(0.0, 1 - self.hysteresis) * current.makespan_s if worth else None)
         except ConfigError as e:  # beliefs that price every plan at inf (an absurd report): the cuts in force
             # still fit, and a sane measurement is believed at once (a jump); before, the run ended here
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, f"no plan: {e}")
+        if sol.kept:
+            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0,
+                                f"every plan's makespan is within the hysteresis ({100 * self.hysteresis:.3g}%) "
+                                "of that of the cuts in force")
+        target = sol.assignment
         moves = {n: c for n, c in target.items() if c != self.assignment[n]}
         if not moves:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "already optimal")

@@ -156,6 +156,7 @@ class Solution:
     optimal: bool
     note: str = ""
     gap: float = 0.0  # proven relative optimality gap (0 for exhaustive; unknown -> 0 for policies)
+    kept: bool = False  # solve(below=): no assignment is that fast; these are the preferred cuts, not searched
 
     @property
     def makespan_s(self) -> float:
@@ -762,6 +763,43 @@ def _start(sc: Scenario, prefer: Assignment | None) -> RoundCost | None:
     return evaluate(sc, current) if len(current) == len(sc.clients) else None
 
 
+def _taus(s: _Solver) -> np.ndarray:
+    """The candidate largest client times: the distinct option times from the slowest class's best (a lower
+    bound on the makespan) up."""
+    taus = np.unique(np.concatenate([c.T for c in s.classes]))
+    return taus[taus >= max(float(c.T.min()) for c in s.classes)]
+
+
+def _fronts(s: _Solver, tau: float) -> list[np.ndarray] | None:
+    """Each class's front at ``tau``; None when the time limit runs out first (a class's first front prices
+    its dominance, ~1 ms: seconds for thousands of distinct clients)."""
+    out = []
+    for c in s.classes:
+        if s.expired():
+            return None
+        out.append(c.shared_front(tau))
+    return out
+
+
+def _within(s: _Solver, below: float) -> tuple[RoundCost | None, bool]:
+    """An assignment of makespan at most ``below``, and whether the answer is known (False: the time limit ran
+    out first). One yes/no MILP: such an assignment uses only options of time <= ``below``, so of time <= the
+    largest tau_j <= ``below``, and its shared loads are <= ``below``; none when tau_0, a lower bound, is above
+    it. (None, True): there is none."""
+    taus = _taus(s)
+    j = int(np.searchsorted(taus, below, side="right")) - 1
+    if j < 0:
+        return None, True
+    a = _fronts(s, float(taus[j]))
+    if a is None:
+        s.proven = False
+        return None, False
+    r, ok = s.run(a, time_rows=False, m_max=below, minimize=False)
+    if ok is None:
+        return None, r.optimal
+    return s.price(ok, r), True
+
+
 def _bisect(s: _Solver, start: RoundCost | None = None) -> tuple[RoundCost, float]:
     """Bisection on the largest client time tau; exact, and it works on classes.
 
@@ -776,18 +814,10 @@ def _bisect(s: _Solver, start: RoundCost | None = None) -> tuple[RoundCost, floa
     ~17 (an adaptive round on 1,000 distinct vgg11 devices: 5 s, was 17 s; 3 s with pruning
     that leaves out constant columns, :func:`_varying`), and none when they reach tau_0.
     """
-    taus = np.unique(np.concatenate([c.T for c in s.classes]))
-    taus = taus[taus >= max(float(c.T.min()) for c in s.classes)]
+    taus = _taus(s)
 
     def allowed(k: int) -> list[np.ndarray] | None:
-        """Each class's front at tau_k; None when the time limit runs out first (a class's first front prices
-        its dominance, ~1 ms: seconds for thousands of distinct clients)."""
-        out = []
-        for c in s.classes:
-            if s.expired():
-                return None
-            out.append(c.shared_front(float(taus[k])))
-        return out
+        return _fronts(s, float(taus[k]))
 
     def ask(a: list[np.ndarray] | None, m_max: float = math.inf, minimize: bool = True
             ) -> tuple[_Result, list[np.ndarray] | None]:
@@ -1117,7 +1147,8 @@ def _least_time_moving(sc: Scenario, chosen: RoundCost, prefer: Assignment | _Mo
 
 
 def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 60.0,
-          method: str = "auto", prefer: Assignment | None = None, tie_rel: float = 1e-9) -> Solution:
+          method: str = "auto", prefer: Assignment | None = None, tie_rel: float = 1e-9,
+          below: float | None = None) -> Solution:
     """The assignment of least makespan within the cost model (MILP; classes + dominance; see module doc).
 
     ``gap``: relative optimality gap HiGHS must prove (0: exact; the default 1e-5 is 10 us per second
@@ -1131,6 +1162,12 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     client time (budgeted as below). Without it, among the assignments
     of the optimal makespan, one of least total client time (to ``TIE_GAP``; given at most a quarter of the
     time the makespan took, at least ``TIE_MIN_S``, and the note says when that ran out).
+    ``below`` (seconds; needs ``prefer``): only an assignment of makespan at most this is worth the search. When
+    the preferred cuts (every client's, fitting memory) are slower and one MILP proves no assignment that fast
+    (none when the lower bound tau_0 is above it), they come back as they are, ``kept``: an adaptive round whose
+    cuts no plan beats by the hysteresis (a deployment's beliefs move a little every round) is decided by one
+    MILP, not ~16 (1,000 distinct vgg11 devices: ~2 s, was 31 s). Otherwise the solve is the plain one, its
+    bisection started from that MILP's answer.
     ``time_limit``: seconds for the whole solve from this call on (None: no limit): pricing the options
     (checked every ``CHECK_EVERY`` distinct devices), every MILP together (each gets what is left once it is
     built; none starts once it is spent; one HiGHS runs past it is given up ``GRACE_S`` later), the Python loops
@@ -1141,6 +1178,9 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
     when no assignment fits memory, or every one that does takes infinitely long as priced.
     """
     t0 = time.perf_counter()
+    if below is not None and (prefer is None or not below >= 0):  # (a NaN is refused too)
+        raise ConfigError(f"below must be a number of seconds >= 0, given with prefer (the cuts kept when no "
+                          f"assignment is that fast), got below={below!r}" + (", prefer=None" if prefer is None else ""))
     if method == "auto":  # direct's one big MILP is slower to prove than bisect's yes/no MILPs
         method = "sequential" if sc.in_turn else "bisect"
     if method not in ("direct", "bisect", "sequential"):
@@ -1168,7 +1208,18 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
         cost, bound = _direct(s)
     elif cost is None:
         start = _start(sc, prefer)
-        cost, bound = _bisect(s, start)
+        seed = start  # what the bisection starts from: the preferred cuts, or a faster assignment found below
+        if (below is not None and start is not None and start.feasible and below < start.makespan_s < math.inf
+                and _known_index(_taus(s), start) != 0):  # (cuts that reach tau_0 are optimal: _bisect, no MILP)
+            found, known = _within(s, below)
+            if known and found is None:
+                note = (f"{sc.mode} bisect: no assignment's makespan is at most {below:.6g} s ({s.calls} MILP(s)); "
+                        f"the preferred cuts' {start.makespan_s:.6g} s kept")
+                return Solution("milp", start, time.perf_counter() - t0, s.proven, note,
+                                (start.makespan_s - below) / start.makespan_s, kept=True)
+            if found is not None and found.feasible and found.makespan_s < start.makespan_s:
+                seed = found
+        cost, bound = _bisect(s, seed)
     cost = _polish(sc, classes, cost, deadline=deadline)
     proven = max(0.0, (cost.makespan_s - bound) / cost.makespan_s) if cost.makespan_s > 0 else 0.0
     groups = len({client_key(c) for c in sc.clients})
