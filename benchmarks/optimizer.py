@@ -18,8 +18,11 @@ one-line explanation, and whether the targets hold (>= 1.3x faster than the best
 static cut; never slower than greedy where greedy keeps within memory). Then the
 optimizer's solve time for 100, 1,000 and 10,000 clients dealt from the fleet's
 devices, and for 100 and 1,000 clients that are all different (no classes to
-group), and its re-solve time from its own answer (what an adaptive round asks when the
-beliefs did not change). Then a contention sweep: fleets of 60 to 5,000 clients dealt from the reference
+group), its re-solve time from its own answer (what an adaptive round asks when the
+beliefs did not change), and the adaptive round's decision when every device's beliefs
+moved by up to 2 % (a deployment's measurements; "k": no plan beats the cuts by the
+hysteresis, kept after one MILP), beside the same re-solve that does not ask that first
+("unasked"). Then a contention sweep: fleets of 60 to 5,000 clients dealt from the reference
 fleet's devices, sharing the same edge and cloud, and the optimizer's speed-up
 over the best static cut at each size: where per-device cuts start to pay. One run;
 a line on stderr as each case is priced (minutes in all), then the tables on stdout; writes
@@ -203,9 +206,33 @@ def sweep(prof, fleet: Fleet, sizes: list[int], kw: dict) -> list[dict]:  # type
     return out
 
 
+NOISE = 0.02  # how far a deployment's measurements move each device's beliefs in a round (the decide column)
+
+
+def moved(sc: Scenario, noise: float = NOISE, seed: int = 0) -> Scenario:
+    """``sc`` with each distinct device's FLOP/s and uplink scaled by a factor drawn in [1 - noise, 1 + noise]
+    (seeded): beliefs after a round of measurements. Identical devices move alike, so classes stay classes."""
+    import random
+
+    from splitfed.cost.model import client_key
+
+    rng = random.Random(seed)
+    factors: dict[tuple, tuple[float, float]] = {}
+    clients = []
+    for c in sc.clients:
+        f, g = factors.setdefault(client_key(c), (1 + rng.uniform(-noise, noise), 1 + rng.uniform(-noise, noise)))
+        clients.append(replace(c, device=replace(c.device, flops=c.device.flops * f),
+                               link=replace(c.link, up=c.link.up * g)))
+    return replace(sc, clients=tuple(clients))
+
+
 def solve_times(sc: Scenario, time_limit: float = 120) -> dict[str, Any]:
-    """One solve from nothing, then the re-solve an adaptive round asks when beliefs did not change (from the
-    answer's own cuts, as a simulated run's measurements leave them), each timed."""
+    """One solve from nothing; the re-solve an adaptive round asks when beliefs did not change (from the answer's
+    own cuts, as a simulated run's measurements leave them); and the adapter's re-solve after beliefs moved by up
+    to ``NOISE`` (:func:`moved`), which first asks for a plan the hysteresis would let through (``below``), each
+    timed."""
+    from splitfed.cost.model import evaluate
+    from splitfed.optimizer.adapt import HYSTERESIS
     from splitfed.optimizer.assign import solve
 
     t0 = time.perf_counter()
@@ -213,8 +240,16 @@ def solve_times(sc: Scenario, time_limit: float = 120) -> dict[str, Any]:
     t1 = time.perf_counter()
     again = solve(sc, time_limit=time_limit, prefer=s.assignment)
     t2 = time.perf_counter()
+    noisy = moved(sc)
+    below = (1 - HYSTERESIS) * evaluate(noisy, s.assignment).makespan_s
+    t3 = time.perf_counter()
+    decide = solve(noisy, time_limit=time_limit, prefer=s.assignment, below=below)
+    t4 = time.perf_counter()
+    solve(noisy, time_limit=time_limit, prefer=s.assignment)  # the same decision without asking first
+    t5 = time.perf_counter()
     return {"solve_s": t1 - t0, "makespan_s": s.makespan_s, "optimal": s.optimal, "gap": s.gap, "note": s.note,
-            "resolve_s": t2 - t1, "resolve_makespan_s": again.makespan_s, "resolve_note": again.note}
+            "resolve_s": t2 - t1, "resolve_makespan_s": again.makespan_s, "resolve_note": again.note,
+            "decide_s": t4 - t3, "decide_kept": decide.kept, "decide_note": decide.note, "decide_unasked_s": t5 - t4}
 
 
 def fleet_sizes(text: str) -> tuple[int, ...]:
@@ -344,7 +379,8 @@ def measure(args: argparse.Namespace) -> int:
 
     if not args.no_scaling:
         print(f"\nsolve time (optimizer, vgg11 and resnet18, 3 tiers, {args.mode})")
-        print(f"{'model':<9} {'clients':>8} {'kind':<9} {'solve s':>8} {'re-solve s':>10} {'makespan s':>11}  note")
+        print(f"{'model':<9} {'clients':>8} {'kind':<9} {'solve s':>8} {'re-solve s':>10} {'decide s':>8} "
+              f"{'unasked':>8} {'makespan s':>11}  note")
         for model in ("vgg11", "resnet18"):
             prof = profile_model(resolve_spec(model), 32, reps=1)
             result["scaling"][model] = []
@@ -354,6 +390,7 @@ def measure(args: argparse.Namespace) -> int:
                 row = {"clients": n, "kind": kind, **solve_times(Scenario.from_fleet(prof, f, **kw))}
                 result["scaling"][model].append(row)
                 print(f"{model:<9} {n:>8} {kind:<9} {row['solve_s']:8.2f} {row['resolve_s']:10.2f} "
+                      f"{row['decide_s']:7.2f}{'k' if row['decide_kept'] else ' '} {row['decide_unasked_s']:8.2f} "
                       f"{row['makespan_s']:11.2f}  {row['note']}" + ("" if row["optimal"] else " (time limit: best found)"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

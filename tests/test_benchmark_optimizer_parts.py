@@ -401,11 +401,33 @@ def test_policies_when_the_optimizer_refuses_keep_the_others_times() -> None:
 def test_solve_times_times_a_solve_and_the_re_solve_from_its_own_answer() -> None:
     """Four slow clients, room on the cloud for two replicas (the sweep case above): the solve from nothing asks
     5 MILPs; the re-solve from its answer (an adaptive round whose beliefs did not change) asks 2 (the tau below
-    the answer's is the lower bound: no; then the least load capped at the answer's tau) and keeps its makespan."""
+    the answer's is the lower bound: no; then the least load capped at the answer's tau) and keeps its makespan.
+    The decision after beliefs moved by up to 2 % asks one: no plan 5 % faster than the cuts in force."""
     sc = _sc(_slow_only(1).sample(4, seed=0))
     got = bo.solve_times(sc)
     assert set(got) == {"solve_s", "makespan_s", "optimal", "gap", "note", "resolve_s", "resolve_makespan_s",
-                        "resolve_note"}
+                        "resolve_note", "decide_s", "decide_kept", "decide_note", "decide_unasked_s"}
+    noisy = bo.moved(sc)
+    current = evaluate(noisy, solve(sc).assignment).makespan_s
+    assert noisy != sc and got["decide_kept"] and got["decide_s"] > 0 and got["decide_unasked_s"] > 0
+    assert f"is at most {0.95 * current:.6g} s (1 MILP(s)); the preferred cuts' {current:.6g} s kept" in got["decide_note"]
     assert got["makespan_s"] == got["resolve_makespan_s"] == solve(sc).makespan_s == 0.6200800000000001
     assert got["optimal"] and got["solve_s"] > 0 and got["resolve_s"] > 0
     assert ", 5 MILP(s)," in got["note"] and ", 2 MILP(s)," in got["resolve_note"], got
+
+
+def test_moved_beliefs_stay_within_the_noise_and_keep_identical_devices_alike() -> None:
+    """Each distinct device's FLOP/s and uplink move by a factor in [0.98, 1.02], the same for identical devices
+    (a classes fleet stays one of classes), seeded; nothing else moves."""
+    sc = _sc(_slow_only(1).sample(4, seed=0))
+    sc = dataclasses.replace(sc, clients=(*sc.clients, dataclasses.replace(
+        sc.clients[0], name="other", device=dataclasses.replace(sc.clients[0].device, flops=3e9))))
+    got = bo.moved(sc)
+    assert got == bo.moved(sc) and got != bo.moved(sc, seed=1)
+    for was, now in zip(sc.clients, got.clients, strict=True):
+        assert 0.98 <= now.device.flops / was.device.flops <= 1.02 and 0.98 <= now.link.up / was.link.up <= 1.02
+        assert (now.device.memory, now.link.down, now.link.rtt) == (was.device.memory, was.link.down, was.link.rtt)
+    alike = {(c.device.flops, c.link.up) for c in got.clients[:4]}
+    assert len(alike) == 1 and (got.clients[4].device.flops / 3e9) != (got.clients[0].device.flops
+                                                                       / sc.clients[0].device.flops)
+    assert got.servers == sc.servers and got.profile == sc.profile
