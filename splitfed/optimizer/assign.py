@@ -1095,8 +1095,9 @@ def _closest(sc: Scenario, best: RoundCost, prefer: Assignment | _Moves, tie_rel
              deadline: float | None, start: RoundCost | None = None) -> tuple[RoundCost, bool]:
     """Among assignments within ``tie_rel`` of ``best``'s makespan, one of least total move cost from
     ``prefer`` (the preferred cuts themselves when they qualify); ``best`` if none is found. And whether
-    the search finished: one whose time ran out keeps ``best`` without having looked. ``start``: the preferred
-    cuts as priced already (:func:`_start`), not priced again."""
+    the search finished: one whose time (``deadline``: ``solve`` gives it a tie search's share) ran out keeps
+    the tie of least move HiGHS had found, else ``best``. ``start``: the preferred cuts as priced already
+    (:func:`_start`), not priced again."""
     M = best.makespan_s
     thr = M * (1 + tie_rel)
     moves = _Moves.of(sc, prefer)
@@ -1122,8 +1123,8 @@ def _closest(sc: Scenario, best: RoundCost, prefer: Assignment | _Moves, tie_rel
         return best, s.proven
     found = _stay(sc, found, current, thr)  # a move that ships nothing is not made if staying is as good
     if _total_move(sc, found.assignment(), current) > _total_move(sc, best.assignment(), current):
-        return best, True
-    return found, True
+        return best, s.proven
+    return found, s.proven
 
 
 def _least_time_moving(sc: Scenario, chosen: RoundCost, prefer: Assignment | _Moves, thr: float,
@@ -1229,9 +1230,14 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
             f"{how}, proven gap {proven:.1e}")
     if prefer is not None:
         moves = _Moves(sc, prefer, deadline, tables)
-        chosen, looked = _closest(sc, cost, moves, tie_rel, gap, deadline, start)
+        now = time.perf_counter()
+        until = now + max(TIE_MIN_S, TIE_SHARE * (now - t0))
+        chosen, looked = _closest(sc, cost, moves, tie_rel, gap, until if deadline is None else min(until, deadline),
+                                  start)
         if chosen is not cost:
             note += f"; least move cost among ties: {_total_move(sc, chosen.assignment(), prefer):.3g} s"
+            if not looked:
+                note += " (the least found when its time ran out)"
         elif not looked:  # the makespan is still proven; only which of its ties moves least is not
             note += "; no time left to look for the tie that moves least"
         if looked:
