@@ -232,8 +232,8 @@ def solve_times(sc: Scenario, time_limit: float = 120) -> dict[str, Any]:
     to ``NOISE`` (:func:`moved`), which first asks for a plan the hysteresis would let through (``below``), each
     timed."""
     from splitfed.cost.model import evaluate
-    from splitfed.optimizer.adapt import HYSTERESIS
     from splitfed.optimizer.assign import solve
+    from splitfed.optimizer.defaults import HYSTERESIS
 
     t0 = time.perf_counter()
     s = solve(sc, time_limit=time_limit)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from splitfed.flower.config import RunSettings
 
 # flag -> RunSettings field (flags left out keep the config file's or default value)
-_FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "dataset", "partition", "seed", "model", "fleet",
+_FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "hysteresis", "dataset", "partition", "seed", "model", "fleet",
            "batch_size", "local_epochs", "optimizer", "lr", "momentum", "weight_decay", "u_shape", "compress",
            "min_clients", "fraction", "min_device_blocks", "vocab", "model_kwargs", "round_timeout_s",
            "call_timeout_s", "tier_torch_device", "out", "overwrite")
@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cuts", help="static:K1,K2 (several: static:1,3/2,5 dealt out by client) | adaptive | "
                                   "greedy (default static:2,5; on 2 tiers static:2; in U-shape on 3 tiers "
                                   "static:2,5,6)")
+    p.add_argument("--hysteresis", type=float, metavar="H",
+                   help="--cuts adaptive moves cuts only when the predicted gain over the rounds left, moving the "
+                        "weights paid, is more than H of their time (default 0.05; 0: any gain)")
     p.add_argument("--dataset", help="digits | synthetic | mnist:PATH | cifar10:PATH | npz:FILE (default digits)")
     p.add_argument("--partition", help="iid | dirichlet:ALPHA (default iid)")
     p.add_argument("--seed", type=int)

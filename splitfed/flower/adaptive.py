@@ -233,7 +233,7 @@ class AdaptivePolicy:
                                            for c in sc.clients))
         # the saved cuts of the clients here: a node that did not come back is no client of this scenario
         here = {c.name for c in sc.clients}
-        self.adapter = Adapter(sc, self.settings.rounds,
+        self.adapter = Adapter(sc, self.settings.rounds, hysteresis=self.settings.hysteresis,
                                assignment={k: tuple(v) for k, v in saved["assignment"].items() if k in here}
                                if saved else None)
         self._truth = simulated_devices(self.settings, clients)

@@ -22,6 +22,7 @@ from splitfed import tomlio
 from splitfed.engine.limits import MAX_BATCH, MAX_CLIENTS, MAX_SEED, MAX_VOCAB
 from splitfed.engine.modes import IN_TURN, MODES
 from splitfed.errors import ConfigError, unknown_key
+from splitfed.optimizer.defaults import HYSTERESIS
 from splitfed.options import kwargs_json, kwargs_of
 from splitfed.transport.address import parse_address
 
@@ -49,6 +50,7 @@ class RunSettings:
     dataset: str = "digits"
     partition: str = "iid"
     cuts: str = "static:2,5"
+    hysteresis: float = HYSTERESIS  # cuts adaptive: the least predicted gain, a share of the rounds left's time
     seed: int = 0
     batch_size: int = 32
     local_epochs: int = 1
@@ -131,6 +133,9 @@ class RunSettings:
                 raise ConfigError(f"{_key(name)} must be a positive number of seconds, got {v}")
             if name != "node_wait_s" and v > MAX_DEADLINE_S:  # the tiers' calls take these as their deadline
                 raise ConfigError(deadline_bound(_key(name), v))
+        if not (math.isfinite(self.hysteresis) and self.hysteresis >= 0):
+            raise ConfigError(f"hysteresis must be a number >= 0 (the share of the rounds left's time a move of cuts "
+                              f"must save; {HYSTERESIS:g}: {HYSTERESIS:.0%}), got {self.hysteresis}")
         if self.resume and not self.out:
             raise ConfigError("resume needs the run folder (out) holding the checkpoint, in the same settings; "
                               "to continue a run from the command line, drop resume and give --resume FOLDER")

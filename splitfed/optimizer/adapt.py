@@ -55,11 +55,11 @@ from splitfed.cost.model import (
 )
 from splitfed.errors import ConfigError, did_you_mean
 from splitfed.optimizer.assign import DEFAULT_GAP, solve
+from splitfed.optimizer.defaults import HYSTERESIS
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
 
 HISTORY = 256  # decisions an Adapter keeps
-HYSTERESIS = 0.05  # the least gain, relative to keeping the cuts over the rounds left, that moves any
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ class Adapter:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, f"no plan: {e}")
         if sol.kept:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0,
-                                f"every plan's makespan is within the hysteresis ({100 * self.hysteresis:.3g}%) "
+                                f"every plan's makespan is within the hysteresis ({100 * self.hysteresis:.4g}%) "
                                 "of that of the cuts in force")
         target = sol.assignment
         moves = {n: c for n, c in target.items() if c != self.assignment[n]}
