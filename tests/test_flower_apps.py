@@ -325,6 +325,9 @@ def test_resume_refuses_changed_math(monkeypatch, tmp_path):
     _run(monkeypatch, BASE.with_(rounds=1, out=str(tmp_path)))
     with pytest.raises(ConfigError, match=r"cannot resume with different lr \(0.05 -> 0.2\)"):
         _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True, lr=0.2))
+    # which cuts run (their simulated time, bytes): the adaptive policy's hysteresis is the run's, as cuts are
+    with pytest.raises(ConfigError, match=r"cannot resume with different hysteresis \(0.05 -> 0.2\)"):
+        _run(monkeypatch, BASE.with_(rounds=2, out=str(tmp_path), resume=True, hysteresis=0.2))
 
 
 @pytest.mark.parametrize("run_name", ["", "exp"])
