@@ -1147,6 +1147,14 @@ def _least_time_moving(sc: Scenario, chosen: RoundCost, prefer: Assignment | _Mo
     return (chosen, looked) if got is chosen else (_stay(sc, got, current, thr), looked)
 
 
+def _tie_deadline(t0: float, deadline: float | None) -> float:
+    """When a tie search begun now must stop: a quarter of the time the solve has taken since ``t0``, at least
+    ``TIE_MIN_S``, within the solve's own ``deadline``."""
+    now = time.perf_counter()
+    until = now + max(TIE_MIN_S, TIE_SHARE * (now - t0))
+    return until if deadline is None else min(until, deadline)
+
+
 def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 60.0,
           method: str = "auto", prefer: Assignment | None = None, tie_rel: float = 1e-9,
           below: float | None = None) -> Solution:
@@ -1230,10 +1238,7 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
             f"{how}, proven gap {proven:.1e}")
     if prefer is not None:
         moves = _Moves(sc, prefer, deadline, tables)
-        now = time.perf_counter()
-        until = now + max(TIE_MIN_S, TIE_SHARE * (now - t0))
-        chosen, looked = _closest(sc, cost, moves, tie_rel, gap, until if deadline is None else min(until, deadline),
-                                  start)
+        chosen, looked = _closest(sc, cost, moves, tie_rel, gap, _tie_deadline(t0, deadline), start)
         if chosen is not cost:
             note += f"; least move cost among ties: {_total_move(sc, chosen.assignment(), prefer):.3g} s"
             if not looked:
@@ -1241,10 +1246,8 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
         elif not looked:  # the makespan is still proven; only which of its ties moves least is not
             note += "; no time left to look for the tie that moves least"
         if looked:
-            now = time.perf_counter()
-            until = now + max(TIE_MIN_S, TIE_SHARE * (now - t0))
             timed, done = _least_time_moving(sc, chosen, moves, cost.makespan_s * (1 + tie_rel),
-                                             until if deadline is None else min(until, deadline))
+                                             _tie_deadline(t0, deadline))
             if timed is not chosen:
                 note += (f"; least client time among those: {_total_time(timed):.4g} s in all "
                          f"(was {_total_time(chosen):.4g} s)")
@@ -1253,9 +1256,7 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
             chosen = timed
         cost = chosen
     else:
-        now = time.perf_counter()
-        until = now + max(TIE_MIN_S, TIE_SHARE * (now - t0))
-        chosen, looked = _least_time(s, cost, tie_rel, until if deadline is None else min(until, deadline))
+        chosen, looked = _least_time(s, cost, tie_rel, _tie_deadline(t0, deadline))
         if chosen is not cost:
             note += (f"; least client time among ties: {_total_time(chosen):.4g} s in all "
                      f"(was {_total_time(cost):.4g} s)")
