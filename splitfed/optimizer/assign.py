@@ -80,6 +80,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import cast
 
 import numpy as np
@@ -668,6 +669,13 @@ class _Solver:
         self.calls = 0
         self.proven = True  # every MILP so far finished (no time limit hit)
 
+    @cached_property
+    def taus(self) -> np.ndarray:
+        """The candidate largest client times: the distinct option times from the slowest class's best (a lower
+        bound on the makespan) up; one sort a solver, whichever search asks first."""
+        taus = np.unique(np.concatenate([c.T for c in self.classes]))
+        return taus[taus >= max(float(c.T.min()) for c in self.classes)]
+
     def expired(self) -> bool:
         """Whether the time limit has run out."""
         return _expired(self.deadline)
@@ -763,13 +771,6 @@ def _start(sc: Scenario, prefer: Assignment | None) -> RoundCost | None:
     return evaluate(sc, current) if len(current) == len(sc.clients) else None
 
 
-def _taus(s: _Solver) -> np.ndarray:
-    """The candidate largest client times: the distinct option times from the slowest class's best (a lower
-    bound on the makespan) up."""
-    taus = np.unique(np.concatenate([c.T for c in s.classes]))
-    return taus[taus >= max(float(c.T.min()) for c in s.classes)]
-
-
 def _fronts(s: _Solver, tau: float) -> list[np.ndarray] | None:
     """Each class's front at ``tau``; None when the time limit runs out first (a class's first front prices
     its dominance, ~1 ms: seconds for thousands of distinct clients)."""
@@ -786,7 +787,7 @@ def _within(s: _Solver, below: float) -> tuple[RoundCost | None, bool]:
     out first). One yes/no MILP: such an assignment uses only options of time <= ``below``, so of time <= the
     largest tau_j <= ``below``, and its shared loads are <= ``below``; none when tau_0, a lower bound, is above
     it. (None, True): there is none."""
-    taus = _taus(s)
+    taus = s.taus
     j = int(np.searchsorted(taus, below, side="right")) - 1
     if j < 0:
         return None, True
@@ -814,7 +815,7 @@ def _bisect(s: _Solver, start: RoundCost | None = None) -> tuple[RoundCost, floa
     ~17 (an adaptive round on 1,000 distinct vgg11 devices: 5 s, was 17 s; 3 s with pruning
     that leaves out constant columns, :func:`_varying`), and none when they reach tau_0.
     """
-    taus = _taus(s)
+    taus = s.taus
 
     def allowed(k: int) -> list[np.ndarray] | None:
         return _fronts(s, float(taus[k]))
@@ -1219,7 +1220,7 @@ def solve(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 
         start = _start(sc, prefer)
         seed = start  # what the bisection starts from: the preferred cuts, or a faster assignment found below
         if (below is not None and start is not None and start.feasible and below < start.makespan_s < math.inf
-                and _known_index(_taus(s), start) != 0):  # (cuts that reach tau_0 are optimal: _bisect, no MILP)
+                and _known_index(s.taus, start) != 0):  # (cuts that reach tau_0 are optimal: _bisect, no MILP)
             found, known = _within(s, below)
             if known and found is None:
                 note = (f"{sc.mode} bisect: no assignment's makespan is at most {below:.6g} s ({s.calls} MILP(s)); "
