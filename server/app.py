@@ -57,9 +57,10 @@ from splitfed.transport.client import GrpcTierClient
 
 Progress = Callable[[str], None]
 
-# settings that may change between a run and its resumption (they do not change the math)
+# settings that may change between a run and its resumption (they do not change the math; a solve's time limit
+# changes cuts only where it runs out, and then as the machine's speed does)
 RESUMABLE = {"rounds", "out", "resume", "overwrite", "tier_addresses", "tier_torch_device", "round_timeout_s",
-             "call_timeout_s", "node_wait_s", "run_name",
+             "call_timeout_s", "node_wait_s", "run_name", "solve_time_limit_s",
              "tls_ca", "tls_cert", "tls_key", "token_file", "coordinator_token_file", "sim_clock"}
 
 

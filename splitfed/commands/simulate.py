@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from splitfed.flower.config import RunSettings
 
 # flag -> RunSettings field (flags left out keep the config file's or default value)
-_FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "hysteresis", "dataset", "partition", "seed", "model", "fleet",
+_FIELDS = ("clients", "rounds", "mode", "tiers", "cuts", "hysteresis", "measurement_weight", "regime_jump",
+           "solve_time_limit_s", "dataset", "partition", "seed", "model", "fleet",
            "batch_size", "local_epochs", "optimizer", "lr", "momentum", "weight_decay", "u_shape", "compress",
            "min_clients", "fraction", "min_device_blocks", "vocab", "model_kwargs", "round_timeout_s",
            "call_timeout_s", "tier_torch_device", "out", "overwrite")
@@ -51,6 +52,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hysteresis", type=float, metavar="H",
                    help="--cuts adaptive moves cuts only when the predicted gain over the rounds left, moving the "
                         "weights paid, is more than H of their time (default 0.05; 0: any gain)")
+    p.add_argument("--measurement-weight", type=float, metavar="W",
+                   help="--cuts adaptive believes W of each round's measured speed and bandwidth and keeps 1-W of "
+                        "what it believed (default 0.5; 1: the last round alone)")
+    p.add_argument("--regime-jump", type=float, metavar="X",
+                   help="--cuts adaptive believes at once a measurement more than X times above or below its "
+                        "belief: a new regime, not noise (default 3; 1e9: all but never)")
+    p.add_argument("--solve-time-limit-s", type=float, metavar="S",
+                   help="how long each of --cuts adaptive's solves may take, its first plan and each decision "
+                        "between rounds; past it, the best plan found (default 30)")
     p.add_argument("--dataset", help="digits | synthetic | mnist:PATH | cifar10:PATH | npz:FILE (default digits)")
     p.add_argument("--partition", help="iid | dirichlet:ALPHA (default iid)")
     p.add_argument("--seed", type=int)

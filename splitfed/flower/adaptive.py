@@ -233,7 +233,9 @@ class AdaptivePolicy:
                                            for c in sc.clients))
         # the saved cuts of the clients here: a node that did not come back is no client of this scenario
         here = {c.name for c in sc.clients}
-        self.adapter = Adapter(sc, self.settings.rounds, hysteresis=self.settings.hysteresis,
+        run = self.settings
+        self.adapter = Adapter(sc, run.rounds, hysteresis=run.hysteresis, alpha=run.measurement_weight,
+                               jump=run.regime_jump, time_limit=run.solve_time_limit_s,
                                assignment={k: tuple(v) for k, v in saved["assignment"].items() if k in here}
                                if saved else None)
         self._truth = simulated_devices(self.settings, clients)

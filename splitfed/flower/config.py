@@ -22,7 +22,12 @@ from splitfed import tomlio
 from splitfed.engine.limits import MAX_BATCH, MAX_CLIENTS, MAX_SEED, MAX_VOCAB
 from splitfed.engine.modes import IN_TURN, MODES
 from splitfed.errors import ConfigError, unknown_key
-from splitfed.optimizer.defaults import HYSTERESIS
+from splitfed.optimizer.defaults import (
+    ADAPT_TIME_LIMIT_S,
+    HYSTERESIS,
+    MEASUREMENT_WEIGHT,
+    REGIME_JUMP,
+)
 from splitfed.options import kwargs_json, kwargs_of
 from splitfed.transport.address import parse_address
 
@@ -51,6 +56,11 @@ class RunSettings:
     partition: str = "iid"
     cuts: str = "static:2,5"
     hysteresis: float = HYSTERESIS  # cuts adaptive: the least predicted gain, a share of the rounds left's time
+    # cuts adaptive's beliefs: the weight of a round's measurement, and the factor off a belief that is believed
+    # at once (a new regime); how long each of its solves may take
+    measurement_weight: float = MEASUREMENT_WEIGHT
+    regime_jump: float = REGIME_JUMP
+    solve_time_limit_s: float = ADAPT_TIME_LIMIT_S
     seed: int = 0
     batch_size: int = 32
     local_epochs: int = 1
@@ -136,6 +146,14 @@ class RunSettings:
         if not (math.isfinite(self.hysteresis) and self.hysteresis >= 0):
             raise ConfigError(f"hysteresis must be a number >= 0 (the share of the rounds left's time a move of cuts "
                               f"must save; {HYSTERESIS:g}: {HYSTERESIS:.0%}), got {self.hysteresis}")
+        if not 0 < self.measurement_weight <= 1:  # written as what holds, so a NaN fails it
+            raise ConfigError(f"measurement-weight must be in (0, 1] (the weight of a round's measurement in the "
+                              f"adaptive policy's beliefs; 1: the last round alone), got {self.measurement_weight}")
+        if not (math.isfinite(self.regime_jump) and self.regime_jump > 1):  # finite: a run's JSON records it
+            raise ConfigError(f"regime-jump must be a finite number > 1 (a measurement this many times above or below "
+                              f"its belief is believed at once; 1e9: all but never), got {self.regime_jump}")
+        if not (math.isfinite(self.solve_time_limit_s) and self.solve_time_limit_s > 0):
+            raise ConfigError(f"solve-time-limit-s must be a positive number of seconds, got {self.solve_time_limit_s}")
         if self.resume and not self.out:
             raise ConfigError("resume needs the run folder (out) holding the checkpoint, in the same settings; "
                               "to continue a run from the command line, drop resume and give --resume FOLDER")

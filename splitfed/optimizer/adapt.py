@@ -8,7 +8,7 @@ optionally the servers' FLOP/s) and updates its beliefs, one value at a time:
     belief <- (1 - alpha) belief + alpha measured  otherwise (kept within [belief, measured])
 
 (smoothing absorbs noise; a jump beyond ``jump``x is a change of regime and is
-believed at once). It then re-solves (exact, :func:`~splitfed.optimizer.assign.solve`)
+believed at once; a run sets them as ``measurement-weight`` and ``regime-jump``). It then re-solves (exact, :func:`~splitfed.optimizer.assign.solve`)
 under the new beliefs and prices, over the R rounds left:
 
     J(keep) = R * M(current)
@@ -55,7 +55,12 @@ from splitfed.cost.model import (
 )
 from splitfed.errors import ConfigError, did_you_mean
 from splitfed.optimizer.assign import DEFAULT_GAP, solve
-from splitfed.optimizer.defaults import HYSTERESIS
+from splitfed.optimizer.defaults import (
+    ADAPT_TIME_LIMIT_S,
+    HYSTERESIS,
+    MEASUREMENT_WEIGHT,
+    REGIME_JUMP,
+)
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
 
@@ -144,8 +149,9 @@ def _first(violations: Sequence[str], most: int = 3) -> str:
 class Adapter:
     """Keeps the current assignment and the believed fleet; ``observe`` after every round."""
 
-    def __init__(self, scenario: Scenario, rounds: int, *, alpha: float = 0.5, jump: float = 3.0,
-                 hysteresis: float = HYSTERESIS, gap: float = DEFAULT_GAP, time_limit: float | None = 30.0,
+    def __init__(self, scenario: Scenario, rounds: int, *, alpha: float = MEASUREMENT_WEIGHT,
+                 jump: float = REGIME_JUMP, hysteresis: float = HYSTERESIS, gap: float = DEFAULT_GAP,
+                 time_limit: float | None = ADAPT_TIME_LIMIT_S,
                  assignment: Mapping[str, Cuts] | None = None) -> None:
         if not 0 < alpha <= 1:
             raise ConfigError(f"alpha must be in (0, 1], got {alpha}")
