@@ -53,8 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--cuts adaptive moves cuts only when the predicted gain over the rounds left, moving the "
                         "weights paid, is more than H of their time (default 0.05; 0: any gain)")
     p.add_argument("--measurement-weight", type=float, metavar="W",
-                   help="--cuts adaptive believes W of each round's measured speed and bandwidth and keeps 1-W of "
-                        "what it believed (default 0.5; 1: the last round alone)")
+                   help="--cuts adaptive believes W of each round's measured speed, bandwidth and round trip, and "
+                        "keeps 1-W of what it believed (default 0.5; 1: the last round alone)")
     p.add_argument("--regime-jump", type=float, metavar="X",
                    help="--cuts adaptive believes at once a measurement more than X times above or below its "
                         "belief: a new regime, not noise (default 3; 1e9: all but never)")
