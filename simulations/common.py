@@ -170,6 +170,9 @@ def _csv_value(v: Any) -> Any:
 
     if isinstance(v, list | tuple):
         return csv_text(",".join(map(str, v)))
+    if isinstance(v, Mapping):  # a policy's options: as its entry writes them, "hysteresis=0.2 regime-jump=5"
+        return csv_text(" ".join(f"{str(k).replace('_', '-')}={x:g}" if isinstance(x, float) else f"{k}={x}"
+                                 for k, x in v.items()))
     return csv_cell(v)
 
 
@@ -391,6 +394,11 @@ def resolve_policy(policy: str, settings: Any) -> tuple[str, str]:
     return policy, policy
 
 
+# what a ``policies`` entry may set after its ``--cuts`` value ("adaptive hysteresis=0.2 measurement-weight=1"):
+# the adaptive policy's own settings, so that one experiment compares ways of adapting on the same runs
+POLICY_SETTINGS = ("hysteresis", "measurement_weight", "regime_jump", "solve_time_limit_s")
+
+
 @dataclass(frozen=True)
 class Policy:
     """One entry of an experiment's ``policies``, resolved: what the user wrote, what figures call it, the
@@ -400,28 +408,77 @@ class Policy:
     label: str  # as figures and tables name it: "best static (0,7)"
     settings: Any  # RunSettings, ``static:best`` resolved to its cut vector
     trained_as: str  # its own label, or that of an earlier entry whose cuts it resolved to
+    options: Mapping[str, Any] = field(default_factory=dict)  # the settings the entry sets: {"hysteresis": 0.2}
+
+
+def policy_options(written: str, settings: Any) -> tuple[str, Any, dict[str, Any]]:
+    """A ``policies`` entry's ``--cuts`` value, ``settings`` with the adaptive policy's settings it gives
+    (``KEY=VALUE`` words after the value, :data:`POLICY_SETTINGS`), and those (name -> value, as checked).
+    Refused, naming the entry: a word that is no ``KEY=VALUE``, another key, a key given twice, a value its
+    setting refuses, and any of them on a static or greedy policy (which never move their cuts)."""
+    from splitfed.flower.config import RunSettings
+    from splitfed.flower.policy import policy_name
+
+    where = f"policies entry {written!r}"
+    kind = (written.split() or [""])[0].partition(":")[0]
+    if kind == "static":  # its cut vectors may hold spaces ("static:0, 7"); it takes no setting
+        if "=" in written:
+            raise ConfigError(f"{where}: a static policy never moves its cuts: the adaptive policy's settings "
+                              "(KEY=VALUE) are not its")
+        return written, settings, {}
+    cuts, *words = written.split() or [written]
+    given: dict[str, str] = {}
+    keys = [k.replace("_", "-") for k in POLICY_SETTINGS]
+    for word in words:
+        key, eq, value = word.partition("=")
+        name = key.replace("-", "_")
+        if not eq or not key or not value:
+            raise ConfigError(f"{where}: {word!r} is not KEY=VALUE (after the cuts, a setting of the adaptive "
+                              f"policy: {', '.join(keys)})")
+        if name not in POLICY_SETTINGS:
+            if name in {f.name for f in dataclasses.fields(RunSettings)}:  # lr=0.1: every run's, not a policy's
+                raise ConfigError(f"{where}: {key} is not the adaptive policy's to set: it is the same for every "
+                                  f"run, in the config's [simulate] table (an entry sets {', '.join(keys)})")
+            raise unknown_key(key, keys, where)
+        if name in given:
+            raise ConfigError(f"{where}: {key.replace('_', '-')} is given twice: give it once")
+        given[name] = value
+    if given and policy_name(cuts)[0] == "greedy":
+        named = [k.replace("_", "-") for k in given]
+        raise ConfigError(f"{where}: {' and '.join(named)} {'sets' if len(named) == 1 else 'set'} how the adaptive "
+                          f"policy moves cuts; {cuts} never moves them")
+    if not given:
+        return cuts, settings, {}
+    mine = RunSettings.layered([(given, where)], settings)
+    return cuts, mine, {name: getattr(mine, name) for name in given}
 
 
 def resolve_policies(policies: Sequence[str], settings: Any) -> list[Policy]:
-    """Each of ``policies`` resolved (:func:`resolve_policy`). An entry whose cuts only resolving shows to be an
-    earlier one's (``static:best`` is ``static:0,7`` for this fleet, which no one can see in the config) trains
-    once and is recorded under both labels; the same cuts written twice are refused, naming both entries."""
+    """Each of ``policies`` resolved (:func:`resolve_policy`, :func:`policy_options`). An entry whose cuts only
+    resolving shows to be an earlier one's (``static:best`` is ``static:0,7`` for this fleet, which no one can
+    see in the config) trains once and is recorded under both labels; the same cuts written twice are refused,
+    naming both entries, and so is an adaptive entry whose settings are another's (a default written out)."""
     out: list[Policy] = []
     same: dict[Any, list[Policy]] = {}  # what each entry assigns -> the entries before it that assign it
     for written in policies:
-        label, cuts = resolve_policy(written, settings)
-        earlier = same.setdefault(_assignment(cuts), [])
+        cuts, mine, options = policy_options(written, settings)
+        label, cuts = resolve_policy(cuts, mine)
+        if options:  # named by what it sets, as checked: "adaptive hysteresis=0.2"
+            label += "".join(f" {k.replace('_', '-')}={v:g}" for k, v in options.items())
+        how = tuple(getattr(mine, k) for k in POLICY_SETTINGS)
+        earlier = same.setdefault((_assignment(cuts), how), [])
         if any(e.written == written for e in earlier):
             raise ConfigError(f"policies lists {written!r} twice: list it once")
         spelled = next((e for e in earlier if "static:best" not in (e.written, written)), None)
         if spelled is not None:
-            raise ConfigError(f"policies: {written!r} and {spelled.written!r} are the same cuts: list them once")
+            what = "cuts" if not (options or spelled.options) else "policy and settings"
+            raise ConfigError(f"policies: {written!r} and {spelled.written!r} are the same {what}: list them once")
         if earlier:
-            entry = Policy(written, label, earlier[0].settings, earlier[0].label)
+            entry = Policy(written, label, earlier[0].settings, earlier[0].label, options)
             print(f"  {written}: the same cuts as {earlier[0].written} ({earlier[0].settings.cuts}): trained "
                   "once, recorded under both", flush=True)
         else:
-            entry = Policy(written, label, settings.with_(cuts=cuts), label)
+            entry = Policy(written, label, mine.with_(cuts=cuts), label, options)
         earlier.append(entry)
         out.append(entry)
     return out
@@ -458,9 +515,10 @@ def shown_runs(entries: Sequence[Policy], runs: Mapping[str, Any]) -> list[Any]:
 def policy_record(entry: Policy, run: Any, target: float | None = None) -> dict[str, Any]:
     """One entry's record in ``results.json``: ``policy`` as the config wrote it, ``label`` as figures name it,
     ``cuts`` as its run trained, ``same_run_as`` the label of the entry whose run it shares (null: its own),
-    and its run's numbers (:func:`run_record`)."""
+    ``options`` the adaptive policy's settings it gives (:func:`policy_options`), and its run's numbers
+    (:func:`run_record`)."""
     return {"policy": entry.written, "label": entry.label, "cuts": entry.settings.cuts,
-            "same_run_as": None if entry.trained_as == entry.label else entry.trained_as,
+            "same_run_as": None if entry.trained_as == entry.label else entry.trained_as, "options": dict(entry.options),
             **{k: v for k, v in run_record(run, target).items() if k != "label"}}
 
 
@@ -490,9 +548,11 @@ def check_cases(cases: Sequence[tuple[str, Any]], backend: str) -> None:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     seen: dict[str, str] = {}
     for label, settings in cases:
-        if slug(label) in seen:
-            raise ConfigError(f"{label!r} is given twice (as {seen[slug(label)]!r}): each run needs a folder of "
-                              "its own; list it once")
+        if slug(label) in seen and seen[slug(label)] == label:
+            raise ConfigError(f"{label!r} is given twice: each run needs a folder of its own; list it once")
+        if slug(label) in seen:  # told apart only past a folder name's 60 characters, or by what it cannot hold
+            raise ConfigError(f"{label!r} and {seen[slug(label)]!r} would train into one folder, "
+                              f"{RUNS}/{slug(label)}: each run needs a folder of its own; tell them apart sooner")
         seen[slug(label)] = label
         try:
             mine = settings.with_(out="", resume=False, overwrite=False)  # the folder is train()'s
