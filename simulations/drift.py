@@ -95,6 +95,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         title=f"Simulated round time; device(s) {', '.join(sorted(drifting))} change at round"
               f"{'s' if len(marked) > 1 else ''} {', '.join(map(str, marked))}"))
     records = []
+    wide = max([24, *(len(e.label) for e in entries)])  # one column however long a label ("adaptive hysteresis=0.5")
     for e in entries:
         r = trained[e.trained_as]
         ms = {x.round: x.sim_round_s for x in r.rounds}
@@ -106,7 +107,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
                "makespan_tail_s": fmean(after[-cfg.tail_rounds:]) if after else None,
                "moves": moves(r)}
         records.append(rec)
-        print(f"  {e.label:<24} makespan before {_s(rec['makespan_before_s'])}, at drift {_s(rec['makespan_drift_round_s'])}, "
+        print(f"  {e.label:<{wide}} makespan before {_s(rec['makespan_before_s'])}, at drift {_s(rec['makespan_drift_round_s'])}, "
               f"last {cfg.tail_rounds} rounds {_s(rec['makespan_tail_s'])}; {len(rec['moves'])} cut move(s)")
     write_results(out, records, series=("moves",))
     return {"drift_round": first, "drifting_clients": drifting, "policies": records, "figures": figures}

@@ -76,10 +76,11 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         "ratio_best_static_over_adaptive": ratio,
         "accuracy_gap": gap,
     }
+    wide = max([28, *(len(r["label"]) for r in records)])  # one column however long a label
     for r in records:
         t, n = r["time_to_target_s"], r["rounds_to_target"]
         reached = "never" if t is None else f"{t:.2f} s (round {n})"
-        print(f"  {r['label']:<28} time to {cfg.target_accuracy:g}: {reached}")
+        print(f"  {r['label']:<{wide}} time to {cfg.target_accuracy:g}: {reached}")
     if ratio is not None and best is not None:
         print(f"  best static / {adaptive['label']} = {ratio:.2f}x ({best['label']})")
     elif adaptive and any(r["cuts"].startswith("static:") for r in records):

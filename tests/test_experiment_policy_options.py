@@ -21,25 +21,29 @@ from tests.test_experiment_outputs import tiny
 BASE = RunSettings(cuts="adaptive", clients=2)
 
 
-def test_a_drift_experiment_compares_two_hystereses_on_the_same_runs(tmp_path: Path) -> None:
+def test_a_drift_experiment_compares_two_hystereses_on_the_same_runs(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """The tiny drift fleet's Pi slows 20x at round 2: the default hysteresis moves its cuts, one of 1000x the
-    rounds' time never does, and so keeps the slow rounds."""
-    cfg = tiny(tmp_path, "drift", {'policies = ["static:best"]': 'policies = ["adaptive", "adaptive hysteresis=1000"]',
+    rounds' time never does, and so keeps the slow rounds. The lines it prints keep one column, however long a
+    label (before: 24 characters wide)."""
+    slow = "adaptive hysteresis=1000 regime-jump=50"
+    cfg = tiny(tmp_path, "drift", {'policies = ["static:best"]': f'policies = ["adaptive", "{slow} "]',
                                    "fleets/": str(drift.__file__).rsplit("/", 1)[0] + "/configs/fleets/"})
     out = tmp_path / "out"
     assert drift.cli(["--config", str(cfg), "--out", str(out)]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "makespan before" in x]
+    assert len(lines) == 2 and len({x.index("makespan before") for x in lines}) == 1, lines
     a, h = json.loads((out / "results.json").read_text())["policies"]
     assert (a["policy"], a["label"], a["options"]) == ("adaptive", "adaptive", {})
-    assert (h["policy"], h["label"], h["options"]) == ("adaptive hysteresis=1000", "adaptive hysteresis=1000",
-                                                       {"hysteresis": 1000.0})
+    assert (h["policy"], h["label"], h["options"]) == (slow + " ", slow, {"hysteresis": 1000.0, "regime_jump": 50.0})
     assert a["cuts"] == h["cuts"] == "adaptive"
     assert a["moves"] and not h["moves"]
     assert h["makespan_tail_s"] > a["makespan_tail_s"]
     ran = {p.name: json.loads((p / "summary.json").read_text())["settings"]["hysteresis"]
            for p in (out / "runs").iterdir() if not p.name.startswith(".")}
-    assert ran == {"adaptive": 0.05, "adaptive_hysteresis_1000": 1000.0}
+    assert ran == {"adaptive": 0.05, "adaptive_hysteresis_1000_regime-jump_50": 1000.0}
     with open(out / "results.csv", newline="") as f:
-        assert [r["options"] for r in csv.DictReader(f)] == ["", "hysteresis=1000"]
+        assert [r["options"] for r in csv.DictReader(f)] == ["", "hysteresis=1000 regime-jump=50"]
 
 
 def test_an_entry_sets_each_of_the_adaptive_policy_s_settings_over_the_experiment_s() -> None:
@@ -105,3 +109,21 @@ def test_entries_told_apart_only_past_a_folder_name_s_length_are_refused() -> No
                                           r"'adaptive hysteresis=0.5 measurement-weight=0.25 regime-jump=10' would "
                                           r"train into one folder, runs/adaptive_hysteresis"):
         check_cases(cases, "inprocess")
+
+
+def test_the_shipped_adaptation_config_resolves_to_a_run_for_each_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """simulations/configs/drift_adaptation.toml (README, "Ways of adapting"): every entry a run of its own,
+    checked as its training would check it, each with the settings its entry names."""
+    from simulations.common import CONFIGS, check_cases, load_config, trained_cases
+
+    cfg = load_config(CONFIGS / "drift_adaptation.toml", drift.Config)
+    entries = resolve_policies(cfg.policies, cfg.settings())
+    cases = trained_cases(entries)
+    assert len(cases) == len(cfg.policies) == 5
+    check_cases(cases, cfg.backend)
+    by = {e.written: e.settings for e in entries}
+    assert by["adaptive hysteresis=0.9"].hysteresis == 0.9
+    assert (by["adaptive regime-jump=100 measurement-weight=0.3"].regime_jump,
+            by["adaptive regime-jump=100 measurement-weight=0.3"].measurement_weight) == (100.0, 0.3)
+    assert by["adaptive"] == cfg.settings().with_(cuts="adaptive")
+

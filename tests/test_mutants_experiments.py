@@ -167,7 +167,8 @@ def test_the_headline_ratio_is_best_static_over_adaptive(tmp_path: Path, monkeyp
 
 @pytest.mark.parametrize(("policies", "headlined"), [
     (("static:2,5", "adaptive hysteresis=0.3", "adaptive"), "adaptive"),  # the policy as it ships, wherever listed
-    (("static:2,5", "adaptive hysteresis=0.3", "adaptive hysteresis=0"), "adaptive hysteresis=0.3"),  # the first
+    (("static:2,5", "adaptive hysteresis=0.3 regime-jump=10", "adaptive hysteresis=0"),
+     "adaptive hysteresis=0.3 regime-jump=10"),  # else the first, named as its entry
 ])
 def test_the_headline_s_adaptive_run_is_the_shipped_policy_else_the_first_adaptive_entry(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -175,14 +176,18 @@ def test_the_headline_s_adaptive_run_is_the_shipped_policy_else_the_first_adapti
     """Before: only an entry written "adaptive" was the headline's; one of adaptive entries that each set a
     hysteresis (tests/test_experiment_policy_options.py) had no ratio at all."""
     acc = (0.2, 0.5, 0.6)
-    secs = {"static:2,5": 2.0, "adaptive hysteresis=0.3": 0.5, "adaptive": 0.25, "adaptive hysteresis=0": 1.0}
+    secs = {"static:2,5": 2.0, "adaptive hysteresis=0.3": 0.5, "adaptive": 0.25, "adaptive hysteresis=0": 1.0,
+            "adaptive hysteresis=0.3 regime-jump=10": 0.5}
     stand_in(monkeypatch, static_vs_adaptive, {k: [row(i + 1, a, v) for i, a in enumerate(acc)]
                                                for k, v in secs.items()})
     cfg = static_vs_adaptive.Config(simulate=TABLE, backend="inprocess", target_accuracy=0.5, policies=policies)
     head = static_vs_adaptive.run(cfg, tmp_path)["headline"]
     assert head["adaptive"] == headlined
     assert head["ratio_best_static_over_adaptive"] == 2.0 / secs[headlined]
-    assert f"  best static / {headlined} = {2.0 / secs[headlined]:.2f}x (static:2,5)\n" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"  best static / {headlined} = {2.0 / secs[headlined]:.2f}x (static:2,5)\n" in printed
+    times = [x for x in printed.splitlines() if " time to 0.5: " in x]  # one column, however long a label
+    assert len(times) == 3 and len({x.index(" time to") for x in times}) == 1, times
 
 
 def test_one_policy_alone_says_nothing_of_ratios_or_curves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
