@@ -142,3 +142,51 @@ def test_the_policy_s_solves_keep_to_the_run_s_time_limit(tmp_path: Path) -> Non
     """Its adapter solves with the run's limit: its first plan and each decision after a round."""
     assert _policy(tmp_path).adapter.time_limit == 30.0
     assert _policy(tmp_path, solve_time_limit_s=7.5).adapter.time_limit == 7.5
+
+
+def test_a_first_plan_out_of_time_names_the_run_s_setting(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "raise it (--time-limit), or price a policy that needs no MILP: --greedy, --best-static",
+    ``splitfed optimize``'s flags, none of them a run's. Refused before anything starts."""
+    said = ("cuts adaptive's first plan: the time limit ran out before the MILP found any assignment for the 6 "
+            "clients of cnn (1e-06 s): raise solve-time-limit-s, or use cuts greedy")
+    assert main(["simulate", "--clients", "6", "--cuts", "adaptive", "--solve-time-limit-s", "1e-6", "--rounds", "1",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def _six() -> tuple[object, dict[str, object]]:
+    """The reference fleet's 6 clients a run deals (seed 0), and client0 (a Pi) measured 10x slower, compute and
+    uplink: re-planning it needs MILPs (its cuts in force do not reach the lower bound)."""
+    from splitfed.flower.adaptive import scenario
+    from splitfed.optimizer import Measurement as Seen
+    from splitfed.sim.clock import fleet_for
+    from splitfed.sim.inprocess import sim_clients
+
+    s = RunSettings(clients=6, cuts="adaptive", rounds=5)
+    sc = scenario(s, sim_clients(s, fleet_for(s)))
+    c = sc.clients[0]
+    slower = Seen(compute_flops=1e9, compute_s=1e9 / (c.device.flops / 10), up_bytes=1e6,
+                  up_s=1e6 / (c.link.up / 10), down_bytes=0, down_s=0)
+    return sc, {c.name: slower}
+
+
+def test_an_adapter_out_of_time_says_so_in_its_own_words() -> None:
+    """Its first plan: its own knob (time_limit), not a command's flag. A decision whose re-solve ran out: not
+    "already optimal" (before: said of the cuts a solve out of time kept), but what is not ruled out."""
+    from splitfed.optimizer import OutOfTime
+
+    sc, slower = _six()
+    with pytest.raises(OutOfTime, match=r"the time limit ran out before the MILP found any assignment for the 6 "
+                                        r"clients of cnn \(1e-06 s\): raise the adapter's time_limit, or plan with "
+                                        r"greedy$"):
+        Adapter(sc, 5, time_limit=1e-6)  # type: ignore[arg-type]
+    rushed = Adapter(sc, 5, time_limit=None)  # type: ignore[arg-type]
+    rushed.time_limit = 1e-6
+    d = rushed.observe(1, slower)  # type: ignore[arg-type]
+    assert not d.moved
+    assert d.reason.startswith("no faster plan found in the time limit (1e-06 s); one up to "), d.reason
+    assert d.reason.endswith("% faster is not ruled out"), d.reason
+    given = Adapter(sc, 5, time_limit=None).observe(1, slower)  # type: ignore[arg-type]
+    assert "not ruled out" not in given.reason and "time limit" not in given.reason, given.reason

@@ -223,7 +223,7 @@ class AdaptivePolicy:
         self.redecided: tuple[int, dict[str, Any]] | None = None
 
     def _start(self, clients: Sequence[ClientInfo]) -> None:
-        from splitfed.optimizer import Adapter
+        from splitfed.optimizer import Adapter, OutOfTime
 
         sc = scenario(self.settings, clients)
         saved = self._saved
@@ -234,10 +234,14 @@ class AdaptivePolicy:
         # the saved cuts of the clients here: a node that did not come back is no client of this scenario
         here = {c.name for c in sc.clients}
         run = self.settings
-        self.adapter = Adapter(sc, run.rounds, hysteresis=run.hysteresis, alpha=run.measurement_weight,
-                               jump=run.regime_jump, time_limit=run.solve_time_limit_s,
-                               assignment={k: tuple(v) for k, v in saved["assignment"].items() if k in here}
-                               if saved else None)
+        try:
+            self.adapter = Adapter(sc, run.rounds, hysteresis=run.hysteresis, alpha=run.measurement_weight,
+                                   jump=run.regime_jump, time_limit=run.solve_time_limit_s,
+                                   assignment={k: tuple(v) for k, v in saved["assignment"].items() if k in here}
+                                   if saved else None)
+        except OutOfTime as e:  # named as the run's setting (before: optimize's --time-limit, no flag of a run)
+            raise ConfigError(f"cuts adaptive's first plan: {e.what}: raise solve-time-limit-s, or use cuts greedy"
+                              ) from None
         self._truth = simulated_devices(self.settings, clients)
 
     def assign(self, round: int, clients: Sequence[ClientInfo]) -> dict[str, Cuts]:

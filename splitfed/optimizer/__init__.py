@@ -14,6 +14,7 @@ from splitfed.optimizer.defaults import DEFAULT_GAP, EXHAUSTIVE_LIMIT
 if TYPE_CHECKING:
     from splitfed.optimizer.adapt import Adapter, Decision, Measurement
     from splitfed.optimizer.assign import (
+        OutOfTime,
         Solution,
         all_on_server,
         best_static,
@@ -29,6 +30,7 @@ __all__ = [
     "Adapter",
     "Decision",
     "Measurement",
+    "OutOfTime",
     "Solution",
     "all_on_server",
     "best_static",
@@ -40,7 +42,7 @@ __all__ = [
 
 _MODULE = {
     **dict.fromkeys(("Adapter", "Decision", "Measurement"), "adapt"),
-    **dict.fromkeys(("Solution", "all_on_server", "best_static", "exhaustive", "greedy", "solve", "static"), "assign"),
+    **dict.fromkeys(("OutOfTime", "Solution", "all_on_server", "best_static", "exhaustive", "greedy", "solve", "static"), "assign"),
 }
 
 

@@ -54,7 +54,7 @@ from splitfed.cost.model import (
     server_memory,
 )
 from splitfed.errors import ConfigError, did_you_mean
-from splitfed.optimizer.assign import DEFAULT_GAP, solve
+from splitfed.optimizer.assign import DEFAULT_GAP, OutOfTime, solve
 from splitfed.optimizer.defaults import (
     ADAPT_TIME_LIMIT_S,
     HYSTERESIS,
@@ -173,7 +173,11 @@ class Adapter:
         if assignment is None or any(c.name not in assignment for c in scenario.clients):
             # none yet, or a resumed run's clients that it did not know: planned with the rest, which keep
             # their cuts where that is as good
-            assignment = solve(scenario, gap=gap, time_limit=time_limit, prefer=assignment).assignment
+            try:
+                assignment = solve(scenario, gap=gap, time_limit=time_limit, prefer=assignment).assignment
+            except OutOfTime as e:  # its own knob named: optimize's --time-limit is no flag of a library caller
+                raise OutOfTime(f"{e.what} ({time_limit:g} s): raise the adapter's time_limit, or plan with greedy",
+                                f"{e.what} ({time_limit:g} s)") from None
         self.assignment: dict[str, Cuts] = {c.name: scenario.check_cuts(assignment[c.name]) for c in scenario.clients}
         self.history: list[Decision] = []  # the last HISTORY decisions (each holds every client's cuts)
 
@@ -229,15 +233,19 @@ class Adapter:
                         below=max(0.0, 1 - self.hysteresis) * current.makespan_s if worth else None)
         except ConfigError as e:  # beliefs that price every plan at inf (an absurd report): the cuts in force
             # still fit, and a sane measurement is believed at once (a jump); before, the run ended here
-            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, f"no plan: {e}")
+            why = f"{e.what} ({self.time_limit:g} s)" if isinstance(e, OutOfTime) else str(e)  # no CLI's flags
+            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, f"no plan: {why}")
         if sol.kept:
             return self._record(round, (), current.makespan_s, current.makespan_s, 0.0,
                                 f"every plan's makespan is within the hysteresis ({100 * self.hysteresis:.4g}%) "
                                 "of that of the cuts in force")
         target = sol.assignment
         moves = {n: c for n, c in target.items() if c != self.assignment[n]}
-        if not moves:
-            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, "already optimal")
+        if not moves:  # "optimal" only where proven (before: said too of the cuts a solve out of time kept)
+            limit = "" if self.time_limit is None else f" in the time limit ({self.time_limit:g} s)"
+            why = ("already optimal" if sol.gap <= self.gap else
+                   f"no faster plan found{limit}; one up to {100 * sol.gap:.3g}% faster is not ruled out")
+            return self._record(round, (), current.makespan_s, current.makespan_s, 0.0, why)
         new, J_new, M_new, M1_new = self._pay_off(moves, left)
         # cuts that overflow a tier's memory cannot stay, whatever moving costs (given ones: a resumed run's,
         # whose nodes or pricing changed); before, the feasible optimum was rarely faster and they stayed for good

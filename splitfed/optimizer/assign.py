@@ -236,15 +236,25 @@ def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() >= deadline
 
 
-class _OutOfTime(ConfigError):
+class OutOfTime(ConfigError):
+    """A solve's time limit ran out before it had an answer. The message ends with what ``splitfed optimize``
+    offers (its flags); ``what`` is what happened alone, for a caller that offers its own (the adaptive policy:
+    its ``solve-time-limit-s``; before, a simulation was told to raise ``--time-limit``, a flag it has not)."""
+
+    def __init__(self, message: str, what: str | None = None) -> None:
+        super().__init__(message)
+        self.what = what or message
+
+
+class _OutOfTime(OutOfTime):
     """:func:`_out_of_time`'s: a search after the makespan's (the tie that moves least) gives up on it alone."""
 
 
 def _out_of_time(sc: Scenario, done: str) -> ConfigError:
     """The refusal when the time limit runs out while the fleet's options are priced, before any MILP."""
-    return _OutOfTime(f"the time limit ran out while pricing the cuts of the {len(sc.clients):,} clients of "
-                       f"{sc.profile.model} ({done}), before any MILP: raise it (--time-limit), or price a policy "
-                       "that needs no MILP: --greedy")
+    what = (f"the time limit ran out while pricing the cuts of the {len(sc.clients):,} clients of "
+            f"{sc.profile.model} ({done}), before any MILP")
+    return _OutOfTime(f"{what}: raise it (--time-limit), or price a policy that needs no MILP: --greedy", what)
 
 
 def _varying(V: np.ndarray) -> np.ndarray:
@@ -693,9 +703,10 @@ class _Solver:
             return _shared_infeasible(self.sc)  # no option was left out for its infinite price
         fits = self._fits_memory() if self.proven else None
         if fits is None:
-            return ConfigError(f"the time limit ran out before the MILP found any assignment for the "
-                               f"{len(self.sc.clients)} clients of {self.sc.profile.model}: raise it (--time-limit), "
-                               "or price a policy that needs no MILP: --greedy, --best-static")
+            what = (f"the time limit ran out before the MILP found any assignment for the {len(self.sc.clients)} "
+                    f"clients of {self.sc.profile.model}")
+            return OutOfTime(f"{what}: raise it (--time-limit), or price a policy that needs no MILP: --greedy, "
+                             "--best-static", what)
         return _endless(self.sc, self.stuck) if fits else _shared_infeasible(self.sc)
 
     def _fits_memory(self) -> bool | None:
@@ -1459,9 +1470,10 @@ def best_static(sc: Scenario, time_limit: float | None = None) -> Solution:
         groups.setdefault(client_key(c), []).append(c)
     for done, members in enumerate(groups.values()):
         if done % CHECK_EVERY == CHECK_EVERY - 1 and _expired(deadline):
-            raise ConfigError(f"the time limit ran out while ranking the cut vectors for the {len(sc.clients):,} "
-                              f"clients of {sc.profile.model} ({done:,} of their {len(groups):,} distinct devices "
-                              "priced), before any was priced exactly: raise it (--time-limit)")
+            what = (f"the time limit ran out while ranking the cut vectors for the {len(sc.clients):,} clients of "
+                    f"{sc.profile.model} ({done:,} of their {len(groups):,} distinct devices priced), before any "
+                    "was priced exactly")
+            raise OutOfTime(f"{what}: raise it (--time-limit)", what)
         n = len(members)
         t = option_table(sc, members[0])
         ok &= t.fits_device
