@@ -394,11 +394,6 @@ def resolve_policy(policy: str, settings: Any) -> tuple[str, str]:
     return policy, policy
 
 
-# what a ``policies`` entry may set after its ``--cuts`` value ("adaptive hysteresis=0.2 measurement-weight=1"):
-# the adaptive policy's own settings, so that one experiment compares ways of adapting on the same runs
-POLICY_SETTINGS = ("hysteresis", "measurement_weight", "regime_jump", "solve_time_limit_s")
-
-
 @dataclass(frozen=True)
 class Policy:
     """One entry of an experiment's ``policies``, resolved: what the user wrote, what figures call it, the
@@ -413,10 +408,11 @@ class Policy:
 
 def policy_options(written: str, settings: Any) -> tuple[str, Any, dict[str, Any]]:
     """A ``policies`` entry's ``--cuts`` value, ``settings`` with the adaptive policy's settings it gives
-    (``KEY=VALUE`` words after the value, :data:`POLICY_SETTINGS`), and those (name -> value, as checked).
+    (``KEY=VALUE`` words after the value, :data:`~splitfed.flower.config.ADAPTIVE_SETTINGS`: one experiment then
+    compares ways of adapting on the same runs), and those (name -> value, as checked).
     Refused, naming the entry: a word that is no ``KEY=VALUE``, another key, a key given twice, a value its
     setting refuses, and any of them on a static or greedy policy (which never move their cuts)."""
-    from splitfed.flower.config import RunSettings
+    from splitfed.flower.config import ADAPTIVE_SETTINGS, RunSettings
     from splitfed.flower.policy import policy_name
 
     where = f"policies entry {written!r}"
@@ -428,14 +424,14 @@ def policy_options(written: str, settings: Any) -> tuple[str, Any, dict[str, Any
         return written, settings, {}
     cuts, *words = written.split() or [written]
     given: dict[str, str] = {}
-    keys = [k.replace("_", "-") for k in POLICY_SETTINGS]
+    keys = [k.replace("_", "-") for k in ADAPTIVE_SETTINGS]
     for word in words:
         key, eq, value = word.partition("=")
         name = key.replace("-", "_")
         if not eq or not key or not value:
             raise ConfigError(f"{where}: {word!r} is not KEY=VALUE (after the cuts, a setting of the adaptive "
                               f"policy: {', '.join(keys)})")
-        if name not in POLICY_SETTINGS:
+        if name not in ADAPTIVE_SETTINGS:
             if name in {f.name for f in dataclasses.fields(RunSettings)}:  # lr=0.1: every run's, not a policy's
                 raise ConfigError(f"{where}: {key} is not the adaptive policy's to set: it is the same for every "
                                   f"run, in the config's [simulate] table (an entry sets {', '.join(keys)})")
@@ -458,6 +454,8 @@ def resolve_policies(policies: Sequence[str], settings: Any) -> list[Policy]:
     resolving shows to be an earlier one's (``static:best`` is ``static:0,7`` for this fleet, which no one can
     see in the config) trains once and is recorded under both labels; the same cuts written twice are refused,
     naming both entries, and so is an adaptive entry whose settings are another's (a default written out)."""
+    from splitfed.flower.config import ADAPTIVE_SETTINGS
+
     out: list[Policy] = []
     same: dict[Any, list[Policy]] = {}  # what each entry assigns -> the entries before it that assign it
     for written in policies:
@@ -465,7 +463,7 @@ def resolve_policies(policies: Sequence[str], settings: Any) -> list[Policy]:
         label, cuts = resolve_policy(cuts, mine)
         if options:  # named by what it sets, as checked: "adaptive hysteresis=0.2"
             label += "".join(f" {k.replace('_', '-')}={v:g}" for k, v in options.items())
-        how = tuple(getattr(mine, k) for k in POLICY_SETTINGS)
+        how = tuple(getattr(mine, k) for k in ADAPTIVE_SETTINGS)
         earlier = same.setdefault((_assignment(cuts), how), [])
         if any(e.written == written for e in earlier):
             raise ConfigError(f"policies lists {written!r} twice: list it once")

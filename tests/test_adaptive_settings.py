@@ -95,6 +95,9 @@ def test_every_value_taken_is_read_back_from_the_run_s_json(name: str, value: fl
 
 
 def test_a_resume_keeps_what_is_believed_and_may_change_the_time_limit() -> None:
+    from splitfed.flower.config import ADAPTIVE_SETTINGS
+
+    assert set(ADAPTIVE_SETTINGS) == {*KNOBS, "hysteresis"}  # what an experiment's policies entry may set
     assert "solve_time_limit_s" in RESUMABLE
     assert not {"measurement_weight", "regime_jump", "hysteresis"} & RESUMABLE
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from simulations import drift
-from simulations.common import POLICY_SETTINGS, resolve_policies
+from simulations.common import resolve_policies
 from splitfed.errors import ConfigError
-from splitfed.flower.config import RunSettings
+from splitfed.flower.config import ADAPTIVE_SETTINGS, RunSettings
 from tests.test_experiment_outputs import tiny
 
 BASE = RunSettings(cuts="adaptive", clients=2)
@@ -53,7 +53,7 @@ def test_an_entry_sets_each_of_the_adaptive_policy_s_settings_over_the_experimen
     assert plain.settings == base and plain.options == {}
     assert (mine.settings.hysteresis, mine.settings.measurement_weight, mine.settings.regime_jump,
             mine.settings.solve_time_limit_s) == (0.0, 1.0, 5.0, 2.0)
-    assert mine.settings.with_(**{k: getattr(base, k) for k in POLICY_SETTINGS}) == base  # nothing else
+    assert mine.settings.with_(**{k: getattr(base, k) for k in ADAPTIVE_SETTINGS}) == base  # nothing else
     assert mine.label == "adaptive measurement-weight=1 regime-jump=5 solve-time-limit-s=2 hysteresis=0"
     assert mine.trained_as == mine.label
 

@@ -43,6 +43,10 @@ RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 ALIASES = {"num_server_rounds": "rounds", "num_clients": "clients", "num_supernodes": "clients"}
 
 
+# the adaptive policy's own settings (``cuts adaptive``): an experiment's policies entry may set them per run
+ADAPTIVE_SETTINGS = ("hysteresis", "measurement_weight", "regime_jump", "solve_time_limit_s")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """Everything that decides what a run computes (and where its tiers and outputs are)."""
