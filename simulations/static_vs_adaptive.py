@@ -81,7 +81,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         t, n = r["time_to_target_s"], r["rounds_to_target"]
         reached = "never" if t is None else f"{t:.2f} s (round {n})"
         print(f"  {r['label']:<{wide}} time to {cfg.target_accuracy:g}: {reached}")
-    if ratio is not None and best is not None:
+    if ratio is not None and best is not None and adaptive is not None:
         print(f"  best static / {adaptive['label']} = {ratio:.2f}x ({best['label']})")
     elif adaptive and any(r["cuts"].startswith("static:") for r in records):
         never = ("neither a static policy nor adaptive" if best is None and adaptive["time_to_target_s"] is None
