@@ -178,11 +178,23 @@ def test_a_run_that_names_no_cuts_takes_a_default_that_fits_its_tiers(tmp_path, 
 
 
 def test_a_config_s_builtin_policy_with_an_argument_is_refused_naming_cuts_not_the_flag(tmp_path) -> None:
+    """Refused as the file is read, naming it (before: it passed, and was refused only when the run built its
+    policy); settings made in code are still refused then, naming cuts."""
     cfg = tmp_path / "run.toml"
     cfg.write_text('[simulate]\ncuts = "adaptive:1"\n')
     with pytest.raises(ConfigError) as e:
-        make_policy(RunSettings.from_toml(cfg))
+        RunSettings.from_toml(cfg)
+    assert str(e.value) == f"{cfg}: cuts: adaptive takes no argument, got adaptive:1"
+    with pytest.raises(ConfigError) as e:
+        make_policy(RunSettings(cuts="adaptive:1"))
     assert str(e.value) == "cuts adaptive takes no argument, got adaptive:1"
+
+
+def test_a_policy_registered_in_a_builtin_s_place_may_take_an_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitfed.flower import policy
+
+    monkeypatch.setitem(policy._FACTORIES, "greedy", lambda arg, settings: policy.StaticPolicy([(2, 5)]))
+    assert RunSettings.from_mapping({"cuts": "greedy:mine"}).cuts == "greedy:mine"
 
 
 @pytest.mark.parametrize("name", ["adaptive", "greedy"])

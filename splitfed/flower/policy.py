@@ -155,8 +155,9 @@ def _builtin(name: str) -> PolicyFactory:
     return factory
 
 
-register_policy("adaptive", _builtin("adaptive"))
-register_policy("greedy", _builtin("greedy"))
+_BUILTINS = {name: _builtin(name) for name in ("adaptive", "greedy")}  # (one a user registers instead may take one)
+for _name, _factory in _BUILTINS.items():
+    register_policy(_name, _factory)
 
 
 def policy_name(cuts: str) -> tuple[str, str]:
@@ -168,8 +169,11 @@ def policy_name(cuts: str) -> tuple[str, str]:
 def check_policy(settings: RunSettings) -> None:
     """``--cuts``'s form checked without building a registered policy (which profiles the model): static cut
     vectors are parsed, any other name must be registered."""
-    if policy_name(settings.cuts)[0] not in _FACTORIES:
+    name, arg = policy_name(settings.cuts)
+    if name not in _FACTORIES:
         make_policy(settings)  # static (parsed, no I/O), or refused as unknown
+    elif arg and _FACTORIES[name] is _BUILTINS.get(name):  # before: "adaptive:0.1" passed here, refused only
+        raise ConfigError(f"{name} takes no argument, got {name}:{arg}")  # once the run was set up
 
 
 def make_policy(settings: RunSettings) -> AssignmentPolicy:
