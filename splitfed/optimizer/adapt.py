@@ -8,8 +8,9 @@ optionally the servers' FLOP/s) and updates its beliefs, one value at a time:
     belief <- (1 - alpha) belief + alpha measured  otherwise (kept within [belief, measured])
 
 (smoothing absorbs noise; a jump beyond ``jump``x is a change of regime and is
-believed at once; a run sets them as ``measurement-weight`` and ``regime-jump``). It then re-solves (exact, :func:`~splitfed.optimizer.assign.solve`)
-under the new beliefs and prices, over the R rounds left:
+believed at once; a run sets them as ``measurement-weight`` and ``regime-jump``).
+It then re-solves (exact, :func:`~splitfed.optimizer.assign.solve`) under the new
+beliefs and prices, over the R rounds left:
 
     J(keep) = R * M(current)
     J(move) = M1(new) + (R - 1) * M(new)
