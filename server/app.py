@@ -224,7 +224,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             say(f"nothing to do: the checkpoint already holds round {first - 1} of {settings.rounds}")
         else:
             say(f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers"
-                f"{', U-shape' if settings.u_shape else ''}, cuts {settings.cuts}, "
+                f"{', U-shape' if settings.u_shape else ''}, cuts {settings.cuts_shown}, "
                 f"{len(strategy.clients)} client(s), rounds {first}..{settings.rounds}")
         # the model before any training, evaluated as each round's: round 1's row keeps it (a resume has it)
         initial = evaluate(spec, state, test_x, test_y) if first == 1 else None

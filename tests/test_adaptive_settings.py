@@ -193,3 +193,28 @@ def test_an_adapter_out_of_time_says_so_in_its_own_words() -> None:
     assert d.reason.endswith("% faster is not ruled out"), d.reason
     given = Adapter(sc, 5, time_limit=None).observe(1, slower)  # type: ignore[arg-type]
     assert "not ruled out" not in given.reason and "time limit" not in given.reason, given.reason
+
+
+@pytest.mark.parametrize(("changes", "shown"), [
+    ({}, "static:2,5"),
+    ({"hysteresis": 0.5}, "static:2,5"),  # a static run does not adapt: its line says nothing of it
+    ({"cuts": "adaptive"}, "adaptive"),
+    ({"cuts": "adaptive", "hysteresis": 0.05, "regime_jump": 3.0}, "adaptive"),  # the defaults, written out
+    ({"cuts": "adaptive", "solve_time_limit_s": 120.0, "hysteresis": 0.0},
+     "adaptive hysteresis=0 solve-time-limit-s=120"),
+    ({"cuts": "adaptive", "measurement_weight": 0.25, "regime_jump": 1e9},
+     "adaptive measurement-weight=0.25 regime-jump=1e+09"),
+])
+def test_a_run_s_first_line_names_its_adaptive_settings_that_are_not_the_defaults(changes: dict[str, object],
+                                                                                   shown: str) -> None:
+    assert RunSettings(**changes).cuts_shown == shown  # type: ignore[arg-type]
+
+
+def test_an_in_process_run_s_first_line_says_how_it_adapts(tmp_path: Path) -> None:
+    from splitfed.sim.inprocess import train_inprocess
+
+    lines: list[str] = []
+    s = RunSettings(rounds=1, clients=2, cuts="adaptive", regime_jump=10.0, batch_size=64, seed=3)
+    train_inprocess(s, progress=lines.append)
+    assert lines[1] == ("run splitfed-3: sflv1, 3 tiers, cuts adaptive regime-jump=10, 2 client(s), rounds 1..1 "
+                        "(in-process)"), lines

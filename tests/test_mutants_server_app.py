@@ -301,3 +301,14 @@ def test_the_moved_cuts_show_three_clients_then_a_count() -> None:
                          "client2 1,3 -> 2,3")
     four = {**three, "client3": ((2, 3), (1, 3))}
     assert server.app.progress_line(_row(moved=four), 5, {}).endswith("client2 1,3 -> 2,3, +1 more")
+
+
+def test_an_adaptive_run_s_first_line_says_how_it_adapts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Its settings that are not the defaults follow its cuts, as an experiment's policies entry writes them
+    (before: "cuts adaptive" whatever the hysteresis, smoothing or time limit)."""
+    lines: list[str] = []
+    s = SMALL.with_(rounds=1, cuts="adaptive", hysteresis=0.5, measurement_weight=1.0, out=str(tmp_path / "run"))
+    _run(monkeypatch, s, lines)
+    name = checkpoint.load(tmp_path / "run").settings["run_name"]
+    assert f"run {name}: sflv1, 3 tiers, cuts adaptive hysteresis=0.5 measurement-weight=1, 2 client(s), " \
+           "rounds 1..1" in lines, lines

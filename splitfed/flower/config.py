@@ -229,6 +229,17 @@ class RunSettings:
         return kwargs_of(self.model_kwargs)
 
     @property
+    def cuts_shown(self) -> str:
+        """``cuts`` as a run's first line says it: an adaptive run's own settings that are not the defaults
+        follow, as an experiment's policies entry writes them ("adaptive hysteresis=0.5"), so that its log
+        says how it adapts."""
+        if self.cuts.strip().partition(":")[0] != "adaptive":
+            return self.cuts
+        default = {f.name: f.default for f in fields(self)}
+        return " ".join([self.cuts, *(f"{k.replace('_', '-')}={getattr(self, k):g}" for k in ADAPTIVE_SETTINGS
+                                      if getattr(self, k) != default[k])])
+
+    @property
     def call_deadline_s(self) -> float:
         """Seconds a device's call to its edge may take: no call outlasts the round it is part of."""
         return min(self.call_timeout_s, self.round_timeout_s)

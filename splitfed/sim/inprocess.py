@@ -108,7 +108,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = N
     say(draw_note(s, fleet))  # as a Flower run says them
     if note := late_drift_note(s):
         say(note)
-    say(f"run {s.run_id}: {s.mode}, {s.tiers} tiers{', U-shape' if s.u_shape else ''}, cuts {s.cuts}, "
+    say(f"run {s.run_id}: {s.mode}, {s.tiers} tiers{', U-shape' if s.u_shape else ''}, cuts {s.cuts_shown}, "
         f"{len(clients)} client(s), rounds 1..{s.rounds} (in-process)")
     initial = evaluate(spec, state, test_x, test_y)  # before any training: round 1's row keeps it
     for rnd in range(1, s.rounds + 1):
