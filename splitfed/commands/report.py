@@ -117,7 +117,7 @@ def _terminated_on_sigterm() -> Iterator[None]:
 def _run(args: argparse.Namespace) -> int:
     from splitfed.report.plots import standard_plot_files
     from splitfed.report.runs import load_runs, run_notes
-    from splitfed.report.summary import csv_files, summary_rows
+    from splitfed.report.summary import csv_files, differing_settings, summary_rows
     from splitfed.report.table import class_table, format_table, shown
 
     paths = [Path(p) for p in args.runs]
@@ -159,6 +159,10 @@ def _run(args: argparse.Namespace) -> int:
     images = write_report(runs, out, args.target, owned)
     headers, rows = summary_rows(runs, args.target)
     print(format_table(headers, rows))
+    named, differ = differing_settings(runs)
+    if differ:  # what the runs compare, beside the table's own columns
+        print("\nsettings that differ")
+        print(format_table(named, differ))
     for r in runs:
         if r.clients:
             print()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -107,6 +108,27 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(out)
 
 
+# settings every run has its own of (never what two runs compare), and those the runs table shows
+_OWN = frozenset({"out", "run_name", "resume", "overwrite", "mode", "tiers", "u_shape"})
+
+
+def differing_settings(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
+    """Headers (``setting``, then each run's label) and a row per setting that not every run has alike (of
+    those every run records): what the runs compare, the table's columns aside (``cuts``, ``hysteresis``,
+    ``lr``...). None for fewer than two runs."""
+    if len(runs) < 2:
+        return [], []
+    shared = set.intersection(*(set(r.settings) for r in runs)) - _OWN
+    rows = [[key.replace("_", "-"), *(_as_set(r.settings[key]) for r in runs)] for key in sorted(shared)
+            if len({json.dumps(r.settings[key], sort_keys=True) for r in runs}) > 1]
+    return (["setting", *(r.label for r in runs)], rows) if rows else ([], [])
+
+
+def _as_set(v: Any) -> str:
+    """A setting's value as a config file sets it: ``0.05``, ``true``, ``adaptive`` (not a table's 0.0500)."""
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+
+
 def summary_markdown(runs: Sequence[Run], target: float | None = None,
                      images: Mapping[str, str | Path] | None = None, title: str = "splitfed report") -> str:
     """``summary.md``: the runs table, what a reader must know of a run (did not finish, a cut line),
@@ -115,6 +137,9 @@ def summary_markdown(runs: Sequence[Run], target: float | None = None,
     runs = [r if r.path is None else replace(r, path=r.path.resolve()) for r in runs]
     headers, rows = summary_rows(runs, target)
     parts = [f"# {title}", "", markdown_table(headers, rows), ""]
+    named, differ = differing_settings(runs)
+    if differ:
+        parts += ["## Settings that differ", "", markdown_table(named, differ), ""]
     notes = [markdown_item(note) for r in runs for note in run_notes(r)]
     if notes:
         parts += ["## Notes", "", *notes, ""]
