@@ -108,9 +108,16 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
                "moves": moves(r)}
         records.append(rec)
         print(f"  {e.label:<{wide}} makespan before {_s(rec['makespan_before_s'])}, at drift {_s(rec['makespan_drift_round_s'])}, "
-              f"last {cfg.tail_rounds} rounds {_s(rec['makespan_tail_s'])}; {len(rec['moves'])} cut move(s)")
+              f"last {cfg.tail_rounds} rounds {_s(rec['makespan_tail_s'])}; {len(rec['moves'])} cut move(s)"
+              f"{_from(rec['moves'])}")
     write_results(out, records, series=("moves",))
     return {"drift_round": first, "drifting_clients": drifting, "policies": records, "figures": figures}
+
+
+def _from(moved: list[dict[str, Any]]) -> str:
+    """When the moved cuts took effect (", in force from round 7"; "" for none): how soon a policy followed."""
+    rounds = sorted({m["round"] for m in moved})
+    return f", in force from round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))}" if rounds else ""
 
 
 def _s(v: float | None) -> str:

@@ -126,7 +126,10 @@ def test_drift_records_the_makespan_before_at_and_after_the_drift(tmp_path: Path
     assert (rec["makespan_before_s"], rec["makespan_drift_round_s"], rec["makespan_tail_s"]) == (1.0, 8.0, 3.0)
     assert rec["moves"] == [{"client": "client0", "class": "rpi4", "round": 3, "from": [2, 5], "to": [3, 5]}]
     printed = capsys.readouterr().out
-    assert ("makespan before 1.000s, at drift 8.000s, last 2 rounds 3.000s; 1 cut move(s)" in printed), printed
+    assert ("makespan before 1.000s, at drift 8.000s, last 2 rounds 3.000s; 1 cut move(s), in force from round 3\n"
+            in printed), printed
+    assert drift._from([{"round": 5}, {"round": 3}, {"round": 5}]) == ", in force from rounds 3, 5"
+    assert drift._from([]) == ""
 
 
 def test_a_missing_makespan_prints_as_a_dash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
