@@ -45,3 +45,24 @@ def test_round_batches_refuses_a_round_that_is_not_1_based(rnd: object, epochs: 
         round_batches(x, y, 4, 0, 0, rnd, epochs)  # type: ignore[arg-type]
     assert str(e.value) == said
     assert len(round_batches(x, y, 4, 0, 0, 1, 2)) == 6  # two passes of 3 batches
+
+
+def test_an_inprocess_run_without_a_run_folder_writes_nothing(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``out`` empty: none written (RunSettings.out), as a Flower run. Before, the current folder was taken as the
+    run folder: its metrics.jsonl, summary.json and lock file were left there. The summary is the one a run
+    folder's files give."""
+    from splitfed.sim.inprocess import train_inprocess
+
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    s = RunSettings(rounds=2, clients=2, tiers=3, cuts="static:1,3", batch_size=64, seed=3)
+    lines: list[str] = []
+    bare = train_inprocess(s, progress=lines.append)
+    assert list(here.iterdir()) == []
+    assert not any(x.startswith("wrote ") for x in lines)
+    kept = train_inprocess(s.with_(out=str(tmp_path / "r")))
+    assert bare["rounds"] == kept["rounds"] == 2
+    assert {k: v for k, v in bare.items() if k not in ("settings", "wall_s")} == \
+           {k: v for k, v in kept.items() if k not in ("settings", "wall_s")}

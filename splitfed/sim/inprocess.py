@@ -7,6 +7,7 @@ in one process. A transport changes no number, so its models equal a Flower run'
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,8 @@ def train_inprocess(settings: Any, progress: Callable[[str], None] | None = None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every process of a Flower run: the same kernels, so the same numbers
     try:
+        if not settings.out:  # no run folder: nothing written (before: the current folder was taken as one)
+            return _train(settings, progress, fleet, clients)
         with runfolder.claim(settings.out, resume=False, overwrite=settings.overwrite):
             return _train(settings, progress, fleet, clients)
     finally:
@@ -86,6 +89,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = N
         round_batches,
         test_data,
     )
+    from splitfed.jsonio import dumps
     from splitfed.sim.clock import finished_time, fleet_for, make_clock
     from splitfed.sim.runner import draw_note, late_drift_note
     from splitfed.transport.compress import get as codec
@@ -99,8 +103,10 @@ def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = N
     clock = make_clock(s, fleet)
     data = {pid: client_data(spec, s.dataset, s.partition, s.clients, pid, s.seed) for pid in range(s.clients)}
     test_x, test_y = test_data(spec, s.dataset, s.seed)
-    writer = MetricsWriter(s.out)
-    writer.truncate_after(0)
+    writer = MetricsWriter(s.out) if s.out else None  # empty out: none written, as a Flower run (RunSettings.out)
+    if writer is not None:
+        writer.truncate_after(0)
+    rows: list[dict[str, Any]] = []  # as the metrics file holds them: the summary is the same with or without one
     chain = inprocess_chain(s.tiers - 1, links=[codec(c) for c in s.codecs], torch_device=s.tier_torch_device)
     state = initial_state(spec, s.seed)
     profiles = {c.client_id: c.profile for c in clients}
@@ -136,11 +142,14 @@ def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = N
         acc, loss = evaluate(spec, state, test_x, test_y)
         row = metrics_row(record, acc, loss, time.perf_counter() - t0, profiles, in_turn=s.in_turn,
                           initial=initial if rnd == 1 else None)
-        writer.append(row)
+        rows.append(json.loads(dumps(row)))
+        if writer is not None:
+            writer.append(row)
         say(progress_line(row, s.rounds, profiles))
         check_converging(rnd, loss, s.lr)
-    summary = summarise(writer.rows(), s.to_dict())
-    say(f"wrote {writer.path} and {writer.write_summary(summary)}")
+    summary = summarise(rows, s.to_dict())
+    if writer is not None:
+        say(f"wrote {writer.path} and {writer.write_summary(summary)}")
     return summary
 
 
