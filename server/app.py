@@ -17,6 +17,7 @@ One run, in order:
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -48,6 +49,7 @@ from splitfed.flower.workload import (
     partitions_digest,
     test_data,
 )
+from splitfed.jsonio import dumps
 from splitfed.models import rng
 from splitfed.profile.fleet import DEALT, dealt_digest, fleet_digest
 from splitfed.report.runs import natural_key
@@ -230,6 +232,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         initial = evaluate(spec, state, test_x, test_y) if first == 1 else None
         started = time.perf_counter()
         profiles = {c.client_id: c.profile for c in strategy.clients.values()}
+        finished: list[dict[str, Any]] = []  # without a run folder, the rows the summary sums (as a file holds them)
 
         def on_round(rnd: int, arrays: ArrayRecord, rec: RoundRecord) -> None:
             nonlocal started
@@ -237,6 +240,8 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
             acc, loss = evaluate(spec, state_now, test_x, test_y)
             row = metrics_row(rec, acc, loss, time.perf_counter() - started, profiles,
                               in_turn=settings.in_turn, initial=initial if rnd == 1 else None)
+            if writer is None:
+                finished.append(json.loads(dumps(row)))
             try:
                 check_converging(rnd, loss, settings.lr)
             except RunDiverged:  # its row (loss null: the user sees where it went), and no checkpoint of it
@@ -261,7 +266,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         strategy.start(grid, state_to_record(state), num_rounds=settings.rounds,
                        timeout=settings.round_timeout_s, first_round=first, on_round=on_round)
 
-    rows = writer.rows() if writer is not None else []
+    rows = writer.rows() if writer is not None else finished  # before: [] without one, a summary of no round
     summary = summarise(rows, recorded)
     if writer is not None:
         path = writer.write_summary(summary)

@@ -312,3 +312,18 @@ def test_an_adaptive_run_s_first_line_says_how_it_adapts(monkeypatch: pytest.Mon
     name = checkpoint.load(tmp_path / "run").settings["run_name"]
     assert f"run {name}: sflv1, 3 tiers, cuts adaptive hysteresis=0.5 measurement-weight=1, 2 client(s), " \
            "rounds 1..1" in lines, lines
+
+
+def test_a_run_without_a_run_folder_sums_its_rounds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``out`` empty (nothing written, as ``flwr run``'s default): its summary is still the rounds' (before: of
+    no round, as the rows were read back from a file it had not written), the one a run folder's files give."""
+    monkeypatch.chdir(tmp_path)
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        bare = server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(rounds=2), progress=lambda _: None)
+    assert list(tmp_path.iterdir()) == []
+    with inprocess_tiers(monkeypatch, SMALL.tiers - 1):
+        kept = server.app.run(FakeGrid(clients.app.app, SMALL.clients), SMALL.with_(rounds=2, out=str(tmp_path / "r")),
+                              progress=lambda _: None)
+    assert bare["rounds"] == kept["rounds"] == 2 and bare["final_accuracy"] is not None
+    drop = ("settings", "wall_s")
+    assert {k: v for k, v in bare.items() if k not in drop} == {k: v for k, v in kept.items() if k not in drop}
