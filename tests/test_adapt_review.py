@@ -62,6 +62,9 @@ def _J(sc: Scenario, old: dict, new: dict, left: int) -> float:
 @given(st.dictionaries(st.sampled_from(NAMES), MEASUREMENT, max_size=5))  # a stranger: refused (below)
 @example({"phone-0": Measurement(compute_flops=5e-324, compute_s=2.0)})  # the rate underflows to 0
 @example({"laptop": Measurement(up_bytes=1e-320, up_s=1e10)})
+# round trips of 1.2e308 s, believed at once (a jump): each move's cost is finite, their exact sum (math.fsum) is
+# not, and it raised OverflowError out of observe, ending the run (found by make test-explore)
+@example({n: Measurement(rtt_s=1.1984620899082105e+308) for n in ("phone-1", "phone-2", "laptop")})
 def test_no_measurement_makes_a_belief_unusable_or_a_decision_fail(measured: dict[str, Measurement]) -> None:
     """A rate that underflowed to 0 (tiny work over a long time) was believed: the next plan divided by it
     (NaN times) and observe raised IndexError from the solver, ending the run."""
@@ -305,3 +308,11 @@ def test_a_deployed_device_is_learned_from_the_samples_it_trained(tmp_path, trai
     policy.observe(1, [Reported("client0", cuts, trained * epochs, timed, 0.0, 0, 0)])
     assert policy.adapter.belief.clients[0].device.flops == pytest.approx(believed.clients[0].device.flops,
                                                                           rel=1e-9)
+
+
+def test_a_total_past_the_largest_float_is_inf_not_an_error() -> None:
+    from splitfed.cost.model import total
+
+    assert total([1e308, 1e308]) == math.inf  # math.fsum raises OverflowError here
+    assert total([0.1] * 10) == 1.0 and total([]) == 0.0  # exact where it fits (sum() gives 0.9999999999999999)
+    assert total([math.inf, 1.0]) == math.inf

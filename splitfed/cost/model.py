@@ -141,7 +141,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache, cached_property, reduce
 from operator import add
@@ -161,6 +161,16 @@ Assignment = Mapping[str, Sequence[int]]
 
 LABEL_BYTES = 8.0  # int64 label per sample (the tiers accept int64 labels only)
 WireCodec = tuple[str, float]  # (kind, top-k fraction)
+
+
+def total(values: Iterable[float]) -> float:
+    """The exact sum (``math.fsum``) of seconds or loads, none negative; inf where it passes the largest float.
+    fsum raises OverflowError there: absurd beliefs (a node that reported a round trip of 1e308 s) ended the
+    adaptive run as the move costs of three such clients were summed."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
 
 
 def parse_codec(name: object) -> WireCodec:
@@ -919,9 +929,9 @@ def evaluate(sc: Scenario, assignment: Assignment, extra_s: Mapping[str, float] 
             loads[i] = row
     cc = tuple(c for c in costs if c is not None)
     load = np.array(loads, dtype=float).reshape(len(cc), -1)
-    shared_s = {name: math.fsum(load[:, r]) / sc.capacities[r] for r, name in enumerate(sc.resource_names)}
+    shared_s = {name: total(load[:, r]) / sc.capacities[r] for r, name in enumerate(sc.resource_names)}
     if sc.in_turn:  # the clients run in turn: a client's extra time delays everyone after it
-        shared_s[sc.resource_names[-1]] = math.fsum([*load[:, -1], *(extra.get(c.name, 0.0) for c in cc)])
+        shared_s[sc.resource_names[-1]] = total([*load[:, -1], *(extra.get(c.name, 0.0) for c in cc)])
     times = [c.round_s + extra.get(c.name, 0.0) for c in cc]
     worst = max(range(len(cc)), key=lambda i: times[i])
     makespan, bottleneck = times[worst], f"client {cc[worst].name}"

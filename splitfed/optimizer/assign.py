@@ -101,6 +101,7 @@ from splitfed.cost.model import (
     option_table,
     server_memory,
     tier_of_blocks,
+    total,
     turn_memory,
 )
 from splitfed.errors import ConfigError, SplitfedError
@@ -1002,7 +1003,7 @@ def _polish(sc: Scenario, classes: list[_Class], cost: RoundCost, budget: int = 
 
 
 def _total_time(cost: RoundCost) -> float:
-    return math.fsum(c.round_s for c in cost.clients)
+    return total(c.round_s for c in cost.clients)
 
 
 def _tie_answer(s: _Solver, cap: float, allowed: list[np.ndarray], weights: list[np.ndarray],
@@ -1058,7 +1059,7 @@ def _least_time(s: _Solver, best: RoundCost, tie_rel: float, deadline: float | N
 
 
 def _total_move(sc: Scenario, assignment: Assignment, prefer: Assignment) -> float:
-    return math.fsum(move_cost(sc, c, prefer[c.name], assignment[c.name]) for c in sc.clients
+    return total(move_cost(sc, c, prefer[c.name], assignment[c.name]) for c in sc.clients
                      if c.name in prefer and tuple(prefer[c.name]) != tuple(assignment[c.name]))
 
 
