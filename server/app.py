@@ -225,9 +225,7 @@ def _run_in(grid: Grid, settings: RunSettings, say: Progress, stop: threading.Ev
         if first > settings.rounds:
             say(f"nothing to do: the checkpoint already holds round {first - 1} of {settings.rounds}")
         else:
-            say(f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers"
-                f"{', U-shape' if settings.u_shape else ''}, cuts {settings.cuts_shown}, "
-                f"{len(strategy.clients)} client(s), rounds {first}..{settings.rounds}")
+            say(run_line(settings, len(strategy.clients), first))
         # the model before any training, evaluated as each round's: round 1's row keeps it (a resume has it)
         initial = evaluate(spec, state, test_x, test_y) if first == 1 else None
         started = time.perf_counter()
@@ -439,6 +437,12 @@ def metrics_row(rec: RoundRecord, acc: float, loss: float, wall_s: float, profil
         "profiles": {cid: profiles[cid] for cid in rec.assignment if profiles.get(cid)},  # failed ones too
         "per_client": per_client,
     }
+
+
+def run_line(settings: RunSettings, clients: int, first: int) -> str:
+    """A run's first line: what it trains, how its cuts are chosen, and which rounds (one for every backend)."""
+    return (f"run {settings.run_id}: {settings.mode}, {settings.tiers} tiers{', U-shape' if settings.u_shape else ''}, "
+            f"cuts {settings.cuts_shown}, {clients} client(s), rounds {first}..{settings.rounds}")
 
 
 def progress_line(row: dict[str, Any], rounds: int, profiles: dict[str, str]) -> str:

@@ -70,7 +70,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = N
            clients: list[Any] | None = None) -> dict[str, Any]:
     """The rounds of :func:`train_inprocess`. ``fleet`` and ``clients`` (:func:`sim_clients`): the run's, as the
     caller built them for its checks; built here when not given."""
-    from server.app import metrics_row, progress_line
+    from server.app import metrics_row, progress_line, run_line
     from server.strategy import RoundRecord, moves, settle
     from splitfed.engine.rounds import (
         RoundConfig,
@@ -114,8 +114,7 @@ def _train(settings: Any, progress: Callable[[str], None] | None, fleet: Any = N
     say(draw_note(s, fleet))  # as a Flower run says them
     if note := late_drift_note(s):
         say(note)
-    say(f"run {s.run_id}: {s.mode}, {s.tiers} tiers{', U-shape' if s.u_shape else ''}, cuts {s.cuts_shown}, "
-        f"{len(clients)} client(s), rounds 1..{s.rounds} (in-process)")
+    say(f"{run_line(s, len(clients), 1)} (in-process)")
     initial = evaluate(spec, state, test_x, test_y)  # before any training: round 1's row keeps it
     for rnd in range(1, s.rounds + 1):
         t0 = time.perf_counter()
