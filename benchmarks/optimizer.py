@@ -53,7 +53,7 @@ from splitfed.jsonio import write_json
 # flag is refused at once
 if TYPE_CHECKING:
     from splitfed.cost.model import RoundCost, Scenario
-    from splitfed.optimizer.assign import Solution
+    from splitfed.optimizer.solution import Solution
     from splitfed.profile.fleet import Fleet
 
 OUT = Path(__file__).parent / "results" / "optimizer.json"
@@ -63,7 +63,7 @@ SAMPLED = (1_000, 10_000)  # --sampled's: the cases "reference xN"
 
 
 def policies(sc: Scenario) -> dict[str, Any]:
-    from splitfed.optimizer.assign import all_on_server, best_static, greedy, solve
+    from splitfed.optimizer import all_on_server, best_static, greedy, solve
 
     out: dict[str, dict] = {}
     runs = {"optimizer": lambda: solve(sc), "best_static": lambda: best_static(sc), "greedy": lambda: greedy(sc),
@@ -190,7 +190,7 @@ def without(fleet: Fleet, kind: str) -> Fleet:
 def sweep(prof, fleet: Fleet, sizes: list[int], kw: dict) -> list[dict]:  # type: ignore[no-untyped-def]
     """Optimizer vs best static cut (any cut) for fleets of ``sizes`` clients dealt from ``fleet``'s devices."""
     from splitfed.cost.model import Scenario
-    from splitfed.optimizer.assign import best_static, solve
+    from splitfed.optimizer import best_static, solve
 
     out = []
     for n in sizes:
@@ -232,7 +232,7 @@ def solve_times(sc: Scenario, time_limit: float = 120) -> dict[str, Any]:
     to ``NOISE`` (:func:`moved`), which first asks for a plan the hysteresis would let through (``below``), each
     timed."""
     from splitfed.cost.model import evaluate
-    from splitfed.optimizer.assign import solve
+    from splitfed.optimizer import solve
     from splitfed.optimizer.defaults import HYSTERESIS
 
     t0 = time.perf_counter()

@@ -21,7 +21,7 @@ import pytest
 
 from splitfed.cost import Scenario, client_cost, evaluate
 from splitfed.cost.model import RoundCost
-from splitfed.optimizer.assign import Solution, best_static, solve
+from splitfed.optimizer import Solution, best_static, solve
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from splitfed.profile.fleet import Fleet
 from tests.bench_fixtures import load_benchmark

@@ -157,7 +157,7 @@ def test_the_help_and_refusals_still_say_the_constants_of_the_modules_that_use_t
     from splitfed.engine.types import MODES
     from splitfed.flower.config import MAX_SEED
     from splitfed.models.zoo import MAX_CLASSES, MAX_VOCAB
-    from splitfed.optimizer.assign import EXHAUSTIVE_LIMIT
+    from splitfed.optimizer.defaults import EXHAUSTIVE_LIMIT
     from splitfed.profile.fleet import shipped_fleets
 
     by = _by_case(runs["cli"])
@@ -182,7 +182,7 @@ def test_the_help_and_refusals_still_say_the_constants_of_the_modules_that_use_t
 def test_the_parsed_defaults_are_the_modules_constants() -> None:
     from splitfed.cli import build_parser
     from splitfed.engine.limits import DEFAULT_LIMITS, IDLE_RELEASE_S
-    from splitfed.optimizer.assign import DEFAULT_GAP
+    from splitfed.optimizer.defaults import DEFAULT_GAP
 
     parser = build_parser()
     assert parser.parse_args(["optimize", "--model", "cnn", "--fleet", "small"]).gap == DEFAULT_GAP
@@ -193,10 +193,12 @@ def test_the_parsed_defaults_are_the_modules_constants() -> None:
 def test_the_optimizer_package_gives_its_names_when_first_asked_for() -> None:
     """``splitfed.optimizer`` imports its modules (numpy, scipy) when one of their names is first used."""
     import splitfed.optimizer as optimizer
-    from splitfed.optimizer import adapt, assign, defaults
+    from splitfed.optimizer import adapt, assign, baselines, brute_force, defaults, solution
 
-    for name in optimizer.__all__:
-        assert getattr(optimizer, name) is getattr(assign if hasattr(assign, name) else adapt, name), name
+    homes = {m.__name__: m for m in (adapt, assign, baselines, brute_force, solution)}
+    for name in set(optimizer.__all__) - {"DEFAULT_GAP", "EXHAUSTIVE_LIMIT"}:
+        got = getattr(optimizer, name)
+        assert getattr(homes[got.__module__], name) is got, name  # the object its own module defines
     assert (optimizer.DEFAULT_GAP, optimizer.EXHAUSTIVE_LIMIT) == (defaults.DEFAULT_GAP, defaults.EXHAUSTIVE_LIMIT)
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         optimizer.no_such_name  # noqa: B018

@@ -15,7 +15,9 @@ import splitfed.optimizer.assign as assign
 from splitfed.cost import Scenario, client_cost, evaluate, option_table, server_memory, wire_bytes
 from splitfed.cost.model import codec_rules
 from splitfed.errors import ConfigError, CutError
-from splitfed.optimizer import Adapter, best_static, exhaustive, solve, static
+from splitfed.optimizer import Adapter, best_static, brute_force, exhaustive, solve, static
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import ties as opt_ties
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 PROF = ModelProfile.synthetic([1e6, 2e6], [4000, 100], [1000, 500], input_bytes=800)
@@ -241,7 +243,7 @@ def test_polish_moves_the_slowest_client_to_an_option_a_hair_faster() -> None:
     sc = _tiny(1)
     cost = evaluate(sc, {"c0": (0, 2)})
     assert cost.bottleneck == "client c0"
-    got = assign._polish(sc, assign._classes(sc), cost)
+    got = opt_ties.polish(sc, opt_classes.price_classes(sc), cost)
     assert got.assignment() == {"c0": (0, 1)}
     assert cost.makespan_s * (1 - 1e-9) < got.makespan_s < cost.makespan_s
 
@@ -252,7 +254,7 @@ def test_polish_unloads_the_shared_resource_that_sets_the_makespan() -> None:
     sc = _tiny(20)
     cost = evaluate(sc, {c.name: (0, 2) for c in sc.clients})
     assert cost.bottleneck == "edge compute"
-    got = assign._polish(sc, assign._classes(sc), cost)
+    got = opt_ties.polish(sc, opt_classes.price_classes(sc), cost)
     assert set(got.assignment().values()) == {(0, 1)} and got.bottleneck == "edge compute"
     assert got.makespan_s < cost.makespan_s and got.makespan_s == evaluate(sc, got.assignment()).makespan_s
 
@@ -264,7 +266,7 @@ def test_polish_unloads_the_shared_resource_that_sets_the_makespan() -> None:
     ([10**8, 10**8], "~1e+16"),
 ])
 def test_count_text_never_prints_a_mantissa_of_ten(sizes: list[int], text: str) -> None:
-    assert assign._count_text(sizes) == text
+    assert brute_force.count_text(sizes) == text
 
 
 # ---------------------------------------------------------------- adapter

@@ -1,4 +1,4 @@
-"""A MILP given up past its deadline (``_call_milp``: HiGHS still running ``GRACE_S`` after it) is waited for when the
+"""A MILP given up past its deadline (``call_milp``: HiGHS still running ``GRACE_S`` after it) is waited for when the
 interpreter exits. Before, its daemon worker was left to run, and when HiGHS returned while the interpreter was
 finalizing, the process aborted: "terminate called without an active exception", rc 134
 (``benchmarks/optimizer.py``, after its results were written, when a tie search had run out of time; reproduced
@@ -12,7 +12,7 @@ import textwrap
 import threading
 from pathlib import Path
 
-from splitfed.optimizer import assign
+from splitfed.optimizer import solver as opt_solver
 
 # 400 binaries under 30 random knapsack rows, proven to gap 0: HiGHS is still at it after 20 s (this machine)
 HARD = """
@@ -45,11 +45,11 @@ def test_a_milp_given_up_is_waited_for_at_exit(tmp_path: Path) -> None:
             print("alive at exit:", len(alive), flush=True)
 
         atexit.register(alive_at_exit)
-        from splitfed.optimizer import assign
+        from splitfed.optimizer import solver as opt_solver
         LIMIT = 3.0
     """) + HARD + textwrap.dedent("""
-        got = assign._call_milp(time.perf_counter() + 0.2, *ARGS, **KW)
-        print("given up:", got is None, "left running:", len(assign._left_running), flush=True)
+        got = opt_solver.call_milp(time.perf_counter() + 0.2, *ARGS, **KW)
+        print("given up:", got is None, "left running:", len(opt_solver.left_running), flush=True)
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
@@ -64,12 +64,12 @@ def test_a_worker_that_ends_leaves_nothing_to_wait_for() -> None:
     import time
 
     args, kw = _hard(30.0)
-    before = set(assign._left_running)
+    before = set(opt_solver.left_running)
     quick = dict(kw, options={**kw["options"], "time_limit": 0.3})
-    assert assign._call_milp(None, *args, **quick) is not None and assign._left_running <= before
+    assert opt_solver.call_milp(None, *args, **quick) is not None and opt_solver.left_running <= before
     slow = dict(kw, options={**kw["options"], "time_limit": 1.5})
-    assert assign._call_milp(time.perf_counter(), *args, **slow) is None
-    (worker,) = assign._left_running - before
+    assert opt_solver.call_milp(time.perf_counter(), *args, **slow) is None
+    (worker,) = opt_solver.left_running - before
     assert isinstance(worker, threading.Thread) and worker.is_alive()
-    assign._join_left_running()
-    assert not worker.is_alive() and worker not in assign._left_running
+    opt_solver.join_left_running()
+    assert not worker.is_alive() and worker not in opt_solver.left_running

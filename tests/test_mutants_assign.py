@@ -1,4 +1,4 @@
-"""The optimizer (splitfed/optimizer/assign.py), pinned where a mutation run found gaps: the brute-force size
+"""The optimizer (splitfed/optimizer/), pinned where a mutation run found gaps: the brute-force size
 limit and its message, which static cut wins and its refusal, the staged base of two clients, the tie that
 moves least, the sl holder search and its limit, the proven gap, the solver staying quiet, the note's counts."""
 
@@ -13,7 +13,9 @@ import pytest
 from splitfed.cost import Scenario, cut_options, evaluate
 from splitfed.errors import ConfigError
 from splitfed.optimizer import assign, best_static, exhaustive, solve, static
-from splitfed.optimizer.assign import _classes, _count_text, _milp, _pareto
+from splitfed.optimizer.brute_force import count_text
+from splitfed.optimizer.classes import pareto, price_classes
+from splitfed.optimizer.solver import run_milp
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 BIG = 1e15  # memory no option fills
@@ -52,9 +54,9 @@ def test_exhaustive_limit_admits_exactly_the_limit() -> None:
 
 
 def test_count_text_switches_to_the_log_form_at_1e15() -> None:
-    assert _count_text([10] * 14) == "100,000,000,000,000"
-    assert _count_text([10] * 15) == "~1e+15"
-    assert _count_text([7, 11]) == "77"
+    assert count_text([10] * 14) == "100,000,000,000,000"
+    assert count_text([10] * 15) == "~1e+15"
+    assert count_text([7, 11]) == "77"
 
 
 def test_exhaustive_and_static_report_no_gap_and_are_immutable() -> None:
@@ -246,7 +248,7 @@ def test_pareto_of_few_rows_with_many_columns() -> None:
     V[1] += 1.0  # dominated by row 0
     V[2, 0] = -1.0  # better than row 0 in one column, worse in another
     V[2, 299] = 2.0
-    assert _pareto(V).tolist() == [True, False, True]
+    assert pareto(V).tolist() == [True, False, True]
 
 
 def test_milp_stopped_by_its_time_limit_before_any_answer_is_unknown() -> None:
@@ -256,7 +258,7 @@ def test_milp_stopped_by_its_time_limit_before_any_answer_is_unknown() -> None:
     clients = tuple(Client(f"c{i}", f"k{i}", TierProfile(1e8 * (i + 1), BIG), LinkProfile(2e6, 2e6, 0.01), 100)
                     for i in range(5))
     sc = Scenario(prof, clients, (TierProfile(5e8, BIG),), batch=12)
-    classes = _classes(sc)
-    r = _milp(sc, classes, [np.arange(len(c.T)) for c in classes], time_rows=True, scale=1.0, gap=0.0,
+    classes = price_classes(sc)
+    r = run_milp(sc, classes, [np.arange(len(c.T)) for c in classes], time_rows=True, scale=1.0, gap=0.0,
               time_limit=1e-12, mem_rhs=np.ones(1))
     assert (r.counts, r.value, r.bound, r.optimal) == ([], math.inf, 0.0, False)

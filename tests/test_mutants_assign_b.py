@@ -1,4 +1,4 @@
-"""The optimizer (splitfed/optimizer/assign.py), pinned where a mutation run found gaps (second list): every
+"""The optimizer (splitfed/optimizer/), pinned where a mutation run found gaps (second list): every
 policy's solve time and optimality flag, the proven gap solve reports, refusals' wording, the memory the best
 single cut is judged by, and the tie that moves least."""
 
@@ -16,7 +16,9 @@ import pytest
 from splitfed.cost import Scenario, evaluate
 from splitfed.errors import ConfigError
 from splitfed.optimizer import all_on_server, best_static, exhaustive, greedy, solve, static
-from splitfed.optimizer.assign import Solution, _classes, _milp
+from splitfed.optimizer.classes import price_classes
+from splitfed.optimizer.solution import Solution
+from splitfed.optimizer.solver import run_milp
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 BIG = 1e15  # memory no option fills
@@ -219,8 +221,8 @@ def test_in_turn_holders_and_memory_equal_brute_force(method: str, fill: float) 
 def test_a_milp_out_of_time_before_any_answer_is_unknown_not_an_error() -> None:
     """HiGHS stopped by its time limit before any solution: "no answer, not proven", not numerical trouble."""
     sc = _mixed(n=12, kinds=12)
-    classes = _classes(sc)
-    r = _milp(sc, classes, [np.arange(len(c.T)) for c in classes], time_rows=True, scale=1.0, gap=0.0,
+    classes = price_classes(sc)
+    r = run_milp(sc, classes, [np.arange(len(c.T)) for c in classes], time_rows=True, scale=1.0, gap=0.0,
               time_limit=1e-9, mem_rhs=np.ones(2))
     assert r.value == math.inf
     assert not r.optimal

@@ -1,4 +1,4 @@
-"""The optimizer (splitfed/optimizer/assign.py), pinned where a mutation run found gaps (third list): the best
+"""The optimizer (splitfed/optimizer/), pinned where a mutation run found gaps (third list): the best
 single cut where server memory binds (against every static cut priced), brute force against a plain
 enumeration, the numbers and names a refusal gives."""
 

@@ -1,4 +1,4 @@
-"""The optimizer (splitfed/optimizer/assign.py), pinned where a mutation run found gaps (fourth list): sflv1's
+"""The optimizer (splitfed/optimizer/), pinned where a mutation run found gaps (fourth list): sflv1's
 dominance where a block has fixed bytes but no state, sl/sflv2's holder on the second server in the MILP, and the
 MILP's makespan variable within one scaled unit (1e-4 of the optimum): a shared-load row and its integrality."""
 

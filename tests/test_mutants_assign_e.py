@@ -1,4 +1,4 @@
-"""The optimizer (splitfed/optimizer/assign.py), pinned where a mutation run found gaps (fifth list): bisect's
+"""The optimizer (splitfed/optimizer/), pinned where a mutation run found gaps (fifth list): bisect's
 MILPs over a class of several identical clients take no per-client time rows (they would count the class's summed
 round times as a makespan), and sl/sflv2's holder search with exactly one candidate holder size."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from splitfed.cost import Scenario, evaluate, option_table
 from splitfed.optimizer import exhaustive, solve
-from splitfed.optimizer.assign import _server_columns
+from splitfed.optimizer.classes import server_columns
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 BIG = 1e15  # memory no option fills
@@ -123,7 +123,7 @@ def test_the_fixture_has_one_holder_that_y_s_fastest_cut_does_not_fit_beside(mod
     x, y = (option_table(sc, c) for c in sc.clients)
     assert x.fits_device.tolist() == [True, False, False]
     assert y.round_s.tolist() == pytest.approx([0.3402464, 0.2840064, 2.6324], abs=1e-12)  # cuts 1 fastest
-    mem, held = _server_columns(sc, y)
+    mem, held = server_columns(sc, y)
     assert mem.ravel().tolist() == [8108000.0, 7008000.0, 0.0] and held.ravel().tolist() == [1.1e6, 1e6, 0.0]
     assert not evaluate(sc, {"x": (0,), "y": (1,)}).feasible
     assert evaluate(sc, {"x": (0,), "y": (1,)}).shared_memory["edge"] == 7008000.0 + 1.1e6

@@ -1,6 +1,6 @@
-"""The optimizer (splitfed/optimizer/assign.py), pinned where a mutation run found gaps (sixth list): brute force's
+"""The optimizer (splitfed/optimizer/), pinned where a mutation run found gaps (sixth list): brute force's
 sflv1 staged base counts only blocks two clients hold, best_static's prefilter puts a holder beside every turn (sl,
-sflv2), and the tie search under ``prefer`` (``_closest``): no per-class time rows, and a MILP answer a hair past
+sflv2), and the tie search under ``prefer`` (``closest``): no per-class time rows, and a MILP answer a hair past
 the threshold is not a tie."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 
 from splitfed.cost import Scenario, evaluate, move_cost, option_table
 from splitfed.optimizer import best_static, exhaustive, solve, static
-from splitfed.optimizer.assign import _closest, _server_columns
+from splitfed.optimizer.classes import server_columns
+from splitfed.optimizer.ties import closest
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from tests.plan_fixtures import every_plan
 
@@ -90,7 +91,7 @@ def test_the_fixture_s_edge_holds_any_turn_but_not_beside_a_holder(mode: str) ->
     t = option_table(sc, sc.clients[0])
     assert t.options.ravel().tolist() == list(range(9)) and t.fits_device.all()
     assert np.all(np.diff(t.round_s) > 0)  # the fewer blocks on the edge, the slower
-    turn, held = (a.ravel().tolist() for a in _server_columns(sc, t))
+    turn, held = (a.ravel().tolist() for a in server_columns(sc, t))
     assert turn == [4000028.0 - 4 * k for k in range(8)] + [0.0]
     assert held == [1000007.0 - k for k in range(8)] + [0.0]
     assert all(u <= 4.5e6 < u + h for u, h in zip(turn[:8], held[:8], strict=True))
@@ -152,7 +153,7 @@ def test_the_tie_search_over_a_class_of_two_finds_the_tie_that_moves_least() -> 
     sc = _three_on_two_servers()
     most = evaluate(sc, {"c0": (0, 0), "c1": (0, 0), "c2": (0, 1)})
     assert most.makespan_s == 0.6
-    chosen, looked = _closest(sc, most, _CURRENT, 1e-9, 1e-5, None)
+    chosen, looked = closest(sc, most, _CURRENT, 1e-9, 1e-5, None)
     assert looked and chosen.makespan_s == 0.6
     assert chosen.assignment() == {"c0": (0, 1), "c1": (0, 1), "c2": (0, 0)}
     got = solve(sc, prefer=_CURRENT)

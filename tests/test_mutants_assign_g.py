@@ -1,6 +1,6 @@
-"""The optimizer (splitfed/optimizer/assign.py), pinned where no fast test reached (seventh list): the smallest
+"""The optimizer (splitfed/optimizer/), pinned where no fast test reached (seventh list): the smallest
 MILP (one row per class, nothing else), ``_sequential`` handing over to bisect (an exact tie of a server's compute
-with the clients in turn; too many holder sizes), ``_polish`` taking a move a hair faster or lighter (after the MILP
+with the clients in turn; too many holder sizes), ``polish`` taking a move a hair faster or lighter (after the MILP
 and on rounds handed to it), and the tie search under ``prefer`` keeping a client whose move ships nothing."""
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ import pytest
 
 from splitfed.cost import RoundCost, Scenario, evaluate, move_cost, option_table
 from splitfed.optimizer import assign, exhaustive, solve
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import solver as opt_solver
+from splitfed.optimizer import ties as opt_ties
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from tests.plan_fixtures import Plan, every_plan
 
@@ -19,7 +22,7 @@ INF = math.inf
 
 
 def _polish(sc: Scenario, cost: RoundCost, budget: int = 200) -> RoundCost:
-    return assign._polish(sc, assign._classes(sc), cost, budget)
+    return opt_ties.polish(sc, opt_classes.price_classes(sc), cost, budget)
 
 
 # ---------------------------------------------------------------- the smallest MILP: the class rows alone
@@ -37,7 +40,7 @@ def _rows_of_classes_only() -> Scenario:
 
 @pytest.mark.parametrize("method", ["bisect", "direct"])
 def test_a_milp_with_only_its_class_row_finds_the_optimum(method: str) -> None:
-    """``_milp``'s ``else`` (no row at all: a dummy one) is unreachable: every class adds its row unconditionally,
+    """``run_milp``'s ``else`` (no row at all: a dummy one) is unreachable: every class adds its row unconditionally,
     and a Scenario has at least one client. This is the barest MILP there is; built wrongly (the rows dropped,
     ``if not lo``) HiGHS could put the client nowhere."""
     sc = _rows_of_classes_only()
@@ -121,7 +124,7 @@ def _too_many_holders(mode: str) -> Scenario:
 
 def test_the_fixture_s_holder_sizes_are_too_many_to_search() -> None:
     sc = _too_many_holders("sl")
-    s = assign._Solver(sc, assign._classes(sc), 1e-5, None)
+    s = opt_solver.Solver(sc, opt_classes.price_classes(sc), 1e-5, None)
     assert [len(c.T) for c in s.classes] == [435, 245]
     assert [c.options[0].tolist() for c in s.classes] == [[0, 0], [0, 19]]  # each class's fastest
     assert s.classes[0].held[0].tolist() == [0.0, math.fsum(_STATE)] == [0.0, 305200.0]
@@ -358,7 +361,7 @@ def test_the_fixture_s_block_0_moves_for_free_and_costs_nothing_to_keep() -> Non
     assert t.shared_load[:2].tolist() == [[3e9], [3e9]] and t.memory[:2, 1].tolist() == [310000.0, 310000.0]
     x1 = sc.clients[0]
     assert move_cost(sc, x1, (1,), (0,)) == 0.0 and move_cost(sc, sc.clients[2], (2,), (0,)) == 0.015
-    x_class = assign._classes(sc, prefer=_NOW)[0]
+    x_class = opt_classes.price_classes(sc, prefer=_NOW)[0]
     assert x_class.members == [0, 1] and x_class.options.ravel().tolist() == [0, 2]  # (1,) dominated by (0,)
     assert evaluate(sc, _NOW).makespan_s == 6.03
     best = solve(sc)
@@ -381,11 +384,11 @@ def test_a_client_whose_move_ships_nothing_keeps_its_cuts_when_staying_is_as_goo
 
 
 def test_the_tie_search_reports_it_looked_when_it_keeps_cuts_that_ship_nothing() -> None:
-    """``_closest`` itself, handed the optimum solve finds (x1 and x2 at (0,)): it returns the tie that keeps their
+    """``closest`` itself, handed the optimum solve finds (x1 and x2 at (0,)): it returns the tie that keeps their
     cuts, and says it finished looking (the "no time left" note hangs on that flag)."""
     sc = _block_0_ships_nothing()
     best = solve(sc).cost
-    chosen, looked = assign._closest(sc, best, _NOW, 1e-9, 1e-5, None)
+    chosen, looked = opt_ties.closest(sc, best, _NOW, 1e-9, 1e-5, None)
     assert looked is True
     assert chosen.assignment() == {"x1": (1,), "x2": (1,), "y": (0,)} and chosen.makespan_s == 1.2
 

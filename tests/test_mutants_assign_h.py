@@ -1,5 +1,5 @@
-"""The optimizer (splitfed/optimizer/assign.py), pinned where a mutation run of the tie of least client time found
-gaps (eighth list): ``_least_time`` refuses a tie a hair over the makespan, allows every option with T <= the cap
+"""The optimizer (splitfed/optimizer/), pinned where a mutation run of the tie of least client time found
+gaps (eighth list): ``least_time`` refuses a tie a hair over the makespan, allows every option with T <= the cap
 (not ``shared_front``), keeps ``best`` itself when nothing takes less time, scales its objective by the largest
 time (rounds of a fraction of a millisecond; a fleet whose rounds all take 0 s), and is solved to ``TIE_GAP``
 whatever the solve's gap; ``solve`` gives it a quarter of the time the makespan took, at least ``TIE_MIN_S``,
@@ -16,6 +16,10 @@ import pytest
 
 from splitfed.cost import RoundCost, Scenario, evaluate, option_table
 from splitfed.optimizer import assign, exhaustive, solve
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import clock as opt_clock
+from splitfed.optimizer import solver as opt_solver
+from splitfed.optimizer import ties as opt_ties
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from tests.plan_fixtures import Plan, every_plan
 
@@ -52,7 +56,7 @@ def test_the_fixture_s_least_time_is_a_hair_over_the_makespan() -> None:
     assert plans[(D, E, D)] == plans[(D, D, E)] == (40.0, 90.000000015)  # the ties of least time
     assert plans[(D, D, D)] == (40.0, 100.0)
     assert min(m for m, _ in plans.values()) == 40.0 == exhaustive(sc).makespan_s
-    fast = assign._classes(sc)[1]
+    fast = opt_classes.price_classes(sc)[1]
     assert fast.members == [1, 2] and fast.T.tolist() == [20.000000015, 30.0]
     assert fast.shared_front(40.0).tolist() == [1]  # at home dominates the edge in load: a front drops the fast one
 
@@ -72,8 +76,8 @@ def test_solve_takes_the_tie_of_least_time_not_the_faster_answer_a_hair_over() -
     assert got.note == f"{PREFIX}; least client time among ties: 90 s in all (was 100 s)"
 
 
-def _solver(sc: Scenario) -> assign._Solver:
-    return assign._Solver(sc, assign._classes(sc), 0.0, None)
+def _solver(sc: Scenario) -> opt_solver.Solver:
+    return opt_solver.Solver(sc, opt_classes.price_classes(sc), 0.0, None)
 
 
 @pytest.mark.parametrize("tie_rel", [1e-9, 0.5])
@@ -81,7 +85,7 @@ def test_least_time_refuses_a_faster_answer_over_the_makespan(tie_rel: float) ->
     """From the worst tie, with the first cap 1e-9 or 50 % over the makespan (both clients on the edge, 40.00000003
     s, within either): the answer is a tie of exactly 40 s, found in full."""
     sc = _hair()
-    got, looked = assign._least_time(_solver(sc), evaluate(sc, _plan(D, D)), tie_rel, None)
+    got, looked = opt_ties.least_time(_solver(sc), evaluate(sc, _plan(D, D)), tie_rel, None)
     _one_on_the_edge(got)
     assert looked is True
 
@@ -91,7 +95,7 @@ def test_least_time_keeps_best_itself_when_no_tie_takes_less() -> None:
     ``solve`` tells by identity whether the tie changed) comes back."""
     sc = _hair()
     best = evaluate(sc, _plan(E, D))
-    got, looked = assign._least_time(_solver(sc), best, 1e-9, None)
+    got, looked = opt_ties.least_time(_solver(sc), best, 1e-9, None)
     assert got is best and looked is True
 
 
@@ -121,38 +125,38 @@ def test_the_tie_milp_is_solved_to_a_tenth_of_a_percent_whatever_the_solve_s_gap
     """``TIE_GAP``: within 0.1 % of the least client time is plenty (a proof to 1e-5 took 7 s after a 0.3 s
     solve), and a solve asked for 5 % still gets its tie to 0.1 %."""
     gaps: list[float] = []
-    milp = assign._milp
+    milp = opt_solver.run_milp
 
-    def spy(*args: object, **kw: object) -> assign._Result:
+    def spy(*args: object, **kw: object) -> opt_solver.MilpResult:
         if kw["objective"] is not None:
             gaps.append(float(kw["gap"]))  # type: ignore[arg-type]
         return milp(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(assign, "_milp", spy)
+    monkeypatch.setattr(opt_solver, "run_milp", spy)
     got = solve(_hair(), gap=gap, time_limit=None)
     _one_on_the_edge(got.cost)
     assert set(gaps) == {1e-3}  # however many it takes (capped 1e-9 over the makespan, then at it)
 
 
 class _Clock:
-    """``assign``'s perf_counter: 100 s until the makespan's answer is polished, ``after`` from then on (a real
-    clock would make the budget a timing). Its ``_least_time`` records the deadline and returns ``answer``."""
+    """The optimizer's clock: 100 s until the makespan's answer is polished, ``after`` from then on (a real
+    clock would make the budget a timing). Its ``least_time`` (solve's) records the deadline and returns ``answer``."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, after: float, answer: Callable[[RoundCost], tuple]) -> None:
         self.now, self.deadlines = 100.0, list[float | None]()
-        polish = assign._polish
+        polish = opt_ties.polish
 
         def polished(*args: object, **kw: object) -> RoundCost:
             self.now = after
             return polish(*args, **kw)  # type: ignore[arg-type]
 
-        def least_time(s: assign._Solver, best: RoundCost, tie_rel: float, deadline: float | None) -> tuple:
+        def least_time(s: opt_solver.Solver, best: RoundCost, tie_rel: float, deadline: float | None) -> tuple:
             self.deadlines.append(deadline)
             return answer(best)
 
-        monkeypatch.setattr(assign, "time", SimpleNamespace(perf_counter=lambda: self.now))
-        monkeypatch.setattr(assign, "_polish", polished)
-        monkeypatch.setattr(assign, "_least_time", least_time)
+        monkeypatch.setattr(opt_clock, "time", SimpleNamespace(perf_counter=lambda: self.now))
+        monkeypatch.setattr(assign, "polish", polished)
+        monkeypatch.setattr(assign, "least_time", least_time)
 
 
 @pytest.mark.parametrize(("after", "time_limit", "deadline"), [
@@ -212,7 +216,7 @@ def test_the_tie_milp_s_answer_is_polished_before_it_is_judged() -> None:
     assert (ties[0][0], ties[-1][0]) == (0.94487604800093, 1.2169770480009299)
     worst = evaluate(sc, ties[-1][1])
     assert worst.assignment()["x"] == (1, 1)
-    got, looked = assign._least_time(_solver(sc), worst, 1e-9, None)
+    got, looked = opt_ties.least_time(_solver(sc), worst, 1e-9, None)
     assert got.makespan_s == 0.6 and _total(got) == 0.94487604800093 and looked is True
     assert sorted(got.assignment().items())[-1] == ("x", (0, 0))
     assert sorted(got.assignment().values()) == [(0, 0), (0, 0), (0, 1), (0, 1)]

@@ -1,4 +1,4 @@
-"""The optimizer's polish (splitfed/optimizer/assign.py, ``_polish``), pinned where a mutation run found gaps: it
+"""The optimizer's polish (splitfed/optimizer/ties.py, ``polish``), pinned where a mutation run found gaps: it
 takes a move a hair faster only when the round it gives fits memory and is strictly faster, and it stops after
 its budget of trials."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from splitfed.cost import RoundCost, Scenario, evaluate
-from splitfed.optimizer import assign
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import ties as opt_ties
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 # block 1 does almost no work (on the edge or the cloud: ~1e-12 relative apart) but its activation is 1e6 bytes,
@@ -58,7 +59,7 @@ def test_polish_of_the_slowest_client_never_takes_a_move_that_overflows_memory(r
     sc = _tiny(1, cloud_memory=need)
     cost = _all_on_edge(sc)
     assert cost.feasible and cost.bottleneck == "client c0"
-    got = assign._polish(sc, assign._classes(sc), cost)
+    got = opt_ties.polish(sc, opt_classes.price_classes(sc), cost)
     assert got.feasible
     assert got.makespan_s <= cost.makespan_s
     if room:
@@ -76,7 +77,7 @@ def test_polish_of_a_shared_resource_moves_clients_while_memory_holds_them(fit: 
     sc = _tiny(n, cloud_memory=_cloud_need(n, fit))
     cost = _all_on_edge(sc)
     assert cost.feasible and cost.bottleneck == "edge compute"
-    got = assign._polish(sc, assign._classes(sc), cost)
+    got = opt_ties.polish(sc, opt_classes.price_classes(sc), cost)
     assert got.feasible, got.violations
     assert _moved(got) == fit
     assert got.makespan_s == evaluate(sc, got.assignment()).makespan_s
@@ -92,12 +93,12 @@ def test_polish_of_a_shared_resource_stops_after_its_budget(budget: int) -> None
     lowers the edge's load: a budget of k trials moves exactly k clients (none for 0), each strictly faster."""
     sc = _tiny(20)
     cost = _all_on_edge(sc)
-    got = assign._polish(sc, assign._classes(sc), cost, budget=budget)
+    got = opt_ties.polish(sc, opt_classes.price_classes(sc), cost, budget=budget)
     assert _moved(got) == budget
     assert got.feasible
     if budget:
         assert got.makespan_s < cost.makespan_s
     else:
         assert got is cost
-    one_more = assign._polish(sc, assign._classes(sc), cost, budget=budget + 1)
+    one_more = opt_ties.polish(sc, opt_classes.price_classes(sc), cost, budget=budget + 1)
     assert one_more.makespan_s < got.makespan_s  # each trial counted is a move taken

@@ -135,15 +135,15 @@ def test_the_solve_gets_the_default_gap_and_a_minute(fleet: str, capsys: pytest.
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Without ``--gap`` and ``--time-limit``, the exact solve proves ``DEFAULT_GAP`` within 60 s; a MILP that
     ran out of time says so on its last line, marked not proven optimal."""
-    from splitfed.optimizer import assign
+    import splitfed.optimizer as optimizer
 
-    real, seen = assign.solve, []
+    real, seen = optimizer.solve, []
 
     def cut_short(sc, **kw):  # noqa: ANN001, ANN003, ANN202
         seen.append(kw)
         return replace(real(sc, **kw), optimal=False)
 
-    monkeypatch.setattr(assign, "solve", cut_short)
+    monkeypatch.setattr(optimizer, "solve", cut_short)
     rows = _table(capsys, ["--fleet", fleet])
     assert seen == [{"gap": DEFAULT_GAP, "time_limit": 60.0}]
     assert rows[-1].startswith("milp: solved in ")

@@ -107,7 +107,7 @@ def test_a_row_whose_clients_differ_shows_the_largest_and_says_so(fleets: dict[i
     times: the row shows the largest, and the line below says time_s and device memory are the largest."""
     from splitfed.cost.model import Scenario
     from splitfed.models.zoo import resolve_spec
-    from splitfed.optimizer import assign
+    from splitfed.optimizer import baselines
     from splitfed.profile.fleet import load_fleet
     from splitfed.profile.profiler import default_cache_dir, profile_model
 
@@ -115,7 +115,7 @@ def test_a_row_whose_clients_differ_shows_the_largest_and_says_so(fleets: dict[i
     more = tuple(replace(c, samples=640) if c.name == "pi-3" else c for c in fleet.clients)
     prof = profile_model(resolve_spec("mlp", None, None), 32, reps=1, cache_dir=default_cache_dir())
     sc = Scenario.from_fleet(prof, replace(fleet, clients=more))
-    sol = assign.static(sc, [2, 3])
+    sol = baselines.static(sc, [2, 3])
     times = {c.name: c.round_s for c in sol.cost.clients}
     assert times["pi-3"] > times["pi-0"]
     rows = render(sc, sol, "h", per_client=False).splitlines()
@@ -123,7 +123,7 @@ def test_a_row_whose_clients_differ_shows_the_largest_and_says_so(fleets: dict[i
     assert rows[4] == ("21 clients in 2 rows, one per device class and cuts; time_s and device memory: the "
                        "largest of the row's clients (--per-client lists each client; --json too)")
     pis = sc.with_clients(sc.clients[:10])
-    assert render(pis, assign.static(pis, [2, 3]), "h", per_client=False).splitlines()[3] == (
+    assert render(pis, baselines.static(pis, [2, 3]), "h", per_client=False).splitlines()[3] == (
         "10 clients in 1 row, one per device class and cuts; time_s and device memory: the largest of the row's "
         "clients (--per-client lists each client; --json too)")
 

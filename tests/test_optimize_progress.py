@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
+import splitfed.optimizer as optimizer
 from splitfed.cli import main
 from splitfed.commands import optimize
-from splitfed.optimizer import assign
 
 ARGS = ["optimize", "--model", "mlp", "--fleet", "small"]
 
@@ -51,7 +51,7 @@ def test_a_long_pricing_says_so_until_it_ends(monkeypatch: pytest.MonkeyPatch, c
     monkeypatch.setattr(optimize, "TICK_S", 0.02)
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
-    monkeypatch.setattr(assign, attr, _waiting(getattr(assign, attr), err, 2))
+    monkeypatch.setattr(optimizer, attr, _waiting(getattr(optimizer, attr), err, 2))
     assert main([*ARGS, *flag]) == 0
     assert not _ticker_alive()
     assert err.getvalue().startswith(line * 2), err.getvalue()
@@ -79,7 +79,7 @@ def test_ctrl_c_stops_the_ticker_too(monkeypatch: pytest.MonkeyPatch, capsys: py
             time.sleep(0.01)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(assign, "solve", interrupted)
+    monkeypatch.setattr(optimizer, "solve", interrupted)
     assert main(ARGS) == 130
     assert not _ticker_alive()
 
@@ -91,7 +91,7 @@ def test_a_closed_stderr_ends_the_ticker_not_the_solve(monkeypatch: pytest.Monke
     err = io.StringIO()
     err.close()
     monkeypatch.setattr("sys.stderr", err)
-    real = assign.solve
+    real = optimizer.solve
 
     def slow(*a: object, **k: object) -> object:
         end = time.monotonic() + 60
@@ -99,7 +99,7 @@ def test_a_closed_stderr_ends_the_ticker_not_the_solve(monkeypatch: pytest.Monke
             time.sleep(0.01)  # the ticker's first write fails and it returns
         return real(*a, **k)
 
-    monkeypatch.setattr(assign, "solve", slow)
+    monkeypatch.setattr(optimizer, "solve", slow)
     raised: list[BaseException | None] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
     assert main(ARGS) == 0

@@ -1,10 +1,10 @@
-"""``splitfed optimize --time-limit S`` keeps to S, and a Ctrl-C stops a solve at once (splitfed/optimizer/assign.py).
+"""``splitfed optimize --time-limit S`` keeps to S, and a Ctrl-C stops a solve at once (splitfed/optimizer/).
 
 Measured before (vgg11, ``--time-limit 5``, fleets of distinct devices): pricing every device's options took
 3-10 s for 1,000 and 33 s for 10,000 before any MILP ran (nothing checked the limit there); the time left was
 taken before a MILP over thousands of classes was built; HiGHS's presolve overran its own ``time_limit`` by up
 to 3.6 s; and the C code held the main thread, so a Ctrl-C waited for it. Each test drives the solver's clock
-(``assign.time``) from the work it fakes: no timings.
+(``splitfed.optimizer.clock``'s ``time``) from the work it fakes: no timings.
 """
 
 from __future__ import annotations
@@ -19,17 +19,22 @@ import pytest
 from splitfed.cli import main
 from splitfed.cost import Scenario, evaluate
 from splitfed.errors import ConfigError
-from splitfed.optimizer import assign, best_static, solve
+from splitfed.optimizer import baselines as opt_baselines
+from splitfed.optimizer import best_static, solve
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import clock as opt_clock
+from splitfed.optimizer import solver as opt_solver
+from splitfed.optimizer import ties as opt_ties
 from tests.test_mutants_assign_polish import _all_on_edge, _cloud_need, _moved, _tiny
 from tests.test_optimizer import FLEET, _client, _scenario
 
 
 class _Clock:
-    """``assign``'s ``time.perf_counter``: moves only when a test says so."""
+    """The optimizer's clock (``time.perf_counter``): moves only when a test says so."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = 0.0
-        monkeypatch.setattr(assign, "time", SimpleNamespace(perf_counter=lambda: self.now))
+        monkeypatch.setattr(opt_clock, "time", SimpleNamespace(perf_counter=lambda: self.now))
 
 
 def _distinct(n: int) -> Scenario:
@@ -45,7 +50,7 @@ def test_each_milp_gets_what_is_left_once_it_is_built(monkeypatch: pytest.Monkey
     """Building a MILP (its rows, one Python loop per class) takes time too: HiGHS gets the deadline less the
     clock when it is called, not when the build began (before: 0.1 s of build per MILP over the limit here)."""
     clock = _Clock(monkeypatch)
-    real_constraint, real_milp = assign.LinearConstraint, assign.milp
+    real_constraint, real_milp = opt_solver.LinearConstraint, opt_solver.milp
     calls: list[tuple[float, float]] = []
 
     def slow_build(*a: object, **k: object) -> object:
@@ -57,8 +62,8 @@ def test_each_milp_gets_what_is_left_once_it_is_built(monkeypatch: pytest.Monkey
         clock.now += 0.05
         return real_milp(*a, options=options, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(assign, "LinearConstraint", slow_build)
-    monkeypatch.setattr(assign, "milp", timed)
+    monkeypatch.setattr(opt_solver, "LinearConstraint", slow_build)
+    monkeypatch.setattr(opt_solver, "milp", timed)
     try:
         solve(_distinct(12), time_limit=1.0)
     except ConfigError as e:
@@ -72,7 +77,7 @@ def test_pricing_the_options_stops_at_the_limit_before_any_milp(monkeypatch: pyt
     next check (every CHECK_EVERY devices: the second, 6.3 s) and says so, naming the flag; no MILP runs (before:
     all 100 priced, then "before the MILP found any assignment")."""
     clock = _Clock(monkeypatch)
-    real = assign.option_table
+    real = opt_classes.option_table
     priced: list[str] = []
 
     def slow(sc: Scenario, c: object) -> object:
@@ -80,27 +85,27 @@ def test_pricing_the_options_stops_at_the_limit_before_any_milp(monkeypatch: pyt
         clock.now += 0.1
         return real(sc, c)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(assign, "option_table", slow)
-    monkeypatch.setattr(assign, "milp", _no_milp)
+    monkeypatch.setattr(opt_classes, "option_table", slow)
+    monkeypatch.setattr(opt_solver, "milp", _no_milp)
     with pytest.raises(ConfigError, match=r"^the time limit ran out while pricing the cuts of the 100 clients of "
                                           r"synthetic \(63 of their 100 distinct devices priced\), before any MILP: "
                                           r"raise it \(--time-limit\), or price a policy that needs no MILP: --greedy$"):
         solve(_distinct(100), time_limit=4.0)
-    assert len(priced) == 2 * assign.CHECK_EVERY - 1
+    assert len(priced) == 2 * opt_clock.CHECK_EVERY - 1
 
 
 def test_a_fleet_of_few_distinct_devices_is_always_priced(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fewer than CHECK_EVERY devices are priced whatever the clock (a few ms): a spent limit then still gets an
     answer that needs no MILP (sl's), as before."""
     clock = _Clock(monkeypatch)
-    real = assign.option_table
+    real = opt_classes.option_table
 
     def slow(sc: Scenario, c: object) -> object:
         clock.now += 10.0
         return real(sc, c)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(assign, "option_table", slow)
-    sc = replace(_distinct(assign.CHECK_EVERY - 1), mode="sl")
+    monkeypatch.setattr(opt_classes, "option_table", slow)
+    sc = replace(_distinct(opt_clock.CHECK_EVERY - 1), mode="sl")
     got = solve(sc, time_limit=1.0)
     assert got.cost.feasible and got.note.startswith("sl sequential")
 
@@ -109,16 +114,16 @@ def test_the_bisection_s_fronts_stop_at_the_limit(monkeypatch: pytest.MonkeyPatc
     """Each class's first front prices its dominance (~1 ms; seconds for thousands of distinct clients): once the
     limit has run out no further front is built and no MILP runs (before: every class's front, then nothing)."""
     clock = _Clock(monkeypatch)
-    real = assign._Class.shared_front
+    real = opt_classes.OptionClass.shared_front
     fronts: list[float] = []
 
-    def slow(self: assign._Class, tau: float) -> object:
+    def slow(self: opt_classes.OptionClass, tau: float) -> object:
         fronts.append(tau)
         clock.now += 0.5
         return real(self, tau)
 
-    monkeypatch.setattr(assign._Class, "shared_front", slow)
-    monkeypatch.setattr(assign, "milp", _no_milp)
+    monkeypatch.setattr(opt_classes.OptionClass, "shared_front", slow)
+    monkeypatch.setattr(opt_solver, "milp", _no_milp)
     with pytest.raises(ConfigError, match="time limit ran out before the MILP found any assignment"):
         solve(_distinct(40), time_limit=1.0)
     assert len(fronts) == 2  # 0.5 s each: the third class finds the limit spent
@@ -131,26 +136,26 @@ def test_polish_tries_nothing_once_the_limit_has_run_out(monkeypatch: pytest.Mon
     n = 20
     sc = _tiny(n, cloud_memory=_cloud_need(n, 5))
     cost = _all_on_edge(sc)
-    classes = assign._classes(sc)
-    assert _moved(assign._polish(sc, classes, cost)) == 5
+    classes = opt_classes.price_classes(sc)
+    assert _moved(opt_ties.polish(sc, classes, cost)) == 5
     clock = _Clock(monkeypatch)
 
     def slow(sc: Scenario, plan: dict) -> object:
         clock.now += 1.0
         return evaluate(sc, plan)
 
-    monkeypatch.setattr(assign, "evaluate", slow)
-    got = assign._polish(sc, classes, cost, deadline=2.5)
+    monkeypatch.setattr(opt_ties, "evaluate", slow)
+    got = opt_ties.polish(sc, classes, cost, deadline=2.5)
     assert 0 < _moved(got) < 5 and got.feasible
     assert clock.now <= 3.0  # no trial began at or past the deadline
-    assert assign._polish(sc, classes, cost, deadline=0.0) is cost
+    assert opt_ties.polish(sc, classes, cost, deadline=0.0) is cost
 
 
 def test_best_static_s_ranking_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--best-static`` ranks every vector over every distinct device's options before it prices one: a limit
     that runs out on the way is refused there, named (before: all 100 devices priced, 10 s on a 1 s limit)."""
     clock = _Clock(monkeypatch)
-    real = assign.option_table
+    real = opt_classes.option_table
     priced: list[int] = []
 
     def slow(sc: Scenario, c: object) -> object:
@@ -158,12 +163,12 @@ def test_best_static_s_ranking_stops_at_the_limit(monkeypatch: pytest.MonkeyPatc
         clock.now += 0.1
         return real(sc, c)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(assign, "option_table", slow)
+    monkeypatch.setattr(opt_baselines, "option_table", slow)
     with pytest.raises(ConfigError, match=r"^the time limit ran out while ranking the cut vectors for the 100 "
                                           r"clients of synthetic \(31 of their 100 distinct devices priced\), before "
                                           r"any was priced exactly: raise it \(--time-limit\)$"):
         best_static(_distinct(100), time_limit=1.0)
-    assert len(priced) == assign.CHECK_EVERY - 1
+    assert len(priced) == opt_clock.CHECK_EVERY - 1
 
 
 def test_a_milp_that_overruns_its_time_limit_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,7 +185,7 @@ def test_a_milp_that_overruns_its_time_limit_is_given_up(monkeypatch: pytest.Mon
         finally:
             returned.set()
 
-    monkeypatch.setattr(assign, "milp", stuck)
+    monkeypatch.setattr(opt_solver, "milp", stuck)
     try:
         with pytest.raises(ConfigError, match="time limit ran out before the MILP found any assignment"):
             solve(_distinct(8), time_limit=1.0)
@@ -221,7 +226,7 @@ def test_ctrl_c_stops_a_solve_while_highs_runs(fleet_file: str, monkeypatch: pyt
             release.set()
 
     done = threading.Event()
-    monkeypatch.setattr(assign, "milp", highs)
+    monkeypatch.setattr(opt_solver, "milp", highs)
     t = threading.Thread(target=interrupt, daemon=True)
     t.start()
     try:
@@ -253,7 +258,7 @@ def test_the_help_states_the_grace_the_solver_gives_highs() -> None:
 
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices["optimize"]  # type: ignore[attr-defined]
     text = next(a.help for a in sub._actions if "--time-limit" in a.option_strings)
-    assert f"given up {assign.GRACE_S:g} s later" in text and "Ctrl-C stops a solve at once (exit 130)" in text
+    assert f"given up {opt_solver.GRACE_S:g} s later" in text and "Ctrl-C stops a solve at once (exit 130)" in text
 
 
 def test_a_re_solve_s_search_for_the_tie_that_moves_least_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -263,7 +268,7 @@ def test_a_re_solve_s_search_for_the_tie_that_moves_least_stops_at_the_limit(mon
     sc = _distinct(80)
     plain = solve(sc)
     clock = _Clock(monkeypatch)
-    real = assign.move_costs
+    real = opt_classes.move_costs
     priced: list[str] = []
 
     def slow(sc: Scenario, c: object, *a: object) -> object:
@@ -271,9 +276,9 @@ def test_a_re_solve_s_search_for_the_tie_that_moves_least_stops_at_the_limit(mon
         clock.now += 1.0
         return real(sc, c, *a)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(assign, "move_costs", slow)
+    monkeypatch.setattr(opt_classes, "move_costs", slow)
     got = solve(sc, time_limit=5.0, prefer={c.name: (0, 0) for c in sc.clients})  # all on the cloud: not a tie
-    assert len(priced) == assign.CHECK_EVERY - 1, len(priced)
+    assert len(priced) == opt_clock.CHECK_EVERY - 1, len(priced)
     assert got.makespan_s == plain.makespan_s and got.cost.feasible
     assert "no time left to look for the tie that moves least" in got.note, got.note
 
@@ -285,7 +290,7 @@ def test_the_search_for_the_tie_that_moves_least_gets_a_tie_search_s_share(monke
     20 s of the test's clock."""
     sc = _distinct(12)
     clock = _Clock(monkeypatch)
-    real_milp, real_tie = assign._milp, assign._tie_answer
+    real_milp, real_tie = opt_solver.run_milp, opt_ties.tie_answer
 
     def slow(*a: object, **k: object) -> object:
         r = real_milp(*a, **k)  # type: ignore[arg-type]
@@ -298,11 +303,11 @@ def test_the_search_for_the_tie_that_moves_least_gets_a_tie_search_s_share(monke
         given.append((clock.now, s.deadline - clock.now))  # type: ignore[attr-defined]
         return real_tie(s, *a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(assign, "_milp", slow)
-    monkeypatch.setattr(assign, "_tie_answer", tie)
+    monkeypatch.setattr(opt_solver, "run_milp", slow)
+    monkeypatch.setattr(opt_ties, "tie_answer", tie)
     got = solve(sc, time_limit=1000.0, prefer={c.name: (0, 0) for c in sc.clients})  # all on the cloud: no tie
     (now, left), *_ = given
-    assert now >= 20.0 and left == pytest.approx(assign.TIE_SHARE * now) and left < 1000.0 - now, given
+    assert now >= 20.0 and left == pytest.approx(opt_ties.TIE_SHARE * now) and left < 1000.0 - now, given
     assert "least move cost among ties" in got.note and "time ran out" not in got.note, got.note
 
 
@@ -312,7 +317,7 @@ def test_a_search_for_the_least_move_cut_short_keeps_the_least_it_found(monkeypa
     begun with no time left."""
     sc = _distinct(12)
     clock = _Clock(monkeypatch)
-    real_milp = assign._milp
+    real_milp = opt_solver.run_milp
     ties: list[str] = []
 
     def cut_short(*a: object, **k: object) -> object:
@@ -320,10 +325,10 @@ def test_a_search_for_the_least_move_cut_short_keeps_the_least_it_found(monkeypa
         if k.get("objective") is not None:  # a tie search's MILP: its time runs out with its answer in hand
             ties.append("least time" if k.get("budget") is not None else "least move")
             clock.now += 10_000.0
-            return assign._Result(r.counts, r.value, r.bound, False)
+            return opt_solver.MilpResult(r.counts, r.value, r.bound, False)
         return r
 
-    monkeypatch.setattr(assign, "_milp", cut_short)
+    monkeypatch.setattr(opt_solver, "run_milp", cut_short)
     current = {c.name: (0, 0) for c in sc.clients}
     got = solve(sc, time_limit=None, prefer=current)
     assert ties == ["least move"], ties

@@ -214,7 +214,7 @@ def test_a_solve_cut_short_by_its_time_limit_never_claims_a_gap_it_did_not_prove
     deterministic stand-in for a time limit that falls between two MILPs. A feasibility MILP not run was
     taken as a proven "no", and the bound after a last MILP not run as the answer's own makespan: a
     solve 2.8x from the optimum reported "proven gap 0"."""
-    import splitfed.optimizer.assign as assign
+    from splitfed.optimizer import clock as opt_clock
 
     exact = _outcome(lambda s: solve(s, gap=0.0, time_limit=None, method="bisect"), sc)
     assume(not isinstance(exact, ConfigError))
@@ -226,12 +226,12 @@ def test_a_solve_cut_short_by_its_time_limit_never_claims_a_gap_it_did_not_prove
             self.now += 1.0
             return self.now
 
-    real = assign.time
-    assign.time = Clock()  # type: ignore[assignment]
+    real = opt_clock.time
+    opt_clock.time = Clock()  # type: ignore[assignment]
     try:
         cut = _outcome(lambda s: solve(s, gap=0.0, time_limit=float(ticks), method="bisect"), sc)
     finally:
-        assign.time = real
+        opt_clock.time = real
     if isinstance(cut, ConfigError):
         assert "time limit ran out" in str(cut)
         return
@@ -330,16 +330,16 @@ def _kinds_fleet(counts: list[int]) -> str:
 
 
 def _count_tables(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    from splitfed.optimizer import assign
+    from splitfed.optimizer import classes as opt_classes
 
     calls: list[int] = []
-    real = assign.option_table
+    real = opt_classes.option_table
 
     def counted(*a, **k):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(assign, "option_table", counted)
+    monkeypatch.setattr(opt_classes, "option_table", counted)
     return calls
 
 
@@ -363,12 +363,12 @@ def test_exhaustive_refuses_a_fleet_of_any_size_in_one_line(monkeypatch: pytest.
 @settings(max_examples=40)
 @given(counts=st.lists(st.integers(1, 3000), min_size=1, max_size=3), limit=st.sampled_from([1, 50, 5000]))
 def test_exhaustive_solves_or_refuses_any_fleet_cheaply(counts: list[int], limit: int) -> None:
-    from splitfed.optimizer import assign
+    from splitfed.optimizer import classes as opt_classes
     from splitfed.profile import parse_fleet
 
     sc = Scenario.from_fleet(PROF, parse_fleet(_kinds_fleet(counts), "f.toml"), tiers=3)
     calls: list[int] = []
-    real = assign.option_table
+    real = opt_classes.option_table
 
     def counted(*a, **k):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
@@ -376,7 +376,7 @@ def test_exhaustive_solves_or_refuses_any_fleet_cheaply(counts: list[int], limit
 
     sizes = [int(option_table(sc, sc.clients[sum(counts[:j])]).fits_device.sum()) for j in range(len(counts))]
     total = math.prod(m**n for m, n in zip(sizes, counts, strict=True))
-    with mock.patch.object(assign, "option_table", counted):
+    with mock.patch.object(opt_classes, "option_table", counted):
         try:
             sol = exhaustive(sc, limit=limit)
         except ConfigError as e:
@@ -420,22 +420,23 @@ def test_time_limit_is_one_budget_for_the_whole_solve(monkeypatch: pytest.Monkey
     # before: each MILP got max(0.1, what was left): past the deadline every further MILP ran 0.1 s more
     from types import SimpleNamespace
 
-    from splitfed.optimizer import assign
+    from splitfed.optimizer import clock as opt_clock
+    from splitfed.optimizer import solver as opt_solver
 
     sc = Scenario(PROF, tuple(_client(f"c{i}", flops=1e9 * (3 + i), up=1e6 * (1 + i)) for i in range(12)),
                   (TierProfile(3e10, 2**34), TierProfile(9e10, 2**35)), (LinkProfile(1e7, 1e7, 0.02),), batch=32)
     assert ", 10 MILP(s), " in solve(sc).note  # a bisection of several steps
     clock = [0.0]  # the solver's clock: every MILP takes 0.08 s of it, nothing else does
-    monkeypatch.setattr(assign, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(opt_clock, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     runs: list[tuple[float, float]] = []
-    real = assign.milp
+    real = opt_solver.milp
 
     def slow(*a, options, **k):  # noqa: ANN002, ANN003, ANN202
         runs.append((clock[0], options["time_limit"]))
         clock[0] += 0.08
         return real(*a, options=options, **k)
 
-    monkeypatch.setattr(assign, "milp", slow)
+    monkeypatch.setattr(opt_solver, "milp", slow)
     budget = 0.3
     try:
         sol = solve(sc, time_limit=budget)

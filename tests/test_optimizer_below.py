@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 
 from splitfed.cost import Scenario, evaluate
 from splitfed.errors import ConfigError
-from splitfed.optimizer import Adapter, adapt, assign, best_static, exhaustive, solve
+from splitfed.optimizer import Adapter, adapt, assign, best_static, defaults, exhaustive, solve
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import solver as opt_solver
 from splitfed.optimizer.adapt import Measurement
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from tests.optimizer_fixtures import reference
@@ -84,11 +86,11 @@ def test_a_plan_searched_when_the_time_limit_ran_out_is_not_called_kept(vgg11: M
     (here it finds nothing in time and says so) rather than keep the cuts as if none were faster."""
     sc = reference(vgg11, 1000)
     plan = solve(sc).assignment
-    classes = assign._classes(sc)
-    late = assign._Solver(sc, classes, assign.DEFAULT_GAP, deadline=0.0)
+    classes = opt_classes.price_classes(sc)
+    late = opt_solver.Solver(sc, classes, defaults.DEFAULT_GAP, deadline=0.0)
     below = 0.9 * evaluate(sc, plan).makespan_s  # above tau_0: a MILP must say
     assert assign._within(late, below) == (None, False) and not late.proven and late.calls == 0
-    on_time = assign._Solver(sc, classes, assign.DEFAULT_GAP, deadline=None)
+    on_time = opt_solver.Solver(sc, classes, defaults.DEFAULT_GAP, deadline=None)
     found, known = assign._within(on_time, 1.0)  # 1 s: below tau_0, no MILP needed to know it
     assert (found, known, on_time.calls) == (None, True, 0)
     with mock.patch.object(assign, "_within", return_value=(None, False)):

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from splitfed.cost import Scenario
 from splitfed.errors import ConfigError
-from splitfed.optimizer import assign, exhaustive, solve
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import exhaustive, solve
+from splitfed.optimizer import solver as opt_solver
 from splitfed.profile import TierProfile
 from tests.test_optimizer import PROF, _client, _scenario, instances
 
@@ -25,7 +27,7 @@ def _no_milp(*a, **k):  # noqa: ANN002, ANN003, ANN202
 
 def _least(sc: Scenario) -> tuple[np.ndarray, float]:
     """Per server tier, and for all of them together, the sum over clients of their least share there."""
-    classes = assign._classes(replace(sc, servers=tuple(replace(s, memory=math.inf) for s in sc.servers)))
+    classes = opt_classes.price_classes(replace(sc, servers=tuple(replace(s, memory=math.inf) for s in sc.servers)))
     n = np.array([len(c.members) for c in classes], dtype=float)
     per = n @ np.array([c.mem.min(axis=0) for c in classes])
     return per, float(n @ np.array([c.mem.sum(axis=1).min() for c in classes]))
@@ -36,7 +38,7 @@ def test_tiers_that_each_could_hold_their_share_but_not_together_are_refused_at_
     there (7.3 MiB on the edge, 0 on the cloud), both together cannot (136 MiB). HiGHS took 13-34 s to say so
     for 1,000 distinct clients; now no MILP runs, and the refusal says which tiers and by how much."""
     sc = _scenario([_client(f"c{i}", memory=1.3e6) for i in range(20)], edge_mem=2e7, cloud_mem=2e7)
-    with mock.patch.object(assign, "milp", _no_milp), pytest.raises(ConfigError) as e:
+    with mock.patch.object(opt_solver, "milp", _no_milp), pytest.raises(ConfigError) as e:
         solve(sc)
     assert str(e.value) == (
         "no assignment fits: the server tiers (edge 19.1 MiB, cloud 19.1 MiB) cannot hold the segments of all 20 "
@@ -49,17 +51,17 @@ def test_one_tier_short_is_named_alone() -> None:
     bounds nothing (every client could leave the cloud empty): such a fleet fits."""
     clients = tuple(_client(f"c{i}", memory=1.3e6) for i in range(3))
     sc = Scenario(PROF, clients, (TierProfile(2e12, 1e6),), (), batch=32)
-    with mock.patch.object(assign, "milp", _no_milp), pytest.raises(ConfigError) as e:
+    with mock.patch.object(opt_solver, "milp", _no_milp), pytest.raises(ConfigError) as e:
         solve(sc)
     assert str(e.value) == (
         "no assignment fits: the server tiers (edge 0.954 MiB) cannot hold the segments of all 3 clients of "
         "synthetic at batch 32, whatever the cuts; edge needs at least 20.4 MiB for the 3 clients' least shares, "
         "has 0.954 MiB")
     no_cloud = _scenario(clients, edge_mem=math.inf, cloud_mem=0.0)
-    assert assign._least_shares(no_cloud, assign._classes(no_cloud)) is None
+    assert opt_classes.least_shares(no_cloud, opt_classes.price_classes(no_cloud)) is None
     assert solve(no_cloud).cost.feasible
     one = _scenario(clients[:1], edge_mem=1e3, cloud_mem=1e3)
-    with mock.patch.object(assign, "milp", _no_milp), pytest.raises(ConfigError) as e:
+    with mock.patch.object(opt_solver, "milp", _no_milp), pytest.raises(ConfigError) as e:
         solve(one)
     assert str(e.value).endswith(", whatever the cuts; edge needs at least 0.366 MiB for the 1 client's least "
                                  "share, has 1000 bytes")
@@ -93,7 +95,7 @@ def test_the_bound_never_refuses_a_fleet_that_fits(sc: Scenario) -> None:
     """Whenever the least shares refuse, brute force finds no assignment that fits either, and solve refuses
     with the bound's words without a MILP; where they do not, solve and brute force agree as before."""
     try:
-        refusal = assign._least_shares(sc, assign._classes(sc))
+        refusal = opt_classes.least_shares(sc, opt_classes.price_classes(sc))
     except ConfigError:
         event("a device no cut fits")
         return
@@ -105,7 +107,7 @@ def test_the_bound_never_refuses_a_fleet_that_fits(sc: Scenario) -> None:
     if refusal is None:
         return
     assert isinstance(truth, ConfigError) and str(truth).startswith("no assignment fits: "), truth
-    with mock.patch.object(assign, "milp", _no_milp), pytest.raises(ConfigError) as e:
+    with mock.patch.object(opt_solver, "milp", _no_milp), pytest.raises(ConfigError) as e:
         solve(sc)
     assert str(e.value) == str(refusal)
     assert str(e.value).startswith(str(truth) + "; ")  # brute force's refusal, with the tiers that tell it
@@ -125,7 +127,7 @@ def test_the_bound_fires_on_a_seeded_sample_and_is_sound_there() -> None:
         total = both * float(rng.choice([0.5, 0.99, 1.0, 1.01, 2.0]))
         share = float(rng.choice([0.2, 0.5, 0.8]))
         sc = _scenario(clients, edge_mem=total * share, cloud_mem=total * (1 - share))
-        if assign._least_shares(sc, assign._classes(sc)) is None:
+        if opt_classes.least_shares(sc, opt_classes.price_classes(sc)) is None:
             continue
         refused += 1
         with pytest.raises(ConfigError, match="^no assignment fits: "):
@@ -137,10 +139,10 @@ def test_sl_and_sflv2_are_left_to_their_own_checks() -> None:
     """In turn a tier holds one client's segment at a time: a sum over clients bounds nothing there. Servers
     that cannot hold 20 sflv1 replicas serve the same fleet in sl and sflv2."""
     sc = _scenario([_client(f"c{i}", memory=1.3e6) for i in range(20)], edge_mem=2e7, cloud_mem=2e7)
-    assert assign._least_shares(sc, assign._classes(sc)) is not None
+    assert opt_classes.least_shares(sc, opt_classes.price_classes(sc)) is not None
     for mode in ("sl", "sflv2"):
         turns = replace(sc, mode=mode)
-        assert assign._least_shares(turns, assign._classes(turns)) is None
+        assert opt_classes.least_shares(turns, opt_classes.price_classes(turns)) is None
         assert solve(turns).cost.feasible
 
 

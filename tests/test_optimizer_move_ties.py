@@ -20,6 +20,7 @@ from splitfed.cost import Scenario, evaluate
 from splitfed.cost.model import move_cost, move_costs
 from splitfed.errors import ConfigError
 from splitfed.optimizer import Adapter, assign, exhaustive, greedy, solve
+from splitfed.optimizer import ties as opt_ties
 from splitfed.profile import ModelProfile
 from tests import optimizer_fixtures
 from tests.plan_fixtures import every_plan
@@ -81,7 +82,7 @@ def test_of_the_ties_that_move_least_the_optimizer_takes_one_of_least_client_tim
         event("a move ships nothing")
         return
     total = _total(sc, got.assignment)
-    assert total <= least * (1 + assign.TIE_GAP) + 1e-12, (got.assignment, got.note)
+    assert total <= least * (1 + opt_ties.TIE_GAP) + 1e-12, (got.assignment, got.note)
     assert total >= least * (1 - 1e-12)
     event("a tie of less time taken" if "least client time among those" in got.note else "least move kept")
 
@@ -115,7 +116,7 @@ def test_the_least_move_is_not_given_up_for_client_time(reference: Scenario,
     move comes first (the time search is not even run: the note says nothing of client time)."""
     sc = reference
     with monkeypatch.context() as m:
-        m.setattr(assign, "_least_time", lambda s, best, tie_rel, deadline: (best, True))
+        m.setattr(assign, "least_time", lambda s, best, tie_rel, deadline: (best, True))
         slow = solve(sc).assignment  # a plan of the least makespan, not of the least time
     fast = solve(sc)
     assert _total(sc, slow) != _total(sc, fast.assignment)  # the premise: the kept plan is not the fastest
@@ -145,8 +146,8 @@ def test_a_time_search_out_of_time_keeps_the_least_move_and_says_so(reference: S
     sc = reference
     known = {c.name: solve(sc).assignment[c.name] for c in sc.clients[::2]}
     before = solve(sc, prefer=known)
-    moving = assign._least_time_moving
-    monkeypatch.setattr(assign, "_least_time_moving",
+    moving = opt_ties.least_time_moving
+    monkeypatch.setattr(assign, "least_time_moving",
                         lambda sc, chosen, prefer, thr, deadline: moving(sc, chosen, prefer, thr, deadline - 1e9))
     got = solve(sc, prefer=known)
     assert got.optimal and got.makespan_s == before.makespan_s
@@ -185,16 +186,16 @@ def test_a_straggler_bound_fleet_s_unknown_clients_get_the_least_time_of_the_lea
     the rest take the least client time brute force finds among such plans (the first plan's ties took more)."""
     sc = _straggler_fleet()
     with monkeypatch.context() as m:
-        m.setattr(assign, "_least_time", lambda s, best, tie_rel, deadline: (best, True))
+        m.setattr(assign, "least_time", lambda s, best, tie_rel, deadline: (best, True))
         first = solve(sc).assignment
     current = {n: first[n] for n in known}
     ties = _straggler_ties()
     assert min(_moved(sc, p, current) for p, _ in ties) == 0.0  # staying is among the ties
     least = min(total for p, total in ties if _moved(sc, p, current) == 0.0)
-    assert _total(sc, first) > least * (1 + assign.TIE_GAP)  # the premise: the first plan is not the least time
+    assert _total(sc, first) > least * (1 + opt_ties.TIE_GAP)  # the premise: the first plan is not the least time
     got = solve(sc, gap=0.0, time_limit=None, prefer=current)
     assert _moved(sc, got.assignment, current) == 0.0
-    assert least <= _total(sc, got.assignment) <= least * (1 + assign.TIE_GAP)
+    assert least <= _total(sc, got.assignment) <= least * (1 + opt_ties.TIE_GAP)
 
 
 
@@ -205,7 +206,7 @@ def test_the_time_search_moves_no_more_than_the_least_move(monkeypatch: pytest.M
     search is bounded by the move, not refused for it."""
     sc = _straggler_fleet()
     with monkeypatch.context() as m:
-        m.setattr(assign, "_least_time", lambda s, best, tie_rel, deadline: (best, True))
+        m.setattr(assign, "least_time", lambda s, best, tie_rel, deadline: (best, True))
         first = solve(sc).assignment
     worst = max((tuple(int(x) for x in o) for o in sc.options.tolist()),
                 key=lambda o: evaluate(sc, {**first, "straggler": o}).makespan_s)
@@ -218,5 +219,5 @@ def test_the_time_search_moves_no_more_than_the_least_move(monkeypatch: pytest.M
     got = solve(sc, gap=0.0, time_limit=None, prefer=current)
     assert _moved(sc, got.assignment, current) == pytest.approx(least_move, rel=1e-9)
     assert got.assignment["fast0"] == first["fast0"]
-    assert least <= _total(sc, got.assignment) <= least * (1 + assign.TIE_GAP), got.note
+    assert least <= _total(sc, got.assignment) <= least * (1 + opt_ties.TIE_GAP), got.note
     assert "; least client time among those: " in got.note

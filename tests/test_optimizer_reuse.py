@@ -10,7 +10,9 @@ import pytest
 
 from splitfed.cli import main
 from splitfed.cost import Scenario
-from splitfed.optimizer import assign, best_static, solve, static
+from splitfed.optimizer import best_static, defaults, solve, static
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import ties as opt_ties
 from tests.test_optimizer_move_ties import reference  # noqa: F401  (a fixture)
 
 
@@ -21,16 +23,16 @@ def test_both_tie_searches_under_prefer_price_the_moves_once(reference: Scenario
     sc = reference
     known = {c.name: solve(sc).assignment[c.name] for c in sc.clients[::2]}
     plain = solve(sc)
-    chosen, _ = assign._closest(sc, plain.cost, known, 1e-9, assign.DEFAULT_GAP, None)
-    separate, _ = assign._least_time_moving(sc, chosen, known, plain.makespan_s * (1 + 1e-9), None)
+    chosen, _ = opt_ties.closest(sc, plain.cost, known, 1e-9, defaults.DEFAULT_GAP, None)
+    separate, _ = opt_ties.least_time_moving(sc, chosen, known, plain.makespan_s * (1 + 1e-9), None)
     built = []
-    classes = assign._classes
+    classes = opt_classes.price_classes
 
     def counted(sc: Scenario, prefer: dict | None = None, **rest: object) -> list:
         built.append(prefer is not None)
         return classes(sc, prefer=prefer, **rest)  # solve passes its deadline
 
-    monkeypatch.setattr(assign, "_classes", counted)
+    monkeypatch.setattr(opt_ties, "price_classes", counted)  # the tie searches' (solve's own has no prefer)
     got = solve(sc, prefer=known)
     assert built.count(True) == 1, built
     assert "least client time among those" in got.note, got.note  # the second search did run, on the same classes
@@ -46,16 +48,16 @@ def test_a_re_solve_prices_each_distinct_device_once(reference: Scenario,  # noq
     known = {c.name: solve(sc).assignment[c.name] for c in sc.clients[::2]}
     before = solve(sc, prefer=known)
     priced: list[tuple] = []
-    real = assign.option_table
+    real = opt_classes.option_table
 
     def counted(sc: Scenario, c: object) -> object:
-        priced.append(assign.client_key(c))  # type: ignore[arg-type]
+        priced.append(opt_classes.client_key(c))  # type: ignore[arg-type]
         return real(sc, c)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(assign, "option_table", counted)
+    monkeypatch.setattr(opt_classes, "option_table", counted)
     got = solve(sc, prefer=known)
     assert "least move cost among ties" in got.note or "least client time among those" in got.note, got.note
-    assert len(priced) == len(set(priced)) == len({assign.client_key(c) for c in sc.clients}), priced  # each once
+    assert len(priced) == len(set(priced)) == len({opt_classes.client_key(c) for c in sc.clients}), priced  # each once
     assert got.assignment == before.assignment and got.makespan_s == before.makespan_s
 
 

@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 from splitfed.cost import Scenario, evaluate
 from splitfed.errors import ConfigError
-from splitfed.optimizer import assign, best_static, exhaustive, greedy, solve
+from splitfed.optimizer import assign, best_static, defaults, exhaustive, greedy, solve
+from splitfed.optimizer import classes as opt_classes
+from splitfed.optimizer import solver as opt_solver
 from splitfed.profile import ModelProfile
 from tests.optimizer_fixtures import reference
 from tests.test_optimizer import _outcome, _within_memory, instances
@@ -121,7 +123,7 @@ def test_cuts_that_overflow_memory_prove_nothing(vgg11: ModelProfile) -> None:
     start = assign._start(sc, crowded)
     assert start is not None and not start.feasible
     assert assign._known_index(np.array([start.makespan_s, np.inf]), start) is None
-    classes = assign._classes(sc)
-    plain, warm = (assign._Solver(sc, classes, assign.DEFAULT_GAP, None) for _ in range(2))
+    classes = opt_classes.price_classes(sc)
+    plain, warm = (opt_solver.Solver(sc, classes, defaults.DEFAULT_GAP, None) for _ in range(2))
     expected, got = assign._bisect(plain), assign._bisect(warm, start)
     assert got[0].makespan_s == expected[0].makespan_s and warm.calls == plain.calls >= 8, (warm.calls, plain.calls)

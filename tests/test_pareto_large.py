@@ -1,9 +1,9 @@
 """The optimizer's dominance pruning where real models put it: more than 256 options a client.
 
-``assign._pareto`` has two paths: all pairs at once for up to 256 rows, one sorted pass above. The
+``opt_classes.pareto`` has two paths: all pairs at once for up to 256 rows, one sorted pass above. The
 brute-force property tests use models of at most 4 blocks (15 options), so only the first ran there,
 while vgg11 and resnet18 on 3 tiers take the second for every client. These hold the second to the
-definition (``_dominates``), and the optimizer to brute force on a model with more than 256 options.
+definition (``dominates``), and the optimizer to brute force on a model with more than 256 options.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis.extra.numpy import arrays
 
 from splitfed.cost import Scenario, cut_options
 from splitfed.optimizer import exhaustive, solve
-from splitfed.optimizer.assign import _dominates, _pareto, _varying
+from splitfed.optimizer.classes import dominates, pareto, varying
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 
 
@@ -31,18 +31,18 @@ def tables(draw: st.DrawFn) -> np.ndarray:
 @settings(max_examples=150)
 @given(tables())
 def test_the_sorted_pass_keeps_exactly_the_rows_no_other_row_dominates(V: np.ndarray) -> None:
-    keep = _pareto(V)
+    keep = pareto(V)
     assert keep.dtype == bool and keep.shape == (V.shape[0],)
-    assert np.array_equal(keep, ~_dominates(V).any(axis=0))
+    assert np.array_equal(keep, ~dominates(V).any(axis=0))
 
 
 def test_equal_rows_keep_the_first_and_no_columns_keep_one() -> None:
     V = np.tile([[1.0, 2.0]], (300, 1))
     V[7] = [0.5, 2.0]
-    assert np.flatnonzero(_pareto(V)).tolist() == [7]
+    assert np.flatnonzero(pareto(V)).tolist() == [7]
     V[7] = [1.0, 2.0]
-    assert np.flatnonzero(_pareto(V)).tolist() == [0]
-    assert np.flatnonzero(_pareto(np.empty((400, 0)))).tolist() == [0]
+    assert np.flatnonzero(pareto(V)).tolist() == [0]
+    assert np.flatnonzero(pareto(np.empty((400, 0)))).tolist() == [0]
 
 
 @st.composite
@@ -89,13 +89,13 @@ def test_the_optimizer_equals_brute_force_with_more_than_256_options_a_client(sc
     arrays(np.float64, (m, 3), elements=st.sampled_from([0.0, 1.0, 2.0, np.inf])),
     st.lists(st.sampled_from([0.0, 7.0, np.inf, -np.inf]), max_size=30))))
 def test_columns_equal_in_every_row_change_no_dominance(case: tuple[np.ndarray, list[float]]) -> None:
-    """Both paths leave out the columns equal in every row (``_varying``: a vgg11 class's staged cover, 0 in
+    """Both paths leave out the columns equal in every row (``varying``: a vgg11 class's staged cover, 0 in
     each of its 38 columns but 14; its pruning took 5x as long): appending any such columns, an infinite one
     too, keeps exactly the rows kept without them, and the same dominance."""
     V, constant = case
     W = np.concatenate([V, np.tile(np.asarray(constant, np.float64), (len(V), 1))], axis=1)
-    assert np.array_equal(_pareto(W), _pareto(V))
-    assert np.array_equal(_dominates(W), _dominates(V))
+    assert np.array_equal(pareto(W), pareto(V))
+    assert np.array_equal(dominates(W), dominates(V))
 
 
 def test_varying_keeps_each_column_that_differs_and_drops_the_rest() -> None:
@@ -103,8 +103,8 @@ def test_varying_keeps_each_column_that_differs_and_drops_the_rest() -> None:
     V = np.array([[1.0, 0.0, inf, inf, 5.0, nan],
                   [1.0, 0.0, inf, 2.0, 5.0, nan]])
     # differ: inf vs 2 (col 3), NaN (never equal to itself: kept, as it always was compared); equal: the rest
-    assert _varying(V).tolist()[0][0] == inf and _varying(V).shape == (2, 2)
-    assert np.isnan(_varying(V)[:, 1]).all()
+    assert varying(V).tolist()[0][0] == inf and varying(V).shape == (2, 2)
+    assert np.isnan(varying(V)[:, 1]).all()
     one = np.array([[3.0, 4.0]])
-    assert _varying(one) is one  # one row: nothing to compare, kept whole
-    assert _varying(np.empty((0, 4))).shape == (0, 4)
+    assert varying(one) is one  # one row: nothing to compare, kept whole
+    assert varying(np.empty((0, 4))).shape == (0, 4)

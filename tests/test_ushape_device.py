@@ -15,7 +15,7 @@ from splitfed.cost import Scenario, client_cost, cut_options
 from splitfed.errors import ConfigError, CutError
 from splitfed.flower.config import RunSettings
 from splitfed.flower.policy import make_policy
-from splitfed.optimizer import assign
+from splitfed.optimizer import assign, baselines, brute_force
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
 from splitfed.profile.profiler import ModelProfile
@@ -89,7 +89,7 @@ def test_u_shape_options_spell_the_whole_model_on_the_device_once() -> None:
 @pytest.mark.parametrize("min_device_blocks", [0, 1])
 def test_the_optimizer_writes_the_whole_model_on_the_device_as_l_l_l(min_device_blocks: int) -> None:
     sc = _scenario(min_device_blocks)
-    for sol in (assign.solve(sc), assign.greedy(sc), assign.exhaustive(sc), assign.best_static(sc)):
+    for sol in (assign.solve(sc), baselines.greedy(sc), brute_force.exhaustive(sc), baselines.best_static(sc)):
         assert sol.assignment == {"c0": (3, 3, 3)}, sol.method
         # the same makespan as any other spelling of it
         assert sol.makespan_s == client_cost(sc, "c0", (0, 0, 0)).round_s == client_cost(sc, "c0", (1, 1, 1)).round_s

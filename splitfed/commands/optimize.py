@@ -27,7 +27,7 @@ from splitfed.units import mib_text
 
 if TYPE_CHECKING:
     from splitfed.cost.model import ClientCost, Scenario
-    from splitfed.optimizer.assign import Solution
+    from splitfed.optimizer.solution import Solution
 
 JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_shape", "method", "optimal", "gap",
              "solve_s", "note", "makespan_s", "mode", "bottleneck", "feasible", "violations", "shared_s",
@@ -184,8 +184,8 @@ def _grouped(sc: Scenario, clients: Sequence[ClientCost]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     zoo_name_checked(args.model)
+    from splitfed import optimizer
     from splitfed.cost.model import Scenario, link_codecs
-    from splitfed.optimizer import assign
     from splitfed.profile.fleet import load_fleet
     from splitfed.profile.profiler import default_cache_dir, profile_model
 
@@ -206,12 +206,12 @@ def run(args: argparse.Namespace) -> int:
     # the policy the flags ask for (the first given), else the optimizer; those whose refusals name their flag
     # (:func:`_flag`) are wrapped; only solve and --best-static keep to --time-limit
     flag, price, named = next(((f, fn, w) for f, on, fn, w in (
-        ("--exhaustive", args.exhaustive, lambda: assign.exhaustive(sc), True),  # above its size limit
-        ("--static", args.static is not None, lambda: assign.static(sc, args.static), True),  # cuts it cannot take
-        ("--best-static", args.best_static, lambda: assign.best_static(sc, time_limit=args.time_limit), False),
-        ("--greedy", args.greedy, lambda: assign.greedy(sc), False),
-        ("--all-on-server", args.all_on_server, lambda: assign.all_on_server(sc), True),  # 0,0 a device cannot hold
-    ) if on), (None, lambda: assign.solve(sc, gap=args.gap, time_limit=args.time_limit), False))
+        ("--exhaustive", args.exhaustive, lambda: optimizer.exhaustive(sc), True),  # above its size limit
+        ("--static", args.static is not None, lambda: optimizer.static(sc, args.static), True),  # cuts it cannot take
+        ("--best-static", args.best_static, lambda: optimizer.best_static(sc, time_limit=args.time_limit), False),
+        ("--greedy", args.greedy, lambda: optimizer.greedy(sc), False),
+        ("--all-on-server", args.all_on_server, lambda: optimizer.all_on_server(sc), True),  # 0,0 a device cannot hold
+    ) if on), (None, lambda: optimizer.solve(sc, gap=args.gap, time_limit=args.time_limit), False))
     clients = f"{n:,} client{'s' if n != 1 else ''} of {spec.name}"
     with _ticking(f"still choosing the cuts of {clients}" if flag is None else f"still pricing {flag} for {clients}",
                   args.time_limit if flag in (None, "--best-static") else None), \

@@ -13,16 +13,10 @@ from splitfed.optimizer.defaults import DEFAULT_GAP, EXHAUSTIVE_LIMIT
 
 if TYPE_CHECKING:
     from splitfed.optimizer.adapt import Adapter, Decision, Measurement
-    from splitfed.optimizer.assign import (
-        OutOfTime,
-        Solution,
-        all_on_server,
-        best_static,
-        exhaustive,
-        greedy,
-        solve,
-        static,
-    )
+    from splitfed.optimizer.assign import solve
+    from splitfed.optimizer.baselines import all_on_server, best_static, greedy, static
+    from splitfed.optimizer.brute_force import exhaustive
+    from splitfed.optimizer.solution import OutOfTime, Solution
 
 __all__ = [
     "DEFAULT_GAP",
@@ -42,7 +36,10 @@ __all__ = [
 
 _MODULE = {
     **dict.fromkeys(("Adapter", "Decision", "Measurement"), "adapt"),
-    **dict.fromkeys(("OutOfTime", "Solution", "all_on_server", "best_static", "exhaustive", "greedy", "solve", "static"), "assign"),
+    **dict.fromkeys(("OutOfTime", "Solution"), "solution"),
+    **dict.fromkeys(("all_on_server", "best_static", "greedy", "static"), "baselines"),
+    "exhaustive": "brute_force",
+    "solve": "assign",
 }
 
 

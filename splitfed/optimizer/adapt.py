@@ -55,13 +55,15 @@ from splitfed.cost.model import (
     server_memory,
 )
 from splitfed.errors import ConfigError, did_you_mean
-from splitfed.optimizer.assign import DEFAULT_GAP, OutOfTime, solve
+from splitfed.optimizer.assign import solve
 from splitfed.optimizer.defaults import (
     ADAPT_TIME_LIMIT_S,
+    DEFAULT_GAP,
     HYSTERESIS,
     MEASUREMENT_WEIGHT,
     REGIME_JUMP,
 )
+from splitfed.optimizer.solution import OutOfTime
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client
 
