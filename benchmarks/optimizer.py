@@ -52,7 +52,7 @@ from splitfed.jsonio import write_json
 # numpy, torch and the cost model are imported once the flags are read (in the functions that use them): a bad
 # flag is refused at once
 if TYPE_CHECKING:
-    from splitfed.cost.model import RoundCost, Scenario
+    from splitfed.cost.model import Scenario
     from splitfed.optimizer.solution import Solution
     from splitfed.profile.fleet import Fleet
 
@@ -64,6 +64,7 @@ SAMPLED = (1_000, 10_000)  # --sampled's: the cases "reference xN"
 
 def policies(sc: Scenario) -> dict[str, Any]:
     from splitfed.optimizer import all_on_server, best_static, greedy, solve
+    from splitfed.optimizer.explain import explain
 
     out: dict[str, dict] = {}
     runs = {"optimizer": lambda: solve(sc), "best_static": lambda: best_static(sc), "greedy": lambda: greedy(sc),
@@ -108,61 +109,13 @@ def _by_class(sc: Scenario, s: Solution) -> dict[str, dict[str, int]]:
 
 def best_alone(sc: Scenario, kind: str) -> tuple[float, tuple[int, ...]]:
     """The fastest round a client of ``kind`` can have at any cut that fits it (servers to itself)."""
-    import numpy as np
+    from splitfed.optimizer.explain import fastest_alone
 
-    from splitfed.cost.model import option_table
-
-    c = next(c for c in sc.clients if c.kind == kind)
-    t = option_table(sc, c)
-    r = np.where(t.fits_device, t.round_s, np.inf)
-    o = int(np.argmin(r))
-    return float(r[o]), tuple(int(x) for x in t.options[o])
+    return fastest_alone(sc, next(c for c in sc.clients if c.kind == kind))
 
 
 def straggler_class(sc: Scenario) -> str:
     return max({c.kind for c in sc.clients}, key=lambda k: best_alone(sc, k)[0])
-
-
-def _largest_part(sc: Scenario, cost: RoundCost, name: str) -> str:
-    cc = next(c for c in cost.clients if c.name == name)
-    names = sc.tier_names
-    parts = {f"{names[t]} compute": cc.compute_s[t] for t in range(sc.tiers)}
-    for j in range(sc.tiers - 1):
-        parts[f"{names[j]}->{names[j + 1]} up"] = cc.up_s[j]
-        parts[f"{names[j]}->{names[j + 1]} down"] = cc.down_s[j]
-    parts["weight exchange"] = cc.exchange_s
-    part, secs = max(parts.items(), key=lambda kv: kv[1])
-    c = sc.clients[sc.index(name)]
-    detail = {"device compute": f" at {c.device.flops / 1e9:.0f} GFLOP/s",
-              "device->edge up": f" at {c.link.up * 8 / 1e6:g} Mbit/s",
-              "device->edge down": f" at {c.link.down * 8 / 1e6:g} Mbit/s"}.get(part, "")
-    return f"{part}{detail} is {secs:.1f} s of its {cc.round_s:.1f} s"
-
-
-def explain(sc: Scenario, cost: RoundCost) -> str:
-    """One line: what sets the optimizer's makespan in this case."""
-    b = cost.bottleneck
-    mem = ", ".join(f"{t} {u / cap:.0%} full" for (t, u), cap in
-                    zip(cost.shared_memory.items(), sc.memory_caps, strict=True))
-    busiest = max(cost.shared_s, key=lambda r: cost.shared_s[r])
-    if b.startswith("client "):
-        name = b.removeprefix("client ")
-        kind = sc.clients[sc.index(name)].kind
-        alone, cuts = best_alone(sc, kind)
-        if cost.makespan_s <= alone * (1 + 1e-9):
-            return (f"straggler-bound: a {kind} client needs {alone:.1f} s even alone at its best cuts "
-                    f"{','.join(map(str, cuts))} ({_largest_part(sc, cost, name)}); no policy can be faster")
-        why = (f"the servers' memory is {mem} ({'one replica per client' if sc.mode == 'sflv1' else 'one client at a time'})"
-               if max(u / cap for u, cap in zip(cost.shared_memory.values(), sc.memory_caps, strict=True)) > 0.9
-               else f"busiest shared resource {busiest} at {cost.shared_s[busiest]:.1f} s")
-        return (f"client-bound: {name} ({kind}) at {','.join(map(str, cost.assignment()[name]))} takes "
-                f"{cost.makespan_s:.1f} s, {cost.makespan_s / alone:.1f}x its {alone:.1f} s alone, because its "
-                f"faster cuts would put more on the shared servers: {why}; {_largest_part(sc, cost, name)}")
-    if sc.in_turn:  # sl, sflv2: the clients' rounds add up, so every client's own time counts
-        return (f"clients in turn: the {len(sc.clients)} clients' rounds add up to {cost.shared_s[b]:.1f} s; cuts "
-                f"shorten each client's own round (memory: {mem})")
-    return (f"shared-resource-bound: {b} is busy {cost.shared_s[b]:.1f} s with {len(sc.clients)} clients' work; "
-            f"cuts trade it against the devices and other tiers (memory: {mem})")
 
 
 def _cell(r: dict) -> str:
@@ -191,18 +144,15 @@ def sweep(prof, fleet: Fleet, sizes: list[int], kw: dict) -> list[dict]:  # type
     """Optimizer vs best static cut (any cut) for fleets of ``sizes`` clients dealt from ``fleet``'s devices."""
     from splitfed.cost.model import Scenario
     from splitfed.optimizer import best_static, solve
+    from splitfed.optimizer.explain import bound
 
     out = []
     for n in sizes:
         sc = Scenario.from_fleet(prof, fleet.sample(n, seed=0), **kw)
         opt, static = solve(sc), best_static(sc)
-        b = opt.cost.bottleneck
-        bound = ("shared" if not b.startswith("client ") else
-                 "straggler" if opt.makespan_s <= best_alone(sc, sc.clients[sc.index(b[7:])].kind)[0] * (1 + 1e-9)
-                 else "client")
         out.append({"clients": n, "optimizer_s": opt.makespan_s, "best_static_s": static.makespan_s,
                     "best_static_cuts": list(static.assignment[sc.clients[0].name]),
-                    "ratio": static.makespan_s / opt.makespan_s, "bound": bound})
+                    "ratio": static.makespan_s / opt.makespan_s, "bound": bound(sc, opt.cost)})
     return out
 
 

@@ -22,6 +22,7 @@ import pytest
 from splitfed.cost import Scenario, client_cost, evaluate
 from splitfed.cost.model import RoundCost
 from splitfed.optimizer import Solution, best_static, solve
+from splitfed.optimizer.explain import explain, largest_part
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from splitfed.profile.fleet import Fleet
 from tests.bench_fixtures import load_benchmark
@@ -141,7 +142,7 @@ def test_largest_part_names_the_part_and_the_devices_speed(client: Client, fleet
                                                            cuts: tuple[int, int], want: str) -> None:
     sc = _sc(_fleet((DECOY, client), **fleet_kw))
     cost = _cost(sc, {"decoy": (0, 0), "x": cuts})
-    assert bo._largest_part(sc, cost, "x") == want
+    assert largest_part(sc, cost, "x") == want
 
 
 # ---------------------------------------------------------------- explain: its four kinds of line
@@ -154,7 +155,7 @@ def test_explain_straggler_bound_when_the_makespan_is_the_stragglers_best() -> N
     sc = _sc(_mixed())
     cost = _cost(sc, {"fast-0": (3, 3), "fast-1": (3, 3), "slow-0": (0, 0), "slow-1": (0, 0)})
     assert (cost.makespan_s, cost.bottleneck) == (SLOW_ALONE, "client slow-0")
-    assert bo.explain(sc, cost) == STRAGGLER
+    assert explain(sc, cost) == STRAGGLER
 
 
 def test_explain_allows_a_rounding_of_1e9_relative_and_no_more() -> None:
@@ -163,8 +164,8 @@ def test_explain_allows_a_rounding_of_1e9_relative_and_no_more() -> None:
     sc = _sc(_mixed())
     cost = _cost(sc, {"fast-0": (3, 3), "fast-1": (3, 3), "slow-0": (0, 0), "slow-1": (0, 0)})
     for over in (0.5e-9, 1e-9):
-        assert bo.explain(sc, dataclasses.replace(cost, makespan_s=SLOW_ALONE * (1 + over))) == STRAGGLER
-    held = bo.explain(sc, dataclasses.replace(cost, makespan_s=SLOW_ALONE * (1 + 1.5e-9)))
+        assert explain(sc, dataclasses.replace(cost, makespan_s=SLOW_ALONE * (1 + over))) == STRAGGLER
+    held = explain(sc, dataclasses.replace(cost, makespan_s=SLOW_ALONE * (1 + 1.5e-9)))
     assert held.startswith("client-bound: slow-0 (slow) at 0,0 takes 0.6 s, 1.0x its 0.6 s alone, because")
 
 
@@ -173,7 +174,7 @@ def test_explain_client_bound_by_the_busiest_shared_resource() -> None:
     = 1.3202667 s, 3.06x its 0.432 s; the edge computes 4 x 0.21 = 0.84 s; memory is far from full."""
     sc = _sc(_mixed(edge_memory=2.0**30, cloud_memory=2.0**30))
     cost = _cost(sc, dict.fromkeys(("fast-0", "fast-1", "slow-0", "slow-1"), (0, 3)))
-    assert bo.explain(sc, cost) == (
+    assert explain(sc, cost) == (
         "client-bound: fast-0 (fast) at 0,3 takes 1.3 s, 3.1x its 0.4 s alone, because its faster cuts would put "
         "more on the shared servers: busiest shared resource edge compute at 0.8 s; device->edge up at 24 Mbit/s "
         "is 1.1 s of its 1.3 s")
@@ -185,13 +186,13 @@ def test_explain_client_bound_by_server_memory_one_replica_per_client() -> None:
     sc = _sc(_slow_only(4))
     cost = _cost(sc, {"slow-0": (0, 0), "slow-1": (0, 0), "slow-2": (0, 3), "slow-3": (0, 3)})
     assert cost.shared_memory == {"edge": 2_618_000.0, "cloud": 2_018_000.0}
-    assert bo.explain(sc, cost) == (
+    assert explain(sc, cost) == (
         "client-bound: slow-2 (slow) at 0,3 takes 0.6 s, 1.1x its 0.6 s alone, because its faster cuts would put "
         "more on the shared servers: the servers' memory is edge 62% full, cloud 96% full (one replica per "
         "client); device->edge up at 80 Mbit/s is 0.4 s of its 0.6 s")
     # exactly 90% full is not "full": the busiest resource is named instead
     at_90 = dataclasses.replace(cost, shared_memory={"edge": 0.9 * 2.0**22, "cloud": 0.0})
-    assert "busiest shared resource edge compute at 0.4 s; " in bo.explain(sc, at_90)
+    assert "busiest shared resource edge compute at 0.4 s; " in explain(sc, at_90)
 
 
 def test_explain_client_bound_by_server_memory_one_client_at_a_time() -> None:
@@ -199,7 +200,7 @@ def test_explain_client_bound_by_server_memory_one_client_at_a_time() -> None:
     sc = _sc(_fleet((_client("solo", "slow", 2.5e10, 1e7),), edge_memory=2.0**20, cloud_memory=2.0**20),
              mode="sl")
     cost = _cost(sc, {"solo": (0, 3)})
-    assert bo.explain(sc, cost) == (
+    assert explain(sc, cost) == (
         "client-bound: solo (slow) at 0,3 takes 0.6 s, 1.1x its 0.6 s alone, because its faster cuts would put "
         "more on the shared servers: the servers' memory is edge 96% full, cloud 0% full (one client at a time); "
         "device->edge up at 80 Mbit/s is 0.4 s of its 0.6 s")
@@ -212,7 +213,7 @@ def test_explain_clients_in_turn_adds_up_their_rounds(mode: str) -> None:
     sc = _sc(_mixed(edge_memory=2.0**22, cloud_memory=2.0**21), mode=mode)
     cost = _cost(sc, {"fast-0": (3, 3), "fast-1": (3, 3), "slow-0": (0, 0), "slow-1": (0, 0)})
     assert cost.bottleneck == "clients in turn"
-    assert bo.explain(sc, cost) == ("clients in turn: the 4 clients' rounds add up to 2.0 s; cuts shorten each "
+    assert explain(sc, cost) == ("clients in turn: the 4 clients' rounds add up to 2.0 s; cuts shorten each "
                                     "client's own round (memory: edge 7% full, cloud 48% full)")
 
 
@@ -220,9 +221,23 @@ def test_explain_shared_resource_bound() -> None:
     """A cloud of 2e9 FLOP/s computing four whole models: 4 x 2.1e10 / 2e9 = 42 s, past every client's round."""
     sc = _sc(_mixed(cloud_flops=2e9, edge_memory=2.0**22, cloud_memory=2.0**23))
     cost = _cost(sc, dict.fromkeys(("fast-0", "fast-1", "slow-0", "slow-1"), (0, 0)))
-    assert bo.explain(sc, cost) == (
+    assert explain(sc, cost) == (
         "shared-resource-bound: cloud compute is busy 42.0 s with 4 clients' work; cuts trade it against the "
         "devices and other tiers (memory: edge 29% full, cloud 48% full)")
+
+
+def test_explain_reads_a_server_of_no_memory_and_an_unbounded_one() -> None:
+    """A cloud of memory 0 that holds nothing is empty (a ratio of 0/0 raised ZeroDivisionError where
+    ``splitfed optimize`` explains a user's fleet), one that holds something is over full, and an unbounded edge
+    never fills."""
+    sc = _sc(_mixed(edge_memory=float("inf"), cloud_memory=0.0, cloud_flops=2e9))
+    cost = _cost(sc, dict.fromkeys(("fast-0", "fast-1", "slow-0", "slow-1"), (3, 3)))
+    assert cost.shared_memory == {"edge": 0.0, "cloud": 0.0}
+    assert explain(sc, dataclasses.replace(cost, bottleneck="edge compute")).endswith(
+        "(memory: edge 0% full, cloud 0% full)")
+    held = dataclasses.replace(cost, shared_memory={"edge": 5.0, "cloud": 1.0}, bottleneck="client slow-0",
+                               makespan_s=SLOW_ALONE * 2)
+    assert "the servers' memory is edge 0% full, cloud inf% full (one replica per client)" in explain(sc, held)
 
 
 # ---------------------------------------------------------------- table cells, cuts by class

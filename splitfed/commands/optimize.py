@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_shape", "method", "optimal", "gap",
              "solve_s", "note", "makespan_s", "mode", "bottleneck", "feasible", "violations", "shared_s",
-             "shared_memory_bytes", "clients")
+             "shared_memory_bytes", "why", "clients")
 """``--json``'s keys, named in ``--help``: a script's contract (``Solution.to_dict`` and the run's own)."""
 CLIENT_KEYS = ("name", "cuts", "time_s", "device_memory_bytes")
 PER_CLIENT_MAX = 20
@@ -157,6 +157,15 @@ def render(sc: Scenario, sol: Solution, header: str, per_client: bool | None = N
     return "\n".join(rows)
 
 
+def _why(sc: Scenario, sol: Solution) -> str | None:
+    """What sets the makespan (:func:`splitfed.optimizer.explain.explain`), for a proven optimum that fits: its
+    reasons (a straggler no policy can beat, cuts held back by full servers) hold of no other answer."""
+    from splitfed.optimizer.explain import explain
+
+    proven = sol.method == "exhaustive" or (sol.method == "milp" and sol.optimal)
+    return explain(sc, sol.cost) if proven and sol.cost.feasible else None
+
+
 def _grouped(sc: Scenario, clients: Sequence[ClientCost]) -> list[str]:
     """One row per (device class, cuts), in the order of their first client: the class (the fleet's
     ``[[device]]`` entry), how many clients, their cuts, time and device memory (the largest in the group,
@@ -217,15 +226,17 @@ def run(args: argparse.Namespace) -> int:
                   args.time_limit if flag in (None, "--best-static") else None), \
             (_flag(flag) if named and flag is not None else contextlib.nullcontext()):
         sol = price()
+    why = _why(sc, sol)
     if args.json:
         print(dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
                      "cloud_unused": args.tiers == 2 and fleet.cloud is not None,
-                     "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict()}, indent=1))
+                     "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict(), "why": why}, indent=1))
     else:
         header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({n} client{'s' if n != 1 else ''}), "
                   f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}"
                   + (" (the fleet's [cloud] is not used)" if args.tiers == 2 and fleet.cloud is not None else ""))
-        print(render(sc, sol, header, per_client=True if args.per_client else None))
+        print(render(sc, sol, header, per_client=True if args.per_client else None)
+              + (f"\nwhy: {why}" if why else ""))
     if sol.cost.violations:  # a priced policy that overflows a tier is a result, but not a usable one
         print(f"splitfed optimize: error: {sol.method} does not fit: {'; '.join(sol.cost.violations)}", file=sys.stderr)
         return 1
