@@ -85,7 +85,8 @@ def measure(args: argparse.Namespace, tier_dev: torch.device) -> int:
     from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, tier_loads
     from splitfed.engine.types import OptimConfig
     from splitfed.engine.verify import max_abs_diff
-    from splitfed.models.blocks import step_rng, stochastic_flags, validate_cuts
+    from splitfed.models.check import stochastic_flags
+    from splitfed.models.segment import step_rng, validate_cuts
     from splitfed.models.zoo import resolve_spec
 
     torch.set_num_threads(1)

@@ -122,7 +122,7 @@ def centralised(rounds: int, seed: int = 0) -> float:
     from splitfed.engine.template import whole_model
     from splitfed.flower.config import RunSettings
     from splitfed.flower.workload import evaluate, test_data, train_data
-    from splitfed.models.blocks import step_rng
+    from splitfed.models.segment import step_rng
 
     torch.set_num_threads(1)
     s = RunSettings(seed=seed)

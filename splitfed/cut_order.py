@@ -1,6 +1,6 @@
 """The rule every cut vector keeps whatever its model: a cut counts the blocks before it, so none is negative and
 none is below the one before. Needs no torch: a command line checks it before its imports
-(:func:`splitfed.commands._args.cut_list`); :func:`splitfed.models.blocks.validate_cuts` adds the model's range."""
+(:func:`splitfed.commands._args.cut_list`); :func:`splitfed.models.segment.validate_cuts` adds the model's range."""
 
 from __future__ import annotations
 

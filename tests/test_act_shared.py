@@ -20,7 +20,7 @@ from splitfed.cost import Scenario
 from splitfed.cost.model import option_table
 from splitfed.engine.template import grad_reach, trains_before
 from splitfed.errors import ConfigError
-from splitfed.models.blocks import Blocks, make_segment
+from splitfed.models.segment import Blocks, make_segment
 from splitfed.models.zoo import ModelSpec, model_blocks, resolve_spec
 from splitfed.profile import Client, LinkProfile, TierProfile
 from splitfed.profile.profiler import ModelProfile, profile_model

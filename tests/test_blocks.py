@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from torch import fx
 
 from splitfed.errors import ConfigError, CutError
-from splitfed.models.blocks import make_segment, segment_bounds, to_blocks, validate_cuts
+from splitfed.models.blocks import to_blocks
+from splitfed.models.segment import make_segment, segment_bounds, validate_cuts
 from splitfed.models.zoo import ZOO, build, resolve_spec
 
 SMALL = {"vgg11": {"width": 0.125}, "resnet18": {"width": 8}}

@@ -71,7 +71,7 @@ def test_building_models_while_others_train_changes_no_mask_and_no_weight() -> N
     initial weight silently comes from the other's seed."""
     import sys
 
-    from splitfed.models.blocks import Segment
+    from splitfed.models.segment import Segment
     from splitfed.models.zoo import build
 
     mlp = resolve_spec("mlp")

@@ -33,7 +33,8 @@ from splitfed.commands import _args
 from splitfed.engine import template
 from splitfed.engine.verify import verify
 from splitfed.errors import ConfigError, CutError, Terminated
-from splitfed.models import blocks as B
+from splitfed.models import check, segment, trace, tying
+from splitfed.models.blocks import to_blocks
 from splitfed.models.zoo import resolve_spec
 from splitfed.profile import profile_model
 from splitfed.profile import profiler as P
@@ -208,39 +209,39 @@ def fails(num_classes: int = 2) -> nn.Module:
 
 @given(st.integers(-3, 8), st.integers(-3, 8))
 def test_a_segment_outside_the_blocks_is_refused(start: int, stop: int) -> None:
-    blocks = B.to_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)))
+    blocks = to_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)))
     if 0 <= start <= stop <= 5:
-        seg = B.make_segment(blocks, start, stop)
+        seg = segment.make_segment(blocks, start, stop)
         assert (seg.start, seg.stop, list(seg._modules)) == (start, stop, [str(i) for i in range(start, stop)])
     else:
         with pytest.raises(CutError, match=rf"segment \[{start}, {stop}\) is outside the model's 5 blocks"):
-            B.make_segment(blocks, start, stop)
+            segment.make_segment(blocks, start, stop)
 
 
 @pytest.mark.parametrize("children", [0, 1])
 def test_a_sequential_of_fewer_than_two_children_is_refused(children: int) -> None:
     counted = {0: "0 children", 1: "1 child"}[children]
     with pytest.raises(CutError, match=f"Sequential model has {counted}; it needs at least 2 to be cut: make each "):
-        B.to_blocks(nn.Sequential(*[nn.Linear(4, 4)] * children))
+        to_blocks(nn.Sequential(*[nn.Linear(4, 4)] * children))
 
 
 def test_no_cut_at_all_is_refused() -> None:
     with pytest.raises(CutError, match=r"at least one cut is needed \(2 tiers\)"):
-        B.validate_cuts((), 4)
+        segment.validate_cuts((), 4)
 
 
 def test_a_model_that_takes_one_batch_size_only_is_still_cut() -> None:
     """Its batch-first check needs a batch of one more sample, which the model refuses: not told, not joined."""
-    blocks = B.to_blocks(nn.Sequential(nn.Linear(4, 4), _OneBatchSize(), nn.Linear(4, 2)))
-    joined = B.join_at_tuples(blocks, torch.randn(2, 4))
+    blocks = to_blocks(nn.Sequential(nn.Linear(4, 4), _OneBatchSize(), nn.Linear(4, 2)))
+    joined = tying.join_at_tuples(blocks, torch.randn(2, 4))
     assert [type(m) for m in joined.modules] == [nn.Linear, _OneBatchSize, nn.Linear]
 
 
 def test_an_empty_parameter_counts_whole_beside_the_rest() -> None:
     empty = torch.empty(0, dtype=torch.float64)
     tied = torch.ones(6)
-    assert B.param_sizes([empty, tied, tied[:3], torch.ones(2, dtype=torch.float64)]) == (8, 6 * 4 + 2 * 8)
-    assert B.param_sizes([empty]) == (0, 0)
+    assert tying.param_sizes([empty, tied, tied[:3], torch.ones(2, dtype=torch.float64)]) == (8, 6 * 4 + 2 * 8)
+    assert tying.param_sizes([empty]) == (0, 0)
 
 
 def test_a_joined_blocks_data_tie_survives_a_memory_format_change() -> None:
@@ -249,8 +250,8 @@ def test_a_joined_blocks_data_tie_survives_a_memory_format_change() -> None:
     seq = nn.Sequential(nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 3, 3, padding=1), nn.ReLU(), nn.Flatten(),
                         nn.Linear(48, 2))
     seq[1].weight.data = seq[0].weight.data
-    blocks = B.to_blocks(seq)
-    assert isinstance(blocks.modules[0], B._Joined)
+    blocks = to_blocks(seq)
+    assert isinstance(blocks.modules[0], tying.Joined)
     joined: Any = blocks.modules[0]
     before = joined[0].weight.detach().clone()
     joined.to(memory_format=torch.channels_last)
@@ -287,8 +288,8 @@ def _sparse(indices: list[list[int]], values: list[float], size: tuple[int, ...]
      True),                                                             # sparse: by value, not by layout in memory
 ])
 def test_same_is_bitwise_through_containers(a: object, b: object, same: bool) -> None:
-    assert B._same(a, b) is same
-    assert B._same(b, a) is same
+    assert check.same_values(a, b) is same
+    assert check.same_values(b, a) is same
 
 
 @pytest.mark.parametrize(("a", "b", "close"), [
@@ -301,12 +302,12 @@ def test_same_is_bitwise_through_containers(a: object, b: object, same: bool) ->
     (_sparse([[0]], [1.0], (3,)), _sparse([[0]], [3.0], (3,)), False),
 ])
 def test_close_is_equal_to_rounding_only(a: torch.Tensor, b: torch.Tensor, close: bool) -> None:
-    assert B._close(a, b) is close
+    assert check.close_values(a, b) is close
 
 
 def test_first_line_names_the_type_and_the_first_line_only() -> None:
-    assert B._first_line(ValueError()) == "ValueError"
-    assert B._first_line(ValueError("  one\ntwo  ")) == "ValueError: one"
+    assert check._first_line(ValueError()) == "ValueError"
+    assert check._first_line(ValueError("  one\ntwo  ")) == "ValueError: one"
 
 
 # ---------------------------------------------------------------- models.blocks: what draws random numbers
@@ -316,21 +317,21 @@ def test_first_line_names_the_type_and_the_first_line_only() -> None:
 def test_blocks_that_write_their_input_in_place_draw_nothing(first: type[nn.Module]) -> None:
     """Each run of a block gets a copy of its input (a tuple's or a dict's tensors too): a block that doubles it
     in place gives the same output under both seeds, not twice the first run's."""
-    blocks = B.Blocks([first(), _First()], ["first", "inplace"], traced=False)
+    blocks = segment.Blocks([first(), _First()], ["first", "inplace"], traced=False)
     x = torch.randn(2, 4)
-    assert B.stochastic_flags(blocks, x) == [False, False]
+    assert check.stochastic_flags(blocks, x) == [False, False]
 
 
 def test_a_block_that_cannot_run_in_training_counts_as_drawing() -> None:
-    blocks = B.Blocks([nn.Linear(4, 4), _RaisesInTraining()], ["a", "b"], traced=False)
-    assert B.stochastic_flags(blocks, torch.randn(2, 4)) == [False, True]
+    blocks = segment.Blocks([nn.Linear(4, 4), _RaisesInTraining()], ["a", "b"], traced=False)
+    assert check.stochastic_flags(blocks, torch.randn(2, 4)) == [False, True]
 
 
 # ---------------------------------------------------------------- models.blocks: a traced model trains as itself
 
 
 def _check(model: nn.Module, reference: nn.Module, example: torch.Tensor | None = None) -> None:
-    B.check_trains_as_model(B.to_blocks(model), model, reference, torch.randn(2, 4) if example is None else example,
+    check.check_trains_as_model(to_blocks(model), model, reference, torch.randn(2, 4) if example is None else example,
                             "mine")
 
 
@@ -375,7 +376,7 @@ def test_a_traced_model_with_a_sparse_embedding_trains_as_itself() -> None:
 
 def test_a_model_traceable_in_training_only_is_refused_as_reading_self_training() -> None:
     with pytest.raises(CutError, match="model _TrainOnlyTraceable reads self.training in forward, "):
-        B.to_blocks(_TrainOnlyTraceable())
+        to_blocks(_TrainOnlyTraceable())
 
 
 @pytest.mark.parametrize(("model", "said"), [
@@ -384,12 +385,12 @@ def test_a_model_traceable_in_training_only_is_refused_as_reading_self_training(
 ])
 def test_a_traced_model_without_two_parts_is_refused(model: type[nn.Module], said: str) -> None:
     with pytest.raises(CutError, match=said):
-        B.to_blocks(model())
+        to_blocks(model())
 
 
 def test_a_tracing_failure_in_torch_alone_names_no_line() -> None:
     with pytest.raises(CutError) as e:
-        B.to_blocks(_NoForward())
+        to_blocks(_NoForward())
     assert 'cannot be traced by torch.fx' in str(e.value) and 'missing the required "forward"' in str(e.value)
     assert " (at " not in str(e.value)
     assert str(e.value).endswith('NotImplementedError: Module [_NoForward] is missing the required "forward" function')
@@ -397,9 +398,9 @@ def test_a_tracing_failure_in_torch_alone_names_no_line() -> None:
 
 def test_a_forward_without_a_signature_is_refused_by_the_tracer() -> None:
     """Its defaults cannot be read: none are taken, and the tracer says what it cannot follow."""
-    assert B._defaults(_BuiltinForward()) == {}
+    assert trace._defaults(_BuiltinForward()) == {}
     with pytest.raises(CutError, match="model _BuiltinForward cannot be traced by torch.fx.*Expected FunctionType"):
-        B.to_blocks(_BuiltinForward())
+        to_blocks(_BuiltinForward())
 
 
 # ---------------------------------------------------------------- profile.profiler: a profile's own checks

@@ -22,7 +22,8 @@ from torch import nn
 
 from splitfed.cli import main
 from splitfed.errors import CutError
-from splitfed.models.blocks import _unique, to_blocks
+from splitfed.models.blocks import to_blocks
+from splitfed.models.segment import unique_names
 from splitfed.models.zoo import build, cut_name, model_blocks, resolve_spec
 
 HERE = "tests.test_model_names"
@@ -162,8 +163,8 @@ def test_children_joined_by_a_tie_are_named_by_their_plain_parts() -> None:
 
 
 def test_names_left_alike_are_numbered_never_onto_a_name_a_block_has() -> None:
-    assert _unique(["relu", "relu", "relu[1]"]) == ["relu[0]", "relu[2]", "relu[1]"]
-    assert _unique(["a", "b"]) == ["a", "b"]
+    assert unique_names(["relu", "relu", "relu[1]"]) == ["relu[0]", "relu[2]", "relu[1]"]
+    assert unique_names(["a", "b"]) == ["a", "b"]
 
 
 def test_splitfed_blocks_json_lists_the_names(capsys: pytest.CaptureFixture[str]) -> None:

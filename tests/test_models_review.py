@@ -22,7 +22,8 @@ from splitfed.engine.types import OptimConfig
 from splitfed.engine.verify import verify
 from splitfed.errors import ConfigError, CutError
 from splitfed.flower.records import TrainInstruction
-from splitfed.models.blocks import _is_stochastic, to_blocks
+from splitfed.models.blocks import to_blocks
+from splitfed.models.segment import is_stochastic
 from splitfed.models.zoo import ModelSpec, model_blocks, resolve_spec
 
 HERE = "tests.test_models_review"
@@ -139,7 +140,7 @@ def test_a_block_that_draws_alike_under_both_check_seeds_is_still_re_seeded_so_s
     from its own generator, and split training differed from whole training by 0.3."""
     spec = resolve_spec(f"{HERE}:stochastic_depth", (16,), 3)
     _, blocks = model_blocks(spec, 0)
-    assert [_is_stochastic(m) for m in blocks.modules] == [False, True, False, True, False]
+    assert [is_stochastic(m) for m in blocks.modules] == [False, True, False, True, False]
     for k in (1, 2, 4):
         result = verify(spec, [(k,)], mode="sl", steps=8, batch=4)
         assert result.max_abs_diff == 0.0, (k, result.max_abs_diff)

@@ -15,16 +15,10 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from splitfed.errors import ConfigError, CutError
-from splitfed.models.blocks import (
-    Segment,
-    _mix,
-    join_at_tuples,
-    make_segment,
-    refuse_lost_modes,
-    step_rng,
-    stochastic_flags,
-    to_blocks,
-)
+from splitfed.models.blocks import refuse_lost_modes, to_blocks
+from splitfed.models.check import stochastic_flags
+from splitfed.models.segment import Segment, _mix, make_segment, step_rng
+from splitfed.models.tying import Joined, join_at_tuples
 
 # ---------------------------------------------------------------- pinned seeds
 
@@ -280,7 +274,7 @@ def _joined(*mods: nn.Module, example: torch.Tensor | None = None) -> list[int]:
     """The block count of each joined block: [1, 2] is block 0 alone, then blocks 1 and 2 as one."""
     blocks = to_blocks(nn.Sequential(*mods))
     out = join_at_tuples(blocks, torch.randn(3, 4) if example is None else example)
-    return [len(m) if type(m).__name__ == "_Joined" else 1 for m in out.modules]
+    return [len(m) if isinstance(m, Joined) else 1 for m in out.modules]
 
 
 def test_a_tuple_from_the_last_but_one_block_joins_it_to_the_last() -> None:

@@ -17,18 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from splitfed.models.blocks import (
-    STOCHASTIC_ATTR,
-    _close,
-    _Joined,
-    _same,
-    mark_stochastic,
-    memory_extent,
-    param_sizes,
-    stochastic_flags,
-    to_blocks,
-    view_span,
-)
+from splitfed.models.blocks import to_blocks
+from splitfed.models.check import close_values, mark_stochastic, same_values, stochastic_flags
+from splitfed.models.segment import STOCHASTIC_ATTR
+from splitfed.models.tying import Joined, memory_extent, param_sizes, view_span
 
 # ---------------------------------------------------------------- memory a tensor views, sizes of parameters
 
@@ -71,7 +63,7 @@ def test_one_memory_through_two_storage_objects_is_counted_once() -> None:
     first, second = nn.Linear(3, 2, bias=False), nn.Linear(3, 2, bias=False)
     second.weight = nn.Parameter(torch.from_numpy(first.weight.detach().numpy()))
     blocks = to_blocks(nn.Sequential(first, second, nn.ReLU()))
-    assert len(blocks) == 2 and isinstance(blocks.modules[0], _Joined)
+    assert len(blocks) == 2 and isinstance(blocks.modules[0], Joined)
 
 
 def test_an_expanded_parameter_counts_all_its_elements() -> None:
@@ -130,7 +122,7 @@ class _Views(nn.Module):
 
 def _joined(m: nn.Module) -> Any:
     blocks = to_blocks(nn.Sequential(m, nn.ReLU()))
-    assert isinstance(blocks.modules[0], _Joined)
+    assert isinstance(blocks.modules[0], Joined)
     return blocks.modules[0]
 
 
@@ -265,36 +257,36 @@ def test_a_move_to_another_device_moves_the_tie_there() -> None:
 def test_a_mapping_is_never_the_same_as_something_else() -> None:
     """A block's output a dict under one seed and a list or value under another differs (not an error)."""
     t = torch.ones(2)
-    assert _same({"a": t}, {"a": t.clone()})
-    assert not _same({"a": t}, [t])
-    assert not _same([t], {"a": t})
-    assert not _same({"a": 1}, 1)
+    assert same_values({"a": t}, {"a": t.clone()})
+    assert not same_values({"a": t}, [t])
+    assert not same_values([t], {"a": t})
+    assert not same_values({"a": 1}, 1)
 
 
 def test_equal_to_rounding_at_the_documented_edge() -> None:
     """Within 1e-6 of the larger's magnitude plus 1e-6 relative: at magnitude 1 a difference of 1.9e-6 is
     rounding, 2.1e-6 is not; a floor widens it."""
     one = torch.tensor([1.0], dtype=torch.float64)
-    assert _close(one, one.clone())
-    assert _close(one, one + 1.9e-6)
-    assert not _close(one, one + 2.1e-6)
-    assert _close(one, one + 5e-4, floor=1e-3)
-    assert not _close(one, one + 2e-3, floor=1e-3)
+    assert close_values(one, one.clone())
+    assert close_values(one, one + 1.9e-6)
+    assert not close_values(one, one + 2.1e-6)
+    assert close_values(one, one + 5e-4, floor=1e-3)
+    assert not close_values(one, one + 2e-3, floor=1e-3)
 
 
 def test_equal_to_rounding_with_nan_where_the_other_has_nan() -> None:
     """NaN where the other has NaN, and the rest within rounding: close (NaN is not a difference of 1)."""
     a = torch.tensor([float("nan"), 1.0], dtype=torch.float64)
-    assert _close(a, torch.tensor([float("nan"), 1.0 + 1e-7], dtype=torch.float64))
-    assert not _close(a, torch.tensor([0.0, 1.0], dtype=torch.float64))
+    assert close_values(a, torch.tensor([float("nan"), 1.0 + 1e-7], dtype=torch.float64))
+    assert not close_values(a, torch.tensor([0.0, 1.0], dtype=torch.float64))
 
 
 def test_integers_and_other_dtypes_are_never_close_only_equal() -> None:
     """A counter off by one is a difference however large it is, and float32 is not float64 (a lost cast)."""
-    assert not _close(torch.tensor([10_000_000]), torch.tensor([10_000_001]))
-    assert _close(torch.tensor([10_000_000]), torch.tensor([10_000_000]))
-    assert not _close(torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64))
-    assert not _close(torch.ones(2), torch.ones(3))
+    assert not close_values(torch.tensor([10_000_000]), torch.tensor([10_000_001]))
+    assert close_values(torch.tensor([10_000_000]), torch.tensor([10_000_000]))
+    assert not close_values(torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64))
+    assert not close_values(torch.ones(2), torch.ones(3))
 
 
 # ---------------------------------------------------------------- which blocks draw

@@ -20,7 +20,7 @@ from splitfed.errors import (
     TierError,
     Unavailable,
 )
-from splitfed.models.blocks import Segment, step_rng
+from splitfed.models.segment import Segment, step_rng
 from splitfed.models.zoo import resolve_spec
 from tests.tier_fixtures import Clock
 

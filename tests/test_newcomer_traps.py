@@ -250,7 +250,7 @@ def test_simulate_help_says_model_takes_a_factory_too(capsys: pytest.CaptureFixt
 def test_the_engine_benchmarks_default_cuts_fit_every_zoo_model(model: str, cuts: tuple[int, int]) -> None:
     """vgg11 keeps the recorded runs' 4,10; another model's blocks are split in thirds."""
     from splitfed.engine import template
-    from splitfed.models.blocks import validate_cuts
+    from splitfed.models.segment import validate_cuts
     from splitfed.models.zoo import resolve_spec
 
     n = template.num_blocks(resolve_spec(model))

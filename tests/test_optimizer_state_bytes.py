@@ -16,7 +16,7 @@ from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, 
 from splitfed.engine.tier import Tier
 from splitfed.engine.types import OptimConfig, StepKey
 from splitfed.errors import ResourceExhausted
-from splitfed.models.blocks import param_sizes
+from splitfed.models.tying import param_sizes
 from splitfed.models.zoo import ModelSpec, resolve_spec
 from splitfed.profile.profiler import profile_model
 

@@ -18,7 +18,7 @@ from splitfed.engine import template
 from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, run_round
 from splitfed.engine.types import OptimConfig
 from splitfed.errors import ConfigError, CutError
-from splitfed.models.blocks import Segment
+from splitfed.models.segment import Segment
 from splitfed.models.zoo import build, resolve_spec
 
 SEED, STEPS, BATCH = 3, 4, 6
@@ -154,7 +154,7 @@ def test_a_token_model_of_ones_own_takes_integer_inputs(tmp_path) -> None:
 def test_a_step_leaves_torch_s_generator_as_it_was() -> None:
     """Dropout draws from a generator reseeded per block and step; before, it stayed reseeded, so a
     Python-API user's own torch.rand after a step (or a verify) drew other numbers than without it."""
-    from splitfed.models.blocks import make_segment
+    from splitfed.models.segment import make_segment
 
     spec = resolve_spec("mlp")  # has Dropout
     seg = make_segment(template.template(spec), 0, template.num_blocks(spec)).train()

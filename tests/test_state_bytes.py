@@ -41,7 +41,8 @@ from splitfed.engine.rounds import (
 )
 from splitfed.engine.types import State
 from splitfed.errors import ResourceExhausted
-from splitfed.models.blocks import param_sizes, segment_bounds
+from splitfed.models.segment import segment_bounds
+from splitfed.models.tying import param_sizes
 from splitfed.models.zoo import ModelSpec, resolve_spec
 from splitfed.profile import Client, LinkProfile, TierProfile
 from splitfed.profile import profiler as profiler_mod

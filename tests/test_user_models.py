@@ -22,7 +22,8 @@ from splitfed.engine.rounds import RoundConfig, initial_state, inprocess_chain, 
 from splitfed.engine.types import OptimConfig
 from splitfed.engine.verify import verify
 from splitfed.errors import ConfigError, CutError
-from splitfed.models.blocks import Segment, _is_stochastic, make_segment, to_blocks
+from splitfed.models.blocks import to_blocks
+from splitfed.models.segment import Segment, is_stochastic, make_segment
 from splitfed.models.zoo import build, model_blocks, resolve_spec
 
 SEED, STEPS, BATCH = 3, 3, 4
@@ -518,7 +519,7 @@ def test_d5_every_block_that_draws_random_numbers_is_reseeded(factory: str, voca
 
 def test_d5_the_empirical_check_finds_what_no_list_names_and_flags_nothing_deterministic() -> None:
     jitter = model_blocks(_spec("jitter_sequential"))[1]
-    assert not _is_stochastic(_Jitter())  # no module type or graph node shows it: running it does
+    assert not is_stochastic(_Jitter())  # no module type or graph node shows it: running it does
     assert vars(jitter.modules[1])["_splitfed_stochastic"] is True
     bn = model_blocks(_spec("batchnorm_sequential"))[1]
     assert not any(make_segment(bn, 0, len(bn))._stochastic.values())  # batch statistics are not random
@@ -646,13 +647,13 @@ def test_a_block_found_to_draw_by_running_it_is_reseeded_on_a_tiers_copy() -> No
     """The flag lived as a plain attribute, which a traced block's deepcopy (a tier's copy) drops: the template
     was re-seeded, the tiers' copies were not, and verify differed (by ~1e-2, another value each run)."""
     from splitfed.engine.verify import verify
-    from splitfed.models.blocks import _is_stochastic
+    from splitfed.models.segment import is_stochastic
 
     spec = resolve_spec(f"{HERE}:fracpool", input_shape=(1, 8, 8), num_classes=10)
-    flags = [_is_stochastic(m) for m in template.template(spec).modules]
+    flags = [is_stochastic(m) for m in template.template(spec).modules]
     assert flags[0] and not any(flags[1:])
     copies = template.copy_blocks(spec, 0, len(flags))
-    assert [_is_stochastic(m) for m in copies.values()] == flags
+    assert [is_stochastic(m) for m in copies.values()] == flags
     assert verify(spec, cuts=[(1, 2)], mode="sflv1").max_abs_diff == 0.0
 
 
@@ -736,16 +737,16 @@ def test_a_factory_that_builds_another_model_each_time_is_refused_in_one_line() 
 def test_views_side_by_side_in_one_flat_buffer_are_no_tie() -> None:
     """Weights that view one flat buffer without overlapping were taken for a tie: each block became a joined
     block whose copies cloned the whole buffer (72 MiB for 8 MiB of weights in the review's model)."""
-    from splitfed.models.blocks import _storage_groups
+    from splitfed.models.tying import storage_groups
 
     flat = torch.zeros(2 * 12 * 12 + 2 * 12)
     layer = nn.Linear(12, 12)
     layer.weight.data = flat[: 144].view(12, 12)
     layer.bias.data = flat[144: 156]
-    assert _storage_groups(layer) == []
+    assert storage_groups(layer) == []
     tied = nn.Linear(12, 12)
     tied.bias.data = tied.weight.data[0]  # overlapping views: a tie
-    assert [sorted(v[0] for v in views) for _, views in _storage_groups(tied)] == [["bias", "weight"]]
+    assert [sorted(v[0] for v in views) for _, views in storage_groups(tied)] == [["bias", "weight"]]
 
 
 def test_a_traced_model_above_the_check_size_is_warned_about_not_trained_beside_itself(monkeypatch, caplog) -> None:  # noqa: ANN001
@@ -767,13 +768,13 @@ def test_a_tie_inside_a_flat_buffer_copies_the_tie_not_the_buffer() -> None:
     nothing with the original, and holds only the 120 values the tied views span (it cloned all 250)."""
     import copy
 
-    from splitfed.models.blocks import _Joined, _storage_groups
+    from splitfed.models.tying import Joined, storage_groups
 
     flat = torch.arange(250.0)
-    joined = _Joined(nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1))
+    joined = Joined(nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1))
     for lin, (lo, hi) in zip(joined, [(0, 60), (40, 100), (90, 120), (200, 250)], strict=True):
         lin.weight = nn.Parameter(flat[lo:hi])
-    assert [sorted(v[0] for v in views) for _, views in _storage_groups(joined)] == [["0.weight", "1.weight",
+    assert [sorted(v[0] for v in views) for _, views in storage_groups(joined)] == [["0.weight", "1.weight",
                                                                                        "2.weight"]]
     ws = [lin.weight for lin in copy.deepcopy(joined)]
     assert [torch.equal(w, lin.weight) for w, lin in zip(ws, joined, strict=True)] == [True] * 4

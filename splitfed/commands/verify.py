@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from splitfed.engine.rounds import inprocess_chain
     from splitfed.engine.types import block_of
     from splitfed.engine.verify import verify
-    from splitfed.models.blocks import validate_cuts
+    from splitfed.models.segment import validate_cuts
     from splitfed.models.zoo import ZOO
 
     spec = model_spec(args)

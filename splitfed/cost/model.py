@@ -150,7 +150,7 @@ import numpy as np
 
 from splitfed.engine.modes import IN_TURN, MODES
 from splitfed.errors import ConfigError, CutError
-from splitfed.models.blocks import validate_cuts
+from splitfed.models.segment import validate_cuts
 from splitfed.profile.devices import LinkProfile, TierProfile
 from splitfed.profile.fleet import Client, Fleet
 from splitfed.profile.profiler import ModelProfile

@@ -17,7 +17,7 @@ from splitfed.engine.checks import check_returned
 from splitfed.engine.link import Link
 from splitfed.engine.types import OptimConfig, State, StepKey
 from splitfed.errors import ConfigError, CutError
-from splitfed.models.blocks import Segment, segment_bounds, step_rng, validate_cuts
+from splitfed.models.segment import Segment, segment_bounds, step_rng, validate_cuts
 from splitfed.models.zoo import ModelSpec
 
 

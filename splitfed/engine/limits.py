@@ -13,7 +13,7 @@ MAX_CLASSES = 1_000_000  # a classifier head beyond this is no longer a model sp
 MAX_KWARGS_JSON = 64 << 10  # a model's options as JSON: a few numbers and names, never megabytes
 MAX_CLIENTS = 100_000  # clients in one fleet (counts added up, or one sample): each is an object held in memory
 # Seeds every command takes (the run config's, ``verify --seed``): only their low 32 bits reach a step's dropout
-# key (models.blocks.step_rng) and the Dirichlet partition (data.partition), so 2**32 would repeat seed 0.
+# key (models.segment.step_rng) and the Dirichlet partition (data.partition), so 2**32 would repeat seed 0.
 MAX_SEED = 2**32 - 1
 MOST_MB = 1 << 40
 """The largest size in MiB a tier takes for its limits (``splitfed tier --max-*-mb``, :class:`BuildLimits`): in

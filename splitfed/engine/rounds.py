@@ -63,7 +63,7 @@ from splitfed.engine.types import (
     is_base,
 )
 from splitfed.errors import ConfigError, CutError, SplitfedError, TierError
-from splitfed.models.blocks import segment_bounds, validate_cuts
+from splitfed.models.segment import segment_bounds, validate_cuts
 from splitfed.models.zoo import ModelSpec
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]

@@ -23,7 +23,8 @@ from splitfed.engine.limits import DEFAULT_LIMITS, current_limits
 from splitfed.engine.types import State
 from splitfed.errors import ResourceExhausted, SplitfedError
 from splitfed.models import rng
-from splitfed.models.blocks import Blocks, Segment, param_sizes
+from splitfed.models.segment import Blocks, Segment
+from splitfed.models.tying import param_sizes
 from splitfed.models.zoo import ZOO, ModelSpec, build, first_line, input_error, model_blocks
 from splitfed.units import mib_pair
 

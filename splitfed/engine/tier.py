@@ -62,7 +62,8 @@ from splitfed.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from splitfed.models.blocks import Segment, param_sizes, step_rng
+from splitfed.models.segment import Segment, step_rng
+from splitfed.models.tying import param_sizes
 from splitfed.models.zoo import ModelSpec
 from splitfed.units import mib_text
 

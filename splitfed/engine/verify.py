@@ -41,7 +41,7 @@ from splitfed.engine.rounds import (
 )
 from splitfed.engine.types import OptimConfig, State
 from splitfed.errors import ConfigError
-from splitfed.models.blocks import Segment, step_rng
+from splitfed.models.segment import Segment, step_rng
 from splitfed.models.zoo import ModelSpec
 
 TOLERANCE = 1e-5

@@ -1,6 +1,7 @@
 """Models: the zoo, user factories, and cutting a model into blocks and segments."""
 
-from splitfed.models.blocks import Blocks, make_segment, segment_bounds, to_blocks, validate_cuts
+from splitfed.models.blocks import to_blocks
+from splitfed.models.segment import Blocks, make_segment, segment_bounds, validate_cuts
 from splitfed.models.zoo import ModelSpec, build, resolve_spec
 
 __all__ = [

@@ -26,17 +26,10 @@ from torch import nn
 from splitfed.engine.limits import MAX_CLASSES, MAX_KWARGS_JSON, MAX_VOCAB
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.models import rng
-from splitfed.models.blocks import (
-    Blocks,
-    check_trains_as_model,
-    join_at_tuples,
-    kept,
-    mark_stochastic,
-    param_sizes,
-    refuse_root_hooks,
-    stochastic_flags,
-    to_blocks,
-)
+from splitfed.models.blocks import refuse_root_hooks, to_blocks
+from splitfed.models.check import check_trains_as_model, mark_stochastic, stochastic_flags
+from splitfed.models.segment import Blocks
+from splitfed.models.tying import join_at_tuples, kept, param_sizes
 
 
 @dataclass(frozen=True)
@@ -536,8 +529,8 @@ _DTYPE_CLASH = re.compile(r"must have the same dtype|expected (m1 and m2|mat1 an
 def model_blocks(spec: ModelSpec, seed: int | None = None) -> tuple[nn.Module, Blocks]:
     """The model of ``spec`` and its blocks: the one way every part (template, profiler, initial weights)
     cuts a model, so they all count the same blocks. A traced model whose blocks do not train as the model
-    does is refused (:func:`~splitfed.models.blocks.check_trains_as_model`), and every block that draws random
-    numbers is marked so (:func:`~splitfed.models.blocks.stochastic_flags`); both once per spec in a process."""
+    does is refused (:func:`~splitfed.models.check.check_trains_as_model`), and every block that draws random
+    numbers is marked so (:func:`~splitfed.models.check.stochastic_flags`); both once per spec in a process."""
     model = build(spec, seed)
     refuse_root_hooks(model, spec.name)
     blocks = to_blocks(model, cut_name(spec, model))  # first: a model that cannot be cut says so whatever its input

@@ -56,7 +56,8 @@ from splitfed.engine.types import optimizer_state_bytes
 from splitfed.errors import ConfigError
 from splitfed.jsonio import write_atomic
 from splitfed.models import rng
-from splitfed.models.blocks import Blocks, param_sizes
+from splitfed.models.segment import Blocks
+from splitfed.models.tying import param_sizes
 from splitfed.models.zoo import ModelSpec, first_line, model_blocks
 from splitfed.units import mib_pair, mib_text
 
@@ -698,7 +699,7 @@ def _dtype(x: object) -> str:
 
 def _detach(x: object, grad: bool) -> object:
     """``x`` as a tier takes it: detached, needing a gradient if ``grad`` (and floating), and then cloned as
-    :class:`~splitfed.models.blocks.Segment` does (an in-place first op may not write a leaf that needs one)."""
+    :class:`~splitfed.models.segment.Segment` does (an in-place first op may not write a leaf that needs one)."""
     if isinstance(x, torch.Tensor):
         y = x.detach().requires_grad_(grad and x.is_floating_point())
         return y.clone() if y.requires_grad else y

@@ -59,7 +59,7 @@ def measure_speed(spec: ModelSpec, x: torch.Tensor, where: torch.device | None =
     """Time the training of ``spec``'s first blocks on the batch ``x`` (fresh copies of the blocks: nothing
     the node trains is touched; torch's generator is given back as it was)."""
     from splitfed.engine import template
-    from splitfed.models.blocks import Segment
+    from splitfed.models.segment import Segment
 
     where = where or torch.device("cpu")
 

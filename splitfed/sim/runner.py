@@ -593,7 +593,7 @@ def validate(settings: RunSettings, resumed: Checkpoint | None = None) -> None:
     from splitfed.flower.config import default_cuts
     from splitfed.flower.policy import StaticPolicy, make_policy
     from splitfed.flower.workload import client_data, test_data
-    from splitfed.models.blocks import validate_cuts
+    from splitfed.models.segment import validate_cuts
     from splitfed.sim.clock import fleet_for
     from splitfed.sim.inprocess import sim_clients
 
