@@ -36,8 +36,8 @@ from splitfed.errors import ConfigError, CutError, Terminated
 from splitfed.models import check, segment, trace, tying
 from splitfed.models.blocks import to_blocks
 from splitfed.models.zoo import resolve_spec
+from splitfed.profile import digest as D
 from splitfed.profile import profile_model
-from splitfed.profile import profiler as P
 from splitfed.profile.profiler import ModelProfile
 
 HERE = "tests.test_gaps_models_profile"
@@ -452,14 +452,14 @@ def test_a_batch_below_one_is_refused_before_any_work(batch: int) -> None:
 def test_the_installed_folders_are_found_in_an_old_virtualenv_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """An old virtualenv's ``site`` module has no ``getsitepackages`` (which cannot be installed here: taken
     off ``site`` for the test); the standard library and splitfed's folder are still no user's."""
-    P._installed_dirs.cache_clear()
+    D._installed_dirs.cache_clear()
     monkeypatch.delattr(site, "getsitepackages")
     try:
-        dirs = P._installed_dirs()
-        assert not P._is_users_file(P.__file__) and not P._is_users_file(argparse.__file__)
-        assert str(Path(P.__file__).resolve().parents[1]) + "/" in dirs
+        dirs = D._installed_dirs()
+        assert not D._is_users_file(D.__file__) and not D._is_users_file(argparse.__file__)
+        assert str(Path(D.__file__).resolve().parents[1]) + "/" in dirs
     finally:
-        P._installed_dirs.cache_clear()
+        D._installed_dirs.cache_clear()
 
 
 def test_a_module_entry_without_a_dict_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -467,7 +467,7 @@ def test_a_module_entry_without_a_dict_is_not_walked(monkeypatch: pytest.MonkeyP
         __slots__ = ()
 
     monkeypatch.setitem(sys.modules, "gap_slotted_entry", Slotted())
-    assert P._user_files({"gap_slotted_entry"}) == []
+    assert D._user_files({"gap_slotted_entry"}) == []
 
 
 def test_a_package_path_that_no_finder_can_search_locates_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -476,23 +476,23 @@ def test_a_package_path_that_no_finder_can_search_locates_nothing(monkeypatch: p
     pkg = types.ModuleType("gap_odd_package")
     pkg.__path__ = ["bad\x00path"]
     monkeypatch.setitem(sys.modules, "gap_odd_package", pkg)
-    assert P._locate("gap_odd_package.sub") is None
+    assert D._locate("gap_odd_package.sub") is None
 
 
 def test_a_file_that_cannot_be_parsed_or_read_imports_nothing(tmp_path: Path) -> None:
     broken = tmp_path / "broken_helper.py"
     broken.write_text("import os\ndef f(:\n")
-    assert P._imports(str(broken), "") == []
-    assert P._imports(str(tmp_path / "gone.py"), "") == []
-    assert P._file_digest(str(broken)) != ""
+    assert D._imports(str(broken), "") == []
+    assert D._imports(str(tmp_path / "gone.py"), "") == []
+    assert D._file_digest(str(broken)) != ""
 
 
 def test_what_has_no_source_file_has_no_digest_nor_own_source(tmp_path: Path) -> None:
-    assert P._file_digest(len) == ""                          # built in: no source file
-    assert P._file_digest(str(tmp_path / "gone.py")) == ""    # no such file
-    assert P._own_source(int) == ""                            # built in
-    assert P._own_source(nn.Linear) == ""                      # torch's: its version is in the key
-    assert P._own_source(_Two) == __file__
+    assert D._file_digest(len) == ""                          # built in: no source file
+    assert D._file_digest(str(tmp_path / "gone.py")) == ""    # no such file
+    assert D._own_source(int) == ""                            # built in
+    assert D._own_source(nn.Linear) == ""                      # torch's: its version is in the key
+    assert D._own_source(_Two) == __file__
 
 
 # ---------------------------------------------------------------- profile.profiler: measuring

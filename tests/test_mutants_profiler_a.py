@@ -18,7 +18,7 @@ import pytest
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import resolve_spec
 from splitfed.profile import ModelProfile
-from splitfed.profile.profiler import code_digest
+from splitfed.profile.digest import code_digest
 
 # two blocks: per-sample FLOPs, bytes; fixed bytes are not what these tests look at
 NAMES = ("a", "b")

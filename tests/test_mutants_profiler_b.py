@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from splitfed.models.zoo import resolve_spec
-from splitfed.profile import profiler
-from splitfed.profile.profiler import code_digest
+from splitfed.profile import digest
+from splitfed.profile.digest import code_digest
 
 HELPER = "def body(x):\n    return x.{op}()\n"
 
@@ -75,7 +75,7 @@ def test_the_key_of_a_notebooks_module_follows_the_files_its_globals_reach(tag: 
     assert code_digest(spec) == first
     (tmp_path / f"helper_{tag}.py").write_text(HELPER.format(op="sigmoid"))
     assert code_digest(spec) != first
-    assert profiler._user_files({nb}) == [helper.__file__]
+    assert digest._user_files({nb}) == [helper.__file__]
 
 
 # ---------------------------------------------------------------- modules without a file, met on the way
@@ -88,7 +88,7 @@ def test_a_module_without_a_file_that_the_users_file_imports_is_not_walked(tag: 
     _no_file(f"builtin_{tag}", body=helper.body)
     entry = tmp_path / f"entry_{tag}.py"
     entry.write_text(f"import builtin_{tag}\n")
-    assert profiler._user_files({f"entry_{tag}"}) == [str(entry)]
+    assert digest._user_files({f"entry_{tag}"}) == [str(entry)]
 
 
 def test_a_module_without_a_file_in_the_users_globals_is_not_walked(tag: str, tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_a_module_without_a_file_in_the_users_globals_is_not_walked(tag: str, tm
     entry = tmp_path / f"entry_{tag}.py"
     entry.write_text("x = 1\n")
     importlib.import_module(f"entry_{tag}").mod = builtin  # type: ignore[attr-defined]
-    assert profiler._user_files({f"entry_{tag}"}) == [str(entry)]
+    assert digest._user_files({f"entry_{tag}"}) == [str(entry)]
 
 
 def test_a_function_whose_module_has_no_file_is_not_walked_into(tag: str, tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_a_function_whose_module_has_no_file_is_not_walked_into(tag: str, tmp_pa
     entry = tmp_path / f"entry_{tag}.py"
     entry.write_text("x = 1\n")
     importlib.import_module(f"entry_{tag}").fn = builtin.fn  # type: ignore[attr-defined]
-    assert profiler._user_files({f"entry_{tag}"}) == [str(entry)]
+    assert digest._user_files({f"entry_{tag}"}) == [str(entry)]
 
 
 @pytest.mark.parametrize("odd", ["", "path"])
@@ -124,7 +124,7 @@ def test_a_module_whose_file_is_no_path_is_one_without_a_file(tag: str, tmp_path
     odd_mod = _no_file(f"odd_{tag}")
     odd_mod.__file__ = "" if odd == "" else tmp_path / f"odd_{tag}.py"  # type: ignore[assignment]
     (tmp_path / f"odd_{tag}.py").write_text("x = 1\n")
-    assert profiler._user_files({f"entry_{tag}"}) == [str(entry)]
+    assert digest._user_files({f"entry_{tag}"}) == [str(entry)]
 
 
 # ---------------------------------------------------------------- what is not the user's
@@ -139,7 +139,7 @@ def test_a_module_of_torchs_is_not_walked_even_from_a_source_checkout(tag: str, 
     fake.__file__ = str(checkout)
     entry = tmp_path / f"entry_{tag}.py"
     entry.write_text(f"import torch._fake_{tag}\n")
-    assert profiler._user_files({f"entry_{tag}"}) == [str(entry)]
+    assert digest._user_files({f"entry_{tag}"}) == [str(entry)]
 
 
 def test_the_standard_library_is_not_the_users(tag: str, tmp_path: Path) -> None:
@@ -150,9 +150,9 @@ def test_the_standard_library_is_not_the_users(tag: str, tmp_path: Path) -> None
 
     entry = tmp_path / f"entry_{tag}.py"
     entry.write_text("import json\nimport textwrap\nfrom email import message\n")
-    assert profiler._user_files({f"entry_{tag}"}) == [str(entry)]
-    assert json.__file__ and not profiler._is_users_file(json.__file__)
-    assert textwrap.__file__ and not profiler._is_users_file(textwrap.__file__)
+    assert digest._user_files({f"entry_{tag}"}) == [str(entry)]
+    assert json.__file__ and not digest._is_users_file(json.__file__)
+    assert textwrap.__file__ and not digest._is_users_file(textwrap.__file__)
 
 
 def test_the_base_installations_standard_library_is_not_the_users(
@@ -167,13 +167,13 @@ def test_the_base_installations_standard_library_is_not_the_users(
     assert stdlib.is_relative_to(base)
     stdlib.mkdir(parents=True)
     (stdlib / "somelib.py").write_text("x = 1\n")
-    profiler._installed_dirs.cache_clear()
+    digest._installed_dirs.cache_clear()
     try:
-        assert not profiler._is_users_file(str(stdlib / "somelib.py"))
-        assert profiler._is_users_file(str(tmp_path / "mine.py"))  # beside it, outside the base: the user's
+        assert not digest._is_users_file(str(stdlib / "somelib.py"))
+        assert digest._is_users_file(str(tmp_path / "mine.py"))  # beside it, outside the base: the user's
     finally:
         monkeypatch.undo()
-        profiler._installed_dirs.cache_clear()
+        digest._installed_dirs.cache_clear()
 
 
 # ---------------------------------------------------------------- reading a file's imports, finding a module's file
@@ -184,7 +184,7 @@ def test_imports_name_each_package_of_a_dotted_import_and_each_name_taken_from_a
     ``m.g`` (each may be a module); ``from s import *`` names only ``s``."""
     f = tmp_path / "imports_dotted.py"
     f.write_text("import a.b.c\nfrom m import f, g\nfrom s import *\n")
-    assert profiler._imports(str(f), "") == ["a", "a.b", "a.b.c", "m", "m.f", "m.g", "s"]
+    assert digest._imports(str(f), "") == ["a", "a.b", "a.b.c", "m", "m.f", "m.g", "s"]
 
 
 def test_relative_imports_are_resolved_against_the_files_package(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_relative_imports_are_resolved_against_the_files_package(tmp_path: Path)
     and ``p.q.y``; ``from ...z import w`` is ``p.z`` and ``p.z.w``."""
     f = tmp_path / "imports_relative.py"
     f.write_text("from . import x\nfrom .. import y\nfrom ...z import w\n")
-    assert profiler._imports(str(f), "p.q.r") == ["p.q", "p.q.r", "p.q.r.x", "p.q.y", "p.z", "p.z.w"]
+    assert digest._imports(str(f), "p.q.r") == ["p.q", "p.q.r", "p.q.r.x", "p.q.y", "p.z", "p.z.w"]
 
 
 def test_locate_finds_only_python_source_files(tag: str, tmp_path: Path) -> None:
@@ -201,9 +201,9 @@ def test_locate_finds_only_python_source_files(tag: str, tmp_path: Path) -> None
     (tmp_path / f"src_{tag}.py").write_text("x = 1\n")
     (tmp_path / f"ext_{tag}.so").write_bytes(b"")
     (tmp_path / f"ns_{tag}").mkdir()
-    assert profiler._locate(f"src_{tag}") == str(tmp_path / f"src_{tag}.py")
-    assert profiler._locate(f"ext_{tag}") is None
-    assert profiler._locate(f"ns_{tag}") is None
+    assert digest._locate(f"src_{tag}") == str(tmp_path / f"src_{tag}.py")
+    assert digest._locate(f"ext_{tag}") is None
+    assert digest._locate(f"ns_{tag}") is None
     assert f"src_{tag}" not in sys.modules  # found, not imported
 
 

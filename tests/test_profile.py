@@ -408,7 +408,8 @@ def test_a_cached_profile_follows_an_edit_to_a_model_class_in_another_file(tmp_p
     import sys
 
     from splitfed.models.zoo import resolve_spec
-    from splitfed.profile.profiler import code_digest, profile_model
+    from splitfed.profile.digest import code_digest
+    from splitfed.profile.profiler import profile_model
 
     (tmp_path / "fac.py").write_text("from net import Net\n\ndef make():\n    return Net()\n")
     env = {**os.environ, "SPLITFED_PROFILE_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}

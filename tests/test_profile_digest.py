@@ -15,7 +15,7 @@ import pytest
 
 from splitfed.models.zoo import resolve_spec
 from splitfed.profile import profiler
-from splitfed.profile.profiler import code_digest
+from splitfed.profile.digest import code_digest
 
 NET = """\
 import torch.nn as nn

@@ -28,7 +28,8 @@ from splitfed.engine.types import optimizer_state_bytes, step_count_bytes
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec, resolve_spec
 from splitfed.profile import profiler as profiler_mod
-from splitfed.profile.profiler import code_digest, profile_model
+from splitfed.profile.digest import code_digest
+from splitfed.profile.profiler import profile_model
 
 torch.set_num_threads(1)
 

@@ -20,8 +20,9 @@ import clients.app
 from splitfed.flower import runfolder
 from splitfed.flower.metrics import METRICS, SUMMARY
 from splitfed.models.zoo import resolve_spec
-from splitfed.profile import profiler
-from splitfed.profile.profiler import ModelProfile, code_digest
+from splitfed.profile import digest
+from splitfed.profile.digest import code_digest
+from splitfed.profile.profiler import ModelProfile
 from tests.flower_fixtures import FakeGrid, inprocess_tiers
 from tests.test_resume_review import SMALL, _stopped_after
 
@@ -54,15 +55,15 @@ def test_a_relative_import_beyond_the_top_level_package_is_not_read_as_an_absolu
     (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / pkg / "net.py").write_text(NET.format(other=other))
     (tmp_path / f"{other}.py").write_text("def f():\n    pass\n")  # unrelated to the model
-    assert not any(n.startswith(other) for n in profiler._imports(str(tmp_path / pkg / "net.py"), pkg))
-    assert str(tmp_path / f"{other}.py") not in profiler._user_files({f"{pkg}.net"})
+    assert not any(n.startswith(other) for n in digest._imports(str(tmp_path / pkg / "net.py"), pkg))
+    assert str(tmp_path / f"{other}.py") not in digest._user_files({f"{pkg}.net"})
     spec = resolve_spec(f"{pkg}.net:make", input_shape=(8,), num_classes=10)
     first = code_digest(spec)
     (tmp_path / f"{other}.py").write_text("def f():\n    return 1\n")
     assert code_digest(spec) == first
     # within the package's depth a relative import is still followed: `from . import x` in pkg/net.py
     (tmp_path / pkg / "net.py").write_text(NET.format(other=other).replace(f"from ..{other}", "from .helpers"))
-    assert f"{pkg}.helpers" in profiler._imports(str(tmp_path / pkg / "net.py"), pkg)
+    assert f"{pkg}.helpers" in digest._imports(str(tmp_path / pkg / "net.py"), pkg)
 
 
 def test_the_server_app_resume_asking_fewer_rounds_leaves_a_run_ended_part_way_unfinished(tmp_path: Path,

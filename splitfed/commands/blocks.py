@@ -23,7 +23,7 @@ def describe(spec) -> list[dict]:  # type: ignore[no-untyped-def]
     """One row per block: its parameters (``params``; each storage once: two Parameters tied by ``.data`` are
     one weight) and how many of them train (``trainable``: ``requires_grad``; fewer in a frozen block)."""
     from splitfed.engine import template
-    from splitfed.profile.profiler import param_sizes
+    from splitfed.models.tying import param_sizes
 
     blocks = template.template(spec)
     rows = []
