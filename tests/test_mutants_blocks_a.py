@@ -1,11 +1,11 @@
-"""What a mutation run of ``splitfed.models.blocks`` (its first half) found unwatched: the dropout key of a step
-and the seed of a block are fixed values (every tier, a resumed run and a tier in another process must draw the
-same masks), which blocks count as drawing random numbers (an RNN's or attention's dropout only when it is above
-0), a segment's input copied only when it must be, empty segments allowed and segments past the blocks refused,
-a Sequential subclass with its own forward traced (not cut at its children), a ``train``/``eval`` override that
-moves a module the tiers would not refused whatever other overrides the model has, and which block outputs are
-legal boundaries (one tensor, batch first: a per-sample vector is, a scalar and a sequence-first tensor are not)
-checked for every block but the last."""
+"""What a mutation run of ``splitfed.models.blocks`` (its first half, now mostly ``models.segment``) found unwatched:
+the dropout key of a step and the seed of a block are fixed values (every tier, a resumed run and a tier in another
+process must draw the same masks), which blocks count as drawing random numbers (an RNN's or attention's dropout
+only when it is above 0), a segment's input copied only when it must be, empty segments allowed and segments past
+the blocks refused, a Sequential subclass with its own forward traced (not cut at its children), a
+``train``/``eval`` override that moves a module the tiers would not refused whatever other overrides the model has,
+and which block outputs are legal boundaries (one tensor, batch first: a per-sample vector is, a scalar and a
+sequence-first tensor are not) checked for every block but the last."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-"""What a mutation run of ``splitfed.models.blocks`` (lines 293-604) found unwatched: the memory a tensor views (a
-one-element tensor has some; a view's span needs a stride per dimension), parameter sizes with ties counted once (a
-one-element tie, on meta too; one memory seen through two storage objects; an expanded parameter counted whole;
-whole numbers, never floats), which blocks a shared storage joins (views side by side in a flat buffer are no tie,
-whichever comes first), what a joined block's copy and moves keep tied (a tie beside other tensors of its buffer,
-three views of one weight, a byte view beside a float one, a no-op move that must not copy, a memory format change,
-a cast that keeps views alike shared and each tensor its shape), the name of a block joined from more than three,
-what counts as equal to rounding (NaN where the other has NaN, the documented 1e-6 + 1e-6 relative edge, integers
-and dtypes exactly), a block that draws under ``fork_rng`` counted as drawing, and a flag per block."""
+"""What a mutation run of ``splitfed.models.blocks`` (lines 293-604, now ``models.tying``) found unwatched: the memory
+a tensor views (a one-element tensor has some; a view's span needs a stride per dimension), parameter sizes with
+ties counted once (a one-element tie, on meta too; one memory seen through two storage objects; an expanded
+parameter counted whole; whole numbers, never floats), which blocks a shared storage joins (views side by side in a
+flat buffer are no tie, whichever comes first), what a joined block's copy and moves keep tied (a tie beside other
+tensors of its buffer, three views of one weight, a byte view beside a float one, a no-op move that must not copy, a
+memory format change, a cast that keeps views alike shared and each tensor its shape), the name of a block joined
+from more than three, what counts as equal to rounding (NaN where the other has NaN, the documented 1e-6 + 1e-6
+relative edge, integers and dtypes exactly), a block that draws under ``fork_rng`` counted as drawing, and a flag
+per block."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""What a mutation run of ``splitfed.models.blocks`` (its last third: the "trains as itself" check and tracing)
-found unwatched: the names a Sequential's children go by, which ``splitfed blocks`` prints and an error names,
-are their leaf modules, joined."""
+"""What a mutation run of ``splitfed.models.blocks`` (its last third, now ``models.check`` and ``models.trace``) found
+unwatched: the names a Sequential's children go by, which ``splitfed blocks`` prints and an error names, are their
+leaf modules, joined."""
 
 from __future__ import annotations
 
