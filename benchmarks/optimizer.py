@@ -53,7 +53,6 @@ from splitfed.jsonio import write_json
 # flag is refused at once
 if TYPE_CHECKING:
     from splitfed.cost.model import Scenario
-    from splitfed.optimizer.solution import Solution
     from splitfed.profile.fleet import Fleet
 
 OUT = Path(__file__).parent / "results" / "optimizer.json"
@@ -63,30 +62,15 @@ SAMPLED = (1_000, 10_000)  # --sampled's: the cases "reference xN"
 
 
 def policies(sc: Scenario) -> dict[str, Any]:
-    from splitfed.optimizer import all_on_server, best_static, greedy, solve
-    from splitfed.optimizer.explain import explain
+    """Every policy priced (:func:`splitfed.optimizer.compare.compare`), what sets the optimizer's makespan, and
+    whether the targets are met."""
+    from splitfed.optimizer.compare import compare
 
-    out: dict[str, dict] = {}
-    runs = {"optimizer": lambda: solve(sc), "best_static": lambda: best_static(sc), "greedy": lambda: greedy(sc),
-            "all_on_server": lambda: all_on_server(sc)}
-    sols: dict[str, Solution] = {}
-    for name, fn in runs.items():
-        try:
-            s: Solution = fn()
-        except SplitfedError as e:
-            out[name] = {"makespan_s": None, "note": str(e)}
-            continue
-        sols[name] = s
-        out[name] = {"makespan_s": s.makespan_s, "feasible": s.cost.feasible, "bottleneck": s.cost.bottleneck,
-                     "method": s.method, "solve_s": s.solve_s, "note": s.note,
-                     "cuts_by_class": _by_class(sc, s)}
-    opt = out["optimizer"]["makespan_s"]
-    for name in ("best_static", "greedy", "all_on_server"):
-        m = out[name]["makespan_s"]
-        # no ratio to an optimizer that refused (no assignment fits): the others' times are still reported
-        out[name]["ratio_vs_optimizer"] = None if m is None or opt is None else m / opt
-    out["optimizer"]["explanation"] = (explain(sc, sols["optimizer"].cost) if "optimizer" in sols
-                                       else f"no assignment: {out['optimizer']['note']}")
+    out: dict[str, Any] = compare(sc)
+    opt = out["optimizer"]
+    why = opt.pop("why")
+    opt["explanation"] = (why if why is not None else f"no assignment: {opt['note']}" if opt["makespan_s"] is None
+                          else f"not proven optimal: {opt['note']}")
     bs, gr = out["best_static"], out["greedy"]
     out["targets"] = {
         "vs_best_static": None if bs["ratio_vs_optimizer"] is None else bool(bs["ratio_vs_optimizer"] >= TARGET),
@@ -95,16 +79,6 @@ def policies(sc: Scenario) -> dict[str, Any]:
                                    else bool(gr["ratio_vs_optimizer"] >= 1 - 1e-9)),
     }
     return out
-
-
-def _by_class(sc: Scenario, s: Solution) -> dict[str, dict[str, int]]:
-    kinds: dict[str, dict[str, int]] = {}
-    assignment = s.assignment
-    for c in sc.clients:
-        cuts = ",".join(map(str, assignment[c.name]))
-        kinds.setdefault(c.kind, {}).setdefault(cuts, 0)
-        kinds[c.kind][cuts] += 1
-    return kinds
 
 
 def best_alone(sc: Scenario, kind: str) -> tuple[float, tuple[int, ...]]:

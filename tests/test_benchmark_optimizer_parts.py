@@ -22,6 +22,7 @@ import pytest
 from splitfed.cost import Scenario, client_cost, evaluate
 from splitfed.cost.model import RoundCost
 from splitfed.optimizer import Solution, best_static, solve
+from splitfed.optimizer.compare import by_class
 from splitfed.optimizer.explain import explain, largest_part
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from splitfed.profile.fleet import Fleet
@@ -246,7 +247,7 @@ def test_explain_reads_a_server_of_no_memory_and_an_unbounded_one() -> None:
 def test_by_class_counts_each_kinds_cuts_in_client_order() -> None:
     sc = _sc(_mixed())
     cost = _cost(sc, {"fast-0": (3, 3), "fast-1": (3, 3), "slow-0": (0, 0), "slow-1": (0, 3)})
-    got = bo._by_class(sc, Solution("hand", cost, 0.0, False))
+    got = by_class(sc, Solution("hand", cost, 0.0, False))
     assert got == {"fast": {"3,3": 2}, "slow": {"0,0": 1, "0,3": 1}}
     assert list(got) == ["fast", "slow"] and list(got["slow"]) == ["0,0", "0,3"]
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from splitfed.cli import main
-from splitfed.commands import optimize
 from splitfed.commands.optimize import JSON_KEYS
 from splitfed.cost import Scenario
 from splitfed.models.zoo import resolve_spec
 from splitfed.optimizer import exhaustive, greedy, solve
+from splitfed.optimizer.compare import why
 from splitfed.optimizer.explain import bound, explain, fastest_alone
 from splitfed.profile.fleet import load_fleet
 from splitfed.profile.profiler import default_cache_dir, profile_model
@@ -105,12 +105,12 @@ def test_a_priced_policy_gets_no_why(fleet: str, capsys: pytest.CaptureFixture[s
 def test_an_answer_cut_short_or_infeasible_gets_no_why(fleet: str) -> None:
     sc = _scenario(fleet)
     best = solve(sc)
-    assert optimize._why(sc, best) == explain(sc, best.cost)
-    assert optimize._why(sc, exhaustive(sc)) is not None
-    assert optimize._why(sc, dataclasses.replace(best, optimal=False)) is None  # the time limit ran out
-    assert optimize._why(sc, greedy(sc)) is None
+    assert why(sc, best) == explain(sc, best.cost)
+    assert why(sc, exhaustive(sc)) is not None
+    assert why(sc, dataclasses.replace(best, optimal=False)) is None  # the time limit ran out
+    assert why(sc, greedy(sc)) is None
     tight = dataclasses.replace(best, cost=dataclasses.replace(best.cost, violations=("edge: 2 MiB over",)))
-    assert optimize._why(sc, tight) is None
+    assert why(sc, tight) is None
 
 
 def test_bound_names_the_straggler_a_held_back_client_and_a_shared_resource(fleet: str) -> None:

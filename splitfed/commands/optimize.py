@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from splitfed.commands._args import (
     add_model_args,
@@ -34,6 +34,9 @@ JSON_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_sh
              "shared_memory_bytes", "why", "clients")
 """``--json``'s keys, named in ``--help``: a script's contract (``Solution.to_dict`` and the run's own)."""
 CLIENT_KEYS = ("name", "cuts", "time_s", "device_memory_bytes")
+COMPARE_KEYS = ("model", "blocks", "fleet", "tiers", "cloud_unused", "batch", "u_shape", "mode", "policies", "why")
+"""``--compare --json``'s keys; ``policies`` maps each policy (:data:`splitfed.optimizer.compare.POLICIES`) to its
+entry (:func:`splitfed.optimizer.compare.compare`)."""
 PER_CLIENT_MAX = 20
 """The table lists each client up to this many clients; above it, one row per device class and cuts
 (``--per-client`` lists each client whatever the size; ``--json`` always does)."""
@@ -73,6 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--best-static", action="store_true", help="the best single cut vector for all")
     g.add_argument("--greedy", action="store_true", help="each device minimises its own time, ignoring sharing")
     g.add_argument("--all-on-server", action="store_true", help="devices only send their data")
+    g.add_argument("--compare", action="store_true",
+                   help="the optimizer, the best static cut, greedy and all-on-server side by side: each one's "
+                        "makespan and its ratio to the optimizer's (--json: an object with policies, one entry each)")
     p.add_argument("--gap", type=float, default=DEFAULT_GAP, help="relative optimality gap the MILP must prove")
     p.add_argument("--time-limit", type=float, default=60.0,
                    help="seconds for the whole exact solve (> 0): pricing each device's cuts, every MILP (one that "
@@ -84,7 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"list each client in the table whatever the fleet's size (default: each client up to "
                         f"{PER_CLIENT_MAX} clients; above that, one row per device class and cuts)")
     p.add_argument("--json", action="store_true",
-                   help=f"print one JSON object: {', '.join(JSON_KEYS)}; clients is a list, one per client: "
+                   help=f"print one JSON object: {', '.join(JSON_KEYS)} (with --compare: {', '.join(COMPARE_KEYS)}); "
+                        f"clients is a list, one per client: "
                         f"{', '.join(CLIENT_KEYS)}; on an error, nothing on stdout (a priced policy that does not "
                         "fit still prints, with feasible false, and exits 1)")
     p.set_defaults(func=run)
@@ -157,13 +164,26 @@ def render(sc: Scenario, sol: Solution, header: str, per_client: bool | None = N
     return "\n".join(rows)
 
 
-def _why(sc: Scenario, sol: Solution) -> str | None:
-    """What sets the makespan (:func:`splitfed.optimizer.explain.explain`), for a proven optimum that fits: its
-    reasons (a straggler no policy can beat, cuts held back by full servers) hold of no other answer."""
-    from splitfed.optimizer.explain import explain
-
-    proven = sol.method == "exhaustive" or (sol.method == "milp" and sol.optimal)
-    return explain(sc, sol.cost) if proven and sol.cost.feasible else None
+def render_compare(got: dict[str, dict[str, Any]], header: str) -> str:
+    """``--compare``'s table under ``header``: each policy's makespan and ratio to the optimizer's, a refusal's
+    reason or a memory limit broken beside it, then what sets the optimizer's makespan."""
+    names = {"optimizer": "optimizer", "best_static": "best static", "greedy": "greedy",
+             "all_on_server": "all-on-server"}
+    rows = [header, f"{'policy':<22} {'makespan_s':>10} {'vs optimizer':>12}"]
+    for key, r in got.items():
+        name = r.get("method", names[key]) if key != "optimizer" else "optimizer"
+        if r["makespan_s"] is None:
+            rows.append(f"{name:<22} {'n/a':>10} {'n/a':>12}  refused: {r['note']}")
+            continue
+        ratio = r.get("ratio_vs_optimizer")
+        cell = "1.00x" if key == "optimizer" else f"{ratio:.2f}x" if ratio is not None else "n/a"
+        tail = "" if r["feasible"] else f"  breaks memory: {r['note'].removeprefix('violates: ')}"
+        if key == "optimizer" and r["method"] == "milp" and r["why"] is None and r["feasible"]:
+            tail = "  not proven optimal: the time limit ran out"
+        rows.append(f"{name:<22} {r['makespan_s']:>10.3f} {cell:>12}{tail}")
+    if got["optimizer"].get("why"):
+        rows.append(f"why: {got['optimizer']['why']}")
+    return "\n".join(rows)
 
 
 def _grouped(sc: Scenario, clients: Sequence[ClientCost]) -> list[str]:
@@ -212,6 +232,22 @@ def run(args: argparse.Namespace) -> int:
                              mode=args.mode, codec=args.compress,
                              epochs=args.epochs, min_device_blocks=args.min_device_blocks)
     n = len(sc.clients)
+    clients = f"{n:,} client{'s' if n != 1 else ''} of {spec.name}"
+    header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({n} client{'s' if n != 1 else ''}), "
+              f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}"
+              + (" (the fleet's [cloud] is not used)" if args.tiers == 2 and fleet.cloud is not None else ""))
+    about = {"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
+             "cloud_unused": args.tiers == 2 and fleet.cloud is not None, "batch": args.batch, "u_shape": args.u_shape}
+    if args.compare:
+        from splitfed.optimizer.compare import compare
+
+        with _ticking(f"still comparing the policies for {clients}", args.time_limit):
+            got = compare(sc, gap=args.gap, time_limit=args.time_limit, static_time_limit=args.time_limit)
+        if args.json:
+            print(dumps({**about, "mode": sc.mode, "policies": got, "why": got["optimizer"]["why"]}, indent=1))
+        else:
+            print(render_compare(got, header))
+        return 0
     # the policy the flags ask for (the first given), else the optimizer; those whose refusals name their flag
     # (:func:`_flag`) are wrapped; only solve and --best-static keep to --time-limit
     flag, price, named = next(((f, fn, w) for f, on, fn, w in (
@@ -221,20 +257,16 @@ def run(args: argparse.Namespace) -> int:
         ("--greedy", args.greedy, lambda: optimizer.greedy(sc), False),
         ("--all-on-server", args.all_on_server, lambda: optimizer.all_on_server(sc), True),  # 0,0 a device cannot hold
     ) if on), (None, lambda: optimizer.solve(sc, gap=args.gap, time_limit=args.time_limit), False))
-    clients = f"{n:,} client{'s' if n != 1 else ''} of {spec.name}"
     with _ticking(f"still choosing the cuts of {clients}" if flag is None else f"still pricing {flag} for {clients}",
                   args.time_limit if flag in (None, "--best-static") else None), \
             (_flag(flag) if named and flag is not None else contextlib.nullcontext()):
         sol = price()
-    why = _why(sc, sol)
+    from splitfed.optimizer.compare import why as why_of
+
+    why = why_of(sc, sol)
     if args.json:
-        print(dumps({"model": spec.name, "blocks": prof.n_blocks, "fleet": fleet.name, "tiers": args.tiers,
-                     "cloud_unused": args.tiers == 2 and fleet.cloud is not None,
-                     "batch": args.batch, "u_shape": args.u_shape, **sol.to_dict(), "why": why}, indent=1))
+        print(dumps({**about, **sol.to_dict(), "why": why}, indent=1))
     else:
-        header = (f"{spec.name} ({prof.n_blocks} blocks) on fleet {fleet.name} ({n} client{'s' if n != 1 else ''}), "
-                  f"{args.tiers} tiers{' U-shape' if args.u_shape else ''}, batch {args.batch}"
-                  + (" (the fleet's [cloud] is not used)" if args.tiers == 2 and fleet.cloud is not None else ""))
         print(render(sc, sol, header, per_client=True if args.per_client else None)
               + (f"\nwhy: {why}" if why else ""))
     if sol.cost.violations:  # a priced policy that overflows a tier is a result, but not a usable one
