@@ -43,6 +43,14 @@ def by_class(sc: Scenario, sol: Solution) -> dict[str, dict[str, int]]:
     return kinds
 
 
+def ratio(seconds: float, base: float) -> float:
+    """``seconds / base``; a makespan of 0 (a model of no work and no bytes) is matched only by 0 (1.0), and
+    beaten by anything slower infinitely (it divided by zero)."""
+    if base > 0:
+        return seconds / base
+    return 1.0 if seconds <= 0 else float("inf")
+
+
 def compare(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 60.0,
             static_time_limit: float | None = None) -> dict[str, dict[str, Any]]:
     """Each of :data:`POLICIES` priced: ``makespan_s`` (None: refused, ``note`` says why), ``feasible``,
@@ -67,6 +75,6 @@ def compare(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None 
     for name in POLICIES[1:]:
         m = out[name]["makespan_s"]
         # no ratio to an optimizer that refused (no assignment fits): the others' times are still reported
-        out[name]["ratio_vs_optimizer"] = None if m is None or opt is None else m / opt
+        out[name]["ratio_vs_optimizer"] = None if m is None or opt is None else ratio(m, opt)
     out["optimizer"]["why"] = why(sc, sols["optimizer"]) if "optimizer" in sols else None
     return out

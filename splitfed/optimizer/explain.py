@@ -26,6 +26,11 @@ def _share(used: float, cap: float) -> float:
     return used / cap if cap > 0 else (0.0 if used <= 0 else float("inf"))
 
 
+def _times(seconds: float, alone: float) -> str:
+    """``2.5x``: how many times its time alone a client takes (alone 0, a client of no work: ``infx``)."""
+    return f"{seconds / alone:.1f}x" if alone > 0 else "infx"
+
+
 def fastest_alone(sc: Scenario, client: Client) -> tuple[float, Cuts]:
     """The fastest round ``client`` can have at any cuts its device holds, with the servers to itself, and
     those cuts."""
@@ -81,7 +86,7 @@ def explain(sc: Scenario, cost: RoundCost) -> str:
         else:
             why = f"busiest shared resource {busiest} at {cost.shared_s[busiest]:.1f} s"
         return (f"client-bound: {name} ({client.kind}) at {','.join(map(str, cost.assignment()[name]))} takes "
-                f"{cost.makespan_s:.1f} s, {cost.makespan_s / alone:.1f}x its {alone:.1f} s alone, because its "
+                f"{cost.makespan_s:.1f} s, {_times(cost.makespan_s, alone)} its {alone:.1f} s alone, because its "
                 f"faster cuts would put more on the shared servers: {why}; {largest_part(sc, cost, name)}")
     if sc.in_turn:  # sl, sflv2: the clients' rounds add up, so every client's own time counts
         return (f"clients in turn: the {len(sc.clients)} clients' rounds add up to {cost.shared_s[b]:.1f} s; cuts "
