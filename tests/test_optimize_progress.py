@@ -105,3 +105,21 @@ def test_a_closed_stderr_ends_the_ticker_not_the_solve(monkeypatch: pytest.Monke
     assert main(ARGS) == 0
     assert "makespan" in capsys.readouterr().out
     assert raised == []  # it returned; it did not die of the closed file
+
+
+def test_a_long_comparison_says_so_and_what_gives_up(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """--compare runs two policies under --time-limit, one after the other: its tick names both limits, not one
+    time to give up at."""
+    from splitfed.optimizer import compare
+
+    monkeypatch.setattr(optimize, "TICK_S", 0.02)
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setattr(compare, "compare", _waiting(compare.compare, err, 2))
+    assert main([*ARGS, "--compare", "--time-limit", "9"]) == 0
+    assert not _ticker_alive()
+    line = ("still comparing the policies for 5 clients of mlp (the solve and --best-static each give up at 9 s, "
+            "--time-limit): 0 s so far; Ctrl-C stops it")
+    assert set(err.getvalue().splitlines()) == {line}, err.getvalue()
+    assert "optimizer" in capsys.readouterr().out

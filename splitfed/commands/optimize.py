@@ -241,7 +241,8 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         from splitfed.optimizer.compare import compare
 
-        with _ticking(f"still comparing the policies for {clients}", args.time_limit):
+        with _ticking(f"still comparing the policies for {clients} (the solve and --best-static each give up at "
+                      f"{args.time_limit:g} s, --time-limit)", None):
             got = compare(sc, gap=args.gap, time_limit=args.time_limit, static_time_limit=args.time_limit)
         if args.json:
             print(dumps({**about, "mode": sc.mode, "policies": got, "why": got["optimizer"]["why"]}, indent=1))
