@@ -113,3 +113,15 @@ def test_make_bench_runs_every_benchmark_the_readme_lists() -> None:
     listed = set(re.findall(r"^\.venv/bin/python benchmarks/(\w+\.py)", README, re.M))
     on_disk = {p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_")}
     assert benched == listed == on_disk, (benched, listed, on_disk)
+
+
+def test_the_compare_example_is_what_the_command_prints(capsys, monkeypatch, tmp_path: Path) -> None:
+    """The README's ``splitfed optimize --compare`` block is the command's output, line for line (the cost model
+    prices FLOPs and bytes: no timing enters it)."""
+    from splitfed.cli import main
+
+    block = re.search(r"```\n\$ (splitfed optimize [^\n]*--compare)\n(.*?)```", README, re.S)
+    assert block is not None
+    monkeypatch.setenv("SPLITFED_PROFILE_CACHE", str(tmp_path / "cache"))
+    assert main(block.group(1).split()[1:]) == 0
+    assert capsys.readouterr().out == block.group(2)
