@@ -91,13 +91,15 @@ def test_compare_goes_with_no_single_policy(fleet: str, capsys: pytest.CaptureFi
 
 
 def _entry(makespan: float | None, **kw: object) -> dict:
-    return {"makespan_s": makespan, "feasible": True, "method": "m", "note": "", **kw}
+    return {"makespan_s": makespan, "feasible": True, "violations": [], "method": "m", "optimal": False, "note": "",
+            **kw}
 
 
 def test_render_marks_a_broken_memory_limit_and_an_optimum_not_proven() -> None:
-    got = {"optimizer": _entry(2.0, method="milp", why=None),
+    got = {"optimizer": _entry(2.0, method="milp", why=None, optimal=False),
            "best_static": {"makespan_s": None, "note": "no single cut vector fits", "ratio_vs_optimizer": None},
            "greedy": _entry(1.5, feasible=False, method="greedy", note="violates: cloud memory 3 MiB > 2 MiB",
+                            violations=["cloud memory 3 MiB > 2 MiB"],
                             ratio_vs_optimizer=0.75),
            "all_on_server": _entry(4.0, method="all-on-server", ratio_vs_optimizer=2.0)}
     rows = render_compare(got, "h").splitlines()
@@ -107,3 +109,18 @@ def test_render_marks_a_broken_memory_limit_and_an_optimum_not_proven() -> None:
     assert rows[4].split()[:3] == ["greedy", "1.500", "0.75x"]
     assert rows[4].endswith("  breaks memory: cloud memory 3 MiB > 2 MiB")
     assert rows[5].split() == ["all-on-server", "4.000", "2.00x"] and len(rows) == 6  # no why line
+
+
+def test_a_policy_over_memory_with_no_note_still_names_the_limit() -> None:
+    """All on the server priced over the servers' memory: its note is empty (only greedy writes its violations
+    there), so the row read "breaks memory: " and nothing; it names the limit from the cost."""
+    from splitfed.optimizer.compare import compare
+    from tests.test_benchmark_optimizer_parts import _client, _fleet, _sc
+
+    sc = _sc(_fleet((_client("s", "slow", 1e9, 1e7, memory=3.1e5),), edge_memory=1e3, cloud_memory=1e3))
+    got = compare(sc)
+    aos = got["all_on_server"]
+    assert aos["feasible"] is False and aos["note"] == "" and aos["violations"]
+    row = render_compare(got, "h").splitlines()[5]
+    assert row.split()[0] == "all-on-server"
+    assert row.endswith(f"  breaks memory: {'; '.join(aos['violations'])}") and aos["violations"][0] in row

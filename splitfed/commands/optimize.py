@@ -177,8 +177,8 @@ def render_compare(got: dict[str, dict[str, Any]], header: str) -> str:
             continue
         ratio = r.get("ratio_vs_optimizer")
         cell = "1.00x" if key == "optimizer" else f"{ratio:.2f}x" if ratio is not None else "n/a"
-        tail = "" if r["feasible"] else f"  breaks memory: {r['note'].removeprefix('violates: ')}"
-        if key == "optimizer" and r["method"] == "milp" and r["why"] is None and r["feasible"]:
+        tail = "" if r["feasible"] else f"  breaks memory: {'; '.join(r['violations'])}"
+        if r["method"] == "milp" and not r["optimal"]:
             tail = "  not proven optimal: the time limit ran out"
         rows.append(f"{name:<22} {r['makespan_s']:>10.3f} {cell:>12}{tail}")
     if got["optimizer"].get("why"):

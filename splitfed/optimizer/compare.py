@@ -53,8 +53,9 @@ def ratio(seconds: float, base: float) -> float:
 
 def compare(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None = 60.0,
             static_time_limit: float | None = None) -> dict[str, dict[str, Any]]:
-    """Each of :data:`POLICIES` priced: ``makespan_s`` (None: refused, ``note`` says why), ``feasible``,
-    ``bottleneck``, ``method``, ``solve_s``, ``note``, ``cuts_by_class``; the others' ``ratio_vs_optimizer``; the
+    """Each of :data:`POLICIES` priced: ``makespan_s`` (None: refused, ``note`` says why), ``feasible`` and the
+    memory limits it breaks (``violations``), ``bottleneck``, ``method``, ``optimal``, ``solve_s``, ``note``,
+    ``cuts_by_class``; the others' ``ratio_vs_optimizer``; the
     optimizer's ``why`` (:func:`why`). ``gap`` and ``time_limit`` are the optimizer's, ``static_time_limit`` best
     static's (None: every vector it ranks best is priced)."""
     runs = {"optimizer": lambda: solve(sc, gap=gap, time_limit=time_limit),
@@ -69,8 +70,9 @@ def compare(sc: Scenario, *, gap: float = DEFAULT_GAP, time_limit: float | None 
             out[name] = {"makespan_s": None, "note": str(e)}
             continue
         sols[name] = s
-        out[name] = {"makespan_s": s.makespan_s, "feasible": s.cost.feasible, "bottleneck": s.cost.bottleneck,
-                     "method": s.method, "solve_s": s.solve_s, "note": s.note, "cuts_by_class": by_class(sc, s)}
+        out[name] = {"makespan_s": s.makespan_s, "feasible": s.cost.feasible, "violations": list(s.cost.violations),
+                     "bottleneck": s.cost.bottleneck, "method": s.method, "optimal": s.optimal,
+                     "solve_s": s.solve_s, "note": s.note, "cuts_by_class": by_class(sc, s)}
     opt = out["optimizer"]["makespan_s"]
     for name in POLICIES[1:]:
         m = out[name]["makespan_s"]
