@@ -81,14 +81,12 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import psutil
-
+from server import processes
 from splitfed import tomlio
 from splitfed.cli import line_buffered
 from splitfed.errors import ConfigError, SplitfedError, Terminated
@@ -104,145 +102,6 @@ PORT_IN_USE = "address already in use"  # EADDRINUSE's words: how a SuperLink's 
 KEPT_LINES = 10_000  # of flwr run's output, in the result; flwr-run.log has all of it
 WORKDIR_RECORD = ".splitfed-deploy.json"  # in a workdir: the entries deploy made there (Deployment.claim_workdir)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # Flower's colours: kept for a terminal only
-
-# The guard: a small process (``python -c GUARD GRACE SPARED_PGID``, in a session of its own) that takes
-# the deployment down however deploy ends, SIGKILL included. Deploy writes ``add PGID`` for each process
-# it starts (each leads its own session and process group) and holds the write end of the guard's stdin;
-# the guard also adopts the group of every process found under those groups' members (twice a second),
-# since Flower starts some in sessions of their own: a SuperLink's SuperExec and the flwr-serverapp it
-# runs, which outlive a dead SuperLink. ``kill PGID`` SIGKILLs a group and all found under it, then
-# answers ``killed PGID``. ``signal N``: the signal its last stop sends (SIGTERM unless told: deploy's Ctrl-C
-# is passed on as SIGINT). At EOF (deploy stopping or dead) it sends that signal to every group with a live
-# process, SIGKILLs what is left after GRACE seconds, and exits. A group is forgotten once it has no live process,
-# so a process group number is never signalled after the kernel could have given it to another process.
-GUARD = r"""
-import os, select, signal, sys, time
-import psutil
-
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    signal.signal(s, signal.SIG_IGN)  # it stops the others; it ends at EOF or by SIGKILL
-GRACE = float(sys.argv[1])
-SPARED = {os.getpgid(0), *(int(a) for a in sys.argv[2:])}
-root_of = {}  # process group -> the group deploy started that it was found under
-final = signal.SIGTERM  # what the stop at EOF sends first
-
-def scan():
-    table = {}
-    for p in psutil.process_iter(["ppid", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE:
-                table[p.pid] = (p.info["ppid"], os.getpgid(p.pid))
-        except (OSError, psutil.Error):
-            pass
-    kids = {}
-    for pid, (ppid, _) in table.items():
-        kids.setdefault(ppid, []).append(pid)
-    todo = [pid for pid, (_, g) in table.items() if g in root_of]
-    seen = set(todo)
-    while todo:
-        pid = todo.pop()
-        for kid in kids.get(pid, ()):
-            g = table[kid][1]
-            if kid not in seen and g not in SPARED:
-                seen.add(kid)
-                todo.append(kid)
-                root_of.setdefault(g, root_of[table[pid][1]])
-    live = {table[pid][1] for pid in seen}
-    for g in [g for g in root_of if g not in live]:
-        del root_of[g]
-    return live
-
-def stop(root=None, sig=signal.SIGTERM, grace=GRACE):
-    sent = set()
-    end = time.monotonic() + grace
-    while True:
-        live = {g for g in scan() if root is None or root_of.get(g) == root}
-        late = time.monotonic() >= end
-        if not live or time.monotonic() >= end + 5:
-            return
-        for g in live:
-            if late or g not in sent:
-                try:
-                    os.killpg(g, signal.SIGKILL if late else sig)
-                except OSError:
-                    pass
-                sent.add(g)
-        time.sleep(0.1)
-
-buf = b""
-scanned = 0.0
-while True:
-    if select.select([0], [], [], 0.5)[0]:
-        chunk = os.read(0, 4096)
-        if not chunk:
-            break
-        *lines, buf = (buf + chunk).split(b"\n")
-        for line in lines:
-            word, _, arg = line.decode().partition(" ")
-            if word == "add":
-                root_of[int(arg)] = int(arg)
-            elif word == "signal":
-                final = int(arg)
-            elif word == "kill":
-                stop(int(arg), signal.SIGKILL, 0.0)
-                try:
-                    os.write(1, f"killed {arg}\n".encode())
-                except OSError:
-                    pass
-    if time.monotonic() - scanned >= 0.5:
-        scan()
-        scanned = time.monotonic()
-stop(sig=final)
-"""
-
-
-class _Signals:
-    """SIGINT and SIGTERM as :class:`KeyboardInterrupt` and :class:`Terminated` in the main thread (what
-    :func:`main` installs), held back while a child is started and handed to the guard, so that none runs
-    unguarded. After the first, both are ignored: the stop that follows is not cut short (a SIGKILL still
-    ends deploy at once, and the guard then stops the rest)."""
-
-    def __init__(self) -> None:
-        self.holding = 0
-        self.pending: int | None = None
-
-    def handle(self, signum: int, frame: object) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
-        if self.holding:
-            self.pending = signum
-            return
-        raise self.interrupt(signum)
-
-    @staticmethod
-    def interrupt(signum: int) -> KeyboardInterrupt:
-        return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        self.holding += 1
-        try:
-            yield
-        finally:
-            self.holding -= 1
-            if not self.holding and self.pending is not None:
-                signum, self.pending = self.pending, None
-                raise self.interrupt(signum)
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        old = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)
-               if signal.getsignal(sig) is not signal.SIG_IGN}  # a background job's SIGINT: Ctrl-C is not for it
-        try:
-            yield
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-            self.pending = None
-
-
-_SIGNALS = _Signals()
-
 
 class NodesGone(SplitfedError):
     """Every SuperNode of the deployment exited while its run went on: no node can register or train."""
@@ -394,7 +253,7 @@ class Deployment:
     # ------------------------------------------------------------ processes
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        with open(self.workdir / f"{name}.log", "w") as out, _SIGNALS.held():
+        with open(self.workdir / f"{name}.log", "w") as out, processes.SIGNALS.held():
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=self.env, cwd=self.workdir, start_new_session=True)
             self.procs[name] = proc
@@ -406,7 +265,7 @@ class Deployment:
         if self._guard is None:
             with open(self.workdir / "guard.log", "ab") as err:
                 self._guard = subprocess.Popen(
-                    [sys.executable, "-c", GUARD, str(self.grace), str(os.getpgid(0))], stdin=subprocess.PIPE,
+                    [sys.executable, "-c", processes.GUARD, str(self.grace), str(os.getpgid(0))], stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=err, env=self.env, start_new_session=True)
         self._tell(f"add {proc.pid}")
 
@@ -545,7 +404,7 @@ class Deployment:
                 log = self.tail(name, lines=10_000)
                 raise StartFailed(f"{name} exited with code {proc.returncode}:\n{self.tail(name)}",
                                   port_taken=PORT_IN_USE in log.lower())
-            if proc is not None and _listens(proc.pid, port):
+            if proc is not None and processes.listens(proc.pid, port):
                 return
             time.sleep(0.2)
         raise StartFailed(f"{name} did not listen on port {port} within {timeout:.0f}s:\n{self.tail(name)}")
@@ -557,7 +416,7 @@ class Deployment:
     def kill(self, name: str) -> None:
         """SIGKILL a process, its process group and everything it started (a machine that dies)."""
         proc = self.procs[name]  # reaped, its pid may be another process's by now: no tree is looked up under it
-        _signal([proc], _tree(proc.pid) if proc.returncode is None else [], signal.SIGKILL)
+        processes.send_signal([proc], processes.tree(proc.pid) if proc.returncode is None else [], signal.SIGKILL)
         if self._tell(f"kill {proc.pid}") and self._guard is not None and self._guard.stdout is not None:
             self._guard.stdout.readline()  # "killed PGID": the groups found under it are gone too
         proc.wait(10)
@@ -567,22 +426,22 @@ class Deployment:
         deployment started: each one's process group (each leads its own session), every process of their
         trees, and through the guard the groups those made (a SuperLink's SuperExec and flwr-serverapp, which
         outlive a dead SuperLink and hold the run folder); SIGKILL what is left after ``grace`` seconds."""
-        with _SIGNALS.held():  # a signal now is acted on once this stop is done
+        with processes.SIGNALS.held():  # a signal now is acted on once this stop is done
             self._stop(sig)
 
     def _stop(self, sig: int) -> None:
         procs = [*self.procs.values(), *([self._flwr] if self._flwr is not None else [])]
-        tree = [q for p in procs if p.returncode is None for q in _tree(p.pid)]
-        _signal(procs, tree, sig)
+        tree = [q for p in procs if p.returncode is None for q in processes.tree(p.pid)]
+        processes.send_signal(procs, tree, sig)
         self._tell(f"signal {int(sig)}")  # the groups only the guard knows get the same
         guard, self._guard = self._guard, None
         if guard is not None and guard.stdin is not None:
             with contextlib.suppress(OSError):
                 guard.stdin.close()  # EOF: the guard stops every group it knows the same way
         end = time.monotonic() + self.grace
-        while time.monotonic() < end and (any(p.poll() is None for p in procs) or any(_alive(q) for q in tree)):
+        while time.monotonic() < end and (any(p.poll() is None for p in procs) or any(processes.alive(q) for q in tree)):
             time.sleep(0.1)
-        _signal(procs, [q for q in tree if _alive(q)], signal.SIGKILL)
+        processes.send_signal(procs, [q for q in tree if processes.alive(q)], signal.SIGKILL)
         if guard is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 guard.wait(self.grace + 15)  # it ends once no group it knows has a live process
@@ -650,7 +509,7 @@ class Deployment:
         with open(self.workdir / "flwr-run.log", "a", encoding="utf-8") as log:  # a resume keeps the run before
             if log.tell():
                 log.write(f"\n--- flwr run again, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
-            with _SIGNALS.held():
+            with processes.SIGNALS.held():
                 proc = self._flwr = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                      stdin=subprocess.DEVNULL, env=self.env, cwd=self.workdir,
                                                      start_new_session=True)
@@ -658,14 +517,14 @@ class Deployment:
             pump = threading.Thread(target=self._pump, args=(proc, log, lines), daemon=True)
             pump.start()
             try:
-                _wait(proc, timeout, self._check_nodes)
+                processes.wait(proc, timeout, self._check_nodes)
             finally:
                 if proc.poll() is None:  # interrupted, or out of time: this run ends with it
-                    _signal([proc], _tree(proc.pid), signal.SIGTERM)
+                    processes.send_signal([proc], processes.tree(proc.pid), signal.SIGTERM)
                     try:
                         proc.wait(self.grace)
                     except subprocess.TimeoutExpired:
-                        _signal([proc], _tree(proc.pid), signal.SIGKILL)
+                        processes.send_signal([proc], processes.tree(proc.pid), signal.SIGKILL)
                         proc.wait(5)
                 pump.join(10)
         return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
@@ -692,61 +551,6 @@ class Deployment:
                 if self.log:
                     sys.stdout.write(text if coloured else plain)
                     sys.stdout.flush()
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _listens(pid: int, port: int) -> bool:
-    """Whether process ``pid`` or one under it listens on TCP ``port``."""
-    for p in _tree(pid):
-        with contextlib.suppress(psutil.Error):
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                   for c in p.net_connections(kind="tcp")):
-                return True
-    return False
-
-
-def _wait(proc: subprocess.Popen, timeout: float | None, check: Callable[[], None] | None = None) -> None:
-    """``proc.wait(timeout)`` in short slices: the kernel may hand SIGINT or SIGTERM to another thread (the
-    output pump), and Python runs its handler only when the main thread wakes; a bare ``waitpid`` would
-    keep deploy deaf to it until ``flwr run`` ended. ``check`` runs between slices (it may raise)."""
-    end = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = 0.25 if end is None else min(0.25, end - time.monotonic())
-        if left <= 0:
-            raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
-        try:
-            proc.wait(left)
-            return
-        except subprocess.TimeoutExpired:
-            if check is not None:
-                check()
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _signal(leaders: Sequence[subprocess.Popen], procs: Sequence[psutil.Process], sig: int) -> None:
-    """``sig`` to the process group of each leader not yet waited for (while it is unwaited, its pid, and so
-    its group's number, cannot be another process's) and to each of ``procs`` (psutil checks that each is
-    still the process it was)."""
-    for leader in leaders:
-        if leader.returncode is None:
-            with contextlib.suppress(OSError):
-                os.killpg(leader.pid, sig)
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(sig)
 
 
 # what the deployment itself sets (its processes, files and clock), never taken from a resumed run's checkpoint
@@ -883,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
             if runfolder.nothing_to_do(wanted.out, wanted.rounds, args.resume or wanted.out) is not None:
                 return 0
         workdir = made_workdir(args.workdir)
-        with _SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,
+        with processes.SIGNALS.installed(), Deployment(clients, workdir, tls_ca, tls_cert, tls_key, token_file,
                                               profiles=args.profile, tiers=tiers,
                                               coordinator_token_file=coordinator_token_file,
                                               torch_device=args.tier_torch_device, compress=wanted.compress) as dep:

@@ -23,7 +23,7 @@ from splitfed.cost import Scenario, client_cost, evaluate
 from splitfed.cost.model import RoundCost
 from splitfed.optimizer import Solution, best_static, solve
 from splitfed.optimizer.compare import by_class
-from splitfed.optimizer.explain import explain, largest_part
+from splitfed.optimizer.explain import _times, explain, largest_part
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 from splitfed.profile.fleet import Fleet
 from tests.bench_fixtures import load_benchmark
@@ -239,6 +239,13 @@ def test_explain_reads_a_server_of_no_memory_and_an_unbounded_one() -> None:
     held = dataclasses.replace(cost, shared_memory={"edge": 5.0, "cloud": 1.0}, bottleneck="client slow-0",
                                makespan_s=SLOW_ALONE * 2)
     assert "the servers' memory is edge 0% full, cloud inf% full (one replica per client)" in explain(sc, held)
+
+
+def test_times_alone_says_how_many_times_and_infx_for_a_client_of_no_work() -> None:
+    """A client whose best round alone is 0 s (no work) would divide by zero in the client-bound line."""
+    assert _times(2.6, 1.3) == "2.0x"
+    assert _times(1.3, 0.0) == "infx"
+    assert _times(0.0, 0.0) == "infx"
 
 
 # ---------------------------------------------------------------- table cells, cuts by class

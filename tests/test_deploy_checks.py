@@ -214,7 +214,7 @@ def test_a_superlink_port_another_process_took_is_chosen_again(monkeypatch, tmp_
     the SuperLink again on another port, and the SuperNodes with it (they were pointed at the first). Real
     SuperLinks (their log says the port was taken); the SuperNodes stand in (their own port taken is the tests
     below; a real one here cost ~2 s of CPU each, 4 of them)."""
-    from server.deploy import _listens
+    from server.processes import listens
 
     _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
     _listening_stand_in(monkeypatch, tmp_path / "bin", "flower-supernode")
@@ -223,7 +223,7 @@ def test_a_superlink_port_another_process_took_is_chosen_again(monkeypatch, tmp_
     with held, Deployment(2, tmp_path / "work", log=False) as dep:
         dep.start()
         port = int(dep.superlink.rsplit(":", 1)[1])
-        assert port != held.getsockname()[1] and _listens(dep.procs["superlink"].pid, port)
+        assert port != held.getsockname()[1] and listens(dep.procs["superlink"].pid, port)
         assert [len(spawned[n]) for n in ("edge", "cloud", "superlink", "supernode0", "supernode1")] == [1, 1, 2, 2, 2]
         assert all(spawned[n][0].poll() is not None for n in ("superlink", "supernode0", "supernode1"))
         assert all(spawned[n][-1].poll() is None for n in spawned)  # the second try's, and the tiers, run
@@ -258,7 +258,7 @@ def test_a_supernode_port_another_process_took_is_chosen_again_for_that_node(mon
     nodes are left alone is test_mutants_deploy_a's
     test_a_supernode_port_taken_twice_is_chosen_again_for_that_node_and_awaited (here: one node, as 2 cost a
     real SuperNode more)."""
-    from server.deploy import _listens
+    from server.processes import listens
 
     _stand_in_tiers(monkeypatch)  # chosen before the SuperLink's: the first choice is still theirs
     _listening_stand_in(monkeypatch, tmp_path / "bin", "flower-superlink")
@@ -270,7 +270,7 @@ def test_a_supernode_port_another_process_took_is_chosen_again_for_that_node(mon
         assert [len(spawned[n]) for n in ("superlink", "supernode0")] == [1, 2]
         assert spawned["supernode0"][0].poll() is not None and f"--port {calls[2][0]}" in " ".join(
             spawned["supernode0"][1].args)
-        assert _listens(dep.procs["supernode0"].pid, calls[2][0])
+        assert listens(dep.procs["supernode0"].pid, calls[2][0])
     assert all(p.poll() is not None for ps in spawned.values() for p in ps)
 
 

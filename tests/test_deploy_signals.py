@@ -32,7 +32,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server.deploy import _SIGNALS, Deployment
+from server.deploy import Deployment
+from server.processes import SIGNALS
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint, runfolder
 from tests.sigint_ignored import ignoring_sigint
@@ -164,8 +165,8 @@ def test_a_signal_while_a_child_starts_waits_until_the_child_is_guarded():
     """A child started but not yet handed to the guard would outlive deploy: the signal waits for that."""
     before = signal.getsignal(signal.SIGTERM)
     reached = False
-    with pytest.raises(Terminated), _SIGNALS.installed():
-        with _SIGNALS.held():
+    with pytest.raises(Terminated), SIGNALS.installed():
+        with SIGNALS.held():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.2)  # the handler runs here, and holds the signal back
             reached = True
@@ -177,10 +178,10 @@ def test_a_deploy_started_ignoring_sigint_leaves_it_ignored():
     """A background job of a script starts with SIGINT ignored (Ctrl-C is for the job in the foreground):
     deploy put its own handler in anyway, and a Ctrl-C meant for another job stopped the deployment."""
     script = ("import signal\n"
-              "from server.deploy import _SIGNALS\n"
-              "with _SIGNALS.installed():\n"
+              "from server.processes import SIGNALS\n"
+              "with SIGNALS.installed():\n"
               "    print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN,\n"
-              "          signal.getsignal(signal.SIGTERM) == _SIGNALS.handle)\n"
+              "          signal.getsignal(signal.SIGTERM) == SIGNALS.handle)\n"
               "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n")
     p = subprocess.run(ignoring_sigint([sys.executable, "-c", script]), cwd=ROOT, capture_output=True, text=True,
                        timeout=120)

@@ -36,8 +36,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server import deploy
-from server.deploy import Deployment, _tree, main
+from server import deploy, processes
+from server.deploy import Deployment, main
 from splitfed.engine.rounds import initial_state
 from splitfed.flower import checkpoint, runfolder
 from splitfed.flower.config import RunSettings
@@ -53,7 +53,7 @@ def _rows(out: Path) -> list[dict]:
 
 def _clientapps(pid: int) -> set[int]:
     found = set()
-    for p in _tree(pid):
+    for p in processes.tree(pid):
         try:
             if any("flwr-clientapp" in part for part in p.cmdline()):
                 found.add(p.pid)
@@ -70,7 +70,7 @@ ROUND_TIMEOUT_S = 45.0
 
 def _victim(deploy_pid: int) -> psutil.Process | None:
     """supernode1 (partition 1) among deploy's children."""
-    for p in _tree(deploy_pid):
+    for p in processes.tree(deploy_pid):
         with contextlib.suppress(psutil.Error):
             cmd = " ".join(p.cmdline())
             if "flower-supernode" in cmd and "partition-id=1 " in cmd:
@@ -81,7 +81,7 @@ def _victim(deploy_pid: int) -> psutil.Process | None:
 def _killed(victim: psutil.Process) -> None:
     """SIGKILL ``victim``, its process group (it leads one: deploy starts each so) and everything under it (a
     machine that dies, as ``Deployment.kill`` does)."""
-    tree = _tree(victim.pid)
+    tree = processes.tree(victim.pid)
     with contextlib.suppress(OSError):
         os.killpg(victim.pid, signal.SIGKILL)
     for p in tree:

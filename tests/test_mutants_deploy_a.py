@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server import deploy
+from server import deploy, processes
 from server.deploy import Deployment, StartFailed, check_tls, free_port
 from splitfed.errors import ConfigError
 from tests.test_deploy_signals import _ESCAPES, _alive, _escaped, _left, _wait, reaped  # noqa: F401 - a fixture
@@ -413,8 +413,8 @@ def test_kill_of_a_process_already_reaped_looks_up_no_tree_under_its_pid(tmp_pat
     """Once waited for, its pid may be an unrelated process's: its tree is not looked up, so not killed (as
     ``stop`` does); a process not yet reaped still has its tree killed."""
     looked: list[int] = []
-    real = deploy._tree
-    monkeypatch.setattr(deploy, "_tree", lambda pid: looked.append(pid) or real(pid))
+    real = processes.tree
+    monkeypatch.setattr(processes, "tree", lambda pid: looked.append(pid) or real(pid))
     with Deployment(1, tmp_path, log=False) as dep:
         a = dep._spawn("a", [sys.executable, "-c", "import time; time.sleep(60)"])
         dep.kill("a")

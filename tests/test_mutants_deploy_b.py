@@ -6,9 +6,10 @@ unpinned (its lines 521-760):
   closes its pipe from the guard;
 - the run config names the deployment's own tiers, TLS and token files (only those it has), with the simulated
   clock off; ``flwr run`` leads a session of its own and is ended when its time is up;
-- ``_check_nodes`` fails the run once every SuperNode has exited, not before; ``_listens`` finds a port held by
-  a process under the one started; ``_wait`` runs its check between slices and names its timeout; ``_alive``
-  tells a live process from a zombie; ``_signal`` never signals the group of a leader already waited for;
+- ``_check_nodes`` fails the run once every SuperNode has exited, not before; in ``server/processes.py`` (split
+  out of deploy since), ``listens`` finds a port held by a process under the one started; ``wait`` runs its
+  check between slices and names its timeout; ``alive`` tells a live process from a zombie; ``send_signal``
+  never signals the group of a leader already waited for;
 - ``--workdir`` may name nested folders (none: a temporary one); ``--help`` opens with the module's first line;
   ``--tiers`` takes 2 and 3 and nothing else.
 
@@ -31,19 +32,8 @@ from typing import Any
 import psutil
 import pytest
 
-from server import deploy
-from server.deploy import (
-    Deployment,
-    NodesGone,
-    _alive,
-    _listens,
-    _signal,
-    _tree,
-    _wait,
-    free_port,
-    made_workdir,
-    main,
-)
+from server import deploy, processes
+from server.deploy import Deployment, NodesGone, free_port, made_workdir, main
 from splitfed.errors import Terminated
 from tests.transport_fixtures import Certs, certs  # noqa: F401 - certs: a fixture
 
@@ -121,9 +111,9 @@ def _fake_stop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, clock: _Clock, p
 
     trees = {p.pid: [_Under(clock, None, leader=p), *p.under] for p in procs.values()}
     monkeypatch.setattr(deploy, "time", clock)
-    monkeypatch.setattr(deploy, "_signal", fake_signal)
-    monkeypatch.setattr(deploy, "_tree", lambda pid: trees.get(pid, []))
-    monkeypatch.setattr(deploy, "_alive", lambda q: q.alive())
+    monkeypatch.setattr(processes, "send_signal", fake_signal)
+    monkeypatch.setattr(processes, "tree", lambda pid: trees.get(pid, []))
+    monkeypatch.setattr(processes, "alive", lambda q: q.alive())
     dep = Deployment(1, tmp_path, log=False, grace=grace)
     dep.procs.update(procs)  # type: ignore[arg-type]
     dep.stop()
@@ -292,10 +282,10 @@ def test_a_port_held_by_a_process_two_levels_under_the_one_started_is_found() ->
         port = int(root.stdout.readline())
         listener = next(p for p in psutil.Process(root.pid).children(recursive=True) if p.name().startswith("python"))
         assert listener.ppid() != root.pid  # two levels under
-        assert listener in _tree(root.pid)
-        assert _listens(root.pid, port) is True
+        assert listener in processes.tree(root.pid)
+        assert processes.listens(root.pid, port) is True
         other = free_port()
-        assert other != port and _listens(root.pid, other) is False
+        assert other != port and processes.listens(root.pid, other) is False
     finally:
         os.killpg(root.pid, signal.SIGKILL)
         root.wait(10)
@@ -312,10 +302,10 @@ def sleeper():  # type: ignore[no-untyped-def]
 
 def test_wait_names_its_timeout_and_runs_without_a_check(sleeper) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(subprocess.TimeoutExpired) as e:
-        _wait(sleeper, 0.3)
+        processes.wait(sleeper, 0.3)
     assert e.value.timeout == 0.3 and "0.3 seconds" in str(e.value)
     with pytest.raises(subprocess.TimeoutExpired) as e:
-        _wait(sleeper, 0)
+        processes.wait(sleeper, 0)
     assert e.value.timeout == 0.0 and sleeper.poll() is None
 
 
@@ -329,12 +319,12 @@ def test_wait_runs_its_check_between_slices_and_lets_it_raise(sleeper) -> None: 
             raise NodesGone("every SuperNode exited")
 
     with pytest.raises(NodesGone):
-        _wait(sleeper, 30.0, check)
+        processes.wait(sleeper, 30.0, check)
     assert len(calls) == 2 and sleeper.poll() is None
 
 
 def test_alive_tells_a_live_process_from_a_zombie_and_one_gone(sleeper) -> None:  # type: ignore[no-untyped-def]
-    assert _alive(psutil.Process(sleeper.pid)) is True
+    assert processes.alive(psutil.Process(sleeper.pid)) is True
     done = subprocess.Popen(["true"])
     zombie = psutil.Process(done.pid)
     try:
@@ -343,25 +333,25 @@ def test_alive_tells_a_live_process_from_a_zombie_and_one_gone(sleeper) -> None:
                 break
             time.sleep(0.05)
         assert zombie.is_running() and zombie.status() == psutil.STATUS_ZOMBIE
-        assert _alive(zombie) is False
+        assert processes.alive(zombie) is False
     finally:
         done.wait(10)
-    assert _alive(zombie) is False
+    assert processes.alive(zombie) is False
 
     def gone() -> str:
         raise psutil.NoSuchProcess(12345)
 
-    assert _alive(SimpleNamespace(is_running=lambda: True, status=gone)) is False  # type: ignore[arg-type]
+    assert processes.alive(SimpleNamespace(is_running=lambda: True, status=gone)) is False  # type: ignore[arg-type]
 
 
 def test_signal_reaches_a_live_leaders_group_and_never_one_already_waited_for(sleeper) -> None:  # type: ignore[no-untyped-def]
     """A leader already waited for may have had its pid (its group's number) given to another process: that
     group is not signalled. A live leader's group is."""
     waited = SimpleNamespace(pid=sleeper.pid, returncode=0)  # its pid: now another process's group
-    _signal([waited], [], signal.SIGTERM)  # type: ignore[list-item]
+    processes.send_signal([waited], [], signal.SIGTERM)  # type: ignore[list-item]
     live = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        _signal([live], [], signal.SIGTERM)
+        processes.send_signal([live], [], signal.SIGTERM)
         assert live.wait(10) == -signal.SIGTERM
         with pytest.raises(subprocess.TimeoutExpired):
             sleeper.wait(0.3)
