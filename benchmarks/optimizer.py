@@ -188,7 +188,7 @@ def fleet_sizes(text: str) -> tuple[int, ...]:
 
 def codec(text: str) -> str:
     """``--compress``: checked by the transport's own parser (which imports torch: a codec given is read slowly)."""
-    from splitfed.cost.model import parse_codec
+    from splitfed.cost.wire import parse_codec
 
     try:
         parse_codec(text)

@@ -27,7 +27,7 @@ all down if deploy itself dies, even by SIGKILL):
    (the ServerApp's log) is shown as it comes and kept in ``WORKDIR/flwr-run.log``.
 
 Exit code: 0 once the run folder records the run finished (its own record of
-the run's end, :func:`splitfed.flower.runfolder.status`) with every requested
+the run's end, :func:`splitfed.flower.runstatus.status`) with every requested
 round kept, whatever ``flwr run`` exits with (0 after a failed ServerApp, and
 not always 0 after a finished one); 1 if not (the line printed says where it
 stopped, why, and how to continue it with ``--resume``); 2 for settings refused
@@ -90,7 +90,7 @@ from server import processes
 from splitfed import tomlio
 from splitfed.cli import line_buffered
 from splitfed.errors import ConfigError, SplitfedError, Terminated
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from splitfed.flower.config import ALIASES, RunSettings, app_config
 from splitfed.jsonio import write_json
 from splitfed.ports import PORT_TRIES, READY, cannot_listen, free_ports
@@ -354,7 +354,7 @@ class Deployment:
         if self.token_file:
             security += ["--token-file", self.token_file]
         security += ["--coordinator-token-file", self.coordinator_token_file]
-        from splitfed.cost.model import link_codecs
+        from splitfed.cost.wire import link_codecs
 
         codecs = link_codecs(self.compress, len(names))  # link idx + 1 joins tier idx to the next
         for attempt in range(1, PORT_TRIES + 1):
@@ -729,7 +729,7 @@ def _outcome(args: argparse.Namespace, wanted: RunSettings, workdir: Path, flwr_
               f"ServerApp did not start, or stopped before round 1 of {wanted.rounds} ended; {logs})",
               file=sys.stderr, flush=True)
         return 1
-    st = runfolder.status(wanted.out)
+    st = runstatus.status(wanted.out)
     done, rounds = checkpoint.resume_point(wanted.out, wanted.rounds)
     if st.state == "finished" and done >= wanted.rounds:
         if flwr_code:
@@ -747,8 +747,8 @@ def _outcome(args: argparse.Namespace, wanted: RunSettings, workdir: Path, flwr_
     return 1
 
 
-def _ended(st: runfolder.RunStatus) -> str:
-    """How the run folder says its run ended (:func:`runfolder.status`), in a few words of one line."""
+def _ended(st: runstatus.RunStatus) -> str:
+    """How the run folder says its run ended (:func:`runstatus.status`), in a few words of one line."""
     rec = st.record
     if st.state == "failed":
         return "it failed: " + " ".join(str(rec.get("error") or rec.get("error_type") or "").split())

@@ -51,7 +51,7 @@ def bytes_to_target(run: Any, target: float) -> int | None:
 
 
 def run(cfg: Config, out: Path) -> dict[str, Any]:
-    from splitfed.cost.model import link_codecs
+    from splitfed.cost.wire import link_codecs
     from splitfed.errors import ConfigError
 
     base = cfg.settings()

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from splitfed.cost import Scenario, client_cost, wire_bytes
-from splitfed.cost.model import LABEL_BYTES, codec_rules
+from splitfed.cost.model import LABEL_BYTES
+from splitfed.cost.wire import codec_rules
 from splitfed.engine import template
 from splitfed.errors import ConfigError
 from splitfed.models.zoo import ModelSpec, resolve_spec

@@ -21,7 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitfed.cost.model import wire_bytes
+from splitfed.cost.wire import wire_bytes
 from splitfed.engine.checks import check_tensor
 from splitfed.errors import InvalidArgument, ResourceExhausted
 from splitfed.transport import codec as tc

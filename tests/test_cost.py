@@ -380,7 +380,7 @@ def test_a_top_k_fraction_is_priced_as_the_codec_sends_it() -> None:
     of a million floats that the codec sends as 800,008."""
     import torch
 
-    from splitfed.cost.model import wire_bytes
+    from splitfed.cost.wire import wire_bytes
     from splitfed.transport.codec import Codec, payload_size
 
     sc = replace(scenario(), codec="topk:0.1000004")

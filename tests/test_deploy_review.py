@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.deploy import main
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from tests.test_deploy_signals import _family, _held, _left, _resumed, _running, reaped  # noqa: F401 - reaped: a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def test_ctrl_c_is_recorded_as_sigint(tmp_path, reaped) -> None:  # type: ignore
         assert not _left(family), "still running after deploy exited"
         runfolder.check(out, resume=True, overwrite=False)  # free
         assert checkpoint.load(out).round >= 1
-        st_ = runfolder.status(out)
+        st_ = runstatus.status(out)
         assert (st_.state, st_.record.get("signal")) == ("stopped", "SIGINT"), st_
     finally:
         p.kill()

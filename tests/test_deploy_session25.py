@@ -3,7 +3,7 @@
 - once the checkpoint held every round, deploy exited with ``flwr run``'s code: a run that failed after its last
   round (its summary could not be written) exited 0, as ``flwr run`` exits after a failed ServerApp, and a run
   that finished exited non-zero when ``flwr run`` did (a wrapper that runs the real ``flwr``, then exits 3).
-  Now the run folder's own record of the run (:func:`runfolder.status`) decides: 0 iff it finished;
+  Now the run folder's own record of the run (:func:`runstatus.status`) decides: 0 iff it finished;
 - the devices' token given as the coordinator's was refused by the edge tier once the tiers had started (exit 1,
   the workdir and the tiers' logs left behind). Now it is refused before anything starts (exit 2, one line).
 
@@ -26,7 +26,7 @@ import pytest
 from server import deploy
 from server.deploy import Deployment, main
 from splitfed.errors import RunFolderError
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from splitfed.flower.metrics import summary_again
 from tests.test_flower_deploy import _held_run
 
@@ -72,7 +72,7 @@ def test_a_serverapp_that_never_claims_the_folder_is_no_finished_run(tmp_path, m
     exits 0, as it does): before, the old run's "finished" was read as this run's, and deploy exited 0."""
     out = tmp_path / "run"
     _claimed(out, fail=False)
-    assert runfolder.status(out).state == "finished"
+    assert runstatus.status(out).state == "finished"
     monkeypatch.setattr(Deployment, "start", lambda self: self)
     monkeypatch.setattr(Deployment, "run", lambda self, overrides, timeout=None: subprocess.CompletedProcess([], 0))
     work = tmp_path / "work"

@@ -35,7 +35,7 @@ import pytest
 from server.deploy import Deployment
 from server.processes import SIGNALS
 from splitfed.errors import ConfigError, Terminated
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from tests.sigint_ignored import ignoring_sigint
 from tests.test_flower_deploy import _held_run
 
@@ -321,7 +321,7 @@ def test_sigterm_stops_deploy_like_ctrl_c(tmp_path, reaped):
         _not_in_use(out)
         # the ServerApp ends under Flower's handler (os._exit): its stop is recorded all the same (it read crashed);
         # or, when its own end comes first, a run stopped before any round finished leaves nothing (runfolder._tidy)
-        st = runfolder.status(out)
+        st = runstatus.status(out)
         if (out / runfolder.LOCK).exists() or kept:
             assert (st.state, st.record.get("signal")) == ("stopped", "SIGTERM"), st
         else:

@@ -39,7 +39,7 @@ import pytest
 from server import deploy, processes
 from server.deploy import Deployment, main
 from splitfed.engine.rounds import initial_state
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from splitfed.flower.config import RunSettings
 
 pytestmark = pytest.mark.xdist_group("flower-deploy")  # real deployments (no Ray: beside flower-real); also slow
@@ -157,7 +157,7 @@ def test_a_run_that_failed_after_its_last_round_exits_1_saying_why(run):
     the real ``flwr run`` exits 0. Before, deploy exited with ``flwr run``'s code: 0 (moved here from
     test_deploy_session25, which ran a deployment of its own for it)."""
     out, work, text = run["out"].resolve(), run["work"].resolve(), run["shown"]
-    st = runfolder.status(out)
+    st = runstatus.status(out)
     assert st.state == "failed" and checkpoint.load(out).round == 2, (st, text[-3000:])
     assert run["code"] == 1, text[-3000:]
     said = re.findall(r"^deploy: error: .*$", text, re.M)

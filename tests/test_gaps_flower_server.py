@@ -33,7 +33,7 @@ import server.app
 from server.strategy import RunStopped, SplitFedAvg, _check_weights, _speed_text
 from splitfed.engine.rounds import initial_state
 from splitfed.errors import ConfigError, RunFolderError, Terminated, Unavailable
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import METRICS, SUMMARY
 from splitfed.flower.policy import make_policy
@@ -453,7 +453,7 @@ def test_a_lock_file_removed_as_a_claim_locked_it_is_opened_again(tmp_path, monk
 
     monkeypatch.setattr(runfolder, "_lock", lock_after_a_removal)
     with runfolder.claim(tmp_path, resume=False, overwrite=False):
-        assert len(calls) == 2 and runfolder.status(tmp_path).state == "running"
+        assert len(calls) == 2 and runstatus.status(tmp_path).state == "running"
         fd = os.open(tmp_path / runfolder.LOCK, os.O_RDONLY)
         try:
             with pytest.raises(BlockingIOError):  # the file at the path is the one held
@@ -483,7 +483,7 @@ def test_a_run_stopped_by_a_signal_python_has_no_name_for_records_its_number(tmp
         (tmp_path / METRICS).write_text(ROW)
         runfolder.stop_requested(rt)
         raise RuntimeError("its end")
-    st_ = runfolder.status(tmp_path)
+    st_ = runstatus.status(tmp_path)
     assert (st_.state, st_.record["signal"]) == ("stopped", f"signal {rt}")
 
 
@@ -530,7 +530,7 @@ def test_odd_run_folders_read_with_a_sensible_status(tmp_path, lock, summary, ro
     if lock is not None and lock.get("pid") == -1:
         lock = {**lock, "pid": _dead_pid()}
     folder = _folder(tmp_path / "run", lock=lock, summary=summary, rows=rows)
-    assert runfolder.status(folder).state == state
+    assert runstatus.status(folder).state == state
 
 
 # ---------------------------------------------------------------- splitfed simulate (splitfed.sim.runner)

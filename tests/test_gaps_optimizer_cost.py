@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import splitfed.optimizer.assign as assign
 from splitfed.cost import Scenario, client_cost, evaluate, option_table, server_memory, wire_bytes
-from splitfed.cost.model import codec_rules
+from splitfed.cost.wire import codec_rules
 from splitfed.errors import ConfigError, CutError
 from splitfed.optimizer import Adapter, best_static, brute_force, exhaustive, solve, static
 from splitfed.optimizer import classes as opt_classes

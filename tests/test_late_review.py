@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from splitfed.engine import template
-from splitfed.flower import runfolder
+from splitfed.flower import runfolder, runstatus
 from splitfed.flower.metrics import METRICS
 from splitfed.models import rng
 from splitfed.models.zoo import ModelSpec, resolve_spec
@@ -83,7 +83,7 @@ def test_grad_reach_leaves_the_template_as_it_was() -> None:
 
 def _check_elsewhere(folder: Path, resume: bool) -> str:
     """What another process's early check (``splitfed simulate``'s validate) says of ``folder``: its refusal."""
-    code = (f"from splitfed.errors import ConfigError\nfrom splitfed.flower import runfolder\ntry:\n"
+    code = (f"from splitfed.errors import ConfigError\nfrom splitfed.flower import runfolder, runstatus\ntry:\n"
             f"    runfolder.check({str(folder)!r}, resume={resume}, overwrite=False)\n"
             f"except ConfigError as e:\n    print(e)\n")
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -101,7 +101,7 @@ def test_a_reserved_folder_of_a_killed_run_does_not_name_the_dead_run_as_its_hol
                            check=True).stdout  # the killed run's record: its process is gone
     (folder / runfolder.LOCK).write_text(start)
     dead = json.loads(start)["pid"]
-    assert runfolder.status(folder).state == "crashed"
+    assert runstatus.status(folder).state == "crashed"
     with runfolder.reserve(folder, resume=True, overwrite=False):
         refused = _check_elsewhere(folder, resume=True)
     assert f"in use by another run (pid {os.getpid()} on {socket.gethostname()}, still starting)" in refused, refused

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from splitfed.cost import Scenario, client_cost, evaluate
-from splitfed.cost.model import link_codecs, option_table, parse_codec, wire_bytes
+from splitfed.cost.model import option_table
+from splitfed.cost.wire import link_codecs, parse_codec, wire_bytes
 from splitfed.errors import ConfigError
 from splitfed.profile import Client, Fleet, LinkProfile, ModelProfile, TierProfile
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from splitfed.cost import Scenario, client_cost
-from splitfed.cost.model import held_memory, move_cost, option_table, wire_bytes
+from splitfed.cost.model import held_memory, move_cost, option_table
+from splitfed.cost.wire import wire_bytes
 from splitfed.errors import ConfigError, CutError
 from splitfed.profile import Client, LinkProfile, ModelProfile, TierProfile
 

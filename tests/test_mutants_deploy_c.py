@@ -19,7 +19,7 @@ import pytest
 from server import deploy
 from server.deploy import Deployment, NodesGone, StartFailed, main
 from splitfed.errors import Terminated
-from splitfed.flower import runfolder
+from splitfed.flower import runstatus
 from splitfed.flower.config import RunSettings
 from tests.test_flower_deploy import _held_run
 
@@ -113,7 +113,7 @@ def test_ctrl_c_exits_130_and_sigterm_143(tmp_path, monkeypatch, capsys, exc, co
     ("unknown", {"host": "elsewhere"}, "it recorded no end (the folder reads unknown)"),
 ])
 def test_each_way_a_run_ended_has_its_words(state: str, record: dict, said: str) -> None:
-    assert deploy._ended(runfolder.RunStatus(state, record)) == said
+    assert deploy._ended(runstatus.RunStatus(state, record)) == said
 
 
 # --------------------------------------------------------------- _kept: what a run stopped short keeps

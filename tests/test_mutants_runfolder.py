@@ -25,7 +25,7 @@ import pytest
 
 from splitfed.cli import OUTPUT_CLOSED
 from splitfed.errors import ConfigError
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from splitfed.flower.metrics import METRICS, SUMMARY
 from tests.test_runfolder import _holder
 
@@ -56,14 +56,14 @@ def test_a_run_killed_but_not_yet_reaped_by_its_parent_reads_crashed_not_running
     p = _holder(folder)
     try:
         (folder / METRICS).write_text(ROW)
-        assert runfolder.status(folder).state == "running"
+        assert runstatus.status(folder).state == "running"
         os.kill(p.pid, signal.SIGKILL)  # not waited on: a zombie until reaped
         _wait_state(p.pid, "Z")
-        assert runfolder.status(folder).state == "crashed"
+        assert runstatus.status(folder).state == "crashed"
     finally:
         p.kill()
         p.wait()
-    assert runfolder.status(folder).state == "crashed"
+    assert runstatus.status(folder).state == "crashed"
 
 
 def test_the_lock_record_names_the_process_by_this_boot_and_its_start(tmp_path: Path) -> None:
@@ -75,18 +75,18 @@ def test_the_lock_record_names_the_process_by_this_boot_and_its_start(tmp_path: 
         assert rec["pid"] == os.getpid()
         b, _, tick = rec["process"].partition(":")
         assert b == boot and tick.isdigit() and int(tick) > 0
-        assert runfolder.status(folder).state == "running"
+        assert runstatus.status(folder).state == "running"
 
 
 def test_a_run_that_is_pid_1_of_its_container_reads_running(tmp_path: Path) -> None:
     """Pid 1 is a real process (a run started as a container's entry point), not an invalid pid."""
     folder = tmp_path / "run"
     rec = {"pid": 1, "host": socket.gethostname(), "since": time.strftime(TIME),
-           "process": runfolder._identity(1)}
+           "process": runstatus.identity(1)}
     assert rec["process"]
     _write_lock(folder, rec)
     (folder / METRICS).write_text(ROW)
-    assert runfolder.status(folder).state == "running"
+    assert runstatus.status(folder).state == "running"
 
 
 def _old_record(pid: int, since: float) -> dict:
@@ -104,7 +104,7 @@ def test_an_older_record_is_its_live_process_when_that_started_at_most_two_secon
             folder = tmp_path / name
             _write_lock(folder, _old_record(p.pid, since))
             (folder / METRICS).write_text(ROW)
-            assert runfolder.status(folder).state == "running", name
+            assert runstatus.status(folder).state == "running", name
     finally:
         p.kill()
         p.wait()
@@ -118,7 +118,7 @@ def test_an_older_record_is_not_a_process_that_started_more_than_two_seconds_aft
         folder = tmp_path / "run"
         _write_lock(folder, _old_record(p.pid, math.ceil(ct) - 3))  # ct - since in (2, 3]
         (folder / METRICS).write_text(ROW)
-        assert runfolder.status(folder).state == "unfinished"
+        assert runstatus.status(folder).state == "unfinished"
     finally:
         p.kill()
         p.wait()
@@ -217,7 +217,7 @@ def test_a_summary_written_in_the_same_instant_as_the_end_record_is_the_runs_end
     (folder / SUMMARY).write_text('{"rounds": 2}\n')
     t = (folder / runfolder.LOCK).stat().st_mtime_ns
     os.utime(folder / SUMMARY, ns=(t, t))
-    assert runfolder.status(folder).state == "finished"
+    assert runstatus.status(folder).state == "finished"
 
 
 @pytest.mark.parametrize("summary", ['{"rounds": 1}\n', "[2]\n"], ids=["fewer-rounds", "not-an-object"])
@@ -227,7 +227,7 @@ def test_a_newer_summary_that_does_not_sum_up_the_rows_is_not_the_runs_end(tmp_p
     (folder / SUMMARY).write_text(summary)
     t = (folder / runfolder.LOCK).stat().st_mtime_ns + 10**9
     os.utime(folder / SUMMARY, ns=(t, t))
-    assert runfolder.status(folder).state == "failed"
+    assert runstatus.status(folder).state == "failed"
 
 
 def test_a_folder_without_a_lock_whose_summary_is_splitfeds_reads_finished(tmp_path: Path) -> None:
@@ -236,7 +236,7 @@ def test_a_folder_without_a_lock_whose_summary_is_splitfeds_reads_finished(tmp_p
     folder.mkdir()
     (folder / METRICS).write_text(ROW)
     (folder / SUMMARY).write_text('{"settings": {}, "rounds": 1}\n')
-    assert runfolder.status(folder).state == "finished"
+    assert runstatus.status(folder).state == "finished"
 
 
 # ---------------------------------------------------------------- signals and a closed output
@@ -265,7 +265,7 @@ def test_the_first_signal_of_a_stop_is_recorded_in_place_and_the_previous_handle
             signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
             rec = json.loads((folder / runfolder.LOCK).read_bytes())
             assert (rec["state"], rec["signal"]) == ("stopped", "SIGINT")
-            assert runfolder.status(folder).state == "stopped"
+            assert runstatus.status(folder).state == "stopped"
     finally:
         for s, h in before.items():
             signal.signal(s, h)
@@ -303,7 +303,7 @@ def test_a_ctrl_c_under_the_default_sigint_interrupts_the_run_rather_than_killin
     """)
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout.strip()) == (0, "interrupted"), r.stderr
-    rs = runfolder.status(folder)
+    rs = runstatus.status(folder)
     assert (rs.state, rs.record.get("signal")) == ("stopped", "SIGINT")
 
 
@@ -328,5 +328,5 @@ def test_a_run_whose_output_reader_went_away_records_it_was_stopped_for_that(tmp
     p.stdin.write("go\n")
     p.stdin.close()
     p.wait(timeout=60)
-    rs = runfolder.status(folder)
+    rs = runstatus.status(folder)
     assert (rs.state, rs.record.get("reason"), rs.record.get("signal")) == ("stopped", OUTPUT_CLOSED, None), rs

@@ -125,7 +125,7 @@ def test_a_run_whose_edge_restarts_with_another_compress_stops_naming_it_and_kee
 
     import clients.app
     import server.app
-    from splitfed.flower import runfolder
+    from splitfed.flower import runstatus
     from tests.flower_fixtures import FakeGrid
 
     with serve_tier("cloud", insecure=True) as cloud:
@@ -149,4 +149,4 @@ def test_a_run_whose_edge_restarts_with_another_compress_stops_naming_it_and_kee
             edge.kill()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1]
-    assert runfolder.status(tmp_path).state == "failed"
+    assert runstatus.status(tmp_path).state == "failed"

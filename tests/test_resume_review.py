@@ -25,7 +25,7 @@ import pytest
 import clients.app
 from splitfed.cli import main
 from splitfed.errors import ConfigError
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import METRICS, SUMMARY, rows_kept
 from tests.flower_fixtures import FakeGrid, inprocess_tiers
@@ -146,11 +146,11 @@ def test_a_resume_asking_fewer_rounds_of_a_run_that_ended_part_way_leaves_it_unf
     """Before, ``--resume DIR --rounds 1`` of a run stopped at round 2 of 4 wrote its summary.json, so
     ``splitfed report`` read it ``finished``, and said to train on with ``--rounds 3 or more``."""
     _stopped_after(tmp_path, 2, monkeypatch)
-    assert runfolder.status(tmp_path).state == "stopped"
+    assert runstatus.status(tmp_path).state == "stopped"
     rows = (tmp_path / METRICS).read_bytes()
     assert main(["simulate", "--resume", str(tmp_path), "--rounds", "1", "--json"]) == 0
     assert not (tmp_path / SUMMARY).exists() and (tmp_path / METRICS).read_bytes() == rows
-    assert runfolder.status(tmp_path).state == "stopped"
+    assert runstatus.status(tmp_path).state == "stopped"
     out = capsys.readouterr()
     assert json.loads(out.out)["rounds"] == 2
     assert f"nothing to do: {tmp_path} holds round 2 of its 4" in out.err
@@ -167,7 +167,7 @@ def test_server_deploy_resume_asking_fewer_rounds_leaves_a_run_ended_part_way_un
     rows = (tmp_path / METRICS).read_bytes()
     assert deploy.main(["--resume", str(tmp_path), "--rounds", "1"]) == 0
     assert not (tmp_path / SUMMARY).exists() and (tmp_path / METRICS).read_bytes() == rows
-    assert runfolder.status(tmp_path).state == "stopped"
+    assert runstatus.status(tmp_path).state == "stopped"
     err = capsys.readouterr().err
     assert f"nothing to do: {tmp_path} holds round 2 of its 4" in err and f"--resume {tmp_path})" in err
     assert deploy.main(["--resume", str(tmp_path), "--rounds", "2"]) == 0  # its own last round kept: the same

@@ -25,7 +25,7 @@ import pytest
 
 from splitfed.cli import main as cli
 from splitfed.errors import Terminated
-from splitfed.flower import runfolder
+from splitfed.flower import runfolder, runstatus
 from splitfed.flower.config import RunSettings
 from splitfed.flower.metrics import METRICS, SUMMARY
 from splitfed.report.runs import load_run, load_runs, run_notes, write_run
@@ -114,7 +114,7 @@ def test_a_run_stopped_by_the_simulate_runners_signal_reads_stopped_whatever_its
         (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
         runfolder.stop_requested(signal.SIGTERM)
         raise RuntimeError("round 2: 0 of 2 clients finished")
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert (st.state, st.record["signal"]) == ("stopped", "SIGTERM")
 
 
@@ -157,8 +157,8 @@ def test_a_run_killed_mid_way_reads_still_running_then_crashed(tmp_path, capsys)
     assert f"note: {folder} crashed: its process (pid {p.pid} on " in err and "(1 round kept)" in err
     # its folder is continued as any stopped run's: the resumed run's own end is what is read then
     with runfolder.claim(folder, resume=True, overwrite=False):
-        assert runfolder.status(folder).state == "running"  # this process, now
-    assert runfolder.status(folder).state == "finished"
+        assert runstatus.status(folder).state == "running"  # this process, now
+    assert runstatus.status(folder).state == "finished"
 
 
 def test_a_finished_run_resumed_for_more_rounds_and_killed_reads_crashed(tmp_path):
@@ -270,10 +270,10 @@ def test_a_summary_written_again_after_a_failed_end_reads_finished(tmp_path):
     with pytest.raises(RuntimeError), runfolder.claim(folder, resume=False, overwrite=False):
         (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
         raise RuntimeError("after the last checkpoint")
-    assert runfolder.status(folder).state == "failed"
+    assert runstatus.status(folder).state == "failed"
     time.sleep(0.01)
     (folder / SUMMARY).write_text('{"rounds": 1}\n')
-    assert runfolder.status(folder).state == "finished"
+    assert runstatus.status(folder).state == "finished"
 
 
 def test_the_end_record_replaces_the_lock_file_atomically(tmp_path):
@@ -339,13 +339,13 @@ def test_a_signal_under_a_handler_that_never_unwinds_still_records_the_stop(tmp_
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        assert runfolder.status(folder).state == "running"
+        assert runstatus.status(folder).state == "running"
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0  # Flower's exit, not the signal's
     finally:
         p.kill()
         p.wait()
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert (st.state, st.record.get("signal")) == ("stopped", "SIGTERM"), st
 
 
@@ -369,14 +369,14 @@ def test_a_sigterm_left_at_its_default_records_the_stop_and_still_ends_the_proce
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        assert runfolder.status(folder).state == "running"
+        assert runstatus.status(folder).state == "running"
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == -signal.SIGTERM
         assert p.stdout.read() == ""
     finally:
         p.kill()
         p.wait()
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert (st.state, st.record.get("signal")) == ("stopped", "SIGTERM"), st
 
 
@@ -389,13 +389,13 @@ def test_recording_stops_gives_the_handlers_back_and_sigint_still_interrupts(tmp
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)  # the signal interrupts this
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert (st.state, st.record.get("signal")) == ("stopped", "SIGINT"), st
     with pytest.raises(ValueError, match="its own"):  # a later run's failure is its own: no stale stop
         with runfolder.claim(folder, True, False):
             (folder / METRICS).write_text('{"round": 1}\n{"round": 2}\n')
             raise ValueError("its own")
-    assert runfolder.status(folder).state == "failed"
+    assert runstatus.status(folder).state == "failed"
 
 
 def test_a_resume_refused_at_its_start_leaves_the_record_of_the_run_that_is_there(tmp_path):
@@ -405,19 +405,19 @@ def test_a_resume_refused_at_its_start_leaves_the_record_of_the_run_that_is_ther
 
     folder = tmp_path / "run"
     _train(folder, rounds=1)
-    record = dict(runfolder.status(folder).record)
+    record = dict(runstatus.status(folder).record)
     assert record["state"] == "finished"
     with pytest.raises(ConfigError, match="cannot resume"):
         with runfolder.claim(folder, resume=True, overwrite=False):
             raise ConfigError("cannot resume with different lr (0.05 -> 0.5)")
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert st.state == "finished" and dict(st.record) == record
     with pytest.raises(ConfigError):  # one that kept something records its own end
         with runfolder.claim(folder, resume=True, overwrite=False):
             with (folder / METRICS).open("a") as f:
                 f.write('{"round": 2}\n')
             raise ConfigError("round 2 failed")
-    assert runfolder.status(folder).state == "failed"
+    assert runstatus.status(folder).state == "failed"
 
 
 def test_a_failure_said_from_outside_the_run_is_recorded_rather_than_the_stop_it_caused(tmp_path):
@@ -431,14 +431,14 @@ def test_a_failure_said_from_outside_the_run_is_recorded_rather_than_the_stop_it
             (folder / METRICS).write_text('{"round": 1}\n')
             runfolder.failed_elsewhere(folder, "the simulation engine failed: RuntimeError: the engine died")
             raise RunStopped("the run was stopped")
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert st.state == "failed" and st.record["error"] == ("the simulation engine failed: RuntimeError: the "
                                                            "engine died"), st
     with pytest.raises(RunStopped):  # said for that run only
         with runfolder.claim(folder, True, False):
             (folder / METRICS).write_text('{"round": 1}\n{"round": 2}\n')
             raise RunStopped("the run was stopped")
-    assert runfolder.status(folder).record["error"] == "the run was stopped"
+    assert runstatus.status(folder).record["error"] == "the run was stopped"
 
 
 def test_own_sessions_are_this_processs_since_the_start(tmp_path, monkeypatch):
@@ -465,7 +465,7 @@ def test_a_stop_said_while_no_run_is_held_concerns_no_later_run(tmp_path):
     with pytest.raises(OSError), runfolder.claim(folder, False, False):
         (folder / METRICS).write_text('{"round": 1}\n')
         raise OSError("the disk is on fire")
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert st.state == "failed" and st.record["error"] == "the disk is on fire", st
 
 
@@ -476,7 +476,7 @@ def test_a_failure_said_of_a_folder_no_run_holds_is_nothing(tmp_path):
     with pytest.raises(OSError), runfolder.claim(folder, False, False):
         (folder / METRICS).write_text('{"round": 1}\n')
         raise OSError("its own")
-    assert runfolder.status(folder).record["error"] == "its own"
+    assert runstatus.status(folder).record["error"] == "its own"
 
 
 def test_a_resume_that_rewrote_the_metrics_as_they_were_kept_nothing(tmp_path):
@@ -486,13 +486,13 @@ def test_a_resume_that_rewrote_the_metrics_as_they_were_kept_nothing(tmp_path):
     again still reads finished."""
     folder = tmp_path / "run"
     _train(folder, rounds=1)
-    record = dict(runfolder.status(folder).record)
+    record = dict(runstatus.status(folder).record)
     with pytest.raises(KeyboardInterrupt), runfolder.claim(folder, resume=True, overwrite=False):
         data = (folder / METRICS).read_bytes()
         time.sleep(0.01)
         (folder / METRICS).write_bytes(data)  # as it was, written again
         raise KeyboardInterrupt
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert st.state == "finished" and dict(st.record) == record, st
     # a stopped run whose summary a resume with nothing to do wrote again reads finished, and stays so
     stopped = tmp_path / "stopped"
@@ -501,10 +501,10 @@ def test_a_resume_that_rewrote_the_metrics_as_they_were_kept_nothing(tmp_path):
         raise KeyboardInterrupt
     time.sleep(0.01)
     (stopped / SUMMARY).write_text(json.dumps({"settings": {}, "rounds": 1}))
-    assert runfolder.status(stopped).state == "finished"
+    assert runstatus.status(stopped).state == "finished"
     with pytest.raises(ValueError), runfolder.claim(stopped, resume=True, overwrite=False):
         raise ValueError("cannot resume with different lr")
-    assert runfolder.status(stopped).state == "finished"
+    assert runstatus.status(stopped).state == "finished"
 
 
 def test_an_ignored_sigint_records_no_stop(tmp_path):
@@ -516,10 +516,10 @@ def test_an_ignored_sigint_records_no_stop(tmp_path):
             (folder / METRICS).write_text('{"round": 1}\n')
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
-            assert runfolder.status(folder).state == "running"
+            assert runstatus.status(folder).state == "running"
     finally:
         signal.signal(signal.SIGINT, old)
-    assert runfolder.status(folder).state == "finished"
+    assert runstatus.status(folder).state == "finished"
 
 
 @pytest.mark.parametrize(("cuts", "sim_clock", "asked"), [

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from splitfed.errors import ConfigError
-from splitfed.flower import runfolder
+from splitfed.flower import runfolder, runstatus
 from splitfed.flower.metrics import METRICS
 from splitfed.report.runs import load_run, run_notes
 
@@ -55,7 +55,7 @@ def test_a_run_that_the_full_disk_stopped_records_that_it_failed_in_its_start_re
     assert (rec["state"], rec["error"], rec["error_type"], rec["pid"]) == (
         "failed", "[Errno 28] No space left on device", "OSError", os.getpid())
     assert lock.read_text() == json.dumps(rec) + "\n"  # the start record's padding is gone
-    st = runfolder.status(folder)
+    st = runstatus.status(folder)
     assert st.state == "failed"
     notes = run_notes(load_run(folder))
     assert notes == [f"{folder} failed at {rec['until']}: [Errno 28] No space left on device (1 round kept)"]
@@ -70,7 +70,7 @@ def test_a_run_that_finished_on_a_full_disk_records_its_end_in_the_held_file(tmp
         assert (folder / runfolder.LOCK).stat().st_size == runfolder.ROOM  # room made at the start
     assert (folder / runfolder.LOCK).stat().st_ino == ino  # written in place: no new file
     assert json.loads((folder / runfolder.LOCK).read_text())["state"] == "finished"
-    assert runfolder.status(folder).state == "finished"
+    assert runstatus.status(folder).state == "finished"
 
 
 def test_an_end_record_written_in_place_is_never_torn(tmp_path, monkeypatch):
@@ -92,7 +92,7 @@ def test_an_end_record_written_in_place_is_never_torn(tmp_path, monkeypatch):
         start = json.loads((folder / runfolder.LOCK).read_text())
         monkeypatch.setattr(runfolder.os, "pwrite", pwrite)
     assert writes and writes[0] > 0  # the tail went first, past the start record
-    assert runfolder._record((folder / runfolder.LOCK).read_bytes()) == start
+    assert runstatus.read_record((folder / runfolder.LOCK).read_bytes()) == start
     assert (folder / runfolder.LOCK).read_bytes().rstrip().endswith(b"}")
 
 
@@ -104,7 +104,7 @@ def test_a_long_error_is_cut_to_the_room_of_the_start_record(tmp_path, monkeypat
     data = (folder / runfolder.LOCK).read_bytes()
     rec = json.loads(data)
     assert rec["state"] == "failed" and rec["error"].endswith("x...") and len(data) <= runfolder.ROOM
-    assert runfolder.status(folder).state == "failed"
+    assert runstatus.status(folder).state == "failed"
 
 
 def test_with_room_on_the_disk_the_end_record_is_a_new_file_put_in_place(tmp_path):
@@ -128,25 +128,25 @@ def _stopped_run(folder: Path) -> dict:
 
 
 def _elsewhere(code: str) -> str:
-    return subprocess.run([sys.executable, "-c", "from splitfed.flower import runfolder\n" + code], cwd=ROOT,
+    return subprocess.run([sys.executable, "-c", "from splitfed.flower import runfolder, runstatus\n" + code], cwd=ROOT,
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_a_folder_held_while_its_resume_starts_reads_as_running_with_the_holder(tmp_path):
     folder = tmp_path / "run"
     old = _stopped_run(folder)
-    assert runfolder.status(folder).state == "stopped"
+    assert runstatus.status(folder).state == "stopped"
     with runfolder.reserve(folder, resume=True, overwrite=False):
-        seen = _elsewhere(f"s = runfolder.status({str(folder)!r}); print(s.state, s.record['pid'], "
+        seen = _elsewhere(f"s = runstatus.status({str(folder)!r}); print(s.state, s.record['pid'], "
                           "s.record['starting'])")
-        st = runfolder.status(folder)
+        st = runstatus.status(folder)
         note = run_notes(load_run(folder))[0]
     assert seen == f"running {os.getpid()} True"
     assert (st.record["pid"], st.record["host"]) == (os.getpid(), socket.gethostname())
     assert note.startswith(f"{folder} is starting again (pid {os.getpid()} on {socket.gethostname()}, started ")
     assert note.endswith("): 1 round so far"), note
     assert json.loads((folder / runfolder.LOCK).read_text()) == old  # the record the resume needs, untouched
-    assert runfolder.status(folder).state == "stopped"  # let go: as it was
+    assert runstatus.status(folder).state == "stopped"  # let go: as it was
 
 
 def test_a_second_run_is_told_which_process_holds_the_folder_while_it_starts(tmp_path):

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from splitfed.cli import OUTPUT_CLOSED
 from splitfed.cli import main as cli
 from splitfed.errors import ConfigError
-from splitfed.flower import runfolder
+from splitfed.flower import runfolder, runstatus
 from splitfed.flower.metrics import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +88,7 @@ def _report(capsys: pytest.CaptureFixture[str], folder: Path) -> tuple[dict[str,
 def test_a_run_whose_stdout_reader_went_away_is_recorded_stopped_and_stays_resumable(tmp_path, capsys):
     folder = tmp_path / "headed"
     _run(folder, "stdout")
-    rs = runfolder.status(folder)
+    rs = runstatus.status(folder)
     # Python ignores SIGPIPE: its write failed (BrokenPipeError), and no signal stopped it
     assert (rs.state, rs.record.get("reason"), rs.record.get("signal")) == ("stopped", OUTPUT_CLOSED, None), rs
     assert "error_type" not in rs.record
@@ -98,14 +98,14 @@ def test_a_run_whose_stdout_reader_went_away_is_recorded_stopped_and_stays_resum
     with pytest.raises(ConfigError, match="already holds a run"):  # its round is kept, not replaced
         runfolder.check(folder, resume=False, overwrite=False)
     with runfolder.claim(folder, resume=True, overwrite=False):  # and continued as any stopped run
-        assert runfolder.status(folder).state == "running"
+        assert runstatus.status(folder).state == "running"
 
 
 @pytest.mark.slow
 def test_a_broken_pipe_that_is_not_stdout_is_still_a_failure(tmp_path):
     folder = tmp_path / "socket"
     _run(folder, "socket")
-    rs = runfolder.status(folder)
+    rs = runstatus.status(folder)
     assert (rs.state, rs.record.get("error_type")) == ("failed", "BrokenPipeError"), rs
 
 
@@ -143,11 +143,11 @@ def test_a_reserved_folder_is_refused_to_a_second_run_at_once_and_taken_over_by_
         assert "is in use by another run" in _check_elsewhere(folder, overwrite=True)
         runfolder.check(folder, resume=False, overwrite=False)  # this process's own check: not in use by another
         with runfolder.claim(folder, resume=False, overwrite=False):  # the run's claim takes the lock over
-            assert runfolder.status(folder).state == "running"
+            assert runstatus.status(folder).state == "running"
             assert "is in use by another run" in _check_elsewhere(folder)
             (folder / METRICS).write_text('{"round": 1, "accuracy": 0.5, "sim_round_s": 1.0}\n')
-        assert runfolder.status(folder).state == "finished"
-    assert runfolder.status(folder).state == "finished"  # the reservation's end leaves the claim's record
+        assert runstatus.status(folder).state == "finished"
+    assert runstatus.status(folder).state == "finished"  # the reservation's end leaves the claim's record
     with runfolder.claim(folder, resume=True, overwrite=False):  # and the lock: a later run takes it
         pass
 

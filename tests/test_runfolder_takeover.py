@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from splitfed.cli import OUTPUT_CLOSED
 from splitfed.cli import main as cli
 from splitfed.errors import ConfigError
-from splitfed.flower import checkpoint, runfolder
+from splitfed.flower import checkpoint, runfolder, runstatus
 from splitfed.flower.metrics import METRICS
 from tests.test_runfolder_stop_state import _check_elsewhere
 
@@ -113,7 +113,7 @@ def test_another_threads_run_cannot_take_over_a_reserved_folder(tmp_path_factory
         assert "in use by another run of this process" in _in_thread(
             lambda: _claim(folder, resume=made, overwrite=False))
         assert _in_thread(lambda: _claim(folder, resume=made, overwrite=False, reservation=held)) == "claimed"
-    assert runfolder.status(folder).state == "finished"
+    assert runstatus.status(folder).state == "finished"
 
 
 def test_a_reservation_is_taken_over_by_its_own_token_from_any_thread_and_by_no_other(tmp_path):
@@ -125,7 +125,7 @@ def test_a_reservation_is_taken_over_by_its_own_token_from_any_thread_and_by_no_
             lambda: _claim(folder, resume=False, overwrite=False, reservation=wrong))
         notebook = _Notebook()  # a thread the reservation would not let take it over unnamed: the token does
         assert notebook.run(lambda: _claim(folder, resume=False, overwrite=False, reservation=mine)) == "claimed"
-    assert runfolder.status(folder).state == "finished"
+    assert runstatus.status(folder).state == "finished"
 
 
 def test_a_reservations_end_does_not_let_go_of_a_later_reservation_of_the_folder(tmp_path):
@@ -177,14 +177,14 @@ def test_a_run_whose_output_reader_closed_records_that_and_no_signal(tmp_path, c
     run.stdout.close()  # head alone reads it
     err = run.stderr.read().decode()
     assert (head.stdout, run.wait(), err) == ("round 1 kept\n", 141, "")  # ended quietly, as a Unix tool
-    rs = runfolder.status(folder)
+    rs = runstatus.status(folder)
     assert rs.state == "stopped" and rs.record.get("reason") == OUTPUT_CLOSED, rs
     assert "signal" not in rs.record and "error_type" not in rs.record, rs
     assert cli(["report", str(folder), "--out", str(tmp_path / "report")]) == 0
     note = capsys.readouterr().err
     assert f"note: {folder} was stopped" in note and "SIGPIPE" not in note, note
     with runfolder.claim(folder, resume=True, overwrite=False):  # kept, and continued as any stopped run
-        assert runfolder.status(folder).state == "running"
+        assert runstatus.status(folder).state == "running"
 
 
 def test_a_stops_first_signal_is_the_one_recorded(tmp_path):

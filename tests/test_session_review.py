@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import clients.app
-from splitfed.flower import runfolder
+from splitfed.flower import runstatus
 from splitfed.flower.metrics import METRICS, SUMMARY
 from splitfed.models.zoo import resolve_spec
 from splitfed.profile import digest
@@ -80,7 +80,7 @@ def test_the_server_app_resume_asking_fewer_rounds_leaves_a_run_ended_part_way_u
                                  SMALL.with_(out=str(tmp_path), rounds=1, resume=True), progress=lambda line: None)
     assert summary["rounds"] == 2
     assert not (tmp_path / SUMMARY).exists() and (tmp_path / METRICS).read_bytes() == rows
-    assert runfolder.status(tmp_path).state == "stopped"
+    assert runstatus.status(tmp_path).state == "stopped"
 
 
 def test_the_cost_models_docstring_names_fields_the_profile_has() -> None:

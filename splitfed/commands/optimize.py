@@ -214,7 +214,8 @@ def _grouped(sc: Scenario, clients: Sequence[ClientCost]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     zoo_name_checked(args.model)
     from splitfed import optimizer
-    from splitfed.cost.model import Scenario, link_codecs
+    from splitfed.cost.model import Scenario
+    from splitfed.cost.wire import link_codecs
     from splitfed.profile.fleet import load_fleet
     from splitfed.profile.profiler import default_cache_dir, profile_model
 

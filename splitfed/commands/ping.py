@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout > MAX_DEADLINE_S:  # each call's deadline
         raise ConfigError(deadline_bound("--timeout", args.timeout))
     if args.compress is not None:
-        from splitfed.cost.model import link_codecs
+        from splitfed.cost.wire import link_codecs
 
         # before any tier is asked: the codecs themselves (each as many links as it names), then their number,
         # whose refusal alone says why ping needs every address: it counts the links from the addresses given

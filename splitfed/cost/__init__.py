@@ -16,14 +16,13 @@ from splitfed.cost.model import (
     move_cost,
     move_costs,
     option_table,
-    parse_codec,
     round_time,
     server_memory,
     staged_memory,
     tier_of_blocks,
     turn_memory,
-    wire_bytes,
 )
+from splitfed.cost.wire import parse_codec, wire_bytes
 
 __all__ = [
     "MODES",

@@ -181,7 +181,7 @@ class RunSettings:
                               "tier-addresses run already: start them with splitfed tier --torch-device "
                               f"{self.tier_torch_device}")
         # the transport's own codec parser, imported only when settings are made
-        from splitfed.cost.model import link_codecs
+        from splitfed.cost.wire import link_codecs
         from splitfed.engine.types import OptimConfig
 
         OptimConfig(self.optimizer, self.lr, self.momentum, self.weight_decay)  # refuses bad values
@@ -200,7 +200,7 @@ class RunSettings:
     def codecs(self) -> tuple[str, ...]:
         """One codec per link, device -> edge first (``compress``: one for all, or one each); parsed once, as
         a run asks for it per client and round."""
-        from splitfed.cost.model import link_codecs
+        from splitfed.cost.wire import link_codecs
 
         return link_codecs(self.compress, self.tiers - 1)
 

@@ -14,16 +14,16 @@ again by another process is not taken for it), and how it ended when it ends
 (``finished``, ``stopped`` by a signal, or ``failed`` with its error), replacing
 the file atomically (on a full disk, in the room its start record kept). A run that
 has a start and no end is still running if its process is, and crashed (SIGKILL, out
-of memory, power loss) if not: :func:`status` reads it. A claimer checks that the file it locked is still the one at the path
-(the end record and :func:`_tidy` replace or remove it while it is held), so two
-runs never hold one folder through two files.
+of memory, power loss) if not: :func:`~splitfed.flower.runstatus.status` reads it.
+A claimer checks that the file it locked is still the one at the path (the end
+record and :func:`_tidy` replace or remove it while it is held), so two runs never
+hold one folder through two files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import shlex
 import signal
@@ -31,23 +31,30 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, Terminated
 from splitfed.flower import checkpoint
 from splitfed.flower.metrics import METRICS, SUMMARY, rows_kept, run_rows
+from splitfed.flower.runstatus import (
+    ENDS,
+    LOCK,
+    TIME,
+    alive,
+    held_by,
+    identity,
+    read_record,
+    same_process,
+)
 from splitfed.jsonio import dumps, sync_folder, write_atomic
 
-LOCK = ".splitfed.lock"
 RUN_FILES = (METRICS, SUMMARY, checkpoint.FILENAME)  # what a run writes, and ``overwrite`` removes (:func:`outputs` too)
 REPORT = "report"  # where ``splitfed report RUN`` writes its report by default: inside the run folder
-ENDS = ("finished", "stopped", "failed")  # how a run that recorded its end ended
 ROOM = 4096  # bytes a start record is padded to (a file system block): its end record fits there on a full disk
-TIME = "%Y-%m-%d %H:%M:%S"
 
 _failures: dict[Path, str] = {}  # folder -> why its run fails, said from outside it (:func:`failed_elsewhere`)
 _signalled: dict[Path, int] = {}  # folder -> the signal that stopped its run (:func:`recording_stops`)
@@ -125,7 +132,7 @@ def claim(folder: str | Path, resume: bool, overwrite: bool,
         _refuse_held(folder, resume, overwrite)
         # the run that is there, if any: its record, and when it was written (``status`` compares it with the
         # summary's time: a record put back must keep it)
-        before, kept, written = _record(os.pread(fd, 65536, 0)), _footprint(folder), os.fstat(fd).st_mtime_ns
+        before, kept, written = read_record(os.pread(fd, 65536, 0)), _footprint(folder), os.fstat(fd).st_mtime_ns
         if overwrite and not resume and not new:
             _remove_run(folder)
         for name in (*RUN_FILES, LOCK):  # what a writer killed mid-write left: with the lock held, none is alive
@@ -134,7 +141,7 @@ def claim(folder: str | Path, resume: bool, overwrite: bool,
         start = _start_record()
         data = dumps(start).encode().ljust(ROOM)  # room for the end record, where a full disk leaves none
         os.pwrite(fd, data, 0)  # in place, then cut to length: the held file cannot be replaced, and a
-        os.ftruncate(fd, len(data))  # reader sees the old record or the new one (see _record)
+        os.ftruncate(fd, len(data))  # reader sees the old record or the new one (see read_record)
         entered = True
         _active[key] = (fd, start)
         try:
@@ -466,7 +473,7 @@ def _start_record() -> dict[str, Any]:
     from splitfed import __version__
 
     pid = os.getpid()
-    return {"pid": pid, "host": socket.gethostname(), "since": time.strftime(TIME), "process": _identity(pid),
+    return {"pid": pid, "host": socket.gethostname(), "since": time.strftime(TIME), "process": identity(pid),
             "splitfed": __version__}
 
 
@@ -596,205 +603,17 @@ def _lock(fd: int, folder: Path, said: tuple[str, str, str] = ("run folder", "ru
 def _holder(fd: int) -> str:
     info: dict[str, Any] = {}
     try:
-        info = _record(os.pread(fd, 65536, 0))
-        if info.get("state") in ENDS or _alive(info) is False:  # the run there before, ended or killed (its
+        info = read_record(os.pread(fd, 65536, 0))
+        if info.get("state") in ENDS or alive(info) is False:  # the run there before, ended or killed (its
             raise KeyError("state")  # start record, no end): the holder (reserve()) has not said yet
         return f"pid {info['pid']} on {info['host']}, since {info['since']}"
     except (OSError, KeyError, TypeError):
-        pid = _held_by(fd)
+        pid = held_by(fd)
         if not pid:
             return "a process that has not said which"
-        if _same_process(pid, info):  # the run there winding down (a signal's stop), or its process's next run
+        if same_process(pid, info):  # the run there winding down (a signal's stop), or its process's next run
             return f"pid {pid} on {info['host']}"
         return f"pid {pid} on {socket.gethostname()}, still starting"
-
-
-def _same_process(pid: int, rec: Mapping[str, Any]) -> bool:
-    """Whether this host's process ``pid`` is the one that wrote ``rec``."""
-    return pid == rec.get("pid") and rec.get("host") == socket.gethostname() and \
-        rec.get("process", _identity(pid)) == _identity(pid)
-
-
-def _held_by(fd: int) -> int | None:
-    """Who holds the lock of the file open as ``fd``: the pid, 0 where it cannot be named, None if nobody.
-    Read from the kernel's lock table (Linux's /proc/locks), which takes no lock: a probe's own lock would
-    refuse a run that starts at that moment; without that table, a probe."""
-    st = os.fstat(fd)
-    try:
-        table = Path("/proc/locks").read_text()
-    except OSError:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return 0
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    found = {}  # (device, inode) -> pid of each flock held (not waited for: "->")
-    for line in table.splitlines():
-        f = line.split()
-        if len(f) >= 6 and f[1] == "FLOCK" and f[5].count(":") == 2:
-            found[f[5].lower()] = int(f[4]) if f[4].isdigit() else 0
-    pid = found.get(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
-    if pid is None:  # a stacked file system (overlayfs) names the lower device: the inode alone, if one holds it
-        same = [v for k, v in found.items() if k.rsplit(":", 1)[1] == str(st.st_ino)]
-        pid = same[0] if len(same) == 1 else None
-    return pid
-
-
-def _record(data: bytes) -> dict[str, Any]:
-    """The JSON object a lock file holds ({}: none, or not one). The first object only: a record being
-    replaced in place by a shorter one may show the end of the longer for a moment."""
-    try:
-        obj, _ = json.JSONDecoder().raw_decode(data.decode(errors="replace"))
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
-# ---------------------------------------------------------------- how a run ended, for ``splitfed report``
-
-
-@dataclass(frozen=True)
-class RunStatus:
-    """What became of the run in a folder.
-
-    ``state``: ``finished``, ``stopped`` (by a signal: ``record["signal"]``; or ``record["reason"]``: its output's
-    reader went away), ``failed`` (``record["error"]``),
-    ``running`` (its process is alive, or one holds the folder's lock to start a run there, which has not
-    recorded its start yet: ``record["starting"]``, the record then that process's), ``crashed`` (it recorded its start and its process is gone without
-    recording an end: SIGKILL, out of memory, the machine went down), ``unknown`` (no end recorded, and its
-    process is on another host, ``record["host"]``), ``unfinished`` (no summary, written by a splitfed that
-    did not record how a run ended), or ``hand-made`` (no run of splitfed wrote the folder: its metrics were
-    made by other means). ``record``: the lock file's record (pid, host, since, until...), {} if none."""
-
-    state: str
-    record: Mapping[str, Any] = field(default_factory=dict)
-
-
-def status(folder: str | Path) -> RunStatus:
-    """Read how the run in ``folder`` ended, or that it has not (see :class:`RunStatus`).
-
-    Folders written before runs recorded their end read as well: their lock file holds the start only
-    (pid, host, since), so a dead process there is a finished run if it wrote its summary and
-    ``unfinished`` if not; a folder without a lock file is a run of splitfed when its summary or its
-    checkpoint is splitfed's, and hand-made if neither."""
-    folder = Path(folder)
-    lock, summary = folder / LOCK, folder / SUMMARY
-    try:
-        rec = _record(lock.read_bytes())
-    except OSError:
-        rec = {}
-    if rec.get("state") in ENDS or not _alive(rec):  # the record is no live run's: is a run starting there?
-        starting = _starting(lock)
-        if starting and not _same_process(starting.get("pid", 0), rec):  # (not the run there, winding down)
-            return RunStatus("running", starting)
-    if "pid" not in rec:  # no lock file, or an empty one (a refused claim creates it and writes nothing)
-        if summary.is_file():
-            return RunStatus("finished" if _splitfeds_summary(summary) else "hand-made")
-        return RunStatus("unfinished" if (folder / checkpoint.FILENAME).is_file() else "hand-made")
-    state = rec.get("state")
-    if state in ENDS:
-        if state != "finished" and _summary_since(folder):  # written again since: a resume with nothing to do
-            return RunStatus("finished", rec)
-        return RunStatus(str(state), rec)
-    alive = _alive(rec)
-    if alive:
-        return RunStatus("running", rec)
-    if "process" not in rec:  # an older splitfed's record, which never records an end: its summary is its end
-        return RunStatus("finished" if summary.is_file() else "unknown" if alive is None else "unfinished", rec)
-    if _summary_since(folder):  # killed after it wrote its summary (written last), before it recorded its end
-        return RunStatus("finished", rec)
-    return RunStatus("unknown" if alive is None else "crashed", rec)
-
-
-def _starting(lock: Path) -> dict[str, Any]:
-    """The process that holds ``lock`` while its record is still the run's before it (a resume reserves the
-    folder while Ray starts, and records itself once its run claims it): ``pid``, ``host``, ``since`` (its
-    process's start) and ``starting``; {} when nobody holds it."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return {}
-    try:
-        pid = _held_by(fd)
-    finally:
-        os.close(fd)
-    if pid is None:
-        return {}
-    held: dict[str, Any] = {"host": socket.gethostname(), "starting": True}
-    if pid:
-        import psutil
-
-        held["pid"] = pid
-        with contextlib.suppress(psutil.Error, ValueError, OverflowError):
-            held["since"] = time.strftime(TIME, time.localtime(psutil.Process(pid).create_time()))
-    return held
-
-
-def _summary_since(folder: Path) -> bool:
-    """Whether ``summary.json`` was written after the lock file's record, and sums up every row of the
-    metrics: not one left from before a resume that went on to train more rounds."""
-    try:
-        if (folder / SUMMARY).stat().st_mtime_ns < (folder / LOCK).stat().st_mtime_ns:
-            return False
-        summary = json.loads((folder / SUMMARY).read_text())
-        if not (folder / METRICS).is_file():
-            return False
-        rows = rows_kept(folder)
-    except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get("rounds") == rows
-
-
-def _splitfeds_summary(path: Path) -> bool:
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(obj, dict) and "settings" in obj and "rounds" in obj  # what metrics.summarise writes
-
-
-def _alive(rec: Mapping[str, Any]) -> bool | None:
-    """Whether the process that wrote ``rec`` is alive (None: it ran on another host, so it cannot be told)."""
-    if rec.get("host") != socket.gethostname():
-        return None
-    pid = rec.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    if rec.get("process"):
-        return _identity(pid) == rec["process"]
-    import psutil
-
-    try:  # a record without the process's identity (an older splitfed's): a process with that pid, started by then
-        p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= time.mktime(
-            time.strptime(str(rec.get("since")), TIME)) + 2
-    except (psutil.Error, ValueError, OverflowError):
-        return False
-
-
-def _identity(pid: int) -> str:
-    """Which process ``pid`` is: on Linux the boot and the clock tick it started at (a clock set since, or a
-    pid taken again by another process, changes neither, and a process ended reads as ""); elsewhere its
-    start time. "" where there is no live process of that pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except FileNotFoundError:
-        if Path("/proc/self/stat").is_file():
-            return ""  # Linux: no such process
-    except OSError:
-        return ""
-    else:
-        fields = stat.rsplit(")", 1)[-1].split()  # after the command's name, which may hold spaces
-        return "" if fields[0] in ("Z", "X") else f"{boot}:{fields[19]}"
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        return "" if p.status() == psutil.STATUS_ZOMBIE else f"{p.create_time():.3f}"
-    except psutil.Error:
-        return ""
 
 
 def nothing_to_do(out: str, rounds: int, again: str, held: checkpoint.Checkpoint | None = None,

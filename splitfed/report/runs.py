@@ -16,7 +16,7 @@ by :func:`splitfed.flower.metrics.read_rows_cut`): :attr:`Run.finished` and
 settings (mode, tiers...) are then those its checkpoint records (:attr:`Run.settings`,
 :func:`splitfed.flower.checkpoint.recorded_settings`, read without torch).
 :attr:`Run.status` says what became of the run, from the record a run of splitfed keeps
-of its start and end (:func:`splitfed.flower.runfolder.status`): ``finished``,
+of its start and end (:func:`splitfed.flower.runstatus.status`): ``finished``,
 ``stopped``, ``failed``, ``running``, ``crashed``, ``unknown`` (no end recorded, run on
 another host), ``unfinished`` (no summary, from a splitfed that did not record how a run
 ended) or ``hand-made`` (metrics no run of splitfed wrote).
@@ -307,7 +307,7 @@ def load_run(path: str | Path, label: str | None = None, *, unstarted: bool = Fa
             return replace(_unstarted(folder, name, live, unstarted), summary=summary, cut_short=cut_short)
         torn = " (its only line was cut short: a crash, or a round still being written)" if cut_short else ""
         raise ConfigError(f"{metrics}: no rounds in it{torn}")
-    from splitfed.flower.runfolder import status
+    from splitfed.flower.runstatus import status
 
     st = status(folder)
     recorded = {} if isinstance(summary.get("settings"), dict) else recorded_settings(folder)
@@ -316,9 +316,9 @@ def load_run(path: str | Path, label: str | None = None, *, unstarted: bool = Fa
 
 
 def _live(folder: Path) -> Mapping[str, Any] | None:
-    """The record of the run alive in ``folder`` (running, or starting: :func:`splitfed.flower.runfolder.status`);
+    """The record of the run alive in ``folder`` (running, or starting: :func:`splitfed.flower.runstatus.status`);
     None when none is: its folder without rounds is no run to report."""
-    from splitfed.flower.runfolder import status
+    from splitfed.flower.runstatus import status
 
     st = status(folder)
     return dict(st.record) if st.state == "running" else None

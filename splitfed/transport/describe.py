@@ -161,7 +161,7 @@ def check_chain(addresses: Sequence[str], infos: Sequence[TierInfo], *, model: s
     """
     if len(addresses) != len(infos):
         raise ValueError(f"{len(addresses)} addresses but {len(infos)} descriptions")
-    from splitfed.cost.model import link_codecs
+    from splitfed.cost.wire import link_codecs
 
     given = list(addresses)
     codecs = None if compress is None else link_codecs(compress, len(addresses))
