@@ -82,10 +82,17 @@ def policies(sc: Scenario) -> dict[str, Any]:
 
 
 def best_alone(sc: Scenario, kind: str) -> tuple[float, tuple[int, ...]]:
-    """The fastest round a client of ``kind`` can have at any cut that fits it (servers to itself)."""
+    """The fastest round the slowest client of ``kind`` can have at any cut that fits it (servers to itself),
+    and that cut: clients of one kind may hold different sample counts, and the slowest is the kind's
+    straggler. Each distinct client is priced once (``client_key``)."""
+    from splitfed.cost.model import client_key
     from splitfed.optimizer.explain import fastest_alone
 
-    return fastest_alone(sc, next(c for c in sc.clients if c.kind == kind))
+    best: dict[tuple, tuple[float, tuple[int, ...]]] = {}
+    for c in sc.clients:
+        if c.kind == kind and client_key(c) not in best:
+            best[client_key(c)] = fastest_alone(sc, c)
+    return max(best.values(), key=lambda r: r[0])
 
 
 def straggler_class(sc: Scenario) -> str:

@@ -105,6 +105,18 @@ def test_best_alone_skips_cuts_its_device_cannot_hold() -> None:
     assert bo.best_alone(roomy, "a") == (pytest.approx(0.4306, rel=1e-12), (3, 3))
 
 
+def test_best_alone_is_the_slowest_client_of_the_kind() -> None:
+    """Two clients of one kind, the second with twice the samples: the kind's best alone is the second's (the
+    benchmark took the first client of a kind, which is not its straggler here), whichever comes first."""
+    one = _client("a-0", "a", 1e9, 1e7)
+    two = dataclasses.replace(_client("a-1", "a", 1e9, 1e7), samples=200)
+    doubled = bo.best_alone(_sc(_fleet((two,))), "a")
+    assert doubled[0] > SLOW_ALONE
+    assert bo.best_alone(_sc(_fleet((one, two))), "a") == doubled
+    assert bo.best_alone(_sc(_fleet((two, one))), "a") == doubled
+    assert bo.best_alone(_sc(_fleet((one, dataclasses.replace(one, name="a-2")))), "a") == (SLOW_ALONE, (0, 0))
+
+
 def test_straggler_class_is_the_kind_slowest_at_its_best() -> None:
     """slow (0.561 s at 0,0) over fast (0.432 s at 3,3): by time, not by the cuts (3,3 sorts last)."""
     assert bo.straggler_class(_sc(_mixed())) == "slow"
