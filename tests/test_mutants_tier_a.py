@@ -12,8 +12,9 @@ import torch
 
 from splitfed.engine import template
 from splitfed.engine.link import InProcessLink
+from splitfed.engine.replica import Replica
 from splitfed.engine.rounds import initial_state, select
-from splitfed.engine.tier import Tier, _kept, _Replica, weight_refusal
+from splitfed.engine.tier import Tier, _kept, weight_refusal
 from splitfed.engine.types import ReduceItem, SegmentLoad, StepKey
 from splitfed.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from splitfed.models.zoo import resolve_spec
@@ -60,7 +61,7 @@ def test_a_tier_remembers_why_the_last_4096_released_segments_went() -> None:
 
 
 def test_a_replicas_repr_never_shows_its_secret() -> None:
-    assert "hush-123" not in repr(_Replica(secret="hush-123"))
+    assert "hush-123" not in repr(Replica(secret="hush-123"))
 
 
 @pytest.mark.parametrize("grad", [True, False])

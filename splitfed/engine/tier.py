@@ -18,6 +18,8 @@ clients' replicas (weights and optimizer state) held for good.
 A tier computes on ``torch_device`` (the CPU, or a CUDA GPU): its segments and
 optimizer state live there, and what crosses its boundary (activations, labels,
 gradients, fetched weights) is on the CPU, where the checks and the codec work.
+
+What it keeps for each client (replicas, bindings, their bytes) is :mod:`splitfed.engine.replica`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +45,17 @@ from splitfed.engine.checks import all_finite, check_returned, check_tensor
 from splitfed.engine.compute import memory_bytes
 from splitfed.engine.limits import IDLE_RELEASE_S, current_limits
 from splitfed.engine.link import Link
-from splitfed.engine.optim import SegmentOptimizer
+from splitfed.engine.replica import (
+    SHARED_WAIT_S,
+    Binding,
+    Buffers,
+    Pending,
+    Replica,
+    holding,
+    optimizer_bytes,
+    same_secret,
+    trained_bytes,
+)
 from splitfed.engine.types import (
     Reduced,
     ReduceItem,
@@ -64,10 +76,8 @@ from splitfed.errors import (
 )
 from splitfed.models.segment import Segment, step_rng
 from splitfed.models.tying import param_sizes
-from splitfed.models.zoo import ModelSpec
 from splitfed.units import mib_text
 
-SHARED_WAIT_S = 60.0
 GONE_KEPT = 4096  # released segments a tier remembers, to tell a late call why its segment is gone
 # a Reduce weight is a sample count: 0 (a check) or within these, so float64 sums of float32 weights stay exact
 # enough and finite (a weight of 1e308 overflowed them, one of 5e-324 underflowed them; both answered OK)
@@ -75,61 +85,6 @@ MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e15
 MAX_BASES = 64  # base segments a tier holds at once, over all runs (each a part of one model: bounded memory)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Replica:
-    """Weights of one replica: block index -> module (a subset of the model's blocks)."""
-
-    blocks: dict[int, nn.Module] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    users: set[str] = field(default_factory=set)
-    secret: str = field(default="", repr=False)  # of the load that made it: only loads with it may bind to it
-    loading: int = 0  # loads binding to it now: a replica being loaded is never dropped nor duplicated
-    model: ModelSpec | None = None  # whose blocks it holds: a load of another model must not bind them
-    held: int = 0  # bytes its blocks hold (weights, buffers, a gradient per byte that trains): Tier.held
-    base: bool = False  # the coordinator's own (a base or a holder, ``is_base``): never trains, so weights only
-
-
-Buffers = list[tuple[torch.Tensor, torch.Tensor]]  # a segment's buffers, each with its value before a forward
-
-
-@dataclass
-class _Pending:
-    """A U-shape forward waiting for its backward: its input and output (the graph), and what undoes it
-    should its backward fail in this tier's own blocks (the sequence before it, the buffers it updated)."""
-    x: torch.Tensor
-    out: torch.Tensor
-    seq: int
-    phase: str
-    buffers: Buffers
-
-
-@dataclass
-class _Binding:
-    spec: SegmentLoad
-    replica: _Replica
-    segment: Segment
-    optim: SegmentOptimizer | None
-    in_shape: tuple[int, ...]
-    in_dtype: torch.dtype
-    out_shape: tuple[int, ...]
-    grad_in: bool  # a block before this segment has trainable parameters: its input's gradient goes back
-    ends_model: bool = True  # the segment's output is the logits: a step may compute the loss here
-    last_seq: int = -1
-    last_phase: str = ""
-    cached: object = None
-    digest: bytes = b""  # of the request whose reply is ``cached`` (_digest): a retry must be that request
-    pending: _Pending | None = None  # a U-shape forward waiting for its backward
-    holds_lock: bool = False
-    last_used: float = 0.0
-    backward: threading.Lock = field(default_factory=threading.Lock)  # one backward at a time: a retry waits
-    held: int = 0  # bytes of its optimizer's state (slots, step counts: _optimizer_bytes): Tier.held
-
-
-def _same_secret(held: str, given: str) -> bool:
-    """Whether ``given`` is the binding's secret (in constant time: a caller learns nothing from the timing)."""
-    return hmac.compare_digest(held.encode(), given.encode())
 
 
 def _digest(phase: str, *tensors: torch.Tensor) -> bytes:
@@ -143,7 +98,7 @@ def _digest(phase: str, *tensors: torch.Tensor) -> bytes:
     return h.digest()
 
 
-def _drop_reply(b: _Binding) -> None:
+def _drop_reply(b: Binding) -> None:
     """Let go of the previous step's cached reply once the next step is checked and admitted (under the replica's
     lock): a retry of that step is stale from now on (:meth:`Tier._admit`), and kept until this step's reply
     replaced it, its tensors (a relaying tier's input gradient) sat beside this step's activations."""
@@ -170,23 +125,6 @@ def _kept(out: torch.Tensor) -> torch.Tensor:
     if out.requires_grad:
         return _Sent.apply(out)
     return torch.empty_strided(out.shape, (0,) * out.dim(), dtype=out.dtype, device=out.device)
-
-
-def _trained_bytes(spec: SegmentLoad, index: int) -> tuple[int, int]:
-    """Block ``index``'s bytes of weights and buffers, and of the parameters that train, as a load of ``spec``
-    holds them: a coordinator's own segment (a base, a holder: ``is_base``) never steps, so it holds its weights
-    and nothing that trains (no gradient, no optimizer slots), as the cost model prices a holder."""
-    weights, trains = template.held_bytes(spec.model, index)
-    return weights, 0 if is_base(spec.client_id) else trains
-
-
-def _optimizer_bytes(spec: SegmentLoad, index: int) -> int:
-    """Bytes the optimizer of a load of ``spec`` keeps for block ``index`` once it steps: its slots and Adam's
-    step counts (``OptimConfig.state_bytes``), as the profile's fixed bytes count them; none for a coordinator's
-    own segment, which never steps."""
-    if is_base(spec.client_id):
-        return 0
-    return spec.optim.state_bytes(_trained_bytes(spec, index)[1], template.train_tensors(spec.model, index))
 
 
 def weight_refusal(weight: float) -> str | None:
@@ -229,7 +167,7 @@ def _undone_on_error(segment: nn.Module) -> Iterator[Buffers]:
 
 
 @contextlib.contextmanager
-def _no_gradient_left(b: _Binding) -> Iterator[None]:
+def _no_gradient_left(b: Binding) -> Iterator[None]:
     """A step or U-shape backward that fails (half-way through its backward, say) leaves no gradient on the
     segment: the next step on its replica (another client's, on a shared one) would apply it with its own."""
     try:
@@ -238,17 +176,6 @@ def _no_gradient_left(b: _Binding) -> Iterator[None]:
         if b.optim is not None:
             b.optim.zero_grad(set_to_none=True)
         raise
-
-
-@contextlib.contextmanager
-def _holding(replica: _Replica, tier: str, what: str) -> Iterator[None]:
-    """The replica's lock, or UNAVAILABLE: a client that vanished mid U-shape step blocks nobody forever."""
-    if not replica.lock.acquire(timeout=SHARED_WAIT_S):
-        raise Unavailable(f"tier {tier}: {what}: replica busy for {SHARED_WAIT_S:.0f}s")
-    try:
-        yield
-    finally:
-        replica.lock.release()
 
 
 class Tier:
@@ -276,8 +203,8 @@ class Tier:
         self._born = clock()  # a segment asked for that this tier never held: loaded into a process before it?
         self._gone: OrderedDict[tuple[str, str], str] = OrderedDict()  # (run, client) -> why its segment went
         self._lock = threading.Lock()
-        self._replicas: dict[tuple[str, str], _Replica] = {}
-        self._bindings: dict[tuple[str, str], _Binding] = {}
+        self._replicas: dict[tuple[str, str], Replica] = {}
+        self._bindings: dict[tuple[str, str], Binding] = {}
         self._bases = 0  # of the bindings, the coordinators' base segments (is_base): counted, not searched
         self._claims: dict[tuple[str, str], list] = {}  # (run, client) -> [secret, loads of it in flight]
         self.steps_served = 0  # steps (and U-shape forwards and backwards) applied since the tier started
@@ -305,7 +232,7 @@ class Tier:
             base = self._base(spec)
             need = self._reserve(spec, rkey, bkey)  # last: nothing after it refuses before the try below
             # got or made under the lock: clients of one replica loaded at once all bind to the same one
-            replica = self._replicas.setdefault(rkey, _Replica(secret=spec.secret, model=spec.model,
+            replica = self._replicas.setdefault(rkey, Replica(secret=spec.secret, model=spec.model,
                                                                  base=is_base(spec.client_id)))
             replica.loading += 1
             # the client is this load's until it ends: a load of it under another secret meanwhile is refused
@@ -349,8 +276,8 @@ class Tier:
             have = replica.blocks if replica is not None else {}
             need = 0
             for i in range(spec.start, spec.stop):
-                weights, trains = _trained_bytes(spec, i)
-                need += (weights + trains) * (i not in have) + _optimizer_bytes(spec, i)
+                weights, trains = trained_bytes(spec, i)
+                need += (weights + trains) * (i not in have) + optimizer_bytes(spec, i)
             old = self._bindings.get(bkey)
             return need, old.held if old is not None else 0
 
@@ -371,7 +298,7 @@ class Tier:
         """Let go of a replica nobody binds nor loads (under ``self._lock``)."""
         self.held -= self._replicas.pop(rkey).held
 
-    def _bind(self, spec: SegmentLoad, replica: _Replica, base: _Replica | None = None) -> tuple[_Binding, int]:
+    def _bind(self, spec: SegmentLoad, replica: Replica, base: Replica | None = None) -> tuple[Binding, int]:
         """The binding of ``spec`` to ``replica``, its missing blocks written into it, the blocks its state leaves
         out copied from ``base``; nothing changes if refused.
 
@@ -381,7 +308,7 @@ class Tier:
         second segment's weights on the tier for a moment, which the cost model's memory does not price. The
         locks nest replica, then base; loads from each other's replica at once (no coordinator sends those)
         would wait ``SHARED_WAIT_S`` and be refused UNAVAILABLE, not hang."""
-        with _holding(replica, self.name, "load"):
+        with holding(replica, self.name, "load"):
             copied = self._from_base(spec, base) if base is not None else []
             missing = [i for i in range(spec.start, spec.stop) if i not in replica.blocks]
             new = ({i: m.to(self.torch_device) for i, m in template.copy_blocks(spec.model, spec.start,
@@ -392,7 +319,7 @@ class Tier:
                 spec.start, spec.stop)
             self._check_state(segment, spec.state or {}, [i for i in missing if i not in copied], spec.replica)
             # nothing has changed yet: now commit
-            with _holding(base, self.name, "load from base") if base is not None else contextlib.nullcontext():
+            with holding(base, self.name, "load from base") if base is not None else contextlib.nullcontext():
                 state = {f"{i}.{k}": v for i in copied for k, v in base.blocks[i].state_dict().items()} \
                     if base is not None else {}
                 state.update(spec.state or {})  # the base's tensors themselves: loading copies them in place
@@ -401,15 +328,15 @@ class Tier:
                         segment.load_state_dict(state, strict=False)
             for i in missing:
                 replica.blocks[i] = new[i]
-            added = sum(sum(_trained_bytes(spec, i)) for i in missing)
+            added = sum(sum(trained_bytes(spec, i)) for i in missing)
             segment.train()
             in_shape, in_dtype = template.boundary(spec.model, spec.start)
             out_shape, _ = template.boundary(spec.model, spec.stop)
             # the binding keeps the load's settings, not its tensors (written into the segment above): a tier
             # holding each client's weights twice would halve the clients it can serve
-            slots = sum(_optimizer_bytes(spec, i) for i in range(spec.start, spec.stop))
+            slots = sum(optimizer_bytes(spec, i) for i in range(spec.start, spec.stop))
             optim = None if is_base(spec.client_id) else spec.optim.build(list(segment.parameters()))
-            return _Binding(replace(spec, state=None), replica, segment, optim,
+            return Binding(replace(spec, state=None), replica, segment, optim,
                             in_shape, in_dtype, out_shape, template.trains_before(spec.model, spec.start),
                             ends_model=spec.stop == template.num_blocks(spec.model), last_used=self._clock(),
                             held=slots), added
@@ -422,7 +349,7 @@ class Tier:
             return self._bases >= MAX_BASES
         return len(self._bindings) - self._bases >= self.max_clients
 
-    def _base(self, spec: SegmentLoad) -> _Replica | None:
+    def _base(self, spec: SegmentLoad) -> Replica | None:
         """The replica a load copies its weights from (``spec.base``), if its secret is ``base_secret``
         (under ``self._lock``)."""
         if not spec.base:
@@ -433,7 +360,7 @@ class Tier:
         if base is None:
             raise FailedPrecondition(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r}: "
                                      f"its base {spec.base!r} is not loaded here (load the base first)")
-        if not _same_secret(base.secret, spec.base_secret):
+        if not same_secret(base.secret, spec.base_secret):
             raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                    f"refused: base {spec.base!r} is held under another secret")
         if base.model is not None and base.model != spec.model:
@@ -449,7 +376,7 @@ class Tier:
             b.last_used = now
         return base
 
-    def _from_base(self, spec: SegmentLoad, base: _Replica) -> list[int]:
+    def _from_base(self, spec: SegmentLoad, base: Replica) -> list[int]:
         """The blocks of ``[start, stop)`` with state that the load leaves out, to copy from ``base``; refused if
         the base lacks one (a replica's blocks are only ever added: no lock needed to ask)."""
         given = {block_of(k) for k in spec.state or {}}
@@ -466,16 +393,16 @@ class Tier:
         holds one model's blocks: a load of another model is refused, not bound to blocks of another shape."""
         bkey = (spec.run_id, spec.client_id)
         old = self._bindings.get(bkey)
-        if old is not None and not _same_secret(old.spec.secret, spec.secret):
+        if old is not None and not same_secret(old.spec.secret, spec.secret):
             raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                    "refused: the client is bound already, with another secret (only the "
                                    "coordinator that loaded it may load it again)")
         claim = self._claims.get(bkey)
-        if claim is not None and not _same_secret(claim[0], spec.secret):
+        if claim is not None and not same_secret(claim[0], spec.secret):
             raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                    "refused: the client is being loaded now, with another secret")
         replica = self._replicas.get(rkey)
-        if replica is not None and not _same_secret(replica.secret, spec.secret):
+        if replica is not None and not same_secret(replica.secret, spec.secret):
             raise PermissionDenied(f"tier {self.name}: load of client {spec.client_id!r} in run {spec.run_id!r} "
                                    f"refused: replica {spec.replica!r} is held under another secret")
         if replica is not None and replica.model is not None and replica.model != spec.model:
@@ -526,7 +453,7 @@ class Tier:
         if b.holds_lock:
             raise FailedPrecondition(f"fetch of client {client_id!r} while its U-shape step {b.last_seq} "
                                      "waits for its backward")
-        with _holding(b.replica, self.name, "fetch"):
+        with holding(b.replica, self.name, "fetch"):
             return {k: v.detach().to("cpu", copy=True) for k, v in b.segment.state_dict().items()
                     if blocks is None or blocks[0] <= block_of(k) < blocks[1]}
 
@@ -545,12 +472,12 @@ class Tier:
                 raise InvalidArgument(f"reduce: client {it.client_id!r}: {why}")
         refused: dict[str, str] = {}
         with self._lock:
-            found: dict[str, _Binding] = {}
+            found: dict[str, Binding] = {}
             for it in items:
                 b = self._bindings.get((run_id, it.client_id))
                 if b is None:  # read after "its edge ": its reason
                     refused[it.client_id] = f"segment is missing: tier {self.name}: {self._not_loaded(run_id, it.client_id)}"
-                elif not _same_secret(b.spec.secret, it.secret):  # that client alone: as its own fetch would be
+                elif not same_secret(b.spec.secret, it.secret):  # that client alone: as its own fetch would be
                     refused[it.client_id] = str(self._denied("reduce", run_id, it.client_id, it.secret))
                 else:
                     b.last_used = self._clock()
@@ -563,7 +490,7 @@ class Tier:
             if b.holds_lock:
                 refused[it.client_id] = f"its U-shape step {b.last_seq} waits for its backward"
                 continue
-            with _holding(b.replica, self.name, "reduce"):  # summed on the CPU: a GPU tier's memory is its steps'
+            with holding(b.replica, self.name, "reduce"):  # summed on the CPU: a GPU tier's memory is its steps'
                 state = {k: v.detach().to("cpu") for k, v in b.segment.state_dict().items()}
                 bad = next((k for k, v in state.items() if not all_finite(v)), None)
                 if bad is None:
@@ -579,12 +506,12 @@ class Tier:
     def release(self, run_id: str, client_id: str, secret: str = "") -> None:
         with self._lock:
             b = self._bindings.get((run_id, client_id))
-            if b is not None and not _same_secret(b.spec.secret, secret):
+            if b is not None and not same_secret(b.spec.secret, secret):
                 raise self._denied("release", run_id, client_id, secret)
             if b is not None:
                 self._unbind((run_id, client_id), b, "released by its coordinator")
 
-    def _unbind(self, bkey: tuple[str, str], b: _Binding, why: str | None = None) -> None:
+    def _unbind(self, bkey: tuple[str, str], b: Binding, why: str | None = None) -> None:
         """Drop a binding; a later call for it is told ``why`` it is gone (the last GONE_KEPT remembered)."""
         if why is not None:
             self._gone[bkey] = why
@@ -643,11 +570,11 @@ class Tier:
 
     # ------------------------------------------------------------ data path
 
-    def _binding(self, run_id: str, client_id: str, secret: str) -> _Binding:
+    def _binding(self, run_id: str, client_id: str, secret: str) -> Binding:
         """The client's binding, if ``secret`` is its secret (else PERMISSION_DENIED; NOT_FOUND if none)."""
         with self._lock:
             b = self._bindings.get((run_id, client_id))
-            allowed = b is not None and _same_secret(b.spec.secret, secret)
+            allowed = b is not None and same_secret(b.spec.secret, secret)
             if b is not None and allowed:
                 b.last_used = self._clock()  # a refused call does not keep a segment from its idle release
         if b is None:
@@ -678,7 +605,7 @@ class Tier:
                                 "the one the client was loaded with (each client's calls must carry the secret "
                                 "its coordinator gave it for the round)")
 
-    def _cached(self, b: _Binding, key: StepKey, phase: str, digest: bytes) -> object | None:
+    def _cached(self, b: Binding, key: StepKey, phase: str, digest: bytes) -> object | None:
         """The cached reply of a retried call (the seq and phase last applied), else None; a retry whose request
         is not the one applied (other tensors) is refused: its sender would take another request's reply."""
         if key.seq != b.last_seq or phase != b.last_phase or b.cached is None:
@@ -688,7 +615,7 @@ class Tier:
                                      "already with another request: a retry must resend the same tensors")
         return b.cached
 
-    def _admit(self, b: _Binding, key: StepKey, phase: str, digest: bytes) -> object | None:
+    def _admit(self, b: Binding, key: StepKey, phase: str, digest: bytes) -> object | None:
         """Sequence check; returns the cached reply of a retried call."""
         if key.round != b.spec.round:
             raise FailedPrecondition(f"step for round {key.round}, but round {b.spec.round} is loaded")
@@ -707,14 +634,14 @@ class Tier:
             raise FailedPrecondition(f"out-of-order step {key.seq}: expected {want}")
         return None
 
-    def _labels(self, b: _Binding, y: torch.Tensor, batch: int) -> None:
+    def _labels(self, b: Binding, y: torch.Tensor, batch: int) -> None:
         if y.dtype != torch.int64 or y.dim() != 1 or y.shape[0] != batch:
             raise InvalidArgument(f"labels must be int64 of shape [{batch}], got {str(y.dtype)} {list(y.shape)}")
         k = b.spec.model.num_classes
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= k):
             raise InvalidArgument(f"labels must lie in 0..{k - 1}")
 
-    def _input(self, b: _Binding, x: torch.Tensor) -> torch.Tensor:
+    def _input(self, b: Binding, x: torch.Tensor) -> torch.Tensor:
         check_tensor(x, b.in_shape, b.in_dtype, "activation", self.max_batch)
         vocab = b.spec.model.vocab
         if b.spec.start == 0 and vocab and x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab):
@@ -725,7 +652,7 @@ class Tier:
             x.requires_grad_(True)
         return x
 
-    def _finish(self, b: _Binding, key: StepKey, phase: str, reply: object, digest: bytes) -> None:
+    def _finish(self, b: Binding, key: StepKey, phase: str, reply: object, digest: bytes) -> None:
         if b.optim is not None:
             b.optim.step()
             b.optim.zero_grad(set_to_none=True)
@@ -733,16 +660,16 @@ class Tier:
         with self._lock:
             self.steps_served += 1
 
-    def _onward(self, b: _Binding) -> Link | None:
+    def _onward(self, b: Binding) -> Link | None:
         """The next tier, unless this one ends the client's chain (no block of it lies beyond)."""
         return None if b.spec.loss_here else self.next
 
-    def _rng(self, b: _Binding, key: StepKey) -> int:
+    def _rng(self, b: Binding, key: StepKey) -> int:
         return step_rng(b.spec.seed, key.client_id, key.round, key.seq)
 
-    def _trainer(self, key: StepKey) -> _Binding:
+    def _trainer(self, key: StepKey) -> Binding:
         """The binding a step or forward runs on: a coordinator's own segment (a base, a holder) never trains,
-        and is held without room for a gradient or optimizer slots (:func:`_trained_bytes`)."""
+        and is held without room for a gradient or optimizer slots (:func:`trained_bytes`)."""
         b = self._binding(key.run_id, key.client_id, key.secret)
         if is_base(key.client_id):
             raise FailedPrecondition(f"tier {self.name}: {key.client_id!r} in run {key.run_id!r} is a coordinator's "
@@ -758,7 +685,7 @@ class Tier:
                                      f"[{b.spec.start}, {b.spec.stop}) ends the chain but not the model, so the loss "
                                      "cannot be computed here (a U-shape client calls forward and backward)")
         digest = _digest("step", activation, labels)
-        with _holding(b.replica, self.name, "step"):
+        with holding(b.replica, self.name, "step"):
             cached = self._admit(b, key, "step", digest)
             if cached is not None:
                 return cached  # type: ignore[return-value]
@@ -770,7 +697,7 @@ class Tier:
             self._finish(b, key, "step", reply, digest)
             return reply
 
-    def _step(self, b: _Binding, key: StepKey, x: torch.Tensor, labels: torch.Tensor) -> StepReply:
+    def _step(self, b: Binding, key: StepKey, x: torch.Tensor, labels: torch.Tensor) -> StepReply:
         out = b.segment(x, rng=self._rng(b, key))
         onward = self._onward(b)
         if onward is None:
@@ -836,7 +763,7 @@ class Tier:
             b.replica.lock.release()
             raise NotFound(f"tier {self.name}: the segment of client {key.client_id!r} was released during "
                            f"its forward {key.seq}")
-        b.pending = _Pending(x, out, *before, buffers)
+        b.pending = Pending(x, out, *before, buffers)
         b.last_seq, b.last_phase, b.cached, b.digest = key.seq, "forward", result, digest
         return result
 
@@ -854,7 +781,7 @@ class Tier:
         finally:
             b.backward.release()
 
-    def _backward(self, b: _Binding, key: StepKey, grad: torch.Tensor | None) -> torch.Tensor | None:
+    def _backward(self, b: Binding, key: StepKey, grad: torch.Tensor | None) -> torch.Tensor | None:
         if key.round != b.spec.round:
             raise FailedPrecondition(f"step for round {key.round}, but round {b.spec.round} is loaded")
         digest = _digest("backward", *(() if grad is None else (grad,)))
@@ -888,7 +815,7 @@ class Tier:
         self._let_go(b)
         return gx
 
-    def _abandon(self, b: _Binding) -> None:
+    def _abandon(self, b: Binding) -> None:
         """Undo a U-shape step whose backward failed in this tier's own blocks (out of memory, say): that used
         up the forward's graph, so no retry of the backward could run. The forward's statistics are put back,
         the sequence is as before it (a retry of the whole step runs as a clean one), and the replica's lock is
@@ -902,7 +829,7 @@ class Tier:
         _drop_reply(b)
         self._let_go(b)
 
-    def _let_go(self, b: _Binding) -> None:
+    def _let_go(self, b: Binding) -> None:
         """The replica's lock a U-shape forward kept, given back, unless a release let go of it meanwhile."""
         with self._lock:
             held, b.holds_lock = b.holds_lock, False
