@@ -170,3 +170,10 @@ def test_a_draft_of_any_process_is_told_from_other_names(name: str, draft: bool)
 
     assert jsonio.is_draft(name) is draft
     assert jsonio.is_draft(jsonio.draft_of(f"/x/{name}").name)
+
+
+@pytest.mark.parametrize(("returned", "code"), [(None, 0), (0, 0), (1, 1), (3, 3)])
+def test_a_scripts_exit_code_is_what_its_body_returns(returned: int | None, code: int) -> None:
+    """A benchmark's body returns its exit code (the simulation benchmark 1 when a size failed), and None is 0: a
+    mutant that read ``body() and 0`` exited 0 after a failed benchmark."""
+    assert script("bench", lambda: returned) == code
