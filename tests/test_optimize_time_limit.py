@@ -94,6 +94,30 @@ def test_pricing_the_options_stops_at_the_limit_before_any_milp(monkeypatch: pyt
     assert len(priced) == 2 * opt_clock.CHECK_EVERY - 1
 
 
+def test_pruning_the_priced_options_stops_at_the_limit_before_any_milp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 distinct devices priced at once, each group's Pareto front then taking 0.1 s: the limit of 4 s runs out
+    while the fronts are built, and the pruning stops at its next check (every CHECK_EVERY groups: the second,
+    6.3 s), saying how far it got; no MILP runs. (A mutation run found this check unwatched: with it gone, every
+    front was built past the limit.)"""
+    clock = _Clock(monkeypatch)
+    real = opt_classes.pareto
+    fronts: list[float] = []
+
+    def slow(V: object) -> object:
+        fronts.append(clock.now)
+        clock.now += 0.1
+        return real(V)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(opt_classes, "pareto", slow)
+    monkeypatch.setattr(opt_solver, "milp", _no_milp)
+    with pytest.raises(ConfigError, match=r"^the time limit ran out while pricing the cuts of the 100 clients of "
+                                          r"synthetic \(the options of 63 of their 100 groups pruned\), before any "
+                                          r"MILP: raise it \(--time-limit\), or price a policy that needs no MILP: "
+                                          r"--greedy$"):
+        solve(_distinct(100), time_limit=4.0)
+    assert len(fronts) == 2 * opt_clock.CHECK_EVERY - 1
+
+
 def test_a_fleet_of_few_distinct_devices_is_always_priced(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fewer than CHECK_EVERY devices are priced whatever the clock (a few ms): a spent limit then still gets an
     answer that needs no MILP (sl's), as before."""
