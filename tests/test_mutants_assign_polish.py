@@ -102,3 +102,14 @@ def test_polish_of_a_shared_resource_stops_after_its_budget(budget: int) -> None
         assert got is cost
     one_more = opt_ties.polish(sc, opt_classes.price_classes(sc), cost, budget=budget + 1)
     assert one_more.makespan_s < got.makespan_s  # each trial counted is a move taken
+
+
+def test_polish_of_the_slowest_client_tries_nothing_once_its_deadline_has_passed() -> None:
+    """The move a hair faster is there (room for it), but the deadline has passed: no trial starts, and the round
+    comes back as given (a mutation run found this return unwatched: made to give None, no test failed)."""
+    sc = _tiny(1)
+    cost = _all_on_edge(sc)
+    assert cost.bottleneck == "client c0"
+    classes = opt_classes.price_classes(sc)
+    assert opt_ties.polish(sc, classes, cost).assignment() == {"c0": (0, 1)}  # with time: taken
+    assert opt_ties.polish(sc, classes, cost, deadline=float("-inf")) is cost

@@ -358,3 +358,15 @@ def test_a_search_for_the_least_move_cut_short_keeps_the_least_it_found(monkeypa
     assert ties == ["least move"], ties
     assert "(the least found when its time ran out)" in got.note, got.note
     assert got.makespan_s == solve(sc).makespan_s and got.assignment != current
+
+
+def test_a_re_solve_whose_preferred_cuts_are_a_tie_keeps_them_and_says_no_search_ran_out() -> None:
+    """The adaptive round's usual re-solve: the cuts in force are an optimum, so they stay, and the answer says
+    nothing ran out of time (a mutation run found the "finished" flag of that early answer unwatched: with it
+    False, the note said the least-moving tie was not looked for, or was the least found in time, and the
+    search for the least client time among the ties was skipped)."""
+    sc = _distinct(6)
+    plain = solve(sc)
+    again = solve(sc, prefer=plain.assignment)
+    assert again.assignment == plain.assignment and again.makespan_s == plain.makespan_s
+    assert "ran out" not in again.note and "no time left" not in again.note, again.note
